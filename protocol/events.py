@@ -1,0 +1,122 @@
+"""ChatStreamEvent: the ``chat:stream`` notification payloads (seed 004 section 4.2).
+
+One tagged union on ``type``. Every event carries ``sessionId``, ``messageId``,
+``timestamp`` (ms) and ``seq``, which increases by one per event of a message
+starting at 1 with ``stream_start``; a renderer that sees a gap resyncs from
+``chat:messages:get`` (which returns the partial content and last ``seq``).
+"""
+
+from __future__ import annotations
+
+from typing import Literal, Union
+
+from protocol.types import Struct, Usage
+
+__all__ = [
+    "StreamToolCall",
+    "StreamToolResult",
+    "StreamStartEvent",
+    "TextDeltaEvent",
+    "ThinkingDeltaEvent",
+    "ToolCallStartEvent",
+    "ToolCallDeltaEvent",
+    "ToolResultEvent",
+    "UsageEvent",
+    "StreamEndEvent",
+    "ErrorEvent",
+    "AbortedEvent",
+    "ChatStreamEvent",
+    "FinishReason",
+]
+
+FinishReason = Literal[
+    "stop", "length", "tool_calls", "content_filter", "refusal", "max_turn_requests", "other"
+]
+
+
+class StreamToolCall(Struct, kw_only=True):
+    """``toolCall`` of tool_call_start (whole name) and tool_call_delta (``arguments`` = fragment)."""
+
+    id: str
+    name: str
+    arguments: str = ""
+
+
+class StreamToolResult(Struct, kw_only=True):
+    tool_call_id: str
+    output: str
+    is_error: bool = False
+
+
+class _Event(Struct, tag_field="type", kw_only=True):
+    session_id: str
+    message_id: str
+    timestamp: int
+    seq: int
+
+
+class StreamStartEvent(_Event, tag="stream_start", kw_only=True):
+    """The assistant message ``messageId`` exists and starts streaming."""
+
+    parent_id: str | None = None
+    model_id: str | None = None
+    provider_id: str | None = None
+
+
+class TextDeltaEvent(_Event, tag="text_delta", kw_only=True):
+    text: str
+
+
+class ThinkingDeltaEvent(_Event, tag="thinking_delta", kw_only=True):
+    thinking: str
+
+
+class ToolCallStartEvent(_Event, tag="tool_call_start", kw_only=True):
+    tool_call: StreamToolCall
+
+
+class ToolCallDeltaEvent(_Event, tag="tool_call_delta", kw_only=True):
+    tool_call: StreamToolCall
+
+
+class ToolResultEvent(_Event, tag="tool_result", kw_only=True):
+    tool_result: StreamToolResult
+
+
+class UsageEvent(_Event, tag="usage", kw_only=True):
+    usage: Usage
+
+
+class StreamEndEvent(_Event, tag="stream_end", kw_only=True):
+    """The message completed; ``usage`` is its final total."""
+
+    finish_reason: FinishReason | None = None
+    usage: Usage | None = None
+
+
+class ErrorEvent(_Event, tag="error", kw_only=True):
+    """The message ended with an error; its partial content is stored."""
+
+    error: str
+    code: int | None = None
+    """An ErrorCode value when one applies (for example PROVIDER_ERROR)."""
+
+
+class AbortedEvent(_Event, tag="aborted", kw_only=True):
+    """The message was aborted (chat:abort, a newer send, or shutdown); partial content kept."""
+
+    reason: str | None = None
+
+
+ChatStreamEvent = Union[
+    StreamStartEvent,
+    TextDeltaEvent,
+    ThinkingDeltaEvent,
+    ToolCallStartEvent,
+    ToolCallDeltaEvent,
+    ToolResultEvent,
+    UsageEvent,
+    StreamEndEvent,
+    ErrorEvent,
+    AbortedEvent,
+]

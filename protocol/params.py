@@ -1,0 +1,303 @@
+"""Params and results of every method (seed 004 sections 5-6 plus the sidecar's own).
+
+Params are by name. Structs that describe changes (SessionUpdates) forbid unknown
+fields, so a typo or a read-only field is an invalid-params error, not a no-op.
+"""
+
+from __future__ import annotations
+
+from typing import Any, Literal
+
+
+from protocol.types import (
+    ContentPart,
+    DateRange,
+    MessageRole,
+    MessageV2,
+    SessionMode,
+    SessionV2,
+    Struct,
+)
+
+__all__ = [
+    "CreateSessionOptions",
+    "SessionFilter",
+    "SessionSortBy",
+    "SessionListResult",
+    "SessionUpdates",
+    "MessageQueryOptions",
+    "SearchOptions",
+    "Attachment",
+    "UserInput",
+    "RegenerateOptions",
+    "SuccessResult",
+    "MessageIdResult",
+    "SendResult",
+    "ClientInfo",
+    "ServerInfo",
+    "ServerCapabilities",
+    "InitializeParams",
+    "InitializeResult",
+    "EmptyParams",
+    "IdParams",
+    "SessionUpdateParams",
+    "SessionPinParams",
+    "SessionForkParams",
+    "SessionImportParams",
+    "MessagesGetParams",
+    "MessagesTreeParams",
+    "MessagesSearchParams",
+    "MessagesSelectParams",
+    "SendParams",
+    "AbortParams",
+    "RegenerateParams",
+    "EditResendParams",
+    "CancelRequestParams",
+]
+
+
+# ---- seed 004 section 5 -------------------------------------------------------------
+
+
+class CreateSessionOptions(Struct, kw_only=True):
+    """Params of ``chat:session:create``; omitted provider/model use the configured default."""
+
+    title: str | None = None
+    provider_id: str | None = None
+    model_id: str | None = None
+    system_prompt: str | None = None
+    mode: SessionMode = "direct"
+    tags: list[str] | None = None
+    folder: str | None = None
+    channel_id: str | None = None
+    channel_meta: dict[str, Any] | None = None
+
+
+SessionSortBy = Literal["updated_at", "created_at", "last_message_at"]
+
+
+class SessionFilter(Struct, kw_only=True):
+    """Params of ``chat:session:list``. Pinned sessions always come first."""
+
+    search: str | None = None
+    """Substring match over title and summary (case-insensitive)."""
+    folder: str | None = None
+    tags: list[str] | None = None
+    """Every given tag must be on the session."""
+    is_archived: bool | None = None
+    is_pinned: bool | None = None
+    channel_id: str | None = None
+    date_range: DateRange | None = None
+    """Bounds (inclusive, ms) on the sort field."""
+    limit: int = 50
+    """1..500."""
+    offset: int = 0
+    sort_by: SessionSortBy = "updated_at"
+
+
+class SessionListResult(Struct, omit_defaults=False, kw_only=True):
+    sessions: list[SessionV2]
+    total: int
+    """All matches, ignoring limit/offset."""
+
+
+class SessionUpdates(Struct, forbid_unknown_fields=True, kw_only=True):
+    """The fields ``chat:session:update`` may change; anything else is invalid params."""
+
+    title: str | None = None
+    summary: str | None = None
+    system_prompt: str | None = None
+    tags: list[str] | None = None
+    folder: str | None = None
+    is_pinned: bool | None = None
+    is_archived: bool | None = None
+    provider_id: str | None = None
+    model_id: str | None = None
+    channel_id: str | None = None
+    channel_meta: dict[str, Any] | None = None
+
+
+class MessageQueryOptions(Struct, kw_only=True):
+    """Options of ``chat:messages:get``."""
+
+    leaf_id: str | None = None
+    """Return the path root -> this message instead of the active branch."""
+    limit: int | None = None
+    """At most this many messages (the newest ones of the path), 1..10000."""
+    before: str | None = None
+    """Page backwards: only messages of the path that come before this message id."""
+    all_branches: bool = False
+    """Every message of the session in creation order (ignores leafId)."""
+
+
+class SearchOptions(Struct, kw_only=True):
+    """Options of ``chat:messages:search``."""
+
+    session_id: str | None = None
+    role: MessageRole | None = None
+    date_range: DateRange | None = None
+    include_archived: bool = True
+    """False leaves out messages of archived sessions."""
+    limit: int = 20
+    """1..200."""
+    offset: int = 0
+
+
+class Attachment(Struct, kw_only=True):
+    name: str
+    data: str
+    """Base64 of the bytes (the seed's ``Buffer``)."""
+    mime_type: str
+
+
+class UserInput(Struct, kw_only=True):
+    content: str | list[ContentPart]
+    attachments: list[Attachment] | None = None
+
+
+class RegenerateOptions(Struct, kw_only=True):
+    model_id: str | None = None
+    provider_id: str | None = None
+    temperature: float | None = None
+
+
+# ---- results ------------------------------------------------------------------------
+
+
+class SuccessResult(Struct, omit_defaults=False, kw_only=True):
+    success: bool = True
+
+
+class MessageIdResult(Struct, omit_defaults=False, kw_only=True):
+    message_id: str
+    """The assistant message being generated."""
+
+
+class SendResult(Struct, omit_defaults=False, kw_only=True):
+    message_id: str
+    """The assistant message being generated (events carry this id)."""
+    user_message_id: str
+    """The stored user message."""
+
+
+# ---- sidecar lifecycle --------------------------------------------------------------
+
+
+class ClientInfo(Struct, kw_only=True):
+    name: str
+    version: str | None = None
+
+
+class ServerInfo(Struct, omit_defaults=False, kw_only=True):
+    name: str
+    version: str
+
+
+class ServerCapabilities(Struct, omit_defaults=False, kw_only=True):
+    methods: list[str]
+    """Every method this process answers (including not-implemented ones)."""
+    implemented: list[str]
+    """The methods that are implemented (the others answer NOT_IMPLEMENTED)."""
+    notifications: list[str]
+    """Notifications this process sends."""
+    max_line_bytes: int
+    """Input lines longer than this are rejected with MESSAGE_TOO_LARGE."""
+
+
+class InitializeParams(Struct, kw_only=True):
+    protocol_version: int | None = None
+    client_info: ClientInfo | None = None
+
+
+class InitializeResult(Struct, omit_defaults=False, kw_only=True):
+    protocol_version: int
+    server_info: ServerInfo
+    capabilities: ServerCapabilities
+    data_dir: str
+
+
+class EmptyParams(Struct, forbid_unknown_fields=False, kw_only=True):
+    """Methods without params accept an absent or empty object."""
+
+
+# ---- method params (seed 004 section 6) --------------------------------------------
+
+
+class IdParams(Struct, kw_only=True):
+    id: str
+
+
+class SessionUpdateParams(Struct, kw_only=True):
+    id: str
+    updates: SessionUpdates
+
+
+class SessionPinParams(Struct, kw_only=True):
+    id: str
+    pinned: bool
+
+
+class SessionForkParams(Struct, kw_only=True):
+    id: str
+    message_id: str
+    """The copy holds the path root -> this message."""
+
+
+class SessionImportParams(Struct, kw_only=True):
+    """``chat:session:import``: a SessionExport's session and messages (all branches)."""
+
+    session: SessionV2
+    messages: list[MessageV2]
+    replace: bool = False
+    """Overwrite a session with the same id; otherwise an existing id is BAD_STATE."""
+
+
+class MessagesGetParams(Struct, kw_only=True):
+    session_id: str
+    options: MessageQueryOptions | None = None
+
+
+class MessagesTreeParams(Struct, kw_only=True):
+    session_id: str
+
+
+class MessagesSearchParams(Struct, kw_only=True):
+    query: str
+    options: SearchOptions | None = None
+
+
+class MessagesSelectParams(Struct, kw_only=True):
+    session_id: str
+    leaf_id: str
+    """Any message of the session; the active branch becomes root -> the newest leaf below it."""
+
+
+class SendParams(Struct, kw_only=True):
+    session_id: str
+    input: UserInput
+
+
+class AbortParams(Struct, kw_only=True):
+    session_id: str
+
+
+class RegenerateParams(Struct, kw_only=True):
+    session_id: str
+    message_id: str | None = None
+    """The assistant message to regenerate (default: the last one of the active branch)."""
+    options: RegenerateOptions | None = None
+
+
+class EditResendParams(Struct, kw_only=True):
+    session_id: str
+    message_id: str
+    """The user message to edit; the new one becomes its sibling."""
+    new_content: str
+
+
+class CancelRequestParams(Struct, kw_only=True):
+    """``$/cancelRequest``: cancel an in-flight request of ours by its id."""
+
+    id: int | str
+
+

@@ -1,0 +1,230 @@
+"""Stored shapes: SessionV2, MessageV2, ContentPart, ToolCall, Usage and friends.
+
+Mirrors seed 004 sections 3 and 5. Columns of ``sessions_v2``/``messages_v2`` map
+one-to-one onto fields here (snake_case column -> camelCase wire name); JSON
+columns (tags, parts, tool_calls, usage, acp_parts, channel_meta) are decoded
+into typed values. Timestamps are integer milliseconds since the epoch.
+"""
+
+from __future__ import annotations
+
+from typing import Any, Literal, Union
+
+import msgspec
+
+__all__ = [
+    "Struct",
+    "TextPart",
+    "ImagePart",
+    "FilePart",
+    "CodePart",
+    "ToolUsePart",
+    "ToolResultPart",
+    "ThinkingPart",
+    "StepStartPart",
+    "StepFinishPart",
+    "DiffPart",
+    "ContentPart",
+    "ToolCall",
+    "Usage",
+    "SessionMode",
+    "MessageRole",
+    "MessageStatus",
+    "ContentType",
+    "SessionV2",
+    "MessageV2",
+    "MessageTreeNode",
+    "SearchResult",
+    "DateRange",
+    "SessionExport",
+]
+
+
+class Struct(msgspec.Struct, rename="camel", kw_only=True, omit_defaults=True):
+    """Base of every wire type: camelCase names, keyword-only, defaults omitted."""
+
+
+class _Part(Struct, tag_field="type", kw_only=True):
+    """Base of the ContentPart union (tagged by ``type``)."""
+
+
+class TextPart(_Part, tag="text", kw_only=True):
+    text: str
+
+
+class ImagePart(_Part, tag="image", kw_only=True):
+    mime_type: str
+    url: str | None = None
+    """http(s) URL or ``file://`` URI of a stored copy in the data dir."""
+    base64: str | None = None
+
+
+class FilePart(_Part, tag="file", kw_only=True):
+    uri: str
+    mime_type: str | None = None
+    name: str | None = None
+
+
+class CodePart(_Part, tag="code", kw_only=True):
+    language: str
+    code: str
+
+
+class ToolUsePart(_Part, tag="tool_use", kw_only=True):
+    id: str
+    name: str
+    input: dict[str, Any]
+
+
+class ToolResultPart(_Part, tag="tool_result", kw_only=True):
+    tool_use_id: str
+    content: str
+    is_error: bool = False
+
+
+class ThinkingPart(_Part, tag="thinking", kw_only=True):
+    text: str
+
+
+class StepStartPart(_Part, tag="step_start", kw_only=True):
+    step_id: str
+    title: str | None = None
+
+
+class StepFinishPart(_Part, tag="step_finish", kw_only=True):
+    step_id: str
+    result: Any = None
+
+
+class DiffPart(_Part, tag="diff", kw_only=True):
+    file_path: str
+    hunks: list[Any]
+
+
+ContentPart = Union[
+    TextPart,
+    ImagePart,
+    FilePart,
+    CodePart,
+    ToolUsePart,
+    ToolResultPart,
+    ThinkingPart,
+    StepStartPart,
+    StepFinishPart,
+    DiffPart,
+]
+
+
+class ToolCall(Struct, kw_only=True):
+    """A tool call issued by the assistant; ``arguments`` is the raw JSON text."""
+
+    id: str
+    name: str
+    arguments: str
+
+
+class Usage(Struct, kw_only=True):
+    """Token counts of one reply (seed: inputTokens/outputTokens; the rest where given)."""
+
+    input_tokens: int = 0
+    output_tokens: int = 0
+    cache_read_tokens: int | None = None
+    cache_write_tokens: int | None = None
+    reasoning_tokens: int | None = None
+
+
+SessionMode = Literal["direct", "acp"]
+MessageRole = Literal["system", "user", "assistant", "tool"]
+MessageStatus = Literal["pending", "streaming", "completed", "error", "aborted"]
+ContentType = Literal["text", "multipart"]
+
+
+class SessionV2(Struct, omit_defaults=False, kw_only=True):
+    """One row of ``sessions_v2`` (seed 004 section 3.1) plus its active leaf."""
+
+    id: str
+    title: str = "New Chat"
+    summary: str | None = None
+    provider_id: str
+    model_id: str
+    system_prompt: str | None = None
+    mode: SessionMode = "direct"
+    acp_session_id: str | None = None
+    tags: list[str] = []
+    folder: str | None = None
+    is_pinned: bool = False
+    is_archived: bool = False
+    message_count: int = 0
+    total_tokens: int = 0
+    total_cost: float = 0.0
+    channel_id: str | None = None
+    channel_meta: dict[str, Any] | None = None
+    created_at: int
+    updated_at: int
+    last_message_at: int | None = None
+    active_leaf_id: str | None = None
+    """The leaf of the active branch (root -> leaf is what the renderer shows)."""
+
+
+class MessageV2(Struct, omit_defaults=False, kw_only=True):
+    """One row of ``messages_v2`` (seed 004 section 3.2).
+
+    ``seq`` is the last stream event number of a message that is streaming or
+    was streamed, so a reloaded renderer can resync.
+    """
+
+    id: str
+    session_id: str
+    parent_id: str | None = None
+    role: MessageRole
+    content_type: ContentType = "text"
+    text_content: str | None = None
+    parts: list[ContentPart] | None = None
+    tool_calls: list[ToolCall] | None = None
+    tool_call_id: str | None = None
+    tool_name: str | None = None
+    model_id: str | None = None
+    usage: Usage | None = None
+    latency_ms: int | None = None
+    acp_message_id: str | None = None
+    acp_parts: list[Any] | None = None
+    status: MessageStatus = "completed"
+    error: str | None = None
+    created_at: int
+    updated_at: int
+    seq: int | None = None
+
+
+class MessageTreeNode(Struct, omit_defaults=False, kw_only=True):
+    """A message and its children (siblings in creation order)."""
+
+    message: MessageV2
+    children: list[MessageTreeNode] = []
+    is_active: bool = False
+    """True when the message lies on the session's active path."""
+
+
+class SearchResult(Struct, omit_defaults=False, kw_only=True):
+    session_id: str
+    session_title: str
+    message_id: str
+    role: MessageRole
+    snippet: str
+    """Matched text with hits wrapped in ``<mark>``…``</mark>``; other text is HTML-escaped."""
+    created_at: int
+    score: float
+    """Relevance (higher is better)."""
+
+
+class DateRange(Struct, kw_only=True):
+    from_: int = msgspec.field(name="from")
+    to: int
+
+
+class SessionExport(Struct, omit_defaults=False, kw_only=True):
+    """A whole session with every branch, as one JSON document."""
+
+    format: Literal["chat-sidecar.session"] = "chat-sidecar.session"
+    version: int = 1
+    session: SessionV2
+    messages: list[MessageV2]
