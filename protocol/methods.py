@@ -15,6 +15,8 @@ from protocol.events import ChatStreamEvent
 from protocol.params import (
     AbortParams,
     CancelRequestParams,
+    ChatSettings,
+    ChatSettingsUpdate,
     CreateSessionOptions,
     EditResendParams,
     EmptyParams,
@@ -26,6 +28,9 @@ from protocol.params import (
     MessagesSearchParams,
     MessagesSelectParams,
     MessagesTreeParams,
+    ProviderInfo,
+    ProviderSetDefaultParams,
+    ProviderUpsertParams,
     RegenerateParams,
     SendParams,
     SendResult,
@@ -107,6 +112,17 @@ METHODS: dict[str, MethodSpec] = {
     "chat:editResend": MethodSpec(
         EditResendParams, MessageIdResult, "Add an edited sibling of a user message and generate."
     ),
+    # providers and settings
+    "provider:list": MethodSpec(EmptyParams, list[ProviderInfo], "Configured providers (keys never shown)."),
+    "provider:upsert": MethodSpec(
+        ProviderUpsertParams, ProviderInfo, "Create or replace a provider and its models."
+    ),
+    "provider:delete": MethodSpec(IdParams, SuccessResult, "Delete a provider."),
+    "provider:setDefault": MethodSpec(
+        ProviderSetDefaultParams, SuccessResult, "Provider and model for new sessions."
+    ),
+    "settings:get": MethodSpec(EmptyParams, ChatSettings, "Engine settings."),
+    "settings:update": MethodSpec(ChatSettingsUpdate, ChatSettings, "Change engine settings."),
 }
 
 NOTIFICATIONS: dict[str, MethodSpec] = {

@@ -53,6 +53,15 @@ __all__ = [
     "RegenerateParams",
     "EditResendParams",
     "CancelRequestParams",
+    "ProviderKind",
+    "ReasoningLevel",
+    "ModelConfig",
+    "ProviderUpsertParams",
+    "ProviderInfo",
+    "ProviderSetDefaultParams",
+    "DefaultModel",
+    "ChatSettings",
+    "ChatSettingsUpdate",
 ]
 
 
@@ -301,3 +310,100 @@ class CancelRequestParams(Struct, kw_only=True):
     id: int | str
 
 
+
+
+# ---- providers (issue 4) -------------------------------------------------------------
+
+ProviderKind = Literal["openai-compat", "anthropic", "ollama"]
+ReasoningLevel = Literal["off", "auto", "low", "medium", "high", "max"]
+
+
+class ModelConfig(Struct, kw_only=True):
+    """A model offered by a provider; prices are USD per million tokens."""
+
+    id: str
+    name: str | None = None
+    context_window: int | None = None
+    max_output_tokens: int | None = None
+    supports_tools: bool = True
+    supports_reasoning: bool = False
+    supports_images: bool = False
+    input_price: float = 0.0
+    output_price: float = 0.0
+
+
+class ProviderUpsertParams(Struct, kw_only=True):
+    """``provider:upsert``: create (no id, or an unknown id) or replace a provider."""
+
+    id: str | None = None
+    name: str
+    type: ProviderKind
+    base_url: str
+    api_key: str | None = None
+    """Stored, never returned. Omitted/null on update keeps the stored key; "" clears it."""
+    api_key_env: str | None = None
+    """Name of an environment variable holding the key (used when no key is stored)."""
+    headers: dict[str, str] = {}
+    body: dict[str, Any] = {}
+    """Merged into every request body last (it may override generated fields)."""
+    models: list[ModelConfig] = []
+    enabled: bool = True
+
+
+class ProviderInfo(Struct, omit_defaults=False, kw_only=True):
+    """A provider as ``provider:list`` shows it: the key itself is never included."""
+
+    id: str
+    name: str
+    type: ProviderKind
+    base_url: str
+    has_api_key: bool
+    api_key_env: str | None = None
+    headers: dict[str, str] = {}
+    """Header values whose name suggests a secret (auth, key, token, secret) are masked."""
+    body: dict[str, Any] = {}
+    models: list[ModelConfig] = []
+    enabled: bool = True
+    is_default: bool = False
+    created_at: int
+    updated_at: int
+
+
+class ProviderSetDefaultParams(Struct, kw_only=True):
+    provider_id: str
+    model_id: str
+
+
+class DefaultModel(Struct, omit_defaults=False, kw_only=True):
+    provider_id: str
+    model_id: str
+
+
+class ChatSettings(Struct, omit_defaults=False, kw_only=True):
+    """Engine settings (``settings:get`` / ``settings:update``)."""
+
+    generate_titles: bool = True
+    """After the first exchange, name the session with a short model call."""
+    title_model: DefaultModel | None = None
+    """Model for titles; default: the session's own model."""
+    delta_coalesce_ms: int = 40
+    """Text/thinking deltas after the first are merged for this long (0 = every delta)."""
+    persist_interval_ms: int = 250
+    """Partial content of a streaming reply is written at least this often."""
+    max_tokens: int | None = None
+    reasoning: ReasoningLevel | None = None
+    temperature: float | None = None
+    top_p: float | None = None
+
+
+class ChatSettingsUpdate(Struct, forbid_unknown_fields=True, kw_only=True):
+    """Fields of ChatSettings to change; unknown fields are invalid params."""
+
+    generate_titles: bool | None = None
+    title_model: DefaultModel | None = None
+    delta_coalesce_ms: int | None = None
+    persist_interval_ms: int | None = None
+    max_tokens: int | None = None
+    reasoning: ReasoningLevel | None = None
+    temperature: float | None = None
+    top_p: float | None = None
