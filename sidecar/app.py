@@ -1,0 +1,55 @@
+"""The App: the object that holds the process's services for the lifetime of a server.
+
+``open_app(config, notify)`` builds an App, yields it while the server runs and closes
+everything it opened on exit (in reverse order, even when the server is cancelled).
+``sidecar/server.py`` binds method names to attribute paths on the App (for example
+``"sessions.create_session"``); a service that is not attached yet makes its methods
+answer NOT_IMPLEMENTED instead of failing at start-up.
+
+How to add a service: open it inside ``open_app`` (use ``stack`` so it is closed on
+exit), attach it as an attribute, document the attribute below. Must stay true:
+- ``open_app`` does no slow work on the event loop (blocking I/O goes through
+  ``anyio.to_thread``), and heavy imports happen inside it, not at module import, to
+  keep start-up fast;
+- ``notify`` is the only way a service talks to the client outside a reply.
+
+Attributes:
+    config:   the finished Config.
+    data_dir: Path of the data directory (created if missing).
+    notify:   ``await notify(method, params_struct)`` sends a notification to the client.
+    (later)   sessions, chat, ... attached by the services that own them.
+"""
+
+from __future__ import annotations
+
+from collections.abc import AsyncIterator, Awaitable, Callable
+from contextlib import AsyncExitStack, asynccontextmanager
+from pathlib import Path
+from typing import Any
+
+from sidecar.config import Config
+from sidecar.errors import SidecarError
+
+Notify = Callable[[str, Any], Awaitable[None]]
+
+
+class App:
+    def __init__(self, config: Config, data_dir: Path, notify: Notify) -> None:
+        self.config = config
+        self.data_dir = data_dir
+        self.notify = notify
+
+
+@asynccontextmanager
+async def open_app(config: Config, notify: Notify) -> AsyncIterator[App]:
+    data_dir = Path(config.data_dir)
+    try:
+        # One mkdir: provably short, no need for a worker thread.
+        data_dir.mkdir(parents=True, exist_ok=True)
+    except OSError as exc:
+        raise SidecarError(f"cannot create the data directory {data_dir}: {exc.strerror or exc}") from exc
+    async with AsyncExitStack() as stack:
+        app = App(config, data_dir, notify)
+        # Services open here and register their cleanup on ``stack`` (closed in reverse
+        # order), e.g. ``app.store = await stack.enter_async_context(open_store(data_dir))``.
+        yield app

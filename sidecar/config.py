@@ -1,0 +1,95 @@
+"""Process configuration: one ``Config`` Struct built from the CLI, the environment and defaults.
+
+Owns the precedence rule (command-line flag > environment variable > default) and the
+validation of every setting, so the rest of the process receives a finished, valid
+``Config`` and never reads ``os.environ`` itself.
+
+To add a setting: add a field with a default to ``Config``, an entry to ``ENV_VARS`` if it
+has an environment variable, and a flag in ``sidecar/__main__.py``; ``build_config`` picks
+it up through ``overrides``.
+"""
+
+from __future__ import annotations
+
+import os
+from collections.abc import Mapping
+from typing import Any
+
+import msgspec
+
+from sidecar.errors import InvalidParams
+
+DEFAULT_MAX_LINE_BYTES = 16 * 1024 * 1024
+MIN_MAX_LINE_BYTES = 1024
+"""Smaller limits would reject ordinary requests (an initialize alone is ~100 bytes)."""
+
+LOG_LEVELS = ("DEBUG", "INFO", "WARNING", "ERROR", "CRITICAL")
+
+ENV_VARS: dict[str, str] = {
+    "data_dir": "CHAT_SIDECAR_DATA_DIR",
+    "log_level": "CHAT_SIDECAR_LOG_LEVEL",
+    "max_line_bytes": "CHAT_SIDECAR_MAX_LINE_BYTES",
+}
+"""Config field -> environment variable that sets it."""
+
+
+class Config(msgspec.Struct, kw_only=True, frozen=True):
+    """Everything the process was told at start-up. Frozen: change it with ``with_changes``."""
+
+    data_dir: str
+    """Absolute path of the data directory (database, logs, stored attachments)."""
+    log_level: str = "INFO"
+    max_line_bytes: int = DEFAULT_MAX_LINE_BYTES
+    """Input lines longer than this are discarded and answered with MESSAGE_TOO_LARGE."""
+    bench: bool = False
+    """Enables the hidden ``sidecar:bench:notify`` method (benchmarks only)."""
+
+    def with_changes(self, **changes: Any) -> Config:
+        return msgspec.structs.replace(self, **changes)
+
+
+def default_data_dir() -> str:
+    # platformdirs is imported here, not at module level: only the no-flag, no-env path needs it.
+    import platformdirs
+
+    return platformdirs.user_data_dir("chat-sidecar", appauthor=False)
+
+
+def build_config(overrides: Mapping[str, Any] | None = None, env: Mapping[str, str] | None = None) -> Config:
+    """Resolve every field: ``overrides`` (CLI, ``None`` = not given) > ``env`` > default.
+
+    Raises InvalidParams with a message naming the setting and its source when a value is bad.
+    """
+    env = os.environ if env is None else env
+    given = {k: v for k, v in (overrides or {}).items() if v is not None}
+    values: dict[str, Any] = {}
+    for field in msgspec.structs.fields(Config):
+        name = field.name
+        if name in given:
+            values[name] = given[name]
+        elif name in ENV_VARS and env.get(ENV_VARS[name], "") != "":
+            values[name] = _from_env(name, env[ENV_VARS[name]])
+    if "data_dir" not in values:
+        values["data_dir"] = default_data_dir()
+    values["data_dir"] = os.path.abspath(os.path.expanduser(str(values["data_dir"])))
+    level = str(values.get("log_level", "INFO")).upper()
+    if level not in LOG_LEVELS:
+        raise InvalidParams(f"log level must be one of {', '.join(LOG_LEVELS)}, got {level!r}")
+    values["log_level"] = level
+    max_line = values.get("max_line_bytes", DEFAULT_MAX_LINE_BYTES)
+    if not isinstance(max_line, int) or isinstance(max_line, bool) or max_line < MIN_MAX_LINE_BYTES:
+        raise InvalidParams(f"max line bytes must be an integer >= {MIN_MAX_LINE_BYTES}, got {max_line!r}")
+    try:
+        return msgspec.convert(values, Config)
+    except msgspec.ValidationError as exc:
+        raise InvalidParams(f"invalid configuration: {exc}") from exc
+
+
+def _from_env(name: str, raw: str) -> Any:
+    if name == "max_line_bytes":
+        try:
+            return int(raw)
+        except ValueError:
+            raise InvalidParams(f"{ENV_VARS[name]} must be an integer, got {raw!r}") from None
+    return raw
+

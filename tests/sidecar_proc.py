@@ -1,0 +1,405 @@
+"""Spawn ``python -m sidecar`` as a subprocess and speak NDJSON JSON-RPC to it, as Electron does.
+
+A test helper shared by every end-to-end test. It is deliberately independent of
+``sidecar.rpc`` (plain ``json``, its own line splitting) so a bug in the peer cannot hide
+itself from the tests.
+
+    async with spawn_sidecar(tmp_path) as proc:
+        info = await proc.call("sidecar:initialize", {})
+        with pytest.raises(CallError) as err:
+            await proc.call("nope")
+        assert err.value.code == -32601
+        event = await proc.next_notification("chat:stream")
+        await proc.close()          # sidecar:shutdown, then asserts exit code 0
+    proc.assert_all_jsonrpc()       # every stdout line was a JSON-RPC 2.0 message
+
+What must stay true: every wait is bounded (``timeout`` seconds, default 10); stdout and
+stderr are always drained (a child never blocks on a full pipe); the child is killed when
+the ``async with`` block exits, whatever happened in it; every stdout line is recorded raw
+in ``lines`` in arrival order.
+"""
+
+from __future__ import annotations
+
+import json
+import os
+import sys
+from collections.abc import AsyncIterator, Callable, Mapping, Sequence
+from contextlib import asynccontextmanager
+from pathlib import Path
+from typing import Any
+
+import anyio
+import anyio.abc
+import msgspec
+
+ROOT = Path(__file__).resolve().parent.parent
+DEFAULT_TIMEOUT = 10.0
+STDERR_KEEP = 256 * 1024
+
+
+class CallError(Exception):
+    """The sidecar answered a request with a JSON-RPC error."""
+
+    def __init__(self, code: int, message: str, data: Any = None, request_id: Any = None) -> None:
+        super().__init__(f"[{code}] {message}")
+        self.code = code
+        self.message = message
+        self.data = data
+        self.request_id = request_id
+
+
+def jsonrpc_problem(msg: Any) -> str | None:
+    """Why ``msg`` (a parsed stdout line) is not a valid JSON-RPC 2.0 message; None if it is.
+
+    A line may be a response, a notification, a request (server -> client), or a batch
+    (non-empty array) of responses.
+    """
+    if isinstance(msg, list):
+        if not msg:
+            return "empty batch"
+        for item in msg:
+            problem = jsonrpc_problem(item)
+            if problem:
+                return f"batch item: {problem}"
+            if "method" in item:
+                return "batch reply contains a request/notification"
+        return None
+    if not isinstance(msg, dict):
+        return f"not an object: {type(msg).__name__}"
+    if msg.get("jsonrpc") != "2.0":
+        return f"jsonrpc is {msg.get('jsonrpc')!r}"
+    if "method" in msg:
+        if not isinstance(msg["method"], str):
+            return "method is not a string"
+        if "params" in msg and not isinstance(msg["params"], (dict, list)):
+            return "params is not structured"
+        if "id" in msg and not _valid_id(msg["id"]):
+            return f"bad id {msg['id']!r}"
+        extra = set(msg) - {"jsonrpc", "method", "params", "id"}
+        return f"unexpected keys {sorted(extra)}" if extra else None
+    if "id" not in msg:
+        return "response without id"
+    if not (_valid_id(msg["id"]) or msg["id"] is None):
+        return f"bad id {msg['id']!r}"
+    if ("result" in msg) == ("error" in msg):
+        return "response must have exactly one of result/error"
+    if "error" in msg:
+        err = msg["error"]
+        if not isinstance(err, dict):
+            return "error is not an object"
+        if not isinstance(err.get("code"), int) or isinstance(err.get("code"), bool):
+            return "error.code is not an integer"
+        if not isinstance(err.get("message"), str):
+            return "error.message is not a string"
+        extra = set(err) - {"code", "message", "data"}
+        if extra:
+            return f"unexpected error keys {sorted(extra)}"
+    extra = set(msg) - {"jsonrpc", "id", "result", "error"}
+    return f"unexpected keys {sorted(extra)}" if extra else None
+
+
+def _valid_id(value: Any) -> bool:
+    return isinstance(value, str) or (isinstance(value, int) and not isinstance(value, bool))
+
+
+def sidecar_command(data_dir: str | os.PathLike[str], *args: str) -> list[str]:
+    return [sys.executable, "-m", "sidecar", "--data-dir", str(data_dir), *args]
+
+
+class SidecarProcess:
+    """A running sidecar subprocess. Create it with ``spawn_sidecar``."""
+
+    def __init__(self, process: anyio.abc.Process) -> None:
+        self.process = process
+        self.lines: list[bytes] = []
+        """Every stdout line (without the newline), in arrival order."""
+        self.messages: list[Any] = []
+        """Every stdout line parsed with json (a line that is not JSON is recorded as _NotJson)."""
+        self.stderr = bytearray()
+        """The last STDERR_KEEP bytes of the child's stderr (logs)."""
+        self._next_id = 1
+        self._changed = anyio.Event()
+        self._stdout_closed = False
+        self._cursors: dict[str, int] = {}
+
+    # ---- sending ------------------------------------------------------------------
+
+    async def send_line(self, line: bytes | str) -> None:
+        """Write raw bytes as one line (a newline is added when missing)."""
+        data = line.encode() if isinstance(line, str) else line
+        if not data.endswith(b"\n"):
+            data += b"\n"
+        assert self.process.stdin is not None
+        await self.process.stdin.send(data)
+
+    async def send(self, message: Any) -> None:
+        """Encode ``message`` (dicts, lists, msgspec Structs) as one compact JSON line."""
+        await self.send_line(msgspec.json.encode(message))
+
+    def new_id(self) -> int:
+        request_id = self._next_id
+        self._next_id += 1
+        return request_id
+
+    async def request(self, method: str, params: Any = None, *, request_id: Any = None) -> Any:
+        """Send a request without waiting; returns its id (for ``response``)."""
+        request_id = self.new_id() if request_id is None else request_id
+        message: dict[str, Any] = {"jsonrpc": "2.0", "id": request_id, "method": method}
+        if params is not None:
+            message["params"] = params
+        await self.send(message)
+        return request_id
+
+    async def notify(self, method: str, params: Any = None) -> None:
+        message: dict[str, Any] = {"jsonrpc": "2.0", "method": method}
+        if params is not None:
+            message["params"] = params
+        await self.send(message)
+
+    async def call(
+        self,
+        method: str,
+        params: Any = None,
+        *,
+        timeout: float = DEFAULT_TIMEOUT,
+        result_type: Any = None,
+    ) -> Any:
+        """Request and wait for the answer: the result (decoded into ``result_type`` if
+        given, else plain JSON values) or CallError with ``.code``."""
+        request_id = await self.request(method, params)
+        reply = await self.response(request_id, timeout=timeout)
+        if "error" in reply:
+            err = reply["error"]
+            raise CallError(err.get("code"), err.get("message"), err.get("data"), request_id)
+        if result_type is not None:
+            return msgspec.convert(reply["result"], result_type)
+        return reply["result"]
+
+    # ---- receiving ----------------------------------------------------------------
+
+    async def wait_for(
+        self, predicate: Callable[[Any], bool], *, timeout: float = DEFAULT_TIMEOUT, start: int = 0
+    ) -> tuple[int, Any]:
+        """The first parsed stdout message at index >= ``start`` matching ``predicate``,
+        with its index. Raises TimeoutError, or EOFError if stdout closed first."""
+        with anyio.fail_after(timeout):
+            index = start
+            while True:
+                while index < len(self.messages):
+                    message = self.messages[index]
+                    if not isinstance(message, _NotJson) and predicate(message):
+                        return index, message
+                    index += 1
+                if self._stdout_closed:
+                    raise EOFError(f"sidecar stdout closed; stderr tail:\n{self.stderr_text()[-4000:]}")
+                await self._changed.wait()
+
+    async def response(self, request_id: Any, *, timeout: float = DEFAULT_TIMEOUT) -> dict[str, Any]:
+        """The (non-batch) response whose id is ``request_id``."""
+        _, message = await self.wait_for(
+            lambda m: isinstance(m, dict) and "method" not in m and m.get("id") == request_id
+            and type(m.get("id")) is type(request_id),
+            timeout=timeout,
+        )
+        return message
+
+    async def next_matching(
+        self, key: str, predicate: Callable[[Any], bool], *, timeout: float = DEFAULT_TIMEOUT
+    ) -> Any:
+        """The next message matching ``predicate`` after the last one returned for ``key``
+        (each key is an independent cursor, so callers consume streams in order)."""
+        index, message = await self.wait_for(predicate, timeout=timeout, start=self._cursors.get(key, 0))
+        self._cursors[key] = index + 1
+        return message
+
+    async def next_notification(self, method: str, timeout: float = DEFAULT_TIMEOUT) -> Any:
+        """Params of the next notification ``method`` not returned before."""
+        message = await self.next_matching(
+            f"notification:{method}",
+            lambda m: isinstance(m, dict) and m.get("method") == method and "id" not in m,
+            timeout=timeout,
+        )
+        return message.get("params")
+
+    async def next_null_id_reply(self, timeout: float = DEFAULT_TIMEOUT) -> dict[str, Any]:
+        """The next error reply with ``id: null`` (parse errors, invalid requests, oversized lines)."""
+        return await self.next_matching(
+            "null-id",
+            lambda m: isinstance(m, dict) and "method" not in m and "id" in m and m["id"] is None,
+            timeout=timeout,
+        )
+
+    async def next_batch_reply(self, timeout: float = DEFAULT_TIMEOUT) -> list[Any]:
+        """The next array (batch) reply."""
+        return await self.next_matching("batch", lambda m: isinstance(m, list), timeout=timeout)
+
+    def notifications(self, method: str) -> list[Any]:
+        """Params of every notification ``method`` received so far."""
+        return [
+            m.get("params") for m in self.messages
+            if isinstance(m, dict) and m.get("method") == method and "id" not in m
+        ]
+
+    def assert_all_jsonrpc(self) -> None:
+        """Every stdout line so far is one valid JSON-RPC 2.0 message (or batch of responses)."""
+        for line, message in zip(self.lines, self.messages, strict=True):
+            if isinstance(message, _NotJson):
+                raise AssertionError(f"stdout line is not JSON: {line[:200]!r}")
+            problem = jsonrpc_problem(message)
+            if problem:
+                raise AssertionError(f"stdout line is not JSON-RPC 2.0 ({problem}): {line[:200]!r}")
+
+    def stderr_text(self) -> str:
+        return self.stderr.decode("utf-8", "replace")
+
+    # ---- lifecycle ----------------------------------------------------------------
+
+    @property
+    def pid(self) -> int:
+        return self.process.pid
+
+    @property
+    def returncode(self) -> int | None:
+        return self.process.returncode
+
+    async def close_stdin(self) -> None:
+        assert self.process.stdin is not None
+        await self.process.stdin.aclose()
+
+    def send_signal(self, sig: int) -> None:
+        self.process.send_signal(sig)
+
+    async def wait_exit(self, timeout: float = DEFAULT_TIMEOUT) -> int:
+        with anyio.fail_after(timeout):
+            return await self.process.wait()
+
+    async def close(self, *, timeout: float = DEFAULT_TIMEOUT, expect_code: int = 0) -> None:
+        """``sidecar:shutdown`` (answered ``{success: true}``), then the process exits with
+        ``expect_code``; stdout is fully read before returning."""
+        result = await self.call("sidecar:shutdown", timeout=timeout)
+        assert result == {"success": True}, result
+        await self.close_stdin()
+        await self.assert_exit(expect_code, timeout=timeout)
+
+    async def assert_exit(self, expect_code: int = 0, *, timeout: float = DEFAULT_TIMEOUT) -> None:
+        code = await self.wait_exit(timeout)
+        with anyio.fail_after(timeout):
+            while not self._stdout_closed:
+                await self._changed.wait()
+        assert code == expect_code, f"exit code {code}, expected {expect_code}; stderr:\n{self.stderr_text()[-4000:]}"
+
+    def vm_hwm_kib(self) -> int | None:
+        """Peak resident set size of the child (Linux /proc), or None elsewhere."""
+        try:
+            status = Path(f"/proc/{self.pid}/status").read_text()
+        except OSError:
+            return None
+        for row in status.splitlines():
+            if row.startswith("VmHWM:"):
+                return int(row.split()[1])
+        return None
+
+    # ---- internals ----------------------------------------------------------------
+
+    def _wake(self) -> None:
+        self._changed.set()
+        self._changed = anyio.Event()
+
+    async def _read_stdout(self) -> None:
+        assert self.process.stdout is not None
+        buffer = bytearray()
+        try:
+            async for chunk in self.process.stdout:
+                buffer += chunk
+                if b"\n" not in chunk:
+                    continue
+                *complete, rest = buffer.split(b"\n")
+                buffer = bytearray(rest)
+                for line in complete:
+                    self._record(bytes(line))
+                self._wake()
+        except (anyio.EndOfStream, anyio.ClosedResourceError, anyio.BrokenResourceError):
+            pass
+        finally:
+            if buffer:
+                self._record(bytes(buffer))  # a final line without newline is still recorded
+            self._stdout_closed = True
+            self._wake()
+
+    def _record(self, line: bytes) -> None:
+        self.lines.append(line)
+        try:
+            self.messages.append(json.loads(line))
+        except ValueError:
+            self.messages.append(_NotJson(line))
+
+    async def _read_stderr(self) -> None:
+        assert self.process.stderr is not None
+        try:
+            async for chunk in self.process.stderr:
+                self.stderr += chunk
+                if len(self.stderr) > STDERR_KEEP:
+                    del self.stderr[: len(self.stderr) - STDERR_KEEP]
+        except (anyio.EndOfStream, anyio.ClosedResourceError, anyio.BrokenResourceError):
+            pass
+
+
+class _NotJson:
+    """Marker for a stdout line that did not parse as JSON."""
+
+    def __init__(self, line: bytes) -> None:
+        self.line = line
+
+    def __repr__(self) -> str:
+        return f"_NotJson({self.line[:80]!r})"
+
+
+@asynccontextmanager
+async def spawn_sidecar(
+    data_dir: str | os.PathLike[str],
+    *args: str,
+    env: Mapping[str, str] | None = None,
+    command: Sequence[str] | None = None,
+) -> AsyncIterator[SidecarProcess]:
+    """Start ``python -m sidecar --data-dir DATA_DIR ARGS...`` and yield a SidecarProcess.
+
+    ``env`` entries are added to the current environment. On exit the child is killed
+    if it is still running (tests that expect a clean exit call ``close()`` or
+    ``assert_exit()`` inside the block).
+    """
+    full_env = dict(os.environ)
+    full_env.setdefault("CHAT_SIDECAR_LOG_LEVEL", "INFO")
+    if env:
+        full_env.update(env)
+    cmd = list(command) if command is not None else sidecar_command(data_dir, *args)
+    process = await anyio.open_process(cmd, env=full_env, cwd=ROOT)
+    proc = SidecarProcess(process)
+    try:
+        async with anyio.create_task_group() as tg:
+            tg.start_soon(proc._read_stdout)
+            tg.start_soon(proc._read_stderr)
+            try:
+                yield proc
+            finally:
+                with anyio.CancelScope(shield=True):
+                    if process.returncode is None:
+                        try:
+                            process.kill()
+                        except ProcessLookupError:
+                            pass
+                    with anyio.move_on_after(DEFAULT_TIMEOUT):
+                        await process.wait()
+                tg.cancel_scope.cancel()
+    finally:
+        with anyio.CancelScope(shield=True):
+            await process.aclose()
+
+
+__all__ = [
+    "CallError",
+    "SidecarProcess",
+    "jsonrpc_problem",
+    "sidecar_command",
+    "spawn_sidecar",
+]
