@@ -1,0 +1,25 @@
+"""sidecar.store: the SQLite (apsw) storage of sessions, messages, search and settings.
+
+Layout (each module says what it owns):
+    db.py          connections, pragmas (WAL, foreign keys, busy timeout), transactions
+    migrations.py  the numbered schema migrations (PRAGMA user_version)
+    ids.py         UUIDv7 ids and the ms clock
+    rows.py        row <-> protocol Struct mapping
+    checks.py      argument checks -> InvalidParams
+    sessions.py    SessionRepo      (sessions_v2, session_tags, counters)
+    messages.py    MessageStore     (messages_v2, the message tree, streaming updates)
+    search.py      MessageSearch    (FTS5 index and queries)
+    fts.py         CJK-bigram text for the index, quoted MATCH expressions, snippets
+    settings.py    SettingsRepo     (key/value settings)
+    transfer.py    fork, export, import
+    store.py       Store            (the synchronous facade: one call = one transaction)
+    async_store.py AsyncStore       (the same calls off the event loop)
+
+Errors: StoreError / NotFound (sidecar.errors) for database and reference failures,
+InvalidParams for bad arguments; a failed call changes nothing.
+"""
+
+from sidecar.store.async_store import AsyncStore
+from sidecar.store.store import ACTIVE_LEAF, Store
+
+__all__ = ["Store", "AsyncStore", "ACTIVE_LEAF"]

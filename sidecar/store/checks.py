@@ -1,0 +1,81 @@
+"""Range and shape checks of store inputs that msgspec decoding cannot express.
+
+Owns: every InvalidParams the store raises for bad arguments (limits, offsets, enum-like
+strings, tag lists). Params decoded from the wire already have the right types; these
+checks also guard Python callers (the engine), who bypass decoding.
+Must stay true: a check runs before anything is written, and its message names the field.
+"""
+
+from __future__ import annotations
+
+from typing import Any, get_args
+
+from protocol.params import SessionSortBy
+from protocol.types import ContentType, DateRange, MessageRole, MessageStatus, SessionMode
+from sidecar.errors import InvalidParams
+
+__all__ = [
+    "check_range",
+    "check_choice",
+    "check_tags",
+    "check_date_range",
+    "check_text",
+    "ROLES",
+    "STATUSES",
+    "CONTENT_TYPES",
+    "MODES",
+    "SORT_COLUMNS",
+    "FINAL_STATUSES",
+]
+
+ROLES: frozenset[str] = frozenset(get_args(MessageRole))
+STATUSES: frozenset[str] = frozenset(get_args(MessageStatus))
+CONTENT_TYPES: frozenset[str] = frozenset(get_args(ContentType))
+MODES: frozenset[str] = frozenset(get_args(SessionMode))
+SORT_COLUMNS: frozenset[str] = frozenset(get_args(SessionSortBy))
+FINAL_STATUSES: frozenset[str] = frozenset({"completed", "error", "aborted"})
+"""Statuses after which a message no longer changes (and is in the search index)."""
+
+
+def check_range(field: str, value: Any, lo: int, hi: int) -> int:
+    if isinstance(value, bool) or not isinstance(value, int):
+        raise InvalidParams(f"{field} must be an integer, got {type(value).__name__}")
+    if not lo <= value <= hi:
+        raise InvalidParams(f"{field} must be between {lo} and {hi}, got {value}")
+    return value
+
+
+def check_choice(field: str, value: Any, choices: frozenset[str]) -> str:
+    if not isinstance(value, str) or value not in choices:
+        allowed = ", ".join(sorted(choices))
+        raise InvalidParams(f"{field} must be one of {allowed}, got {value!r}")
+    return value
+
+
+def check_tags(field: str, value: Any) -> list[str]:
+    """A list of non-empty strings, duplicates dropped (first occurrence kept)."""
+    if not isinstance(value, list) or not all(isinstance(t, str) for t in value):
+        raise InvalidParams(f"{field} must be a list of strings")
+    if any(not t.strip() for t in value):
+        raise InvalidParams(f"{field} must not contain empty tags")
+    return list(dict.fromkeys(value))
+
+
+def check_date_range(field: str, value: DateRange | None) -> tuple[int, int] | None:
+    if value is None:
+        return None
+    if not isinstance(value, DateRange):
+        raise InvalidParams(f"{field} must be an object with from and to")
+    lo = check_range(f"{field}.from", value.from_, -(2**53), 2**53)
+    hi = check_range(f"{field}.to", value.to, -(2**53), 2**53)
+    if lo > hi:
+        raise InvalidParams(f"{field}.from must not be after {field}.to")
+    return lo, hi
+
+
+def check_text(field: str, value: Any, *, optional: bool = True) -> str | None:
+    if value is None and optional:
+        return None
+    if not isinstance(value, str):
+        raise InvalidParams(f"{field} must be a string")
+    return value

@@ -1,0 +1,172 @@
+"""The SQLite database file: connections, pragmas and transactions (apsw).
+
+Owns: opening ``chat.db`` in the data dir, the per-connection pragmas, and the two ways to
+touch it: ``write()`` (the one writer connection, under a lock, in ``BEGIN IMMEDIATE``) and
+``read()`` (a small pool of reader connections, each read in its own snapshot).
+
+Thread-safety: every method may be called from any thread. Writes are serialized by a
+lock around the single writer connection, so two writers never wait on SQLite's busy
+handler inside the process; readers each take a connection of their own from a pool, so
+in WAL mode a search or a list never waits for a streaming write and vice versa. A
+connection is only ever used by one thread at a time.
+
+Must stay true: a write either commits whole or leaves the database unchanged (any
+exception inside ``write()`` rolls back); apsw errors leave this module as ``StoreError``.
+"""
+
+from __future__ import annotations
+
+import logging
+import queue
+import threading
+from collections.abc import Iterator
+from contextlib import contextmanager
+from pathlib import Path
+
+import apsw
+
+from sidecar.errors import SidecarError, StoreError
+
+__all__ = ["Database", "DB_FILENAME", "BUSY_TIMEOUT_MS"]
+
+log = logging.getLogger(__name__)
+
+DB_FILENAME = "chat.db"
+BUSY_TIMEOUT_MS = 5000
+
+
+def _configure(conn: apsw.Connection) -> None:
+    conn.set_busy_timeout(BUSY_TIMEOUT_MS)
+    conn.execute("PRAGMA foreign_keys = ON")
+    conn.execute("PRAGMA synchronous = NORMAL")
+    conn.execute("PRAGMA temp_store = MEMORY")
+
+
+class Database:
+    """One database file; a writer connection plus up to ``readers`` reader connections."""
+
+    def __init__(self, path: str | Path, *, readers: int = 2) -> None:
+        self.path = str(path)
+        try:
+            self._writer = apsw.Connection(self.path)
+            _configure(self._writer)
+            mode = self._writer.execute("PRAGMA journal_mode = WAL").fetchall()[0][0]
+        except apsw.Error as exc:
+            raise StoreError(f"cannot open the database {self.path}: {exc}") from exc
+        if mode != "wal":
+            log.warning("database %s is in journal mode %s, not WAL", self.path, mode)
+        self._write_lock = threading.RLock()
+        self._readers: queue.SimpleQueue[apsw.Connection] = queue.SimpleQueue()
+        self._reader_slots = threading.BoundedSemaphore(readers)
+        self._all_readers: list[apsw.Connection] = []
+        self._pool_lock = threading.Lock()
+        self._closed = False
+
+    @property
+    def writer(self) -> apsw.Connection:
+        """The writer connection, for code that already holds ``write()`` (migrations)."""
+        return self._writer
+
+    @contextmanager
+    def write(self) -> Iterator[apsw.Connection]:
+        """One write transaction on the writer connection (re-entrant: nested = same txn)."""
+        with self._write_lock:
+            self._check_open()
+            conn = self._writer
+            if not conn.in_transaction:
+                with _wrap_errors():
+                    conn.execute("BEGIN IMMEDIATE")
+                try:
+                    with _wrap_errors():
+                        yield conn
+                except BaseException:
+                    self._rollback(conn)
+                    raise
+                else:
+                    try:
+                        with _wrap_errors():
+                            conn.execute("COMMIT")
+                    except BaseException:
+                        self._rollback(conn)
+                        raise
+            else:
+                with _wrap_errors():
+                    yield conn
+
+    @contextmanager
+    def read(self) -> Iterator[apsw.Connection]:
+        """A reader connection inside one read transaction (a consistent snapshot)."""
+        self._check_open()
+        conn = self._acquire_reader()
+        try:
+            with _wrap_errors():
+                conn.execute("BEGIN")
+            try:
+                with _wrap_errors():
+                    yield conn
+            finally:
+                if conn.in_transaction:
+                    conn.execute("ROLLBACK")
+        finally:
+            self._release_reader(conn)
+
+    def close(self) -> None:
+        """Close every connection (idempotent). Callers must have finished their work."""
+        with self._write_lock:
+            if self._closed:
+                return
+            self._closed = True
+            try:
+                self._writer.execute("PRAGMA optimize")
+            except apsw.Error as exc:  # closing must not fail because of an advisory pragma
+                log.warning("PRAGMA optimize failed: %s", exc)
+            with self._pool_lock:
+                for conn in self._all_readers:
+                    conn.close()
+                self._all_readers.clear()
+            self._writer.close()
+
+    # ---- internals ------------------------------------------------------------------
+
+    def _check_open(self) -> None:
+        if self._closed:
+            raise StoreError("the store is closed")
+
+    def _rollback(self, conn: apsw.Connection) -> None:
+        if conn.in_transaction:
+            try:
+                conn.execute("ROLLBACK")
+            except apsw.Error as exc:
+                log.error("ROLLBACK failed: %s", exc)
+
+    def _acquire_reader(self) -> apsw.Connection:
+        self._reader_slots.acquire()
+        try:
+            return self._readers.get_nowait()
+        except queue.Empty:
+            pass
+        try:
+            with _wrap_errors():
+                conn = apsw.Connection(self.path, flags=apsw.SQLITE_OPEN_READONLY)
+                _configure(conn)
+        except BaseException:
+            self._reader_slots.release()
+            raise
+        with self._pool_lock:
+            self._all_readers.append(conn)
+        return conn
+
+    def _release_reader(self, conn: apsw.Connection) -> None:
+        self._readers.put(conn)
+        self._reader_slots.release()
+
+
+@contextmanager
+def _wrap_errors() -> Iterator[None]:
+    try:
+        yield
+    except SidecarError:
+        raise
+    except apsw.Error as exc:
+        raise StoreError(f"database error: {exc}") from exc
+

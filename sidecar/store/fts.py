@@ -1,0 +1,186 @@
+"""Full-text search text for Chinese (and Japanese/Korean) alongside Latin scripts.
+
+Owns: the derived text stored in the FTS5 index (``index_text``), the MATCH expression
+built from a user's query (``build_match``) and the highlighted snippet cut from the
+ORIGINAL text (``snippet``).
+
+Why this scheme: FTS5's unicode61 tokenizer makes one token of a whole run of CJK
+characters, so 搜索 would never match inside 我们今天讨论全文搜索功能; the trigram tokenizer
+cannot match two-character words. So every CJK run is rewritten as its overlapping
+bigrams followed by its last character alone (讨论全文 -> "讨论 论全 全文 文"), Latin words
+are left to unicode61 (case folding, diacritics). A query runs through the same rewrite:
+a CJK word becomes a phrase of its bigrams (consecutive positions = exact substring), a
+single CJK character becomes a prefix term (搜* matches every bigram starting with it and
+the trailing single character), a Latin word becomes a quoted term.
+
+Must stay true:
+- User input never reaches MATCH unquoted: every piece is a double-quoted string built
+  only from letters/digits/CJK characters, so FTS syntax in a query (quotes, ``*``, NEAR,
+  ``-``, AND/OR, parentheses) is plain text that is searched for or dropped.
+- The same rewrite is used for indexing and querying (change one, reindex everything).
+"""
+
+from __future__ import annotations
+
+import html
+import operator
+import re
+from dataclasses import dataclass
+from hashlib import blake2b
+
+__all__ = [
+    "QueryPiece",
+    "parse_query",
+    "build_match",
+    "index_text",
+    "session_token",
+    "snippet",
+    "MAX_QUERY_CHARS",
+]
+
+MAX_QUERY_CHARS = 1000
+
+# Han (with extensions and compatibility ideographs), kana and Hangul. The katakana middle
+# dot and double hyphen are punctuation to unicode61, so they stay out of runs.
+_CJK = (
+    "\u1100-\u11ff\u3005-\u3007\u3041-\u3096\u309d-\u309f\u30a1-\u30fa\u30fc-\u30ff"
+    "\u3130-\u318f\u31f0-\u31ff\u3400-\u4dbf\u4e00-\u9fff\uac00-\ud7af\uf900-\ufaff"
+    "\U00020000-\U0003134f"
+)
+_CJK_RUN = re.compile(f"[{_CJK}]+")
+# A Latin-ish word as unicode61 sees it: letters and digits, no underscore.
+_WORD = re.compile(f"(?:(?![{_CJK}])[^\\W_])+")
+
+
+def _bigrams(run: str) -> str:
+    if len(run) == 1:
+        return run
+    return " ".join(map(operator.add, run[:-1], run[1:])) + " " + run[-1]
+
+
+def _index_run(m: re.Match[str]) -> str:
+    return " " + _bigrams(m.group()) + " "
+
+
+def index_text(text: str) -> str:
+    """The text stored in the FTS index for ``text`` (CJK runs rewritten as bigrams)."""
+    return _CJK_RUN.sub(_index_run, text)
+
+
+def session_token(session_id: str) -> str:
+    """A single unicode61 token standing for a session (its ``sid`` column in the index)."""
+    return "s" + blake2b(session_id.encode(), digest_size=10).hexdigest()
+
+
+@dataclass(frozen=True, slots=True)
+class QueryPiece:
+    """One searched unit: a CJK run (matched as a substring) or a Latin word."""
+
+    text: str
+    cjk: bool
+
+
+def parse_query(query: str) -> list[QueryPiece]:
+    """Split a user's query into pieces; punctuation and FTS operators become separators."""
+    pieces: list[QueryPiece] = []
+    seen: set[tuple[str, bool]] = set()
+
+    def add(text: str, cjk: bool) -> None:
+        key = (text if cjk else text.casefold(), cjk)
+        if key not in seen:
+            seen.add(key)
+            pieces.append(QueryPiece(text, cjk))
+
+    pos = 0
+    for m in _CJK_RUN.finditer(query):
+        for w in _WORD.findall(query, pos, m.start()):
+            add(w, False)
+        add(m.group(), True)
+        pos = m.end()
+    for w in _WORD.findall(query, pos):
+        add(w, False)
+    return pieces
+
+
+def _quote(s: str) -> str:
+    return '"' + s.replace('"', '""') + '"'
+
+
+def build_match(pieces: list[QueryPiece]) -> str | None:
+    """The MATCH expression over the ``body`` column for ``pieces`` (None if nothing to search)."""
+    terms: list[str] = []
+    for p in pieces:
+        if p.cjk:
+            if len(p.text) == 1:
+                terms.append(_quote(p.text) + "*")
+            else:
+                terms.append(_quote(" ".join(map(operator.add, p.text[:-1], p.text[1:]))))
+        else:
+            terms.append(_quote(p.text))
+    if not terms:
+        return None
+    return "{body} : (" + " AND ".join(terms) + ")"
+
+
+def _hit_spans(text: str, pieces: list[QueryPiece]) -> list[tuple[int, int]]:
+    spans: list[tuple[int, int]] = []
+    folded = text.casefold() if len(text.casefold()) == len(text) else None
+    for p in pieces:
+        if p.cjk:
+            start = text.find(p.text)
+            while start != -1:
+                spans.append((start, start + len(p.text)))
+                start = text.find(p.text, start + 1)
+        else:
+            needle = p.text.casefold()
+            hay = folded if folded is not None else text
+            pat = re.compile(
+                r"(?<![^\W_])" + re.escape(needle) + r"(?![^\W_])",
+                0 if folded is not None else re.IGNORECASE,
+            )
+            spans.extend(m.span() for m in pat.finditer(hay))
+    spans.sort()
+    merged: list[tuple[int, int]] = []
+    for s, e in spans:
+        if merged and s <= merged[-1][1]:
+            if e > merged[-1][1]:
+                merged[-1] = (merged[-1][0], e)
+        else:
+            merged.append((s, e))
+    return merged
+
+
+_WS = re.compile(r"\s+")
+
+
+def _plain(s: str) -> str:
+    return html.escape(_WS.sub(" ", s), quote=False)
+
+
+def snippet(text: str, pieces: list[QueryPiece], width: int = 64) -> str:
+    """HTML-escaped excerpt of ``text`` (about ``width`` chars) with hits in ``<mark>``."""
+    spans = _hit_spans(text, pieces)
+    if not spans:
+        end = min(len(text), width)
+        return _plain(text[:end]) + ("…" if end < len(text) else "")
+    first_s, first_e = spans[0]
+    start = max(0, first_s - width // 3)
+    end = min(len(text), max(start + width, first_e))
+    if end - start < width:
+        start = max(0, end - width)
+    out: list[str] = ["…"] if start > 0 else []
+    pos = start
+    for s, e in spans:
+        if s >= end:
+            break
+        s = max(s, pos)
+        e = min(e, end)
+        if s > pos:
+            out.append(_plain(text[pos:s]))
+        out.append("<mark>" + _plain(text[s:e]) + "</mark>")
+        pos = e
+    if pos < end:
+        out.append(_plain(text[pos:end]))
+    if end < len(text):
+        out.append("…")
+    return "".join(out)

@@ -1,0 +1,176 @@
+"""MessageStore: rows of ``messages_v2`` and the message tree they form.
+
+Owns: inserting messages, reading one, a path root -> leaf, a whole session, the newest
+leaf below a message, streaming updates and finishing.
+Must stay true:
+- The tree is ``parent_id`` links inside one session; creation order is
+  (created_at, id) — ids are UUIDv7, so ties within a millisecond keep their order.
+- A streaming update is one UPDATE of the content columns and nothing else (no index,
+  no counters); only a message that is still pending/streaming can be updated or finished.
+- Every method runs inside the caller's transaction.
+"""
+
+from __future__ import annotations
+
+import apsw
+
+from protocol.errors import ErrorCode
+from protocol.types import MessageV2
+from sidecar.errors import NotFound, StoreError
+from sidecar.store.rows import MESSAGE_COLUMNS, message_from_row, message_values
+
+__all__ = ["MessageStore", "MAX_DEPTH"]
+
+MAX_DEPTH = 1_000_000
+"""Guard on tree walks: a corrupted parent cycle ends the walk instead of looping."""
+
+_INSERT = f"INSERT INTO messages_v2 ({MESSAGE_COLUMNS}) VALUES ({', '.join('?' * 20)})"
+_M_COLUMNS = ", ".join("m." + c.strip() for c in MESSAGE_COLUMNS.split(","))
+_SELECT_ONE = f"SELECT {MESSAGE_COLUMNS} FROM messages_v2 WHERE id = ?"
+_PATH = (
+    "WITH RECURSIVE p(id, depth) AS ("
+    " SELECT id, 0 FROM messages_v2 WHERE id = ?1"
+    " UNION ALL"
+    " SELECT m.parent_id, p.depth + 1 FROM p JOIN messages_v2 m ON m.id = p.id"
+    f" WHERE m.parent_id IS NOT NULL AND p.depth < {MAX_DEPTH})"
+    f" SELECT {_M_COLUMNS} FROM p JOIN messages_v2 m ON m.id = p.id"
+    " WHERE m.session_id = ?2 ORDER BY p.depth DESC"
+)
+_ALL = f"SELECT {MESSAGE_COLUMNS} FROM messages_v2 WHERE session_id = ? ORDER BY created_at, id"
+_NEWEST_LEAF_BELOW = (
+    "WITH RECURSIVE d(id, depth) AS ("
+    " SELECT ?1, 0"
+    " UNION ALL"
+    f" SELECT m.id, d.depth + 1 FROM d JOIN messages_v2 m ON m.parent_id = d.id"
+    f" WHERE d.depth < {MAX_DEPTH})"
+    " SELECT m.id FROM d JOIN messages_v2 m ON m.id = d.id"
+    " WHERE m.session_id = ?2"
+    " AND NOT EXISTS (SELECT 1 FROM messages_v2 c WHERE c.parent_id = m.id)"
+    " ORDER BY m.created_at DESC, m.id DESC LIMIT 1"
+)
+_NEWEST_LEAF = (
+    "SELECT m.id FROM messages_v2 m WHERE m.session_id = ?"
+    " AND NOT EXISTS (SELECT 1 FROM messages_v2 c WHERE c.parent_id = m.id)"
+    " ORDER BY m.created_at DESC, m.id DESC LIMIT 1"
+)
+_SUBTREE = (
+    "WITH RECURSIVE d(id, depth) AS ("
+    " SELECT ?1, 0"
+    " UNION ALL"
+    " SELECT m.id, d.depth + 1 FROM d JOIN messages_v2 m ON m.parent_id = d.id"
+    f" WHERE d.depth < {MAX_DEPTH})"
+    " SELECT id FROM d"
+)
+
+
+class MessageStore:
+    """Stateless: every method takes a connection inside the caller's transaction."""
+
+    @staticmethod
+    def insert(conn: apsw.Connection, m: MessageV2) -> None:
+        conn.execute(_INSERT, message_values(m))
+
+    @staticmethod
+    def insert_many(conn: apsw.Connection, messages: list[MessageV2]) -> None:
+        conn.executemany(_INSERT, [message_values(m) for m in messages])
+
+    @staticmethod
+    def get(conn: apsw.Connection, message_id: str) -> MessageV2:
+        rows = conn.execute(_SELECT_ONE, (message_id,)).fetchall()
+        if not rows:
+            raise NotFound(f"message {message_id!r} not found", data={"messageId": message_id})
+        return message_from_row(rows[0])
+
+    @staticmethod
+    def get_in_session(conn: apsw.Connection, session_id: str, message_id: str) -> MessageV2:
+        """The message, which must belong to ``session_id`` (NotFound otherwise)."""
+        m = MessageStore.get(conn, message_id)
+        if m.session_id != session_id:
+            raise NotFound(
+                f"message {message_id!r} is not in session {session_id!r}",
+                data={"sessionId": session_id, "messageId": message_id},
+            )
+        return m
+
+    @staticmethod
+    def path(conn: apsw.Connection, session_id: str, leaf_id: str) -> list[MessageV2]:
+        """Root -> ``leaf_id`` (which must be in the session)."""
+        return [message_from_row(r) for r in conn.execute(_PATH, (leaf_id, session_id))]
+
+    @staticmethod
+    def all(conn: apsw.Connection, session_id: str) -> list[MessageV2]:
+        return [message_from_row(r) for r in conn.execute(_ALL, (session_id,))]
+
+    @staticmethod
+    def newest_leaf(conn: apsw.Connection, session_id: str, below: str | None = None) -> str | None:
+        """The newest leaf of the session, or of the subtree rooted at ``below``."""
+        if below is None:
+            rows = conn.execute(_NEWEST_LEAF, (session_id,)).fetchall()
+        else:
+            rows = conn.execute(_NEWEST_LEAF_BELOW, (below, session_id)).fetchall()
+        return rows[0][0] if rows else None
+
+    @staticmethod
+    def subtree_ids(conn: apsw.Connection, message_id: str) -> list[str]:
+        return [r[0] for r in conn.execute(_SUBTREE, (message_id,))]
+
+    @staticmethod
+    def update_partial(
+        conn: apsw.Connection,
+        message_id: str,
+        *,
+        text_content: str | None,
+        parts: str | None,
+        status: str,
+        seq: int | None,
+        now: int,
+    ) -> None:
+        conn.execute(
+            "UPDATE messages_v2 SET text_content = ?, parts = ?, status = ?,"
+            " seq = coalesce(?, seq), updated_at = ?"
+            " WHERE id = ? AND status IN ('pending', 'streaming')",
+            (text_content, parts, status, seq, now, message_id),
+        )
+        if conn.changes() == 0:
+            MessageStore._explain_not_open(conn, message_id)
+
+    @staticmethod
+    def finish(
+        conn: apsw.Connection,
+        message_id: str,
+        *,
+        status: str,
+        text_content: str | None,
+        parts: str | None,
+        tool_calls: str | None,
+        usage: str | None,
+        latency_ms: int | None,
+        model_id: str | None,
+        error: str | None,
+        seq: int | None,
+        now: int,
+    ) -> None:
+        conn.execute(
+            "UPDATE messages_v2 SET status = ?, text_content = ?, parts = ?,"
+            " content_type = CASE WHEN ? IS NOT NULL THEN 'multipart' ELSE content_type END,"
+            " tool_calls = coalesce(?, tool_calls), usage = coalesce(?, usage),"
+            " latency_ms = coalesce(?, latency_ms), model_id = coalesce(?, model_id),"
+            " error = coalesce(?, error), seq = coalesce(?, seq), updated_at = ?"
+            " WHERE id = ? AND status IN ('pending', 'streaming')",
+            (status, text_content, parts, parts, tool_calls, usage, latency_ms, model_id,
+             error, seq, now, message_id),
+        )
+        if conn.changes() == 0:
+            MessageStore._explain_not_open(conn, message_id)
+
+    @staticmethod
+    def _explain_not_open(conn: apsw.Connection, message_id: str) -> None:
+        rows = conn.execute("SELECT status FROM messages_v2 WHERE id = ?", (message_id,)).fetchall()
+        if not rows:
+            raise NotFound(f"message {message_id!r} not found", data={"messageId": message_id})
+        raise StoreError(
+            f"message {message_id!r} is already {rows[0][0]}; only a pending or streaming"
+            " message can be updated",
+            code=ErrorCode.BAD_STATE,
+            data={"messageId": message_id, "status": rows[0][0]},
+        )

@@ -1,0 +1,208 @@
+"""Schema migrations: a numbered list applied in order, the version in PRAGMA user_version.
+
+Owns: the schema. Each ``@migration`` function is applied once, in its own
+``BEGIN IMMEDIATE`` transaction together with the new ``user_version``, so a crash or an
+error leaves the database at the previous version, never half-migrated.
+Must stay true: migrations are only ever APPENDED (later issues add providers, summaries,
+tool approvals...); a shipped migration is never edited or reordered. Migration 1 is
+seed 004 section 3 verbatim (columns, defaults, cascade, its five indexes).
+
+Decisions recorded here:
+- The active branch of a session is ``sessions_v2.active_leaf_id`` (migration 2), kept by
+  the store (no foreign key: a session row and its messages reference each other).
+- ``messages_v2.seq`` is the last stream event number of a streamed message (migration 2).
+- ``session_tags`` mirrors the JSON ``tags`` column, one row per tag, so "all given tags"
+  is an indexed lookup instead of JSON parsing of every session (migration 4).
+- Search: ``search_docs`` gives every indexed message a stable integer docid (the implicit
+  rowid of messages_v2 may change on VACUUM); ``messages_fts`` is a contentless FTS5 table
+  (the original text stays in messages_v2; snippets are cut from it) whose rows a trigger
+  deletes with their search_docs row, which in turn cascades from messages_v2 (migration 6).
+"""
+
+from __future__ import annotations
+
+import logging
+from collections.abc import Callable
+
+import apsw
+
+from sidecar.errors import StoreError
+from sidecar.store.db import Database
+
+__all__ = ["migration", "MIGRATIONS", "migrate", "schema_version"]
+
+log = logging.getLogger(__name__)
+
+Migration = Callable[[apsw.Connection], None]
+MIGRATIONS: list[Migration] = []
+
+
+def migration(fn: Migration) -> Migration:
+    """Register ``fn`` as the next migration (its number is its position, from 1)."""
+    MIGRATIONS.append(fn)
+    return fn
+
+
+def schema_version(conn: apsw.Connection) -> int:
+    return int(conn.execute("PRAGMA user_version").fetchall()[0][0])
+
+
+def migrate(db: Database) -> int:
+    """Apply every pending migration; returns the resulting version."""
+    target = len(MIGRATIONS)
+    while True:
+        with db.write() as conn:
+            # Read inside the write lock: another process may have migrated meanwhile.
+            version = schema_version(conn)
+            if version > target:
+                raise StoreError(
+                    f"the database is at schema version {version}, newer than this program "
+                    f"({target}); refusing to touch it"
+                )
+            if version == target:
+                return version
+            fn = MIGRATIONS[version]
+            log.info("applying migration %d (%s)", version + 1, fn.__name__)
+            fn(conn)
+            conn.execute(f"PRAGMA user_version = {version + 1}")
+
+
+# ---- the migrations (append only) ---------------------------------------------------
+
+
+@migration
+def m001_seed_tables(conn: apsw.Connection) -> None:
+    conn.execute(
+        """
+        CREATE TABLE sessions_v2 (
+          id              TEXT PRIMARY KEY,
+          title           TEXT NOT NULL DEFAULT 'New Chat',
+          summary         TEXT,
+          provider_id     TEXT NOT NULL,
+          model_id        TEXT NOT NULL,
+          system_prompt   TEXT,
+          mode            TEXT NOT NULL DEFAULT 'direct',
+          acp_session_id  TEXT,
+          tags            TEXT,
+          folder          TEXT,
+          is_pinned       INTEGER DEFAULT 0,
+          is_archived     INTEGER DEFAULT 0,
+          message_count   INTEGER DEFAULT 0,
+          total_tokens    INTEGER DEFAULT 0,
+          total_cost      REAL DEFAULT 0,
+          channel_id      TEXT,
+          channel_meta    TEXT,
+          created_at      INTEGER NOT NULL,
+          updated_at      INTEGER NOT NULL,
+          last_message_at INTEGER
+        );
+        CREATE INDEX idx_sessions_updated ON sessions_v2(updated_at DESC);
+        CREATE INDEX idx_sessions_folder ON sessions_v2(folder);
+        CREATE INDEX idx_sessions_channel ON sessions_v2(channel_id);
+
+        CREATE TABLE messages_v2 (
+          id              TEXT PRIMARY KEY,
+          session_id      TEXT NOT NULL REFERENCES sessions_v2(id) ON DELETE CASCADE,
+          parent_id       TEXT,
+          role            TEXT NOT NULL,
+          content_type    TEXT NOT NULL DEFAULT 'text',
+          text_content    TEXT,
+          parts           TEXT,
+          tool_calls      TEXT,
+          tool_call_id    TEXT,
+          tool_name       TEXT,
+          model_id        TEXT,
+          usage           TEXT,
+          latency_ms      INTEGER,
+          acp_message_id  TEXT,
+          acp_parts       TEXT,
+          status          TEXT DEFAULT 'completed',
+          error           TEXT,
+          created_at      INTEGER NOT NULL,
+          updated_at      INTEGER NOT NULL
+        );
+        CREATE INDEX idx_messages_session ON messages_v2(session_id, created_at);
+        CREATE INDEX idx_messages_parent ON messages_v2(parent_id);
+        """
+    )
+
+
+@migration
+def m002_active_leaf_and_seq(conn: apsw.Connection) -> None:
+    conn.execute(
+        """
+        ALTER TABLE sessions_v2 ADD COLUMN active_leaf_id TEXT;
+        ALTER TABLE messages_v2 ADD COLUMN seq INTEGER;
+        """
+    )
+
+
+@migration
+def m003_settings(conn: apsw.Connection) -> None:
+    conn.execute(
+        """
+        CREATE TABLE settings (
+          key   TEXT PRIMARY KEY,
+          value TEXT NOT NULL
+        ) WITHOUT ROWID;
+        """
+    )
+
+
+@migration
+def m004_session_tags(conn: apsw.Connection) -> None:
+    conn.execute(
+        """
+        CREATE TABLE session_tags (
+          session_id TEXT NOT NULL REFERENCES sessions_v2(id) ON DELETE CASCADE,
+          tag        TEXT NOT NULL,
+          PRIMARY KEY (session_id, tag)
+        ) WITHOUT ROWID;
+        CREATE INDEX idx_session_tags_tag ON session_tags(tag, session_id);
+        INSERT OR IGNORE INTO session_tags(session_id, tag)
+          SELECT s.id, j.value FROM sessions_v2 s, json_each(s.tags) j
+          WHERE json_valid(s.tags) AND j.type = 'text';
+        """
+    )
+
+
+@migration
+def m005_query_indexes(conn: apsw.Connection) -> None:
+    # chat:session:list orders by (is_pinned DESC, <sortBy> DESC, id DESC): with these the
+    # first page is read in index order without sorting every session. The partial index
+    # lets crash recovery at start-up find unfinished rows without scanning every message.
+    conn.execute(
+        """
+        CREATE INDEX idx_sessions_pin_updated ON sessions_v2(is_pinned, updated_at, id);
+        CREATE INDEX idx_sessions_pin_created ON sessions_v2(is_pinned, created_at, id);
+        CREATE INDEX idx_sessions_pin_last ON sessions_v2(is_pinned, last_message_at, id);
+        CREATE INDEX idx_sessions_folder_pin_updated
+          ON sessions_v2(folder, is_pinned, updated_at, id);
+        CREATE INDEX idx_messages_unfinished ON messages_v2(status)
+          WHERE status IN ('pending', 'streaming');
+        """
+    )
+
+
+@migration
+def m006_search_index(conn: apsw.Connection) -> None:
+    conn.execute(
+        """
+        CREATE TABLE search_docs (
+          docid      INTEGER PRIMARY KEY,
+          message_id TEXT NOT NULL UNIQUE REFERENCES messages_v2(id) ON DELETE CASCADE
+        );
+        CREATE VIRTUAL TABLE messages_fts USING fts5(
+          body, sid, role,
+          content = '', contentless_delete = 1,
+          tokenize = 'unicode61 remove_diacritics 2'
+        );
+        INSERT INTO messages_fts(messages_fts, rank) VALUES ('rank', 'bm25(1.0, 0.0, 0.0)');
+        CREATE TRIGGER search_docs_after_delete AFTER DELETE ON search_docs BEGIN
+          DELETE FROM messages_fts WHERE rowid = old.docid;
+        END;
+        """
+    )
+    from sidecar.store.search import MessageSearch
+
+    MessageSearch.reindex_all(conn)

@@ -1,0 +1,190 @@
+"""Row <-> Struct mapping for ``sessions_v2`` and ``messages_v2``.
+
+Owns: the column lists every SELECT uses, turning a row tuple into SessionV2/MessageV2 and
+the JSON columns into typed values (and back).
+Must stay true: JSON columns hold the wire (camelCase) encoding of their protocol types, so
+an export is the stored data verbatim; a column that does not decode is a StoreError that
+names the row, never a crash of the caller.
+"""
+
+from __future__ import annotations
+
+from typing import Any
+
+import msgspec
+
+from protocol.types import CodePart, ContentPart, MessageV2, SessionV2, TextPart, ToolCall, Usage
+from sidecar.errors import StoreError
+
+__all__ = [
+    "SESSION_COLUMNS",
+    "MESSAGE_COLUMNS",
+    "session_from_row",
+    "message_from_row",
+    "to_json",
+    "decode_parts",
+    "searchable_text",
+    "session_values",
+    "message_values",
+    "SessionRow",
+    "MessageRow",
+]
+
+SESSION_COLUMNS = (
+    "id, title, summary, provider_id, model_id, system_prompt, mode, acp_session_id, tags,"
+    " folder, is_pinned, is_archived, message_count, total_tokens, total_cost, channel_id,"
+    " channel_meta, created_at, updated_at, last_message_at, active_leaf_id"
+)
+MESSAGE_COLUMNS = (
+    "id, session_id, parent_id, role, content_type, text_content, parts, tool_calls,"
+    " tool_call_id, tool_name, model_id, usage, latency_ms, acp_message_id, acp_parts, status,"
+    " error, created_at, updated_at, seq"
+)
+
+SessionRow = tuple[Any, ...]
+MessageRow = tuple[Any, ...]
+
+_encoder = msgspec.json.Encoder()
+_dec_tags = msgspec.json.Decoder(list[str])
+_dec_meta = msgspec.json.Decoder(dict[str, Any])
+_dec_parts = msgspec.json.Decoder(list[ContentPart])
+_dec_calls = msgspec.json.Decoder(list[ToolCall])
+_dec_usage = msgspec.json.Decoder(Usage)
+_dec_any_list = msgspec.json.Decoder(list[Any])
+
+
+def to_json(value: Any) -> str | None:
+    """The JSON text stored for a value (None stays NULL)."""
+    if value is None:
+        return None
+    return _encoder.encode(value).decode()
+
+
+def _decode(decoder: msgspec.json.Decoder[Any], raw: str | None, what: str, row_id: str) -> Any:
+    if raw is None:
+        return None
+    try:
+        return decoder.decode(raw)
+    except msgspec.DecodeError as exc:
+        raise StoreError(f"stored {what} of {row_id} is not valid: {exc}") from exc
+
+
+def decode_parts(raw: str | None, row_id: str) -> list[ContentPart] | None:
+    return _decode(_dec_parts, raw, "parts", row_id)  # type: ignore[no-any-return]
+
+
+def session_from_row(r: SessionRow) -> SessionV2:
+    sid = r[0]
+    return SessionV2(
+        id=sid,
+        title=r[1],
+        summary=r[2],
+        provider_id=r[3],
+        model_id=r[4],
+        system_prompt=r[5],
+        mode=r[6],
+        acp_session_id=r[7],
+        tags=_decode(_dec_tags, r[8], "tags", sid) or [],
+        folder=r[9],
+        is_pinned=bool(r[10]),
+        is_archived=bool(r[11]),
+        message_count=r[12] or 0,
+        total_tokens=r[13] or 0,
+        total_cost=float(r[14] or 0.0),
+        channel_id=r[15],
+        channel_meta=_decode(_dec_meta, r[16], "channel_meta", sid),
+        created_at=r[17],
+        updated_at=r[18],
+        last_message_at=r[19],
+        active_leaf_id=r[20],
+    )
+
+
+def session_values(s: SessionV2) -> tuple[Any, ...]:
+    """Values for an INSERT with SESSION_COLUMNS."""
+    return (
+        s.id,
+        s.title,
+        s.summary,
+        s.provider_id,
+        s.model_id,
+        s.system_prompt,
+        s.mode,
+        s.acp_session_id,
+        to_json(s.tags),
+        s.folder,
+        int(s.is_pinned),
+        int(s.is_archived),
+        s.message_count,
+        s.total_tokens,
+        s.total_cost,
+        s.channel_id,
+        to_json(s.channel_meta),
+        s.created_at,
+        s.updated_at,
+        s.last_message_at,
+        s.active_leaf_id,
+    )
+
+
+def message_from_row(r: MessageRow) -> MessageV2:
+    mid = r[0]
+    return MessageV2(
+        id=mid,
+        session_id=r[1],
+        parent_id=r[2],
+        role=r[3],
+        content_type=r[4],
+        text_content=r[5],
+        parts=None if r[6] is None else _decode(_dec_parts, r[6], "parts", mid),
+        tool_calls=None if r[7] is None else _decode(_dec_calls, r[7], "tool_calls", mid),
+        tool_call_id=r[8],
+        tool_name=r[9],
+        model_id=r[10],
+        usage=None if r[11] is None else _decode(_dec_usage, r[11], "usage", mid),
+        latency_ms=r[12],
+        acp_message_id=r[13],
+        acp_parts=None if r[14] is None else _decode(_dec_any_list, r[14], "acp_parts", mid),
+        status=r[15] or "completed",
+        error=r[16],
+        created_at=r[17],
+        updated_at=r[18],
+        seq=r[19],
+    )
+
+
+def message_values(m: MessageV2) -> tuple[Any, ...]:
+    """Values for an INSERT with MESSAGE_COLUMNS."""
+    return (
+        m.id,
+        m.session_id,
+        m.parent_id,
+        m.role,
+        m.content_type,
+        m.text_content,
+        to_json(m.parts),
+        to_json(m.tool_calls),
+        m.tool_call_id,
+        m.tool_name,
+        m.model_id,
+        to_json(m.usage),
+        m.latency_ms,
+        m.acp_message_id,
+        to_json(m.acp_parts),
+        m.status,
+        m.error,
+        m.created_at,
+        m.updated_at,
+        m.seq,
+    )
+
+
+def searchable_text(text_content: str | None, parts: list[ContentPart] | None) -> str:
+    """The text of a message that search covers: its text plus its text and code parts."""
+    chunks: list[str] = [text_content] if text_content else []
+    for p in parts or ():
+        if isinstance(p, TextPart) and p.text:
+            chunks.append(p.text)
+        elif isinstance(p, CodePart) and p.code:
+            chunks.append(p.code)
+    return "\n".join(chunks)

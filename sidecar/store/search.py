@@ -1,0 +1,151 @@
+"""The message search index (FTS5) and chat:messages:search.
+
+Owns: which messages are in ``messages_fts`` and how a query is answered.
+Must stay true:
+- A message is indexed when it reaches a final status (completed, error, aborted) and only
+  then; streaming updates never touch the index (they are frequent and partial).
+- Deleting a message removes its index row (search_docs cascades from messages_v2 and a
+  trigger deletes the FTS row), so results never name a message that is gone.
+- The MATCH expression is built by ``fts.build_match`` from quoted pieces only.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Iterable
+
+import apsw
+
+from protocol.params import SearchOptions
+from protocol.types import SearchResult
+from sidecar.errors import InvalidParams
+from sidecar.store import fts
+from sidecar.store.checks import FINAL_STATUSES, ROLES, check_choice, check_date_range, check_range
+from sidecar.store.rows import decode_parts, searchable_text
+
+__all__ = ["MessageSearch", "IndexDoc"]
+
+IndexDoc = tuple[str, str, str, str]
+"""(message_id, session_id, role, searchable text)."""
+
+_INSERT_DOC = "INSERT INTO search_docs(message_id) VALUES (?)"
+_INSERT_FTS = (
+    "INSERT INTO messages_fts(rowid, body, sid, role)"
+    " VALUES ((SELECT docid FROM search_docs WHERE message_id = ?), ?, ?, ?)"
+)
+
+_RESULT_COLUMNS = (
+    "d.message_id, m.session_id, s.title, m.role, m.text_content, m.parts, m.created_at"
+)
+
+
+class MessageSearch:
+    """Stateless: every method works on a connection inside the caller's transaction."""
+
+    @staticmethod
+    def index(conn: apsw.Connection, docs: Iterable[IndexDoc], *, fresh: bool = False) -> int:
+        """Index (or re-index) messages; empty texts are skipped. ``fresh``: none indexed yet."""
+        rows = [d for d in docs if d[3].strip()]
+        if not rows:
+            return 0
+        if not fresh:
+            conn.executemany(
+                "DELETE FROM search_docs WHERE message_id = ?", [(d[0],) for d in rows]
+            )
+        conn.executemany(_INSERT_DOC, [(d[0],) for d in rows])
+        conn.executemany(
+            _INSERT_FTS,
+            [(mid, fts.index_text(text), fts.session_token(sid), role) for mid, sid, role, text in rows],
+        )
+        return len(rows)
+
+    @staticmethod
+    def unindex(conn: apsw.Connection, message_ids: Iterable[str]) -> None:
+        conn.executemany("DELETE FROM search_docs WHERE message_id = ?", [(m,) for m in message_ids])
+
+    @staticmethod
+    def reindex_all(conn: apsw.Connection) -> int:
+        """Rebuild the whole index from messages_v2 (used by the migration that creates it)."""
+        conn.execute("DELETE FROM search_docs")
+        final = tuple(sorted(FINAL_STATUSES))
+        cur = conn.execute(
+            "SELECT id, session_id, role, text_content, parts FROM messages_v2"
+            f" WHERE coalesce(status, 'completed') IN ({','.join('?' * len(final))})",
+            final,
+        )
+        docs = [
+            (mid, sid, role, searchable_text(text, decode_parts(parts, mid)))
+            for mid, sid, role, text, parts in cur
+        ]
+        return MessageSearch.index(conn, docs, fresh=True)
+
+    @staticmethod
+    def search(conn: apsw.Connection, query: str, options: SearchOptions) -> list[SearchResult]:
+        if not isinstance(query, str):
+            raise InvalidParams("query must be a string")
+        if len(query) > fts.MAX_QUERY_CHARS:
+            raise InvalidParams(f"query is longer than {fts.MAX_QUERY_CHARS} characters")
+        limit = check_range("options.limit", options.limit, 1, 200)
+        offset = check_range("options.offset", options.offset, 0, 100_000)
+        dates = check_date_range("options.dateRange", options.date_range)
+        pieces = fts.parse_query(query)
+        expr = fts.build_match(pieces)
+        if expr is None:
+            return []
+        if options.session_id is not None:
+            expr += ' AND {sid} : "' + fts.session_token(options.session_id) + '"'
+        if options.role is not None:
+            expr += ' AND {role} : "' + check_choice("options.role", options.role, ROLES) + '"'
+
+        where: list[str] = []
+        args: list[object] = []
+        if options.session_id is not None:
+            # The sid token is a hash: confirm the real id (a collision would only drop rows).
+            where.append("m.session_id = ?")
+            args.append(options.session_id)
+        if dates is not None:
+            where.append("m.created_at BETWEEN ? AND ?")
+            args.extend(dates)
+        if not options.include_archived:
+            where.append("coalesce(s.is_archived, 0) = 0")
+
+        joins = (
+            " JOIN search_docs d ON d.docid = h.docid"
+            " JOIN messages_v2 m ON m.id = d.message_id"
+            " JOIN sessions_v2 s ON s.id = m.session_id"
+        )
+        if dates is None and options.include_archived:
+            # Fast path: FTS5 ranks and cuts the page by itself (its ORDER BY rank LIMIT
+            # optimisation); only the page's rows are joined.
+            sql = (
+                "WITH h(docid, score) AS MATERIALIZED ("
+                " SELECT rowid, -rank FROM messages_fts WHERE messages_fts MATCH ?"
+                " ORDER BY rank LIMIT ? OFFSET ?)"
+                f" SELECT {_RESULT_COLUMNS}, h.score FROM h{joins}"
+                + (" WHERE " + " AND ".join(where) if where else "")
+                + " ORDER BY h.score DESC, m.created_at DESC"
+            )
+            params: list[object] = [expr, limit, offset, *args]
+        else:
+            sql = (
+                f"SELECT {_RESULT_COLUMNS}, -h.rank AS score FROM messages_fts h"
+                + joins.replace("h.docid", "h.rowid")
+                + " WHERE h.messages_fts MATCH ?"
+                + "".join(" AND " + w for w in where)
+                + " ORDER BY h.rank, m.created_at DESC LIMIT ? OFFSET ?"
+            )
+            params = [expr, *args, limit, offset]
+        results: list[SearchResult] = []
+        for mid, sid, title, role, text, parts, created_at, score in conn.execute(sql, params):
+            body = searchable_text(text, decode_parts(parts, mid))
+            results.append(
+                SearchResult(
+                    session_id=sid,
+                    session_title=title,
+                    message_id=mid,
+                    role=role,
+                    snippet=fts.snippet(body, pieces),
+                    created_at=created_at,
+                    score=float(score),
+                )
+            )
+        return results

@@ -1,0 +1,246 @@
+"""SessionRepo (the seed's SessionManager storage side): rows of ``sessions_v2``.
+
+Owns: inserting, reading, listing, updating and deleting sessions, their ``session_tags``
+mirror, and the counters (message_count, last_message_at, updated_at, totals).
+Must stay true:
+- ``session_tags`` holds exactly the tags of the JSON ``tags`` column (written together).
+- message_count is the number of messages of the session (all branches) and
+  last_message_at the newest message's created_at (None without messages).
+- Every method runs inside the caller's transaction and raises NotFound for unknown ids.
+"""
+
+from __future__ import annotations
+
+from typing import Any
+
+import apsw
+
+from protocol.params import SessionFilter, SessionListResult, SessionUpdates
+from protocol.types import SessionV2
+from sidecar.errors import InvalidParams, NotFound
+from sidecar.store.checks import (
+    SORT_COLUMNS,
+    check_choice,
+    check_date_range,
+    check_range,
+    check_tags,
+    check_text,
+)
+from sidecar.store.rows import SESSION_COLUMNS, session_from_row, session_values, to_json
+
+__all__ = ["SessionRepo", "MAX_LIST_LIMIT"]
+
+MAX_LIST_LIMIT = 500
+MAX_LIST_OFFSET = 10_000_000
+
+_INSERT = (
+    f"INSERT INTO sessions_v2 ({SESSION_COLUMNS}) VALUES ({', '.join('?' * 21)})"
+)
+_SELECT_ONE = f"SELECT {SESSION_COLUMNS} FROM sessions_v2 WHERE id = ?"
+_PREFIXED_COLUMNS = ", ".join("s." + c.strip() for c in SESSION_COLUMNS.split(","))
+
+
+def _like_pattern(text: str) -> str:
+    return "%" + text.replace("\\", "\\\\").replace("%", "\\%").replace("_", "\\_") + "%"
+
+
+class SessionRepo:
+    """Stateless: every method takes a connection inside the caller's transaction."""
+
+    @staticmethod
+    def insert(conn: apsw.Connection, s: SessionV2) -> None:
+        conn.execute(_INSERT, session_values(s))
+        SessionRepo._write_tags(conn, s.id, s.tags)
+
+    @staticmethod
+    def get(conn: apsw.Connection, session_id: str) -> SessionV2:
+        rows = conn.execute(_SELECT_ONE, (session_id,)).fetchall()
+        if not rows:
+            raise NotFound(f"session {session_id!r} not found", data={"sessionId": session_id})
+        return session_from_row(rows[0])
+
+    @staticmethod
+    def exists(conn: apsw.Connection, session_id: str) -> bool:
+        return bool(conn.execute("SELECT 1 FROM sessions_v2 WHERE id = ?", (session_id,)).fetchall())
+
+    @staticmethod
+    def require(conn: apsw.Connection, session_id: str) -> None:
+        if not SessionRepo.exists(conn, session_id):
+            raise NotFound(f"session {session_id!r} not found", data={"sessionId": session_id})
+
+    @staticmethod
+    def list(conn: apsw.Connection, flt: SessionFilter) -> SessionListResult:
+        limit = check_range("limit", flt.limit, 1, MAX_LIST_LIMIT)
+        offset = check_range("offset", flt.offset, 0, MAX_LIST_OFFSET)
+        sort = check_choice("sortBy", flt.sort_by, SORT_COLUMNS)
+        where: list[str] = []
+        args: list[Any] = []
+        if flt.search is not None:
+            text = check_text("search", flt.search)
+            if text and text.strip():
+                where.append("(s.title LIKE ? ESCAPE '\\' OR s.summary LIKE ? ESCAPE '\\')")
+                pat = _like_pattern(text.strip())
+                args += [pat, pat]
+        if flt.folder is not None:
+            where.append("s.folder = ?")
+            args.append(check_text("folder", flt.folder))
+        if flt.tags is not None:
+            for tag in check_tags("tags", flt.tags):
+                where.append("s.id IN (SELECT session_id FROM session_tags WHERE tag = ?)")
+                args.append(tag)
+        if flt.is_archived is not None:
+            where.append("s.is_archived = ?")
+            args.append(_flag("isArchived", flt.is_archived))
+        if flt.is_pinned is not None:
+            where.append("s.is_pinned = ?")
+            args.append(_flag("isPinned", flt.is_pinned))
+        if flt.channel_id is not None:
+            where.append("s.channel_id = ?")
+            args.append(check_text("channelId", flt.channel_id))
+        dates = check_date_range("dateRange", flt.date_range)
+        if dates is not None:
+            where.append(f"s.{sort} BETWEEN ? AND ?")
+            args += list(dates)
+        clause = (" WHERE " + " AND ".join(where)) if where else ""
+        rows = conn.execute(
+            f"SELECT {_PREFIXED_COLUMNS} FROM sessions_v2 s{clause}"
+            f" ORDER BY s.is_pinned DESC, s.{sort} DESC, s.id DESC LIMIT ? OFFSET ?",
+            [*args, limit, offset],
+        ).fetchall()
+        sessions = [session_from_row(r) for r in rows]
+        if offset == 0 and len(sessions) < limit:
+            total = len(sessions)
+        else:
+            total = conn.execute(f"SELECT count(*) FROM sessions_v2 s{clause}", args).fetchall()[0][0]
+        return SessionListResult(sessions=sessions, total=total)
+
+    @staticmethod
+    def update(conn: apsw.Connection, session_id: str, u: SessionUpdates, now: int) -> bool:
+        """Apply the given (non-None) fields; returns False when there was nothing to change."""
+        if not isinstance(u, SessionUpdates):
+            raise InvalidParams("updates must be a SessionUpdates object")
+        sets: list[str] = []
+        args: list[Any] = []
+
+        def put(column: str, value: Any) -> None:
+            sets.append(f"{column} = ?")
+            args.append(value)
+
+        if u.title is not None:
+            title = check_text("updates.title", u.title)
+            if not title or not title.strip():
+                raise InvalidParams("updates.title must not be empty")
+            put("title", title)
+        # Optional text fields: "" clears them (stored NULL).
+        for field, column in (
+            ("summary", "summary"),
+            ("systemPrompt", "system_prompt"),
+            ("folder", "folder"),
+            ("channelId", "channel_id"),
+        ):
+            value = getattr(u, column)
+            if value is not None:
+                put(column, check_text(f"updates.{field}", value) or None)
+        for field, column in (("providerId", "provider_id"), ("modelId", "model_id")):
+            value = getattr(u, column)
+            if value is not None:
+                put(column, check_text(f"updates.{field}", value))
+        if u.is_pinned is not None:
+            put("is_pinned", _flag("updates.isPinned", u.is_pinned))
+        if u.is_archived is not None:
+            put("is_archived", _flag("updates.isArchived", u.is_archived))
+        if u.channel_meta is not None:
+            if not isinstance(u.channel_meta, dict):
+                raise InvalidParams("updates.channelMeta must be an object")
+            put("channel_meta", to_json(u.channel_meta) if u.channel_meta else None)
+        tags: list[str] | None = None
+        if u.tags is not None:
+            tags = check_tags("updates.tags", u.tags)
+            put("tags", to_json(tags))
+        SessionRepo.require(conn, session_id)
+        if not sets:
+            return False
+        put("updated_at", now)
+        conn.execute(f"UPDATE sessions_v2 SET {', '.join(sets)} WHERE id = ?", [*args, session_id])
+        if tags is not None:
+            SessionRepo._write_tags(conn, session_id, tags, replace=True)
+        return True
+
+    @staticmethod
+    def set_flag(conn: apsw.Connection, session_id: str, column: str, value: bool, now: int) -> None:
+        assert column in ("is_pinned", "is_archived")
+        conn.execute(
+            f"UPDATE sessions_v2 SET {column} = ?, updated_at = ? WHERE id = ?",
+            (_flag(column, value), now, session_id),
+        )
+        if conn.changes() == 0:
+            raise NotFound(f"session {session_id!r} not found", data={"sessionId": session_id})
+
+    @staticmethod
+    def delete(conn: apsw.Connection, session_id: str) -> None:
+        # Messages, search_docs (and through its trigger the FTS rows) and session_tags go
+        # with the session by ON DELETE CASCADE.
+        conn.execute("DELETE FROM sessions_v2 WHERE id = ?", (session_id,))
+        if conn.changes() == 0:
+            raise NotFound(f"session {session_id!r} not found", data={"sessionId": session_id})
+
+    @staticmethod
+    def after_append(
+        conn: apsw.Connection, session_id: str, created_at: int, leaf_id: str | None, now: int
+    ) -> None:
+        """Counters after one new message (and the active leaf when ``leaf_id`` is given)."""
+        conn.execute(
+            "UPDATE sessions_v2 SET message_count = coalesce(message_count, 0) + 1,"
+            " last_message_at = max(coalesce(last_message_at, ?1), ?1),"
+            " active_leaf_id = coalesce(?2, active_leaf_id), updated_at = ?3 WHERE id = ?4",
+            (created_at, leaf_id, now, session_id),
+        )
+
+    @staticmethod
+    def recount(conn: apsw.Connection, session_id: str) -> None:
+        """Recompute message_count and last_message_at from the messages themselves."""
+        conn.execute(
+            "UPDATE sessions_v2 SET"
+            " message_count = (SELECT count(*) FROM messages_v2 WHERE session_id = ?1),"
+            " last_message_at = (SELECT max(created_at) FROM messages_v2 WHERE session_id = ?1)"
+            " WHERE id = ?1",
+            (session_id,),
+        )
+
+    @staticmethod
+    def set_active_leaf(conn: apsw.Connection, session_id: str, leaf_id: str | None) -> None:
+        conn.execute(
+            "UPDATE sessions_v2 SET active_leaf_id = ? WHERE id = ?", (leaf_id, session_id)
+        )
+
+    @staticmethod
+    def touch(conn: apsw.Connection, session_id: str, now: int) -> None:
+        conn.execute("UPDATE sessions_v2 SET updated_at = ? WHERE id = ?", (now, session_id))
+
+    @staticmethod
+    def add_usage(conn: apsw.Connection, session_id: str, tokens: int, cost: float) -> None:
+        conn.execute(
+            "UPDATE sessions_v2 SET total_tokens = coalesce(total_tokens, 0) + ?,"
+            " total_cost = coalesce(total_cost, 0) + ? WHERE id = ?",
+            (tokens, cost, session_id),
+        )
+        if conn.changes() == 0:
+            raise NotFound(f"session {session_id!r} not found", data={"sessionId": session_id})
+
+    @staticmethod
+    def _write_tags(
+        conn: apsw.Connection, session_id: str, tags: list[str], *, replace: bool = False
+    ) -> None:
+        if replace:
+            conn.execute("DELETE FROM session_tags WHERE session_id = ?", (session_id,))
+        if tags:
+            conn.executemany(
+                "INSERT OR IGNORE INTO session_tags(session_id, tag) VALUES (?, ?)",
+                [(session_id, t) for t in tags],
+            )
+
+
+def _flag(field: str, value: Any) -> int:
+    if not isinstance(value, bool):
+        raise InvalidParams(f"{field} must be a boolean")
+    return int(value)

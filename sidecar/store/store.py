@@ -1,0 +1,497 @@
+"""Store: the one synchronous facade over the database (sessions, messages, search, settings).
+
+Owns: transaction boundaries. Each public method is one transaction (``Database.write`` or
+``Database.read``), composed from the stateless repositories (SessionRepo, MessageStore,
+MessageSearch, SettingsRepo); validation runs before anything is written, and any error
+rolls the whole call back, so a failed call leaves the database as it was.
+
+Thread-safe (see ``db.Database``): any thread may call any method; writes are serialized,
+reads run on pooled reader connections. ``AsyncStore`` runs these off the event loop.
+
+Conventions:
+- Timestamps come from ``clock`` (ms); ids from ``ids.new_id`` (UUIDv7).
+- A session's provider/model default to the settings default_provider_id/default_model_id,
+  or '' ("unset") when none is configured.
+- ``append_message(parent_id=ACTIVE_LEAF)`` (the default) appends below the active leaf;
+  ``parent_id=None`` starts a new root.
+- ``content_type`` is stored as 'multipart' whenever parts are stored.
+"""
+
+from __future__ import annotations
+
+import enum
+from collections.abc import Callable
+from pathlib import Path
+from typing import Any, Final, Literal
+
+from protocol.params import (
+    CreateSessionOptions,
+    MessageQueryOptions,
+    SearchOptions,
+    SessionFilter,
+    SessionListResult,
+    SessionUpdates,
+)
+from protocol.types import (
+    ContentPart,
+    MessageTreeNode,
+    MessageV2,
+    SearchResult,
+    SessionExport,
+    SessionV2,
+    ToolCall,
+    Usage,
+)
+from sidecar.errors import InvalidParams, StoreError
+from sidecar.store import transfer
+from sidecar.store.checks import (
+    CONTENT_TYPES,
+    FINAL_STATUSES,
+    MODES,
+    ROLES,
+    STATUSES,
+    check_choice,
+    check_range,
+    check_tags,
+    check_text,
+)
+from sidecar.store.db import DB_FILENAME, Database
+from sidecar.store.ids import new_id, now_ms
+from sidecar.store.messages import MessageStore
+from sidecar.store.migrations import migrate
+from sidecar.store.rows import decode_parts, searchable_text, to_json
+from sidecar.store.search import MessageSearch
+from sidecar.store.sessions import SessionRepo
+from sidecar.store.settings import DEFAULT_MODEL_KEY, DEFAULT_PROVIDER_KEY, SettingsRepo
+
+__all__ = ["Store", "ACTIVE_LEAF", "MAX_MESSAGES_LIMIT"]
+
+MAX_MESSAGES_LIMIT = 10_000
+
+
+class _Default(enum.Enum):
+    ACTIVE_LEAF = "active-leaf"
+
+
+ACTIVE_LEAF: Final = _Default.ACTIVE_LEAF
+"""Default ``parent_id`` of append_message: the session's active leaf."""
+
+
+class Store:
+    """The database of one data dir. Open = migrate + recover interrupted messages."""
+
+    def __init__(
+        self,
+        data_dir: str | Path,
+        *,
+        clock: Callable[[], int] = now_ms,
+        readers: int = 2,
+    ) -> None:
+        path = Path(data_dir)
+        try:
+            path.mkdir(parents=True, exist_ok=True)
+        except OSError as exc:
+            raise StoreError(f"cannot create the data dir {path}: {exc}") from exc
+        self.path = path / DB_FILENAME
+        self._clock = clock
+        self._db = Database(self.path, readers=readers)
+        try:
+            self.schema_version = migrate(self._db)
+            self.recovered = self.recover_interrupted()
+        except BaseException:
+            self._db.close()
+            raise
+
+    def close(self) -> None:
+        self._db.close()
+
+    # ---- sessions -------------------------------------------------------------------
+
+    def create_session(self, opts: CreateSessionOptions) -> SessionV2:
+        if not isinstance(opts, CreateSessionOptions):
+            raise InvalidParams("params must be CreateSessionOptions")
+        check_choice("mode", opts.mode, MODES)
+        tags = check_tags("tags", opts.tags) if opts.tags is not None else []
+        title = check_text("title", opts.title)
+        if title is not None and not title.strip():
+            title = None
+        for field, value in (
+            ("providerId", opts.provider_id),
+            ("modelId", opts.model_id),
+            ("systemPrompt", opts.system_prompt),
+            ("folder", opts.folder),
+            ("channelId", opts.channel_id),
+        ):
+            check_text(field, value)
+        if opts.channel_meta is not None and not isinstance(opts.channel_meta, dict):
+            raise InvalidParams("channelMeta must be an object")
+        with self._db.write() as conn:
+            now = self._clock()
+            provider = opts.provider_id
+            if provider is None:
+                provider = SettingsRepo.get(conn, DEFAULT_PROVIDER_KEY) or ""
+            model = opts.model_id
+            if model is None:
+                model = SettingsRepo.get(conn, DEFAULT_MODEL_KEY) or ""
+            session = SessionV2(
+                id=new_id(),
+                title=title or "New Chat",
+                provider_id=provider,
+                model_id=model,
+                system_prompt=opts.system_prompt or None,
+                mode=opts.mode,
+                tags=tags,
+                folder=opts.folder or None,
+                channel_id=opts.channel_id or None,
+                channel_meta=opts.channel_meta or None,
+                created_at=now,
+                updated_at=now,
+            )
+            SessionRepo.insert(conn, session)
+        return session
+
+    def get_session(self, session_id: str) -> SessionV2:
+        with self._db.read() as conn:
+            return SessionRepo.get(conn, session_id)
+
+    def list_sessions(self, flt: SessionFilter) -> SessionListResult:
+        if not isinstance(flt, SessionFilter):
+            raise InvalidParams("params must be a SessionFilter")
+        with self._db.read() as conn:
+            return SessionRepo.list(conn, flt)
+
+    def update_session(self, session_id: str, updates: SessionUpdates) -> SessionV2:
+        """Change the given (not None) fields. "" clears summary, systemPrompt, folder and
+        channelId; {} clears channelMeta; [] clears tags; an empty title is invalid."""
+        with self._db.write() as conn:
+            SessionRepo.update(conn, session_id, updates, self._clock())
+            return SessionRepo.get(conn, session_id)
+
+    def delete_session(self, session_id: str) -> None:
+        with self._db.write() as conn:
+            SessionRepo.delete(conn, session_id)
+
+    def archive_session(self, session_id: str, archived: bool = True) -> None:
+        with self._db.write() as conn:
+            SessionRepo.set_flag(conn, session_id, "is_archived", archived, self._clock())
+
+    def pin_session(self, session_id: str, pinned: bool) -> None:
+        with self._db.write() as conn:
+            SessionRepo.set_flag(conn, session_id, "is_pinned", pinned, self._clock())
+
+    def fork_session(self, session_id: str, message_id: str) -> SessionV2:
+        with self._db.write() as conn:
+            return transfer.fork_session(conn, session_id, message_id, self._clock())
+
+    def export_session(self, session_id: str) -> SessionExport:
+        with self._db.read() as conn:
+            return transfer.export_session(conn, session_id)
+
+    def import_session(
+        self, session: SessionV2, messages: list[MessageV2], replace: bool = False
+    ) -> SessionV2:
+        with self._db.write() as conn:
+            return transfer.import_session(conn, session, messages, replace=replace)
+
+    def add_session_usage(self, session_id: str, tokens: int, cost: float) -> SessionV2:
+        check_range("tokens", tokens, 0, 2**62)
+        if isinstance(cost, bool) or not isinstance(cost, (int, float)) or cost < 0:
+            raise InvalidParams("cost must be a non-negative number")
+        with self._db.write() as conn:
+            SessionRepo.add_usage(conn, session_id, tokens, float(cost))
+            return SessionRepo.get(conn, session_id)
+
+    # ---- messages -------------------------------------------------------------------
+
+    def get_message(self, message_id: str) -> MessageV2:
+        with self._db.read() as conn:
+            return MessageStore.get(conn, message_id)
+
+    def get_path(self, session_id: str, leaf_id: str | None = None) -> list[MessageV2]:
+        """Root -> ``leaf_id`` (default: the active leaf); [] for a session without messages."""
+        with self._db.read() as conn:
+            return self._path(conn, session_id, leaf_id)
+
+    def get_messages(
+        self, session_id: str, options: MessageQueryOptions | None = None
+    ) -> list[MessageV2]:
+        o = options if options is not None else MessageQueryOptions()
+        if not isinstance(o, MessageQueryOptions):
+            raise InvalidParams("options must be MessageQueryOptions")
+        limit = None
+        if o.limit is not None:
+            limit = check_range("options.limit", o.limit, 1, MAX_MESSAGES_LIMIT)
+        with self._db.read() as conn:
+            if o.all_branches:
+                SessionRepo.require(conn, session_id)
+                messages = MessageStore.all(conn, session_id)
+            else:
+                messages = self._path(conn, session_id, o.leaf_id)
+            if o.before is not None:
+                MessageStore.get_in_session(conn, session_id, o.before)
+                cut = next((i for i, m in enumerate(messages) if m.id == o.before), None)
+                if cut is None:
+                    raise InvalidParams(
+                        f"options.before {o.before!r} is not on the selected branch"
+                    )
+                messages = messages[:cut]
+        if limit is not None:
+            messages = messages[-limit:]
+        return messages
+
+    def get_tree(self, session_id: str) -> list[MessageTreeNode]:
+        """Every message as a forest; siblings in creation order, the active path marked."""
+        with self._db.read() as conn:
+            SessionRepo.require(conn, session_id)
+            messages = MessageStore.all(conn, session_id)
+            active = {m.id for m in self._path(conn, session_id, None)}
+        nodes = {m.id: MessageTreeNode(message=m, is_active=m.id in active) for m in messages}
+        roots: list[MessageTreeNode] = []
+        for m in messages:  # creation order, so children lists come out in creation order
+            parent = nodes.get(m.parent_id) if m.parent_id is not None else None
+            (parent.children if parent is not None else roots).append(nodes[m.id])
+        return roots
+
+    def select_branch(self, session_id: str, leaf_id: str) -> list[MessageV2]:
+        """Make root -> the newest leaf below ``leaf_id`` the active branch; returns it."""
+        with self._db.write() as conn:
+            SessionRepo.require(conn, session_id)
+            MessageStore.get_in_session(conn, session_id, leaf_id)
+            leaf = MessageStore.newest_leaf(conn, session_id, below=leaf_id) or leaf_id
+            SessionRepo.set_active_leaf(conn, session_id, leaf)
+            return MessageStore.path(conn, session_id, leaf)
+
+    def search_messages(
+        self, query: str, options: SearchOptions | None = None
+    ) -> list[SearchResult]:
+        o = options if options is not None else SearchOptions()
+        if not isinstance(o, SearchOptions):
+            raise InvalidParams("options must be SearchOptions")
+        with self._db.read() as conn:
+            return MessageSearch.search(conn, query, o)
+
+    def append_message(
+        self,
+        session_id: str,
+        *,
+        role: str,
+        parent_id: str | None | Literal[_Default.ACTIVE_LEAF] = ACTIVE_LEAF,
+        content_type: str = "text",
+        text_content: str | None = None,
+        parts: list[ContentPart] | None = None,
+        tool_calls: list[ToolCall] | None = None,
+        tool_call_id: str | None = None,
+        tool_name: str | None = None,
+        model_id: str | None = None,
+        status: str = "completed",
+        error: str | None = None,
+        usage: Usage | None = None,
+        latency_ms: int | None = None,
+        acp_message_id: str | None = None,
+        acp_parts: list[Any] | None = None,
+        make_active: bool = True,
+        seq: int | None = None,
+    ) -> MessageV2:
+        """Store a new message; counters follow, a final message is indexed for search."""
+        check_choice("role", role, ROLES)
+        check_choice("status", status, STATUSES)
+        check_choice("contentType", content_type, CONTENT_TYPES)
+        check_text("textContent", text_content)
+        _check_list("parts", parts)
+        _check_list("toolCalls", tool_calls)
+        _check_list("acpParts", acp_parts)
+        with self._db.write() as conn:
+            rows = conn.execute(
+                "SELECT active_leaf_id, last_message_at FROM sessions_v2 WHERE id = ?",
+                (session_id,),
+            ).fetchall()
+            if not rows:
+                SessionRepo.require(conn, session_id)
+            active_leaf, last_at = rows[0]
+            if parent_id is ACTIVE_LEAF:
+                parent = active_leaf
+            elif parent_id is None:
+                parent = None
+            else:
+                parent = MessageStore.get_in_session(conn, session_id, parent_id).id
+            now = self._clock()
+            # Never before the newest message: creation order must match time order.
+            created = max(now, last_at or now)
+            message = MessageV2(
+                id=new_id(),
+                session_id=session_id,
+                parent_id=parent,
+                role=role,  # type: ignore[arg-type]
+                content_type="multipart" if parts else content_type,  # type: ignore[arg-type]
+                text_content=text_content,
+                parts=parts,
+                tool_calls=tool_calls,
+                tool_call_id=tool_call_id,
+                tool_name=tool_name,
+                model_id=model_id,
+                usage=usage,
+                latency_ms=latency_ms,
+                acp_message_id=acp_message_id,
+                acp_parts=acp_parts,
+                status=status,  # type: ignore[arg-type]
+                error=error,
+                created_at=created,
+                updated_at=created,
+                seq=seq,
+            )
+            MessageStore.insert(conn, message)
+            SessionRepo.after_append(
+                conn, session_id, created, message.id if make_active else None, now
+            )
+            if status in FINAL_STATUSES:
+                MessageSearch.index(
+                    conn,
+                    [(message.id, session_id, role, searchable_text(text_content, parts))],
+                    fresh=True,
+                )
+        return message
+
+    def update_partial(
+        self,
+        message_id: str,
+        *,
+        text_content: str | None,
+        parts: list[ContentPart] | None,
+        status: str = "streaming",
+        seq: int | None = None,
+    ) -> None:
+        """Flush a streaming message's partial content: one UPDATE, no index, no counters."""
+        check_choice("status", status, frozenset({"pending", "streaming"}))
+        _check_list("parts", parts)
+        with self._db.write() as conn:
+            MessageStore.update_partial(
+                conn,
+                message_id,
+                text_content=text_content,
+                parts=to_json(parts),
+                status=status,
+                seq=seq,
+                now=self._clock(),
+            )
+
+    def finish_message(
+        self,
+        message_id: str,
+        *,
+        status: str,
+        text_content: str | None,
+        parts: list[ContentPart] | None,
+        tool_calls: list[ToolCall] | None = None,
+        usage: Usage | None = None,
+        latency_ms: int | None = None,
+        model_id: str | None = None,
+        error: str | None = None,
+        seq: int | None = None,
+    ) -> MessageV2:
+        """Final content and status of a pending/streaming message; indexes it for search.
+        None for tool_calls/usage/latency_ms/model_id/error/seq keeps the stored value."""
+        check_choice("status", status, FINAL_STATUSES)
+        _check_list("parts", parts)
+        _check_list("toolCalls", tool_calls)
+        with self._db.write() as conn:
+            now = self._clock()
+            MessageStore.finish(
+                conn,
+                message_id,
+                status=status,
+                text_content=text_content,
+                parts=to_json(parts) if parts else None,
+                tool_calls=to_json(tool_calls),
+                usage=to_json(usage),
+                latency_ms=latency_ms,
+                model_id=model_id,
+                error=error,
+                seq=seq,
+                now=now,
+            )
+            message = MessageStore.get(conn, message_id)
+            SessionRepo.touch(conn, message.session_id, now)
+            MessageSearch.index(
+                conn,
+                [(message.id, message.session_id, message.role,
+                  searchable_text(message.text_content, message.parts))],
+            )
+        return message
+
+    def delete_branch(self, message_id: str) -> int:
+        """Delete a message and everything below it; returns how many messages went.
+
+        Counters are recomputed; if the active leaf was inside the deleted branch the
+        active branch moves to the newest leaf below the deleted message's parent (or the
+        newest leaf of the session)."""
+        with self._db.write() as conn:
+            root = MessageStore.get(conn, message_id)
+            ids = MessageStore.subtree_ids(conn, message_id)
+            active = conn.execute(
+                "SELECT active_leaf_id FROM sessions_v2 WHERE id = ?", (root.session_id,)
+            ).fetchall()[0][0]
+            conn.executemany("DELETE FROM messages_v2 WHERE id = ?", [(i,) for i in ids])
+            SessionRepo.recount(conn, root.session_id)
+            if active is None or active in set(ids):
+                leaf = None
+                if root.parent_id is not None:
+                    leaf = MessageStore.newest_leaf(conn, root.session_id, below=root.parent_id)
+                if leaf is None:
+                    leaf = MessageStore.newest_leaf(conn, root.session_id)
+                SessionRepo.set_active_leaf(conn, root.session_id, leaf)
+            SessionRepo.touch(conn, root.session_id, self._clock())
+            return len(ids)
+
+    # ---- settings and maintenance ---------------------------------------------------
+
+    def get_setting(self, key: str) -> str | None:
+        with self._db.read() as conn:
+            return SettingsRepo.get(conn, key)
+
+    def set_setting(self, key: str, value: str | None) -> None:
+        check_text("key", key, optional=False)
+        check_text("value", value)
+        with self._db.write() as conn:
+            SettingsRepo.set(conn, key, value)
+
+    def recover_interrupted(self) -> int:
+        """Rows left 'pending'/'streaming' by a dead process become 'aborted' (content kept,
+        then indexed like any finished message). Returns how many."""
+        with self._db.write() as conn:
+            rows = conn.execute(
+                "UPDATE messages_v2 SET status = 'aborted', updated_at = ?"
+                " WHERE status IN ('pending', 'streaming')"
+                " RETURNING id, session_id, role, text_content, parts",
+                (self._clock(),),
+            ).fetchall()
+            MessageSearch.index(
+                conn,
+                [(mid, sid, role, searchable_text(text, decode_parts(parts, mid)))
+                 for mid, sid, role, text, parts in rows],
+            )
+        return len(rows)
+
+    # ---- internals ------------------------------------------------------------------
+
+    def _path(self, conn: Any, session_id: str, leaf_id: str | None) -> list[MessageV2]:
+        if leaf_id is not None:
+            MessageStore.get_in_session(conn, session_id, leaf_id)
+            return MessageStore.path(conn, session_id, leaf_id)
+        rows = conn.execute(
+            "SELECT active_leaf_id FROM sessions_v2 WHERE id = ?", (session_id,)
+        ).fetchall()
+        if not rows:
+            SessionRepo.require(conn, session_id)
+        leaf = rows[0][0]
+        if leaf is not None:
+            path = MessageStore.path(conn, session_id, leaf)
+            if path:
+                return path
+        leaf = MessageStore.newest_leaf(conn, session_id)
+        return [] if leaf is None else MessageStore.path(conn, session_id, leaf)
+
+
+def _check_list(field: str, value: Any) -> None:
+    if value is not None and not isinstance(value, list):
+        raise InvalidParams(f"{field} must be a list")
+

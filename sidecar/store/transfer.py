@@ -1,0 +1,205 @@
+"""Copying sessions: fork (a path into a new session), export and import (all branches).
+
+Owns: the rules for copies. Must stay true:
+- fork: new ids for the session and every copied message, parent links remapped, content
+  (text, parts, tool calls, usage, timestamps) copied verbatim; the original is untouched.
+  A copied message that was still pending/streaming becomes 'aborted' (no generation will
+  ever finish the copy).
+- import: the document is validated whole (ids, sessions, parent links, no cycles, enums)
+  before anything is written; counters are recomputed from the messages, so they are true
+  even for a hand-edited document; import(export(s)) reproduces s.
+"""
+
+from __future__ import annotations
+
+import apsw
+import msgspec
+
+from protocol.errors import ErrorCode
+from protocol.types import MessageV2, SessionExport, SessionV2
+from sidecar.errors import InvalidParams, StoreError
+from sidecar.store.checks import (
+    CONTENT_TYPES,
+    FINAL_STATUSES,
+    MODES,
+    ROLES,
+    STATUSES,
+    check_choice,
+    check_tags,
+)
+from sidecar.store.ids import new_id
+from sidecar.store.messages import MessageStore
+from sidecar.store.rows import searchable_text
+from sidecar.store.search import MessageSearch
+from sidecar.store.sessions import SessionRepo
+
+__all__ = ["fork_session", "export_session", "import_session", "MAX_IMPORT_MESSAGES"]
+
+MAX_IMPORT_MESSAGES = 200_000
+
+
+def _index_docs(messages: list[MessageV2]) -> list[tuple[str, str, str, str]]:
+    return [
+        (m.id, m.session_id, m.role, searchable_text(m.text_content, m.parts))
+        for m in messages
+        if m.status in FINAL_STATUSES
+    ]
+
+
+def fork_session(conn: apsw.Connection, session_id: str, message_id: str, now: int) -> SessionV2:
+    src = SessionRepo.get(conn, session_id)
+    MessageStore.get_in_session(conn, session_id, message_id)
+    path = MessageStore.path(conn, session_id, message_id)
+    new_session_id = new_id()
+    id_map: dict[str, str] = {}
+    copies: list[MessageV2] = []
+    for m in path:
+        new_mid = new_id()
+        id_map[m.id] = new_mid
+        status = m.status if m.status in FINAL_STATUSES else "aborted"
+        copies.append(
+            MessageV2(
+                id=new_mid,
+                session_id=new_session_id,
+                parent_id=None if m.parent_id is None else id_map[m.parent_id],
+                role=m.role,
+                content_type=m.content_type,
+                text_content=m.text_content,
+                parts=m.parts,
+                tool_calls=m.tool_calls,
+                tool_call_id=m.tool_call_id,
+                tool_name=m.tool_name,
+                model_id=m.model_id,
+                usage=m.usage,
+                latency_ms=m.latency_ms,
+                acp_message_id=m.acp_message_id,
+                acp_parts=m.acp_parts,
+                status=status,
+                error=m.error,
+                created_at=m.created_at,
+                updated_at=m.updated_at,
+                seq=m.seq,
+            )
+        )
+    forked = SessionV2(
+        id=new_session_id,
+        title=f"{src.title} (fork)",
+        summary=src.summary,
+        provider_id=src.provider_id,
+        model_id=src.model_id,
+        system_prompt=src.system_prompt,
+        mode=src.mode,
+        tags=list(src.tags),
+        folder=src.folder,
+        message_count=len(copies),
+        created_at=now,
+        updated_at=now,
+        last_message_at=max((c.created_at for c in copies), default=None),
+        active_leaf_id=copies[-1].id if copies else None,
+    )
+    SessionRepo.insert(conn, forked)
+    MessageStore.insert_many(conn, copies)
+    MessageSearch.index(conn, _index_docs(copies), fresh=True)
+    return forked
+
+
+def export_session(conn: apsw.Connection, session_id: str) -> SessionExport:
+    session = SessionRepo.get(conn, session_id)
+    return SessionExport(session=session, messages=MessageStore.all(conn, session_id))
+
+
+def _validate_import(session: SessionV2, messages: list[MessageV2]) -> list[MessageV2]:
+    if not isinstance(session, SessionV2):
+        raise InvalidParams("session must be a SessionV2 object")
+    if not isinstance(messages, list) or not all(isinstance(m, MessageV2) for m in messages):
+        raise InvalidParams("messages must be a list of MessageV2 objects")
+    if not session.id.strip():
+        raise InvalidParams("session.id must not be empty")
+    if len(messages) > MAX_IMPORT_MESSAGES:
+        raise InvalidParams(f"messages: at most {MAX_IMPORT_MESSAGES} messages per import")
+    check_choice("session.mode", session.mode, MODES)
+    check_tags("session.tags", session.tags)
+    by_id: dict[str, MessageV2] = {}
+    for i, m in enumerate(messages):
+        where = f"messages[{i}]"
+        if not m.id.strip():
+            raise InvalidParams(f"{where}.id must not be empty")
+        if m.id in by_id:
+            raise InvalidParams(f"{where}.id {m.id!r} appears twice")
+        if m.session_id != session.id:
+            raise InvalidParams(f"{where}.sessionId {m.session_id!r} is not session.id {session.id!r}")
+        check_choice(f"{where}.role", m.role, ROLES)
+        check_choice(f"{where}.status", m.status, STATUSES)
+        check_choice(f"{where}.contentType", m.content_type, CONTENT_TYPES)
+        by_id[m.id] = m
+    for i, m in enumerate(messages):
+        if m.parent_id is not None and m.parent_id not in by_id:
+            raise InvalidParams(f"messages[{i}].parentId {m.parent_id!r} is not a message of the import")
+    # Every walk up must reach a root: colour nodes known to reach one.
+    rooted: set[str] = set()
+    for m in messages:
+        trail: list[str] = []
+        on_trail: set[str] = set()
+        cur: MessageV2 | None = m
+        while cur is not None and cur.id not in rooted:
+            if cur.id in on_trail:
+                raise InvalidParams(f"messages: parent links form a cycle through {cur.id!r}")
+            trail.append(cur.id)
+            on_trail.add(cur.id)
+            cur = None if cur.parent_id is None else by_id[cur.parent_id]
+        rooted.update(trail)
+    if session.active_leaf_id is not None and session.active_leaf_id not in by_id:
+        raise InvalidParams("session.activeLeafId is not a message of the import")
+    # Nothing will ever finish an imported in-flight message.
+    return [
+        m if m.status in FINAL_STATUSES else _with_status(m, "aborted") for m in messages
+    ]
+
+
+def _with_status(m: MessageV2, status: str) -> MessageV2:
+    return msgspec.structs.replace(m, status=status)  # type: ignore[arg-type]
+
+
+def import_session(
+    conn: apsw.Connection, session: SessionV2, messages: list[MessageV2], *, replace: bool
+) -> SessionV2:
+    messages = _validate_import(session, messages)
+    if SessionRepo.exists(conn, session.id):
+        if not replace:
+            raise StoreError(
+                f"session {session.id!r} already exists (import with replace to overwrite it)",
+                code=ErrorCode.BAD_STATE,
+                data={"sessionId": session.id},
+            )
+        SessionRepo.delete(conn, session.id)
+    if messages:
+        # Message ids are global keys: an id used by another session cannot be imported.
+        ids = [m.id for m in messages]
+        for start in range(0, len(ids), 500):
+            chunk = ids[start : start + 500]
+            taken = conn.execute(
+                f"SELECT id FROM messages_v2 WHERE id IN ({','.join('?' * len(chunk))}) LIMIT 1",
+                chunk,
+            ).fetchall()
+            if taken:
+                raise StoreError(
+                    f"message id {taken[0][0]!r} already exists in another session",
+                    code=ErrorCode.BAD_STATE,
+                    data={"messageId": taken[0][0]},
+                )
+    stored = msgspec.structs.replace(
+        session,
+        tags=check_tags("session.tags", session.tags),
+        message_count=len(messages),
+        last_message_at=max((m.created_at for m in messages), default=None),
+        active_leaf_id=session.active_leaf_id,
+    )
+    SessionRepo.insert(conn, stored)
+    if messages:
+        MessageStore.insert_many(conn, messages)
+        if stored.active_leaf_id is None:
+            leaf = MessageStore.newest_leaf(conn, stored.id)
+            SessionRepo.set_active_leaf(conn, stored.id, leaf)
+            stored = msgspec.structs.replace(stored, active_leaf_id=leaf)
+        MessageSearch.index(conn, _index_docs(messages), fresh=True)
+    return stored
