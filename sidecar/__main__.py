@@ -1,0 +1,90 @@
+"""Command line: ``python -m sidecar [serve] [options]`` (console script ``chat-sidecar``).
+
+``serve`` (the default) speaks JSON-RPC 2.0 over stdin/stdout until stdin closes,
+``sidecar:shutdown``, SIGTERM or SIGINT, then exits 0. Exit codes: 0 clean stop,
+1 failure while running or starting (logged to stderr), 2 bad command line or settings.
+
+Kept light on imports: the server and its dependencies load only after the arguments
+are parsed, so ``--help`` and start-up stay fast.
+"""
+
+from __future__ import annotations
+
+import argparse
+import os
+import sys
+from collections.abc import Sequence
+
+
+def _parser() -> argparse.ArgumentParser:
+    from sidecar import __version__
+
+    parser = argparse.ArgumentParser(
+        prog="chat-sidecar",
+        description="Local chat engine: JSON-RPC 2.0 (NDJSON) over stdin/stdout.",
+    )
+    parser.add_argument("command", nargs="?", default="serve", choices=["serve"], help="what to run (default: serve)")
+    parser.add_argument(
+        "--data-dir", help="data directory (env CHAT_SIDECAR_DATA_DIR; default: the platform's user data dir)"
+    )
+    parser.add_argument("--log-level", help="DEBUG, INFO, WARNING, ERROR (env CHAT_SIDECAR_LOG_LEVEL; default INFO)")
+    parser.add_argument(
+        "--max-line-bytes",
+        type=int,
+        help="reject input lines longer than this (env CHAT_SIDECAR_MAX_LINE_BYTES; default 16 MiB)",
+    )
+    parser.add_argument("--bench", action="store_true", default=None, help=argparse.SUPPRESS)
+    parser.add_argument("--version", action="version", version=f"chat-sidecar {__version__}")
+    return parser
+
+
+def main(argv: Sequence[str] | None = None) -> int:
+    args = _parser().parse_args(argv)
+    from sidecar.config import build_config
+    from sidecar.errors import SidecarError
+
+    try:
+        config = build_config(
+            {"data_dir": args.data_dir, "log_level": args.log_level, "max_line_bytes": args.max_line_bytes,
+             "bench": args.bench}
+        )
+    except SidecarError as exc:
+        print(f"chat-sidecar: {exc.message}", file=sys.stderr)
+        return 2
+    return _serve_stdio(config)
+
+
+def _serve_stdio(config: object) -> int:
+    import logging
+
+    import anyio
+
+    from sidecar.config import Config
+    from sidecar.errors import SidecarError
+    from sidecar.logging_setup import setup_logging
+    from sidecar.rpc.stdio import take_stdio, uses_blocking_thread
+    from sidecar.server import serve
+
+    assert isinstance(config, Config)
+    setup_logging(config.log_level)
+    log = logging.getLogger("sidecar")
+    receive, send = take_stdio()
+    code = 0
+    try:
+        anyio.run(lambda: serve(config, receive, send, handle_signals=True))
+    except SidecarError as exc:
+        log.error("%s", exc.message)
+        code = 1
+    except Exception:
+        log.exception("the server failed")
+        code = 1
+    if uses_blocking_thread():
+        # A worker thread may be blocked reading stdin forever; the output is written.
+        logging.shutdown()
+        sys.stderr.flush()
+        os._exit(code)
+    return code
+
+
+if __name__ == "__main__":
+    sys.exit(main())

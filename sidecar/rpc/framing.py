@@ -1,0 +1,187 @@
+"""NDJSON framing: bytes -> lines (with a size limit) and lines -> bytes (one writer).
+
+``LineReader`` splits a byte stream on ``\\n``. What must stay true:
+- memory is bounded by ``max_line_bytes`` plus one chunk: a line that grows past the
+  limit is dropped as it streams (never buffered whole) and reported once, when its end
+  is reached, as an ``OversizedLine`` with its total size;
+- the same bytes decode to the same lines however they are chunked (one byte at a time,
+  split mid-line, many lines per chunk);
+- bytes after the last newline at end of input count as a final line.
+
+``LineWriter`` owns the send stream: every outgoing line goes through its queue and one
+task (``run``) writes them. It writes whatever is queued as one concatenated write, so
+the stream is written (flushed) only when the queue is empty, never once per message
+when messages come in bursts. After ``close()`` it drains the queue, then closes the
+stream. A write failure (the reader of our output went away) marks the writer broken:
+queued and later lines are dropped, since nobody can read them anyway.
+"""
+
+from __future__ import annotations
+
+import logging
+import math
+from collections import deque
+from collections.abc import Callable
+from typing import NamedTuple
+
+import anyio
+from anyio.abc import ByteReceiveStream, ByteSendStream, ObjectReceiveStream, ObjectSendStream
+
+logger = logging.getLogger(__name__)
+
+DEFAULT_MAX_LINE_BYTES = 16 * 1024 * 1024
+WRITE_BATCH_BYTES = 1024 * 1024
+"""Upper bound on one concatenated write, so a burst does not build one huge buffer."""
+
+ReceiveStream = ByteReceiveStream | ObjectReceiveStream[bytes]
+SendStream = ByteSendStream | ObjectSendStream[bytes]
+"""Byte streams, or memory object streams of bytes (in-process pairs in tests)."""
+
+
+class OversizedLine(NamedTuple):
+    """A line longer than the limit was discarded; ``size`` is its length in bytes."""
+
+    size: int
+
+
+class LineReader:
+    def __init__(self, stream: ReceiveStream, max_line_bytes: int = DEFAULT_MAX_LINE_BYTES) -> None:
+        self._stream = stream
+        self._max = max_line_bytes
+        self._partial = bytearray()
+        self._discarding = False
+        self._discarded = 0
+        self._ready: deque[bytes | OversizedLine] = deque()
+        self._eof = False
+
+    async def receive(self) -> bytes | OversizedLine:
+        """The next line without its ``\\n``; raises anyio.EndOfStream at end of input."""
+        while not self._ready:
+            if self._eof:
+                raise anyio.EndOfStream
+            try:
+                chunk = await self._stream.receive()
+            except (anyio.EndOfStream, anyio.ClosedResourceError, anyio.BrokenResourceError):
+                self._finish()
+                continue
+            self.feed(chunk)
+        return self._ready.popleft()
+
+    def feed(self, chunk: bytes) -> None:
+        """Split ``chunk`` into the ready queue (public for tests and benchmarks)."""
+        start = 0
+        size = len(chunk)
+        while start < size:
+            newline = chunk.find(b"\n", start)
+            end = size if newline < 0 else newline
+            if self._discarding:
+                self._discarded += end - start
+            elif not self._partial and newline >= 0 and end - start <= self._max:
+                self._ready.append(chunk[start:end])  # the common case: one whole line, one copy
+            else:
+                self._partial += chunk[start:end]
+                if len(self._partial) > self._max:
+                    self._discarding = True
+                    self._discarded = len(self._partial)
+                    self._partial = bytearray()  # release the memory, not just the length
+            if newline < 0:
+                return
+            self._end_line()
+            start = newline + 1
+
+    def _end_line(self) -> None:
+        if self._discarding:
+            self._ready.append(OversizedLine(self._discarded))
+            self._discarding = False
+            self._discarded = 0
+        elif self._partial:
+            self._ready.append(bytes(self._partial))
+            self._partial.clear()
+        else:
+            self._ready.append(b"")
+
+    def _finish(self) -> None:
+        self._eof = True
+        if self._discarding or self._partial:
+            self._end_line()
+
+
+class WriterClosed(Exception):
+    """The writer was closed or broke; the line was not sent."""
+
+
+class LineWriter:
+    def __init__(
+        self, stream: SendStream, max_queue: int = 1024, on_broken: Callable[[], None] | None = None
+    ) -> None:
+        self._stream = stream
+        self._on_broken = on_broken
+        send, receive = anyio.create_memory_object_stream[bytes](max_queue if max_queue > 0 else math.inf)
+        self._queue_send = send
+        self._queue_receive = receive
+        self.broken = False
+        """True once a write failed; later lines are dropped."""
+
+    async def send(self, line: bytes) -> None:
+        """Queue one encoded line (ending in ``\\n``); waits only when the queue is full.
+
+        Not yielding when there is room is deliberate: a producer emitting a burst of
+        events fills the queue and the writer then sends the whole burst in one write.
+        Raises WriterClosed after ``close()`` or a write failure.
+        """
+        try:
+            self._queue_send.send_nowait(line)
+        except anyio.WouldBlock:
+            try:
+                await self._queue_send.send(line)
+            except (anyio.ClosedResourceError, anyio.BrokenResourceError):
+                raise WriterClosed from None
+        except (anyio.ClosedResourceError, anyio.BrokenResourceError):
+            raise WriterClosed from None
+
+    def send_nowait(self, line: bytes) -> bool:
+        """Queue a line if there is room right now; False if it was dropped."""
+        try:
+            self._queue_send.send_nowait(line)
+        except (anyio.WouldBlock, anyio.ClosedResourceError, anyio.BrokenResourceError):
+            return False
+        return True
+
+    def close(self) -> None:
+        """No more lines: ``run`` writes what is queued, closes the stream and returns."""
+        self._queue_send.close()
+
+    async def run(self) -> None:
+        receive = self._queue_receive
+        try:
+            async with receive:
+                while True:
+                    try:
+                        first = await receive.receive()
+                    except anyio.EndOfStream:
+                        return
+                    batch = [first]
+                    total = len(first)
+                    while total < WRITE_BATCH_BYTES:
+                        try:
+                            line = receive.receive_nowait()
+                        except (anyio.WouldBlock, anyio.EndOfStream):
+                            break
+                        batch.append(line)
+                        total += len(line)
+                    if self.broken:
+                        continue
+                    try:
+                        await self._stream.send(b"".join(batch) if len(batch) > 1 else first)
+                    except (anyio.BrokenResourceError, anyio.ClosedResourceError, OSError) as exc:
+                        logger.warning("output stream failed, dropping further output: %r", exc)
+                        self.broken = True
+                        self._queue_send.close()
+                        if self._on_broken is not None:
+                            self._on_broken()
+        finally:
+            with anyio.CancelScope(shield=True), anyio.move_on_after(5):
+                try:
+                    await self._stream.aclose()
+                except (anyio.BrokenResourceError, anyio.ClosedResourceError, OSError):
+                    pass

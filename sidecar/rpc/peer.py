@@ -1,0 +1,509 @@
+"""JsonRpcPeer: one JSON-RPC 2.0 endpoint over a pair of byte streams (NDJSON).
+
+The same class serves our stdio server and the client side of ACP and MCP: it answers
+incoming requests from an optional handler table (none = every method is -32601) and
+sends requests and notifications of its own.
+
+    async with JsonRpcPeer(receive_stream, send_stream, handlers) as peer:
+        result = await peer.request("initialize", params, result_type=InitResult)
+        await peer.notify("chat:stream", event)
+        await peer.closed.wait()      # the other side went away
+
+Routing is by shape (``messages.classify``): method + id is a request to us, method
+only a notification, id without method a response to one of ours. Our ids count up
+from 0; an incoming request may reuse an id we are waiting on without confusion.
+
+What must stay true:
+- every incoming request runs in its own task and cancel scope inside the peer's task
+  group and gets exactly one reply, even when it is cancelled (``$/cancelRequest`` or
+  shutdown -> REQUEST_CANCELLED); cancellation of the peer itself always propagates;
+- bad input never ends the peer: each bad line gets its error reply (or none, for a
+  notification) and reading goes on;
+- only the LineWriter's task writes to the send stream;
+- when input ends, every pending outgoing request fails at once with PeerClosed;
+- leaving the ``async with`` block normally stops reading, lets in-flight requests
+  finish (``shutdown_grace`` seconds, then cancels them), writes out everything queued,
+  and closes the send stream.
+"""
+
+from __future__ import annotations
+
+import logging
+from collections.abc import AsyncIterator, Awaitable, Callable
+from contextlib import AsyncExitStack, asynccontextmanager
+from types import TracebackType
+from typing import Any
+
+import anyio
+import anyio.abc
+import msgspec
+
+from protocol.errors import ErrorCode
+from protocol.params import CancelRequestParams
+from sidecar.errors import PeerClosed, RemoteError, RpcError
+from sidecar.rpc.dispatch import Dispatcher, Handlers
+from sidecar.rpc.framing import (
+    DEFAULT_MAX_LINE_BYTES,
+    LineReader,
+    LineWriter,
+    OversizedLine,
+    ReceiveStream,
+    SendStream,
+    WriterClosed,
+)
+from sidecar.rpc.messages import (
+    ABSENT,
+    Envelope,
+    Incoming,
+    OutError,
+    OutNotification,
+    OutRequest,
+    Reply,
+    batch_decoder,
+    classify,
+    encode,
+    envelope_decoder,
+    error_decoder,
+    error_reply,
+    reply_id,
+)
+
+logger = logging.getLogger(__name__)
+
+CANCEL_METHOD = "$/cancelRequest"
+_cancel_params_decoder = msgspec.json.Decoder(CancelRequestParams)
+
+
+def _id_key(request_id: Any) -> tuple[bool, Any]:
+    # 1 and "1" are different ids; a tuple keeps them apart in one dict.
+    return (isinstance(request_id, str), request_id)
+
+
+class _Pending:
+    __slots__ = ("event", "envelope")
+
+    def __init__(self) -> None:
+        self.event = anyio.Event()
+        self.envelope: Envelope | None = None
+
+
+class _Inflight:
+    __slots__ = ("scope", "reason")
+
+    def __init__(self) -> None:
+        self.scope = anyio.CancelScope()
+        self.reason = "request cancelled"
+
+
+class JsonRpcPeer:
+    def __init__(
+        self,
+        receive_stream: ReceiveStream,
+        send_stream: SendStream,
+        handlers: Handlers | None = None,
+        *,
+        name: str = "rpc",
+        max_line_bytes: int = DEFAULT_MAX_LINE_BYTES,
+        max_queue: int = 1024,
+        autostart: bool = True,
+        shutdown_grace: float = 5.0,
+        cancel_method: str | None = CANCEL_METHOD,
+    ) -> None:
+        """``autostart=False`` delays reading until ``start_reading()`` (so handlers can be
+        added once the services they call exist); ``cancel_method`` is the notification
+        sent when one of our requests is cancelled or times out (None: send nothing)."""
+        self.name = name
+        self.max_line_bytes = max_line_bytes
+        self.dispatcher = Dispatcher(handlers)
+        self.shutdown_grace = shutdown_grace
+        self.cancel_method = cancel_method
+        self.closed = anyio.Event()
+        """Set when the other side is gone: our input ended (EOF, read error,
+        ``stop_reading``) or our output broke."""
+        self._reader = LineReader(receive_stream, max_line_bytes)
+        self._writer = LineWriter(send_stream, max_queue, on_broken=self._on_output_broken)
+        self._autostart = autostart
+        self._next_id = 0
+        self._pending: dict[int, _Pending] = {}
+        self._inflight: dict[tuple[bool, Any], _Inflight] = {}
+        self._notification_scopes: set[anyio.CancelScope] = set()
+        self._tasks: anyio.abc.TaskGroup | None = None
+        self._reader_scope: anyio.CancelScope | None = None
+        self._active = 0
+        self._idle: anyio.Event | None = None
+        self._input_ended = False
+        self._stack: AsyncExitStack | None = None
+
+    # ---- lifecycle --------------------------------------------------------------------
+
+    async def __aenter__(self) -> JsonRpcPeer:
+        stack = AsyncExitStack()
+        await stack.__aenter__()
+        try:
+            await stack.enter_async_context(self._running())
+        except BaseException as exc:
+            await stack.__aexit__(type(exc), exc, exc.__traceback__)
+            raise
+        self._stack = stack
+        return self
+
+    async def __aexit__(
+        self, exc_type: type[BaseException] | None, exc: BaseException | None, tb: TracebackType | None
+    ) -> bool | None:
+        assert self._stack is not None
+        stack, self._stack = self._stack, None
+        return await stack.__aexit__(exc_type, exc, tb)
+
+    @asynccontextmanager
+    async def _running(self) -> AsyncIterator[None]:
+        writer_done = anyio.Event()
+
+        async def run_writer() -> None:
+            try:
+                await self._writer.run()
+            finally:
+                writer_done.set()
+
+        async with anyio.create_task_group() as outer:
+            outer.start_soon(run_writer)
+            try:
+                async with anyio.create_task_group() as tasks:
+                    self._tasks = tasks
+                    if self._autostart:
+                        self.start_reading()
+                    yield
+                    # Normal exit only (an exception skips this and cancels the tasks).
+                    await self.drain_incoming()
+            finally:
+                self._tasks = None
+                self._input_done()
+                self._writer.close()
+            with anyio.move_on_after(self.shutdown_grace, shield=True):
+                await writer_done.wait()
+            outer.cancel_scope.cancel()
+
+    def start_reading(self) -> None:
+        if self._tasks is None:
+            raise RuntimeError("start_reading() needs a running peer (inside `async with`)")
+        if self._reader_scope is None and not self._input_ended:
+            self._reader_scope = anyio.CancelScope()
+            self._tasks.start_soon(self._read_loop, self._reader_scope)
+
+    def stop_reading(self) -> None:
+        """Read no more input (already dispatched requests go on)."""
+        if self._reader_scope is not None:
+            self._reader_scope.cancel()
+        else:
+            self._input_done()
+
+    async def drain_incoming(self) -> None:
+        """Stop reading, then wait for in-flight incoming work to answer; after
+        ``shutdown_grace`` seconds cancel what is left (answered REQUEST_CANCELLED)."""
+        self.stop_reading()
+        with anyio.CancelScope(shield=True):
+            with anyio.move_on_after(self.shutdown_grace):
+                await self._wait_idle()
+            for inflight in list(self._inflight.values()):
+                inflight.reason = "request cancelled: the server is shutting down"
+                inflight.scope.cancel()
+            for scope in list(self._notification_scopes):
+                scope.cancel()
+            with anyio.move_on_after(self.shutdown_grace):
+                await self._wait_idle()
+
+    async def _wait_idle(self) -> None:
+        while self._active:
+            self._idle = anyio.Event()
+            await self._idle.wait()
+
+    def _input_done(self) -> None:
+        if self._input_ended:
+            return
+        self._input_ended = True
+        for pending in self._pending.values():
+            pending.event.set()  # envelope None: the requester raises PeerClosed
+        self.closed.set()
+
+    def _on_output_broken(self) -> None:
+        self.closed.set()
+
+    # ---- outgoing -----------------------------------------------------------------------
+
+    async def notify(self, method: str, params: Any = None) -> None:
+        """Send a notification (``params``: a Struct or plain values; None = no params).
+
+        A notification to a peer that is gone is dropped (logged at debug level):
+        notifications are fire-and-forget and the sender has nothing to recover.
+        """
+        line = encode(OutNotification(method=method, params=msgspec.UNSET if params is None else params))
+        try:
+            await self._writer.send(line)
+        except WriterClosed:
+            logger.debug("%s: dropped notification %s, output closed", self.name, method)
+
+    async def request(
+        self, method: str, params: Any = None, *, result_type: Any = None, timeout: float | None = None
+    ) -> Any:
+        """Send a request and wait for its response.
+
+        Returns the result decoded into ``result_type`` (plain JSON values if None).
+        Raises RemoteError (code/message/data as received) for an error response,
+        PeerClosed when the peer goes away first, TimeoutError after ``timeout``
+        seconds, RpcError when the result does not decode into ``result_type``.
+        A timed-out or cancelled request is announced to the peer with ``cancel_method``.
+        """
+        if self._input_ended or self._writer.broken:
+            raise PeerClosed(f"{self.name}: the peer is closed")
+        request_id = self._next_id
+        self._next_id += 1
+        pending = _Pending()
+        self._pending[request_id] = pending
+        try:
+            try:
+                await self._writer.send(
+                    encode(OutRequest(id=request_id, method=method, params=msgspec.UNSET if params is None else params))
+                )
+            except WriterClosed:
+                raise PeerClosed(f"{self.name}: the peer is closed") from None
+            try:
+                with anyio.fail_after(timeout) if timeout is not None else anyio.CancelScope():
+                    await pending.event.wait()
+            except BaseException:
+                if pending.envelope is None and self.cancel_method and not self._input_ended:
+                    self._writer.send_nowait(encode(OutNotification(method=self.cancel_method, params=CancelRequestParams(id=request_id))))
+                raise
+        finally:
+            del self._pending[request_id]
+        envelope = pending.envelope
+        if envelope is None:
+            raise PeerClosed(f"{self.name}: the peer closed before answering {method}")
+        if envelope.error is not ABSENT:
+            raise _remote_error(method, envelope.error)
+        if envelope.result is ABSENT:
+            raise RpcError(f"{self.name}: malformed response to {method}: no result")
+        try:
+            if result_type is None:
+                return msgspec.json.decode(envelope.result)
+            return msgspec.json.decode(envelope.result, type=result_type)
+        except msgspec.ValidationError as exc:
+            raise RpcError(f"{self.name}: invalid result for {method}: {exc}") from exc
+
+    # ---- incoming -----------------------------------------------------------------------
+
+    async def _read_loop(self, scope: anyio.CancelScope) -> None:
+        try:
+            with scope:
+                while True:
+                    try:
+                        line = await self._reader.receive()
+                    except anyio.EndOfStream:
+                        logger.debug("%s: end of input", self.name)
+                        return
+                    except OSError as exc:
+                        logger.warning("%s: reading input failed: %r", self.name, exc)
+                        return
+                    if isinstance(line, OversizedLine):
+                        await self._send_reply(
+                            error_reply(
+                                None,
+                                ErrorCode.MESSAGE_TOO_LARGE,
+                                f"message too large: {line.size} bytes, the limit is {self.max_line_bytes}",
+                            )
+                        )
+                        continue
+                    await self._handle_line(line)
+        finally:
+            self._input_done()
+
+    async def _handle_line(self, line: bytes) -> None:
+        stripped = line.strip()
+        if not stripped:
+            return
+        first = stripped[:1]
+        if first == b"{":
+            try:
+                envelope = envelope_decoder.decode(stripped)
+            except msgspec.DecodeError as exc:
+                await self._send_reply(_parse_error(exc))
+                return
+            reply = self._route(classify(envelope))
+            if reply is not None:
+                await self._send_reply(reply)
+        elif first == b"[":
+            try:
+                items = batch_decoder.decode(stripped)
+            except msgspec.DecodeError as exc:
+                await self._send_reply(_parse_error(exc))
+                return
+            if not items:
+                await self._send_reply(error_reply(None, ErrorCode.INVALID_REQUEST, "invalid request: empty batch"))
+                return
+            self._spawn(self._run_batch, items)
+        else:
+            try:
+                msgspec.json.decode(stripped)
+            except msgspec.DecodeError as exc:
+                await self._send_reply(_parse_error(exc))
+                return
+            await self._send_reply(
+                error_reply(None, ErrorCode.INVALID_REQUEST, "invalid request: expected a JSON object or array")
+            )
+
+    def _route(self, incoming: Incoming) -> Reply | None:
+        """Handle one message; returns an immediate reply (errors found without a handler)."""
+        envelope = incoming.envelope
+        kind = incoming.kind
+        if kind == "request":
+            key = _id_key(envelope.id)
+            if key in self._inflight:
+                return error_reply(
+                    reply_id(envelope), ErrorCode.INVALID_REQUEST, f"invalid request: id {envelope.id!r} is already in flight"
+                )
+            inflight = _Inflight()
+            self._inflight[key] = inflight  # registered now, so a cancel right behind it finds it
+            self._spawn(self._run_request, envelope, key, inflight)
+        elif kind == "notification":
+            self._on_notification(envelope)
+        elif kind == "response":
+            self._on_response(envelope)
+        else:
+            return error_reply(reply_id(envelope), ErrorCode.INVALID_REQUEST, f"invalid request: {incoming.reason}")
+        return None
+
+    def _spawn(self, func: Callable[..., Awaitable[Any]], *args: Any) -> None:
+        assert self._tasks is not None
+        self._active += 1
+        self._tasks.start_soon(self._tracked, func, *args)
+
+    async def _tracked(self, func: Callable[..., Awaitable[Any]], *args: Any) -> None:
+        try:
+            await func(*args)
+        finally:
+            self._active -= 1
+            if not self._active and self._idle is not None:
+                self._idle.set()
+
+    async def _run_request(self, envelope: Envelope, key: tuple[bool, Any], inflight: _Inflight) -> None:
+        await self._send_reply(await self._answer(envelope, key, inflight))
+
+    async def _answer(self, envelope: Envelope, key: tuple[bool, Any], inflight: _Inflight) -> Reply:
+        reply: Reply | None = None
+        try:
+            with inflight.scope:
+                reply = await self.dispatcher.dispatch(envelope.method, envelope.params, envelope.id)
+        finally:
+            del self._inflight[key]
+        if reply is None:
+            return error_reply(envelope.id, ErrorCode.REQUEST_CANCELLED, inflight.reason)
+        return reply
+
+    async def _run_batch(self, items: list[msgspec.Raw]) -> None:
+        replies: list[Reply | None] = [None] * len(items)
+
+        async def answer(index: int, envelope: Envelope, key: tuple[bool, Any], inflight: _Inflight) -> None:
+            replies[index] = await self._answer(envelope, key, inflight)
+
+        async with anyio.create_task_group() as tg:
+            for index, raw in enumerate(items):
+                try:
+                    envelope = envelope_decoder.decode(raw)
+                except (msgspec.DecodeError, msgspec.ValidationError):
+                    replies[index] = error_reply(
+                        None, ErrorCode.INVALID_REQUEST, "invalid request: a batch item must be an object"
+                    )
+                    continue
+                incoming = classify(envelope)
+                if incoming.kind == "request" and _id_key(envelope.id) not in self._inflight:
+                    key = _id_key(envelope.id)
+                    inflight = _Inflight()
+                    self._inflight[key] = inflight
+                    tg.start_soon(answer, index, envelope, key, inflight)
+                else:
+                    replies[index] = self._route(incoming)
+        batch = [reply for reply in replies if reply is not None]
+        if batch:
+            await self._send_line(self._encode_batch(batch))
+
+    def _on_notification(self, envelope: Envelope) -> None:
+        method = envelope.method
+        if method == CANCEL_METHOD:
+            try:
+                params = _cancel_params_decoder.decode(envelope.params)
+            except (msgspec.ValidationError, msgspec.DecodeError) as exc:
+                logger.warning("%s: ignoring malformed %s: %s", self.name, CANCEL_METHOD, exc)
+                return
+            inflight = self._inflight.get(_id_key(params.id))
+            if inflight is not None:
+                inflight.scope.cancel()
+            return
+        if method not in self.dispatcher:
+            logger.debug("%s: ignoring notification for unknown method %r", self.name, method)
+            return
+        self._spawn(self._run_notification, envelope)
+
+    async def _run_notification(self, envelope: Envelope) -> None:
+        with anyio.CancelScope() as scope:
+            self._notification_scopes.add(scope)
+            try:
+                reply = await self.dispatcher.dispatch(envelope.method, envelope.params, None)
+            finally:
+                self._notification_scopes.discard(scope)
+        if isinstance(reply, OutError):
+            logger.warning("%s: notification %s failed: %s", self.name, envelope.method, reply.error.message)
+
+    def _on_response(self, envelope: Envelope) -> None:
+        request_id = envelope.id
+        pending = self._pending.get(request_id) if type(request_id) is int else None
+        if pending is None:
+            if envelope.error is not ABSENT:
+                logger.warning(
+                    "%s: error reply to unknown id %r dropped: %s",
+                    self.name, request_id, bytes(envelope.error)[:300].decode("utf-8", "replace"),
+                )
+            else:
+                logger.warning("%s: response to unknown id %r dropped", self.name, request_id)
+            return
+        pending.envelope = envelope
+        pending.event.set()
+
+    # ---- writing replies ---------------------------------------------------------------
+
+    async def _send_reply(self, reply: Reply) -> None:
+        await self._send_line(self._encode_reply(reply))
+
+    async def _send_line(self, line: bytes) -> None:
+        try:
+            await self._writer.send(line)
+        except WriterClosed:
+            logger.debug("%s: output closed, reply dropped", self.name)
+
+    def _encode_reply(self, reply: Reply) -> bytes:
+        try:
+            return encode(reply)
+        except (TypeError, ValueError, msgspec.EncodeError):
+            logger.exception("%s: result of request %r could not be encoded", self.name, reply.id)
+            return encode(error_reply(reply.id, ErrorCode.INTERNAL_ERROR, "internal error: unencodable result"))
+
+    def _encode_batch(self, batch: list[Reply]) -> bytes:
+        try:
+            return encode(batch)
+        except (TypeError, ValueError, msgspec.EncodeError):
+            # One bad result must not cost the others their answers.
+            return b"[" + b",".join(self._encode_reply(reply)[:-1] for reply in batch) + b"]\n"
+
+
+def _parse_error(exc: msgspec.DecodeError) -> Reply:
+    return error_reply(None, ErrorCode.PARSE_ERROR, f"parse error: {exc}")
+
+
+def _remote_error(method: str, raw_error: msgspec.Raw) -> RpcError:
+    try:
+        error = error_decoder.decode(raw_error)
+    except (msgspec.ValidationError, msgspec.DecodeError):
+        return RpcError(f"malformed error response to {method}")
+    data = None if error.data is msgspec.UNSET else error.data
+    try:
+        code: Any = ErrorCode(error.code)
+    except ValueError:
+        code = error.code  # a code outside our table is passed on as the peer sent it
+    return RemoteError(error.message, code=code, data=data)

@@ -1,0 +1,251 @@
+"""The server: binds protocol method names to code and runs the process's lifetime.
+
+This is the only place that knows method names. ``BINDINGS`` maps every method of
+``protocol.METHODS`` to an attribute path on the App (``"sessions.create_session"``
+-> ``app.sessions.create_session``); ``sidecar:initialize`` and ``sidecar:shutdown`` are
+handled here. A bound function is ``async def f(params: <params Struct>) -> result``.
+A path that does not resolve when the server starts (the service is not built yet) is
+still registered and answers NOT_IMPLEMENTED, so the method list the client sees is
+always the whole contract. tests/test_rpc_server.py fails if a method of the contract
+is neither bound nor handled here.
+
+Lifetime (``serve``): start the peer (writer only), open the App with ``peer.notify``,
+register handlers, start reading. It ends on stdin EOF, ``sidecar:shutdown``, SIGTERM or
+SIGINT, or when the output breaks, always the same way: stop reading, let in-flight
+requests answer (bounded grace, then REQUEST_CANCELLED), close the App (its services
+finish or cancel their work and may still send notifications), write out everything
+queued, close the streams. A clean end returns normally (exit code 0).
+"""
+
+from __future__ import annotations
+
+import logging
+import os
+import signal
+import time
+from collections.abc import Awaitable, Callable
+from typing import Any
+
+import anyio
+import msgspec
+
+import sidecar
+from protocol import METHODS, NOTIFICATIONS, PROTOCOL_VERSION
+from protocol.errors import ErrorCode
+from protocol.events import TextDeltaEvent
+from protocol.params import (
+    EmptyParams,
+    InitializeParams,
+    InitializeResult,
+    ServerCapabilities,
+    ServerInfo,
+    SuccessResult,
+)
+from sidecar.app import App, open_app
+from sidecar.config import Config
+from sidecar.errors import InvalidParams, SidecarError
+from sidecar.rpc import Handler, JsonRpcPeer
+from sidecar.rpc.framing import ReceiveStream, SendStream
+
+logger = logging.getLogger(__name__)
+
+INITIALIZE = "sidecar:initialize"
+SHUTDOWN = "sidecar:shutdown"
+LIFECYCLE_METHODS = (INITIALIZE, SHUTDOWN)
+"""Methods of the contract handled by the Server itself."""
+
+BINDINGS: dict[str, str] = {
+    "chat:session:create": "sessions.create_session",
+    "chat:session:list": "sessions.list_sessions",
+    "chat:session:get": "sessions.get_session",
+    "chat:session:update": "sessions.update_session",
+    "chat:session:delete": "sessions.delete_session",
+    "chat:session:archive": "sessions.archive_session",
+    "chat:session:pin": "sessions.pin_session",
+    "chat:session:fork": "sessions.fork_session",
+    "chat:session:export": "sessions.export_session",
+    "chat:session:import": "sessions.import_session",
+    "chat:messages:get": "sessions.get_messages",
+    "chat:messages:tree": "sessions.get_tree",
+    "chat:messages:search": "sessions.search_messages",
+    "chat:messages:select": "sessions.select_branch",
+    "chat:send": "chat.send",
+    "chat:abort": "chat.abort",
+    "chat:regenerate": "chat.regenerate",
+    "chat:editResend": "chat.edit_resend",
+    "provider:list": "providers.list_providers",
+    "provider:upsert": "providers.upsert_provider",
+    "provider:delete": "providers.delete_provider",
+    "provider:setDefault": "providers.set_default",
+    "settings:get": "settings.get_settings",
+    "settings:update": "settings.update_settings",
+}
+"""Method name -> attribute path on the App of the ``async def f(params) -> result`` that answers it."""
+
+BENCH_NOTIFY = "sidecar:bench:notify"
+"""Registered only with ``--bench``; not part of the contract (not in protocol.METHODS)."""
+
+BoundFunc = Callable[[Any], Awaitable[Any]]
+
+
+def resolve_binding(app: App, path: str) -> BoundFunc | None:
+    """The callable at ``path`` on ``app``, or None when a step is missing."""
+    target: Any = app
+    for part in path.split("."):
+        target = getattr(target, part, None)
+        if target is None:
+            return None
+    return target if callable(target) else None
+
+
+def not_implemented(method: str) -> BoundFunc:
+    async def answer(params: Any) -> Any:
+        raise SidecarError(f"{method} is not implemented yet", code=ErrorCode.NOT_IMPLEMENTED)
+
+    return answer
+
+
+class BenchNotifyParams(msgspec.Struct, kw_only=True):
+    count: int
+    size: int = 120
+    """Bytes per notification line (newline included), at least the empty event's size."""
+
+
+class BenchNotifyResult(msgspec.Struct, kw_only=True, rename="camel"):
+    count: int
+    line_bytes: int
+    elapsed_ms: float
+    """Time to encode and queue all notifications (they are written before this reply)."""
+
+
+class Server:
+    """The method table of one App, plus the two lifecycle methods."""
+
+    def __init__(self, config: Config, app: App, stop: anyio.Event) -> None:
+        self.config = config
+        self.app = app
+        self.stop = stop
+        self.implemented: list[str] = []
+
+    def handlers(self) -> dict[str, Handler[Any]]:
+        table: dict[str, Handler[Any]] = {
+            INITIALIZE: Handler(InitializeParams, self.initialize),
+            SHUTDOWN: Handler(EmptyParams, self.shutdown),
+        }
+        implemented = list(LIFECYCLE_METHODS)
+        for method, path in BINDINGS.items():
+            func = resolve_binding(self.app, path)
+            if func is None:
+                func = not_implemented(method)
+            else:
+                implemented.append(method)
+            table[method] = Handler(METHODS[method].params, func)
+        if self.config.bench:
+            table[BENCH_NOTIFY] = Handler(BenchNotifyParams, self.bench_notify)
+        self.implemented = sorted(implemented)
+        missing = set(METHODS) - set(table)
+        if missing:  # guarded by a test too; this keeps a partial deployment honest
+            logger.error("methods of the contract without a handler: %s", ", ".join(sorted(missing)))
+        return table
+
+    async def initialize(self, params: InitializeParams) -> InitializeResult:
+        client = params.client_info
+        logger.info(
+            "initialize from %s %s (protocol %s)",
+            client.name if client else "unknown client",
+            (client.version or "") if client else "",
+            params.protocol_version,
+        )
+        if params.protocol_version is not None and params.protocol_version != PROTOCOL_VERSION:
+            # The client decides what to do with a mismatch; we answer with our version.
+            logger.warning("client speaks protocol %s, we speak %s", params.protocol_version, PROTOCOL_VERSION)
+        return InitializeResult(
+            protocol_version=PROTOCOL_VERSION,
+            server_info=ServerInfo(name=sidecar.SERVER_NAME, version=sidecar.__version__),
+            capabilities=ServerCapabilities(
+                methods=sorted(METHODS),
+                implemented=self.implemented,
+                notifications=sorted(n for n, spec in NOTIFICATIONS.items() if spec.direction == "server->client"),
+                max_line_bytes=self.config.max_line_bytes,
+            ),
+            data_dir=str(self.app.data_dir),
+        )
+
+    async def shutdown(self, params: EmptyParams) -> SuccessResult:
+        logger.info("shutdown requested")
+        self.stop.set()  # serve() waits for this reply to be queued before it stops writing
+        return SuccessResult(success=True)
+
+    async def bench_notify(self, params: BenchNotifyParams) -> BenchNotifyResult:
+        if not 0 <= params.count <= 10_000_000:
+            raise InvalidParams("invalid params: count must be 0..10000000")
+        event = TextDeltaEvent(session_id="bench", message_id="bench", timestamp=0, seq=0, text="")
+        empty = len(msgspec.json.encode({"jsonrpc": "2.0", "method": "chat:stream", "params": event})) + 1
+        if not empty <= params.size <= 1_000_000:
+            raise InvalidParams(f"invalid params: size must be {empty}..1000000")
+        text = "x" * (params.size - empty - len(str(params.count)) + 1)
+        notify = self.app.notify
+        started = time.perf_counter()
+        for seq in range(1, params.count + 1):
+            await notify(
+                "chat:stream",
+                TextDeltaEvent(session_id="bench", message_id="bench", timestamp=0, seq=seq, text=text),
+            )
+        return BenchNotifyResult(
+            count=params.count, line_bytes=params.size, elapsed_ms=(time.perf_counter() - started) * 1000
+        )
+
+
+async def serve(
+    config: Config,
+    receive_stream: ReceiveStream,
+    send_stream: SendStream,
+    *,
+    handle_signals: bool = False,
+    stop: anyio.Event | None = None,
+) -> None:
+    """Serve one client over the given streams until EOF, shutdown, a signal or ``stop``."""
+    stop = stop or anyio.Event()
+    async with anyio.create_task_group() as watchers:
+        if handle_signals:
+            watchers.start_soon(_watch_signals, stop)
+        async with JsonRpcPeer(
+            receive_stream,
+            send_stream,
+            name="sidecar",
+            max_line_bytes=config.max_line_bytes,
+            autostart=False,
+        ) as peer:
+            async with open_app(config, peer.notify) as app:
+                server = Server(config, app, stop)
+                for method, handler in server.handlers().items():
+                    peer.dispatcher.add(method, handler)
+                peer.start_reading()
+                logger.info("serving (data dir %s, pid %s)", app.data_dir, os.getpid())
+                watchers.start_soon(_set_when, peer.closed, stop)
+                await stop.wait()
+                logger.info("stopping")
+                await peer.drain_incoming()
+            # The App is closed; leaving the peer writes out what is queued.
+        logger.info("stopped")
+        watchers.cancel_scope.cancel()
+
+
+async def _set_when(event: anyio.Event, target: anyio.Event) -> None:
+    await event.wait()
+    target.set()
+
+
+async def _watch_signals(stop: anyio.Event) -> None:
+    try:
+        receiver = anyio.open_signal_receiver(signal.SIGTERM, signal.SIGINT)
+    except NotImplementedError:  # Windows: the client ends us by closing stdin or with shutdown
+        return
+    with receiver as signals:
+        async for signum in signals:
+            if stop.is_set():
+                logger.info("signal %s: already stopping", signal.Signals(signum).name)
+            else:
+                logger.info("signal %s: stopping", signal.Signals(signum).name)
+                stop.set()
+
