@@ -84,6 +84,9 @@ class ToolResultPart(_Part, tag="tool_result", kw_only=True):
 
 class ThinkingPart(_Part, tag="thinking", kw_only=True):
     text: str
+    signature: str | None = None
+    """Anthropic's signature of this thinking block, needed to send the block back
+    when a tool-use turn continues; absent for other providers."""
 
 
 class StepStartPart(_Part, tag="step_start", kw_only=True):

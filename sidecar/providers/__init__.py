@@ -1,0 +1,98 @@
+"""LLM provider adapters: one HTTP wire format in, one internal stream of parts out.
+
+    create_provider(settings, transport=None) -> Provider
+        "openai-compat" -> OpenAICompatProvider   POST {base}/chat/completions  (SSE)
+        "anthropic"     -> AnthropicProvider      POST {base}/v1/messages       (SSE)
+        "ollama"        -> OllamaProvider         POST {base}/api/chat          (NDJSON)
+
+Every provider owns one httpx2.AsyncClient (close it with ``aclose``). ``stream``
+is an async generator of StreamPart (types.py); consume it inside
+``contextlib.aclosing`` so that stopping early closes the HTTP response at once.
+``generate`` sends ``stream: false`` and returns the same parts as a list.
+Failures are ``ProviderError`` (errors.py: ``kind``/``status``/``retryable``).
+Retries happen inside the adapter only before the first byte of a response body.
+
+Layout: types (request, settings, parts) · errors · redact (secrets) · transport
+(client, idle watchdog, retries) · history (tool history splitting, images) ·
+reasoning (level tables) · base (shared flow) · one module per wire format.
+"""
+
+from __future__ import annotations
+
+from collections.abc import AsyncIterator
+from typing import Protocol
+
+import httpx2
+
+from sidecar.providers.anthropic import AnthropicProvider
+from sidecar.providers.base import HttpProvider
+from sidecar.providers.errors import ErrorKind, ProviderError
+from sidecar.providers.ollama import OllamaProvider
+from sidecar.providers.openai_compat import OpenAICompatProvider
+from sidecar.providers.types import (
+    ChatRequest,
+    Finish,
+    GenerationParams,
+    ModelInfo,
+    ProviderSettings,
+    ProviderType,
+    ReasoningLevel,
+    RequestMessage,
+    StreamPart,
+    TextDelta,
+    ThinkingDelta,
+    ToolCallDelta,
+    ToolCallEnd,
+    ToolCallStart,
+    ToolSpec,
+    UsageUpdate,
+)
+
+__all__ = [
+    "Provider",
+    "create_provider",
+    "ProviderError",
+    "ErrorKind",
+    "HttpProvider",
+    "OpenAICompatProvider",
+    "AnthropicProvider",
+    "OllamaProvider",
+    "ChatRequest",
+    "Finish",
+    "GenerationParams",
+    "ModelInfo",
+    "ProviderSettings",
+    "ProviderType",
+    "ReasoningLevel",
+    "RequestMessage",
+    "StreamPart",
+    "TextDelta",
+    "ThinkingDelta",
+    "ToolCallDelta",
+    "ToolCallEnd",
+    "ToolCallStart",
+    "ToolSpec",
+    "UsageUpdate",
+]
+
+
+class Provider(Protocol):
+    def stream(self, request: ChatRequest) -> AsyncIterator[StreamPart]: ...
+
+    async def generate(self, request: ChatRequest) -> list[StreamPart]: ...
+
+    async def aclose(self) -> None: ...
+
+
+_ADAPTERS: dict[str, type[HttpProvider]] = {
+    "openai-compat": OpenAICompatProvider,
+    "anthropic": AnthropicProvider,
+    "ollama": OllamaProvider,
+}
+
+
+def create_provider(settings: ProviderSettings, *, transport: httpx2.AsyncBaseTransport | None = None) -> Provider:
+    adapter = _ADAPTERS.get(settings.type)
+    if adapter is None:
+        raise ProviderError(f"unknown provider type {settings.type!r}", kind="bad_request")
+    return adapter(settings, transport)

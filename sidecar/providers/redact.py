@@ -1,0 +1,63 @@
+"""Keeping secrets out of every message, log line and repr the providers produce.
+
+Owns: ``Redactor`` (masks the API key, the values of credential-looking custom
+headers and URL userinfo in any text) and ``safe_url`` (a URL with its userinfo
+and query string removed, for display).
+
+Must stay true: every string a provider puts in an exception or a log record
+has gone through ``Redactor.redact`` or contains no provider-supplied text.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Iterable, Mapping
+from urllib.parse import urlsplit, urlunsplit
+
+__all__ = ["Redactor", "safe_url"]
+
+_MASK = "***"
+# Custom headers whose values are secrets by name; every custom header value is
+# masked in reprs anyway, these are also scrubbed from free text.
+_SECRET_HINTS = ("auth", "key", "token", "secret", "cookie", "session", "password")
+# Shorter values would mask common words in provider messages for no gain.
+_MIN_SECRET_LEN = 6
+
+
+def safe_url(url: str) -> str:
+    """``url`` without userinfo and query (where keys sometimes travel)."""
+    try:
+        parts = urlsplit(url)
+    except ValueError:
+        return "<invalid url>"
+    host = parts.hostname or ""
+    if parts.port is not None:
+        host = f"{host}:{parts.port}"
+    return urlunsplit((parts.scheme, host, parts.path, "", ""))
+
+
+class Redactor:
+    def __init__(self, api_key: str | None, headers: Mapping[str, str], base_url: str) -> None:
+        secrets: set[str] = set()
+        if api_key:
+            secrets.add(api_key)
+        for name, value in headers.items():
+            if any(hint in name.lower() for hint in _SECRET_HINTS):
+                secrets.add(value)
+                # "Bearer <token>": the token alone may be echoed back.
+                secrets.update(word for word in value.split() if len(word) >= _MIN_SECRET_LEN)
+        try:
+            parts = urlsplit(base_url)
+            secrets.update(s for s in (parts.password, parts.username, parts.query) if s)
+        except ValueError:
+            pass
+        # Longest first so a secret that contains another is masked whole.
+        self._secrets = sorted((s for s in secrets if len(s) >= _MIN_SECRET_LEN), key=len, reverse=True)
+
+    def redact(self, text: str) -> str:
+        for secret in self._secrets:
+            if secret in text:
+                text = text.replace(secret, _MASK)
+        return text
+
+    def redact_all(self, texts: Iterable[str]) -> list[str]:
+        return [self.redact(t) for t in texts]
