@@ -49,7 +49,8 @@ _CJK = (
 )
 _CJK_RUN = re.compile(f"[{_CJK}]+")
 # A Latin-ish word as unicode61 sees it: letters and digits, no underscore.
-_WORD = re.compile(f"(?:(?![{_CJK}])[^\\W_])+")
+_WORD_CHAR = f"(?:(?![{_CJK}])[^\\W_])"
+_WORD = re.compile(_WORD_CHAR + "+")
 
 
 def _bigrams(run: str) -> str:
@@ -135,14 +136,14 @@ def _hit_spans(text: str, pieces: list[QueryPiece]) -> list[tuple[int, int]]:
             needle = p.text.casefold()
             hay = folded if folded is not None else text
             pat = re.compile(
-                r"(?<![^\W_])" + re.escape(needle) + r"(?![^\W_])",
+                f"(?<!{_WORD_CHAR})" + re.escape(needle) + f"(?!{_WORD_CHAR})",
                 0 if folded is not None else re.IGNORECASE,
             )
             spans.extend(m.span() for m in pat.finditer(hay))
     spans.sort()
     merged: list[tuple[int, int]] = []
     for s, e in spans:
-        if merged and s <= merged[-1][1]:
+        if merged and s < merged[-1][1]:
             if e > merged[-1][1]:
                 merged[-1] = (merged[-1][0], e)
         else:

@@ -1,0 +1,144 @@
+"""SessionService: the chat:session:* and chat:messages:* methods (seed 004 sections 5-6).
+
+Owns: turning the method params (protocol Structs) into AsyncStore calls and shaping the
+results the server sends. The store does the validation and the work; this layer adds
+what is not storage:
+- ``on_delete``: async hooks run before a session is deleted (the chat engine registers
+  one that cancels the session's running generation and waits for it, so no job writes
+  into a session that is going away).
+- ``publish``: the ``chat:session:updated`` notification for changes the renderer did not
+  request itself (a generated title, new counters).
+- ``chat:messages:tree`` is answered with pre-encoded JSON (msgspec.Raw): a long linear
+  chat is a tree as deep as it is long, and msgspec's recursive encoder fails past ~450
+  levels, so the tree is written iteratively here; the JSON is exactly what encoding the
+  list[MessageTreeNode] would give.
+"""
+
+from __future__ import annotations
+
+import logging
+from collections.abc import Awaitable, Callable
+from typing import Any
+
+import msgspec
+
+from protocol.params import (
+    CreateSessionOptions,
+    IdParams,
+    MessagesGetParams,
+    MessagesSearchParams,
+    MessagesSelectParams,
+    MessagesTreeParams,
+    SessionFilter,
+    SessionForkParams,
+    SessionImportParams,
+    SessionListResult,
+    SessionPinParams,
+    SessionUpdateParams,
+    SuccessResult,
+)
+from protocol.types import MessageTreeNode, MessageV2, SearchResult, SessionExport, SessionV2
+from sidecar.store import AsyncStore
+
+__all__ = ["SessionService", "encode_tree", "DeleteHook", "Notify"]
+
+log = logging.getLogger(__name__)
+
+Notify = Callable[[str, Any], Awaitable[None]]
+DeleteHook = Callable[[str], Awaitable[None]]
+
+_encoder = msgspec.json.Encoder()
+
+
+class SessionService:
+    """The methods the server binds as ``sessions.<name>``."""
+
+    def __init__(self, store: AsyncStore, notify: Notify) -> None:
+        self.store = store
+        self._notify = notify
+        self.on_delete: list[DeleteHook] = []
+        """Awaited in order with the session id before the session is deleted."""
+
+    # ---- sessions -------------------------------------------------------------------
+
+    async def create_session(self, params: CreateSessionOptions) -> SessionV2:
+        return await self.store.create_session(params)
+
+    async def list_sessions(self, params: SessionFilter) -> SessionListResult:
+        return await self.store.list_sessions(params)
+
+    async def get_session(self, params: IdParams) -> SessionV2:
+        return await self.store.get_session(params.id)
+
+    async def update_session(self, params: SessionUpdateParams) -> SessionV2:
+        return await self.store.update_session(params.id, params.updates)
+
+    async def delete_session(self, params: IdParams) -> SuccessResult:
+        await self.store.get_session(params.id)  # NotFound before any hook runs
+        for hook in list(self.on_delete):
+            await hook(params.id)
+        await self.store.delete_session(params.id)
+        return SuccessResult(success=True)
+
+    async def archive_session(self, params: IdParams) -> SuccessResult:
+        await self.store.archive_session(params.id)
+        return SuccessResult(success=True)
+
+    async def pin_session(self, params: SessionPinParams) -> SuccessResult:
+        await self.store.pin_session(params.id, params.pinned)
+        return SuccessResult(success=True)
+
+    async def fork_session(self, params: SessionForkParams) -> SessionV2:
+        return await self.store.fork_session(params.id, params.message_id)
+
+    async def export_session(self, params: IdParams) -> SessionExport:
+        return await self.store.export_session(params.id)
+
+    async def import_session(self, params: SessionImportParams) -> SessionV2:
+        return await self.store.import_session(params.session, params.messages, params.replace)
+
+    # ---- messages -------------------------------------------------------------------
+
+    async def get_messages(self, params: MessagesGetParams) -> list[MessageV2]:
+        return await self.store.get_messages(params.session_id, params.options)
+
+    async def get_tree(self, params: MessagesTreeParams) -> msgspec.Raw:
+        return msgspec.Raw(encode_tree(await self.store.get_tree(params.session_id)))
+
+    async def search_messages(self, params: MessagesSearchParams) -> list[SearchResult]:
+        return await self.store.search_messages(params.query, params.options)
+
+    async def select_branch(self, params: MessagesSelectParams) -> list[MessageV2]:
+        return await self.store.select_branch(params.session_id, params.leaf_id)
+
+    # ---- notifications --------------------------------------------------------------
+
+    async def publish(self, session_id: str) -> SessionV2:
+        """Send ``chat:session:updated`` with the session as stored now; returns it."""
+        session = await self.store.get_session(session_id)
+        await self._notify("chat:session:updated", session)
+        return session
+
+
+def encode_tree(roots: list[MessageTreeNode]) -> bytes:
+    """JSON of ``roots`` (list[MessageTreeNode]) without recursion, at any depth."""
+    out: list[bytes] = [b"["]
+    # Each frame: the children still to write, and where we are in them.
+    stack: list[tuple[list[MessageTreeNode], int]] = [(roots, 0)]
+    closers: list[bytes] = [b"]"]
+    while stack:
+        nodes, i = stack[-1]
+        if i == len(nodes):
+            stack.pop()
+            out.append(closers.pop())
+            continue
+        stack[-1] = (nodes, i + 1)
+        if i:
+            out.append(b",")
+        node = nodes[i]
+        out.append(b'{"message":')
+        out.append(_encoder.encode(node.message))
+        out.append(b',"children":[')
+        stack.append((node.children, 0))
+        closers.append(b'],"isActive":' + (b"true" if node.is_active else b"false") + b"}")
+    return b"".join(out)

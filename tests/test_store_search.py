@@ -1,0 +1,263 @@
+"""Full-text search: Chinese 2/3-char words, English case, mixed queries, FTS syntax as text,
+snippets, ranking, filters, and the index following the message lifecycle."""
+
+from __future__ import annotations
+
+from pathlib import Path
+
+import pytest
+
+from protocol.params import CreateSessionOptions, SearchOptions
+from protocol.types import DateRange, TextPart
+from sidecar.errors import InvalidParams
+from sidecar.store import Store
+from sidecar.store import fts
+from test_store_support import FakeClock, count, db_digest, open_store
+
+
+@pytest.fixture
+def store(tmp_path: Path) -> Store:
+    s = open_store(tmp_path)
+    yield s
+    s.close()
+
+
+def _ids(results: list) -> set[str]:
+    return {r.message_id for r in results}
+
+
+def _session(store: Store, title: str = "chat") -> str:
+    return store.create_session(CreateSessionOptions(title=title)).id
+
+
+def test_two_char_chinese_word_inside_a_sentence(store: Store) -> None:
+    sid = _session(store)
+    hit = store.append_message(sid, role="user", text_content="我们今天讨论全文搜索功能")
+    store.append_message(sid, role="assistant", text_content="好的，我们先看索引的结构")
+    results = store.search_messages("搜索")
+    assert _ids(results) == {hit.id}
+    assert results[0].snippet == "我们今天讨论全文<mark>搜索</mark>功能"
+    assert results[0].session_id == sid and results[0].session_title == "chat"
+    assert results[0].role == "user" and results[0].created_at == hit.created_at
+
+
+def test_three_and_four_char_words_and_single_chars(store: Store) -> None:
+    sid = _session(store)
+    a = store.append_message(sid, role="user", text_content="我们的数据库很快")
+    b = store.append_message(sid, role="user", text_content="全文搜索需要分词")
+    assert _ids(store.search_messages("数据库")) == {a.id}
+    assert _ids(store.search_messages("全文搜索")) == {b.id}
+    # A single character matches anywhere in a run, including its last character.
+    assert _ids(store.search_messages("快")) == {a.id}
+    assert _ids(store.search_messages("数")) == {a.id}
+    # Characters that occur but not next to each other are not a match (phrase of bigrams).
+    assert _ids(store.search_messages("数快")) == set()
+    assert _ids(store.search_messages("搜分")) == set()
+
+
+def test_english_word_regardless_of_case(store: Store) -> None:
+    sid = _session(store)
+    m = store.append_message(sid, role="assistant", text_content="Use Python for scripting.")
+    for q in ("python", "PYTHON", "Python", "pYtHoN"):
+        results = store.search_messages(q)
+        assert _ids(results) == {m.id}, q
+    assert "<mark>Python</mark>" in store.search_messages("PYTHON")[0].snippet
+    # Whole words: a prefix is not a word match.
+    assert store.search_messages("pyth") == []
+
+
+def test_mixed_cjk_and_latin_query(store: Store) -> None:
+    sid = _session(store)
+    both = store.append_message(sid, role="user", text_content="这是一个Python教程，适合初学者")
+    only_py = store.append_message(sid, role="user", text_content="Python is fun")
+    only_zh = store.append_message(sid, role="user", text_content="一个很好的教程")
+    assert _ids(store.search_messages("Python 教程")) == {both.id}
+    assert _ids(store.search_messages("python教程")) == {both.id}
+    assert _ids(store.search_messages("教程")) == {both.id, only_zh.id}
+    assert _ids(store.search_messages("python")) == {both.id, only_py.id}
+    snip = store.search_messages("Python 教程")[0].snippet
+    assert "<mark>Python</mark>" in snip and "<mark>教程</mark>" in snip
+
+
+def test_absent_words_find_nothing(store: Store) -> None:
+    sid = _session(store)
+    store.append_message(sid, role="user", text_content="我们今天讨论全文搜索功能 with English")
+    for q in ("数据", "javascript", "搜索 javascript", "功效", "englishman"):
+        assert store.search_messages(q) == [], q
+
+
+@pytest.mark.parametrize(
+    "query",
+    [
+        '"',
+        '"unbalanced',
+        'say "hello',
+        "*",
+        "hel*",
+        "NEAR(python rust)",
+        "NEAR(python rust, 2)",
+        "-python",
+        "python -rust",
+        "python OR rust",
+        "python AND",
+        "NOT python",
+        "(((",
+        "python)",
+        "body: python",
+        "{body sid}: python",
+        "^python",
+        "python + rust",
+        "'; DROP TABLE messages_v2; --",
+        "\x00",
+        "搜索\"）（*",
+        "",
+        "   ",
+    ],
+)
+def test_fts_syntax_in_user_input_is_plain_text(store: Store, query: str) -> None:
+    sid = _session(store)
+    py = store.append_message(sid, role="user", text_content="python and rust, say hello")
+    store.append_message(sid, role="user", text_content="全文搜索")
+    before = db_digest(store)
+    results = store.search_messages(query)  # never an FTS syntax error
+    pieces = fts.parse_query(query)
+    words = {p.text.casefold() for p in pieces if not p.cjk}
+    if words and words <= {"python", "rust", "and", "say", "hello"}:
+        # Operators are searched as words: every word must be in the message.
+        assert _ids(results) == {py.id}, query
+    elif words:
+        assert py.id not in _ids(results), query
+    assert db_digest(store) == before
+    assert count(store, "SELECT count(*) FROM messages_v2") == 2
+
+
+def test_operator_words_are_searched_as_words(store: Store) -> None:
+    sid = _session(store)
+    a = store.append_message(sid, role="user", text_content="python or rust")
+    b = store.append_message(sid, role="user", text_content="python rust")
+    # "OR" is not an operator: it is a word that must appear.
+    assert _ids(store.search_messages("python OR rust")) == {a.id}
+    # "-" does not exclude.
+    assert _ids(store.search_messages("python -rust")) == {a.id, b.id}
+    # NEAR is a word too.
+    assert store.search_messages("NEAR(python rust)") == []
+
+
+def test_query_too_long_is_invalid(store: Store) -> None:
+    with pytest.raises(InvalidParams, match="longer than"):
+        store.search_messages("x" * (fts.MAX_QUERY_CHARS + 1))
+
+
+def test_snippet_escapes_html_and_cuts_long_text(store: Store) -> None:
+    sid = _session(store)
+    long = "前言" * 100 + " <b>Python</b> & co " + "结尾" * 100
+    store.append_message(sid, role="user", text_content=long)
+    snip = store.search_messages("python")[0].snippet
+    assert "<mark>Python</mark>" in snip
+    assert "&lt;b&gt;" in snip and "&amp;" in snip and "<b>" not in snip
+    assert snip.startswith("…") and snip.endswith("…")
+    assert len(snip) < 150
+    # Hits in text parts are found and highlighted too.
+    m = store.append_message(
+        sid, role="assistant", parts=[TextPart(text="多部件消息里的关键词")]
+    )
+    res = store.search_messages("关键词")
+    assert _ids(res) == {m.id} and "<mark>关键词</mark>" in res[0].snippet
+
+
+def test_ranking_prefers_more_relevant_messages(store: Store) -> None:
+    sid = _session(store)
+    weak = store.append_message(sid, role="user", text_content="database " + "filler words here " * 20)
+    strong = store.append_message(sid, role="user", text_content="database database database")
+    for i in range(10):
+        store.append_message(sid, role="user", text_content=f"unrelated message {i}")
+    results = store.search_messages("database")
+    assert [r.message_id for r in results] == [strong.id, weak.id]
+    assert results[0].score > results[1].score > 0
+
+
+def test_filters_and_paging(tmp_path: Path) -> None:
+    clock = FakeClock()
+    store = open_store(tmp_path, clock)
+    try:
+        s1 = _session(store, "one")
+        s2 = _session(store, "two")
+        u1 = store.append_message(s1, role="user", text_content="关键词 alpha")
+        a1 = store.append_message(s1, role="assistant", text_content="关键词 beta")
+        clock.jump(10_000)
+        u2 = store.append_message(s2, role="user", text_content="关键词 gamma")
+        q = "关键词"
+        assert _ids(store.search_messages(q)) == {u1.id, a1.id, u2.id}
+        assert _ids(store.search_messages(q, SearchOptions(session_id=s1))) == {u1.id, a1.id}
+        assert _ids(store.search_messages(q, SearchOptions(session_id="nope"))) == set()
+        assert _ids(store.search_messages(q, SearchOptions(role="user"))) == {u1.id, u2.id}
+        assert _ids(
+            store.search_messages(q, SearchOptions(role="assistant", session_id=s1))
+        ) == {a1.id}
+        window = DateRange(from_=u2.created_at - 5, to=u2.created_at + 5)
+        assert _ids(store.search_messages(q, SearchOptions(date_range=window))) == {u2.id}
+        store.archive_session(s2)
+        assert _ids(store.search_messages(q, SearchOptions(include_archived=False))) == {u1.id, a1.id}
+        assert _ids(store.search_messages(q, SearchOptions(include_archived=True))) == {u1.id, a1.id, u2.id}
+        pages = [
+            store.search_messages(q, SearchOptions(limit=1, offset=i)) for i in range(4)
+        ]
+        assert [len(p) for p in pages] == [1, 1, 1, 0]
+        assert {p[0].message_id for p in pages[:3]} == {u1.id, a1.id, u2.id}
+        filtered_pages = [
+            store.search_messages(q, SearchOptions(limit=1, offset=i, include_archived=False))
+            for i in range(3)
+        ]
+        assert [len(p) for p in filtered_pages] == [1, 1, 0]
+    finally:
+        store.close()
+
+
+@pytest.mark.parametrize(
+    "options, field",
+    [
+        (SearchOptions(limit=0), "options.limit"),
+        (SearchOptions(limit=201), "options.limit"),
+        (SearchOptions(offset=-1), "options.offset"),
+        (SearchOptions(role="bot"), "options.role"),  # type: ignore[arg-type]
+        (SearchOptions(date_range=DateRange(from_=10, to=1)), "options.dateRange"),
+    ],
+)
+def test_bad_search_options(store: Store, options: SearchOptions, field: str) -> None:
+    sid = _session(store)
+    store.append_message(sid, role="user", text_content="关键词")
+    before = db_digest(store)
+    with pytest.raises(InvalidParams, match=field.replace(".", r"\.")):
+        store.search_messages("关键词", options)
+    assert db_digest(store) == before
+
+
+def test_index_follows_message_lifecycle(store: Store) -> None:
+    sid = _session(store)
+    m = store.append_message(sid, role="assistant", status="streaming", text_content="")
+    store.update_partial(m.id, text_content="正在生成的回答 partial", parts=None, seq=3)
+    # Partial content is not searchable: streaming updates never touch the index.
+    assert store.search_messages("回答") == []
+    assert count(store, "SELECT count(*) FROM search_docs") == 0
+    store.finish_message(m.id, status="completed", text_content="最终的回答 final", parts=None)
+    assert _ids(store.search_messages("回答")) == {m.id}
+    assert store.search_messages("partial") == []  # the index holds the final text only
+    assert count(store, "SELECT count(*) FROM search_docs") == 1
+    # Deleting removes the index rows (search_docs and the FTS row via the trigger).
+    store.delete_branch(m.id)
+    assert store.search_messages("回答") == []
+    assert count(store, "SELECT count(*) FROM search_docs") == 0
+    assert count(store, "SELECT count(*) FROM messages_fts_docsize") == 0
+
+
+def test_index_text_transformation() -> None:
+    assert fts.index_text("我们讨论") == " 我们 们讨 讨论 论 "
+    assert fts.index_text("a我b") == "a 我 b"
+    assert fts.index_text("Hello 世界!") == "Hello  世界 界 !"
+    pieces = fts.parse_query('"搜索" AND python* -x (NEAR')
+    assert [(p.text, p.cjk) for p in pieces] == [
+        ("搜索", True), ("AND", False), ("python", False), ("x", False), ("NEAR", False)
+    ]
+    assert fts.build_match(pieces) == '{body} : ("搜索" AND "AND" AND "python" AND "x" AND "NEAR")'
+    assert fts.build_match(fts.parse_query("*** ((( ---")) is None
+    assert fts.build_match(fts.parse_query("全文搜索")) == '{body} : ("全文 文搜 搜索")'
