@@ -17,7 +17,9 @@ Attributes:
     config:   the finished Config.
     data_dir: Path of the data directory (created if missing).
     notify:   ``await notify(method, params_struct)`` sends a notification to the client.
-    (later)   sessions, chat, ... attached by the services that own them.
+    store:    AsyncStore of ``<data_dir>/chat.db`` (sidecar/store), closed on exit.
+    sessions: SessionService (sidecar/engine/sessions.py): chat:session:* and chat:messages:*.
+    (later)   chat, ... attached by the services that own them.
 """
 
 from __future__ import annotations
@@ -25,15 +27,22 @@ from __future__ import annotations
 from collections.abc import AsyncIterator, Awaitable, Callable
 from contextlib import AsyncExitStack, asynccontextmanager
 from pathlib import Path
-from typing import Any
+from typing import TYPE_CHECKING, Any
 
 from sidecar.config import Config
 from sidecar.errors import SidecarError
+
+if TYPE_CHECKING:
+    from sidecar.engine.sessions import SessionService
+    from sidecar.store import AsyncStore
 
 Notify = Callable[[str, Any], Awaitable[None]]
 
 
 class App:
+    store: AsyncStore
+    sessions: SessionService
+
     def __init__(self, config: Config, data_dir: Path, notify: Notify) -> None:
         self.config = config
         self.data_dir = data_dir
@@ -52,4 +61,11 @@ async def open_app(config: Config, notify: Notify) -> AsyncIterator[App]:
         app = App(config, data_dir, notify)
         # Services open here and register their cleanup on ``stack`` (closed in reverse
         # order), e.g. ``app.store = await stack.enter_async_context(open_store(data_dir))``.
+        # The store: migrations and crash recovery run in a worker thread (AsyncStore.open).
+        from sidecar.engine.sessions import SessionService
+        from sidecar.store import AsyncStore
+
+        app.store = await AsyncStore.open(data_dir)
+        stack.push_async_callback(app.store.close)
+        app.sessions = SessionService(app.store, notify)
         yield app

@@ -63,7 +63,9 @@ class AsyncStore:
         return await anyio.to_thread.run_sync(partial(fn, *args, **kwargs), limiter=self._limiter)
 
     async def close(self) -> None:
-        await self._run(self.sync.close)
+        """Close the database; shielded, so it also runs while the caller is cancelled."""
+        with anyio.CancelScope(shield=True):
+            await self._run(self.sync.close)
 
     # sessions
     async def create_session(self, opts: CreateSessionOptions) -> SessionV2:
