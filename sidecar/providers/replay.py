@@ -15,6 +15,7 @@ from __future__ import annotations
 
 from collections import deque
 from collections.abc import AsyncIterator
+from contextlib import aclosing
 from pathlib import Path
 from typing import Any, Literal
 
@@ -22,7 +23,22 @@ import anyio
 import httpx2
 import msgspec
 
-__all__ = ["FIXTURES", "Reply", "ScriptedTransport", "fixture_text", "event_chunks", "line_chunks", "pieces", "sse_reply", "ndjson_reply"]
+from sidecar.providers.errors import ProviderError
+from sidecar.providers.types import StreamPart
+
+__all__ = [
+    "FIXTURES",
+    "Reply",
+    "ScriptedTransport",
+    "fixture_text",
+    "event_chunks",
+    "line_chunks",
+    "pieces",
+    "sse_reply",
+    "ndjson_reply",
+    "json_reply",
+    "drain",
+]
 
 FIXTURES = Path(__file__).resolve().parents[2] / "fixtures" / "providers"
 
@@ -68,6 +84,26 @@ def sse_reply(name_or_text: str, **kw: Any) -> Reply:
 def ndjson_reply(name_or_text: str, **kw: Any) -> Reply:
     text = fixture_text(name_or_text) if name_or_text.endswith(".ndjson") else name_or_text
     return Reply(headers=NDJSON_HEADERS, chunks=line_chunks(text), **kw)
+
+
+def json_reply(value: Any, status: int = 200, headers: dict[str, str] | None = None) -> Reply:
+    return Reply(
+        status=status,
+        headers={"content-type": "application/json", **(headers or {})},
+        chunks=[msgspec.json.encode(value)],
+    )
+
+
+async def drain(parts: AsyncIterator[StreamPart]) -> tuple[list[StreamPart], ProviderError | None]:
+    """Every part a stream yields, and the ProviderError that ended it (if one did)."""
+    out: list[StreamPart] = []
+    async with aclosing(parts) as stream:  # type: ignore[type-var]
+        try:
+            async for part in stream:
+                out.append(part)
+        except ProviderError as exc:
+            return out, exc
+    return out, None
 
 
 class _Body(httpx2.AsyncByteStream):
