@@ -72,11 +72,13 @@ def _serve_stdio(config: object) -> int:
     code = 0
     try:
         anyio.run(lambda: serve(config, receive, send, handle_signals=True))
-    except SidecarError as exc:
-        log.error("%s", exc.message)
-        code = 1
-    except Exception:
-        log.exception("the server failed")
+    except Exception as exc:
+        leaves = _leaf_exceptions(exc)
+        if all(isinstance(leaf, SidecarError) for leaf in leaves):
+            for leaf in leaves:  # an expected failure (e.g. unusable data dir): the message says it all
+                log.error("%s", leaf)
+        else:
+            log.exception("the server failed")
         code = 1
     if uses_blocking_thread():
         # A worker thread may be blocked reading stdin forever; the output is written.
@@ -84,6 +86,12 @@ def _serve_stdio(config: object) -> int:
         sys.stderr.flush()
         os._exit(code)
     return code
+
+
+def _leaf_exceptions(exc: BaseException) -> list[BaseException]:
+    if isinstance(exc, BaseExceptionGroup):
+        return [leaf for inner in exc.exceptions for leaf in _leaf_exceptions(inner)]
+    return [exc]
 
 
 if __name__ == "__main__":

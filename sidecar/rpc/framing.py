@@ -73,32 +73,35 @@ class LineReader:
         size = len(chunk)
         while start < size:
             newline = chunk.find(b"\n", start)
-            end = size if newline < 0 else newline
-            if self._discarding:
-                self._discarded += end - start
-            elif not self._partial and newline >= 0 and end - start <= self._max:
-                self._ready.append(chunk[start:end])  # the common case: one whole line, one copy
-            else:
-                self._partial += chunk[start:end]
-                if len(self._partial) > self._max:
-                    self._discarding = True
-                    self._discarded = len(self._partial)
-                    self._partial = bytearray()  # release the memory, not just the length
             if newline < 0:
+                self._absorb(chunk, start, size)
                 return
-            self._end_line()
+            if not self._discarding and not self._partial and newline - start <= self._max:
+                self._ready.append(chunk[start:newline])  # the common case: a whole line, one copy
+            else:
+                self._absorb(chunk, start, newline)
+                self._end_line()
             start = newline + 1
+
+    def _absorb(self, chunk: bytes, start: int, end: int) -> None:
+        """Add part of a line that is not complete yet (or whose start was in an earlier chunk)."""
+        if self._discarding:
+            self._discarded += end - start
+            return
+        self._partial += chunk[start:end]
+        if len(self._partial) > self._max:
+            self._discarding = True
+            self._discarded = len(self._partial)
+            self._partial = bytearray()  # release the memory, not just the length
 
     def _end_line(self) -> None:
         if self._discarding:
             self._ready.append(OversizedLine(self._discarded))
             self._discarding = False
             self._discarded = 0
-        elif self._partial:
+        else:
             self._ready.append(bytes(self._partial))
             self._partial.clear()
-        else:
-            self._ready.append(b"")
 
     def _finish(self) -> None:
         self._eof = True

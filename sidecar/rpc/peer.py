@@ -120,6 +120,7 @@ class JsonRpcPeer:
         self.closed = anyio.Event()
         """Set when the other side is gone: our input ended (EOF, read error,
         ``stop_reading``) or our output broke."""
+        self._receive_stream = receive_stream
         self._reader = LineReader(receive_stream, max_line_bytes)
         self._writer = LineWriter(send_stream, max_queue, on_broken=self._on_output_broken)
         self._autostart = autostart
@@ -178,6 +179,8 @@ class JsonRpcPeer:
                 self._tasks = None
                 self._input_done()
                 self._writer.close()
+                with anyio.CancelScope(shield=True):
+                    await _close_quietly(self._receive_stream)
             with anyio.move_on_after(self.shutdown_grace, shield=True):
                 await writer_done.wait()
             outer.cancel_scope.cancel()
@@ -318,6 +321,15 @@ class JsonRpcPeer:
     async def _handle_line(self, line: bytes) -> None:
         stripped = line.strip()
         if not stripped:
+            return
+        try:
+            # msgspec leaves Raw params unchecked until a handler decodes them; checking the
+            # encoding here makes a bad byte anywhere in the line a parse error, as JSON says.
+            stripped.decode("utf-8")
+        except UnicodeDecodeError as exc:
+            await self._send_reply(
+                error_reply(None, ErrorCode.PARSE_ERROR, f"parse error: invalid UTF-8 at byte {exc.start}")
+            )
             return
         first = stripped[:1]
         if first == b"{":
@@ -490,6 +502,13 @@ class JsonRpcPeer:
         except (TypeError, ValueError, msgspec.EncodeError):
             # One bad result must not cost the others their answers.
             return b"[" + b",".join(self._encode_reply(reply)[:-1] for reply in batch) + b"]\n"
+
+
+async def _close_quietly(stream: ReceiveStream) -> None:
+    try:
+        await stream.aclose()
+    except (OSError, anyio.BrokenResourceError, anyio.ClosedResourceError):
+        pass
 
 
 def _parse_error(exc: msgspec.DecodeError) -> Reply:
