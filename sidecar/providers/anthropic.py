@@ -168,8 +168,8 @@ class AnthropicProvider(HttpProvider):
     kind = "anthropic"
     accept = "text/event-stream"
 
-    def endpoint(self) -> str:
-        return f"{self._base}/messages" if self._base.endswith("/v1") else f"{self._base}/v1/messages"
+    def endpoint(self) -> httpx2.URL:
+        return self._at("/messages" if self._base.endswith("/v1") else "/v1/messages")
 
     def auth_headers(self) -> dict[str, str]:
         headers = {"anthropic-version": ANTHROPIC_VERSION}

@@ -54,11 +54,17 @@ class HttpProvider(abc.ABC):
 
     def __init__(self, settings: ProviderSettings, transport: httpx2.AsyncBaseTransport | None = None) -> None:
         self.settings = settings
-        self._client = make_client(settings, transport)
         self._redactor = Redactor(settings.api_key, settings.headers, settings.base_url)
-        host = safe_url(settings.base_url)
-        self._label = f"{settings.name or settings.type} ({host})"
-        self._base = settings.base_url.rstrip("/")
+        self._label = f"{settings.name or settings.type} ({safe_url(settings.base_url)})"
+        try:
+            self._base_url = httpx2.URL(settings.base_url)
+        except httpx2.InvalidURL as exc:
+            raise self.error(f"invalid base URL ({exc})", kind="bad_request") from exc
+        if self._base_url.scheme not in ("http", "https"):
+            raise self.error("the base URL must start with http:// or https://", kind="bad_request")
+        # Path without its trailing slash; the query (Azure's api-version...) is kept.
+        self._base = self._base_url.path.rstrip("/")
+        self._client = make_client(settings, transport)
 
     def __repr__(self) -> str:
         return f"<{type(self).__name__} {self._label}>"
@@ -66,7 +72,11 @@ class HttpProvider(abc.ABC):
     # -- for subclasses ---------------------------------------------------------
 
     @abc.abstractmethod
-    def endpoint(self) -> str: ...
+    def endpoint(self) -> httpx2.URL: ...
+
+    def _at(self, path: str) -> httpx2.URL:
+        """The base URL with ``path`` appended to its path (query and userinfo kept)."""
+        return self._base_url.copy_with(path=f"{self._base}{path}")
 
     @abc.abstractmethod
     def auth_headers(self) -> dict[str, str]: ...

@@ -88,8 +88,8 @@ class OllamaProvider(HttpProvider):
     kind = "ollama"
     accept = "application/x-ndjson"
 
-    def endpoint(self) -> str:
-        return f"{self._base}/chat" if self._base.endswith("/api") else f"{self._base}/api/chat"
+    def endpoint(self) -> httpx2.URL:
+        return self._at("/chat" if self._base.endswith("/api") else "/api/chat")
 
     def auth_headers(self) -> dict[str, str]:
         key = self.settings.api_key

@@ -219,8 +219,8 @@ class OpenAICompatProvider(HttpProvider):
     kind = "openai-compat"
     accept = "text/event-stream"
 
-    def endpoint(self) -> str:
-        return f"{self._base}/chat/completions"
+    def endpoint(self) -> httpx2.URL:
+        return self._at("/chat/completions")
 
     def auth_headers(self) -> dict[str, str]:
         key = self.settings.api_key

@@ -10,10 +10,11 @@ has gone through ``Redactor.redact`` or contains no provider-supplied text.
 
 from __future__ import annotations
 
+import logging
 from collections.abc import Iterable, Mapping
-from urllib.parse import urlsplit, urlunsplit
+from urllib.parse import parse_qsl, urlsplit, urlunsplit
 
-__all__ = ["Redactor", "safe_url"]
+__all__ = ["Redactor", "safe_url", "install_http_log_filter"]
 
 _MASK = "***"
 # Custom headers whose values are secrets by name; every custom header value is
@@ -48,6 +49,7 @@ class Redactor:
         try:
             parts = urlsplit(base_url)
             secrets.update(s for s in (parts.password, parts.username, parts.query) if s)
+            secrets.update(value for _, value in parse_qsl(parts.query))
         except ValueError:
             pass
         # Longest first so a secret that contains another is masked whole.
@@ -61,3 +63,30 @@ class Redactor:
 
     def redact_all(self, texts: Iterable[str]) -> list[str]:
         return [self.redact(t) for t in texts]
+
+
+class _SafeUrlFilter(logging.Filter):
+    """Rewrites URL arguments of httpx2's "HTTP Request: ..." records to ``safe_url``.
+
+    httpx2 logs every request URL at INFO; a base URL may carry credentials in its
+    userinfo or query (``?api-key=``), which must not reach the log.
+    """
+
+    def filter(self, record: logging.LogRecord) -> bool:
+        args = record.args
+        if isinstance(args, tuple) and args:
+            record.args = tuple(
+                safe_url(str(a)) if type(a).__name__ == "URL" or (isinstance(a, str) and "://" in a) else a
+                for a in args
+            )
+        return True
+
+
+_FILTER = _SafeUrlFilter()
+
+
+def install_http_log_filter() -> None:
+    """Idempotent: attach the URL filter to httpx2's logger."""
+    logger = logging.getLogger("httpx2")
+    if _FILTER not in logger.filters:
+        logger.addFilter(_FILTER)

@@ -29,6 +29,7 @@ import anyio
 import httpx2
 
 from sidecar.providers.errors import ErrorKind, ProviderError, error_detail
+from sidecar.providers.redact import install_http_log_filter
 from sidecar.providers.types import ProviderSettings
 
 __all__ = [
@@ -109,6 +110,7 @@ def make_client(settings: ProviderSettings, transport: httpx2.AsyncBaseTransport
     )
     if transport is not None and not isinstance(transport, httpx2.AsyncHTTPTransport):
         transport = IdleTimeoutTransport(transport)
+    install_http_log_filter()
     return httpx2.AsyncClient(transport=transport, timeout=timeout, follow_redirects=False)
 
 
@@ -182,7 +184,7 @@ def _transport_failure(exc: httpx2.TransportError) -> tuple[ErrorKind, str]:
 async def open_response(
     client: httpx2.AsyncClient,
     *,
-    url: str,
+    url: httpx2.URL,
     body: bytes,
     headers: dict[str, str],
     settings: ProviderSettings,
