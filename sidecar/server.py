@@ -108,12 +108,14 @@ def not_implemented(method: str) -> BoundFunc:
 class BenchNotifyParams(msgspec.Struct, kw_only=True):
     count: int
     size: int = 120
-    """Bytes per notification line (newline included), at least the empty event's size."""
+    """Bytes of each event's JSON (the notification's params), at least the empty event's size."""
 
 
 class BenchNotifyResult(msgspec.Struct, kw_only=True, rename="camel"):
     count: int
+    event_bytes: int
     line_bytes: int
+    """Bytes of the last notification line (envelope and newline included)."""
     elapsed_ms: float
     """Time to encode and queue all notifications (they are written before this reply)."""
 
@@ -177,22 +179,27 @@ class Server:
         return SuccessResult(success=True)
 
     async def bench_notify(self, params: BenchNotifyParams) -> BenchNotifyResult:
+        """Emit ``count`` chat:stream text deltas of ``size`` bytes each (benchmarks only)."""
         if not 0 <= params.count <= 10_000_000:
             raise InvalidParams("invalid params: count must be 0..10000000")
-        event = TextDeltaEvent(session_id="bench", message_id="bench", timestamp=0, seq=0, text="")
-        empty = len(msgspec.json.encode({"jsonrpc": "2.0", "method": "chat:stream", "params": event})) + 1
+        timestamp = int(time.time() * 1000)
+
+        def event(seq: int, text: str) -> TextDeltaEvent:
+            return TextDeltaEvent(session_id="s1", message_id="m1", timestamp=timestamp, seq=seq, text=text)
+
+        # Every event is padded to the size of the one with the largest seq.
+        empty = len(msgspec.json.encode(event(params.count, "")))
         if not empty <= params.size <= 1_000_000:
             raise InvalidParams(f"invalid params: size must be {empty}..1000000")
-        text = "x" * (params.size - empty - len(str(params.count)) + 1)
+        text = "x" * (params.size - empty)
         notify = self.app.notify
         started = time.perf_counter()
         for seq in range(1, params.count + 1):
-            await notify(
-                "chat:stream",
-                TextDeltaEvent(session_id="bench", message_id="bench", timestamp=0, seq=seq, text=text),
-            )
+            await notify("chat:stream", event(seq, text))
+        elapsed = time.perf_counter() - started
+        line = msgspec.json.encode({"jsonrpc": "2.0", "method": "chat:stream", "params": event(params.count, text)})
         return BenchNotifyResult(
-            count=params.count, line_bytes=params.size, elapsed_ms=(time.perf_counter() - started) * 1000
+            count=params.count, event_bytes=params.size, line_bytes=len(line) + 1, elapsed_ms=elapsed * 1000
         )
 
 
