@@ -261,3 +261,23 @@ def test_index_text_transformation() -> None:
     assert fts.build_match(pieces) == '{body} : ("搜索" AND "AND" AND "python" AND "x" AND "NEAR")'
     assert fts.build_match(fts.parse_query("*** ((( ---")) is None
     assert fts.build_match(fts.parse_query("全文搜索")) == '{body} : ("全文 文搜 搜索")'
+
+
+def test_ranking_window_covers_the_newest_matches(store: Store, monkeypatch: pytest.MonkeyPatch) -> None:
+    from sidecar.store import search
+
+    monkeypatch.setattr(search, "SEARCH_WINDOW", 3)
+    sid = _session(store)
+    oldest_best = store.append_message(sid, role="user", text_content="apple apple apple apple")
+    newer = [
+        store.append_message(sid, role="user", text_content=f"apple and {w} filler text")
+        for w in ("one", "two", "three")
+    ]
+    # Four matches, window of three: the best bm25 match outside the newest three is not ranked.
+    assert _ids(store.search_messages("apple", SearchOptions(limit=3))) == {m.id for m in newer}
+    # A page beyond the window widens it, so paging still reaches every match.
+    deep = store.search_messages("apple", SearchOptions(limit=2, offset=2))
+    assert len(deep) == 2
+    # Fewer matches than the window: all ranked, best first.
+    monkeypatch.setattr(search, "SEARCH_WINDOW", 10)
+    assert store.search_messages("apple")[0].message_id == oldest_best.id

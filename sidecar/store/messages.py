@@ -27,14 +27,24 @@ MAX_DEPTH = 1_000_000
 _INSERT = f"INSERT INTO messages_v2 ({MESSAGE_COLUMNS}) VALUES ({', '.join('?' * 20)})"
 _M_COLUMNS = ", ".join("m." + c.strip() for c in MESSAGE_COLUMNS.split(","))
 _SELECT_ONE = f"SELECT {MESSAGE_COLUMNS} FROM messages_v2 WHERE id = ?"
+# The walk carries the whole row up the parent links (one primary-key lookup per step,
+# leaf first). Joining the ids back to messages_v2 afterwards made SQLite scan the table.
 _PATH = (
-    "WITH RECURSIVE p(id, depth) AS ("
-    " SELECT id, 0 FROM messages_v2 WHERE id = ?1"
+    f"WITH RECURSIVE p({MESSAGE_COLUMNS}, depth) AS ("
+    f" SELECT {MESSAGE_COLUMNS}, 0 FROM messages_v2 WHERE id = ?1 AND session_id = ?2"
     " UNION ALL"
-    " SELECT m.parent_id, p.depth + 1 FROM p JOIN messages_v2 m ON m.id = p.id"
-    f" WHERE m.parent_id IS NOT NULL AND p.depth < {MAX_DEPTH})"
-    f" SELECT {_M_COLUMNS} FROM p JOIN messages_v2 m ON m.id = p.id"
-    " WHERE m.session_id = ?2 ORDER BY p.depth DESC"
+    f" SELECT {_M_COLUMNS}, p.depth + 1 FROM p JOIN messages_v2 m ON m.id = p.parent_id"
+    f" WHERE m.session_id = ?2 AND p.depth < {MAX_DEPTH}"
+    " LIMIT ?3)"
+    f" SELECT {MESSAGE_COLUMNS} FROM p"
+)
+_ANCESTOR_IDS = (
+    "WITH RECURSIVE p(id, parent_id, depth) AS ("
+    " SELECT id, parent_id, 0 FROM messages_v2 WHERE id = ?1 AND session_id = ?2"
+    " UNION ALL"
+    " SELECT m.id, m.parent_id, p.depth + 1 FROM p JOIN messages_v2 m ON m.id = p.parent_id"
+    f" WHERE m.session_id = ?2 AND p.depth < {MAX_DEPTH})"
+    " SELECT id FROM p"
 )
 _ALL = f"SELECT {MESSAGE_COLUMNS} FROM messages_v2 WHERE session_id = ? ORDER BY created_at, id"
 _NEWEST_LEAF_BELOW = (
@@ -93,9 +103,19 @@ class MessageStore:
         return m
 
     @staticmethod
-    def path(conn: apsw.Connection, session_id: str, leaf_id: str) -> list[MessageV2]:
-        """Root -> ``leaf_id`` (which must be in the session)."""
-        return [message_from_row(r) for r in conn.execute(_PATH, (leaf_id, session_id))]
+    def path(
+        conn: apsw.Connection, session_id: str, leaf_id: str, limit: int | None = None
+    ) -> list[MessageV2]:
+        """Root -> ``leaf_id`` (which must be in the session); only the last ``limit``
+        messages of it when given (the walk stops there)."""
+        rows = conn.execute(_PATH, (leaf_id, session_id, -1 if limit is None else limit)).fetchall()
+        rows.reverse()
+        return [message_from_row(r) for r in rows]
+
+    @staticmethod
+    def ancestor_ids(conn: apsw.Connection, session_id: str, leaf_id: str) -> list[str]:
+        """Ids of ``leaf_id`` and its ancestors, leaf first."""
+        return [r[0] for r in conn.execute(_ANCESTOR_IDS, (leaf_id, session_id))]
 
     @staticmethod
     def all(conn: apsw.Connection, session_id: str) -> list[MessageV2]:

@@ -7,6 +7,9 @@ Must stay true:
 - Deleting a message removes its index row (search_docs cascades from messages_v2 and a
   trigger deletes the FTS row), so results never name a message that is gone.
 - The MATCH expression is built by ``fts.build_match`` from quoted pieces only.
+- Ranking is bm25 (score = -bm25, higher is better) over the newest SEARCH_WINDOW matches
+  (widened to reach the requested page), so the cost of a query is bounded by the window,
+  not by how common its words are; a query with fewer matches is ranked over all of them.
 """
 
 from __future__ import annotations
@@ -22,7 +25,7 @@ from sidecar.store import fts
 from sidecar.store.checks import FINAL_STATUSES, ROLES, check_choice, check_date_range, check_range
 from sidecar.store.rows import decode_parts, searchable_text
 
-__all__ = ["MessageSearch", "IndexDoc"]
+__all__ = ["MessageSearch", "IndexDoc", "SEARCH_WINDOW"]
 
 IndexDoc = tuple[str, str, str, str]
 """(message_id, session_id, role, searchable text)."""
@@ -32,6 +35,9 @@ _INSERT_FTS = (
     "INSERT INTO messages_fts(rowid, body, sid, role)"
     " VALUES ((SELECT docid FROM search_docs WHERE message_id = ?), ?, ?, ?)"
 )
+
+SEARCH_WINDOW = 10_000
+"""How many of the newest matches are ranked (see MessageSearch.search)."""
 
 _RESULT_COLUMNS = (
     "d.message_id, m.session_id, s.title, m.role, m.text_content, m.parts, m.created_at"
@@ -108,34 +114,44 @@ class MessageSearch:
         if not options.include_archived:
             where.append("coalesce(s.is_archived, 0) = 0")
 
+        # Ranking window: bm25 is computed for the newest SEARCH_WINDOW matches (FTS5
+        # walks the doclist newest-first and stops there), and the best of those are
+        # returned. A query matching fewer messages is ranked over all of them; a very
+        # common word costs the same as one matching SEARCH_WINDOW messages instead of
+        # growing with the whole history.
+        window = max(SEARCH_WINDOW, offset + limit)
+        ranked = (
+            "w(docid, score) AS MATERIALIZED ("
+            " SELECT rowid, -rank FROM messages_fts WHERE messages_fts MATCH ?"
+            " ORDER BY rowid DESC LIMIT ?)"
+        )
         joins = (
             " JOIN search_docs d ON d.docid = h.docid"
             " JOIN messages_v2 m ON m.id = d.message_id"
             " JOIN sessions_v2 s ON s.id = m.session_id"
         )
-        if dates is None and options.include_archived:
-            # Fast path: FTS5 ranks and cuts the page by itself (its ORDER BY rank LIMIT
-            # optimisation); only the page's rows are joined.
-            sql = (
-                "WITH h(docid, score) AS MATERIALIZED ("
-                " SELECT rowid, -rank FROM messages_fts WHERE messages_fts MATCH ?"
-                " ORDER BY rank LIMIT ? OFFSET ?)"
-                f" SELECT {_RESULT_COLUMNS}, h.score FROM h{joins}"
-                + (" WHERE " + " AND ".join(where) if where else "")
-                + " ORDER BY h.score DESC, m.created_at DESC"
-            )
-            params: list[object] = [expr, limit, offset, *args]
+        # Only the best rows of the window are joined: the page itself without filters;
+        # with filters (session, dates, archived) a few pages' worth at a time, widened
+        # until the page is full or the window is exhausted.
+        sql = (
+            f"WITH {ranked}, h(docid, score) AS MATERIALIZED ("
+            " SELECT docid, score FROM w ORDER BY score DESC, docid DESC LIMIT ? OFFSET ?)"
+            f" SELECT {_RESULT_COLUMNS}, h.score FROM h{joins}"
+            + (" WHERE " + " AND ".join(where) if where else "")
+            + " ORDER BY h.score DESC, h.docid DESC"
+        )
+        if not where:
+            rows = conn.execute(sql, [expr, window, limit, offset]).fetchall()
         else:
-            sql = (
-                f"SELECT {_RESULT_COLUMNS}, -h.rank AS score FROM messages_fts h"
-                + joins.replace("h.docid", "h.rowid")
-                + " WHERE h.messages_fts MATCH ?"
-                + "".join(" AND " + w for w in where)
-                + " ORDER BY h.rank, m.created_at DESC LIMIT ? OFFSET ?"
-            )
-            params = [expr, *args, limit, offset]
+            take = max(200, 4 * (offset + limit))
+            while True:
+                rows = conn.execute(sql, [expr, window, take, 0, *args]).fetchall()
+                if len(rows) >= offset + limit or take >= window:
+                    break
+                take *= 4
+            rows = rows[offset : offset + limit]
         results: list[SearchResult] = []
-        for mid, sid, title, role, text, parts, created_at, score in conn.execute(sql, params):
+        for mid, sid, title, role, text, parts, created_at, score in rows:
             body = searchable_text(text, decode_parts(parts, mid))
             results.append(
                 SearchResult(

@@ -225,26 +225,42 @@ class Store:
             if o.all_branches:
                 SessionRepo.require(conn, session_id)
                 messages = MessageStore.all(conn, session_id)
-            else:
-                messages = self._path(conn, session_id, o.leaf_id)
+                if o.before is not None:
+                    MessageStore.get_in_session(conn, session_id, o.before)
+                    cut = next(i for i, m in enumerate(messages) if m.id == o.before)
+                    messages = messages[:cut]
+                return messages[-limit:] if limit is not None else messages
+            leaf = self._leaf(conn, session_id, o.leaf_id)
+            if leaf is None:
+                return []
             if o.before is not None:
-                MessageStore.get_in_session(conn, session_id, o.before)
-                cut = next((i for i, m in enumerate(messages) if m.id == o.before), None)
-                if cut is None:
+                before = MessageStore.get_in_session(conn, session_id, o.before)
+                if o.before not in MessageStore.ancestor_ids(conn, session_id, leaf):
                     raise InvalidParams(
                         f"options.before {o.before!r} is not on the selected branch"
                     )
-                messages = messages[:cut]
-        if limit is not None:
-            messages = messages[-limit:]
-        return messages
+                if before.parent_id is None:
+                    return []
+                leaf = before.parent_id
+            return MessageStore.path(conn, session_id, leaf, limit)
 
     def get_tree(self, session_id: str) -> list[MessageTreeNode]:
         """Every message as a forest; siblings in creation order, the active path marked."""
         with self._db.read() as conn:
-            SessionRepo.require(conn, session_id)
+            rows = conn.execute(
+                "SELECT active_leaf_id FROM sessions_v2 WHERE id = ?", (session_id,)
+            ).fetchall()
+            if not rows:
+                SessionRepo.require(conn, session_id)
             messages = MessageStore.all(conn, session_id)
-            active = {m.id for m in self._path(conn, session_id, None)}
+            leaf = rows[0][0]
+            if leaf is None or not any(m.id == leaf for m in messages):
+                leaf = MessageStore.newest_leaf(conn, session_id)
+        by_id = {m.id: m for m in messages}
+        active: set[str] = set()
+        while leaf is not None and leaf not in active and leaf in by_id:
+            active.add(leaf)
+            leaf = by_id[leaf].parent_id
         nodes = {m.id: MessageTreeNode(message=m, is_active=m.id in active) for m in messages}
         roots: list[MessageTreeNode] = []
         for m in messages:  # creation order, so children lists come out in creation order
@@ -473,21 +489,25 @@ class Store:
 
     # ---- internals ------------------------------------------------------------------
 
-    def _path(self, conn: Any, session_id: str, leaf_id: str | None) -> list[MessageV2]:
+    def _leaf(self, conn: Any, session_id: str, leaf_id: str | None) -> str | None:
+        """The given leaf (checked to be in the session), else the active leaf, else the
+        newest leaf; None for a session without messages. NotFound for unknown sessions."""
         if leaf_id is not None:
-            MessageStore.get_in_session(conn, session_id, leaf_id)
-            return MessageStore.path(conn, session_id, leaf_id)
+            return MessageStore.get_in_session(conn, session_id, leaf_id).id
         rows = conn.execute(
             "SELECT active_leaf_id FROM sessions_v2 WHERE id = ?", (session_id,)
         ).fetchall()
         if not rows:
             SessionRepo.require(conn, session_id)
         leaf = rows[0][0]
-        if leaf is not None:
-            path = MessageStore.path(conn, session_id, leaf)
-            if path:
-                return path
-        leaf = MessageStore.newest_leaf(conn, session_id)
+        if leaf is not None and conn.execute(
+            "SELECT 1 FROM messages_v2 WHERE id = ? AND session_id = ?", (leaf, session_id)
+        ).fetchall():
+            return str(leaf)
+        return MessageStore.newest_leaf(conn, session_id)
+
+    def _path(self, conn: Any, session_id: str, leaf_id: str | None) -> list[MessageV2]:
+        leaf = self._leaf(conn, session_id, leaf_id)
         return [] if leaf is None else MessageStore.path(conn, session_id, leaf)
 
 
