@@ -68,4 +68,41 @@ async def open_app(config: Config, notify: Notify) -> AsyncIterator[App]:
         app.store = await AsyncStore.open(data_dir)
         stack.push_async_callback(app.store.close)
         app.sessions = SessionService(app.store, notify)
+        await _open_chat(app, stack)
         yield app
+
+
+async def _open_chat(app: App, stack: AsyncExitStack) -> None:
+    """Providers, settings and the ChatEngine, whose generation jobs run in one task group.
+
+    Exit order (the stack unwinds in reverse): the engine aborts running jobs (each stores
+    its partial reply as aborted) while the store is still open, then provider clients
+    close, then the store.
+    """
+    import anyio
+
+    from sidecar.engine.chat import ChatEngine
+    from sidecar.engine.providers import ProviderService
+    from sidecar.engine.settings import SettingsService
+    from sidecar.store.attachments import AttachmentStore
+
+    store = app.store
+    app.settings = SettingsService(get_setting=store.get_setting, set_setting=store.set_setting)
+    await app.settings.load()
+    app.providers = ProviderService(
+        store.sync.providers, get_setting=store.get_setting, set_setting=store.set_setting
+    )
+    stack.push_async_callback(app.providers.aclose)
+    task_group = await stack.enter_async_context(anyio.create_task_group())
+    app.chat = ChatEngine(
+        store=store,
+        notify=app.notify,
+        providers=app.providers,
+        attachments=AttachmentStore(app.data_dir),
+        settings=app.settings,
+        task_group=task_group,
+    )
+    stack.push_async_callback(app.chat.aclose)
+    app.sessions.on_delete.append(
+        lambda session_id: app.chat.stop_session(session_id, "the session was deleted")
+    )

@@ -206,3 +206,28 @@ def m006_search_index(conn: apsw.Connection) -> None:
     from sidecar.store.search import MessageSearch
 
     MessageSearch.reindex_all(conn)
+
+
+@migration
+def m007_providers(conn: apsw.Connection) -> None:
+    # provider:* configuration (issue 4). JSON columns hold the typed values of
+    # protocol.ModelConfig / headers / body; api_key never leaves sidecar/store/providers.py
+    # except inside the provider adapter's request headers.
+    conn.execute(
+        """
+        CREATE TABLE providers (
+          id          TEXT PRIMARY KEY,
+          name        TEXT NOT NULL,
+          type        TEXT NOT NULL,
+          base_url    TEXT NOT NULL,
+          api_key     TEXT,
+          api_key_env TEXT,
+          headers     TEXT NOT NULL DEFAULT '{}',
+          body        TEXT NOT NULL DEFAULT '{}',
+          models      TEXT NOT NULL DEFAULT '[]',
+          enabled     INTEGER NOT NULL DEFAULT 1,
+          created_at  INTEGER NOT NULL,
+          updated_at  INTEGER NOT NULL
+        );
+        """
+    )

@@ -59,6 +59,7 @@ from sidecar.store.db import DB_FILENAME, Database
 from sidecar.store.ids import new_id, now_ms
 from sidecar.store.messages import MessageStore
 from sidecar.store.migrations import migrate
+from sidecar.store.providers import ProviderRepo
 from sidecar.store.rows import decode_parts, searchable_text, to_json
 from sidecar.store.search import MessageSearch
 from sidecar.store.sessions import SessionRepo
@@ -95,6 +96,8 @@ class Store:
         self.path = path / DB_FILENAME
         self._clock = clock
         self._db = Database(self.path, readers=readers)
+        self.providers = ProviderRepo(self._db)
+        """provider:* configuration (its own repository: keys stay inside it)."""
         try:
             self.schema_version = migrate(self._db)
             self.recovered = self.recover_interrupted()

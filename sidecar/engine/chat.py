@@ -1,0 +1,284 @@
+"""ChatEngine: chat:send / chat:abort / chat:regenerate / chat:editResend (direct mode).
+
+Owns the one-generation-job-per-session rule (seed 000 sections 1 and 9): a new send,
+regenerate or edit on a session cancels the running job and waits for it to end before it
+stores anything; the stored user message exists before generation starts; the request
+answers at once with the ids it created while the job streams in the engine's task group.
+
+Branch rules: regenerate adds a sibling assistant reply under the same user message;
+editResend adds a sibling user message under the same parent and a reply under it. Old
+branches are never rewritten; the active branch moves to the new one.
+
+After a successful first exchange the session is titled by a side call (settings
+``generateTitles``); every finished job sends ``chat:session:updated`` with the fresh
+session (counters, title) so session lists stay current.
+"""
+
+from __future__ import annotations
+
+import logging
+from collections.abc import Awaitable, Callable
+from typing import Any
+
+import anyio
+import anyio.abc
+
+from protocol.errors import ErrorCode
+from protocol.params import (
+    AbortParams,
+    EditResendParams,
+    MessageIdResult,
+    RegenerateParams,
+    SendParams,
+    SendResult,
+    SuccessResult,
+    UserInput,
+)
+from protocol.types import FilePart, ImagePart, MessageV2, SessionV2, TextPart
+from sidecar.engine.generation import GenerationHandler, GenerationJob
+from sidecar.engine.titles import TitleGenerator
+from sidecar.errors import EngineError, InvalidParams, NotFound, SidecarError
+
+log = logging.getLogger(__name__)
+
+Notify = Callable[[str, Any], Awaitable[None]]
+STOP_TIMEOUT_S = 15.0
+
+
+class _RunningJob:
+    __slots__ = ("job", "scope", "done")
+
+    def __init__(self, job: GenerationJob) -> None:
+        self.job = job
+        self.scope = anyio.CancelScope()
+        self.done = anyio.Event()
+
+
+class ChatEngine:
+    def __init__(
+        self,
+        *,
+        store: Any,
+        notify: Notify,
+        providers: Any,
+        attachments: Any,
+        settings: Any,
+        task_group: anyio.abc.TaskGroup,
+    ) -> None:
+        self._store = store
+        self._notify = notify
+        self._providers = providers
+        self._attachments = attachments
+        self._settings = settings
+        self._tg = task_group
+        self._handler = GenerationHandler(
+            store=store,
+            notify=notify,
+            providers=providers,
+            attachments=attachments,
+            settings=settings.current,
+        )
+        self._titles = TitleGenerator(store=store, providers=providers, settings=settings.current)
+        self._jobs: dict[str, _RunningJob] = {}
+        self._locks: dict[str, anyio.Lock] = {}
+        self._closing = False
+
+    # -- methods ---------------------------------------------------------------------
+
+    async def send(self, params: SendParams) -> SendResult:
+        session = await self._direct_session(params.session_id)
+        stored = await anyio.to_thread.run_sync(self._attachments.store_input, params.input)
+        async with self._lock(session.id):
+            await self._stop(session.id, "superseded by a new message")
+            user = await self._store.append_message(
+                session.id,
+                role="user",
+                content_type=stored.content_type,
+                text_content=stored.text_content,
+                parts=stored.parts,
+            )
+            assistant = await self._new_reply(session, user.id, session.model_id)
+            self._start(
+                GenerationJob(
+                    session=session,
+                    message_id=assistant.id,
+                    parent_id=user.id,
+                    provider_id=session.provider_id,
+                    model_id=session.model_id,
+                )
+            )
+        return SendResult(message_id=assistant.id, user_message_id=user.id)
+
+    async def abort(self, params: AbortParams) -> SuccessResult:
+        await self._store.get_session(params.session_id)  # NotFound for unknown ids
+        async with self._lock(params.session_id):
+            stopped = await self._stop(params.session_id, "aborted by the user")
+        return SuccessResult(success=stopped)
+
+    async def regenerate(self, params: RegenerateParams) -> MessageIdResult:
+        session = await self._direct_session(params.session_id)
+        options = params.options
+        async with self._lock(session.id):
+            await self._stop(session.id, "superseded by regenerate")
+            target = await self._regenerate_target(session, params.message_id)
+            if target.parent_id is None:
+                raise EngineError("this assistant message has no user message to answer")
+            provider_id = (options.provider_id if options else None) or session.provider_id
+            model_id = (options.model_id if options else None) or session.model_id
+            assistant = await self._new_reply(session, target.parent_id, model_id)
+            self._start(
+                GenerationJob(
+                    session=session,
+                    message_id=assistant.id,
+                    parent_id=target.parent_id,
+                    provider_id=provider_id,
+                    model_id=model_id,
+                    temperature=options.temperature if options else None,
+                )
+            )
+        return MessageIdResult(message_id=assistant.id)
+
+    async def edit_resend(self, params: EditResendParams) -> MessageIdResult:
+        session = await self._direct_session(params.session_id)
+        async with self._lock(session.id):
+            await self._stop(session.id, "superseded by edit and resend")
+            original = await self._message_of(session.id, params.message_id, "messageId")
+            if original.role != "user":
+                raise InvalidParams("invalid params: messageId must be a user message")
+            # keep the original's images and files; only the text is replaced
+            kept = [p for p in original.parts or [] if isinstance(p, (ImagePart, FilePart))]
+            content: str | list[Any] = params.new_content
+            if kept:
+                content = [TextPart(text=params.new_content), *kept]
+            stored = await anyio.to_thread.run_sync(
+                self._attachments.store_input, UserInput(content=content)
+            )
+            user = await self._store.append_message(
+                session.id,
+                role="user",
+                parent_id=original.parent_id,
+                content_type=stored.content_type,
+                text_content=stored.text_content,
+                parts=stored.parts,
+            )
+            assistant = await self._new_reply(session, user.id, session.model_id)
+            self._start(
+                GenerationJob(
+                    session=session,
+                    message_id=assistant.id,
+                    parent_id=user.id,
+                    provider_id=session.provider_id,
+                    model_id=session.model_id,
+                )
+            )
+        return MessageIdResult(message_id=assistant.id)
+
+    # -- lifecycle -------------------------------------------------------------------
+
+    def is_generating(self, session_id: str) -> bool:
+        return session_id in self._jobs
+
+    async def stop_session(self, session_id: str, reason: str) -> None:
+        """Stop a session's job (used before the session is deleted)."""
+        async with self._lock(session_id):
+            await self._stop(session_id, reason)
+
+    async def aclose(self) -> None:
+        """Abort every running job (their partial replies are stored as aborted)."""
+        self._closing = True
+        for session_id in list(self._jobs):
+            await self._stop(session_id, "the sidecar is shutting down")
+        self._tg.cancel_scope.cancel()  # side tasks (titles) are not worth waiting for
+
+    # -- internals -------------------------------------------------------------------
+
+    def _lock(self, session_id: str) -> anyio.Lock:
+        lock = self._locks.get(session_id)
+        if lock is None:
+            lock = self._locks[session_id] = anyio.Lock()
+        return lock
+
+    async def _direct_session(self, session_id: str) -> SessionV2:
+        if self._closing:
+            raise SidecarError("the sidecar is shutting down", code=ErrorCode.BUSY)
+        session = await self._store.get_session(session_id)
+        if session.mode == "acp":
+            raise SidecarError(
+                "ACP mode is not implemented yet: this session's mode is 'acp'",
+                code=ErrorCode.NOT_IMPLEMENTED,
+            )
+        return session
+
+    async def _message_of(self, session_id: str, message_id: str, field: str) -> MessageV2:
+        try:
+            message = await self._store.get_message(message_id)
+        except NotFound:
+            raise NotFound(f"{field}: no message {message_id!r}") from None
+        if message.session_id != session_id:
+            raise NotFound(f"{field}: message {message_id!r} is not in session {session_id!r}")
+        return message
+
+    async def _regenerate_target(self, session: SessionV2, message_id: str | None) -> MessageV2:
+        if message_id is not None:
+            target = await self._message_of(session.id, message_id, "messageId")
+            if target.role != "assistant":
+                raise InvalidParams("invalid params: messageId must be an assistant message")
+            return target
+        path = await self._store.get_path(session.id)
+        for message in reversed(path):
+            if message.role == "assistant":
+                return message
+        raise EngineError("there is no assistant reply to regenerate in this session")
+
+    async def _new_reply(self, session: SessionV2, parent_id: str, model_id: str) -> MessageV2:
+        return await self._store.append_message(
+            session.id,
+            role="assistant",
+            parent_id=parent_id,
+            status="pending",
+            model_id=model_id or None,
+        )
+
+    def _start(self, job: GenerationJob) -> None:
+        running = _RunningJob(job)
+        self._jobs[job.session.id] = running
+        self._tg.start_soon(self._run, running)
+
+    async def _run(self, running: _RunningJob) -> None:
+        job = running.job
+        try:
+            with running.scope:
+                await self._handler.run(job)
+        except Exception:  # never let one reply take the engine down
+            log.exception("generation %s failed unexpectedly", job.message_id)
+        finally:
+            if self._jobs.get(job.session.id) is running:
+                del self._jobs[job.session.id]
+            running.done.set()
+        await self._after(job)
+
+    async def _after(self, job: GenerationJob) -> None:
+        if job.outcome is None or self._closing:
+            return
+        try:
+            session = await self._store.get_session(job.session.id)
+            if job.outcome == "completed" and await self._titles.wants_title(session, job):
+                self._tg.start_soon(self._title, session, job)
+            await self._notify("chat:session:updated", session)
+        except SidecarError:
+            log.debug("session %s vanished after its generation", job.session.id)
+
+    async def _title(self, session: SessionV2, job: GenerationJob) -> None:
+        updated = await self._titles.generate(session, job)
+        if updated is not None and not self._closing:
+            await self._notify("chat:session:updated", updated)
+
+    async def _stop(self, session_id: str, reason: str) -> bool:
+        running = self._jobs.get(session_id)
+        if running is None:
+            return False
+        running.job.abort_reason = reason
+        running.scope.cancel()
+        with anyio.move_on_after(STOP_TIMEOUT_S):
+            await running.done.wait()
+        return True

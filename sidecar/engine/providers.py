@@ -1,0 +1,165 @@
+"""ProviderService: provider:* methods, the default model, and resolving a session's model.
+
+``resolve(provider_id, model_id)`` turns stored configuration into a live Provider (one
+httpx client per provider configuration, reused across requests and replaced when the
+configuration changes) and the ModelInfo the request builder needs. API keys come from the
+stored key or the named environment variable and never leave this module except inside
+the provider adapter's own headers.
+"""
+
+from __future__ import annotations
+
+import os
+from collections.abc import Awaitable, Callable
+from typing import Any
+
+import anyio
+import msgspec
+
+from protocol.params import (
+    EmptyParams,
+    IdParams,
+    ProviderInfo,
+    ProviderSetDefaultParams,
+    ProviderUpsertParams,
+    SuccessResult,
+)
+from protocol.types import Usage
+from sidecar.errors import EngineError, InvalidParams, NotFound
+from sidecar.providers import Provider, create_provider
+from sidecar.providers.types import ModelInfo, ProviderSettings
+from sidecar.store.providers import ProviderRecord, ProviderRepo
+from sidecar.store.settings import DEFAULT_MODEL_KEY, DEFAULT_PROVIDER_KEY
+
+
+class ResolvedModel(msgspec.Struct, kw_only=True):
+    provider: Any
+    model: ModelInfo
+    record: ProviderRecord
+
+
+class ProviderService:
+    def __init__(
+        self,
+        repo: ProviderRepo,
+        *,
+        get_setting: Callable[[str], Awaitable[str | None]],
+        set_setting: Callable[[str, str | None], Awaitable[None]],
+        transport: Any = None,
+    ) -> None:
+        self._repo = repo
+        self._get_setting = get_setting
+        self._set_setting = set_setting
+        self._transport = transport  # tests and benchmarks inject an httpx2 transport
+        self._live: dict[str, tuple[int, Provider]] = {}
+        self._retired: list[Provider] = []
+
+    # -- provider:* methods ----------------------------------------------------------
+
+    async def list_providers(self, params: EmptyParams | None = None) -> list[ProviderInfo]:
+        records = await anyio.to_thread.run_sync(self._repo.list)
+        default = await self._get_setting(DEFAULT_PROVIDER_KEY)
+        return [r.to_info(is_default=r.id == default) for r in records]
+
+    async def upsert_provider(self, params: ProviderUpsertParams) -> ProviderInfo:
+        record = await anyio.to_thread.run_sync(self._repo.upsert, params)
+        default = await self._get_setting(DEFAULT_PROVIDER_KEY)
+        return record.to_info(is_default=record.id == default)
+
+    async def delete_provider(self, params: IdParams) -> SuccessResult:
+        await anyio.to_thread.run_sync(self._repo.delete, params.id)
+        if await self._get_setting(DEFAULT_PROVIDER_KEY) == params.id:
+            await self._set_setting(DEFAULT_PROVIDER_KEY, None)
+            await self._set_setting(DEFAULT_MODEL_KEY, None)
+        return SuccessResult()
+
+    async def set_default(self, params: ProviderSetDefaultParams) -> SuccessResult:
+        try:
+            record = await anyio.to_thread.run_sync(self._repo.get, params.provider_id)
+        except NotFound as exc:
+            raise InvalidParams(f"invalid params: {exc.message} - at `$.providerId`") from exc
+        if record.models and record.model(params.model_id) is None:
+            raise InvalidParams(
+                f"invalid params: provider {record.name!r} has no model {params.model_id!r} - at `$.modelId`"
+            )
+        await self._set_setting(DEFAULT_PROVIDER_KEY, record.id)
+        await self._set_setting(DEFAULT_MODEL_KEY, params.model_id)
+        return SuccessResult()
+
+    # -- for the engine --------------------------------------------------------------
+
+    async def resolve(self, provider_id: str, model_id: str) -> ResolvedModel:
+        if not provider_id:
+            provider_id = await self._get_setting(DEFAULT_PROVIDER_KEY) or ""
+            model_id = model_id or await self._get_setting(DEFAULT_MODEL_KEY) or ""
+        if not provider_id:
+            raise EngineError(
+                "no provider is configured: add one with provider:upsert and choose it with "
+                "provider:setDefault (or set the session's providerId)"
+            )
+        try:
+            record = await anyio.to_thread.run_sync(self._repo.get, provider_id)
+        except NotFound:
+            raise EngineError(f"the session's provider {provider_id!r} does not exist") from None
+        if not record.enabled:
+            raise EngineError(f"provider {record.name!r} is disabled")
+        if not model_id:
+            if not record.models:
+                raise EngineError(f"provider {record.name!r} has no models and no model was chosen")
+            model_id = record.models[0].id
+        return ResolvedModel(provider=self._provider(record), model=_model_info(record, model_id), record=record)
+
+    async def cost(self, provider_id: str, model_id: str, usage: Usage) -> float:
+        """USD cost of ``usage`` from the model's prices (0 when unknown)."""
+        try:
+            resolved = await self.resolve(provider_id, model_id)
+        except (EngineError, NotFound):
+            return 0.0
+        model = resolved.record.model(resolved.model.id)
+        if model is None:
+            return 0.0
+        return (usage.input_tokens * model.input_price + usage.output_tokens * model.output_price) / 1e6
+
+    async def aclose(self) -> None:
+        providers = [p for _, p in self._live.values()] + self._retired
+        self._live.clear()
+        self._retired.clear()
+        for provider in providers:
+            with anyio.CancelScope(shield=True):
+                await provider.aclose()
+
+    # -- internals -------------------------------------------------------------------
+
+    def _provider(self, record: ProviderRecord) -> Provider:
+        live = self._live.get(record.id)
+        if live is not None and live[0] == record.updated_at:
+            return live[1]
+        if live is not None:
+            # a running stream may still use the old client: close it at shutdown
+            self._retired.append(live[1])
+        api_key = record.api_key or (os.environ.get(record.api_key_env) if record.api_key_env else None)
+        settings = ProviderSettings(
+            type=record.type,
+            base_url=record.base_url,
+            api_key=api_key,
+            headers=record.headers,
+            body=record.body,
+        )
+        provider = create_provider(settings, transport=self._transport)
+        self._live[record.id] = (record.updated_at, provider)
+        return provider
+
+
+def _model_info(record: ProviderRecord, model_id: str) -> ModelInfo:
+    model = record.model(model_id)
+    if model is None:
+        # a model the user typed but did not describe: safe defaults, no images
+        return ModelInfo(id=model_id)
+    return ModelInfo(
+        id=model.id,
+        context_window=model.context_window,
+        max_output_tokens=model.max_output_tokens,
+        supports_tools=model.supports_tools,
+        supports_reasoning=model.supports_reasoning,
+        supports_images=model.supports_images,
+    )

@@ -1,0 +1,76 @@
+"""ReplyBuilder: the content of an assistant message as it streams in.
+
+Accumulates provider stream parts into the parts a MessageV2 stores: text and thinking
+runs merged, tool calls completed from their fragments, usage replaced by the latest
+cumulative total. ``snapshot()`` gives the columns to persist at any moment, so a partial
+reply can be flushed at a bounded interval and on every state change.
+"""
+
+from __future__ import annotations
+
+import msgspec
+
+from protocol.types import ContentPart, TextPart, ThinkingPart, ToolCall, ToolUsePart, Usage
+
+
+class ReplySnapshot(msgspec.Struct, frozen=True):
+    content_type: str
+    text_content: str
+    parts: list[ContentPart] | None
+    tool_calls: list[ToolCall] | None
+
+
+class ReplyBuilder:
+    def __init__(self) -> None:
+        self.parts: list[ContentPart] = []
+        self.tool_calls: list[ToolCall] = []
+        self.usage: Usage | None = None
+        self.finish_reason: str | None = None
+        self._text: list[str] = []  # text runs, joined on demand
+        self.dirty = False
+
+    def add_text(self, text: str) -> None:
+        if not text:
+            return
+        last = self.parts[-1] if self.parts else None
+        if isinstance(last, TextPart):
+            self.parts[-1] = TextPart(text=last.text + text)
+        else:
+            self.parts.append(TextPart(text=text))
+        self._text.append(text)
+        self.dirty = True
+
+    def add_thinking(self, text: str) -> None:
+        if not text:
+            return
+        last = self.parts[-1] if self.parts else None
+        if isinstance(last, ThinkingPart):
+            self.parts[-1] = ThinkingPart(text=last.text + text)
+        else:
+            self.parts.append(ThinkingPart(text=text))
+        self.dirty = True
+
+    def add_tool_call(self, call_id: str, name: str, arguments: str) -> None:
+        try:
+            parsed = msgspec.json.decode(arguments or "{}")
+        except msgspec.DecodeError:
+            parsed = None
+        # a model may send arguments that are not a JSON object; keep the raw text visible
+        tool_input = parsed if isinstance(parsed, dict) else {"_raw": arguments}
+        self.parts.append(ToolUsePart(id=call_id, name=name, input=tool_input))
+        self.tool_calls.append(ToolCall(id=call_id, name=name, arguments=arguments))
+        self.dirty = True
+
+    @property
+    def text(self) -> str:
+        return "".join(self._text)
+
+    def snapshot(self) -> ReplySnapshot:
+        self.dirty = False
+        only_text = all(isinstance(p, TextPart) for p in self.parts)
+        return ReplySnapshot(
+            content_type="text" if only_text else "multipart",
+            text_content=self.text,
+            parts=None if only_text else list(self.parts),
+            tool_calls=list(self.tool_calls) or None,
+        )

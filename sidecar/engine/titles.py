@@ -1,0 +1,89 @@
+"""TitleGenerator: names a session after its first exchange with a short model call.
+
+A side task: it never blocks or fails a reply. It only runs while the session still has
+its default title and the reply is the first of the session, and it re-reads the session
+before writing so a title the user set in the meantime is never overwritten.
+"""
+
+from __future__ import annotations
+
+import logging
+from collections.abc import Callable
+from typing import Any
+
+import anyio
+
+from protocol.params import ChatSettings, SessionUpdates
+from protocol.types import SessionV2, TextPart
+from sidecar.errors import SidecarError
+from sidecar.providers.types import ChatRequest, GenerationParams, RequestMessage, TextDelta
+
+log = logging.getLogger(__name__)
+
+DEFAULT_TITLES = ("", "New Chat")
+TITLE_TIMEOUT_S = 30.0
+MAX_TITLE_CHARS = 80
+_PROMPT = (
+    "You name chat conversations. Reply with a concise title of at most eight words, in the "
+    "language of the conversation, without quotes or trailing punctuation."
+)
+
+
+class TitleGenerator:
+    def __init__(self, *, store: Any, providers: Any, settings: Callable[[], ChatSettings]) -> None:
+        self._store = store
+        self._providers = providers
+        self._settings = settings
+
+    async def wants_title(self, session: SessionV2, job: Any) -> bool:
+        if not self._settings().generate_titles or session.title not in DEFAULT_TITLES:
+            return False
+        path = await self._store.get_path(session.id, job.message_id)
+        return len(path) == 2 and path[0].role == "user"
+
+    async def generate(self, session: SessionV2, job: Any) -> SessionV2 | None:
+        try:
+            with anyio.fail_after(TITLE_TIMEOUT_S):
+                return await self._generate(session, job)
+        except (SidecarError, TimeoutError) as exc:
+            log.info("no title for session %s: %s", session.id, exc)
+        except Exception:
+            log.exception("title generation for session %s failed", session.id)
+        return None
+
+    async def _generate(self, session: SessionV2, job: Any) -> SessionV2 | None:
+        path = await self._store.get_path(session.id, job.message_id)
+        user_text = (path[0].text_content or "")[:1000]
+        reply_text = (path[-1].text_content or "")[:1000]
+        chosen = self._settings().title_model
+        provider_id = chosen.provider_id if chosen else job.provider_id
+        model_id = chosen.model_id if chosen else job.model_id
+        resolved = await self._providers.resolve(provider_id, model_id)
+        request = ChatRequest(
+            model=resolved.model,
+            messages=[
+                RequestMessage(role="system", parts=[TextPart(text=_PROMPT)]),
+                RequestMessage(
+                    role="user",
+                    parts=[TextPart(text=f"User: {user_text}\n\nAssistant: {reply_text}")],
+                ),
+            ],
+            params=GenerationParams(max_tokens=64),
+            stream=False,
+        )
+        parts = await resolved.provider.generate(request)
+        title = clean_title("".join(p.text for p in parts if isinstance(p, TextDelta)))
+        if not title:
+            return None
+        current = await self._store.get_session(session.id)
+        if current.title not in DEFAULT_TITLES:
+            return None  # the user named it meanwhile
+        return await self._store.update_session(session.id, SessionUpdates(title=title))
+
+
+def clean_title(raw: str) -> str:
+    line = next((ln.strip() for ln in raw.strip().splitlines() if ln.strip()), "")
+    if line.lower().startswith("title:"):
+        line = line[6:].strip()
+    line = line.strip("\"'“”‘’「」《》`*# ").rstrip("。.!！?？")
+    return line[:MAX_TITLE_CHARS].strip()
