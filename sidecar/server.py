@@ -83,7 +83,8 @@ BINDINGS: dict[str, str] = {
 """Method name -> attribute path on the App of the ``async def f(params) -> result`` that answers it."""
 
 BENCH_NOTIFY = "sidecar:bench:notify"
-"""Registered only with ``--bench``; not part of the contract (not in protocol.METHODS)."""
+BENCH_PING = "sidecar:bench:ping"
+"""Benchmark methods: registered only with ``--bench``, not part of the contract (not in protocol.METHODS)."""
 
 BoundFunc = Callable[[Any], Awaitable[Any]]
 
@@ -138,12 +139,14 @@ class Server:
         for method, path in BINDINGS.items():
             func = resolve_binding(self.app, path)
             if func is None:
-                func = not_implemented(method)
+                # Any params: "not implemented" is the answer that matters to the client.
+                table[method] = Handler(msgspec.Raw, not_implemented(method))
             else:
                 implemented.append(method)
-            table[method] = Handler(METHODS[method].params, func)
+                table[method] = Handler(METHODS[method].params, func)
         if self.config.bench:
             table[BENCH_NOTIFY] = Handler(BenchNotifyParams, self.bench_notify)
+            table[BENCH_PING] = Handler(EmptyParams, self.bench_ping)
         self.implemented = sorted(implemented)
         missing = set(METHODS) - set(table)
         if missing:  # guarded by a test too; this keeps a partial deployment honest
@@ -177,6 +180,10 @@ class Server:
         logger.info("shutdown requested")
         self.stop.set()  # serve() waits for this reply to be queued before it stops writing
         return SuccessResult(success=True)
+
+    async def bench_ping(self, params: EmptyParams) -> str:
+        """The smallest possible request: measures the RPC path alone (benchmarks only)."""
+        return "pong"
 
     async def bench_notify(self, params: BenchNotifyParams) -> BenchNotifyResult:
         """Emit ``count`` chat:stream text deltas of ``size`` bytes each (benchmarks only)."""
