@@ -103,6 +103,7 @@ async def _open_chat(app: App, stack: AsyncExitStack) -> None:
         task_group=task_group,
     )
     stack.push_async_callback(app.chat.aclose)
+    app.sessions.overlay_live = app.chat.overlay_live
     app.sessions.on_delete.append(
         lambda session_id: app.chat.stop_session(session_id, "the session was deleted")
     )

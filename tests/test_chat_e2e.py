@@ -293,3 +293,29 @@ async def test_acp_session_send_is_not_implemented_yet(tmp_path):
             await proc.call("chat:send", {"sessionId": session["id"], "input": {"content": "hi"}})
         assert err.value.code == -32005
         await proc.close()
+
+
+async def test_messages_get_mid_stream_matches_the_events_up_to_its_seq(tmp_path):
+    async with scripted_provider() as server, spawn_sidecar(tmp_path) as proc:
+        await configure_provider(proc, server.base_url)
+        session = await proc.call("chat:session:create", {"title": "resync"})
+        text = " ".join(f"w{i}" for i in range(300))
+        await server.script({"text": text, "delay_ms": 3})
+        sent = await proc.call("chat:send", {"sessionId": session["id"], "input": {"content": "go"}})
+        checked = 0
+        while checked < 5:
+            await proc.next_notification("chat:stream")
+            reply = (await proc.call("chat:messages:get", {"sessionId": session["id"]}))[-1]
+            if reply["status"] != "streaming":
+                break
+            upto = [e for e in events_of(proc, sent["messageId"]) if e["seq"] <= reply["seq"]]
+            # wait until the events up to the returned seq have all been read from the pipe
+            with anyio.fail_after(10):
+                while len(upto) < reply["seq"]:
+                    await proc.next_notification("chat:stream")
+                    upto = [e for e in events_of(proc, sent["messageId"]) if e["seq"] <= reply["seq"]]
+            assert reply["textContent"] == streamed_text(upto)
+            checked += 1
+        assert checked >= 1
+        assert (await wait_final(proc, sent["messageId"]))["type"] == "stream_end"
+        await proc.close()

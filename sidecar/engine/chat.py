@@ -22,6 +22,7 @@ from typing import Any
 
 import anyio
 import anyio.abc
+import msgspec
 
 from protocol.errors import ErrorCode
 from protocol.params import (
@@ -177,6 +178,29 @@ class ChatEngine:
 
     def is_generating(self, session_id: str) -> bool:
         return session_id in self._jobs
+
+    def overlay_live(self, message: MessageV2) -> MessageV2:
+        """``message`` with the in-flight content and seq if it is being generated now.
+
+        The database holds a partial reply at most one persistence interval old; a renderer
+        that resyncs needs the content that matches the last event it can have seen.
+        """
+        if message.status not in ("pending", "streaming"):
+            return message
+        running = self._jobs.get(message.session_id)
+        if running is None or running.job.message_id != message.id or running.job.live is None:
+            return message
+        reply, relay = running.job.live
+        snap = reply.snapshot(mark_clean=False)
+        return msgspec.structs.replace(
+            message,
+            status="streaming" if relay.seq else message.status,
+            content_type=snap.content_type,
+            text_content=snap.text_content,
+            parts=snap.parts,
+            tool_calls=snap.tool_calls,
+            seq=relay.seq,
+        )
 
     async def stop_session(self, session_id: str, reason: str) -> None:
         """Stop a session's job (used before the session is deleted)."""

@@ -71,6 +71,8 @@ class GenerationJob(msgspec.Struct, kw_only=True):
     """Set by whoever cancels the job (abort, a newer send, shutdown)."""
     outcome: str | None = None
     """completed | error | aborted, once the job has ended."""
+    live: Any = None
+    """(ReplyBuilder, StreamRelay) while streaming: the in-flight content for resync."""
 
 
 class GenerationHandler:
@@ -91,13 +93,15 @@ class GenerationHandler:
 
     async def run(self, job: GenerationJob) -> None:
         settings = self._settings()
+        reply = ReplyBuilder()
         relay = StreamRelay(
             self._notify,
             job.session.id,
             job.message_id,
             coalesce_s=max(0, settings.delta_coalesce_ms) / 1000,
+            on_delta=reply.add_delta,
         )
-        reply = ReplyBuilder()
+        job.live = (reply, relay)
         started = time.monotonic()
         model_id = job.model_id
         try:
@@ -173,11 +177,11 @@ class GenerationHandler:
         tool_names: dict[str, str] = {}
         async with aclosing(parts):
             async for part in parts:
+                # text and thinking reach the ReplyBuilder through the relay, when their
+                # event is sent (see StreamRelay.on_delta)
                 if isinstance(part, TextDelta):
-                    reply.add_text(part.text)
                     await relay.delta("text", part.text)
                 elif isinstance(part, ThinkingDelta):
-                    reply.add_thinking(part.text)
                     await relay.delta("thinking", part.text)
                 elif isinstance(part, ToolCallStart):
                     tool_names[part.id] = part.name

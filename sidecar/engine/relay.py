@@ -8,7 +8,9 @@ event first flushes the pending deltas, so the renderer always sees deltas befor
 tool call, usage or finish event that followed them.
 
 Must stay true: events of one message are sent by exactly one relay, under its lock,
-with seq increasing by one; ``flush()`` is called before a finish event.
+with seq increasing by one; ``flush()`` is called before a finish event; ``on_delta``
+sees a delta in the same step (no await between) as its event takes its seq, so the
+content built from it always matches ``seq``.
 """
 
 from __future__ import annotations
@@ -38,13 +40,13 @@ class StreamRelay:
         message_id: str,
         *,
         coalesce_s: float = 0.040,
-        on_flush: Callable[[], None] | None = None,
+        on_delta: Callable[[str, str], None] | None = None,
     ) -> None:
         self._notify = notify
         self.session_id = session_id
         self.message_id = message_id
         self._coalesce_s = coalesce_s
-        self._on_flush = on_flush
+        self._on_delta = on_delta
         self.seq = 0
         self._lock = anyio.Lock()
         # pending deltas as [kind, text] runs, adjacent runs of one kind merged
@@ -110,13 +112,15 @@ class StreamRelay:
             return
         pending, self._pending = self._pending, []
         for kind, text in pending:
+            # content and seq move together, with no await in between: a snapshot taken
+            # at any moment holds exactly the deltas of events 1..seq (resync relies on it)
+            if self._on_delta is not None:
+                self._on_delta(kind, text)
             if kind == "text":
                 await self._send(TextDeltaEvent, {"text": text})
             else:
                 await self._send(ThinkingDeltaEvent, {"thinking": text})
         self._last_flush = time.monotonic()
-        if self._on_flush is not None:
-            self._on_flush()
 
     async def _send(self, event_type: type, fields: dict[str, Any]) -> None:
         self.seq += 1

@@ -29,6 +29,13 @@ class ReplyBuilder:
         self._text: list[str] = []  # text runs, joined on demand
         self.dirty = False
 
+    def add_delta(self, kind: str, text: str) -> None:
+        """``text`` or ``thinking`` (the StreamRelay's delta kinds)."""
+        if kind == "text":
+            self.add_text(text)
+        else:
+            self.add_thinking(text)
+
     def add_text(self, text: str) -> None:
         if not text:
             return
@@ -65,8 +72,9 @@ class ReplyBuilder:
     def text(self) -> str:
         return "".join(self._text)
 
-    def snapshot(self) -> ReplySnapshot:
-        self.dirty = False
+    def snapshot(self, *, mark_clean: bool = True) -> ReplySnapshot:
+        if mark_clean:
+            self.dirty = False
         only_text = all(isinstance(p, TextPart) for p in self.parts)
         return ReplySnapshot(
             content_type="text" if only_text else "multipart",

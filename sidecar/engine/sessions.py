@@ -58,6 +58,9 @@ class SessionService:
         self._notify = notify
         self.on_delete: list[DeleteHook] = []
         """Awaited in order with the session id before the session is deleted."""
+        self.overlay_live: Callable[[MessageV2], MessageV2] | None = None
+        """Set by the chat engine: replaces a message that is streaming right now with its
+        in-flight content and seq (the database copy lags by one persistence interval)."""
 
     # ---- sessions -------------------------------------------------------------------
 
@@ -100,7 +103,7 @@ class SessionService:
     # ---- messages -------------------------------------------------------------------
 
     async def get_messages(self, params: MessagesGetParams) -> list[MessageV2]:
-        return await self.store.get_messages(params.session_id, params.options)
+        return self._live(await self.store.get_messages(params.session_id, params.options))
 
     async def get_tree(self, params: MessagesTreeParams) -> msgspec.Raw:
         return msgspec.Raw(encode_tree(await self.store.get_tree(params.session_id)))
@@ -109,7 +112,13 @@ class SessionService:
         return await self.store.search_messages(params.query, params.options)
 
     async def select_branch(self, params: MessagesSelectParams) -> list[MessageV2]:
-        return await self.store.select_branch(params.session_id, params.leaf_id)
+        return self._live(await self.store.select_branch(params.session_id, params.leaf_id))
+
+    def _live(self, messages: list[MessageV2]) -> list[MessageV2]:
+        overlay = self.overlay_live
+        if overlay is None:
+            return messages
+        return [overlay(m) if m.status in ("pending", "streaming") else m for m in messages]
 
     # ---- notifications --------------------------------------------------------------
 
