@@ -149,7 +149,7 @@ async def test_scripted_reply_streams_text_usage_and_finish(kind: str, llmock: s
 
 @both
 async def test_scripted_tool_calls(kind: str, llmock: str, mock: httpx2.AsyncClient) -> None:
-    calls = [
+    calls: list[dict[str, Any]] = [
         {"name": "get_weather", "arguments": {"city": "Paris", "detail": "a fairly long argument to fragment"}},
         {"name": "get_time", "arguments": {"tz": "Europe/Paris"}},
     ]
@@ -163,7 +163,7 @@ async def test_scripted_tool_calls(kind: str, llmock: str, mock: httpx2.AsyncCli
     ends = [p for p in parts if isinstance(p, ToolCallEnd)]
     assert [(e.name, json.loads(e.arguments)) for e in ends] == [(c["name"], c["arguments"]) for c in calls]
     assert [p.id for p in parts if isinstance(p, ToolCallStart)] == [e.id for e in ends]
-    assert parts[-1].reason == "tool_calls"
+    assert isinstance(parts[-1], Finish) and parts[-1].reason == "tool_calls"
 
 
 @both
@@ -173,7 +173,7 @@ async def test_generate_non_streaming(kind: str, llmock: str, mock: httpx2.Async
     with anyio.fail_after(10):
         parts = await provider.generate(chat(kind))
     await provider.aclose()
-    assert text_of(parts) == REPLY and parts[-1].reason == "stop"
+    assert text_of(parts) == REPLY and parts[-1] == Finish("stop", "stop" if kind == "openai-compat" else "end_turn")
     (record,) = await served(mock)
     assert record["stream"] is False
 
@@ -246,3 +246,14 @@ async def test_stall_past_idle_timeout(kind: str, llmock: str, mock: httpx2.Asyn
         parts, error = await drain(provider.stream(chat(kind)))
     await provider.aclose()
     assert text_of(parts) and error is not None and error.kind == "stall"
+
+
+@both
+async def test_list_models(kind: str, llmock: str, mock: httpx2.AsyncClient) -> None:
+    provider = provider_for(llmock, kind)
+    with anyio.fail_after(10):
+        models = await provider.list_models()
+    await provider.aclose()
+    assert models and all(isinstance(m, str) and m for m in models)
+    if kind == "anthropic":
+        assert "claude-sonnet-4-6" in models

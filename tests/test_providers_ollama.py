@@ -243,3 +243,13 @@ async def test_url_image_is_a_bad_request_and_file_image_is_inlined(tmp_path: Pa
 def test_base_url_ending_in_api_is_not_doubled() -> None:
     assert OllamaProvider(settings(base_url="http://h:11434/api/"), ScriptedTransport()).endpoint() == "http://h:11434/api/chat"
     assert json.dumps(body_of(request()))  # plain JSON-serialisable
+
+
+async def test_list_models() -> None:
+    tags = {"models": [{"name": "llama3.2:latest", "model": "llama3.2:latest", "size": 1}, {"name": "qwen3:8b"}]}
+    transport = ScriptedTransport(json_reply(tags))
+    provider = create_provider(settings(), transport=transport)
+    with anyio.fail_after(5):
+        assert await provider.list_models() == ["llama3.2:latest", "qwen3:8b"]
+    await provider.aclose()
+    assert transport.requests[0].method == "GET" and str(transport.requests[0].url) == "http://127.0.0.1:11434/api/tags"

@@ -8,7 +8,8 @@
 Every provider owns one httpx2.AsyncClient (close it with ``aclose``). ``stream``
 is an async generator of StreamPart (types.py); consume it inside
 ``contextlib.aclosing`` so that stopping early closes the HTTP response at once.
-``generate`` sends ``stream: false`` and returns the same parts as a list.
+``generate`` sends ``stream: false`` and returns the same parts as a list;
+``list_models`` asks the endpoint which model ids it offers.
 Failures are ``ProviderError`` (errors.py: ``kind``/``status``/``retryable``).
 Retries happen inside the adapter only before the first byte of a response body.
 
@@ -19,7 +20,7 @@ reasoning (level tables) · base (shared flow) · one module per wire format.
 
 from __future__ import annotations
 
-from collections.abc import AsyncIterator
+from collections.abc import AsyncGenerator
 from typing import Protocol
 
 import httpx2
@@ -77,9 +78,11 @@ __all__ = [
 
 
 class Provider(Protocol):
-    def stream(self, request: ChatRequest) -> AsyncIterator[StreamPart]: ...
+    def stream(self, request: ChatRequest) -> AsyncGenerator[StreamPart, None]: ...
 
     async def generate(self, request: ChatRequest) -> list[StreamPart]: ...
+
+    async def list_models(self) -> list[str]: ...
 
     async def aclose(self) -> None: ...
 

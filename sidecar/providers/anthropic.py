@@ -23,7 +23,7 @@ per content block index into ToolCallDelta and a ToolCallEnd at ``content_block_
 
 from __future__ import annotations
 
-from collections.abc import AsyncIterator
+from collections.abc import AsyncGenerator
 from contextlib import aclosing
 from typing import Any
 
@@ -171,6 +171,10 @@ class AnthropicProvider(HttpProvider):
     def endpoint(self) -> httpx2.URL:
         return self._at("/messages" if self._base.endswith("/v1") else "/v1/messages")
 
+    def models_endpoint(self) -> httpx2.URL:
+        url = self._at("/models" if self._base.endswith("/v1") else "/v1/models")
+        return url.copy_merge_params({"limit": "1000"})
+
     def auth_headers(self) -> dict[str, str]:
         headers = {"anthropic-version": ANTHROPIC_VERSION}
         if self.settings.api_key:
@@ -247,7 +251,7 @@ class AnthropicProvider(HttpProvider):
 
     # -- streaming response -----------------------------------------------------------
 
-    async def parse_stream(self, response: httpx2.Response) -> AsyncIterator[StreamPart]:
+    async def parse_stream(self, response: httpx2.Response) -> AsyncGenerator[StreamPart, None]:
         decode = _event_decoder.decode
         usage = _UsageTotals()
         tools: dict[int, _ToolBlock] = {}

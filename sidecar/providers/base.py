@@ -18,9 +18,9 @@ Must stay true:
 from __future__ import annotations
 
 import abc
-from collections.abc import AsyncIterator
+from collections.abc import AsyncGenerator
 from contextlib import aclosing
-from typing import Any, ClassVar
+from typing import Any, ClassVar, cast
 
 import httpx2
 import msgspec
@@ -85,12 +85,15 @@ class HttpProvider(abc.ABC):
     def build_body(self, request: ChatRequest, *, stream: bool) -> dict[str, Any]: ...
 
     @abc.abstractmethod
-    def parse_stream(self, response: httpx2.Response) -> AsyncIterator[StreamPart]: ...
+    def parse_stream(self, response: httpx2.Response) -> AsyncGenerator[StreamPart, None]: ...
 
     @abc.abstractmethod
     def parse_response(self, raw: bytes) -> list[StreamPart]: ...
 
-    async def sse_events(self, response: httpx2.Response) -> AsyncIterator[httpx2.ServerSentEvent]:
+    @abc.abstractmethod
+    def models_endpoint(self) -> httpx2.URL: ...
+
+    async def sse_events(self, response: httpx2.Response) -> AsyncGenerator[httpx2.ServerSentEvent, None]:
         """The server-sent events of ``response`` (httpx2's own SSE parser)."""
         content_type = response.headers.get("content-type", "")
         if content_type.partition(";")[0].strip().lower() != "text/event-stream":
@@ -100,7 +103,8 @@ class HttpProvider(abc.ABC):
                 f"expected an event stream, got {content_type or 'no content type'!r}: {error_detail(raw)}",
                 kind="malformed",
             )
-        async with aclosing(httpx2.EventSource(response).__aiter__()) as events:
+        source = cast(AsyncGenerator[httpx2.ServerSentEvent, None], httpx2.EventSource(response).__aiter__())
+        async with aclosing(source) as events:
             async for event in events:
                 yield event
 
@@ -125,7 +129,7 @@ class HttpProvider(abc.ABC):
         headers.update(self.settings.headers)
         return headers
 
-    async def stream(self, request: ChatRequest) -> AsyncIterator[StreamPart]:
+    async def stream(self, request: ChatRequest) -> AsyncGenerator[StreamPart, None]:
         """Stream one model step. Close it (``aclosing``) if you stop early."""
         request = await resolve_images(request, self.describe)
         body = _encode(self.request_body(request, stream=True))
@@ -187,5 +191,43 @@ class HttpProvider(abc.ABC):
                 ) from exc
         return self.parse_response(raw)
 
+    async def list_models(self) -> list[str]:
+        """The model ids the endpoint offers (OpenAI/Anthropic ``data[].id``, Ollama ``models[].name``)."""
+        headers = self.request_headers()
+        del headers["content-type"]
+        headers["accept"] = "application/json"
+        async with open_response(
+            self._client,
+            url=self.models_endpoint(),
+            body=None,
+            headers=headers,
+            settings=self.settings,
+            describe=self.describe,
+            method="GET",
+        ) as response:
+            try:
+                raw = await response.aread()
+            except httpx2.TransportError as exc:
+                raise self.error(f"model list unreadable ({type(exc).__name__}: {exc})", kind="disconnect") from exc
+        try:
+            listing = _model_list.decode(raw)
+        except msgspec.DecodeError as exc:
+            raise self.error(f"malformed model list ({exc})", kind="malformed") from exc
+        entries = listing.data if listing.data is not None else listing.models or []
+        return [entry.id or entry.name for entry in entries if entry.id or entry.name]
+
     async def aclose(self) -> None:
         await self._client.aclose()
+
+
+class _ModelEntry(msgspec.Struct):
+    id: str = ""
+    name: str = ""
+
+
+class _ModelList(msgspec.Struct):
+    data: list[_ModelEntry] | None = None
+    models: list[_ModelEntry] | None = None
+
+
+_model_list = msgspec.json.Decoder(_ModelList)

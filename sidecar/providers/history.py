@@ -97,7 +97,7 @@ def split_messages(messages: list[RequestMessage]) -> list[Segment]:
         if message.role == "system":
             _append(segments, "system", [p for p in message.parts if part_text(p) is not None])
         elif message.role == "user":
-            results = [p for p in message.parts if type(p) is ToolResultPart]
+            results: list[ContentPart] = [p for p in message.parts if type(p) is ToolResultPart]
             if results:
                 _append(segments, "tool", results)
             _append(segments, "user", [p for p in message.parts if _user_part(p)])
@@ -148,7 +148,9 @@ def _pair_results(segments: list[Segment]) -> list[Segment]:
     for segment in segments:
         if segment.role == "tool":
             wanted = {call.id for call in pending}
-            kept = [p for p in segment.parts if type(p) is ToolResultPart and p.tool_use_id in wanted]
+            kept: list[ContentPart] = [
+                p for p in segment.parts if type(p) is ToolResultPart and p.tool_use_id in wanted
+            ]
             if len(kept) != len(segment.parts):
                 log.debug("dropped %d tool results that answer no call", len(segment.parts) - len(kept))
             answered = {p.tool_use_id for p in kept if type(p) is ToolResultPart}

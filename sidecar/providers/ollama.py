@@ -21,9 +21,9 @@ a stream without ``done: true`` is TRUNCATED.
 
 from __future__ import annotations
 
-from collections.abc import AsyncIterator
+from collections.abc import AsyncGenerator
 from contextlib import aclosing
-from typing import Any
+from typing import Any, cast
 
 import httpx2
 import msgspec
@@ -91,6 +91,9 @@ class OllamaProvider(HttpProvider):
     def endpoint(self) -> httpx2.URL:
         return self._at("/chat" if self._base.endswith("/api") else "/api/chat")
 
+    def models_endpoint(self) -> httpx2.URL:
+        return self._at("/tags" if self._base.endswith("/api") else "/api/tags")
+
     def auth_headers(self) -> dict[str, str]:
         key = self.settings.api_key
         return {"authorization": f"Bearer {key}"} if key else {}
@@ -150,10 +153,10 @@ class OllamaProvider(HttpProvider):
 
     # -- streaming response -----------------------------------------------------------
 
-    async def parse_stream(self, response: httpx2.Response) -> AsyncIterator[StreamPart]:
+    async def parse_stream(self, response: httpx2.Response) -> AsyncGenerator[StreamPart, None]:
         decode = _line_decoder.decode
         calls = 0
-        async with aclosing(response.aiter_lines()) as lines:
+        async with aclosing(cast(AsyncGenerator[str, None], response.aiter_lines())) as lines:
             async for raw in lines:
                 if not raw or raw.isspace():
                     continue

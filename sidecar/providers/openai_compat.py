@@ -23,7 +23,7 @@ Stream decisions (documented here because servers differ):
 
 from __future__ import annotations
 
-from collections.abc import AsyncIterator
+from collections.abc import AsyncGenerator
 from contextlib import aclosing
 from typing import Any
 
@@ -222,6 +222,9 @@ class OpenAICompatProvider(HttpProvider):
     def endpoint(self) -> httpx2.URL:
         return self._at("/chat/completions")
 
+    def models_endpoint(self) -> httpx2.URL:
+        return self._at("/models")
+
     def auth_headers(self) -> dict[str, str]:
         key = self.settings.api_key
         return {"authorization": f"Bearer {key}"} if key else {}
@@ -283,7 +286,7 @@ class OpenAICompatProvider(HttpProvider):
 
     # -- streaming response -----------------------------------------------------------
 
-    async def parse_stream(self, response: httpx2.Response) -> AsyncIterator[StreamPart]:
+    async def parse_stream(self, response: httpx2.Response) -> AsyncGenerator[StreamPart, None]:
         decode = _chunk_decoder.decode
         tools = _ToolCalls(self)
         finish: str | None = None

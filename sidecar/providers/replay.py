@@ -14,7 +14,7 @@ is an error (a test that sends more requests than it scripted fails loudly).
 from __future__ import annotations
 
 from collections import deque
-from collections.abc import AsyncIterator
+from collections.abc import AsyncGenerator, AsyncIterator
 from contextlib import aclosing
 from pathlib import Path
 from typing import Any, Literal
@@ -94,10 +94,10 @@ def json_reply(value: Any, status: int = 200, headers: dict[str, str] | None = N
     )
 
 
-async def drain(parts: AsyncIterator[StreamPart]) -> tuple[list[StreamPart], ProviderError | None]:
+async def drain(parts: AsyncGenerator[StreamPart, None]) -> tuple[list[StreamPart], ProviderError | None]:
     """Every part a stream yields, and the ProviderError that ended it (if one did)."""
     out: list[StreamPart] = []
-    async with aclosing(parts) as stream:  # type: ignore[type-var]
+    async with aclosing(parts) as stream:
         try:
             async for part in stream:
                 out.append(part)

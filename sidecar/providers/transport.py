@@ -147,7 +147,7 @@ def retry_delay(settings: ProviderSettings, attempt: int, headers: httpx2.Header
     asked = parse_retry_after(headers) if headers is not None else None
     if asked is not None:
         return min(asked, settings.retry_after_cap)
-    base = settings.retry_backoff * (2**attempt)
+    base = settings.retry_backoff * float(2**attempt)
     # Jitter spreads clients that failed together; never below 3/4 of the base.
     return min(base * (0.75 + 0.25 * random.random()), settings.retry_after_cap)
 
@@ -186,13 +186,14 @@ async def open_response(
     client: httpx2.AsyncClient,
     *,
     url: httpx2.URL,
-    body: bytes,
+    body: bytes | None,
     headers: dict[str, str],
     settings: ProviderSettings,
     describe: Callable[[str], str],
     timeout: httpx2.Timeout | None = None,
+    method: str = "POST",
 ) -> AsyncIterator[httpx2.Response]:
-    """POST ``body`` and yield the 2xx response, unread, retrying what is safe to retry.
+    """Send ``body`` and yield the 2xx response, unread, retrying what is safe to retry.
 
     ``describe`` turns a detail into a full, redacted message naming the provider.
     """
@@ -200,7 +201,7 @@ async def open_response(
     while True:
         try:
             request = client.build_request(
-                "POST", url, content=body, headers=headers, timeout=timeout or client.timeout
+                method, url, content=body, headers=headers, timeout=timeout or client.timeout
             )
         except httpx2.InvalidURL as exc:
             raise ProviderError(describe(f"invalid URL ({exc})"), kind="bad_request") from exc

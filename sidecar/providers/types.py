@@ -15,8 +15,9 @@ Must stay true:
   for every provider. ``output_tokens`` includes reasoning tokens.
 - Every ToolCallStart is followed (unless the step fails) by exactly one
   ToolCallEnd with the same id, whose ``arguments`` is the whole JSON text as
-  the model produced it (it may be invalid JSON, for instance when the reply was
-  cut by ``length``: validating it is the tool layer's job).
+  the model produced it: the concatenated ToolCallDelta fragments, or ``{}`` when
+  there were none. It may be invalid JSON (for instance when the reply was cut by
+  ``length``): validating it is the tool layer's job.
 - A successful step ends with exactly one Finish, last.
 """
 
@@ -131,9 +132,11 @@ class TextDelta(msgspec.Struct, tag=True, gc=False):
 
 
 class ThinkingDelta(msgspec.Struct, tag=True, gc=False):
-    """Reasoning text. Anthropic closes each thinking block with one delta whose
-    ``text`` is empty and ``signature`` set: store it on that block's part, the
-    API needs it back (unchanged) when the turn continues after tool results."""
+    """Reasoning text. A ``signature`` (Anthropic) belongs to the thinking block in
+    progress and closes it: streamed, it comes as a last delta with empty ``text``;
+    from ``generate`` it comes with the block's whole text. Store it on that block's
+    ThinkingPart: the API needs the block back, unchanged, when a tool-use turn
+    continues; the Anthropic adapter sends signed thinking parts back."""
 
     text: str
     signature: str | None = None

@@ -51,9 +51,12 @@ BASES = {"openai-compat": "/v1", "anthropic": "", "ollama": ""}
 # -- the streams ---------------------------------------------------------------------------
 
 
+def dumps(value: Any) -> str:
+    return json.dumps(value, separators=(",", ":"))
+
+
 def events(kind: str, n: int) -> tuple[str, list[bytes]]:
     """(content type, one body piece per event) for ``n`` one-token chunks."""
-    dumps = lambda o: json.dumps(o, separators=(",", ":"))  # noqa: E731
     out: list[str] = []
     if kind == "openai-compat":
         head = {"id": "chatcmpl-bench", "object": "chat.completion.chunk", "created": 1, "model": "bench"}
