@@ -1,9 +1,8 @@
-"""Calling a handler for one incoming request: the only module that imports jsonrpcserver.
+"""Calling a handler for one incoming request: Handler, Dispatcher and the error mapping.
 
 A ``Handler`` pairs a params Struct type with an async function. ``Dispatcher`` turns
 (method, raw params) into a ``Reply``: params are decoded by msgspec straight from the
-raw JSON into the handler's Struct (jsonrpcserver's jsonschema validator is off), and
-errors map to codes in one place:
+raw JSON into the handler's Struct, and errors map to codes in this one place:
 
     unknown method                 -> -32601 METHOD_NOT_FOUND (data: the method name)
     params that do not decode      -> -32602 INVALID_PARAMS, message names the field
@@ -13,20 +12,27 @@ errors map to codes in one place:
 Cancellation is never caught here: it propagates to the peer, which owns each request's
 cancel scope and answers REQUEST_CANCELLED.
 
-How jsonrpcserver 5.0.9 is used: for the per-request part of its pipeline — method
-lookup (``get_method``), calling the method with exception-to-error mapping
-(``async_dispatcher.dispatch_request`` / ``JsonRpcError``) and its ``Success``/``Error``
-results. Its top-level ``async_dispatch`` is not used: it runs a batch with
-``asyncio.gather`` (bare asyncio tasks outside anyio's cancel scopes, so no per-request
-cancellation and no trio), and with the validator off it answers a request without a
-``method`` with -32000 "Server error" instead of -32600 and does not check ``"jsonrpc"``.
-The envelope checks, batches and cancel scopes live in ``sidecar.rpc.peer``.
+Why jsonrpcserver 5.0.9 is not used (DESIGN.md section 6 planned it for dispatch; the
+first version of this module used its per-request pipeline, see git history). Measured
+on the 2-core dev machine:
+- its import (jsonschema, referencing, oslash, http.server) adds ~85 ms to start-up even
+  with asyncio/logging already loaded, about a third of the 250 ms start-up budget, and
+  it cannot be deferred: the first request (``sidecar:initialize``) needs the dispatcher;
+- its per-request path (Either monad, ``inspect.signature(...).bind`` on every call) cost
+  28 us per dispatch against 0.6 us for the direct call below, ~30% of the 100 us a
+  request may take at the 10,000 requests/s target;
+- what it would do is small and the rest does not fit: ``async_dispatch`` runs a batch
+  with ``asyncio.gather`` (bare asyncio tasks outside anyio's cancel scopes: no
+  per-request cancellation, no trio); with the validator off a request without
+  ``method`` becomes -32000 "Server error" instead of -32600 and ``"jsonrpc"`` is not
+  checked; unexpected exceptions put ``str(exc)`` on the wire as ``data``.
+So the envelope checks, batches and cancel scopes live in ``sidecar.rpc.peer`` and the
+method call with its error mapping lives here, in ~40 lines.
 """
 
 from __future__ import annotations
 
 import logging
-import warnings
 from collections.abc import Awaitable, Callable, Mapping
 from typing import Any, Generic, TypeVar
 
@@ -34,17 +40,7 @@ import msgspec
 
 from protocol.errors import ErrorCode
 from sidecar.errors import InvalidParams, SidecarError
-from sidecar.rpc.messages import ABSENT, ErrorObject, OutError, OutResult, Reply, RequestId
-
-with warnings.catch_warnings():
-    # jsonrpcserver calls importlib.resources.read_text at import, deprecated since 3.11.
-    warnings.filterwarnings("ignore", message=r"(read|open)_text is deprecated", category=DeprecationWarning)
-    from jsonrpcserver.async_dispatcher import dispatch_request as _dispatch_request
-    from jsonrpcserver.exceptions import JsonRpcError as _JsonRpcError
-    from jsonrpcserver.request import Request as _Request
-    from jsonrpcserver.result import Success as _Success
-    from jsonrpcserver.sentinels import NODATA as _NODATA
-    from oslash.either import Left as _Left  # jsonrpcserver's Result is an oslash Either
+from sidecar.rpc.messages import ABSENT, OutResult, Reply, RequestId, error_reply
 
 logger = logging.getLogger(__name__)
 
@@ -70,7 +66,7 @@ class Handler(Generic[P]):
 
     def decode_params(self, raw: msgspec.Raw) -> P:
         """Absent or ``null`` params are ``{}``; a mismatch raises InvalidParams naming the field."""
-        data = _EMPTY_OBJECT if raw is ABSENT or bytes(raw) == _NULL else raw
+        data = _EMPTY_OBJECT if raw is ABSENT or (len(raw) == 4 and bytes(raw) == _NULL) else raw
         try:
             return self.decoder.decode(data)
         except (msgspec.ValidationError, msgspec.DecodeError) as exc:
@@ -83,34 +79,14 @@ class Handler(Generic[P]):
 Handlers = Mapping[str, Handler[Any]]
 
 
-def _to_jsonrpc_method(name: str, handler: Handler[Any]) -> Callable[[msgspec.Raw], Awaitable[Any]]:
-    async def method(raw_params: msgspec.Raw) -> Any:
-        try:
-            params = handler.decode_params(raw_params)
-            result = await handler.func(params)
-        except SidecarError as err:
-            raise _JsonRpcError(int(err.code), err.message, _NODATA if err.data is None else err.data) from None
-        except Exception:
-            logger.exception("unexpected error in %s", name)
-            raise _JsonRpcError(int(ErrorCode.INTERNAL_ERROR), f"internal error in {name}") from None
-        return _Success(result)
-
-    method.__name__ = name
-    return method
-
-
 class Dispatcher:
     """Maps method names to handlers; ``dispatch`` answers one request."""
 
     def __init__(self, handlers: Handlers | None = None) -> None:
-        self._methods: dict[str, Callable[..., Awaitable[Any]]] = {}
-        self._handlers: dict[str, Handler[Any]] = {}
-        for name, handler in (handlers or {}).items():
-            self.add(name, handler)
+        self._handlers: dict[str, Handler[Any]] = dict(handlers or {})
 
     def add(self, name: str, handler: Handler[Any]) -> None:
         self._handlers[name] = handler
-        self._methods[name] = _to_jsonrpc_method(name, handler)
 
     def __contains__(self, name: object) -> bool:
         return name in self._handlers
@@ -120,18 +96,16 @@ class Dispatcher:
         return self._handlers
 
     async def dispatch(self, method: str, raw_params: msgspec.Raw, request_id: RequestId) -> Reply:
-        # jsonrpcserver passes ``context`` as the one positional argument of the method
-        # (params are neither a list nor a dict here), which is how the raw params reach it.
-        _, result = await _dispatch_request(self._methods, raw_params, _Request(method, [], request_id))
-        if not isinstance(result, _Left):
-            return OutResult(id=request_id, result=result._value.result)
-        error = result._error
-        data = msgspec.UNSET if error.data is _NODATA else error.data
-        return OutError(id=request_id, error=ErrorObject(error.code, _message(error.code, error.message, data), data))
-
-
-def _message(code: int, message: str, data: Any) -> str:
-    if code == ErrorCode.METHOD_NOT_FOUND and isinstance(data, str):
-        return f"method not found: {data}"
-    return message
+        handler = self._handlers.get(method)
+        if handler is None:
+            return error_reply(request_id, ErrorCode.METHOD_NOT_FOUND, f"method not found: {method}", method)
+        try:
+            params = handler.decode_params(raw_params)
+            result = await handler.func(params)
+        except SidecarError as err:
+            return error_reply(request_id, err.code, err.message, err.data)
+        except Exception:
+            logger.exception("unexpected error in %s", method)
+            return error_reply(request_id, ErrorCode.INTERNAL_ERROR, f"internal error in {method}")
+        return OutResult(id=request_id, result=result)
 

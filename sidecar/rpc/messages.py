@@ -17,7 +17,6 @@ from typing import Any, Final
 
 import msgspec
 
-from protocol.errors import ErrorCode
 
 JSONRPC: Final = "2.0"
 ABSENT: Final = msgspec.Raw()
@@ -126,11 +125,3 @@ def _show(value: Any) -> str:
     text = _encoder.encode(value).decode("utf-8", "replace")
     return text if len(text) <= 40 else text[:37] + "..."
 
-
-STANDARD_MESSAGES: Final[dict[int, str]] = {
-    ErrorCode.PARSE_ERROR: "Parse error",
-    ErrorCode.INVALID_REQUEST: "Invalid request",
-    ErrorCode.METHOD_NOT_FOUND: "Method not found",
-    ErrorCode.INVALID_PARAMS: "Invalid params",
-    ErrorCode.INTERNAL_ERROR: "Internal error",
-}
