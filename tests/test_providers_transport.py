@@ -262,6 +262,7 @@ async def test_api_key_never_in_errors_logs_or_reprs(caplog: pytest.LogCaptureFi
     with_userinfo = settings(base_url="https://user:hunter2pass@api.example.test/v1")
     texts = [error.message, str(error), repr(error), repr(error.data), repr(s), str(s), repr(provider), caplog.text]
     texts += [repr(with_userinfo), repr(create_provider(with_userinfo, transport=ScriptedTransport()))]
+    texts += [repr(list(s.__rich_repr__())), repr(list(with_userinfo.__rich_repr__()))]
     for text in texts:
         for secret in (SECRET, HEADER_SECRET, "hunter2pass", "querysecret1"):
             assert secret not in text, (secret, text)
@@ -279,3 +280,19 @@ async def test_errors_carry_kind_status_retryable_in_data() -> None:
     from sidecar.errors import ProviderError as BaseProviderError
 
     assert isinstance(error, BaseProviderError)
+
+
+async def test_redirect_is_reported_not_followed() -> None:
+    moved = Reply(status=301, headers={"location": "https://api.example.test/v1/chat/completions?key=abcdefgh1"})
+    transport = ScriptedTransport(moved)
+    _, error = await stream_with(transport)
+    assert error is not None and error.status == 301 and not error.retryable and len(transport.requests) == 1
+    assert "redirected to https://api.example.test/v1/chat/completions; check the base URL" in error.message
+    assert error.provider == "openai-compat"
+
+
+def test_bad_base_url_is_a_bad_request() -> None:
+    for url in ("ftp://example.test", "not a url", "http://[::1"):
+        with pytest.raises(ProviderError) as info:
+            create_provider(settings(base_url=url))
+        assert info.value.kind == "bad_request"

@@ -29,7 +29,7 @@ import anyio
 import httpx2
 
 from sidecar.providers.errors import ErrorKind, ProviderError, error_detail
-from sidecar.providers.redact import install_http_log_filter
+from sidecar.providers.redact import install_http_log_filter, safe_url
 from sidecar.providers.types import ProviderSettings
 
 __all__ = [
@@ -204,7 +204,7 @@ async def open_response(
                 method, url, content=body, headers=headers, timeout=timeout or client.timeout
             )
         except httpx2.InvalidURL as exc:
-            raise ProviderError(describe(f"invalid URL ({exc})"), kind="bad_request") from exc
+            raise ProviderError(describe(f"invalid URL ({exc})"), kind="bad_request", provider=settings.type) from exc
         failure: ProviderError
         delay_headers: httpx2.Headers | None = None
         try:
@@ -212,7 +212,10 @@ async def open_response(
         except httpx2.TransportError as exc:
             kind, what = _transport_failure(exc)
             failure = ProviderError(
-                describe(f"{what} ({type(exc).__name__}: {exc})"), kind=kind, retryable=kind != "bad_request"
+                describe(f"{what} ({type(exc).__name__}: {exc})"),
+                kind=kind,
+                retryable=kind != "bad_request",
+                provider=settings.type,
             )
             cause: BaseException = exc
         else:
@@ -230,11 +233,16 @@ async def open_response(
             finally:
                 await close_quietly(response)
             status = response.status_code
+            location = response.headers.get("location")
+            if 300 <= status < 400 and location:
+                # Redirects are not followed (a POST would be replayed elsewhere): say where.
+                detail = f"redirected to {safe_url(location)}; check the base URL"
             failure = ProviderError(
                 describe(f"HTTP {status} {response.reason_phrase}: {detail}"),
                 kind="http",
                 status=status,
                 retryable=status in RETRY_STATUSES,
+                provider=settings.type,
             )
             delay_headers = response.headers
             cause = failure
