@@ -192,6 +192,13 @@ async def test_stall_past_idle_timeout() -> None:
     assert transport.bodies[0].closed.is_set()
 
 
+async def test_slow_stream_within_idle_timeout_is_fine() -> None:
+    # every read suspends here, so the watchdog is armed for each chunk and must not fire
+    transport = ScriptedTransport(sse_reply("openai/text.sse", pause=0.01))
+    parts, error = await stream_with(transport, idle_timeout=1.0)
+    assert error is None and text_of(parts) == "Hello! How can I help you today?"
+
+
 async def test_no_response_headers_within_idle_timeout_is_a_retryable_timeout() -> None:
     async def hang(request: httpx2.Request) -> httpx2.Response:
         await anyio.sleep_forever()

@@ -74,6 +74,8 @@ class Reply(msgspec.Struct, kw_only=True):
     fault: Literal["disconnect", "stall"] | None = None
     fault_after: int = 0
     """Chunks sent before the fault."""
+    pause: float = 0.0
+    """Seconds to wait before each chunk after the first (a slow but live stream)."""
 
 
 def sse_reply(name_or_text: str, **kw: Any) -> Reply:
@@ -117,6 +119,8 @@ class _Body(httpx2.AsyncByteStream):
         for sent, chunk in enumerate(reply.chunks):
             if reply.fault is not None and sent == reply.fault_after:
                 await self._fault()
+            if reply.pause and sent:
+                await anyio.sleep(reply.pause)
             yield chunk
         if reply.fault is not None and reply.fault_after >= len(reply.chunks):
             await self._fault()

@@ -22,8 +22,9 @@ import logging
 import math
 import random
 import time
-from collections.abc import AsyncIterator, Callable
+from collections.abc import AsyncIterator, Callable, Generator
 from contextlib import asynccontextmanager
+from typing import Any
 
 import anyio
 import httpx2
@@ -49,6 +50,40 @@ _MAX_ERROR_BODY = 64 * 1024
 _CLOSE_TIMEOUT = 5.0
 
 
+class _Resume:
+    """Awaits the rest of a coroutine whose first step already ran (and suspended).
+
+    It forwards what the coroutine yields to the event loop and what the loop sends
+    or throws back, exactly as ``await`` would have done from the first step on.
+    """
+
+    __slots__ = ("_steps", "_first")
+
+    def __init__(self, steps: Generator[Any, Any, Any], first: Any) -> None:
+        self._steps = steps
+        self._first = first
+
+    def __await__(self) -> Generator[Any, Any, Any]:
+        steps = self._steps
+        value = self._first
+        while True:
+            try:
+                sent = yield value
+            except GeneratorExit:
+                steps.close()
+                raise
+            except BaseException as exc:  # cancellation included: handed on, never swallowed
+                try:
+                    value = steps.throw(exc)
+                except StopIteration as stop:
+                    return stop.value
+            else:
+                try:
+                    value = steps.send(sent)
+                except StopIteration as stop:
+                    return stop.value
+
+
 class _IdleStream(httpx2.AsyncByteStream):
     def __init__(self, inner: httpx2.AsyncByteStream, idle: float, request: httpx2.Request) -> None:
         self._inner = inner
@@ -58,15 +93,26 @@ class _IdleStream(httpx2.AsyncByteStream):
     async def __aiter__(self) -> AsyncIterator[bytes]:
         chunks = self._inner.__aiter__()
         while True:
-            # The scope is entered and left between two yields, never across one.
-            # A bare CancelScope costs about half of fail_after, per chunk.
-            with anyio.CancelScope(deadline=anyio.current_time() + self._idle) as scope:
-                try:
-                    chunk = await chunks.__anext__()
-                except StopAsyncIteration:
-                    return
-            if scope.cancelled_caught:
-                raise httpx2.ReadTimeout(f"no data for {self._idle:g}s", request=self._request)
+            # The first step of the read runs bare: when the chunk is already there
+            # (in-memory transports, buffered data) it costs no timer at all. Only a
+            # read that suspends gets the deadline; arming a cancel scope per chunk
+            # would cost more than parsing the chunk.
+            steps = chunks.__anext__().__await__()
+            try:
+                first = steps.send(None)
+            except StopIteration as stop:
+                chunk = stop.value
+            except StopAsyncIteration:
+                return
+            else:
+                # Entered and left between two yields of this generator, never across one.
+                with anyio.CancelScope(deadline=anyio.current_time() + self._idle) as scope:
+                    try:
+                        chunk = await _Resume(steps, first)
+                    except StopAsyncIteration:
+                        return
+                if scope.cancelled_caught:
+                    raise httpx2.ReadTimeout(f"no data for {self._idle:g}s", request=self._request)
             yield chunk
 
     async def aclose(self) -> None:

@@ -23,7 +23,6 @@ Must stay true:
 
 from __future__ import annotations
 
-from collections.abc import Iterator
 from typing import Any, Literal, Union
 
 import msgspec
@@ -84,13 +83,15 @@ class ProviderSettings(msgspec.Struct, kw_only=True):
 
     __str__ = __repr__
 
-    def __rich_repr__(self) -> Iterator[tuple[str, Any]]:
-        # msgspec's own would yield the key (rich, pretty-printers, debuggers).
-        yield "type", self.type
-        yield "name", self.name
-        yield "base_url", safe_url(self.base_url)
-        yield "api_key", None if self.api_key is None else "***"
-        yield "headers", {name: "***" for name in self.headers}
+    def __rich_repr__(self) -> list[tuple[str, Any]]:
+        # msgspec's own would list the key (rich, pretty-printers, debuggers).
+        return [
+            ("type", self.type),
+            ("name", self.name),
+            ("base_url", safe_url(self.base_url)),
+            ("api_key", None if self.api_key is None else "***"),
+            ("headers", {name: "***" for name in self.headers}),
+        ]
 
 
 class ModelInfo(msgspec.Struct, kw_only=True):

@@ -220,10 +220,19 @@ async def bench_memory(n: int, rounds: int) -> None:
         provider = create_provider(settings, transport=transport())
         ours = await measure(lambda: adapter(provider), rounds)
         await provider.aclose()
+        bare = create_provider(settings, transport=transport())
+        # Reach past the IdleTimeoutTransport wrapper, to show what the watchdog itself costs.
+        bare._client._transport = bare._client._transport._inner  # type: ignore[attr-defined]
+        unwatched = await measure(lambda: adapter(bare), rounds)
+        await bare.aclose()
         print(kind)
         row("raw lines", *lines)
         row("adapter", *ours)
-        print(f"  ratio adapter/raw lines {ours[0] / lines[0]:.2f}x wall, {(ours[0] - lines[0]) / n * 1e6:.1f} us/chunk")
+        row("no watchdog", *unwatched)
+        print(
+            f"  ratio adapter/raw lines {ours[0] / lines[0]:.2f}x wall, {(ours[0] - lines[0]) / n * 1e6:.1f} us/chunk;"
+            f" watchdog {(ours[1] - unwatched[1]) / n * 1e6:.1f} us/chunk cpu"
+        )
 
 
 def main() -> int:
