@@ -33,12 +33,12 @@ from protocol.params import (
     SendParams,
     SendResult,
     SuccessResult,
-    UserInput,
 )
-from protocol.types import FilePart, ImagePart, MessageV2, SessionV2, TextPart
+from protocol.types import MessageV2, SessionV2
 from sidecar.engine.generation import GenerationHandler, GenerationJob
 from sidecar.engine.titles import TitleGenerator
-from sidecar.errors import EngineError, InvalidParams, NotFound, SidecarError
+from sidecar.engine.turns import Turn, TurnWriter
+from sidecar.errors import SidecarError
 
 log = logging.getLogger(__name__)
 
@@ -79,6 +79,7 @@ class ChatEngine:
             attachments=attachments,
             settings=settings.current,
         )
+        self._turns = TurnWriter(store.sync, attachments)
         self._titles = TitleGenerator(store=store, providers=providers, settings=settings.current)
         self._jobs: dict[str, _RunningJob] = {}
         self._locks: dict[str, anyio.Lock] = {}
@@ -87,28 +88,11 @@ class ChatEngine:
     # -- methods ---------------------------------------------------------------------
 
     async def send(self, params: SendParams) -> SendResult:
-        session = await self._direct_session(params.session_id)
-        stored = await anyio.to_thread.run_sync(self._attachments.store_input, params.input)
-        async with self._lock(session.id):
-            await self._stop(session.id, "superseded by a new message")
-            user = await self._store.append_message(
-                session.id,
-                role="user",
-                content_type=stored.content_type,
-                text_content=stored.text_content,
-                parts=stored.parts,
-            )
-            assistant = await self._new_reply(session, user.id, session.model_id)
-            self._start(
-                GenerationJob(
-                    session=session,
-                    message_id=assistant.id,
-                    parent_id=user.id,
-                    provider_id=session.provider_id,
-                    model_id=session.model_id,
-                )
-            )
-        return SendResult(message_id=assistant.id, user_message_id=user.id)
+        self._check_open()
+        turn = await anyio.to_thread.run_sync(self._turns.check_send, params)
+        user, reply = await self._begin(turn, "superseded by a new message", after_active_leaf=True)
+        assert user is not None
+        return SendResult(message_id=reply.id, user_message_id=user.id)
 
     async def abort(self, params: AbortParams) -> SuccessResult:
         await self._store.get_session(params.session_id)  # NotFound for unknown ids
@@ -117,62 +101,16 @@ class ChatEngine:
         return SuccessResult(success=stopped)
 
     async def regenerate(self, params: RegenerateParams) -> MessageIdResult:
-        session = await self._direct_session(params.session_id)
-        options = params.options
-        async with self._lock(session.id):
-            await self._stop(session.id, "superseded by regenerate")
-            target = await self._regenerate_target(session, params.message_id)
-            if target.parent_id is None:
-                raise EngineError("this assistant message has no user message to answer")
-            provider_id = (options.provider_id if options else None) or session.provider_id
-            model_id = (options.model_id if options else None) or session.model_id
-            assistant = await self._new_reply(session, target.parent_id, model_id)
-            self._start(
-                GenerationJob(
-                    session=session,
-                    message_id=assistant.id,
-                    parent_id=target.parent_id,
-                    provider_id=provider_id,
-                    model_id=model_id,
-                    temperature=options.temperature if options else None,
-                )
-            )
-        return MessageIdResult(message_id=assistant.id)
+        self._check_open()
+        turn = await anyio.to_thread.run_sync(self._turns.check_regenerate, params)
+        _, reply = await self._begin(turn, "superseded by regenerate", after_active_leaf=False)
+        return MessageIdResult(message_id=reply.id)
 
     async def edit_resend(self, params: EditResendParams) -> MessageIdResult:
-        session = await self._direct_session(params.session_id)
-        async with self._lock(session.id):
-            await self._stop(session.id, "superseded by edit and resend")
-            original = await self._message_of(session.id, params.message_id, "messageId")
-            if original.role != "user":
-                raise InvalidParams("invalid params: messageId must be a user message")
-            # keep the original's images and files; only the text is replaced
-            kept = [p for p in original.parts or [] if isinstance(p, (ImagePart, FilePart))]
-            content: str | list[Any] = params.new_content
-            if kept:
-                content = [TextPart(text=params.new_content), *kept]
-            stored = await anyio.to_thread.run_sync(
-                self._attachments.store_input, UserInput(content=content)
-            )
-            user = await self._store.append_message(
-                session.id,
-                role="user",
-                parent_id=original.parent_id,
-                content_type=stored.content_type,
-                text_content=stored.text_content,
-                parts=stored.parts,
-            )
-            assistant = await self._new_reply(session, user.id, session.model_id)
-            self._start(
-                GenerationJob(
-                    session=session,
-                    message_id=assistant.id,
-                    parent_id=user.id,
-                    provider_id=session.provider_id,
-                    model_id=session.model_id,
-                )
-            )
-        return MessageIdResult(message_id=assistant.id)
+        self._check_open()
+        turn = await anyio.to_thread.run_sync(self._turns.check_edit, params)
+        _, reply = await self._begin(turn, "superseded by edit and resend", after_active_leaf=False)
+        return MessageIdResult(message_id=reply.id)
 
     # -- lifecycle -------------------------------------------------------------------
 
@@ -222,46 +160,31 @@ class ChatEngine:
             lock = self._locks[session_id] = anyio.Lock()
         return lock
 
-    async def _direct_session(self, session_id: str) -> SessionV2:
+    def _check_open(self) -> None:
         if self._closing:
             raise SidecarError("the sidecar is shutting down", code=ErrorCode.BUSY)
-        session = await self._store.get_session(session_id)
-        if session.mode == "acp":
-            raise SidecarError(
-                "ACP mode is not implemented yet: this session's mode is 'acp'",
-                code=ErrorCode.NOT_IMPLEMENTED,
+
+    async def _begin(
+        self, turn: Turn, reason: str, *, after_active_leaf: bool
+    ) -> tuple[MessageV2 | None, MessageV2]:
+        """Stop the session's job, store the turn, start generating its reply."""
+        session_id = turn.session.id
+        async with self._lock(session_id):
+            await self._stop(session_id, reason)
+            user, reply = await anyio.to_thread.run_sync(
+                lambda: self._turns.write(turn, after_active_leaf=after_active_leaf)
             )
-        return session
-
-    async def _message_of(self, session_id: str, message_id: str, field: str) -> MessageV2:
-        try:
-            message = await self._store.get_message(message_id)
-        except NotFound:
-            raise NotFound(f"{field}: no message {message_id!r}") from None
-        if message.session_id != session_id:
-            raise NotFound(f"{field}: message {message_id!r} is not in session {session_id!r}")
-        return message
-
-    async def _regenerate_target(self, session: SessionV2, message_id: str | None) -> MessageV2:
-        if message_id is not None:
-            target = await self._message_of(session.id, message_id, "messageId")
-            if target.role != "assistant":
-                raise InvalidParams("invalid params: messageId must be an assistant message")
-            return target
-        path = await self._store.get_path(session.id)
-        for message in reversed(path):
-            if message.role == "assistant":
-                return message
-        raise EngineError("there is no assistant reply to regenerate in this session")
-
-    async def _new_reply(self, session: SessionV2, parent_id: str, model_id: str) -> MessageV2:
-        return await self._store.append_message(
-            session.id,
-            role="assistant",
-            parent_id=parent_id,
-            status="pending",
-            model_id=model_id or None,
-        )
+            self._start(
+                GenerationJob(
+                    session=turn.session,
+                    message_id=reply.id,
+                    parent_id=reply.parent_id or "",
+                    provider_id=turn.provider_id,
+                    model_id=turn.model_id,
+                    temperature=turn.temperature,
+                )
+            )
+        return user, reply
 
     def _start(self, job: GenerationJob) -> None:
         running = _RunningJob(job)

@@ -129,15 +129,19 @@ class GenerationHandler:
         """Stream one provider step; returns the failure that ended it, if any."""
         try:
             resolved = await self._providers.resolve(job.provider_id, job.model_id)
-            path = await self._store.get_path(job.session.id, job.parent_id)
-            messages = await anyio.to_thread.run_sync(
-                lambda: build_request_messages(
+            store = self._store.sync
+
+            def prepare() -> list[Any]:
+                # one worker-thread hop for the branch read and the attachment reads
+                path = store.get_path(job.session.id, job.parent_id)
+                return build_request_messages(
                     path,
                     system_prompt=job.session.system_prompt,
                     model=resolved.model,
                     attachments=self._attachments,
                 )
-            )
+
+            messages = await anyio.to_thread.run_sync(prepare)
             request = ChatRequest(
                 model=resolved.model,
                 messages=messages,
@@ -147,9 +151,6 @@ class GenerationHandler:
                     max_tokens=settings.max_tokens,
                     reasoning=settings.reasoning,
                 ),
-            )
-            await self._store.update_partial(
-                job.message_id, text_content="", parts=None, status="streaming", seq=relay.seq
             )
         except SidecarError as exc:
             return exc
@@ -205,6 +206,11 @@ class GenerationHandler:
     async def _persist_loop(
         self, job: GenerationJob, relay: StreamRelay, reply: ReplyBuilder, settings: ChatSettings
     ) -> None:
+        # pending -> streaming is a state change: written at once, but beside the provider
+        # request rather than before it (it must not delay the first delta)
+        await self._store.update_partial(
+            job.message_id, text_content="", parts=None, status="streaming", seq=relay.seq
+        )
         interval = max(20, settings.persist_interval_ms) / 1000
         while True:
             await anyio.sleep(interval)

@@ -51,6 +51,8 @@ class ProviderService:
         self._get_setting = get_setting
         self._set_setting = set_setting
         self._transport = transport  # tests and benchmarks inject an httpx2 transport
+        self._records: dict[str, ProviderRecord] = {}
+        """Records read for generation, dropped on upsert/delete (this process is the only writer)."""
         self._live: dict[str, tuple[int, Provider]] = {}
         self._retired: list[Provider] = []
 
@@ -63,11 +65,13 @@ class ProviderService:
 
     async def upsert_provider(self, params: ProviderUpsertParams) -> ProviderInfo:
         record = await anyio.to_thread.run_sync(self._repo.upsert, params)
+        self._records.pop(record.id, None)
         default = await self._get_setting(DEFAULT_PROVIDER_KEY)
         return record.to_info(is_default=record.id == default)
 
     async def delete_provider(self, params: IdParams) -> SuccessResult:
         await anyio.to_thread.run_sync(self._repo.delete, params.id)
+        self._records.pop(params.id, None)
         if await self._get_setting(DEFAULT_PROVIDER_KEY) == params.id:
             await self._set_setting(DEFAULT_PROVIDER_KEY, None)
             await self._set_setting(DEFAULT_MODEL_KEY, None)
@@ -97,10 +101,13 @@ class ProviderService:
                 "no provider is configured: add one with provider:upsert and choose it with "
                 "provider:setDefault (or set the session's providerId)"
             )
-        try:
-            record = await anyio.to_thread.run_sync(self._repo.get, provider_id)
-        except NotFound:
-            raise EngineError(f"the session's provider {provider_id!r} does not exist") from None
+        record = self._records.get(provider_id)
+        if record is None:
+            try:
+                record = await anyio.to_thread.run_sync(self._repo.get, provider_id)
+            except NotFound:
+                raise EngineError(f"the session's provider {provider_id!r} does not exist") from None
+            self._records[provider_id] = record
         if not record.enabled:
             raise EngineError(f"provider {record.name!r} is disabled")
         if not model_id:

@@ -1,0 +1,148 @@
+"""TurnWriter: the synchronous database side of send / regenerate / editResend.
+
+Each method is split in two so a request costs two worker-thread hops, not one per
+query: ``check_*`` validates everything (session, mode, input, target message) and
+writes attachment files, touching no rows, so bad input never disturbs a running
+generation; ``write_*`` then stores the new messages once the engine has stopped the
+session's running job. Both run in a worker thread (``anyio.to_thread.run_sync``).
+"""
+
+from __future__ import annotations
+
+from typing import Any
+
+import msgspec
+
+from protocol.errors import ErrorCode
+from protocol.params import EditResendParams, RegenerateParams, SendParams, UserInput
+from protocol.types import FilePart, ImagePart, MessageV2, SessionV2, TextPart
+from sidecar.errors import EngineError, InvalidParams, NotFound, SidecarError
+from sidecar.store.attachments import AttachmentStore, StoredInput
+
+
+class Turn(msgspec.Struct, kw_only=True):
+    """What a checked request will store: a user message (or not) and a reply under it."""
+
+    session: SessionV2
+    user_input: StoredInput | None = None
+    """Content of the new user message; None for regenerate."""
+    parent_id: str | None
+    """Parent of the new user message (send/edit) or of the new reply (regenerate)."""
+    provider_id: str
+    model_id: str
+    temperature: float | None = None
+
+
+class TurnWriter:
+    def __init__(self, store: Any, attachments: AttachmentStore) -> None:
+        self._store = store  # the synchronous Store
+        self._attachments = attachments
+
+    # -- checks (no rows written) -------------------------------------------------------
+
+    def check_send(self, params: SendParams) -> Turn:
+        session = self._direct_session(params.session_id)
+        stored = self._attachments.store_input(params.input)
+        return Turn(
+            session=session,
+            user_input=stored,
+            parent_id=session.active_leaf_id,
+            provider_id=session.provider_id,
+            model_id=session.model_id,
+        )
+
+    def check_regenerate(self, params: RegenerateParams) -> Turn:
+        session = self._direct_session(params.session_id)
+        target = self._regenerate_target(session, params.message_id)
+        if target.parent_id is None:
+            raise EngineError("this assistant message has no user message to answer")
+        options = params.options
+        return Turn(
+            session=session,
+            parent_id=target.parent_id,
+            provider_id=(options.provider_id if options else None) or session.provider_id,
+            model_id=(options.model_id if options else None) or session.model_id,
+            temperature=options.temperature if options else None,
+        )
+
+    def check_edit(self, params: EditResendParams) -> Turn:
+        session = self._direct_session(params.session_id)
+        original = self._message_of(session.id, params.message_id, "messageId")
+        if original.role != "user":
+            raise InvalidParams("invalid params: messageId must be a user message - at `$.messageId`")
+        # the original's images and files stay; only the text is replaced
+        kept = [p for p in original.parts or [] if isinstance(p, (ImagePart, FilePart))]
+        content: str | list[Any] = params.new_content
+        if kept:
+            content = [TextPart(text=params.new_content), *kept]
+        return Turn(
+            session=session,
+            user_input=self._attachments.store_input(UserInput(content=content)),
+            parent_id=original.parent_id,
+            provider_id=session.provider_id,
+            model_id=session.model_id,
+        )
+
+    # -- writes ---------------------------------------------------------------------------
+
+    def write(self, turn: Turn, *, after_active_leaf: bool) -> tuple[MessageV2 | None, MessageV2]:
+        """Store the turn's user message (if any) and a pending reply; both become active.
+
+        ``after_active_leaf``: a send continues the branch as it is *now* (a stopped job may
+        have just finished its reply), so it re-reads the active leaf instead of trusting the
+        one seen at check time.
+        """
+        user = None
+        parent = turn.parent_id
+        if turn.user_input is not None:
+            stored = turn.user_input
+            user = self._store.append_message(
+                turn.session.id,
+                role="user",
+                **({} if after_active_leaf else {"parent_id": parent}),
+                content_type=stored.content_type,
+                text_content=stored.text_content,
+                parts=stored.parts,
+            )
+            parent = user.id
+        reply = self._store.append_message(
+            turn.session.id,
+            role="assistant",
+            parent_id=parent,
+            status="pending",
+            model_id=turn.model_id or None,
+        )
+        return user, reply
+
+    # -- internals ------------------------------------------------------------------------
+
+    def _direct_session(self, session_id: str) -> SessionV2:
+        session = self._store.get_session(session_id)
+        if session.mode == "acp":
+            raise SidecarError(
+                "ACP mode is not implemented yet: this session's mode is 'acp'",
+                code=ErrorCode.NOT_IMPLEMENTED,
+            )
+        return session
+
+    def _message_of(self, session_id: str, message_id: str, field: str) -> MessageV2:
+        try:
+            message = self._store.get_message(message_id)
+        except NotFound:
+            raise NotFound(f"{field}: no message {message_id!r}") from None
+        if message.session_id != session_id:
+            raise NotFound(f"{field}: message {message_id!r} is not in session {session_id!r}")
+        return message
+
+    def _regenerate_target(self, session: SessionV2, message_id: str | None) -> MessageV2:
+        if message_id is not None:
+            target = self._message_of(session.id, message_id, "messageId")
+            if target.role != "assistant":
+                raise InvalidParams(
+                    "invalid params: messageId must be an assistant message - at `$.messageId`"
+                )
+            return target
+        for message in reversed(self._store.get_path(session.id)):
+            if message.role == "assistant":
+                return message
+        raise EngineError("there is no assistant reply to regenerate in this session")
