@@ -287,3 +287,62 @@ async def test_shutdown_grace_cancels_stuck_requests_with_request_cancelled() ->
                     await gate.entered.wait()
     assert errors[0].code == ErrorCode.REQUEST_CANCELLED and "shutting down" in errors[0].message
     assert gate.cancelled
+
+
+async def test_requests_beyond_max_concurrent_wait_their_turn_and_can_be_cancelled_while_waiting() -> None:
+    gate = Gate()
+    running: list[Any] = []
+    (a_receive, a_send), (b_receive, b_send) = connected_pair()
+
+    async def block(params: EchoParams) -> Any:
+        running.append(params.value)
+        await gate.release.wait()
+        return params.value
+
+    results: dict[Any, Any] = {}
+    with anyio.fail_after(10):
+        async with JsonRpcPeer(a_receive, a_send, {"block": Handler(EchoParams, block)}, max_concurrent=2):
+            async with JsonRpcPeer(b_receive, b_send, name="client") as client:
+
+                async def call(value: str) -> None:
+                    try:
+                        results[value] = await client.request("block", {"value": value})
+                    except RemoteError as exc:
+                        results[value] = exc.code
+
+                async with anyio.create_task_group() as tg:
+                    for value in ("a", "b", "c", "d"):  # ids 0..3
+                        tg.start_soon(call, value)
+                        await anyio.wait_all_tasks_blocked()
+                    assert running == ["a", "b"]  # two workers busy, c and d queued
+                    await client.notify("$/cancelRequest", {"id": 2})  # c, still queued
+                    while "c" not in results:
+                        await anyio.wait_all_tasks_blocked()
+                    assert results == {"c": ErrorCode.REQUEST_CANCELLED}  # answered at once
+                    gate.release.set()
+    assert results == {"a": "a", "b": "b", "c": ErrorCode.REQUEST_CANCELLED, "d": "d"}
+    assert running == ["a", "b", "d"]  # c never ran
+
+
+async def test_many_pipelined_requests_use_a_bounded_number_of_tasks() -> None:
+    peaks: list[int] = []
+    servers: list[JsonRpcPeer] = []
+
+    async def observe(params: EchoParams) -> Any:
+        peaks.append(servers[0]._workers)
+        await anyio.lowlevel.checkpoint()
+        return params.value
+
+    async with two_peers({"observe": Handler(EchoParams, observe)}) as (server, client):
+        servers.append(server)
+        results: list[Any] = []
+
+        async def call(n: int) -> None:
+            results.append(await client.request("observe", {"value": n}))
+
+        async with anyio.create_task_group() as tg:
+            for n in range(500):
+                tg.start_soon(call, n)
+        assert sorted(results) == list(range(500))
+        assert 1 < max(peaks) <= server.max_concurrent  # concurrent, and never past the bound
+        assert server._workers == 0 and not server._queued and not server._inflight

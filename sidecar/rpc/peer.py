@@ -29,6 +29,7 @@ What must stay true:
 from __future__ import annotations
 
 import logging
+from collections import deque
 from collections.abc import AsyncIterator, Awaitable, Callable
 from contextlib import AsyncExitStack, asynccontextmanager
 from types import TracebackType
@@ -108,10 +109,12 @@ class JsonRpcPeer:
         autostart: bool = True,
         shutdown_grace: float = 5.0,
         cancel_method: str | None = CANCEL_METHOD,
+        max_concurrent: int = 64,
     ) -> None:
         """``autostart=False`` delays reading until ``start_reading()`` (so handlers can be
         added once the services they call exist); ``cancel_method`` is the notification
-        sent when one of our requests is cancelled or times out (None: send nothing)."""
+        sent when one of our requests is cancelled or times out (None: send nothing);
+        ``max_concurrent`` bounds the tasks running incoming requests (more wait in order)."""
         self.name = name
         self.max_line_bytes = max_line_bytes
         self.dispatcher = Dispatcher(handlers)
@@ -128,6 +131,9 @@ class JsonRpcPeer:
         self._pending: dict[int, _Pending] = {}
         self._inflight: dict[tuple[bool, Any], _Inflight] = {}
         self._notification_scopes: set[anyio.CancelScope] = set()
+        self.max_concurrent = max(1, max_concurrent)
+        self._queued: deque[tuple[Envelope, tuple[bool, Any], _Inflight]] = deque()
+        self._workers = 0
         self._tasks: anyio.abc.TaskGroup | None = None
         self._reader_scope: anyio.CancelScope | None = None
         self._active = 0
@@ -373,7 +379,7 @@ class JsonRpcPeer:
                 )
             inflight = _Inflight()
             self._inflight[key] = inflight  # registered now, so a cancel right behind it finds it
-            self._spawn(self._run_request, envelope, key, inflight)
+            self._start_request(envelope, key, inflight)
         elif kind == "notification":
             self._on_notification(envelope)
         elif kind == "response":
@@ -395,12 +401,40 @@ class JsonRpcPeer:
             if not self._active and self._idle is not None:
                 self._idle.set()
 
-    async def _run_request(self, envelope: Envelope, key: tuple[bool, Any], inflight: _Inflight) -> None:
-        await self._send_reply(await self._answer(envelope, key, inflight))
+    def _start_request(self, envelope: Envelope, key: tuple[bool, Any], inflight: _Inflight) -> None:
+        # A bounded set of worker tasks runs requests, each in its own cancel scope: a
+        # client pipelining thousands of requests costs a queue entry each, not a task
+        # each (thousands of live tasks made the garbage collector the bottleneck).
+        # Reading goes on meanwhile, so responses and cancels are never stuck behind them.
+        if self._workers < self.max_concurrent:
+            self._workers += 1
+            self._spawn(self._request_worker, (envelope, key, inflight))
+        else:
+            self._queued.append((envelope, key, inflight))
+
+    def _answer_if_queued(self, inflight: _Inflight) -> None:
+        """A cancelled request still waiting for a worker is answered now, not when its turn comes."""
+        for item in self._queued:
+            if item[2] is inflight:
+                self._queued.remove(item)
+                envelope, key, _ = item
+                del self._inflight[key]
+                self._spawn(self._send_reply, error_reply(envelope.id, ErrorCode.REQUEST_CANCELLED, inflight.reason))
+                return
+
+    async def _request_worker(self, item: tuple[Envelope, tuple[bool, Any], _Inflight] | None) -> None:
+        try:
+            while item is not None:
+                await self._send_reply(await self._answer(*item))
+                item = self._queued.popleft() if self._queued else None
+        finally:
+            self._workers -= 1
 
     async def _answer(self, envelope: Envelope, key: tuple[bool, Any], inflight: _Inflight) -> Reply:
         reply: Reply | None = None
         try:
+            if inflight.scope.cancel_called:  # cancelled while it waited for a worker
+                return error_reply(envelope.id, ErrorCode.REQUEST_CANCELLED, inflight.reason)
             with inflight.scope:
                 reply = await self.dispatcher.dispatch(envelope.method, envelope.params, envelope.id)
         finally:
@@ -411,27 +445,32 @@ class JsonRpcPeer:
 
     async def _run_batch(self, items: list[msgspec.Raw]) -> None:
         replies: list[Reply | None] = [None] * len(items)
+        requests: deque[tuple[int, Envelope, tuple[bool, Any], _Inflight]] = deque()
 
-        async def answer(index: int, envelope: Envelope, key: tuple[bool, Any], inflight: _Inflight) -> None:
-            replies[index] = await self._answer(envelope, key, inflight)
+        async def worker() -> None:
+            while requests:
+                index, envelope, key, inflight = requests.popleft()
+                replies[index] = await self._answer(envelope, key, inflight)
 
+        for index, raw in enumerate(items):
+            try:
+                envelope = envelope_decoder.decode(raw)
+            except (msgspec.DecodeError, msgspec.ValidationError):
+                replies[index] = error_reply(
+                    None, ErrorCode.INVALID_REQUEST, "invalid request: a batch item must be an object"
+                )
+                continue
+            incoming = classify(envelope)
+            if incoming.kind == "request" and _id_key(envelope.id) not in self._inflight:
+                key = _id_key(envelope.id)
+                inflight = _Inflight()
+                self._inflight[key] = inflight
+                requests.append((index, envelope, key, inflight))
+            else:
+                replies[index] = self._route(incoming)
         async with anyio.create_task_group() as tg:
-            for index, raw in enumerate(items):
-                try:
-                    envelope = envelope_decoder.decode(raw)
-                except (msgspec.DecodeError, msgspec.ValidationError):
-                    replies[index] = error_reply(
-                        None, ErrorCode.INVALID_REQUEST, "invalid request: a batch item must be an object"
-                    )
-                    continue
-                incoming = classify(envelope)
-                if incoming.kind == "request" and _id_key(envelope.id) not in self._inflight:
-                    key = _id_key(envelope.id)
-                    inflight = _Inflight()
-                    self._inflight[key] = inflight
-                    tg.start_soon(answer, index, envelope, key, inflight)
-                else:
-                    replies[index] = self._route(incoming)
+            for _ in range(min(len(requests), self.max_concurrent)):
+                tg.start_soon(worker)
         batch = [reply for reply in replies if reply is not None]
         if batch:
             await self._send_line(self._encode_batch(batch))
@@ -447,6 +486,7 @@ class JsonRpcPeer:
             inflight = self._inflight.get(_id_key(params.id))
             if inflight is not None:
                 inflight.scope.cancel()
+                self._answer_if_queued(inflight)
             return
         if method not in self.dispatcher:
             logger.debug("%s: ignoring notification for unknown method %r", self.name, method)
