@@ -14,9 +14,12 @@ only a notification, id without method a response to one of ours. Our ids count 
 from 0; an incoming request may reuse an id we are waiting on without confusion.
 
 What must stay true:
-- every incoming request runs in its own task and cancel scope inside the peer's task
-  group and gets exactly one reply, even when it is cancelled (``$/cancelRequest`` or
-  shutdown -> REQUEST_CANCELLED); cancellation of the peer itself always propagates;
+- every incoming request runs in its own cancel scope on a task of the peer's task group
+  and gets exactly one reply, even when it is cancelled (``$/cancelRequest`` or shutdown
+  -> REQUEST_CANCELLED); cancellation of the peer itself always propagates;
+- at most ``max_concurrent`` tasks run requests; more requests wait in arrival order
+  (a worker that finishes takes the next one), while reading goes on, so responses to
+  our own requests and cancels are never stuck behind busy handlers;
 - bad input never ends the peer: each bad line gets its error reply (or none, for a
   notification) and reading goes on;
 - only the LineWriter's task writes to the send stream;
