@@ -40,9 +40,8 @@ from protocol.types import SessionV2, Usage
 from sidecar.engine.relay import StreamRelay
 from sidecar.engine.reply import ReplyBuilder
 from sidecar.errors import SidecarError
-from sidecar.pipeline.request import build_request_messages
+from sidecar.pipeline.builder import RequestBuilder
 from sidecar.providers.types import (
-    ChatRequest,
     Finish,
     GenerationParams,
     TextDelta,
@@ -88,7 +87,7 @@ class GenerationHandler:
         self._store = store
         self._notify = notify
         self._providers = providers
-        self._attachments = attachments
+        self._requests = RequestBuilder(store.sync, attachments)
         self._settings = settings
 
     async def run(self, job: GenerationJob) -> None:
@@ -129,22 +128,10 @@ class GenerationHandler:
         """Stream one provider step; returns the failure that ended it, if any."""
         try:
             resolved = await self._providers.resolve(job.provider_id, job.model_id)
-            store = self._store.sync
-
-            def prepare() -> list[Any]:
-                # one worker-thread hop for the branch read and the attachment reads
-                path = store.get_path(job.session.id, job.parent_id)
-                return build_request_messages(
-                    path,
-                    system_prompt=job.session.system_prompt,
-                    model=resolved.model,
-                    attachments=self._attachments,
-                )
-
-            messages = await anyio.to_thread.run_sync(prepare)
-            request = ChatRequest(
+            request = await self._requests.build(
+                session=job.session,
+                leaf_id=job.parent_id,
                 model=resolved.model,
-                messages=messages,
                 params=GenerationParams(
                     temperature=job.temperature if job.temperature is not None else settings.temperature,
                     top_p=settings.top_p,
