@@ -180,10 +180,11 @@ async def test_unknown_fields_of_wrong_type_are_malformed_not_a_crash() -> None:
 
 
 async def test_whole_calls_repeating_index_zero_are_separate_calls() -> None:
-    # Some servers send each complete call at index 0 with its own id.
+    # Some servers send each complete call at index 0 with its own id (and some send
+    # the arguments as an object rather than JSON text).
     chunks = [
         {"choices": [{"index": 0, "delta": {"tool_calls": [{"index": 0, "id": "a", "function": {"name": "f", "arguments": "{}"}}]}}]},
-        {"choices": [{"index": 0, "delta": {"tool_calls": [{"index": 0, "id": "b", "function": {"name": "g", "arguments": '{"x":1}'}}]}}]},
+        {"choices": [{"index": 0, "delta": {"tool_calls": [{"index": 0, "id": "b", "function": {"name": "g", "arguments": {"x": 1}}}]}}]},
         {"choices": [{"index": 0, "delta": {}, "finish_reason": "stop"}]},
     ]
     body = "".join(f"data: {json.dumps(c)}\n\n" for c in chunks) + "data: [DONE]\n\n"

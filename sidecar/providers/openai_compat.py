@@ -56,7 +56,14 @@ __all__ = ["OpenAICompatProvider", "map_finish_reason"]
 
 class _Fn(msgspec.Struct, gc=False):
     name: str | None = None
-    arguments: str | None = None
+    arguments: str | dict[str, Any] | None = None
+    """A JSON text; a few servers send the object itself."""
+
+    def text(self) -> str:
+        args = self.arguments
+        if args is None or isinstance(args, str):
+            return args or ""
+        return msgspec.json.encode(args).decode()
 
 
 class _ToolCallChunk(msgspec.Struct, gc=False):
@@ -197,10 +204,11 @@ class _ToolCalls:
                 out.append(ToolCallStart(call.id, call.name))
                 if call.args:
                     out.append(ToolCallDelta(call.id, "".join(call.args)))
-            if fn.arguments:
-                call.args.append(fn.arguments)
+            arguments = fn.text()
+            if arguments:
+                call.args.append(arguments)
                 if call.started:
-                    out.append(ToolCallDelta(call.id, fn.arguments))
+                    out.append(ToolCallDelta(call.id, arguments))
         return out
 
     def close(self) -> list[StreamPart]:
@@ -373,7 +381,7 @@ class OpenAICompatProvider(HttpProvider):
             if fn is None or not fn.name:
                 raise self.error("tool call without a name in response", kind="malformed")
             call_id = call.id or f"call_{position}"
-            arguments = fn.arguments or "{}"
+            arguments = fn.text() or "{}"
             parts += [ToolCallStart(call_id, fn.name), ToolCallDelta(call_id, arguments), ToolCallEnd(call_id, fn.name, arguments)]
         if completion.usage is not None:
             parts.append(UsageUpdate(_usage(completion.usage)))
