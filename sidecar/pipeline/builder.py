@@ -34,12 +34,20 @@ class RequestBuilder:
         model: ModelInfo,
         params: GenerationParams,
         tools: Sequence[ToolSpec] = (),
+        tool_prompts: Sequence[str] = (),
+        capability_note: str | None = None,
     ) -> ChatRequest:
+        """``tools`` are sent when the model supports tools; ``tool_prompts`` (the system
+        prompts the registered tools contribute) and ``capability_note`` (what a model
+        without tool support is told instead) go into the system prompt."""
         def read_and_build() -> ChatRequest:
             path = self._store.get_path(session.id, leaf_id)
+            system = "\n\n".join(
+                p for p in (session.system_prompt, capability_note, *tool_prompts) if p and p.strip()
+            )
             messages = build_request_messages(
                 path,
-                system_prompt=session.system_prompt,
+                system_prompt=system or None,
                 model=model,
                 attachments=self._attachments,
             )
