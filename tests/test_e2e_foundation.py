@@ -4,17 +4,21 @@ from __future__ import annotations
 
 import json
 import signal
+import subprocess
 import sys
 from pathlib import Path
 from typing import Any
 
+import anyio
 import pytest
 from hypothesis import HealthCheck, given, settings
 from hypothesis import strategies as st
-from sidecar_proc import CallError, spawn_sidecar
+from sidecar_proc import CallError, sidecar_command, spawn_sidecar
 
 import sidecar
 from protocol import METHODS, PROTOCOL_VERSION, ErrorCode, InitializeResult
+from sidecar.errors import PeerClosed, RemoteError
+from sidecar.rpc import JsonRpcPeer
 
 pytestmark = pytest.mark.anyio
 
@@ -201,8 +205,6 @@ async def test_cancel_request_over_the_pipe_for_unknown_id_is_harmless(tmp_path:
 
 
 def test_bad_command_line_exits_2(tmp_path: Path) -> None:
-    import subprocess
-
     for args in (["--log-level", "loud"], ["--max-line-bytes", "12"], ["frobnicate"]):
         done = subprocess.run(
             [sys.executable, "-m", "sidecar", "--data-dir", str(tmp_path), *args],
@@ -238,3 +240,22 @@ async def test_arbitrary_lines_over_the_pipe(tmp_path: Path, lines: list[bytes])
         await proc.assert_exit(0)
     proc.assert_all_jsonrpc()
     assert "Traceback" not in proc.stderr_text()
+
+
+async def test_json_rpc_peer_as_client_over_process_pipes(tmp_path: Path) -> None:
+    """The same peer class the ACP/MCP clients use, on a child's stdin/stdout."""
+    with anyio.fail_after(20):
+        process = await anyio.open_process(sidecar_command(tmp_path), stderr=subprocess.DEVNULL)
+        async with process:
+            assert process.stdout is not None and process.stdin is not None
+            async with JsonRpcPeer(process.stdout, process.stdin, name="client") as client:
+                info = await client.request("sidecar:initialize", {}, result_type=InitializeResult)
+                assert info.server_info.name == sidecar.SERVER_NAME
+                with pytest.raises(RemoteError) as err:
+                    await client.request("no:such")
+                assert err.value.code == ErrorCode.METHOD_NOT_FOUND
+                assert await client.request("sidecar:shutdown") == {"success": True}
+                await client.closed.wait()  # the child closed its stdout as it exited
+                with pytest.raises(PeerClosed):
+                    await client.request("sidecar:initialize")
+            assert await process.wait() == 0
