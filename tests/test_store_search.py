@@ -281,3 +281,14 @@ def test_ranking_window_covers_the_newest_matches(store: Store, monkeypatch: pyt
     # Fewer matches than the window: all ranked, best first.
     monkeypatch.setattr(search, "SEARCH_WINDOW", 10)
     assert store.search_messages("apple")[0].message_id == oldest_best.id
+
+
+def test_rarer_words_weigh_more_in_multi_word_queries(store: Store) -> None:
+    sid = _session(store)
+    for i in range(12):
+        store.append_message(sid, role="user", text_content=f"apple filler number {i}")
+    rare_heavy = store.append_message(sid, role="user", text_content="zebra zebra apple")
+    common_heavy = store.append_message(sid, role="user", text_content="zebra apple apple")
+    results = store.search_messages("zebra apple")
+    assert [r.message_id for r in results] == [rare_heavy.id, common_heavy.id]
+    assert results[0].score > results[1].score

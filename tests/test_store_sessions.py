@@ -311,3 +311,34 @@ def test_delete_cascades_everywhere(store: Store) -> None:
     assert [r.message_id for r in store.search_messages("keep")] == [kept.id]
     assert count(store, "SELECT count(*) FROM pragma_foreign_key_check") == 0
     assert store.get_session(keep).message_count == 1
+
+
+@pytest.mark.parametrize("few", [0, 1, 2000])
+def test_tag_filter_plans_agree(store: Store, clock: FakeClock, few: int, monkeypatch: pytest.MonkeyPatch) -> None:
+    """Tag filters take one of three query shapes (folder-driven, tag-index-driven, list
+    order with early stop); every shape must give the same sessions, order and total."""
+    from sidecar.store import sessions as sessions_mod
+
+    monkeypatch.setattr(sessions_mod, "_FEW_MATCHES", few)
+    expected: dict[tuple[str | None, tuple[str, ...]], list[str]] = {}
+    for i in range(30):
+        tags = [t for t, every in (("a", 2), ("b", 3), ("c", 5)) if i % every == 0]
+        sid = _create(store, title=f"s{i:02}", folder="f" if i % 4 == 0 else None, tags=tags)
+        if i % 7 == 0:
+            store.pin_session(sid, True)
+    newest_first = store.list_sessions(SessionFilter(limit=500)).sessions
+    for folder in (None, "f"):
+        for tags in (["a"], ["a", "b"], ["b", "c"], ["a", "b", "c"], ["zzz"]):
+            want = [
+                s.title for s in newest_first
+                if set(tags) <= set(s.tags) and (folder is None or s.folder == folder)
+            ]
+            expected[(folder, tuple(tags))] = want
+            for limit, offset in ((50, 0), (2, 0), (2, 3), (3, 100)):
+                titles, total = _list(store, folder=folder, tags=tags, limit=limit, offset=offset)
+                assert total == len(want), (folder, tags)
+                assert titles == want[offset : offset + limit], (folder, tags, limit, offset)
+    # Pinned sessions come first in every shape.
+    titles, _ = _list(store, tags=["a"])
+    pinned = {s.title for s in newest_first if s.is_pinned}
+    assert titles[: len(pinned & set(titles))] == [t for t in titles if t in pinned]

@@ -26,6 +26,7 @@ from pathlib import Path
 import apsw
 
 from sidecar.errors import SidecarError, StoreError
+from sidecar.store import fts
 
 __all__ = ["Database", "DB_FILENAME", "BUSY_TIMEOUT_MS"]
 
@@ -40,6 +41,7 @@ def _configure(conn: apsw.Connection) -> None:
     conn.execute("PRAGMA foreign_keys = ON")
     conn.execute("PRAGMA synchronous = NORMAL")
     conn.execute("PRAGMA temp_store = MEMORY")
+    conn.register_fts5_function(fts.BM25_FUNCTION, fts.bm25)
 
 
 class Database:

@@ -7,9 +7,10 @@ Must stay true:
 - Deleting a message removes its index row (search_docs cascades from messages_v2 and a
   trigger deletes the FTS row), so results never name a message that is gone.
 - The MATCH expression is built by ``fts.build_match`` from quoted pieces only.
-- Ranking is bm25 (score = -bm25, higher is better) over the newest SEARCH_WINDOW matches
-  (widened to reach the requested page), so the cost of a query is bounded by the window,
-  not by how common its words are; a query with fewer matches is ranked over all of them.
+- Ranking is Okapi BM25 (``fts.bm25``, higher is better) over the newest SEARCH_WINDOW
+  matches (widened to reach the requested page), with document frequencies counted up to
+  DOC_FREQ_CAP, so the cost of a query is bounded, not proportional to how common its
+  words are; a query with fewer matches (and rarer words) is ranked exactly over all.
 """
 
 from __future__ import annotations
@@ -36,8 +37,10 @@ _INSERT_FTS = (
     " VALUES ((SELECT docid FROM search_docs WHERE message_id = ?), ?, ?, ?)"
 )
 
-SEARCH_WINDOW = 10_000
+SEARCH_WINDOW = 3000
 """How many of the newest matches are ranked (see MessageSearch.search)."""
+DOC_FREQ_CAP = 10_000
+"""Document frequencies for IDF are counted up to this (beyond it a word is just common)."""
 
 _RESULT_COLUMNS = (
     "d.message_id, m.session_id, s.title, m.role, m.text_content, m.parts, m.created_at"
@@ -118,13 +121,23 @@ class MessageSearch:
         # walks the doclist newest-first and stops there), and the best of those are
         # returned. A query matching fewer messages is ranked over all of them; a very
         # common word costs the same as one matching SEARCH_WINDOW messages instead of
-        # growing with the whole history.
+        # growing with the whole history (see fts.bm25 for why not FTS5's own bm25).
         window = max(SEARCH_WINDOW, offset + limit)
+        doc_freqs = [-1] if len(pieces) == 1 else [
+            conn.execute(
+                "SELECT count(*) FROM (SELECT 1 FROM messages_fts WHERE messages_fts MATCH ?"
+                " LIMIT ?)",
+                (fts.build_match([p]), DOC_FREQ_CAP),
+            ).fetchall()[0][0]
+            for p in pieces
+        ]
+        score_args = ", ".join(["?"] * (1 + len(doc_freqs)))
         ranked = (
             "w(docid, score) AS MATERIALIZED ("
-            " SELECT rowid, -rank FROM messages_fts WHERE messages_fts MATCH ?"
-            " ORDER BY rowid DESC LIMIT ?)"
+            f" SELECT rowid, {fts.BM25_FUNCTION}(messages_fts, {score_args}) FROM messages_fts"
+            " WHERE messages_fts MATCH ? ORDER BY rowid DESC LIMIT ?)"
         )
+        ranked_args: list[object] = [len(pieces), *doc_freqs, expr, window]
         joins = (
             " JOIN search_docs d ON d.docid = h.docid"
             " JOIN messages_v2 m ON m.id = d.message_id"
@@ -141,11 +154,11 @@ class MessageSearch:
             + " ORDER BY h.score DESC, h.docid DESC"
         )
         if not where:
-            rows = conn.execute(sql, [expr, window, limit, offset]).fetchall()
+            rows = conn.execute(sql, [*ranked_args, limit, offset]).fetchall()
         else:
             take = max(200, 4 * (offset + limit))
             while True:
-                rows = conn.execute(sql, [expr, window, take, 0, *args]).fetchall()
+                rows = conn.execute(sql, [*ranked_args, take, 0, *args]).fetchall()
                 if len(rows) >= offset + limit or take >= window:
                     break
                 take *= 4

@@ -32,6 +32,8 @@ __all__ = ["SessionRepo", "MAX_LIST_LIMIT"]
 
 MAX_LIST_LIMIT = 500
 MAX_LIST_OFFSET = 10_000_000
+_FEW_MATCHES = 2000
+"""Below this many tag matches a list page is fetched through the tag index."""
 
 _INSERT = (
     f"INSERT INTO sessions_v2 ({SESSION_COLUMNS}) VALUES ({', '.join('?' * 21)})"
@@ -84,10 +86,7 @@ class SessionRepo:
         if flt.folder is not None:
             where.append("s.folder = ?")
             args.append(check_text("folder", flt.folder))
-        if flt.tags is not None:
-            for tag in check_tags("tags", flt.tags):
-                where.append("s.id IN (SELECT session_id FROM session_tags WHERE tag = ?)")
-                args.append(tag)
+        tags = check_tags("tags", flt.tags) if flt.tags is not None else []
         if flt.is_archived is not None:
             where.append("s.is_archived = ?")
             args.append(_flag("isArchived", flt.is_archived))
@@ -101,10 +100,47 @@ class SessionRepo:
         if dates is not None:
             where.append(f"s.{sort} BETWEEN ? AND ?")
             args += list(dates)
+        order = f" ORDER BY s.is_pinned DESC, s.{sort} DESC, s.id DESC"
+        if not tags:
+            return SessionRepo._page(conn, where, args, order, limit, offset)
+        # Tags: the shape of the query decides which index drives it (measured on 100k
+        # sessions, see tools/bench/bench_store.py).
+        has_tags = (
+            "(SELECT count(*) FROM session_tags t WHERE t.session_id = s.id"
+            f" AND t.tag IN ({', '.join('?' * len(tags))})) = {len(tags)}"
+        )
+        if flt.folder is not None:
+            # The folder's index (in list order, covering the id) drives one pass that
+            # yields every match in order: the total and the page's ids at once.
+            ids = [r[0] for r in conn.execute(
+                f"SELECT s.id FROM sessions_v2 s WHERE {' AND '.join([*where, has_tags])}{order}",
+                [*args, *tags],
+            )]
+            return SessionListResult(
+                sessions=SessionRepo._by_ids(conn, ids[offset : offset + limit]), total=len(ids)
+            )
+        # No folder: count from the tag index; for few matches fetch them through the tag
+        # index too, for many walk the list order and stop after the page.
+        tag_in = ["s.id IN (SELECT session_id FROM session_tags WHERE tag = ?)"] * len(tags)
+        total = conn.execute(
+            f"SELECT count(*) FROM sessions_v2 s WHERE {' AND '.join([*where, *tag_in])}",
+            [*args, *tags],
+        ).fetchall()[0][0]
+        if offset >= total:
+            return SessionListResult(sessions=[], total=total)
+        if total <= _FEW_MATCHES:
+            page = SessionRepo._page(conn, [*where, *tag_in], [*args, *tags], order, limit, offset)
+        else:
+            page = SessionRepo._page(conn, [*where, has_tags], [*args, *tags], order, limit, offset)
+        return SessionListResult(sessions=page.sessions, total=total)
+
+    @staticmethod
+    def _page(
+        conn: apsw.Connection, where: list[str], args: list[Any], order: str, limit: int, offset: int
+    ) -> SessionListResult:
         clause = (" WHERE " + " AND ".join(where)) if where else ""
         rows = conn.execute(
-            f"SELECT {_PREFIXED_COLUMNS} FROM sessions_v2 s{clause}"
-            f" ORDER BY s.is_pinned DESC, s.{sort} DESC, s.id DESC LIMIT ? OFFSET ?",
+            f"SELECT {_PREFIXED_COLUMNS} FROM sessions_v2 s{clause}{order} LIMIT ? OFFSET ?",
             [*args, limit, offset],
         ).fetchall()
         sessions = [session_from_row(r) for r in rows]
@@ -113,6 +149,20 @@ class SessionRepo:
         else:
             total = conn.execute(f"SELECT count(*) FROM sessions_v2 s{clause}", args).fetchall()[0][0]
         return SessionListResult(sessions=sessions, total=total)
+
+    @staticmethod
+    def _by_ids(conn: apsw.Connection, ids: list[str]) -> list[SessionV2]:
+        """Sessions in the order of ``ids``."""
+        if not ids:
+            return []
+        found = {
+            r[0]: session_from_row(r)
+            for r in conn.execute(
+                f"SELECT {SESSION_COLUMNS} FROM sessions_v2 WHERE id IN ({', '.join('?' * len(ids))})",
+                ids,
+            )
+        }
+        return [found[i] for i in ids if i in found]
 
     @staticmethod
     def update(conn: apsw.Connection, session_id: str, u: SessionUpdates, now: int) -> bool:
