@@ -118,6 +118,7 @@ async def test_bad_input_over_the_pipe_and_the_process_keeps_serving(tmp_path: P
 
         assert await null_id_error(b"{this is not json") == ErrorCode.PARSE_ERROR
         assert await null_id_error(bytes(range(256)).replace(b"\n", b"")) == ErrorCode.PARSE_ERROR
+        assert await null_id_error(b"[" * 100_000 + b"]" * 100_000) == ErrorCode.PARSE_ERROR  # nesting bomb
         assert await null_id_error(b"[]") == ErrorCode.INVALID_REQUEST
         assert await null_id_error(b'{"jsonrpc":"2.0","method":7}') == ErrorCode.INVALID_REQUEST
 

@@ -71,6 +71,8 @@ class Handler(Generic[P]):
             return self.decoder.decode(data)
         except (msgspec.ValidationError, msgspec.DecodeError) as exc:
             raise InvalidParams(f"invalid params: {exc}") from None
+        except RecursionError:
+            raise InvalidParams("invalid params: nesting too deep") from None
 
     def __repr__(self) -> str:
         return f"Handler({self.params_type.__name__}, {getattr(self.func, '__qualname__', self.func)!r})"

@@ -344,7 +344,7 @@ class JsonRpcPeer:
         if first == b"{":
             try:
                 envelope = envelope_decoder.decode(stripped)
-            except msgspec.DecodeError as exc:
+            except (msgspec.DecodeError, RecursionError) as exc:
                 await self._send_reply(_parse_error(exc))
                 return
             reply = self._route(classify(envelope))
@@ -353,7 +353,7 @@ class JsonRpcPeer:
         elif first == b"[":
             try:
                 items = batch_decoder.decode(stripped)
-            except msgspec.DecodeError as exc:
+            except (msgspec.DecodeError, RecursionError) as exc:
                 await self._send_reply(_parse_error(exc))
                 return
             if not items:
@@ -363,7 +363,7 @@ class JsonRpcPeer:
         else:
             try:
                 msgspec.json.decode(stripped)
-            except msgspec.DecodeError as exc:
+            except (msgspec.DecodeError, RecursionError) as exc:
                 await self._send_reply(_parse_error(exc))
                 return
             await self._send_reply(
@@ -458,7 +458,7 @@ class JsonRpcPeer:
         for index, raw in enumerate(items):
             try:
                 envelope = envelope_decoder.decode(raw)
-            except (msgspec.DecodeError, msgspec.ValidationError):
+            except (msgspec.DecodeError, msgspec.ValidationError, RecursionError):
                 replies[index] = error_reply(
                     None, ErrorCode.INVALID_REQUEST, "invalid request: a batch item must be an object"
                 )
@@ -483,7 +483,7 @@ class JsonRpcPeer:
         if method == CANCEL_METHOD:
             try:
                 params = _cancel_params_decoder.decode(envelope.params)
-            except (msgspec.ValidationError, msgspec.DecodeError) as exc:
+            except (msgspec.ValidationError, msgspec.DecodeError, RecursionError) as exc:
                 logger.warning("%s: ignoring malformed %s: %s", self.name, CANCEL_METHOD, exc)
                 return
             inflight = self._inflight.get(_id_key(params.id))
@@ -554,7 +554,9 @@ async def _close_quietly(stream: ReceiveStream) -> None:
         pass
 
 
-def _parse_error(exc: msgspec.DecodeError) -> Reply:
+def _parse_error(exc: Exception) -> Reply:
+    if isinstance(exc, RecursionError):  # msgspec raises it for deeply nested input
+        return error_reply(None, ErrorCode.PARSE_ERROR, "parse error: nesting too deep")
     return error_reply(None, ErrorCode.PARSE_ERROR, f"parse error: {exc}")
 
 
