@@ -254,3 +254,18 @@ async def test_arbitrary_lines_never_kill_the_peer(batch: list[bytes]) -> None:
     for reply in replies:
         for item in reply if isinstance(reply, list) else [reply]:
             assert "method" not in item  # the peer only ever answers
+
+
+async def test_a_bug_while_routing_a_line_is_answered_and_reading_goes_on(monkeypatch: pytest.MonkeyPatch) -> None:
+    import sidecar.rpc.peer as peer_module
+
+    real_classify = peer_module.classify
+
+    def buggy_classify(envelope: Any) -> Any:
+        if envelope.method == "trigger-bug":
+            raise KeyError("simulated bug")
+        return real_classify(envelope)
+
+    monkeypatch.setattr(peer_module, "classify", buggy_classify)
+    replies = await exchange([b'{"jsonrpc":"2.0","id":1,"method":"trigger-bug"}'])
+    assert [error_of(r) for r in replies] == [(None, ErrorCode.INTERNAL_ERROR)]

@@ -323,7 +323,12 @@ class JsonRpcPeer:
                             )
                         )
                         continue
-                    await self._handle_line(line)
+                    try:
+                        await self._handle_line(line)
+                    except Exception:
+                        # A bug in routing must not end the connection: log it, answer, read on.
+                        logger.exception("%s: failed to handle an input line", self.name)
+                        await self._send_reply(error_reply(None, ErrorCode.INTERNAL_ERROR, "internal error"))
         finally:
             self._input_done()
 
