@@ -30,7 +30,7 @@ async def read_all(chunks: list[bytes], max_line_bytes: int = 1 << 20) -> list[b
 def split_at(data: bytes, cuts: list[int]) -> list[bytes]:
     points = sorted({c % (len(data) + 1) for c in cuts})
     edges = [0, *points, len(data)]
-    return [data[a:b] for a, b in zip(edges, edges[1:]) if b > a]
+    return [data[a:b] for a, b in zip(edges, edges[1:], strict=False) if b > a]
 
 
 MESSAGES = [

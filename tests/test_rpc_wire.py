@@ -5,8 +5,6 @@ from __future__ import annotations
 
 import json
 import math
-from collections.abc import AsyncIterator
-from contextlib import asynccontextmanager
 from typing import Any
 
 import anyio

@@ -107,7 +107,7 @@ def source_docs() -> dict[tuple[str, str], str]:
             if not isinstance(node, ast.ClassDef):
                 continue
             body = node.body
-            for stmt, following in zip(body, body[1:]):
+            for stmt, following in zip(body, body[1:], strict=False):
                 target = None
                 if isinstance(stmt, ast.AnnAssign) and isinstance(stmt.target, ast.Name):
                     target = stmt.target.id
@@ -144,7 +144,7 @@ def build_schema() -> dict[str, Any]:
     method_list = list(method_types())
     roots: list[Any] = [*structs, *aliases.values(), *method_list]
     schemas, components = msgspec.json.schema_components(roots, ref_template="#/$defs/{name}")
-    by_root = dict(zip(range(len(roots)), schemas))
+    by_root = dict(enumerate(schemas))
 
     for cls in structs:
         component = components.get(cls.__name__)
