@@ -22,13 +22,11 @@ Must stay true:
 
 from __future__ import annotations
 
-import html
 import math
 import operator
 import re
-from dataclasses import dataclass
-from hashlib import blake2b
-from typing import Any
+from functools import cache
+from typing import Any, NamedTuple
 
 __all__ = [
     "BM25_FUNCTION",
@@ -51,10 +49,19 @@ _CJK = (
     "\u3130-\u318f\u31f0-\u31ff\u3400-\u4dbf\u4e00-\u9fff\uac00-\ud7af\uf900-\ufaff"
     "\U00020000-\U0003134f"
 )
-_CJK_RUN = re.compile(f"[{_CJK}]+")
 # A Latin-ish word as unicode61 sees it: letters and digits, no underscore.
 _WORD_CHAR = f"(?:(?![{_CJK}])[^\\W_])"
-_WORD = re.compile(_WORD_CHAR + "+")
+
+
+# Compiled on first use, not at import: this module is on the process's start-up path.
+@cache
+def _cjk_run() -> re.Pattern[str]:
+    return re.compile(f"[{_CJK}]+")
+
+
+@cache
+def _word() -> re.Pattern[str]:
+    return re.compile(_WORD_CHAR + "+")
 
 
 def _bigrams(run: str) -> str:
@@ -69,16 +76,17 @@ def _index_run(m: re.Match[str]) -> str:
 
 def index_text(text: str) -> str:
     """The text stored in the FTS index for ``text`` (CJK runs rewritten as bigrams)."""
-    return _CJK_RUN.sub(_index_run, text)
+    return _cjk_run().sub(_index_run, text)
 
 
 def session_token(session_id: str) -> str:
     """A single unicode61 token standing for a session (its ``sid`` column in the index)."""
-    return "s" + blake2b(session_id.encode(), digest_size=10).hexdigest()
+    import hashlib  # lazily: its OpenSSL start-up is a few ms of process start
+
+    return "s" + hashlib.blake2b(session_id.encode(), digest_size=10).hexdigest()
 
 
-@dataclass(frozen=True, slots=True)
-class QueryPiece:
+class QueryPiece(NamedTuple):
     """One searched unit: a CJK run (matched as a substring) or a Latin word."""
 
     text: str
@@ -96,13 +104,14 @@ def parse_query(query: str) -> list[QueryPiece]:
             seen.add(key)
             pieces.append(QueryPiece(text, cjk))
 
+    word = _word()
     pos = 0
-    for m in _CJK_RUN.finditer(query):
-        for w in _WORD.findall(query, pos, m.start()):
+    for m in _cjk_run().finditer(query):
+        for w in word.findall(query, pos, m.start()):
             add(w, False)
         add(m.group(), True)
         pos = m.end()
-    for w in _WORD.findall(query, pos):
+    for w in word.findall(query, pos):
         add(w, False)
     return pieces
 
@@ -159,7 +168,8 @@ _WS = re.compile(r"\s+")
 
 
 def _plain(s: str) -> str:
-    return html.escape(_WS.sub(" ", s), quote=False)
+    """Whitespace collapsed, HTML-escaped (the snippet goes into innerHTML)."""
+    return _WS.sub(" ", s).replace("&", "&amp;").replace("<", "&lt;").replace(">", "&gt;")
 
 
 def snippet(text: str, pieces: list[QueryPiece], width: int = 64) -> str:
