@@ -57,9 +57,10 @@ HANDLERS: dict[str, Handler[Any]] = {
 }
 
 
-async def exchange(lines: list[bytes], *, max_line_bytes: int = 1 << 20) -> list[Any]:
+async def exchange(lines: list[bytes], *, max_line_bytes: int = 1 << 20, chunk_size: int = 0) -> list[Any]:
     """Send ``lines`` to a serving peer, close its input, and return every reply it wrote
-    (parsed) until its output closed. The peer must have answered the sentinel too."""
+    (parsed) until its output closed. The peer must have answered the sentinel too.
+    ``chunk_size`` > 0 sends the whole input in pieces of that many bytes instead."""
     (server_receive, server_send), (client_receive, client_send) = connected_pair(max_buffer=math.inf)
     raw = bytearray()
     with anyio.fail_after(10):
@@ -73,9 +74,12 @@ async def exchange(lines: list[bytes], *, max_line_bytes: int = 1 << 20) -> list
             tg.start_soon(collect)
             async with JsonRpcPeer(server_receive, server_send, HANDLERS, max_line_bytes=max_line_bytes) as peer:
                 async with client_send:
-                    for line in lines:
-                        await client_send.send(line + b"\n")
-                    await client_send.send(SENTINEL + b"\n")
+                    data = [line + b"\n" for line in [*lines, SENTINEL]]
+                    if chunk_size:
+                        whole = b"".join(data)
+                        data = [whole[i : i + chunk_size] for i in range(0, len(whole), chunk_size)]
+                    for piece in data:
+                        await client_send.send(piece)
                 await peer.closed.wait()  # all input read; leaving the block answers what is in flight
     assert raw.endswith(b"\n") or not raw
     replies = [json.loads(line) for line in raw.splitlines()]
@@ -172,6 +176,24 @@ async def test_batch_mixing_good_and_bad_entries() -> None:
         (3, ErrorCode.INVALID_PARAMS),
     ]
     assert reply[5] == {"jsonrpc": "2.0", "id": 4, "result": {"success": True}}
+
+
+async def test_input_fed_one_byte_at_a_time_gets_the_same_replies() -> None:
+    lines = [
+        b'{"jsonrpc":"2.0","id":1,"method":"echo","params":{"value":"\xe4\xbd\xa0\xe5\xa5\xbd"}}',
+        b"",
+        b'[{"jsonrpc":"2.0","id":2,"method":"get","params":{"id":"x"}},{"jsonrpc":"2.0","id":3,"method":"nope"}]',
+        b"{broken",
+        b'{"jsonrpc":"2.0","id":4,"method":"fail","params":{"id":"s"}}',
+    ]
+    whole = await exchange(lines)
+    assert len(whole) == 4
+
+    def key(reply: Any) -> str:
+        return json.dumps(reply, sort_keys=True)
+
+    for chunk_size in (1, 7, 64):
+        assert sorted(map(key, await exchange(lines, chunk_size=chunk_size))) == sorted(map(key, whole))
 
 
 async def test_oversized_line_is_answered_and_the_next_line_served() -> None:
