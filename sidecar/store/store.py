@@ -15,6 +15,11 @@ Conventions:
 - ``append_message(parent_id=ACTIVE_LEAF)`` (the default) appends below the active leaf;
   ``parent_id=None`` starts a new root.
 - ``content_type`` is stored as 'multipart' whenever parts are stored.
+- One process per data dir: opening a Store runs crash recovery, which turns every row
+  still 'pending'/'streaming' into 'aborted' (a second process opening the same dir would
+  abort the first one's in-flight replies).
+- ``delete_branch`` (not on the wire yet) removes a message and its subtree with counters,
+  search index and active leaf kept true.
 """
 
 from __future__ import annotations

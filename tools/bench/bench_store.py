@@ -254,8 +254,17 @@ def measure(store_dir: Path, facts: dict[str, Any], runs: int) -> dict[str, floa
                 ).fetchall(),
                 runs,
             )
-            row(f"{folder} {'+'.join(tags)} (total {res.total})", t, "ms", base)
+            row(f"{folder} {'+'.join(tags)} (total {res.total})", t, "ms", base,
+                "raw = folder-indexed page without the tag filter")
             out[f"list {folder} {'+'.join(tags)}"] = t
+        for label, flt in (
+            ("tag-1 only", SessionFilter(tags=["tag-1"], limit=50)),
+            ("tag-30 only", SessionFilter(tags=["tag-30"], limit=50)),
+            ("title/summary search 'function'", SessionFilter(search="function", limit=50)),
+            ("not archived, by last_message_at", SessionFilter(is_archived=False, sort_by="last_message_at")),
+        ):
+            t, res = median_ms(lambda: store.list_sessions(flt), runs)
+            row(f"{label} (total {res.total})", t, "ms")
         flt = SessionFilter(limit=50)
         t, res = median_ms(lambda: store.list_sessions(flt), runs)
         row(f"no filter (total {res.total})", t, "ms")
