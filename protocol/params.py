@@ -80,6 +80,8 @@ class CreateSessionOptions(Struct, kw_only=True):
     folder: str | None = None
     channel_id: str | None = None
     channel_meta: dict[str, Any] | None = None
+    workspace_dir: str | None = None
+    """Absolute path of the session's working directory (workspace tools, ACP ``cwd``)."""
 
 
 SessionSortBy = Literal["updated_at", "created_at", "last_message_at"]
@@ -124,6 +126,8 @@ class SessionUpdates(Struct, forbid_unknown_fields=True, kw_only=True):
     model_id: str | None = None
     channel_id: str | None = None
     channel_meta: dict[str, Any] | None = None
+    workspace_dir: str | None = None
+    """An absolute path; "" clears it."""
 
 
 class MessageQueryOptions(Struct, kw_only=True):

@@ -138,7 +138,10 @@ class Usage(Struct, kw_only=True):
 
 SessionMode = Literal["direct", "acp"]
 MessageRole = Literal["system", "user", "assistant", "tool"]
-MessageStatus = Literal["pending", "streaming", "completed", "error", "aborted"]
+MessageStatus = Literal["pending", "streaming", "completed", "error", "aborted", "paused"]
+"""``paused``: the reply waits for a tool-call approval (``chat:tool:approve``); it is not
+final, survives a restart (crash recovery only touches pending/streaming rows) and resumes
+when no call of it is pending, or ends ``aborted`` when a newer send supersedes it."""
 ContentType = Literal["text", "multipart"]
 
 
@@ -167,6 +170,9 @@ class SessionV2(Struct, omit_defaults=False, kw_only=True):
     last_message_at: int | None = None
     active_leaf_id: str | None = None
     """The leaf of the active branch (root -> leaf is what the renderer shows)."""
+    workspace_dir: str | None = None
+    """Absolute path of the session's working directory: workspace tools (direct mode) are
+    confined to it and an ACP engine gets it as ``cwd``. None: no workspace."""
 
 
 class MessageV2(Struct, omit_defaults=False, kw_only=True):

@@ -45,7 +45,7 @@ export type ContentPart = TextPart | ImagePart | FilePart | CodePart | ToolUsePa
 export type ContentType = "multipart" | "text";
 export type FinishReason = "content_filter" | "length" | "max_turn_requests" | "other" | "refusal" | "stop" | "tool_calls";
 export type MessageRole = "assistant" | "system" | "tool" | "user";
-export type MessageStatus = "aborted" | "completed" | "error" | "pending" | "streaming";
+export type MessageStatus = "aborted" | "completed" | "error" | "paused" | "pending" | "streaming";
 export type ProviderKind = "anthropic" | "ollama" | "openai-compat";
 export type ReasoningLevel = "auto" | "high" | "low" | "max" | "medium" | "off";
 export type SessionMode = "acp" | "direct";
@@ -127,6 +127,8 @@ export interface CreateSessionOptions {
   folder?: string | null;
   channelId?: string | null;
   channelMeta?: Record<string, unknown> | null;
+  /** Absolute path of the session's working directory (workspace tools, ACP ``cwd``). */
+  workspaceDir?: string | null;
 }
 
 export interface DateRange {
@@ -471,6 +473,8 @@ export interface SessionUpdates {
   modelId?: string | null;
   channelId?: string | null;
   channelMeta?: Record<string, unknown> | null;
+  /** An absolute path; "" clears it. */
+  workspaceDir?: string | null;
 }
 
 /** One row of ``sessions_v2`` (seed 004 section 3.1) plus its active leaf. */
@@ -497,6 +501,11 @@ export interface SessionV2 {
   lastMessageAt?: number | null;
   /** The leaf of the active branch (root -> leaf is what the renderer shows). */
   activeLeafId?: string | null;
+  /**
+   * Absolute path of the session's working directory: workspace tools (direct mode) are
+   * confined to it and an ACP engine gets it as ``cwd``. None: no workspace.
+   */
+  workspaceDir?: string | null;
 }
 
 export interface StepFinishPart {

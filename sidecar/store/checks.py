@@ -20,6 +20,7 @@ __all__ = [
     "check_tags",
     "check_date_range",
     "check_text",
+    "check_workspace_dir",
     "ROLES",
     "STATUSES",
     "CONTENT_TYPES",
@@ -79,3 +80,21 @@ def check_text(field: str, value: Any, *, optional: bool = True) -> str | None:
     if not isinstance(value, str):
         raise InvalidParams(f"{field} must be a string")
     return value
+
+
+MAX_WORKSPACE_PATH = 4096
+
+
+def check_workspace_dir(field: str, value: Any) -> str | None:
+    """None or "" (no workspace), else an absolute path without NUL, at most 4096 chars.
+    Whether it exists is checked when a tool uses it, not here (a drive may be unmounted)."""
+    import os.path
+
+    text = check_text(field, value)
+    if not text:
+        return text
+    if "\x00" in text or len(text) > MAX_WORKSPACE_PATH:
+        raise InvalidParams(f"{field} must be a path of at most {MAX_WORKSPACE_PATH} characters")
+    if not os.path.isabs(text):
+        raise InvalidParams(f"{field} must be an absolute path, got {text!r}")
+    return os.path.normpath(text)

@@ -231,3 +231,9 @@ def m007_providers(conn: apsw.Connection) -> None:
         );
         """
     )
+
+
+@migration
+def m008_session_workspace_dir(conn: apsw.Connection) -> None:
+    # The session's working directory (issue 5 workspace tools, issue 7 ACP cwd).
+    conn.execute("ALTER TABLE sessions_v2 ADD COLUMN workspace_dir TEXT;")

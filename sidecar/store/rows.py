@@ -33,7 +33,7 @@ __all__ = [
 SESSION_COLUMNS = (
     "id, title, summary, provider_id, model_id, system_prompt, mode, acp_session_id, tags,"
     " folder, is_pinned, is_archived, message_count, total_tokens, total_cost, channel_id,"
-    " channel_meta, created_at, updated_at, last_message_at, active_leaf_id"
+    " channel_meta, created_at, updated_at, last_message_at, active_leaf_id, workspace_dir"
 )
 MESSAGE_COLUMNS = (
     "id, session_id, parent_id, role, content_type, text_content, parts, tool_calls,"
@@ -97,6 +97,7 @@ def session_from_row(r: SessionRow) -> SessionV2:
         updated_at=r[18],
         last_message_at=r[19],
         active_leaf_id=r[20],
+        workspace_dir=r[21],
     )
 
 
@@ -124,6 +125,7 @@ def session_values(s: SessionV2) -> tuple[Any, ...]:
         s.updated_at,
         s.last_message_at,
         s.active_leaf_id,
+        s.workspace_dir,
     )
 
 

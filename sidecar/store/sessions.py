@@ -25,6 +25,7 @@ from sidecar.store.checks import (
     check_range,
     check_tags,
     check_text,
+    check_workspace_dir,
 )
 from sidecar.store.rows import SESSION_COLUMNS, session_from_row, session_values, to_json
 
@@ -36,7 +37,7 @@ _FEW_MATCHES = 2000
 """Below this many tag matches a list page is fetched through the tag index."""
 
 _INSERT = (
-    f"INSERT INTO sessions_v2 ({SESSION_COLUMNS}) VALUES ({', '.join('?' * 21)})"
+    f"INSERT INTO sessions_v2 ({SESSION_COLUMNS}) VALUES ({', '.join('?' * 22)})"
 )
 _SELECT_ONE = f"SELECT {SESSION_COLUMNS} FROM sessions_v2 WHERE id = ?"
 _PREFIXED_COLUMNS = ", ".join("s." + c.strip() for c in SESSION_COLUMNS.split(","))
@@ -199,6 +200,8 @@ class SessionRepo:
             put("is_pinned", _flag("updates.isPinned", u.is_pinned))
         if u.is_archived is not None:
             put("is_archived", _flag("updates.isArchived", u.is_archived))
+        if u.workspace_dir is not None:
+            put("workspace_dir", check_workspace_dir("updates.workspaceDir", u.workspace_dir) or None)
         if u.channel_meta is not None:
             if not isinstance(u.channel_meta, dict):
                 raise InvalidParams("updates.channelMeta must be an object")

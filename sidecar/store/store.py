@@ -59,6 +59,7 @@ from sidecar.store.checks import (
     check_range,
     check_tags,
     check_text,
+    check_workspace_dir,
 )
 from sidecar.store.db import DB_FILENAME, Database
 from sidecar.store.ids import new_id, now_ms
@@ -133,6 +134,7 @@ class Store:
             check_text(field, value)
         if opts.channel_meta is not None and not isinstance(opts.channel_meta, dict):
             raise InvalidParams("channelMeta must be an object")
+        workspace_dir = check_workspace_dir("workspaceDir", opts.workspace_dir)
         with self._db.write() as conn:
             now = self._clock()
             provider = opts.provider_id
@@ -152,6 +154,7 @@ class Store:
                 folder=opts.folder or None,
                 channel_id=opts.channel_id or None,
                 channel_meta=opts.channel_meta or None,
+                workspace_dir=workspace_dir or None,
                 created_at=now,
                 updated_at=now,
             )

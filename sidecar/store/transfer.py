@@ -89,6 +89,7 @@ def fork_session(conn: apsw.Connection, session_id: str, message_id: str, now: i
         model_id=src.model_id,
         system_prompt=src.system_prompt,
         mode=src.mode,
+        workspace_dir=src.workspace_dir,
         tags=list(src.tags),
         folder=src.folder,
         message_count=len(copies),
