@@ -21,15 +21,9 @@ reasoning (level tables) · base (shared flow) · one module per wire format.
 from __future__ import annotations
 
 from collections.abc import AsyncGenerator
-from typing import Protocol
+from typing import TYPE_CHECKING, Any, Protocol
 
-import httpx2
-
-from sidecar.providers.anthropic import AnthropicProvider
-from sidecar.providers.base import HttpProvider
 from sidecar.providers.errors import ErrorKind, ProviderError
-from sidecar.providers.ollama import OllamaProvider
-from sidecar.providers.openai_compat import OpenAICompatProvider
 from sidecar.providers.types import (
     ChatRequest,
     Finish,
@@ -77,6 +71,33 @@ __all__ = [
 ]
 
 
+if TYPE_CHECKING:
+    import httpx2
+
+    from sidecar.providers.anthropic import AnthropicProvider
+    from sidecar.providers.base import HttpProvider
+    from sidecar.providers.ollama import OllamaProvider
+    from sidecar.providers.openai_compat import OpenAICompatProvider
+
+# The adapters (and httpx2, ~100 ms to import) load on first use, not at sidecar start-up:
+# importing this package for its types must stay cheap.
+_LAZY = {
+    "AnthropicProvider": "sidecar.providers.anthropic",
+    "HttpProvider": "sidecar.providers.base",
+    "OllamaProvider": "sidecar.providers.ollama",
+    "OpenAICompatProvider": "sidecar.providers.openai_compat",
+}
+
+
+def __getattr__(name: str) -> Any:
+    module = _LAZY.get(name)
+    if module is None:
+        raise AttributeError(f"module {__name__!r} has no attribute {name!r}")
+    import importlib
+
+    return getattr(importlib.import_module(module), name)
+
+
 class Provider(Protocol):
     def stream(self, request: ChatRequest) -> AsyncGenerator[StreamPart, None]: ...
 
@@ -87,10 +108,10 @@ class Provider(Protocol):
     async def aclose(self) -> None: ...
 
 
-_ADAPTERS: dict[str, type[HttpProvider]] = {
-    "openai-compat": OpenAICompatProvider,
-    "anthropic": AnthropicProvider,
-    "ollama": OllamaProvider,
+_ADAPTERS: dict[str, str] = {
+    "openai-compat": "OpenAICompatProvider",
+    "anthropic": "AnthropicProvider",
+    "ollama": "OllamaProvider",
 }
 
 
@@ -98,4 +119,5 @@ def create_provider(settings: ProviderSettings, *, transport: httpx2.AsyncBaseTr
     adapter = _ADAPTERS.get(settings.type)
     if adapter is None:
         raise ProviderError(f"unknown provider type {settings.type!r}", kind="bad_request")
-    return adapter(settings, transport)
+    cls: type[HttpProvider] = __getattr__(adapter)
+    return cls(settings, transport)
