@@ -10,6 +10,8 @@ from __future__ import annotations
 
 from typing import Literal, Union
 
+import msgspec
+
 from protocol.types import Struct, Usage
 
 __all__ = [
@@ -25,6 +27,8 @@ __all__ = [
     "StreamEndEvent",
     "ErrorEvent",
     "AbortedEvent",
+    "ToolApprovalOption",
+    "ToolApprovalRequiredEvent",
     "ChatStreamEvent",
     "FinishReason",
 ]
@@ -108,6 +112,29 @@ class AbortedEvent(_Event, tag="aborted", kw_only=True):
     reason: str | None = None
 
 
+class ToolApprovalOption(Struct, kw_only=True):
+    """One choice offered for a pending call (ACP ``session/request_permission`` options)."""
+
+    option_id: str
+    name: str
+    kind: str
+    """ACP kinds: allow_once | allow_always | reject_once | reject_always (others passed on)."""
+
+
+class ToolApprovalRequiredEvent(_Event, tag="tool_approval_required", kw_only=True):
+    """A tool call waits for ``chat:tool:approve``; the reply is ``paused`` until no call of
+    it is pending (it is not a final event: more events of this message follow)."""
+
+    tool_call: StreamToolCall
+    """The whole call: id, name and the complete arguments JSON text."""
+    decisions: list[str] = msgspec.field(default_factory=lambda: ["approved", "denied", "answered"])
+    """The decisions chat:tool:approve accepts for this call."""
+    options: list[ToolApprovalOption] | None = None
+    """ACP permission options, when the call comes from an agent engine."""
+    source: str = "tool"
+    """``tool`` (a tool of the direct-mode loop) or ``acp`` (an agent engine's request)."""
+
+
 ChatStreamEvent = Union[
     StreamStartEvent,
     TextDeltaEvent,
@@ -119,4 +146,5 @@ ChatStreamEvent = Union[
     StreamEndEvent,
     ErrorEvent,
     AbortedEvent,
+    ToolApprovalRequiredEvent,
 ]

@@ -41,6 +41,21 @@ from protocol.params import (
     SessionPinParams,
     SessionUpdateParams,
     SuccessResult,
+    McpServerInfo,
+    McpServerUpsertParams,
+    NameParams,
+    PendingToolCall,
+    ToolApproveParams,
+    ToolApproveResult,
+    ToolAuditEntry,
+    ToolAuditListParams,
+    ToolInfo,
+    ToolListParams,
+    ToolPendingListParams,
+    ToolPolicy,
+    ToolPolicySetParams,
+    ToolSettings,
+    ToolSettingsUpdate,
 )
 from protocol.types import MessageTreeNode, MessageV2, SearchResult, SessionExport, SessionV2
 
@@ -123,6 +138,29 @@ METHODS: dict[str, MethodSpec] = {
     ),
     "settings:get": MethodSpec(EmptyParams, ChatSettings, "Engine settings."),
     "settings:update": MethodSpec(ChatSettingsUpdate, ChatSettings, "Change engine settings."),
+    # tools and approvals (issue 5)
+    "chat:tool:approve": MethodSpec(
+        ToolApproveParams, ToolApproveResult,
+        "Approve, deny or answer a pending tool call; the reply resumes when none is pending.",
+    ),
+    "tool:pending:list": MethodSpec(
+        ToolPendingListParams, list[PendingToolCall], "Tool calls waiting for a decision."
+    ),
+    "tool:list": MethodSpec(ToolListParams, list[ToolInfo], "The tools a session's model is offered."),
+    "tool:policy:get": MethodSpec(EmptyParams, list[ToolPolicy], "Stored tool policies (auto/ask/deny)."),
+    "tool:policy:set": MethodSpec(
+        ToolPolicySetParams, list[ToolPolicy], "Set or clear the policy of a tool or an MCP server."
+    ),
+    "tool:audit:list": MethodSpec(
+        ToolAuditListParams, list[ToolAuditEntry], "The audit trail of tool-call decisions, newest first."
+    ),
+    "tool:settings:get": MethodSpec(EmptyParams, ToolSettings, "Tool configuration."),
+    "tool:settings:update": MethodSpec(ToolSettingsUpdate, ToolSettings, "Change tool configuration."),
+    "mcp:server:upsert": MethodSpec(
+        McpServerUpsertParams, McpServerInfo, "Create or replace an MCP server (stdio command or HTTP URL)."
+    ),
+    "mcp:server:list": MethodSpec(EmptyParams, list[McpServerInfo], "Configured MCP servers and their state."),
+    "mcp:server:delete": MethodSpec(NameParams, SuccessResult, "Delete an MCP server (its process is stopped)."),
 }
 
 NOTIFICATIONS: dict[str, MethodSpec] = {

@@ -79,6 +79,17 @@ BINDINGS: dict[str, str] = {
     "provider:setDefault": "providers.set_default",
     "settings:get": "settings.get_settings",
     "settings:update": "settings.update_settings",
+    "chat:tool:approve": "approvals.approve",
+    "tool:pending:list": "approvals.list_pending",
+    "tool:policy:get": "approvals.get_policies",
+    "tool:policy:set": "approvals.set_policy",
+    "tool:audit:list": "approvals.list_audit",
+    "tool:list": "tools.list_tools",
+    "tool:settings:get": "tools.get_settings",
+    "tool:settings:update": "tools.update_settings",
+    "mcp:server:upsert": "mcp.upsert_server",
+    "mcp:server:list": "mcp.list_servers",
+    "mcp:server:delete": "mcp.delete_server",
 }
 """Method name -> attribute path on the App of the ``async def f(params) -> result`` that answers it."""
 

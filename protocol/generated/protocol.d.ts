@@ -40,16 +40,19 @@ export declare const enum ErrorCode {
 }
 export type ErrorCodeValue = -32700 | -32600 | -32601 | -32602 | -32603 | -32800 | -32001 | -32002 | -32003 | -32004 | -32005 | -32006 | -32007;
 
-export type ChatStreamEvent = StreamStartEvent | TextDeltaEvent | ThinkingDeltaEvent | ToolCallStartEvent | ToolCallDeltaEvent | ToolResultEvent | UsageEvent | StreamEndEvent | ErrorEvent | AbortedEvent;
+export type ChatStreamEvent = StreamStartEvent | TextDeltaEvent | ThinkingDeltaEvent | ToolCallStartEvent | ToolCallDeltaEvent | ToolResultEvent | UsageEvent | StreamEndEvent | ErrorEvent | AbortedEvent | ToolApprovalRequiredEvent;
 export type ContentPart = TextPart | ImagePart | FilePart | CodePart | ToolUsePart | ToolResultPart | ThinkingPart | StepStartPart | StepFinishPart | DiffPart;
 export type ContentType = "multipart" | "text";
 export type FinishReason = "content_filter" | "length" | "max_turn_requests" | "other" | "refusal" | "stop" | "tool_calls";
+export type McpTransport = "http" | "stdio";
 export type MessageRole = "assistant" | "system" | "tool" | "user";
 export type MessageStatus = "aborted" | "completed" | "error" | "paused" | "pending" | "streaming";
 export type ProviderKind = "anthropic" | "ollama" | "openai-compat";
 export type ReasoningLevel = "auto" | "high" | "low" | "max" | "medium" | "off";
 export type SessionMode = "acp" | "direct";
 export type SessionSortBy = "created_at" | "last_message_at" | "updated_at";
+export type ToolDecision = "answered" | "approved" | "denied";
+export type ToolPolicyValue = "ask" | "auto" | "deny";
 
 export interface AbortParams {
   sessionId: string;
@@ -201,6 +204,41 @@ export interface InitializeResult {
   dataDir: string;
 }
 
+export interface McpServerInfo {
+  name: string;
+  transport: McpTransport;
+  command?: string | null;
+  args?: string[];
+  envKeys?: string[];
+  cwd?: string | null;
+  url?: string | null;
+  enabled?: boolean;
+  toolTimeoutS?: number;
+  connectTimeoutS?: number;
+  /** idle (not connected yet) | connected | error */
+  status?: string;
+  error?: string | null;
+  /** Names as the model sees them, once connected. */
+  tools?: string[];
+}
+
+/** ``mcp:server:upsert``: an MCP server run as a stdio command or reached at an HTTP URL. */
+export interface McpServerUpsertParams {
+  /** Tools appear as ``mcp__{name}__{tool}``; characters other than ``A-Za-z0-9_-`` become ``_``. */
+  name: string;
+  transport?: McpTransport;
+  command?: string | null;
+  args?: string[];
+  /** Passed to the server process (never logged, never returned). */
+  env?: Record<string, string>;
+  cwd?: string | null;
+  url?: string | null;
+  headers?: Record<string, string>;
+  enabled?: boolean;
+  toolTimeoutS?: number;
+  connectTimeoutS?: number;
+}
+
 export interface MessageIdResult {
   /** The assistant message being generated. */
   messageId: string;
@@ -297,6 +335,22 @@ export interface ModelConfig {
   supportsImages?: boolean;
   inputPrice?: number;
   outputPrice?: number;
+}
+
+export interface NameParams {
+  name: string;
+}
+
+/** A tool call waiting for a decision (``tool:pending:list``). */
+export interface PendingToolCall {
+  sessionId: string;
+  messageId: string;
+  toolCallId: string;
+  toolName: string;
+  arguments: string;
+  source?: string;
+  options?: ToolApprovalOption[] | null;
+  createdAt: number;
 }
 
 /** A provider as ``provider:list`` shows it: the key itself is never included. */
@@ -597,6 +651,84 @@ export interface ThinkingPart {
   signature?: string | null;
 }
 
+/** One choice offered for a pending call (ACP ``session/request_permission`` options). */
+export interface ToolApprovalOption {
+  optionId: string;
+  name: string;
+  /** ACP kinds: allow_once | allow_always | reject_once | reject_always (others passed on). */
+  kind: string;
+}
+
+/**
+ * A tool call waits for ``chat:tool:approve``; the reply is ``paused`` until no call of
+ * it is pending (it is not a final event: more events of this message follow).
+ */
+export interface ToolApprovalRequiredEvent {
+  type: "tool_approval_required";
+  sessionId: string;
+  messageId: string;
+  timestamp: number;
+  seq: number;
+  /** The whole call: id, name and the complete arguments JSON text. */
+  toolCall: StreamToolCall;
+  /** The decisions chat:tool:approve accepts for this call. */
+  decisions?: string[];
+  /** ACP permission options, when the call comes from an agent engine. */
+  options?: ToolApprovalOption[] | null;
+  /** ``tool`` (a tool of the direct-mode loop) or ``acp`` (an agent engine's request). */
+  source?: string;
+}
+
+/** ``chat:tool:approve``: decide one pending tool call. */
+export interface ToolApproveParams {
+  sessionId: string;
+  toolCallId: string;
+  decision: ToolDecision;
+  /** Required for ``answered``: the text the model gets as the tool's result. */
+  answer?: string | null;
+  /**
+   * With ``approved``: always allow this tool from now on (its policy becomes auto);
+   * with ``denied``: never run it (policy deny). Recorded in the audit trail.
+   */
+  remember?: boolean;
+  /** Disambiguates a tool call id that occurs in several messages of the session. */
+  messageId?: string | null;
+  /** ACP: the permission option to answer with (default: chosen from decision/remember). */
+  optionId?: string | null;
+}
+
+export interface ToolApproveResult {
+  success?: boolean;
+  /** True when this decision was the last pending one and the generation resumed. */
+  resumed?: boolean;
+}
+
+/** One decision about one tool call: who, when, which call, which arguments. */
+export interface ToolAuditEntry {
+  id: number;
+  at: number;
+  sessionId: string;
+  messageId: string;
+  toolCallId: string;
+  toolName: string;
+  arguments: string;
+  /** requested | approved | denied | answered | cancelled | policy:auto | policy:deny */
+  decision: string;
+  /** user | policy | system */
+  actor: string;
+  source?: string;
+  answer?: string | null;
+  note?: string | null;
+}
+
+export interface ToolAuditListParams {
+  sessionId?: string | null;
+  toolCallId?: string | null;
+  /** 1..1000, newest first. */
+  limit?: number;
+  offset?: number;
+}
+
 /** A tool call issued by the assistant; ``arguments`` is the raw JSON text. */
 export interface ToolCall {
   id: string;
@@ -622,6 +754,42 @@ export interface ToolCallStartEvent {
   toolCall: StreamToolCall;
 }
 
+/** A tool as ``tool:list`` shows it for a session (what the model would be offered). */
+export interface ToolInfo {
+  name: string;
+  description: string;
+  /** web | local | conversation | workspace | skill | mcp | system */
+  source: string;
+  /** The effective policy (stored policy, else the default). */
+  policy: ToolPolicyValue;
+  defaultPolicy: ToolPolicyValue;
+  parameters?: Record<string, unknown>;
+}
+
+export interface ToolListParams {
+  sessionId?: string | null;
+}
+
+export interface ToolPendingListParams {
+  sessionId?: string | null;
+}
+
+export interface ToolPolicy {
+  /**
+   * A tool name (``workspace_write_file``, ``mcp__files__delete``) or ``mcp:<server>``
+   * for every tool of an MCP server (a tool's own policy wins over its server's).
+   */
+  key: string;
+  policy: ToolPolicyValue;
+  updatedAt: number;
+}
+
+export interface ToolPolicySetParams {
+  key: string;
+  /** None removes the stored policy (the default applies again). */
+  policy: ToolPolicyValue | null;
+}
+
 export interface ToolResultEvent {
   type: "tool_result";
   sessionId: string;
@@ -636,6 +804,34 @@ export interface ToolResultPart {
   toolUseId: string;
   content: string;
   isError?: boolean;
+}
+
+/** Tool configuration (``tool:settings:get`` / ``tool:settings:update``). */
+export interface ToolSettings {
+  /** False: no tools are offered at all. */
+  enabled?: boolean;
+  /** Built-in local tools offered to the model. */
+  localTools?: string[];
+  /** Offer ``search_conversations`` over the stored messages. */
+  conversationSearch?: boolean;
+  webSearch?: WebSearchConfig | null;
+  /** Folders whose sub-folders holding a SKILL.md are skills (plus ``<dataDir>/skills``). */
+  skillsDirs?: string[];
+  /** A tool call that takes longer ends with an error result. */
+  toolTimeoutS?: number;
+  /** Default limit of ``workspace_run_command``. */
+  commandTimeoutS?: number;
+}
+
+export interface ToolSettingsUpdate {
+  enabled?: boolean | null;
+  localTools?: string[] | null;
+  conversationSearch?: boolean | null;
+  webSearch?: WebSearchConfig | null;
+  clearWebSearch?: boolean;
+  skillsDirs?: string[] | null;
+  toolTimeoutS?: number | null;
+  commandTimeoutS?: number | null;
 }
 
 export interface ToolUsePart {
@@ -666,6 +862,14 @@ export interface UsageEvent {
 export interface UserInput {
   content: string | ContentPart[];
   attachments?: Attachment[] | null;
+}
+
+/** A SearXNG-style JSON search endpoint: GET ``url?q=...&format=json`` -> ``results``. */
+export interface WebSearchConfig {
+  url: string;
+  kind?: "searxng";
+  maxResults?: number;
+  timeoutS?: number;
 }
 
 /** Requests the client sends (params) and what they answer (result). */
@@ -706,6 +910,14 @@ export interface Methods {
   "chat:session:pin": { params: SessionPinParams; result: SuccessResult };
   /** Change title, tags, folder, prompt, model and similar fields. */
   "chat:session:update": { params: SessionUpdateParams; result: SessionV2 };
+  /** Approve, deny or answer a pending tool call; the reply resumes when none is pending. */
+  "chat:tool:approve": { params: ToolApproveParams; result: ToolApproveResult };
+  /** Delete an MCP server (its process is stopped). */
+  "mcp:server:delete": { params: NameParams; result: SuccessResult };
+  /** Configured MCP servers and their state. */
+  "mcp:server:list": { params: EmptyParams; result: McpServerInfo[] };
+  /** Create or replace an MCP server (stdio command or HTTP URL). */
+  "mcp:server:upsert": { params: McpServerUpsertParams; result: McpServerInfo };
   /** Delete a provider. */
   "provider:delete": { params: IdParams; result: SuccessResult };
   /** Configured providers (keys never shown). */
@@ -722,6 +934,20 @@ export interface Methods {
   "sidecar:initialize": { params: InitializeParams; result: InitializeResult };
   /** Finish running work, answer, then exit 0. */
   "sidecar:shutdown": { params: EmptyParams; result: SuccessResult };
+  /** The audit trail of tool-call decisions, newest first. */
+  "tool:audit:list": { params: ToolAuditListParams; result: ToolAuditEntry[] };
+  /** The tools a session's model is offered. */
+  "tool:list": { params: ToolListParams; result: ToolInfo[] };
+  /** Tool calls waiting for a decision. */
+  "tool:pending:list": { params: ToolPendingListParams; result: PendingToolCall[] };
+  /** Stored tool policies (auto/ask/deny). */
+  "tool:policy:get": { params: EmptyParams; result: ToolPolicy[] };
+  /** Set or clear the policy of a tool or an MCP server. */
+  "tool:policy:set": { params: ToolPolicySetParams; result: ToolPolicy[] };
+  /** Tool configuration. */
+  "tool:settings:get": { params: EmptyParams; result: ToolSettings };
+  /** Change tool configuration. */
+  "tool:settings:update": { params: ToolSettingsUpdate; result: ToolSettings };
 }
 export type MethodName = keyof Methods;
 

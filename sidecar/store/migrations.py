@@ -237,3 +237,72 @@ def m007_providers(conn: apsw.Connection) -> None:
 def m008_session_workspace_dir(conn: apsw.Connection) -> None:
     # The session's working directory (issue 5 workspace tools, issue 7 ACP cwd).
     conn.execute("ALTER TABLE sessions_v2 ADD COLUMN workspace_dir TEXT;")
+
+
+@migration
+def m009_tool_calls(conn: apsw.Connection) -> None:
+    # Issue 5 (sidecar/store/tools.py): the tool loop's per-reply state (tool_runs), every
+    # tool call's approval state (tool_calls), stored policies, the audit trail of every
+    # decision (kept when its session is deleted: no foreign key) and MCP server configs.
+    conn.execute(
+        """
+        CREATE TABLE tool_runs (
+          message_id  TEXT PRIMARY KEY REFERENCES messages_v2(id) ON DELETE CASCADE,
+          session_id  TEXT NOT NULL,
+          provider_id TEXT NOT NULL,
+          model_id    TEXT NOT NULL,
+          temperature REAL,
+          steps       INTEGER NOT NULL DEFAULT 0,
+          state       TEXT NOT NULL,
+          updated_at  INTEGER NOT NULL
+        );
+        CREATE INDEX idx_tool_runs_session ON tool_runs(session_id, state);
+        CREATE TABLE tool_calls (
+          message_id   TEXT NOT NULL REFERENCES messages_v2(id) ON DELETE CASCADE,
+          tool_call_id TEXT NOT NULL,
+          session_id   TEXT NOT NULL,
+          tool_name    TEXT NOT NULL,
+          arguments    TEXT NOT NULL,
+          source       TEXT NOT NULL DEFAULT 'tool',
+          policy_key   TEXT,
+          options      TEXT,
+          state        TEXT NOT NULL,
+          answer       TEXT,
+          option_id    TEXT,
+          step         INTEGER NOT NULL DEFAULT 0,
+          created_at   INTEGER NOT NULL,
+          updated_at   INTEGER NOT NULL,
+          PRIMARY KEY (message_id, tool_call_id)
+        );
+        CREATE INDEX idx_tool_calls_open ON tool_calls(session_id, state)
+          WHERE state IN ('pending', 'approved', 'denied', 'answered', 'running');
+        CREATE INDEX idx_tool_calls_id ON tool_calls(tool_call_id);
+        CREATE TABLE tool_policies (
+          key        TEXT PRIMARY KEY,
+          policy     TEXT NOT NULL,
+          updated_at INTEGER NOT NULL
+        ) WITHOUT ROWID;
+        CREATE TABLE tool_audit (
+          id           INTEGER PRIMARY KEY,
+          at           INTEGER NOT NULL,
+          session_id   TEXT NOT NULL,
+          message_id   TEXT NOT NULL,
+          tool_call_id TEXT NOT NULL,
+          tool_name    TEXT NOT NULL,
+          arguments    TEXT NOT NULL,
+          decision     TEXT NOT NULL,
+          actor        TEXT NOT NULL,
+          source       TEXT NOT NULL DEFAULT 'tool',
+          answer       TEXT,
+          note         TEXT
+        );
+        CREATE INDEX idx_tool_audit_session ON tool_audit(session_id, id);
+        CREATE INDEX idx_tool_audit_call ON tool_audit(tool_call_id, id);
+        CREATE TABLE mcp_servers (
+          name       TEXT PRIMARY KEY,
+          config     TEXT NOT NULL,
+          created_at INTEGER NOT NULL,
+          updated_at INTEGER NOT NULL
+        ) WITHOUT ROWID;
+        """
+    )

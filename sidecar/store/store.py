@@ -69,6 +69,7 @@ from sidecar.store.providers import ProviderRepo
 from sidecar.store.rows import decode_parts, searchable_text, to_json
 from sidecar.store.search import MessageSearch
 from sidecar.store.sessions import SessionRepo
+from sidecar.store.tools import ToolStore
 from sidecar.store.settings import DEFAULT_MODEL_KEY, DEFAULT_PROVIDER_KEY, SettingsRepo
 
 __all__ = ["Store", "ACTIVE_LEAF", "MAX_MESSAGES_LIMIT"]
@@ -104,6 +105,8 @@ class Store:
         self._db = Database(self.path, readers=readers)
         self.providers = ProviderRepo(self._db)
         """provider:* configuration (its own repository: keys stay inside it)."""
+        self.tools = ToolStore(self._db, clock)
+        """Tool loop state, approvals, policies, audit trail, MCP configs (sidecar/store/tools.py)."""
         try:
             self.schema_version = migrate(self._db)
             self.recovered = self.recover_interrupted()

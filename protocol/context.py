@@ -1,0 +1,249 @@
+"""Assistant profiles and a session's context window: the types of ``assistant:*`` and
+``chat:context:*`` (issue 6; seed 000 sections 1, 2, 4, 7; seed 004 section 4.3).
+
+An AssistantProfile holds what seed 000 attaches to an "assistant": its system prompt and
+whether a session's own prompt may override it, regex rules, enabled tools, knowledge bases,
+memory, prompt injections (modes and lorebook), the input-transformer options and the
+context-window options. Sessions reference a profile (``chat:context:update``); a session
+without one uses the default profile.
+"""
+
+from __future__ import annotations
+
+from typing import Literal
+
+from protocol.params import DefaultModel
+from protocol.types import Struct
+
+__all__ = [
+    "TruncationStrategy",
+    "RegexScope",
+    "InjectionPosition",
+    "InjectionRole",
+    "RegexRule",
+    "PromptInjection",
+    "LorebookEntry",
+    "MemorySettings",
+    "OcrOptions",
+    "TemplateOptions",
+    "TransformerOptions",
+    "ContextOptions",
+    "AssistantProfile",
+    "AssistantUpsertParams",
+    "AssistantIdParams",
+    "RollingSummaryInfo",
+    "SessionContextInfo",
+    "ContextGetParams",
+    "ContextUpdateParams",
+    "ContextCompactParams",
+    "ContextCompactResult",
+]
+
+TruncationStrategy = Literal["sliding-window", "summarize-old", "smart-select"]
+"""How the request copy is cut to the context threshold (seed 004 section 4.3):
+``summarize-old`` (default): rolling summary of the old prefix + recent window (seed 000 §2);
+``sliding-window``: the most recent messages that fit the threshold, no model call;
+``smart-select``: the first exchange, the recent window, and the older whole turns that share
+the most words with the latest user message, in their original order, no model call."""
+
+RegexScope = Literal["user", "assistant", "both"]
+InjectionPosition = Literal["before_system", "after_system", "top_of_chat", "bottom_of_chat", "at_depth"]
+"""Where an injection goes: before/after the system prompt text, as the first/last message of
+the chat, or ``depth`` messages above the end of the chat."""
+InjectionRole = Literal["system", "user", "assistant"]
+
+
+class RegexRule(Struct, kw_only=True):
+    """A find/replace rule. ``user`` rules rewrite the text parts of user messages in the
+    request copy (images and files untouched); ``assistant`` rules rewrite the text parts of
+    a finished assistant reply before it is stored (seed 000 sections 1 and 7)."""
+
+    pattern: str
+    """Python ``re`` syntax."""
+    replacement: str = ""
+    """``\\1`` / ``\\g<name>`` refer to groups."""
+    scope: RegexScope = "user"
+    name: str = ""
+    ignore_case: bool = False
+    multiline: bool = False
+    enabled: bool = True
+
+
+class PromptInjection(Struct, kw_only=True):
+    """A "mode": text injected into every request while it is enabled."""
+
+    content: str
+    name: str = ""
+    position: InjectionPosition = "after_system"
+    depth: int = 0
+    """For ``at_depth``: how many messages above the end (0 = after the last message)."""
+    role: InjectionRole = "system"
+    """Role of the injected message for the chat positions (system text for the system positions)."""
+    enabled: bool = True
+
+
+class LorebookEntry(Struct, kw_only=True):
+    """Text injected when one of its keywords appears in the recent messages."""
+
+    keywords: list[str]
+    content: str
+    name: str = ""
+    position: InjectionPosition = "after_system"
+    depth: int = 0
+    role: InjectionRole = "system"
+    case_sensitive: bool = False
+    scan_depth: int = 4
+    """How many of the last messages are searched for a keyword (1..1000)."""
+    constant: bool = False
+    """Always injected, keywords or not."""
+    enabled: bool = True
+
+
+class MemorySettings(Struct, kw_only=True):
+    enabled: bool = False
+    rag: bool = False
+    """Retrieve relevant memories per request (MemoryRetrieval); off = the basic memory text
+    (these ``entries``) goes into the system prompt."""
+    entries: list[str] = []
+
+
+class OcrOptions(Struct, kw_only=True):
+    enabled: bool = False
+    model: DefaultModel | None = None
+    """A vision-capable model; default: the session's model."""
+    prompt: str = "Transcribe all text in this image exactly. Reply with the text only."
+
+
+class TemplateOptions(Struct, kw_only=True):
+    enabled: bool = False
+    template: str = "{{ message }}"
+    """A sandboxed Jinja template applied to the text of each user message. Variables:
+    message, role, date, time, datetime, weekday, model_id, user, assistant, index."""
+
+
+class TransformerOptions(Struct, kw_only=True):
+    """Switches and settings of the input transformers (seed 000 section 4)."""
+
+    time_reminder: bool = False
+    placeholders: bool = True
+    document_as_prompt: bool = True
+    ocr: OcrOptions = OcrOptions()
+    template: TemplateOptions = TemplateOptions()
+    workspace_reminder: bool = True
+    knowledge_retrieval: bool = True
+    memory_retrieval: bool = True
+    user_name: str = ""
+    """What ``{user}`` / ``{{user}}`` placeholders become."""
+
+
+class ContextOptions(Struct, kw_only=True):
+    compress_threshold: int = 32000
+    """Estimated tokens above which the old prefix is summarized (or cut); 0 or negative is
+    the legacy "disabled" value and means the default 32,000."""
+    truncation_strategy: TruncationStrategy = "summarize-old"
+    summary_model: DefaultModel | None = None
+    """Model that writes rolling summaries; default: the session's model."""
+    use_soul: bool = True
+    """Put Soul.md (``<dataDir>/assistants/<id>/Soul.md``, else ``<dataDir>/Soul.md``) into the
+    system prompt (seed 004 section 4.1)."""
+
+
+class AssistantProfile(Struct, omit_defaults=False, kw_only=True):
+    id: str
+    name: str
+    system_prompt: str = ""
+    allow_session_prompt: bool = True
+    """A session's own system prompt replaces this one when set."""
+    regex_rules: list[RegexRule] = []
+    enabled_tools: list[str] = []
+    """Names of the local tools this assistant may use (the tool registry reads it)."""
+    knowledge_base_ids: list[str] = []
+    memory: MemorySettings = MemorySettings()
+    modes: list[PromptInjection] = []
+    lorebook: list[LorebookEntry] = []
+    transformers: TransformerOptions = TransformerOptions()
+    context: ContextOptions = ContextOptions()
+    is_default: bool = False
+    created_at: int = 0
+    updated_at: int = 0
+
+
+class AssistantUpsertParams(Struct, forbid_unknown_fields=True, kw_only=True):
+    """``assistant:upsert``: create (no id / unknown id) or replace a profile whole."""
+
+    id: str | None = None
+    name: str
+    system_prompt: str = ""
+    allow_session_prompt: bool = True
+    regex_rules: list[RegexRule] = []
+    enabled_tools: list[str] = []
+    knowledge_base_ids: list[str] = []
+    memory: MemorySettings = MemorySettings()
+    modes: list[PromptInjection] = []
+    lorebook: list[LorebookEntry] = []
+    transformers: TransformerOptions = TransformerOptions()
+    context: ContextOptions = ContextOptions()
+
+
+class AssistantIdParams(Struct, kw_only=True):
+    id: str
+
+
+class RollingSummaryInfo(Struct, omit_defaults=False, kw_only=True):
+    """A session's stored RollingContextSummary (seed 000 section 2)."""
+
+    text: str
+    covered_count: int
+    """How many messages of the branch (from the root) the summary stands for."""
+    last_covered_id: str
+    tokens: int
+    valid: bool
+    """Its covered ids are still the prefix of the active branch."""
+    updated_at: int
+
+
+class SessionContextInfo(Struct, omit_defaults=False, kw_only=True):
+    session_id: str
+    assistant_id: str
+    """The profile in effect (the session's, else the default)."""
+    session_assistant_id: str | None = None
+    """The profile the session chose, if any."""
+    truncation_strategy: TruncationStrategy
+    """In effect: the session's choice, else the profile's."""
+    session_truncation_strategy: TruncationStrategy | None = None
+    threshold: int
+    summary: RollingSummaryInfo | None = None
+
+
+class ContextGetParams(Struct, kw_only=True):
+    session_id: str
+
+
+class ContextUpdateParams(Struct, forbid_unknown_fields=True, kw_only=True):
+    session_id: str
+    assistant_id: str | None = None
+    """"" goes back to the default profile."""
+    truncation_strategy: TruncationStrategy | Literal[""] | None = None
+    """"" goes back to the profile's strategy."""
+
+
+class ContextCompactParams(Struct, kw_only=True):
+    """``chat:context:compact``: summarize the old part of the active branch now."""
+
+    session_id: str
+    target_tokens: int | None = None
+    """Size the context should have afterwards (default: the threshold); the recent window
+    keeps 55% of it."""
+    instructions: str | None = None
+    """Extra requirements for the summary ("keep every file name", ...)."""
+
+
+class ContextCompactResult(Struct, omit_defaults=False, kw_only=True):
+    compacted: bool
+    """False when there was nothing to summarize (fewer than four messages, or the recent
+    window already starts at the summary's end)."""
+    summary: RollingSummaryInfo | None = None
+    window_count: int
+    """Messages sent verbatim after the summary."""
+    tokens_before: int
+    tokens_after: int
