@@ -27,6 +27,7 @@ __all__ = [
     "StreamEndEvent",
     "ErrorEvent",
     "AbortedEvent",
+    "NoticeEvent",
     "ToolApprovalOption",
     "ToolApprovalRequiredEvent",
     "ChatStreamEvent",
@@ -135,6 +136,17 @@ class ToolApprovalRequiredEvent(_Event, tag="tool_approval_required", kw_only=Tr
     """``tool`` (a tool of the direct-mode loop) or ``acp`` (an agent engine's request)."""
 
 
+class NoticeEvent(_Event, tag="notice", kw_only=True):
+    """Something the user should know about this reply that is not an error (it goes on).
+
+    Codes: ``acp_session_replaced`` (the agent could not reload the conversation after a
+    restart: it starts a new agent session without the earlier turns),
+    ``acp_history_unavailable`` (the agent session of this branch is unknown to the engine)."""
+
+    notice: str
+    code: str | None = None
+
+
 ChatStreamEvent = Union[
     StreamStartEvent,
     TextDeltaEvent,
@@ -147,4 +159,5 @@ ChatStreamEvent = Union[
     ErrorEvent,
     AbortedEvent,
     ToolApprovalRequiredEvent,
+    NoticeEvent,
 ]

@@ -57,6 +57,7 @@ __all__ = [
     "EditResendParams",
     "CancelRequestParams",
     "ProviderKind",
+    "AcpEngineConfig",
     "ReasoningLevel",
     "ModelConfig",
     "ProviderUpsertParams",
@@ -340,7 +341,7 @@ class CancelRequestParams(Struct, kw_only=True):
 
 # ---- providers (issue 4) -------------------------------------------------------------
 
-ProviderKind = Literal["openai-compat", "anthropic", "ollama"]
+ProviderKind = Literal["openai-compat", "anthropic", "ollama", "acp-engine"]
 ReasoningLevel = Literal["off", "auto", "low", "medium", "high", "max"]
 
 
@@ -358,13 +359,48 @@ class ModelConfig(Struct, kw_only=True):
     output_price: float = 0.0
 
 
+class AcpEngineConfig(Struct, kw_only=True):
+    """How to run an agent engine (a provider of type ``acp-engine``, issue 7).
+
+    The engine is one subprocess speaking the Agent Client Protocol on its stdin/stdout,
+    shared by every ``mode: "acp"`` session that uses this provider and started on first use.
+    """
+
+    command: str
+    """The executable (a path, or a name looked up in PATH)."""
+    args: list[str] = []
+    env: dict[str, str] = {}
+    """Environment of the engine, passed explicitly (only PATH, HOME, USER, LANG and a few
+    other variables of the sidecar's own environment are inherited). Never logged;
+    ``provider:list`` masks values whose name suggests a secret, and an update that sends
+    such a masked value (``***``) back keeps the stored one."""
+    cwd: str | None = None
+    """Working directory of the engine process (default: the data dir). Each session's
+    agent ``cwd`` is its ``workspaceDir``, else ``<dataDir>/acp/<sessionId>``."""
+    auto_allow: list[str] = []
+    """ACP tool kinds (read, search, think, fetch, edit, delete, move, execute, other) whose
+    permission requests are allowed without asking (the stored tool policy
+    ``acp:<providerId>:<kind>`` still wins)."""
+    startup_timeout_ms: int = 30_000
+    """Start + ``initialize`` must finish within this."""
+    request_timeout_ms: int = 60_000
+    """session/new, load, fork and close must be answered within this."""
+    cancel_timeout_ms: int = 5_000
+    """After ``session/cancel`` the turn waits this long for the agent to end it, then ends it."""
+    shutdown_timeout_ms: int = 2_000
+    """Shutdown: after closing stdin, after SIGTERM and after SIGKILL, wait at most this long."""
+
+
 class ProviderUpsertParams(Struct, kw_only=True):
     """``provider:upsert``: create (no id, or an unknown id) or replace a provider."""
 
     id: str | None = None
     name: str
     type: ProviderKind
-    base_url: str
+    base_url: str = ""
+    """Required for the HTTP provider types; unused by ``acp-engine``."""
+    engine: AcpEngineConfig | None = None
+    """Required for ``acp-engine``: the command that runs the agent engine."""
     api_key: str | None = None
     """Stored, never returned. Omitted/null on update keeps the stored key; "" clears it."""
     api_key_env: str | None = None
@@ -384,6 +420,8 @@ class ProviderInfo(Struct, omit_defaults=False, kw_only=True):
     type: ProviderKind
     base_url: str
     has_api_key: bool
+    engine: AcpEngineConfig | None = None
+    """For ``acp-engine``: env values whose name suggests a secret are masked (``***``)."""
     api_key_env: str | None = None
     headers: dict[str, str] = {}
     """Header values whose name suggests a secret (auth, key, token, secret) are masked."""

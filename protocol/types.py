@@ -134,6 +134,10 @@ class Usage(Struct, kw_only=True):
     cache_read_tokens: int | None = None
     cache_write_tokens: int | None = None
     reasoning_tokens: int | None = None
+    context_used: int | None = None
+    """Tokens in the context window at the end of the reply (ACP ``usage_update.used``)."""
+    context_size: int | None = None
+    """The context window in tokens (ACP ``usage_update.size``)."""
 
 
 SessionMode = Literal["direct", "acp"]

@@ -40,14 +40,14 @@ export declare const enum ErrorCode {
 }
 export type ErrorCodeValue = -32700 | -32600 | -32601 | -32602 | -32603 | -32800 | -32001 | -32002 | -32003 | -32004 | -32005 | -32006 | -32007;
 
-export type ChatStreamEvent = StreamStartEvent | TextDeltaEvent | ThinkingDeltaEvent | ToolCallStartEvent | ToolCallDeltaEvent | ToolResultEvent | UsageEvent | StreamEndEvent | ErrorEvent | AbortedEvent | ToolApprovalRequiredEvent;
+export type ChatStreamEvent = StreamStartEvent | TextDeltaEvent | ThinkingDeltaEvent | ToolCallStartEvent | ToolCallDeltaEvent | ToolResultEvent | UsageEvent | StreamEndEvent | ErrorEvent | AbortedEvent | ToolApprovalRequiredEvent | NoticeEvent;
 export type ContentPart = TextPart | ImagePart | FilePart | CodePart | ToolUsePart | ToolResultPart | ThinkingPart | StepStartPart | StepFinishPart | DiffPart;
 export type ContentType = "multipart" | "text";
 export type FinishReason = "content_filter" | "length" | "max_turn_requests" | "other" | "refusal" | "stop" | "tool_calls";
 export type McpTransport = "http" | "stdio";
 export type MessageRole = "assistant" | "system" | "tool" | "user";
 export type MessageStatus = "aborted" | "completed" | "error" | "paused" | "pending" | "streaming";
-export type ProviderKind = "anthropic" | "ollama" | "openai-compat";
+export type ProviderKind = "acp-engine" | "anthropic" | "ollama" | "openai-compat";
 export type ReasoningLevel = "auto" | "high" | "low" | "max" | "medium" | "off";
 export type SessionMode = "acp" | "direct";
 export type SessionSortBy = "created_at" | "last_message_at" | "updated_at";
@@ -66,6 +66,44 @@ export interface AbortedEvent {
   timestamp: number;
   seq: number;
   reason?: string | null;
+}
+
+/**
+ * How to run an agent engine (a provider of type ``acp-engine``, issue 7).
+ *
+ * The engine is one subprocess speaking the Agent Client Protocol on its stdin/stdout,
+ * shared by every ``mode: "acp"`` session that uses this provider and started on first use.
+ */
+export interface AcpEngineConfig {
+  /** The executable (a path, or a name looked up in PATH). */
+  command: string;
+  args?: string[];
+  /**
+   * Environment of the engine, passed explicitly (only PATH, HOME, USER, LANG and a few
+   * other variables of the sidecar's own environment are inherited). Never logged;
+   * ``provider:list`` masks values whose name suggests a secret, and an update that sends
+   * such a masked value (``***``) back keeps the stored one.
+   */
+  env?: Record<string, string>;
+  /**
+   * Working directory of the engine process (default: the data dir). Each session's
+   * agent ``cwd`` is its ``workspaceDir``, else ``<dataDir>/acp/<sessionId>``.
+   */
+  cwd?: string | null;
+  /**
+   * ACP tool kinds (read, search, think, fetch, edit, delete, move, execute, other) whose
+   * permission requests are allowed without asking (the stored tool policy
+   * ``acp:<providerId>:<kind>`` still wins).
+   */
+  autoAllow?: string[];
+  /** Start + ``initialize`` must finish within this. */
+  startupTimeoutMs?: number;
+  /** session/new, load, fork and close must be answered within this. */
+  requestTimeoutMs?: number;
+  /** After ``session/cancel`` the turn waits this long for the agent to end it, then ends it. */
+  cancelTimeoutMs?: number;
+  /** Shutdown: after closing stdin, after SIGTERM and after SIGKILL, wait at most this long. */
+  shutdownTimeoutMs?: number;
 }
 
 export interface Attachment {
@@ -341,6 +379,23 @@ export interface NameParams {
   name: string;
 }
 
+/**
+ * Something the user should know about this reply that is not an error (it goes on).
+ *
+ * Codes: ``acp_session_replaced`` (the agent could not reload the conversation after a
+ * restart: it starts a new agent session without the earlier turns),
+ * ``acp_history_unavailable`` (the agent session of this branch is unknown to the engine).
+ */
+export interface NoticeEvent {
+  type: "notice";
+  sessionId: string;
+  messageId: string;
+  timestamp: number;
+  seq: number;
+  notice: string;
+  code?: string | null;
+}
+
 /** A tool call waiting for a decision (``tool:pending:list``). */
 export interface PendingToolCall {
   sessionId: string;
@@ -360,6 +415,8 @@ export interface ProviderInfo {
   type: ProviderKind;
   baseUrl: string;
   hasApiKey: boolean;
+  /** For ``acp-engine``: env values whose name suggests a secret are masked (``***``). */
+  engine?: AcpEngineConfig | null;
   apiKeyEnv?: string | null;
   /** Header values whose name suggests a secret (auth, key, token, secret) are masked. */
   headers?: Record<string, string>;
@@ -381,7 +438,10 @@ export interface ProviderUpsertParams {
   id?: string | null;
   name: string;
   type: ProviderKind;
-  baseUrl: string;
+  /** Required for the HTTP provider types; unused by ``acp-engine``. */
+  baseUrl?: string;
+  /** Required for ``acp-engine``: the command that runs the agent engine. */
+  engine?: AcpEngineConfig | null;
   /** Stored, never returned. Omitted/null on update keeps the stored key; "" clears it. */
   apiKey?: string | null;
   /** Name of an environment variable holding the key (used when no key is stored). */
@@ -848,6 +908,10 @@ export interface Usage {
   cacheReadTokens?: number | null;
   cacheWriteTokens?: number | null;
   reasoningTokens?: number | null;
+  /** Tokens in the context window at the end of the reply (ACP ``usage_update.used``). */
+  contextUsed?: number | null;
+  /** The context window in tokens (ACP ``usage_update.size``). */
+  contextSize?: number | null;
 }
 
 export interface UsageEvent {
