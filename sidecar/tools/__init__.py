@@ -1,0 +1,16 @@
+"""sidecar.tools: the tools a model can call in direct mode (issue 5).
+
+    base.py          Tool, ToolContext, ToolOutput, ToolError
+    registry.py      ToolRegistry: one request's tools; checking and running a call
+    service.py       ToolService: tool settings, per-request assembly (seed 000 section 3)
+    spill.py         large outputs (> 32 KiB) to tool_outputs/{toolCallId}.txt
+    workspace.py     read/write/list/run confined to the session's workspace dir
+    local.py         built-in local tools, read_tool_output, get_session_capabilities
+    conversation.py  search_conversations over the message store
+    web.py           web_search over a pluggable HTTP backend (SearXNG JSON)
+    skills.py        skill_list / skill_load (folders holding a SKILL.md)
+    mcp.py           McpManager: MCP servers (official ``mcp`` SDK, imported lazily)
+
+The approval flow lives in sidecar/engine/approvals.py; the step loop in
+sidecar/engine/generation.py.
+"""

@@ -1,0 +1,205 @@
+"""ToolService: tool settings and the per-request assembly of the ToolRegistry.
+
+``assemble(session, model)`` builds the registry of one request in seed 000's order
+(section 3): web search (when configured), the enabled local tools, conversation search,
+workspace tools (when the session has a workspace dir), skill tools (when skills exist),
+MCP tools, then ``read_tool_output`` and ``get_session_capabilities``. A model without
+tool support (ModelInfo.supports_tools false), or tools switched off in the settings,
+gets an empty registry and a short ``capability_note`` for the system prompt instead, so
+the model does not claim to run tools it cannot.
+
+Settings live in the settings table under ``tools`` (JSON of protocol ToolSettings).
+"""
+
+from __future__ import annotations
+
+import logging
+from collections.abc import Awaitable, Callable
+from pathlib import Path
+from typing import Any
+
+import anyio
+import msgspec
+
+from protocol.params import (
+    EmptyParams,
+    SearchOptions,
+    ToolInfo,
+    ToolListParams,
+    ToolSettings,
+    ToolSettingsUpdate,
+)
+from protocol.types import SearchResult, SessionV2
+from sidecar.errors import InvalidParams
+from sidecar.providers.types import ModelInfo
+from sidecar.tools.base import Tool
+from sidecar.tools.conversation import ConversationSearch
+from sidecar.tools.local import LOCAL_TOOLS, ReadToolOutput, SessionCapabilities
+from sidecar.tools.registry import ToolRegistry
+from sidecar.tools.skills import find_skills, skill_roots, skill_tools
+from sidecar.tools.web import SearxngBackend, WebSearch
+from sidecar.tools.workspace import workspace_tools
+
+__all__ = ["ToolService", "SETTINGS_KEY", "NO_TOOLS_NOTE"]
+
+log = logging.getLogger(__name__)
+
+SETTINGS_KEY = "tools"
+NO_TOOLS_NOTE = (
+    "Capabilities: in this conversation you cannot call tools. You cannot search the web, read "
+    "or write files, run commands or look up other conversations; do not claim or pretend to. "
+    "Answer from the conversation and your own knowledge."
+)
+
+
+class ToolService:
+    def __init__(
+        self,
+        *,
+        data_dir: Path,
+        get_setting: Callable[[str], Awaitable[str | None]],
+        set_setting: Callable[[str, str | None], Awaitable[None]],
+        search: Callable[[str, SearchOptions], Awaitable[list[SearchResult]]],
+        policies: Callable[[list[str]], Awaitable[dict[str, Any]]],
+        mcp: Any = None,
+        extra_tools: Callable[[], list[Tool]] | None = None,
+        web_transport: Any = None,
+    ) -> None:
+        self._data_dir = data_dir
+        self._get_setting = get_setting
+        self._set_setting = set_setting
+        self._search = search
+        self._policies = policies
+        self.mcp = mcp
+        self._extra = extra_tools
+        """Tests add tools here (after MCP tools, before the system tools)."""
+        self._web_transport = web_transport
+        self._settings = ToolSettings()
+        self._web: SearxngBackend | None = None
+
+    async def load(self) -> None:
+        raw = await self._get_setting(SETTINGS_KEY)
+        if raw:
+            try:
+                self._settings = msgspec.json.decode(raw, type=ToolSettings)
+            except msgspec.DecodeError:
+                log.error("stored tool settings are unreadable; using the defaults")
+
+    @property
+    def settings(self) -> ToolSettings:
+        return self._settings
+
+    # ---- methods --------------------------------------------------------------------
+
+    async def get_settings(self, params: EmptyParams | None = None) -> ToolSettings:
+        return self._settings
+
+    async def update_settings(self, params: ToolSettingsUpdate) -> ToolSettings:
+        s = self._settings
+        changes: dict[str, Any] = {}
+        for field in ("enabled", "conversation_search", "tool_timeout_s", "command_timeout_s"):
+            value = getattr(params, field)
+            if value is not None:
+                changes[field] = value
+        for field in ("tool_timeout_s", "command_timeout_s"):
+            if field in changes and not 0 < changes[field] <= 3600:
+                raise InvalidParams(f"invalid params: {field} must be in (0, 3600]")
+        if params.local_tools is not None:
+            unknown = [n for n in params.local_tools if n not in LOCAL_TOOLS]
+            if unknown:
+                raise InvalidParams(
+                    f"invalid params: unknown local tools {unknown}; known: {sorted(LOCAL_TOOLS)} - at `$.localTools`"
+                )
+            changes["local_tools"] = list(dict.fromkeys(params.local_tools))
+        if params.skills_dirs is not None:
+            if any(not isinstance(d, str) or not Path(d).is_absolute() for d in params.skills_dirs):
+                raise InvalidParams("invalid params: skillsDirs must be absolute paths - at `$.skillsDirs`")
+            changes["skills_dirs"] = list(params.skills_dirs)
+        if params.clear_web_search:
+            changes["web_search"] = None
+        elif params.web_search is not None:
+            if not params.web_search.url.startswith(("http://", "https://")):
+                raise InvalidParams("invalid params: webSearch.url must be an http(s) URL")
+            changes["web_search"] = params.web_search
+        updated = msgspec.structs.replace(s, **changes)
+        await self._set_setting(SETTINGS_KEY, msgspec.json.encode(updated).decode())
+        if "web_search" in changes and self._web is not None:
+            await self._web.aclose()
+            self._web = None
+        self._settings = updated
+        return updated
+
+    async def list_tools(self, params: ToolListParams) -> list[ToolInfo]:
+        session = None
+        if params.session_id is not None and self._session_lookup is not None:
+            session = await self._session_lookup(params.session_id)
+        registry = await self.assemble(session, ModelInfo(id="", supports_tools=True))
+        names = [t.name for t in registry.tools]
+        keys = names + [t.server_key for t in registry.tools if t.server_key]
+        stored = await self._policies(keys)
+        out = []
+        for t in registry.tools:
+            policy = stored.get(t.name) or (stored.get(t.server_key) if t.server_key else None)
+            out.append(
+                ToolInfo(
+                    name=t.name, description=t.description, source=t.source,
+                    policy=policy.policy if policy is not None else t.default_policy,
+                    default_policy=t.default_policy, parameters=t.parameters,
+                )
+            )
+        return out
+
+    _session_lookup: Callable[[str], Awaitable[SessionV2]] | None = None
+
+    def set_session_lookup(self, lookup: Callable[[str], Awaitable[SessionV2]]) -> None:
+        self._session_lookup = lookup
+
+    # ---- assembly -------------------------------------------------------------------
+
+    async def assemble(self, session: SessionV2 | None, model: ModelInfo) -> ToolRegistry:
+        s = self._settings
+        registry = ToolRegistry(default_timeout_s=s.tool_timeout_s)
+        if not s.enabled or not model.supports_tools:
+            registry.capability_note = NO_TOOLS_NOTE
+            return registry
+        if s.web_search is not None:
+            if self._web is None:
+                self._web = SearxngBackend(s.web_search, transport=self._web_transport)
+            registry.add(WebSearch(self._web, s.web_search.max_results))
+        for name in s.local_tools:
+            factory = LOCAL_TOOLS.get(name)
+            if factory is not None:
+                registry.add(factory())
+        if s.conversation_search:
+            registry.add(ConversationSearch(self._search))
+        if session is not None and session.workspace_dir:
+            for tool in workspace_tools(s.command_timeout_s):
+                registry.add(tool)
+        skills = await anyio.to_thread.run_sync(find_skills, skill_roots(s.skills_dirs, self._data_dir))
+        if skills:
+            for tool in skill_tools(skills):
+                registry.add(tool)
+        if self.mcp is not None and self.mcp.configured:
+            for tool in await self.mcp.tools():
+                registry.add(tool)
+        if self._extra is not None:
+            for tool in self._extra():
+                registry.add(tool)
+        registry.add(ReadToolOutput())
+        registry.add(SessionCapabilities(lambda: _capabilities(registry, session)))
+        return registry
+
+    async def aclose(self) -> None:
+        if self._web is not None:
+            await self._web.aclose()
+
+
+def _capabilities(registry: ToolRegistry, session: SessionV2 | None) -> dict[str, Any]:
+    return {
+        "tools": [{"name": t.name, "source": t.source, "description": t.description} for t in registry.tools],
+        "workspace": session.workspace_dir if session is not None else None,
+        "retrieval": {"knowledge_base": False, "memory": False},
+        "web_search": registry.get("web_search") is not None,
+        "conversation_search": registry.get("search_conversations") is not None,
+        "max_steps": 256,
+    }

@@ -1,0 +1,58 @@
+"""Large tool outputs (seed 000 section 8): over 32 KiB of text goes to a file.
+
+A result whose UTF-8 text exceeds SPILL_BYTES is written whole to
+``tool_outputs/{toolCallId}.txt`` under the session's workspace (when it has one, so the
+workspace tools can read it) or else under the data dir; the message keeps a 4 KiB
+preview (cut on a character boundary) and an instruction naming the file and the tool
+that reads it. The file name comes from the tool call id, which is untrusted: anything
+outside ``[A-Za-z0-9_-]`` (or a name too long) is replaced by a hash of the id.
+"""
+
+from __future__ import annotations
+
+import hashlib
+import re
+from pathlib import Path
+
+__all__ = ["SPILL_BYTES", "PREVIEW_BYTES", "OUTPUT_DIR", "spill_name", "maybe_spill", "spill_dir"]
+
+SPILL_BYTES = 32 * 1024
+PREVIEW_BYTES = 4 * 1024
+OUTPUT_DIR = "tool_outputs"
+_SAFE = re.compile(r"^[A-Za-z0-9_-]{1,100}$")
+
+
+def spill_name(tool_call_id: str) -> str:
+    if _SAFE.match(tool_call_id):
+        return f"{tool_call_id}.txt"
+    return "call-" + hashlib.sha256(tool_call_id.encode("utf-8", "replace")).hexdigest()[:32] + ".txt"
+
+
+def spill_dir(workspace: Path | None, data_dir: Path) -> Path:
+    return (workspace if workspace is not None else data_dir) / OUTPUT_DIR
+
+
+def preview(data: bytes, limit: int = PREVIEW_BYTES) -> str:
+    return data[:limit].decode("utf-8", errors="ignore")  # drops a split last character
+
+
+def maybe_spill(text: str, tool_call_id: str, workspace: Path | None, data_dir: Path) -> str:
+    """``text`` itself when small, else the preview + instruction (file written). Blocking."""
+    data = text.encode("utf-8", errors="replace")
+    if len(data) <= SPILL_BYTES:
+        return text
+    folder = spill_dir(workspace, data_dir)
+    folder.mkdir(parents=True, exist_ok=True)
+    name = spill_name(tool_call_id)
+    (folder / name).write_bytes(data)
+    if workspace is not None:
+        how = (
+            f"Read it with workspace_read_file(path=\"{OUTPUT_DIR}/{name}\", offset=...) "
+            "in slices."
+        )
+    else:
+        how = f"Read it with read_tool_output(tool_call_id=\"{tool_call_id}\", offset=...) in slices."
+    return (
+        f"{preview(data)}\n\n[output truncated: {len(data)} bytes in total, the first "
+        f"{PREVIEW_BYTES} shown. The whole output is saved as {OUTPUT_DIR}/{name}. {how}]"
+    )

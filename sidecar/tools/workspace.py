@@ -1,0 +1,279 @@
+"""Workspace tools: read, write, list and run a command inside the session's workspace dir.
+
+Confinement (``resolve_in``), checked on every call before any file is touched:
+- the path must be relative: absolute paths (``/etc/passwd``, ``C:\\x``, ``\\\\server``) are refused;
+- no ``..`` component at all, even one that would stay inside (clear error, no guessing);
+- at most MAX_PATH_CHARS characters and MAX_COMPONENT_CHARS per component, no NUL;
+- the real path (symlinks resolved) must lie inside the real workspace root, so a symlink
+  pointing outside is refused whether it is the file itself or a directory on the way.
+What is NOT promised: a shell command run with ``workspace_run_command`` starts in the
+workspace but is not sandboxed (it can ``cd /``); that is why it asks for approval by
+default. A race where a directory is swapped for a symlink between the check and the open
+is not defended against (single-user desktop threat model).
+
+Commands: ``/bin/sh -c`` (``cmd /c`` on Windows) in its own process group, stdin closed,
+stdout+stderr captured up to MAX_CAPTURE_BYTES (the rest counted, not kept), a timeout,
+and on cancel or timeout the whole group is killed (SIGKILL) before the tool returns.
+"""
+
+from __future__ import annotations
+
+import os
+import signal
+import subprocess
+import sys
+from pathlib import Path, PurePosixPath, PureWindowsPath
+from typing import Any
+
+import anyio
+import anyio.abc
+
+from sidecar.tools.base import Tool, ToolContext, ToolError, ToolOutput, obj
+
+__all__ = ["resolve_in", "workspace_tools", "MAX_PATH_CHARS", "MAX_READ_BYTES"]
+
+MAX_PATH_CHARS = 1024
+MAX_COMPONENT_CHARS = 255
+MAX_READ_BYTES = 256 * 1024
+MAX_WRITE_CHARS = 4 * 1024 * 1024
+MAX_LIST_ENTRIES = 1000
+MAX_CAPTURE_BYTES = 1024 * 1024
+MAX_COMMAND_CHARS = 16 * 1024
+
+
+def workspace_root(ctx: ToolContext) -> Path:
+    if ctx.workspace is None:
+        raise ToolError("this session has no workspace directory")
+    root = ctx.workspace
+    if not root.is_dir():
+        raise ToolError(f"the workspace directory {root} does not exist")
+    return root.resolve()
+
+
+def resolve_in(root: Path, path: str) -> Path:
+    """``path`` (relative, as the model gave it) as a real path inside ``root``, or ToolError."""
+    if not isinstance(path, str):
+        raise ToolError("path must be a string")
+    if "\x00" in path:
+        raise ToolError("path must not contain NUL characters")
+    if len(path) > MAX_PATH_CHARS:
+        raise ToolError(f"path is too long ({len(path)} characters, at most {MAX_PATH_CHARS})")
+    text = path.strip() or "."
+    if PurePosixPath(text).is_absolute() or PureWindowsPath(text).is_absolute() or PureWindowsPath(text).drive:
+        raise ToolError(f"path {path!r} is absolute: give a path relative to the workspace root")
+    parts = text.replace("\\", "/").split("/")
+    if any(p == ".." for p in parts):
+        raise ToolError(f"path {path!r} contains '..': paths must stay inside the workspace")
+    if any(len(p) > MAX_COMPONENT_CHARS for p in parts):
+        raise ToolError(f"path {path!r} has a component longer than {MAX_COMPONENT_CHARS} characters")
+    real_root = root.resolve()
+    candidate = real_root.joinpath(*[p for p in parts if p not in ("", ".")])
+    try:
+        real = candidate.resolve()  # follows every symlink on the way
+    except (OSError, RuntimeError) as exc:  # a symlink loop
+        raise ToolError(f"path {path!r} cannot be resolved: {exc}") from None
+    if real != real_root and real_root not in real.parents:
+        raise ToolError(f"path {path!r} leads outside the workspace (through a symbolic link)")
+    return real
+
+
+def _rel(root: Path, path: Path) -> str:
+    return path.relative_to(root).as_posix() or "."
+
+
+class ReadFile(Tool):
+    name = "workspace_read_file"
+    description = (
+        "Read a text file of the workspace. Paths are relative to the workspace root. "
+        f"Returns at most {MAX_READ_BYTES} bytes from `offset` (a byte offset); read on with a larger offset."
+    )
+    parameters = obj(
+        {
+            "path": {"type": "string", "description": "File path relative to the workspace root."},
+            "offset": {"type": "integer", "minimum": 0, "description": "Byte offset to start at."},
+            "length": {"type": "integer", "minimum": 1, "maximum": MAX_READ_BYTES},
+        },
+        ["path"],
+    )
+    source = "workspace"
+
+    async def run(self, args: dict[str, Any], ctx: ToolContext) -> ToolOutput:
+        root = workspace_root(ctx)
+        target = resolve_in(root, args["path"])
+        offset = int(args.get("offset", 0))
+        length = int(args.get("length", MAX_READ_BYTES))
+        return ToolOutput(text=await anyio.to_thread.run_sync(read_slice, target, offset, length, args["path"]))
+
+
+def read_slice(target: Path, offset: int, length: int, shown: str) -> str:
+    if not target.exists():
+        raise ToolError(f"no file {shown!r} in the workspace")
+    if target.is_dir():
+        raise ToolError(f"{shown!r} is a directory: use workspace_list")
+    size = target.stat().st_size
+    with open(target, "rb") as f:
+        f.seek(offset)
+        data = f.read(length)
+    if b"\x00" in data[:8192]:
+        raise ToolError(f"{shown!r} looks like a binary file ({size} bytes); only text can be read")
+    text = data.decode("utf-8", errors="replace")
+    end = offset + len(data)
+    if end < size:
+        text += f"\n\n[bytes {offset}..{end} of {size}; read on with offset={end}]"
+    return text
+
+
+class WriteFile(Tool):
+    name = "workspace_write_file"
+    description = (
+        "Create or overwrite a text file in the workspace (parent folders are created). "
+        "Paths are relative to the workspace root."
+    )
+    parameters = obj(
+        {
+            "path": {"type": "string"},
+            "content": {"type": "string"},
+            "append": {"type": "boolean", "description": "Append instead of overwriting."},
+        },
+        ["path", "content"],
+    )
+    source = "workspace"
+    default_policy = "ask"
+
+    async def run(self, args: dict[str, Any], ctx: ToolContext) -> ToolOutput:
+        root = workspace_root(ctx)
+        content = args["content"]
+        if len(content) > MAX_WRITE_CHARS:
+            raise ToolError(f"content is too long ({len(content)} characters, at most {MAX_WRITE_CHARS})")
+        target = resolve_in(root, args["path"])
+        if target == root:
+            raise ToolError("path must name a file, not the workspace root")
+
+        def write() -> int:
+            if target.is_dir():
+                raise ToolError(f"{args['path']!r} is a directory")
+            target.parent.mkdir(parents=True, exist_ok=True)
+            # re-check after mkdir: the parent chain is now real and must still be inside
+            resolve_in(root, _rel(root, target))
+            data = content.encode("utf-8")
+            with open(target, "ab" if args.get("append") else "wb") as f:
+                f.write(data)
+            return len(data)
+
+        written = await anyio.to_thread.run_sync(write)
+        return ToolOutput(text=f"wrote {written} bytes to {_rel(root, target)}")
+
+
+class ListDir(Tool):
+    name = "workspace_list"
+    description = "List the entries of a workspace folder (relative path, default the root)."
+    parameters = obj({"path": {"type": "string"}})
+    source = "workspace"
+
+    async def run(self, args: dict[str, Any], ctx: ToolContext) -> ToolOutput:
+        root = workspace_root(ctx)
+        target = resolve_in(root, args.get("path", "."))
+
+        def listing() -> str:
+            if not target.is_dir():
+                raise ToolError(f"{args.get('path', '.')!r} is not a folder of the workspace")
+            entries = sorted(target.iterdir(), key=lambda p: p.name)
+            lines = []
+            for entry in entries[:MAX_LIST_ENTRIES]:
+                if entry.is_symlink():
+                    kind = "link"
+                elif entry.is_dir():
+                    kind = "dir"
+                else:
+                    kind = "file"
+                size = entry.lstat().st_size if kind == "file" else 0
+                lines.append(f"{kind}\t{size}\t{entry.name}")
+            if len(entries) > MAX_LIST_ENTRIES:
+                lines.append(f"... and {len(entries) - MAX_LIST_ENTRIES} more entries")
+            return "\n".join(lines) or "(empty folder)"
+
+        return ToolOutput(text=await anyio.to_thread.run_sync(listing))
+
+
+class RunCommand(Tool):
+    name = "workspace_run_command"
+    description = (
+        "Run a shell command with the workspace root as its working directory. Returns its exit "
+        "code and output (stdout and stderr together)."
+    )
+    parameters = obj(
+        {
+            "command": {"type": "string"},
+            "timeout_s": {"type": "number", "exclusiveMinimum": 0, "maximum": 3600},
+        },
+        ["command"],
+    )
+    source = "workspace"
+    default_policy = "ask"
+
+    def __init__(self, default_timeout_s: float) -> None:
+        self.default_timeout_s = default_timeout_s
+        # the command's own limit applies; the loop's tool timeout must not cut it first
+        self.timeout_s = 3600.0
+
+    async def run(self, args: dict[str, Any], ctx: ToolContext) -> ToolOutput:
+        root = workspace_root(ctx)
+        command = args["command"]
+        if not command.strip():
+            raise ToolError("command is empty")
+        if len(command) > MAX_COMMAND_CHARS:
+            raise ToolError(f"command is too long (at most {MAX_COMMAND_CHARS} characters)")
+        timeout = float(args.get("timeout_s") or self.default_timeout_s)
+        code, output, dropped, timed_out = await run_command(command, root, timeout)
+        tail = f"\n[{dropped} more bytes of output not kept]" if dropped else ""
+        if timed_out:
+            return ToolOutput(text=f"timed out after {timeout:g} s (killed)\n{output}{tail}", is_error=True)
+        return ToolOutput(text=f"exit code {code}\n{output}{tail}", is_error=code != 0)
+
+
+async def run_command(command: str, cwd: Path, timeout: float) -> tuple[int | None, str, int, bool]:
+    """(exit code, output, bytes not kept, timed out). Killed (whole group) on cancel/timeout."""
+    argv = ["cmd", "/c", command] if sys.platform == "win32" else ["/bin/sh", "-c", command]
+    process = await anyio.open_process(
+        argv,
+        cwd=str(cwd),
+        stdin=subprocess.DEVNULL,
+        stdout=subprocess.PIPE,
+        stderr=subprocess.STDOUT,
+        start_new_session=sys.platform != "win32",
+    )
+    kept = bytearray()
+    dropped = 0
+    timed_out = False
+    try:
+        with anyio.move_on_after(timeout) as scope:
+            assert process.stdout is not None
+            async for chunk in process.stdout:
+                room = MAX_CAPTURE_BYTES - len(kept)
+                kept += chunk[:room]
+                dropped += max(0, len(chunk) - room)
+            await process.wait()
+        timed_out = scope.cancelled_caught
+    finally:
+        if process.returncode is None:
+            with anyio.CancelScope(shield=True):
+                _kill_group(process)
+                with anyio.move_on_after(5):
+                    await process.wait()
+        with anyio.CancelScope(shield=True):
+            await process.aclose()
+    return process.returncode, kept.decode("utf-8", errors="replace"), dropped, timed_out
+
+
+def _kill_group(process: anyio.abc.Process) -> None:
+    try:
+        if sys.platform == "win32":
+            process.kill()
+        else:
+            os.killpg(process.pid, signal.SIGKILL)
+    except (ProcessLookupError, PermissionError):
+        pass
+
+
+def workspace_tools(command_timeout_s: float) -> list[Tool]:
+    return [ReadFile(), WriteFile(), ListDir(), RunCommand(command_timeout_s)]
