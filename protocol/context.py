@@ -12,6 +12,8 @@ from __future__ import annotations
 
 from typing import Literal
 
+import msgspec
+
 from protocol.params import DefaultModel
 from protocol.types import Struct
 
@@ -127,8 +129,8 @@ class TransformerOptions(Struct, kw_only=True):
     time_reminder: bool = False
     placeholders: bool = True
     document_as_prompt: bool = True
-    ocr: OcrOptions = OcrOptions()
-    template: TemplateOptions = TemplateOptions()
+    ocr: OcrOptions = msgspec.field(default_factory=OcrOptions)
+    template: TemplateOptions = msgspec.field(default_factory=TemplateOptions)
     workspace_reminder: bool = True
     knowledge_retrieval: bool = True
     memory_retrieval: bool = True
@@ -158,11 +160,11 @@ class AssistantProfile(Struct, omit_defaults=False, kw_only=True):
     enabled_tools: list[str] = []
     """Names of the local tools this assistant may use (the tool registry reads it)."""
     knowledge_base_ids: list[str] = []
-    memory: MemorySettings = MemorySettings()
+    memory: MemorySettings = msgspec.field(default_factory=MemorySettings)
     modes: list[PromptInjection] = []
     lorebook: list[LorebookEntry] = []
-    transformers: TransformerOptions = TransformerOptions()
-    context: ContextOptions = ContextOptions()
+    transformers: TransformerOptions = msgspec.field(default_factory=TransformerOptions)
+    context: ContextOptions = msgspec.field(default_factory=ContextOptions)
     is_default: bool = False
     created_at: int = 0
     updated_at: int = 0
@@ -178,11 +180,11 @@ class AssistantUpsertParams(Struct, forbid_unknown_fields=True, kw_only=True):
     regex_rules: list[RegexRule] = []
     enabled_tools: list[str] = []
     knowledge_base_ids: list[str] = []
-    memory: MemorySettings = MemorySettings()
+    memory: MemorySettings = msgspec.field(default_factory=MemorySettings)
     modes: list[PromptInjection] = []
     lorebook: list[LorebookEntry] = []
-    transformers: TransformerOptions = TransformerOptions()
-    context: ContextOptions = ContextOptions()
+    transformers: TransformerOptions = msgspec.field(default_factory=TransformerOptions)
+    context: ContextOptions = msgspec.field(default_factory=ContextOptions)
 
 
 class AssistantIdParams(Struct, kw_only=True):

@@ -1,30 +1,106 @@
 """RequestBuilder: one provider request from a session's stored branch (DESIGN.md section 4).
 
-The single entry point the generation loop calls before each model step. Today it reads
-the branch root -> ``leaf_id`` and turns it into RequestMessages (``request.py``) with the
-session's system prompt. The context window (rolling summary, truncation), system prompt
-composition and the input transformers of seed 000 sections 2 and 4 belong behind this
-same call; whatever they do, they change only the returned request, never the stored
-branch.
+The single entry point the generation loop calls before each model step:
+1. the session's assistant profile and truncation strategy (profiles.py), Soul.md;
+2. the context window (context.py, RollingContext): which messages of the branch root ->
+   ``leaf_id`` are carried, with a validated (possibly refreshed) rolling summary;
+3. the system prompt (system.py), composed in the seed's order;
+4. Drafts of those messages (request.py), then the input transformers in the seed's order
+   (transformers/), then what the model can take (request.finalize).
+Whatever they do, they change only the returned request, never the stored branch.
+
+``output`` is the OutputProcessor for the same profiles (think tags, images, output regex):
+the generation loop wraps the provider stream with ``output.stream`` and passes the final
+snapshot through ``await output.finish(session, snapshot)``.
 """
 
 from __future__ import annotations
 
-from collections.abc import Sequence
+import datetime as dt
+from collections.abc import Callable, Sequence
 from typing import Any
 
 import anyio
+import msgspec
 
-from protocol.types import SessionV2
-from sidecar.pipeline.request import build_request_messages
+from protocol.context import AssistantProfile
+from protocol.types import SessionV2, TextPart
+from sidecar.pipeline import tokens as tk
+from sidecar.pipeline.calls import ProviderModelCall
+from sidecar.pipeline.context import ContextWindow, RollingContext
+from sidecar.pipeline.output import OutputProcessor
+from sidecar.pipeline.profiles import ProfileResolver, SessionProfile
+from sidecar.pipeline.request import build_drafts, finalize
+from sidecar.pipeline.summary import Summarizer
+from sidecar.pipeline.system import SoulFiles, compose_system_prompt
+from sidecar.pipeline.token_cache import TokenLedger
+from sidecar.pipeline.transformers import default_transformers, run_transformers
+from sidecar.pipeline.transformers.base import (
+    Draft,
+    InputTransformer,
+    ModelCall,
+    TransformContext,
+)
+from sidecar.pipeline.transformers.retrieval import (
+    KnowledgeRetriever,
+    MemoryRetriever,
+    NoKnowledge,
+    NoMemory,
+)
 from sidecar.providers.types import ChatRequest, GenerationParams, ModelInfo, ToolSpec
+from sidecar.store.assistants import AssistantRepo
 from sidecar.store.attachments import AttachmentStore
+from sidecar.store.context import ContextRepo
+
+__all__ = ["RequestBuilder", "BuildInfo"]
+
+
+def local_now() -> dt.datetime:
+    return dt.datetime.now().astimezone()
+
+
+class BuildInfo(msgspec.Struct, kw_only=True):
+    """How a request was built (for tests, benchmarks and the retrieval citations)."""
+
+    window: ContextWindow
+    assistant: AssistantProfile
+    applied: list[str]
+    """Input transformers that changed the request, in the order they ran."""
+    citations: list[Any]
+    system_prompt: str | None
 
 
 class RequestBuilder:
-    def __init__(self, store: Any, attachments: AttachmentStore) -> None:
-        self._store = store  # the synchronous Store: reads happen in one worker-thread hop
+    def __init__(
+        self,
+        store: Any,
+        attachments: AttachmentStore,
+        *,
+        providers: Any = None,
+        call_model: ModelCall | None = None,
+        knowledge: KnowledgeRetriever | None = None,
+        memory: MemoryRetriever | None = None,
+        transformers: Sequence[InputTransformer] | None = None,
+        now: Callable[[], dt.datetime] = local_now,
+    ) -> None:
+        """``store``: the synchronous Store. ``providers``: the engine's ProviderService (its
+        ``resolve``), used for summary and OCR calls unless ``call_model`` is given."""
         self._attachments = attachments
+        context_repo = ContextRepo.of(store)
+        self.profiles = ProfileResolver(AssistantRepo.of(store), context_repo)
+        call = call_model or (ProviderModelCall(providers) if providers is not None else None)
+        self._call_model = call
+        self.ledger = TokenLedger(context_repo, file_size=self._file_size)
+        self.context = RollingContext(context_repo, self.ledger, Summarizer(call) if call is not None else None)
+        self._souls = SoulFiles(attachments.root.parent)
+        self._knowledge = knowledge or NoKnowledge()
+        self._memory = memory or NoMemory()
+        self._transformers = list(transformers) if transformers is not None else default_transformers()
+        self._now = now
+        self.output = OutputProcessor(
+            assistant_for=lambda session: self.profiles.for_session(session.id).assistant,
+            image_dir=attachments.root,
+        )
 
     async def build(
         self,
@@ -40,22 +116,84 @@ class RequestBuilder:
         """``tools`` are sent when the model supports tools; ``tool_prompts`` (the system
         prompts the registered tools contribute) and ``capability_note`` (what a model
         without tool support is told instead) go into the system prompt."""
-        def read_and_build() -> ChatRequest:
-            path = self._store.get_path(session.id, leaf_id)
-            system = "\n\n".join(
-                p for p in (session.system_prompt, capability_note, *tool_prompts) if p and p.strip()
-            )
-            messages = build_request_messages(
-                path,
-                system_prompt=system or None,
-                model=model,
-                attachments=self._attachments,
-            )
-            return ChatRequest(
-                model=model,
-                messages=messages,
-                tools=list(tools) if model.supports_tools else [],
-                params=params,
-            )
+        request, _ = await self.build_detailed(
+            session=session, leaf_id=leaf_id, model=model, params=params, tools=tools,
+            tool_prompts=tool_prompts, capability_note=capability_note,
+        )
+        return request
 
-        return await anyio.to_thread.run_sync(read_and_build)
+    async def build_detailed(
+        self,
+        *,
+        session: SessionV2,
+        leaf_id: str,
+        model: ModelInfo,
+        params: GenerationParams,
+        tools: Sequence[ToolSpec] = (),
+        tool_prompts: Sequence[str] = (),
+        capability_note: str | None = None,
+    ) -> tuple[ChatRequest, BuildInfo]:
+        profile, soul = await anyio.to_thread.run_sync(self._profile_and_soul, session.id)
+        assistant = profile.assistant
+        window = await self.context.prepare(
+            session=session,
+            leaf_id=leaf_id,
+            assistant=assistant,
+            strategy=profile.strategy,
+            encoding=tk.encoding_for_model(model.id).encoding,
+        )
+        summary = window.summary
+        system = compose_system_prompt(
+            session=session,
+            assistant=assistant,
+            soul=soul,
+            capability_note=capability_note,
+            summary=summary.text if summary else None,
+            summary_count=summary.covered_count if summary else 0,
+            tool_prompts=tool_prompts,
+        )
+        drafts = build_drafts(window.messages)
+        if system:
+            drafts.insert(0, Draft(role="system", parts=[TextPart(text=system)]))
+        ctx = TransformContext(
+            session=session,
+            assistant=assistant,
+            model=model,
+            now=self._now(),
+            attachments=self._attachments,
+            call_model=self._call_model,
+            knowledge=self._knowledge,
+            memory=self._memory,
+        )
+        drafts = await run_transformers(drafts, ctx, self._transformers)
+        messages = await anyio.to_thread.run_sync(
+            lambda: finalize(drafts, model=model, attachments=self._attachments)
+        )
+        request = ChatRequest(
+            model=model,
+            messages=messages,
+            tools=list(tools) if model.supports_tools else [],
+            params=params,
+        )
+        first = drafts[0] if drafts and drafts[0].role == "system" else None
+        info = BuildInfo(
+            window=window, assistant=assistant, applied=list(ctx.applied), citations=list(ctx.citations),
+            system_prompt="\n".join(p.text for p in first.parts if isinstance(p, TextPart)) if first else None,
+        )
+        return request, info
+
+    # ---- internals --------------------------------------------------------------------
+
+    def _profile_and_soul(self, session_id: str) -> tuple[SessionProfile, str | None]:
+        profile = self.profiles.for_session(session_id)
+        soul = self._souls.read(profile.assistant.id) if profile.assistant.context.use_soul else None
+        return profile, soul
+
+    def _file_size(self, uri: str) -> int | None:
+        path = self._attachments.local_path(uri)
+        if path is None:
+            return None
+        try:
+            return path.stat().st_size
+        except OSError:
+            return None

@@ -1,18 +1,20 @@
-"""build_request_messages: the active branch -> provider RequestMessages.
+"""The stored branch -> Draft messages, and Drafts -> provider RequestMessages.
 
-Rules (documented in README "Attachments and models"):
-- the session's system prompt comes first as a system message;
+``build_drafts`` copies stored messages into the request copy; ``finalize`` applies what the
+model can take, after the input transformers ran. Rules (README "Attachments and models"):
 - stored parts are used as they are; ``text_content`` when a message has no parts;
+- assistant replies that ended in error with no content are left out; aborted replies
+  are kept with the partial text the user saw; pending/streaming rows are left out;
+- rows with role ``tool`` (imported from tools that store results as messages) are folded
+  into the preceding assistant message as ToolResultParts;
+- tool calls without a result in the same message are left out of the request copy
+  (a provider rejects a tool call that has no result);
 - images stored as files are sent as base64 to models that accept images; a model that
   does not gets a text note ``[image omitted: ...]`` instead (never a silent drop);
-- text-like files (text/*, JSON, XML, YAML, CSV, Markdown, source code) are inlined as
-  text, up to MAX_INLINE_FILE_BYTES; other files become a text note naming them;
-- assistant replies that ended in error with no content are left out; aborted replies
-  are kept with the partial text the user saw;
-- tool calls without a result in the same message are left out of the request copy
-  (a provider rejects a tool call that has no result).
+- files the DocumentAsPrompt transformer did not turn into text become a note naming them.
+  ``inline_text_file`` is its fallback for text-like files when that transformer is off.
 
-Blocking (reads attachment files): run it with ``anyio.to_thread.run_sync``.
+Blocking (reads attachment files): run ``finalize`` with ``anyio.to_thread.run_sync``.
 """
 
 from __future__ import annotations
@@ -26,71 +28,68 @@ from protocol.types import (
     ToolResultPart,
     ToolUsePart,
 )
-from sidecar.store.attachments import AttachmentStore
+from sidecar.pipeline.mime import is_text_mime
+from sidecar.pipeline.transformers.base import Draft
 from sidecar.providers.types import ModelInfo, RequestMessage
+from sidecar.store.attachments import AttachmentStore
+
+__all__ = ["build_drafts", "finalize", "build_request_messages", "MAX_INLINE_FILE_BYTES", "is_text_mime"]
 
 MAX_INLINE_FILE_BYTES = 256 * 1024
-_TEXT_MIME_PREFIXES = ("text/",)
-_TEXT_MIMES = {
-    "application/json",
-    "application/xml",
-    "application/x-yaml",
-    "application/yaml",
-    "application/javascript",
-    "application/typescript",
-    "application/x-python",
-    "application/x-sh",
-    "application/sql",
-    "application/toml",
-}
 
 
-def build_request_messages(
-    path: list[MessageV2],
-    *,
-    system_prompt: str | None,
-    model: ModelInfo,
-    attachments: AttachmentStore,
-) -> list[RequestMessage]:
-    out: list[RequestMessage] = []
-    if system_prompt and system_prompt.strip():
-        out.append(RequestMessage(role="system", parts=[TextPart(text=system_prompt)]))
+
+def build_drafts(path: list[MessageV2]) -> list[Draft]:
+    out: list[Draft] = []
     for message in path:
         if message.status in ("pending", "streaming"):
             continue
         if message.role == "tool":
-            # rows imported from tools that store results as separate messages: fold them
-            # into the preceding assistant message as the seed's tool_result parts
             if out and out[-1].role == "assistant" and message.tool_call_id:
                 out[-1].parts.append(
                     ToolResultPart(tool_use_id=message.tool_call_id, content=message.text_content or "")
                 )
             continue
-        parts = _message_parts(message, model, attachments)
+        if message.parts:
+            parts: list[ContentPart] = list(message.parts)
+        else:
+            text = message.text_content or ""
+            parts = [TextPart(text=text)] if text else []
         if message.role == "assistant":
             parts = _drop_unanswered_tool_calls(parts)
         if not parts:
             continue
         role = message.role if message.role in ("system", "user", "assistant") else "user"
-        out.append(RequestMessage(role=role, parts=parts))
+        out.append(Draft(role=role, parts=parts, source_id=message.id, created_at=message.created_at))  # type: ignore[arg-type]
     return out
 
 
-def _message_parts(
-    message: MessageV2, model: ModelInfo, attachments: AttachmentStore
-) -> list[ContentPart]:
-    if not message.parts:
-        text = message.text_content or ""
-        return [TextPart(text=text)] if text else []
-    parts: list[ContentPart] = []
-    for part in message.parts:
-        if isinstance(part, ImagePart):
-            parts.append(_image_part(part, model, attachments))
-        elif isinstance(part, FilePart):
-            parts.append(_file_part(part, attachments))
-        else:
-            parts.append(part)
-    return parts
+def finalize(drafts: list[Draft], *, model: ModelInfo, attachments: AttachmentStore) -> list[RequestMessage]:
+    out: list[RequestMessage] = []
+    for draft in drafts:
+        parts: list[ContentPart] = []
+        for part in draft.parts:
+            if isinstance(part, ImagePart):
+                parts.append(_image_part(part, model, attachments))
+            elif isinstance(part, FilePart):
+                parts.append(_file_note(part))
+            else:
+                parts.append(part)
+        if parts:
+            out.append(RequestMessage(role=draft.role, parts=parts))
+    return out
+
+
+def build_request_messages(
+    path: list[MessageV2], *, system_prompt: str | None, model: ModelInfo, attachments: AttachmentStore
+) -> list[RequestMessage]:
+    """The plain request copy without context management or transformers (text files inlined)."""
+    drafts = build_drafts(path)
+    if system_prompt and system_prompt.strip():
+        drafts.insert(0, Draft(role="system", parts=[TextPart(text=system_prompt)]))
+    for draft in drafts:
+        draft.parts = [inline_text_file(p, attachments) if isinstance(p, FilePart) else p for p in draft.parts]
+    return finalize(drafts, model=model, attachments=attachments)
 
 
 def _image_part(part: ImagePart, model: ModelInfo, attachments: AttachmentStore) -> ContentPart:
@@ -106,27 +105,24 @@ def _image_part(part: ImagePart, model: ModelInfo, attachments: AttachmentStore)
     return part
 
 
-def _file_part(part: FilePart, attachments: AttachmentStore) -> ContentPart:
+def _file_note(part: FilePart) -> TextPart:
     name = part.name or part.uri.rsplit("/", 1)[-1]
     mime = part.mime_type or "application/octet-stream"
-    if _is_text_mime(mime):
+    return TextPart(text=f"[attached file: {name} ({mime}); its contents cannot be shown to the model]")
+
+
+def inline_text_file(part: FilePart, attachments: AttachmentStore) -> ContentPart:
+    """A text-like stored file as ``<file>`` text (the note for anything else)."""
+    name = part.name or part.uri.rsplit("/", 1)[-1]
+    mime = part.mime_type or "application/octet-stream"
+    if is_text_mime(mime):
         data = attachments.load_bytes(part.uri, MAX_INLINE_FILE_BYTES + 1)
         if data is not None:
             truncated = len(data) > MAX_INLINE_FILE_BYTES
             text = data[:MAX_INLINE_FILE_BYTES].decode("utf-8", errors="replace")
             note = "\n[... truncated]" if truncated else ""
             return TextPart(text=f'<file name="{name}" type="{mime}">\n{text}{note}\n</file>')
-    return TextPart(text=f"[attached file: {name} ({mime}); its contents cannot be shown to the model]")
-
-
-def _is_text_mime(mime: str) -> bool:
-    mime = mime.split(";", 1)[0].strip().lower()
-    return (
-        mime.startswith(_TEXT_MIME_PREFIXES)
-        or mime in _TEXT_MIMES
-        or mime.endswith("+json")
-        or mime.endswith("+xml")
-    )
+    return _file_note(part)
 
 
 def _drop_unanswered_tool_calls(parts: list[ContentPart]) -> list[ContentPart]:

@@ -306,3 +306,45 @@ def m009_tool_calls(conn: apsw.Connection) -> None:
         ) WITHOUT ROWID;
         """
     )
+
+
+@migration
+def m_context_window(conn: apsw.Connection) -> None:
+    # Issue 6 (sidecar/store/context.py, sidecar/store/assistants.py): rolling summaries,
+    # a session's assistant profile and truncation strategy, the per-message token-count
+    # cache, and assistant profiles with the built-in default one.
+    conn.execute(
+        """
+        CREATE TABLE rolling_summaries (
+          session_id      TEXT PRIMARY KEY REFERENCES sessions_v2(id) ON DELETE CASCADE,
+          text            TEXT NOT NULL,
+          covered_ids     TEXT NOT NULL,
+          last_covered_id TEXT NOT NULL,
+          covered_count   INTEGER NOT NULL,
+          tokens          INTEGER NOT NULL,
+          model_id        TEXT,
+          updated_at      INTEGER NOT NULL
+        );
+        CREATE TABLE session_context (
+          session_id          TEXT PRIMARY KEY REFERENCES sessions_v2(id) ON DELETE CASCADE,
+          assistant_id        TEXT,
+          truncation_strategy TEXT
+        ) WITHOUT ROWID;
+        CREATE TABLE message_tokens (
+          message_id   TEXT NOT NULL REFERENCES messages_v2(id) ON DELETE CASCADE,
+          encoding     TEXT NOT NULL,
+          content_hash TEXT NOT NULL,
+          tokens       INTEGER NOT NULL,
+          PRIMARY KEY (message_id, encoding)
+        ) WITHOUT ROWID;
+        CREATE TABLE assistants (
+          id         TEXT PRIMARY KEY,
+          name       TEXT NOT NULL,
+          config     TEXT NOT NULL DEFAULT '{}',
+          created_at INTEGER NOT NULL,
+          updated_at INTEGER NOT NULL
+        );
+        INSERT INTO assistants(id, name, config, created_at, updated_at)
+          VALUES ('default', 'Default', '{}', 0, 0);
+        """
+    )

@@ -1,0 +1,124 @@
+"""Summarizer: writes a rolling summary with a model call (seed 000 section 2).
+
+A refresh merges the previous valid summary with the newly covered messages. The messages
+are rendered as a plain transcript (tool calls and results shortened, images and files
+named, reasoning left out). A transcript larger than ``chunk_tokens`` is summarized in
+chunks, each merged into the summary so far, so the summary model's own context window is
+never exceeded, however long the covered prefix is.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Sequence
+
+import msgspec
+
+from protocol.types import (
+    FilePart,
+    ImagePart,
+    MessageV2,
+    TextPart,
+    ToolResultPart,
+    ToolUsePart,
+)
+from sidecar.pipeline import tokens as tk
+from sidecar.pipeline.transformers.base import ModelCall
+from sidecar.providers.types import RequestMessage
+
+__all__ = ["Summarizer", "render_transcript", "SUMMARY_SYSTEM_PROMPT"]
+
+SUMMARY_SYSTEM_PROMPT = (
+    "You maintain the running summary of a long conversation between a user and an AI "
+    "assistant, so the assistant can continue it without the full history. Merge the previous "
+    "summary (if any) with the new messages into ONE updated summary. Keep every fact, decision, "
+    "name, number, file name, code identifier, open question and instruction from the user that "
+    "may matter later; drop greetings and repetition. Write in the language of the conversation, "
+    "as compact notes. Reply with the summary only."
+)
+_TOOL_ARGS_CHARS = 500
+_TOOL_RESULT_CHARS = 1500
+
+
+def render_transcript(messages: Sequence[MessageV2]) -> list[str]:
+    """One block of text per message."""
+    blocks: list[str] = []
+    for m in messages:
+        if m.status in ("pending", "streaming"):
+            continue
+        lines: list[str] = []
+        if m.parts:
+            for part in m.parts:
+                if isinstance(part, TextPart) and part.text.strip():
+                    lines.append(part.text)
+                elif isinstance(part, ImagePart):
+                    lines.append("[image]")
+                elif isinstance(part, FilePart):
+                    lines.append(f"[file: {part.name or part.uri.rsplit('/', 1)[-1]}]")
+                elif isinstance(part, ToolUsePart):
+                    args = msgspec.json.encode(part.input).decode()[:_TOOL_ARGS_CHARS]
+                    lines.append(f"[called tool {part.name} with {args}]")
+                elif isinstance(part, ToolResultPart):
+                    lines.append(f"[tool result{' (error)' if part.is_error else ''}: {part.content[:_TOOL_RESULT_CHARS]}]")
+        elif m.text_content:
+            lines.append(m.text_content)
+        if m.role == "tool" and m.text_content:
+            lines = [f"[tool result: {m.text_content[:_TOOL_RESULT_CHARS]}]"]
+        if lines:
+            blocks.append(f"{m.role.capitalize()}: " + "\n".join(lines))
+    return blocks
+
+
+class Summarizer:
+    def __init__(self, call_model: ModelCall, *, chunk_tokens: int = 24_000, max_tokens: int = 2048) -> None:
+        self._call = call_model
+        self._chunk_tokens = chunk_tokens
+        self._max_tokens = max_tokens
+
+    async def summarize(
+        self,
+        *,
+        previous: str | None,
+        messages: Sequence[MessageV2],
+        provider_id: str,
+        model_id: str,
+        instructions: str | None = None,
+    ) -> str:
+        summary = previous
+        for chunk in self._chunks(render_transcript(messages)):
+            summary = await self._call(
+                provider_id, model_id, self._prompt(summary, chunk, instructions), max_tokens=self._max_tokens
+            )
+        if summary is None:
+            raise ValueError("nothing to summarize")
+        return summary
+
+    def _chunks(self, blocks: list[str]) -> list[list[str]]:
+        chunks: list[list[str]] = [[]]
+        used = 0
+        for block in blocks:
+            cost = tk.count_text(block)
+            if chunks[-1] and used + cost > self._chunk_tokens:
+                chunks.append([])
+                used = 0
+            if cost > self._chunk_tokens:  # one huge message: keep its head and tail
+                keep = self._chunk_tokens * 2  # about 2 characters per token, conservatively
+                block = block[:keep] + "\n[... shortened ...]\n" + block[-keep // 2 :]
+                cost = self._chunk_tokens
+            chunks[-1].append(block)
+            used += cost
+        return [c for c in chunks if c]
+
+    @staticmethod
+    def _prompt(previous: str | None, blocks: list[str], instructions: str | None) -> list[RequestMessage]:
+        system = SUMMARY_SYSTEM_PROMPT
+        if instructions and instructions.strip():
+            system += f"\n\nAdditional requirements from the user for this summary:\n{instructions.strip()}"
+        body = []
+        if previous:
+            body.append(f"<previous_summary>\n{previous}\n</previous_summary>")
+        body.append("<new_messages>\n" + "\n\n".join(blocks) + "\n</new_messages>")
+        body.append("Write the updated summary now.")
+        return [
+            RequestMessage(role="system", parts=[TextPart(text=system)]),
+            RequestMessage(role="user", parts=[TextPart(text="\n\n".join(body))]),
+        ]
