@@ -413,7 +413,10 @@ def measure_subprocess(store_dir: Path, facts: dict[str, Any], runs: int) -> Non
             t, res = median_ms(lambda: call("chat:messages:search", {"query": query, "options": {"limit": 20}}), runs)
             row(f"chat:messages:search {query!r}", t, "ms", note=f"{len(res)} results")
         t, res = median_ms(lambda: call("chat:messages:get", {"sessionId": facts["long_session"]}), runs)
-        row(f"chat:messages:get ({len(res)} messages)", t, "ms")
+        line = json.dumps({"jsonrpc": "2.0", "id": 1, "result": res}, ensure_ascii=False).encode()
+        decode, _ = median_ms(lambda: json.loads(line), runs)
+        row(f"chat:messages:get ({len(res)} messages, {len(line) / 2**20:.1f} MiB)", t, "ms",
+            note=f"of which this client's json.loads: {decode:.1f} ms")
         print(f"  sidecar RSS after these requests: {rss_mib(proc.pid):.0f} MiB")
         call("sidecar:shutdown", {})
         proc.wait(timeout=30)
