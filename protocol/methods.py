@@ -11,6 +11,16 @@ from typing import Any
 
 import msgspec
 
+from protocol.context import (
+    AssistantIdParams,
+    AssistantProfile,
+    AssistantUpsertParams,
+    ContextCompactParams,
+    ContextCompactResult,
+    ContextGetParams,
+    ContextUpdateParams,
+    SessionContextInfo,
+)
 from protocol.events import ChatStreamEvent
 from protocol.params import (
     AbortParams,
@@ -161,6 +171,28 @@ METHODS: dict[str, MethodSpec] = {
     ),
     "mcp:server:list": MethodSpec(EmptyParams, list[McpServerInfo], "Configured MCP servers and their state."),
     "mcp:server:delete": MethodSpec(NameParams, SuccessResult, "Delete an MCP server (its process is stopped)."),
+    # assistant profiles and the context window (issue 6)
+    "assistant:list": MethodSpec(EmptyParams, list[AssistantProfile], "Assistant profiles, the default marked."),
+    "assistant:get": MethodSpec(AssistantIdParams, AssistantProfile, "One assistant profile."),
+    "assistant:upsert": MethodSpec(
+        AssistantUpsertParams, AssistantProfile, "Create or replace an assistant profile (validated)."
+    ),
+    "assistant:delete": MethodSpec(
+        AssistantIdParams, SuccessResult, "Delete a profile (not the default; its sessions fall back to the default)."
+    ),
+    "assistant:setDefault": MethodSpec(
+        AssistantIdParams, SuccessResult, "The profile of sessions that did not choose one."
+    ),
+    "chat:context:get": MethodSpec(
+        ContextGetParams, SessionContextInfo, "A session's profile, truncation strategy and rolling summary."
+    ),
+    "chat:context:update": MethodSpec(
+        ContextUpdateParams, SessionContextInfo, "Choose a session's assistant profile and truncation strategy."
+    ),
+    "chat:context:compact": MethodSpec(
+        ContextCompactParams, ContextCompactResult,
+        "Summarize the old part of the active branch now (target size, extra instructions).",
+    ),
 }
 
 NOTIFICATIONS: dict[str, MethodSpec] = {

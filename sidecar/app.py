@@ -19,6 +19,9 @@ Attributes:
     notify:   ``await notify(method, params_struct)`` sends a notification to the client.
     store:    AsyncStore of ``<data_dir>/chat.db`` (sidecar/store), closed on exit.
     sessions: SessionService (sidecar/engine/sessions.py): chat:session:* and chat:messages:*.
+    assistants: AssistantService (sidecar/engine/assistants.py): assistant:*.
+    context:  ContextService (sidecar/engine/context.py): chat:context:* (the generation loop's
+              RequestBuilder, shared).
     (later)   chat, ... attached by the services that own them.
 """
 
@@ -69,6 +72,7 @@ async def open_app(config: Config, notify: Notify) -> AsyncIterator[App]:
         stack.push_async_callback(app.store.close)
         app.sessions = SessionService(app.store, notify)
         await _open_chat(app, stack)
+        _open_context(app)
         yield app
 
 
@@ -107,3 +111,18 @@ async def _open_chat(app: App, stack: AsyncExitStack) -> None:
     app.sessions.on_delete.append(
         lambda session_id: app.chat.stop_session(session_id, "the session was deleted")
     )
+
+
+def _open_context(app: App) -> None:
+    """Assistant profiles and chat:context:* on the RequestBuilder the generation loop uses."""
+    from sidecar.engine.assistants import AssistantService
+    from sidecar.engine.context import ContextService
+    from sidecar.pipeline.builder import RequestBuilder
+    from sidecar.store.assistants import AssistantRepo
+    from sidecar.store.attachments import AttachmentStore
+
+    builder = RequestBuilder.shared(
+        app.store.sync, AttachmentStore(app.data_dir), providers=getattr(app, "providers", None)
+    )
+    app.assistants = AssistantService(AssistantRepo.of(app.store.sync))
+    app.context = ContextService(app.store, builder)

@@ -90,6 +90,14 @@ BINDINGS: dict[str, str] = {
     "mcp:server:upsert": "mcp.upsert_server",
     "mcp:server:list": "mcp.list_servers",
     "mcp:server:delete": "mcp.delete_server",
+    "assistant:list": "assistants.list_assistants",
+    "assistant:get": "assistants.get_assistant",
+    "assistant:upsert": "assistants.upsert_assistant",
+    "assistant:delete": "assistants.delete_assistant",
+    "assistant:setDefault": "assistants.set_default_assistant",
+    "chat:context:get": "context.get_context",
+    "chat:context:update": "context.update_context",
+    "chat:context:compact": "context.compact",
 }
 """Method name -> attribute path on the App of the ``async def f(params) -> result`` that answers it."""
 

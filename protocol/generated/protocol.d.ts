@@ -106,6 +106,46 @@ export interface AcpEngineConfig {
   shutdownTimeoutMs?: number;
 }
 
+export interface AssistantIdParams {
+  id: string;
+}
+
+export interface AssistantProfile {
+  id: string;
+  name: string;
+  systemPrompt?: string;
+  /** A session's own system prompt replaces this one when set. */
+  allowSessionPrompt?: boolean;
+  regexRules?: RegexRule[];
+  /** Names of the local tools this assistant may use (the tool registry reads it). */
+  enabledTools?: string[];
+  knowledgeBaseIds?: string[];
+  memory?: MemorySettings;
+  modes?: PromptInjection[];
+  lorebook?: LorebookEntry[];
+  transformers?: TransformerOptions;
+  context?: ContextOptions;
+  isDefault?: boolean;
+  createdAt?: number;
+  updatedAt?: number;
+}
+
+/** ``assistant:upsert``: create (no id / unknown id) or replace a profile whole. */
+export interface AssistantUpsertParams {
+  id?: string | null;
+  name: string;
+  systemPrompt?: string;
+  allowSessionPrompt?: boolean;
+  regexRules?: RegexRule[];
+  enabledTools?: string[];
+  knowledgeBaseIds?: string[];
+  memory?: MemorySettings;
+  modes?: PromptInjection[];
+  lorebook?: LorebookEntry[];
+  transformers?: TransformerOptions;
+  context?: ContextOptions;
+}
+
 export interface Attachment {
   name: string;
   /** Base64 of the bytes (the seed's ``Buffer``). */
@@ -155,6 +195,59 @@ export interface CodePart {
   type: "code";
   language: string;
   code: string;
+}
+
+/** ``chat:context:compact``: summarize the old part of the active branch now. */
+export interface ContextCompactParams {
+  sessionId: string;
+  /**
+   * Size the context should have afterwards (default: the threshold); the recent window
+   * keeps 55% of it.
+   */
+  targetTokens?: number | null;
+  /** Extra requirements for the summary ("keep every file name", ...). */
+  instructions?: string | null;
+}
+
+export interface ContextCompactResult {
+  /**
+   * False when there was nothing to summarize (fewer than four messages, or the recent
+   * window already starts at the summary's end).
+   */
+  compacted: boolean;
+  summary?: RollingSummaryInfo | null;
+  /** Messages sent verbatim after the summary. */
+  windowCount: number;
+  tokensBefore: number;
+  tokensAfter: number;
+}
+
+export interface ContextGetParams {
+  sessionId: string;
+}
+
+export interface ContextOptions {
+  /**
+   * Estimated tokens above which the old prefix is summarized (or cut); 0 or negative is
+   * the legacy "disabled" value and means the default 32,000.
+   */
+  compressThreshold?: number;
+  truncationStrategy?: "sliding-window" | "smart-select" | "summarize-old";
+  /** Model that writes rolling summaries; default: the session's model. */
+  summaryModel?: DefaultModel | null;
+  /**
+   * Put Soul.md (``<dataDir>/assistants/<id>/Soul.md``, else ``<dataDir>/Soul.md``) into the
+   * system prompt (seed 004 section 4.1).
+   */
+  useSoul?: boolean;
+}
+
+export interface ContextUpdateParams {
+  sessionId: string;
+  /** "" goes back to the default profile. */
+  assistantId?: string | null;
+  /** "" goes back to the profile's strategy. */
+  truncationStrategy?: "sliding-window" | "smart-select" | "summarize-old" | "" | null;
 }
 
 /** Params of ``chat:session:create``; omitted provider/model use the configured default. */
@@ -242,6 +335,22 @@ export interface InitializeResult {
   dataDir: string;
 }
 
+/** Text injected when one of its keywords appears in the recent messages. */
+export interface LorebookEntry {
+  keywords: string[];
+  content: string;
+  name?: string;
+  position?: "after_system" | "at_depth" | "before_system" | "bottom_of_chat" | "top_of_chat";
+  depth?: number;
+  role?: "assistant" | "system" | "user";
+  caseSensitive?: boolean;
+  /** How many of the last messages are searched for a keyword (1..1000). */
+  scanDepth?: number;
+  /** Always injected, keywords or not. */
+  constant?: boolean;
+  enabled?: boolean;
+}
+
 export interface McpServerInfo {
   name: string;
   transport: McpTransport;
@@ -275,6 +384,16 @@ export interface McpServerUpsertParams {
   enabled?: boolean;
   toolTimeoutS?: number;
   connectTimeoutS?: number;
+}
+
+export interface MemorySettings {
+  enabled?: boolean;
+  /**
+   * Retrieve relevant memories per request (MemoryRetrieval); off = the basic memory text
+   * (these ``entries``) goes into the system prompt.
+   */
+  rag?: boolean;
+  entries?: string[];
 }
 
 export interface MessageIdResult {
@@ -396,6 +515,13 @@ export interface NoticeEvent {
   code?: string | null;
 }
 
+export interface OcrOptions {
+  enabled?: boolean;
+  /** A vision-capable model; default: the session's model. */
+  model?: DefaultModel | null;
+  prompt?: string;
+}
+
 /** A tool call waiting for a decision (``tool:pending:list``). */
 export interface PendingToolCall {
   sessionId: string;
@@ -406,6 +532,18 @@ export interface PendingToolCall {
   source?: string;
   options?: ToolApprovalOption[] | null;
   createdAt: number;
+}
+
+/** A "mode": text injected into every request while it is enabled. */
+export interface PromptInjection {
+  content: string;
+  name?: string;
+  position?: "after_system" | "at_depth" | "before_system" | "bottom_of_chat" | "top_of_chat";
+  /** For ``at_depth``: how many messages above the end (0 = after the last message). */
+  depth?: number;
+  /** Role of the injected message for the chat positions (system text for the system positions). */
+  role?: "assistant" | "system" | "user";
+  enabled?: boolean;
 }
 
 /** A provider as ``provider:list`` shows it: the key itself is never included. */
@@ -466,6 +604,35 @@ export interface RegenerateParams {
   options?: RegenerateOptions | null;
 }
 
+/**
+ * A find/replace rule. ``user`` rules rewrite the text parts of user messages in the
+ * request copy (images and files untouched); ``assistant`` rules rewrite the text parts of
+ * a finished assistant reply before it is stored (seed 000 sections 1 and 7).
+ */
+export interface RegexRule {
+  /** Python ``re`` syntax. */
+  pattern: string;
+  /** ``\1`` / ``\g<name>`` refer to groups. */
+  replacement?: string;
+  scope?: "assistant" | "both" | "user";
+  name?: string;
+  ignoreCase?: boolean;
+  multiline?: boolean;
+  enabled?: boolean;
+}
+
+/** A session's stored RollingContextSummary (seed 000 section 2). */
+export interface RollingSummaryInfo {
+  text: string;
+  /** How many messages of the branch (from the root) the summary stands for. */
+  coveredCount: number;
+  lastCoveredId: string;
+  tokens: number;
+  /** Its covered ids are still the prefix of the active branch. */
+  valid: boolean;
+  updatedAt: number;
+}
+
 /** Options of ``chat:messages:search``. */
 export interface SearchOptions {
   sessionId?: string | null;
@@ -516,6 +683,19 @@ export interface ServerCapabilities {
 export interface ServerInfo {
   name: string;
   version: string;
+}
+
+export interface SessionContextInfo {
+  sessionId: string;
+  /** The profile in effect (the session's, else the default). */
+  assistantId: string;
+  /** The profile the session chose, if any. */
+  sessionAssistantId?: string | null;
+  /** In effect: the session's choice, else the profile's. */
+  truncationStrategy: "sliding-window" | "smart-select" | "summarize-old";
+  sessionTruncationStrategy?: "sliding-window" | "smart-select" | "summarize-old" | null;
+  threshold: number;
+  summary?: RollingSummaryInfo | null;
 }
 
 /** A whole session with every branch, as one JSON document. */
@@ -676,6 +856,15 @@ export interface Struct {
 
 export interface SuccessResult {
   success?: boolean;
+}
+
+export interface TemplateOptions {
+  enabled?: boolean;
+  /**
+   * A sandboxed Jinja template applied to the text of each user message. Variables:
+   * message, role, date, time, datetime, weekday, model_id, user, assistant, index.
+   */
+  template?: string;
 }
 
 export interface TextDeltaEvent {
@@ -901,6 +1090,20 @@ export interface ToolUsePart {
   input: Record<string, unknown>;
 }
 
+/** Switches and settings of the input transformers (seed 000 section 4). */
+export interface TransformerOptions {
+  timeReminder?: boolean;
+  placeholders?: boolean;
+  documentAsPrompt?: boolean;
+  ocr?: OcrOptions;
+  template?: TemplateOptions;
+  workspaceReminder?: boolean;
+  knowledgeRetrieval?: boolean;
+  memoryRetrieval?: boolean;
+  /** What ``{user}`` / ``{{user}}`` placeholders become. */
+  userName?: string;
+}
+
 /** Token counts of one reply (seed: inputTokens/outputTokens; the rest where given). */
 export interface Usage {
   inputTokens?: number;
@@ -938,8 +1141,24 @@ export interface WebSearchConfig {
 
 /** Requests the client sends (params) and what they answer (result). */
 export interface Methods {
+  /** Delete a profile (not the default; its sessions fall back to the default). */
+  "assistant:delete": { params: AssistantIdParams; result: SuccessResult };
+  /** One assistant profile. */
+  "assistant:get": { params: AssistantIdParams; result: AssistantProfile };
+  /** Assistant profiles, the default marked. */
+  "assistant:list": { params: EmptyParams; result: AssistantProfile[] };
+  /** The profile of sessions that did not choose one. */
+  "assistant:setDefault": { params: AssistantIdParams; result: SuccessResult };
+  /** Create or replace an assistant profile (validated). */
+  "assistant:upsert": { params: AssistantUpsertParams; result: AssistantProfile };
   /** Stop the running generation of a session. */
   "chat:abort": { params: AbortParams; result: SuccessResult };
+  /** Summarize the old part of the active branch now (target size, extra instructions). */
+  "chat:context:compact": { params: ContextCompactParams; result: ContextCompactResult };
+  /** A session's profile, truncation strategy and rolling summary. */
+  "chat:context:get": { params: ContextGetParams; result: SessionContextInfo };
+  /** Choose a session's assistant profile and truncation strategy. */
+  "chat:context:update": { params: ContextUpdateParams; result: SessionContextInfo };
   /** Add an edited sibling of a user message and generate. */
   "chat:editResend": { params: EditResendParams; result: MessageIdResult };
   /** Messages of the active branch (or another leaf, a page, all). */

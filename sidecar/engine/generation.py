@@ -87,7 +87,7 @@ class GenerationHandler:
         self._store = store
         self._notify = notify
         self._providers = providers
-        self._requests = RequestBuilder(store.sync, attachments)
+        self._requests = RequestBuilder.shared(store.sync, attachments, providers=providers)
         self._settings = settings
 
     async def run(self, job: GenerationJob) -> None:
@@ -150,7 +150,8 @@ class GenerationHandler:
             tg.start_soon(relay.run_flusher)
             tg.start_soon(self._persist_loop, job, relay, reply, settings)
             try:
-                await self._consume(resolved.provider.stream(request), relay, reply)
+                # think tags in text become reasoning while streaming (pipeline/output.py)
+            await self._consume(self._requests.output.stream(resolved.provider.stream(request)), relay, reply)
             except SidecarError as exc:
                 failure = exc
             except Exception as exc:
@@ -220,7 +221,8 @@ class GenerationHandler:
         usage = reply.usage or Usage()
         if reply.usage is not None:
             await relay.emit(UsageEvent, usage=usage)
-        snap = reply.snapshot()
+        # finish processing (think tags closed, base64 images to files, output regex rules)
+        snap = await self._requests.output.finish(job.session, reply.snapshot())
         await self._store.finish_message(
             job.message_id,
             status="completed",

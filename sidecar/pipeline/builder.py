@@ -17,6 +17,7 @@ snapshot through ``await output.finish(session, snapshot)``.
 from __future__ import annotations
 
 import datetime as dt
+import weakref
 from collections.abc import Callable, Sequence
 from typing import Any
 
@@ -71,6 +72,17 @@ class BuildInfo(msgspec.Struct, kw_only=True):
 
 
 class RequestBuilder:
+    _shared: weakref.WeakKeyDictionary[Any, RequestBuilder] = weakref.WeakKeyDictionary()
+
+    @classmethod
+    def shared(cls, store: Any, attachments: AttachmentStore, *, providers: Any = None) -> RequestBuilder:
+        """The one builder of a Store: the generation loop and chat:context:* share its token
+        cache, summary checks and per-session summary locks."""
+        builder = cls._shared.get(store)
+        if builder is None:
+            builder = cls._shared[store] = cls(store, attachments, providers=providers)
+        return builder
+
     def __init__(
         self,
         store: Any,

@@ -1,0 +1,94 @@
+"""AssistantService: assistant:list / get / upsert / delete / setDefault.
+
+Owns validating a profile before it is stored (seed 000 attaches these settings to an
+"assistant"): names and sizes bounded, regex rules and the template must compile, lorebook
+entries need a keyword unless constant, numbers in range. A bad profile is an
+invalid-params error naming the field; nothing is stored.
+"""
+
+from __future__ import annotations
+
+from typing import Any
+
+import anyio
+
+from protocol.context import AssistantIdParams, AssistantProfile, AssistantUpsertParams
+from protocol.params import EmptyParams, SuccessResult
+from sidecar.errors import InvalidParams
+from sidecar.pipeline.transformers.regex import compile_rules
+from sidecar.pipeline.transformers.template import check_template
+from sidecar.store.assistants import AssistantRepo
+from sidecar.store.ids import now_ms
+
+__all__ = ["AssistantService", "validate_profile"]
+
+MAX_NAME = 200
+MAX_PROMPT = 200_000
+MAX_ITEMS = 500
+MAX_THRESHOLD = 10_000_000
+
+
+def _bad(field: str, why: str) -> InvalidParams:
+    return InvalidParams(f"invalid params: {field} {why} - at `$.{field}`")
+
+
+def validate_profile(p: AssistantUpsertParams) -> None:
+    if not p.name.strip() or len(p.name) > MAX_NAME:
+        raise _bad("name", f"must be 1..{MAX_NAME} characters")
+    if p.id is not None and (not p.id.strip() or len(p.id) > 200):
+        raise _bad("id", "must be 1..200 characters")
+    if len(p.system_prompt) > MAX_PROMPT:
+        raise _bad("systemPrompt", f"is longer than {MAX_PROMPT} characters")
+    for field, items in (("regexRules", p.regex_rules), ("enabledTools", p.enabled_tools),
+                         ("knowledgeBaseIds", p.knowledge_base_ids), ("modes", p.modes),
+                         ("lorebook", p.lorebook), ("memory.entries", p.memory.entries)):
+        if len(items) > MAX_ITEMS:
+            raise _bad(field, f"has more than {MAX_ITEMS} items")
+    compile_rules(p.regex_rules, "user", strict=True)
+    for i, tool in enumerate(p.enabled_tools):
+        if not tool.strip() or len(tool) > 200:
+            raise _bad(f"enabledTools[{i}]", "must be a tool name")
+    for i, mode in enumerate(p.modes):
+        if len(mode.content) > MAX_PROMPT:
+            raise _bad(f"modes[{i}].content", "is too long")
+        if not 0 <= mode.depth <= 10_000:
+            raise _bad(f"modes[{i}].depth", "must be 0..10000")
+    for i, entry in enumerate(p.lorebook):
+        if not entry.constant and not any(k.strip() for k in entry.keywords):
+            raise _bad(f"lorebook[{i}].keywords", "needs a keyword (or constant: true)")
+        if not 1 <= entry.scan_depth <= 1000:
+            raise _bad(f"lorebook[{i}].scanDepth", "must be 1..1000")
+        if not 0 <= entry.depth <= 10_000:
+            raise _bad(f"lorebook[{i}].depth", "must be 0..10000")
+        if len(entry.content) > MAX_PROMPT:
+            raise _bad(f"lorebook[{i}].content", "is too long")
+    if p.context.compress_threshold > MAX_THRESHOLD:
+        raise _bad("context.compressThreshold", f"must be at most {MAX_THRESHOLD}")
+    if p.transformers.template.enabled or p.transformers.template.template != "{{ message }}":
+        check_template(p.transformers.template.template)
+    if len(p.transformers.user_name) > MAX_NAME:
+        raise _bad("transformers.userName", f"is longer than {MAX_NAME} characters")
+
+
+class AssistantService:
+    def __init__(self, repo: AssistantRepo, *, clock: Any = now_ms) -> None:
+        self._repo = repo
+        self._clock = clock
+
+    async def list_assistants(self, params: EmptyParams | None = None) -> list[AssistantProfile]:
+        return await anyio.to_thread.run_sync(self._repo.list)
+
+    async def get_assistant(self, params: AssistantIdParams) -> AssistantProfile:
+        return await anyio.to_thread.run_sync(self._repo.get, params.id)
+
+    async def upsert_assistant(self, params: AssistantUpsertParams) -> AssistantProfile:
+        await anyio.to_thread.run_sync(validate_profile, params)
+        return await anyio.to_thread.run_sync(self._repo.upsert, params, self._clock())
+
+    async def delete_assistant(self, params: AssistantIdParams) -> SuccessResult:
+        await anyio.to_thread.run_sync(self._repo.delete, params.id)
+        return SuccessResult()
+
+    async def set_default_assistant(self, params: AssistantIdParams) -> SuccessResult:
+        await anyio.to_thread.run_sync(self._repo.set_default, params.id)
+        return SuccessResult()
