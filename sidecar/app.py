@@ -97,6 +97,8 @@ async def _open_chat(app: App, stack: AsyncExitStack) -> None:
         store.sync.providers, get_setting=store.get_setting, set_setting=store.set_setting
     )
     stack.push_async_callback(app.providers.aclose)
+    # before the engine's task group: cancelling that group must not reach the engines
+    app.acp = await _open_acp(app, stack)
     task_group = await stack.enter_async_context(anyio.create_task_group())
     app.chat = ChatEngine(
         store=store,
@@ -105,11 +107,57 @@ async def _open_chat(app: App, stack: AsyncExitStack) -> None:
         attachments=AttachmentStore(app.data_dir),
         settings=app.settings,
         task_group=task_group,
+        acp=app.acp,
     )
     stack.push_async_callback(app.chat.aclose)
     app.sessions.overlay_live = app.chat.overlay_live
     app.sessions.on_delete.append(
         lambda session_id: app.chat.stop_session(session_id, "the session was deleted")
+    )
+    app.sessions.on_delete.append(app.acp.close_session)  # after its turn has stopped
+
+
+async def _open_acp(app: App, stack: AsyncExitStack) -> Any:
+    """ACP mode (issue 7): the engine processes and the handler of mode 'acp' replies.
+
+    The engines are entered on the stack before the ChatEngine's task group: they are
+    stopped (stdin closed, SIGTERM, SIGKILL) only after the ChatEngine has aborted the
+    running turns, and cancelling the ChatEngine's group (its aclose) does not reach them.
+    """
+    import anyio
+
+    import sidecar
+    from sidecar.acp.engines import AcpEngines
+    from sidecar.acp.mcp import acp_mcp_servers
+    from sidecar.engine.acp_turn import AcpTurnHandler
+    from sidecar.store.attachments import AttachmentStore
+
+    engines = await stack.enter_async_context(
+        AcpEngines(
+            client_name=sidecar.SERVER_NAME,
+            client_version=sidecar.__version__,
+            default_cwd=str(app.data_dir),
+        )
+    )
+    app.acp_engines = engines
+    tool_store = getattr(app.store.sync, "tools", None)
+
+    async def mcp_servers(features: Any) -> list[Any]:
+        if tool_store is None:
+            return []
+        rows = await anyio.to_thread.run_sync(tool_store.mcp_servers)
+        return acp_mcp_servers(rows, features)
+
+    return AcpTurnHandler(
+        store=app.store,
+        notify=app.notify,
+        providers=app.providers,
+        engines=engines,
+        attachments=AttachmentStore(app.data_dir),
+        settings=app.settings.current,
+        data_dir=app.data_dir,
+        approvals=lambda: getattr(app, "approvals", None),
+        mcp_servers=mcp_servers,
     )
 
 

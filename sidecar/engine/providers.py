@@ -110,11 +110,37 @@ class ProviderService:
             self._records[provider_id] = record
         if not record.enabled:
             raise EngineError(f"provider {record.name!r} is disabled")
+        if record.type == "acp-engine":
+            raise EngineError(
+                f"provider {record.name!r} is an ACP agent engine: use it from a session created with mode 'acp'"
+            )
         if not model_id:
             if not record.models:
                 raise EngineError(f"provider {record.name!r} has no models and no model was chosen")
             model_id = record.models[0].id
         return ResolvedModel(provider=self._provider(record), model=_model_info(record, model_id), record=record)
+
+    async def engine(self, provider_id: str) -> ProviderRecord:
+        """The configuration of an ``acp-engine`` provider (for ACP sessions)."""
+        if not provider_id:
+            raise EngineError(
+                "this ACP session has no engine: set its providerId to a provider of type acp-engine"
+            )
+        record = self._records.get(provider_id)
+        if record is None:
+            try:
+                record = await anyio.to_thread.run_sync(self._repo.get, provider_id)
+            except NotFound:
+                raise EngineError(f"the session's engine {provider_id!r} does not exist") from None
+            self._records[provider_id] = record
+        if record.type != "acp-engine" or record.engine is None:
+            raise EngineError(
+                f"provider {record.name!r} is not an ACP agent engine (type {record.type!r}); "
+                "a session in mode 'acp' needs a provider of type acp-engine"
+            )
+        if not record.enabled:
+            raise EngineError(f"engine {record.name!r} is disabled")
+        return record
 
     async def cost(self, provider_id: str, model_id: str, usage: Usage) -> float:
         """USD cost of ``usage`` from the model's prices (0 when unknown)."""

@@ -13,10 +13,9 @@ from typing import Any
 
 import msgspec
 
-from protocol.errors import ErrorCode
 from protocol.params import EditResendParams, RegenerateParams, SendParams, UserInput
 from protocol.types import FilePart, ImagePart, MessageV2, SessionV2, TextPart
-from sidecar.errors import EngineError, InvalidParams, NotFound, SidecarError
+from sidecar.errors import EngineError, InvalidParams, NotFound
 from sidecar.store.attachments import AttachmentStore, StoredInput
 
 
@@ -41,7 +40,7 @@ class TurnWriter:
     # -- checks (no rows written) -------------------------------------------------------
 
     def check_send(self, params: SendParams) -> Turn:
-        session = self._direct_session(params.session_id)
+        session = self._session(params.session_id)
         stored = self._attachments.store_input(params.input)
         return Turn(
             session=session,
@@ -52,7 +51,7 @@ class TurnWriter:
         )
 
     def check_regenerate(self, params: RegenerateParams) -> Turn:
-        session = self._direct_session(params.session_id)
+        session = self._session(params.session_id)
         target = self._regenerate_target(session, params.message_id)
         if target.parent_id is None:
             raise EngineError("this assistant message has no user message to answer")
@@ -66,7 +65,7 @@ class TurnWriter:
         )
 
     def check_edit(self, params: EditResendParams) -> Turn:
-        session = self._direct_session(params.session_id)
+        session = self._session(params.session_id)
         original = self._message_of(session.id, params.message_id, "messageId")
         if original.role != "user":
             raise InvalidParams("invalid params: messageId must be a user message - at `$.messageId`")
@@ -116,14 +115,10 @@ class TurnWriter:
 
     # -- internals ------------------------------------------------------------------------
 
-    def _direct_session(self, session_id: str) -> SessionV2:
-        session = self._store.get_session(session_id)
-        if session.mode == "acp":
-            raise SidecarError(
-                "ACP mode is not implemented yet: this session's mode is 'acp'",
-                code=ErrorCode.NOT_IMPLEMENTED,
-            )
-        return session
+    def _session(self, session_id: str) -> SessionV2:
+        # both modes store their turns the same way; ChatEngine picks the handler (and
+        # checks what ACP needs, e.g. session/fork for a new branch) by session.mode
+        return self._store.get_session(session_id)
 
     def _message_of(self, session_id: str, message_id: str, field: str) -> MessageV2:
         try:

@@ -348,3 +348,24 @@ def m_context_window(conn: apsw.Connection) -> None:
           VALUES ('default', 'Default', '{}', 0, 0);
         """
     )
+
+
+@migration
+def m_acp_engines(conn: apsw.Connection) -> None:
+    # Issue 7 (sidecar/store/acp.py, sidecar/store/providers.py): the engine configuration of
+    # acp-engine providers (JSON of protocol.AcpEngineConfig; env values may be secrets), and
+    # for every ACP reply the agent session that holds the conversation up to and including
+    # that reply (regenerate / edit-and-resend fork it; a send continues from it).
+    conn.execute(
+        """
+        ALTER TABLE providers ADD COLUMN engine TEXT;
+        CREATE TABLE acp_turns (
+          message_id       TEXT PRIMARY KEY REFERENCES messages_v2(id) ON DELETE CASCADE,
+          session_id       TEXT NOT NULL,
+          engine_id        TEXT NOT NULL,
+          agent_session_id TEXT NOT NULL,
+          created_at       INTEGER NOT NULL
+        ) WITHOUT ROWID;
+        CREATE INDEX idx_acp_turns_session ON acp_turns(session_id);
+        """
+    )

@@ -5,6 +5,11 @@ desktop app's business) and leave this module only inside ProviderRecord, which 
 engine uses to build requests; ``to_info`` is the only shape that goes on the wire and it
 carries ``hasApiKey`` instead of the key.
 
+Agent engines (type ``acp-engine``, issue 7) keep their AcpEngineConfig in the ``engine``
+column (migration of sidecar/store/acp.py); its ``env`` may hold secrets and gets the same
+treatment as the key: values whose name looks secret are masked in ``to_info``, and an
+update that sends a masked value back keeps the stored one.
+
 Synchronous; call through ``anyio.to_thread.run_sync``.
 """
 
@@ -16,7 +21,7 @@ from urllib.parse import urlparse
 
 import msgspec
 
-from protocol.params import ModelConfig, ProviderInfo, ProviderKind, ProviderUpsertParams
+from protocol.params import AcpEngineConfig, ModelConfig, ProviderInfo, ProviderKind, ProviderUpsertParams
 from sidecar.errors import InvalidParams, NotFound
 from sidecar.store.db import Database
 from sidecar.store.ids import new_id, now_ms
@@ -24,7 +29,11 @@ from sidecar.store.ids import new_id, now_ms
 _SECRET_HEADER = re.compile(r"auth|key|token|secret|cookie|password", re.IGNORECASE)
 _COLUMNS = (
     "id, name, type, base_url, api_key, api_key_env, headers, body, models, enabled, "
-    "created_at, updated_at"
+    "created_at, updated_at, engine"
+)
+MASK = "***"
+ACP_TOOL_KINDS = frozenset(
+    {"read", "edit", "delete", "move", "search", "execute", "think", "fetch", "switch_mode", "other"}
 )
 
 
@@ -41,6 +50,7 @@ class ProviderRecord(msgspec.Struct, kw_only=True):
     enabled: bool
     created_at: int
     updated_at: int
+    engine: AcpEngineConfig | None = None
 
     def __repr__(self) -> str:  # never print the key, even in a traceback
         return f"ProviderRecord(id={self.id!r}, name={self.name!r}, type={self.type!r})"
@@ -60,6 +70,7 @@ class ProviderRecord(msgspec.Struct, kw_only=True):
             body=self.body,
             models=self.models,
             enabled=self.enabled,
+            engine=_masked_engine(self.engine),
             is_default=is_default,
             created_at=self.created_at,
             updated_at=self.updated_at,
@@ -69,6 +80,14 @@ class ProviderRecord(msgspec.Struct, kw_only=True):
 _models = msgspec.json.Decoder(list[ModelConfig])
 _obj = msgspec.json.Decoder(dict[str, Any])
 _headers = msgspec.json.Decoder(dict[str, str])
+_engine = msgspec.json.Decoder(AcpEngineConfig)
+
+
+def _masked_engine(engine: AcpEngineConfig | None) -> AcpEngineConfig | None:
+    if engine is None:
+        return None
+    env = {k: (MASK if _SECRET_HEADER.search(k) else v) for k, v in engine.env.items()}
+    return msgspec.structs.replace(engine, env=env)
 
 
 def _row(row: tuple[Any, ...]) -> ProviderRecord:
@@ -85,12 +104,18 @@ def _row(row: tuple[Any, ...]) -> ProviderRecord:
         enabled=bool(row[9]),
         created_at=row[10],
         updated_at=row[11],
+        engine=_engine.decode(row[12]) if row[12] else None,
     )
 
 
 def validate(params: ProviderUpsertParams) -> None:
     if not params.name.strip():
         raise InvalidParams("invalid params: name must not be empty - at `$.name`")
+    if params.type == "acp-engine":
+        _validate_engine(params.engine)
+        return
+    if params.engine is not None:
+        raise InvalidParams("invalid params: engine is only for providers of type acp-engine - at `$.engine`")
     url = urlparse(params.base_url)
     if url.scheme not in ("http", "https") or not url.netloc:
         raise InvalidParams("invalid params: baseUrl must be an http(s) URL - at `$.baseUrl`")
@@ -111,6 +136,29 @@ def validate(params: ProviderUpsertParams) -> None:
     for key in params.headers:
         if not key or any(c in key for c in "\r\n:"):
             raise InvalidParams(f"invalid params: bad header name {key!r} - at `$.headers`")
+
+
+def _validate_engine(engine: AcpEngineConfig | None) -> None:
+    if engine is None:
+        raise InvalidParams("invalid params: an acp-engine provider needs engine.command - at `$.engine`")
+    if not engine.command.strip() or "\0" in engine.command:
+        raise InvalidParams("invalid params: engine.command must not be empty - at `$.engine.command`")
+    for i, arg in enumerate(engine.args):
+        if "\0" in arg:
+            raise InvalidParams(f"invalid params: NUL byte in an argument - at `$.engine.args[{i}]`")
+    for key, value in engine.env.items():
+        if not key or "=" in key or "\0" in key or "\0" in value:
+            raise InvalidParams(f"invalid params: bad environment variable {key!r} - at `$.engine.env`")
+    for name in ("startup_timeout_ms", "request_timeout_ms", "cancel_timeout_ms", "shutdown_timeout_ms"):
+        value = getattr(engine, name)
+        if not 1 <= value <= 3_600_000:
+            raise InvalidParams(f"invalid params: engine.{name} must be 1..3600000 - at `$.engine`")
+    for kind in engine.auto_allow:
+        if kind not in ACP_TOOL_KINDS:
+            raise InvalidParams(
+                f"invalid params: unknown tool kind {kind!r} (one of {', '.join(sorted(ACP_TOOL_KINDS))})"
+                " - at `$.engine.autoAllow`"
+            )
 
 
 class ProviderRepo:
@@ -139,15 +187,21 @@ class ProviderRepo:
             existing = None
             if params.id is not None:
                 existing = conn.execute(
-                    "SELECT api_key, created_at FROM providers WHERE id = ?", (params.id,)
+                    "SELECT api_key, created_at, engine FROM providers WHERE id = ?", (params.id,)
                 ).fetchone()
             provider_id = params.id or new_id()
             if params.api_key is None:
                 api_key = existing[0] if existing else None
             else:
                 api_key = params.api_key or None
+            engine = params.engine if params.type == "acp-engine" else None
+            if engine is not None and existing is not None and existing[2]:
+                # a masked secret sent back (provider:list -> edit -> upsert) keeps the stored value
+                stored_env = _engine.decode(existing[2]).env
+                env = {k: (stored_env.get(k, v) if v == MASK else v) for k, v in engine.env.items()}
+                engine = msgspec.structs.replace(engine, env=env)
             conn.execute(
-                f"INSERT OR REPLACE INTO providers ({_COLUMNS}) VALUES (?,?,?,?,?,?,?,?,?,?,?,?)",
+                f"INSERT OR REPLACE INTO providers ({_COLUMNS}) VALUES (?,?,?,?,?,?,?,?,?,?,?,?,?)",
                 (
                     provider_id,
                     params.name.strip(),
@@ -161,6 +215,7 @@ class ProviderRepo:
                     int(params.enabled),
                     existing[1] if existing else now,
                     now,
+                    enc(engine).decode() if engine is not None else None,
                 ),
             )
             row = conn.execute(

@@ -65,6 +65,7 @@ from sidecar.store.db import DB_FILENAME, Database
 from sidecar.store.ids import new_id, now_ms
 from sidecar.store.messages import MessageStore
 from sidecar.store.migrations import migrate
+from sidecar.store.acp import AcpRepo
 from sidecar.store.providers import ProviderRepo
 from sidecar.store.rows import decode_parts, searchable_text, to_json
 from sidecar.store.search import MessageSearch
@@ -104,6 +105,8 @@ class Store:
         self._clock = clock
         self._db = Database(self.path, readers=readers)
         self.providers = ProviderRepo(self._db)
+        self.acp = AcpRepo(self._db)
+        """ACP agent sessions per reply and the raw ACP columns (sidecar/store/acp.py)."""
         """provider:* configuration (its own repository: keys stay inside it)."""
         self.tools = ToolStore(self._db, clock)
         """Tool loop state, approvals, policies, audit trail, MCP configs (sidecar/store/tools.py)."""

@@ -1,0 +1,107 @@
+"""fs/read_text_file and fs/write_text_file, served inside one session's working directory.
+
+Owns the confinement rule for an agent's file requests: a path must be absolute and,
+after every symlink is resolved (``os.path.realpath``), lie inside the real path of the
+session's working directory. ``..``, absolute paths elsewhere, symlinks pointing out, NUL
+bytes and absurdly long paths are refused with INVALID_PARAMS and a message naming the
+rule; a missing file is ACP's "resource not found" (-32002).
+
+Blocking file work runs in a worker thread (``anyio.to_thread``). Writes go to a
+temporary file in the same directory, then replace the target, so a failed write never
+leaves a half-written file.
+"""
+
+from __future__ import annotations
+
+import os
+import tempfile
+from pathlib import Path
+
+import anyio.to_thread
+
+from protocol.errors import ErrorCode
+from sidecar.errors import InvalidParams, SidecarError
+
+MAX_PATH_CHARS = 4096
+MAX_READ_BYTES = 32 * 1024 * 1024
+RESOURCE_NOT_FOUND = ErrorCode(-32002)
+"""ACP's "resource not found" (the same number as our BUSY; on the ACP side it means this)."""
+
+
+class FsRefused(InvalidParams):
+    """The path breaks the confinement rule."""
+
+
+def confine(root: str | os.PathLike[str], path: str) -> Path:
+    """The real path of ``path`` if it lies inside ``root``; FsRefused otherwise."""
+    if not isinstance(path, str) or not path:
+        raise FsRefused("invalid params: path must be a non-empty string - at `$.path`")
+    if "\0" in path:
+        raise FsRefused("invalid params: path contains a NUL byte - at `$.path`")
+    if len(path) > MAX_PATH_CHARS:
+        raise FsRefused(f"invalid params: path is longer than {MAX_PATH_CHARS} characters - at `$.path`")
+    if not os.path.isabs(path):
+        raise FsRefused("invalid params: path must be absolute - at `$.path`")
+    real_root = os.path.realpath(root)
+    try:
+        real = os.path.realpath(path)
+    except (OSError, ValueError) as exc:
+        raise FsRefused(f"invalid params: path cannot be resolved ({exc}) - at `$.path`") from None
+    if real != real_root and os.path.commonpath([real_root, real]) != real_root:
+        raise FsRefused(
+            "invalid params: path is outside the session's working directory "
+            f"{str(root)!r} - at `$.path`"
+        )
+    return Path(real)
+
+
+def _read(root: str, path: str, line: int | None, limit: int | None) -> str:
+    target = confine(root, path)
+    if not target.is_file():
+        raise SidecarError(f"resource not found: {path}", code=RESOURCE_NOT_FOUND)
+    size = target.stat().st_size
+    if size > MAX_READ_BYTES:
+        raise InvalidParams(f"invalid params: {path} is {size} bytes, over the {MAX_READ_BYTES} byte limit")
+    text = target.read_bytes().decode("utf-8", "replace")
+    if line is None and limit is None:
+        return text
+    if line is not None and line < 1:
+        raise InvalidParams("invalid params: line must be >= 1 - at `$.line`")
+    if limit is not None and limit < 0:
+        raise InvalidParams("invalid params: limit must be >= 0 - at `$.limit`")
+    lines = text.splitlines(keepends=True)
+    start = (line or 1) - 1
+    end = None if limit is None else start + limit
+    return "".join(lines[start:end])
+
+
+def _write(root: str, path: str, content: str) -> None:
+    target = confine(root, path)
+    if target.is_dir():
+        raise InvalidParams(f"invalid params: {path} is a directory - at `$.path`")
+    target.parent.mkdir(parents=True, exist_ok=True)
+    fd, tmp = tempfile.mkstemp(dir=target.parent, prefix=".acp-write-")
+    try:
+        with os.fdopen(fd, "w", encoding="utf-8", newline="") as handle:
+            handle.write(content)
+        os.replace(tmp, target)
+    except BaseException:
+        try:
+            os.unlink(tmp)
+        except OSError:
+            pass
+        raise
+
+
+async def read_text_file(root: str, path: str, line: int | None = None, limit: int | None = None) -> str:
+    try:
+        return await anyio.to_thread.run_sync(_read, root, path, line, limit)
+    except OSError as exc:
+        raise SidecarError(f"cannot read {path}: {exc.strerror or exc}") from exc
+
+
+async def write_text_file(root: str, path: str, content: str) -> None:
+    try:
+        await anyio.to_thread.run_sync(_write, root, path, content)
+    except OSError as exc:
+        raise SidecarError(f"cannot write {path}: {exc.strerror or exc}") from exc

@@ -1,0 +1,307 @@
+"""UpdateMapper: ``session/update`` notifications -> ChatStreamEvents and message parts.
+
+Owns the meaning of every update kind for the chat (issue 7 item 4):
+
+    agent_message_chunk   text -> text delta; image -> ImagePart; resource(_link) -> FilePart
+    agent_thought_chunk   text -> thinking delta
+    tool_call             ToolUsePart + tool_call_start (name: title, else kind)
+    tool_call_update      changed title/rawInput replace the ToolUsePart; ``diff`` contents
+                          become DiffParts (one per tool call and path, replaced when resent);
+                          completed/failed -> ToolResultPart + tool_result (text contents,
+                          else rawOutput as JSON)
+    plan                  StepStartPart per entry when it first appears, StepFinishPart when
+                          it is completed (entries are identified by their text)
+    usage_update          Usage.contextUsed/contextSize + a usage event
+    anything else         kept raw only (user_message_chunk, available_commands_update,
+                          current_mode_update, session_info_update, unknown kinds...)
+
+Must stay true: every update is appended to ``raw`` verbatim before it is interpreted, and
+``apply`` never raises for anything the agent sends (a malformed update of a known kind
+is treated as unknown). The mapper talks to an ``Output`` (deltas, events, parts), so it
+knows nothing of relays or the database; the engine's ACP turn implements Output.
+"""
+
+from __future__ import annotations
+
+import difflib
+import logging
+from typing import Any, Protocol
+
+import msgspec
+
+from protocol.events import (
+    StreamToolCall,
+    StreamToolResult,
+    ToolCallStartEvent,
+    ToolResultEvent,
+    UsageEvent,
+)
+from protocol.types import (
+    ContentPart,
+    DiffPart,
+    FilePart,
+    ImagePart,
+    StepFinishPart,
+    StepStartPart,
+    ToolResultPart,
+    ToolUsePart,
+    Usage,
+)
+from sidecar.acp.types import (
+    AgentMessageChunk,
+    AgentThoughtChunk,
+    ContentIn,
+    ContextUsageUpdate,
+    PlanUpdate,
+    ToolCallFields,
+    ToolCallProgress,
+    ToolCallStart,
+    decode_update,
+)
+
+log = logging.getLogger(__name__)
+
+MAX_DIFF_CHARS = 2_000_000
+"""Above this (old + new text) a diff is one hunk replacing everything: difflib is quadratic."""
+FINAL_TOOL_STATUSES = ("completed", "failed")
+_json = msgspec.json.Encoder()
+
+
+class Output(Protocol):
+    """Where mapped content goes (implemented by the engine's ACP turn)."""
+
+    async def delta(self, kind: str, text: str) -> None:
+        """A ``text`` or ``thinking`` delta (the part and the event move together)."""
+
+    async def emit(self, event_type: type, **fields: Any) -> None:
+        """A non-delta ChatStreamEvent (after pending deltas)."""
+
+    async def add_part(self, part: ContentPart) -> int:
+        """Append a part after any pending deltas; returns its index."""
+        ...
+
+    def set_part(self, index: int, part: ContentPart) -> None:
+        """Replace the part at ``index``."""
+
+    def set_usage(self, usage: Usage) -> None: ...
+
+    def usage(self) -> Usage | None: ...
+
+
+class _Tool:
+    __slots__ = ("id", "name", "kind", "input", "use_index", "result_index", "diffs", "content", "raw_output", "status")
+
+    def __init__(self, call_id: str) -> None:
+        self.id = call_id
+        self.name = "tool"
+        self.kind: str | None = None
+        self.input: dict[str, Any] = {}
+        self.use_index = -1
+        self.result_index = -1
+        self.diffs: dict[str, int] = {}
+        self.content: list[Any] = []
+        self.raw_output: Any = msgspec.UNSET
+        self.status: str | None = None
+
+
+class UpdateMapper:
+    def __init__(self, out: Output) -> None:
+        self._out = out
+        self.raw: list[msgspec.Raw] = []
+        """Every update of the turn, verbatim, in arrival order (-> acp_parts)."""
+        self.raw_dirty = False
+        self.acp_message_id: str | None = None
+        self.kinds: dict[str, int] = {}
+        """How many updates of each kind arrived (unknown kinds included)."""
+        self._tools: dict[str, _Tool] = {}
+        self._steps: dict[str, tuple[str, bool]] = {}
+
+    async def apply(self, raw: msgspec.Raw) -> None:
+        self.raw.append(raw)
+        self.raw_dirty = True
+        update = decode_update(raw)
+        kind = "?"
+        try:
+            if isinstance(update, AgentMessageChunk):
+                kind = "agent_message_chunk"
+                if update.message_id and self.acp_message_id is None:
+                    self.acp_message_id = update.message_id
+                await self._content(update.content, "text")
+            elif isinstance(update, AgentThoughtChunk):
+                kind = "agent_thought_chunk"
+                await self._content(update.content, "thinking")
+            elif isinstance(update, ToolCallStart):
+                kind = "tool_call"
+                await self._tool(update)
+            elif isinstance(update, ToolCallProgress):
+                kind = "tool_call_update"
+                await self._tool(update)
+            elif isinstance(update, PlanUpdate):
+                kind = "plan"
+                await self._plan(update)
+            elif isinstance(update, ContextUsageUpdate):
+                kind = "usage_update"
+                await self._usage(update)
+            else:
+                kind = update.kind
+        except Exception:  # an update must never end the turn; it stays in raw
+            log.exception("could not map a %s update", kind)
+        self.kinds[kind] = self.kinds.get(kind, 0) + 1
+
+    # -- content ---------------------------------------------------------------------
+
+    async def _content(self, block: ContentIn, delta_kind: str) -> None:
+        if block.type == "text":
+            if block.text:
+                await self._out.delta(delta_kind, block.text)
+        elif delta_kind == "thinking":
+            return  # only text is meaningful as thinking; the rest stays raw
+        elif block.type == "image" and (block.data or block.uri):
+            await self._out.add_part(ImagePart(mime_type=block.mime_type or "image/png", base64=block.data, url=block.uri))
+        elif block.type == "resource_link" and block.uri:
+            await self._out.add_part(FilePart(uri=block.uri, mime_type=block.mime_type, name=block.name))
+        elif block.type == "resource" and isinstance(block.resource, dict) and isinstance(block.resource.get("uri"), str):
+            res = block.resource
+            mime = res.get("mimeType") if isinstance(res.get("mimeType"), str) else None
+            await self._out.add_part(FilePart(uri=res["uri"], mime_type=mime))
+
+    # -- tool calls ------------------------------------------------------------------
+
+    async def _tool(self, update: ToolCallFields) -> None:
+        tool = self._tools.get(update.tool_call_id)
+        created = tool is None
+        if tool is None:
+            tool = self._tools[update.tool_call_id] = _Tool(update.tool_call_id)
+        changed = False
+        if isinstance(update.kind, str):
+            tool.kind = update.kind
+        if isinstance(update.title, str) and update.title:
+            changed = changed or tool.name != update.title
+            tool.name = update.title
+        elif created:
+            tool.name = tool.kind or "tool"
+        if update.raw_input is not msgspec.UNSET:
+            value = update.raw_input
+            tool.input = value if isinstance(value, dict) else ({} if value is None else {"_raw": value})
+            changed = True
+        use = ToolUsePart(id=tool.id, name=tool.name, input=tool.input)
+        if created:
+            tool.use_index = await self._out.add_part(use)
+            await self._out.emit(
+                ToolCallStartEvent,
+                tool_call=StreamToolCall(id=tool.id, name=tool.name, arguments=_json.encode(tool.input).decode()),
+            )
+        elif changed:
+            self._out.set_part(tool.use_index, use)
+        touched = False
+        if isinstance(update.content, list):
+            tool.content = update.content  # an update's content replaces the whole collection
+            await self._diffs(tool)
+            touched = True
+        if update.raw_output is not msgspec.UNSET:
+            tool.raw_output = update.raw_output
+            touched = True
+        if isinstance(update.status, str):
+            touched = touched or tool.status != update.status
+            tool.status = update.status
+        if tool.status in FINAL_TOOL_STATUSES and (touched or tool.result_index < 0):
+            await self._result(tool)
+
+    async def _diffs(self, tool: _Tool) -> None:
+        for item in tool.content:
+            if not isinstance(item, dict) or item.get("type") != "diff" or not isinstance(item.get("path"), str):
+                continue
+            old = item.get("oldText") if isinstance(item.get("oldText"), str) else ""
+            new = item.get("newText") if isinstance(item.get("newText"), str) else ""
+            part = DiffPart(file_path=item["path"], hunks=diff_hunks(old, new))
+            index = tool.diffs.get(item["path"])
+            if index is None:
+                tool.diffs[item["path"]] = await self._out.add_part(part)
+            else:
+                self._out.set_part(index, part)
+
+    async def _result(self, tool: _Tool) -> None:
+        texts: list[str] = []
+        for item in tool.content:
+            if not isinstance(item, dict):
+                continue
+            if item.get("type") == "content" and isinstance(item.get("content"), dict):
+                inner = item["content"]
+                if inner.get("type") == "text" and isinstance(inner.get("text"), str):
+                    texts.append(inner["text"])
+            elif item.get("type") == "diff" and isinstance(item.get("path"), str):
+                texts.append(f"[diff of {item['path']}]")
+            elif item.get("type") == "terminal":
+                texts.append(f"[terminal {item.get('terminalId', '')}]")
+        output = "\n".join(texts)
+        if not output and tool.raw_output is not msgspec.UNSET and tool.raw_output is not None:
+            raw = tool.raw_output
+            output = raw if isinstance(raw, str) else _json.encode(raw).decode()
+        is_error = tool.status == "failed"
+        part = ToolResultPart(tool_use_id=tool.id, content=output, is_error=is_error)
+        if tool.result_index < 0:
+            tool.result_index = await self._out.add_part(part)
+        else:
+            self._out.set_part(tool.result_index, part)
+        await self._out.emit(
+            ToolResultEvent, tool_result=StreamToolResult(tool_call_id=tool.id, output=output, is_error=is_error)
+        )
+
+    # -- plan and usage --------------------------------------------------------------
+
+    async def _plan(self, update: PlanUpdate) -> None:
+        for entry in update.entries:
+            known = self._steps.get(entry.content)
+            if known is None:
+                step_id = f"plan-{len(self._steps) + 1}"
+                self._steps[entry.content] = (step_id, False)
+                await self._out.add_part(StepStartPart(step_id=step_id, title=entry.content))
+                known = (step_id, False)
+            if entry.status == "completed" and not known[1]:
+                self._steps[entry.content] = (known[0], True)
+                await self._out.add_part(StepFinishPart(step_id=known[0], result="completed"))
+
+    async def _usage(self, update: ContextUsageUpdate) -> None:
+        current = self._out.usage() or Usage()
+        usage = msgspec.structs.replace(
+            current,
+            context_used=update.used if update.used is not None else current.context_used,
+            context_size=update.size if update.size is not None else current.context_size,
+        )
+        self._out.set_usage(usage)
+        await self._out.emit(UsageEvent, usage=usage)
+
+
+def diff_hunks(old: str, new: str, context: int = 3) -> list[dict[str, Any]]:
+    """Unified-diff hunks: ``{oldStart, oldLines, newStart, newLines, lines}`` where each line
+    starts with ``' '``, ``'-'`` or ``'+'`` (the shape of jsdiff's structuredPatch)."""
+    a = old.splitlines()
+    b = new.splitlines()
+    if len(old) + len(new) > MAX_DIFF_CHARS:
+        return [_hunk(0, len(a), 0, len(b), [f"-{x}" for x in a] + [f"+{x}" for x in b])]
+    hunks: list[dict[str, Any]] = []
+    matcher = difflib.SequenceMatcher(None, a, b, autojunk=False)
+    for group in matcher.get_grouped_opcodes(context):
+        lines: list[str] = []
+        for tag, i1, i2, j1, j2 in group:
+            if tag == "equal":
+                lines.extend(f" {x}" for x in a[i1:i2])
+                continue
+            if tag in ("replace", "delete"):
+                lines.extend(f"-{x}" for x in a[i1:i2])
+            if tag in ("replace", "insert"):
+                lines.extend(f"+{x}" for x in b[j1:j2])
+        first, last = group[0], group[-1]
+        hunks.append(_hunk(first[1], last[2] - first[1], first[3], last[4] - first[3], lines))
+    return hunks
+
+
+def _hunk(old_start: int, old_lines: int, new_start: int, new_lines: int, lines: list[str]) -> dict[str, Any]:
+    # 1-based starts as in unified diffs; a side with no lines starts at the line before
+    return {
+        "oldStart": old_start + 1 if old_lines else old_start,
+        "oldLines": old_lines,
+        "newStart": new_start + 1 if new_lines else new_start,
+        "newLines": new_lines,
+        "lines": lines,
+    }

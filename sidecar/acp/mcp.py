@@ -1,0 +1,82 @@
+"""The MCP servers the user configured (``mcp:server:*``), in the shape ACP's session/new wants.
+
+An agent engine gets the same tools as a direct-mode session: every enabled stdio server
+as ``McpServerStdio {name, command, args, env:[{name, value}]}``; HTTP servers only when
+the agent advertised ``mcpCapabilities.http`` (as ``{type:"http", name, url, headers}``).
+Stored configs are read tolerantly: one that does not decode is skipped (and logged),
+it never fails a turn. Env values and headers are passed, never logged.
+"""
+
+from __future__ import annotations
+
+import logging
+from typing import Any
+
+import msgspec
+
+from sidecar.acp.types import AcpStruct, AgentFeatures
+
+log = logging.getLogger(__name__)
+
+
+class StoredMcpServer(msgspec.Struct, kw_only=True):
+    """The fields of a stored MCP server config (sidecar/tools/mcp.py McpServerConfig) we use."""
+
+    name: str
+    transport: str = "stdio"
+    command: str | None = None
+    args: list[str] = []
+    env: dict[str, str] = {}
+    url: str | None = None
+    headers: dict[str, str] = {}
+    enabled: bool = True
+
+
+class NameValue(AcpStruct, omit_defaults=False):
+    name: str
+    value: str
+
+
+class McpServerStdio(AcpStruct, omit_defaults=False):
+    name: str
+    command: str
+    args: list[str]
+    env: list[NameValue]
+
+
+class McpServerHttp(AcpStruct, omit_defaults=False, kw_only=True):
+    type: str = "http"
+    name: str
+    url: str
+    headers: list[NameValue]
+
+
+def acp_mcp_servers(rows: list[tuple[str, str]], features: AgentFeatures) -> list[Any]:
+    """``rows``: (name, config JSON) as ToolStore.mcp_servers() returns them."""
+    servers: list[Any] = []
+    for name, raw in rows:
+        try:
+            config = msgspec.json.decode(raw, type=StoredMcpServer)
+        except (msgspec.DecodeError, msgspec.ValidationError):
+            log.warning("MCP server %r has an unreadable config; not passed to the agent", name)
+            continue
+        if not config.enabled:
+            continue
+        if config.transport == "stdio" and config.command:
+            servers.append(
+                McpServerStdio(
+                    name=config.name,
+                    command=config.command,
+                    args=list(config.args),
+                    env=[NameValue(name=k, value=v) for k, v in config.env.items()],
+                )
+            )
+        elif config.transport == "http" and config.url and features.mcp_http:
+            servers.append(
+                McpServerHttp(
+                    name=config.name,
+                    url=config.url,
+                    headers=[NameValue(name=k, value=v) for k, v in config.headers.items()],
+                )
+            )
+    return servers
