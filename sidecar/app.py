@@ -19,9 +19,10 @@ Attributes:
     notify:   ``await notify(method, params_struct)`` sends a notification to the client.
     store:    AsyncStore of ``<data_dir>/chat.db`` (sidecar/store), closed on exit.
     sessions: SessionService (sidecar/engine/sessions.py): chat:session:* and chat:messages:*.
-    assistants: AssistantService (sidecar/engine/assistants.py): assistant:*.
-    context:  ContextService (sidecar/engine/context.py): chat:context:* (the generation loop's
-              RequestBuilder, shared).
+    approvals: ApprovalService (sidecar/engine/approvals.py): chat:tool:approve, tool:policy:*,
+              tool:audit:list, tool:pending:list; also the ACP permission flow.
+    tools:    ToolService (sidecar/tools/service.py): tool:list, tool:settings:*.
+    mcp:      McpManager (sidecar/tools/mcp.py): mcp:server:*; its servers stop on exit.
     (later)   chat, ... attached by the services that own them.
 """
 
@@ -72,7 +73,6 @@ async def open_app(config: Config, notify: Notify) -> AsyncIterator[App]:
         stack.push_async_callback(app.store.close)
         app.sessions = SessionService(app.store, notify)
         await _open_chat(app, stack)
-        _open_context(app)
         yield app
 
 
@@ -85,10 +85,14 @@ async def _open_chat(app: App, stack: AsyncExitStack) -> None:
     """
     import anyio
 
+    from sidecar.engine.approvals import ApprovalService
     from sidecar.engine.chat import ChatEngine
+    from sidecar.engine.generation import INTERRUPTED_NOTE
     from sidecar.engine.providers import ProviderService
     from sidecar.engine.settings import SettingsService
     from sidecar.store.attachments import AttachmentStore
+    from sidecar.tools.mcp import McpManager
+    from sidecar.tools.service import ToolService
 
     store = app.store
     app.settings = SettingsService(get_setting=store.get_setting, set_setting=store.set_setting)
@@ -97,9 +101,24 @@ async def _open_chat(app: App, stack: AsyncExitStack) -> None:
         store.sync.providers, get_setting=store.get_setting, set_setting=store.set_setting
     )
     stack.push_async_callback(app.providers.aclose)
-    # before the engine's task group: cancelling that group must not reach the engines
-    app.acp = await _open_acp(app, stack)
     task_group = await stack.enter_async_context(anyio.create_task_group())
+    # Tool calls left running by a dead process get a "cancelled" result before any send.
+    await anyio.to_thread.run_sync(store.sync.tools.complete_interrupted, INTERRUPTED_NOTE)
+    app.approvals = ApprovalService(store.sync.tools)
+    app.mcp = McpManager(store.sync.tools, task_group)
+    await app.mcp.load()
+    stack.push_async_callback(app.mcp.aclose)
+    app.tools = ToolService(
+        data_dir=app.data_dir,
+        get_setting=store.get_setting,
+        set_setting=store.set_setting,
+        search=store.search_messages,
+        policies=app.approvals.policies_for,
+        mcp=app.mcp,
+    )
+    await app.tools.load()
+    app.tools.set_session_lookup(store.get_session)
+    stack.push_async_callback(app.tools.aclose)
     app.chat = ChatEngine(
         store=store,
         notify=app.notify,
@@ -107,70 +126,12 @@ async def _open_chat(app: App, stack: AsyncExitStack) -> None:
         attachments=AttachmentStore(app.data_dir),
         settings=app.settings,
         task_group=task_group,
-        acp=app.acp,
+        tools=app.tools,
+        approvals=app.approvals,
+        data_dir=app.data_dir,
     )
     stack.push_async_callback(app.chat.aclose)
     app.sessions.overlay_live = app.chat.overlay_live
     app.sessions.on_delete.append(
         lambda session_id: app.chat.stop_session(session_id, "the session was deleted")
     )
-    app.sessions.on_delete.append(app.acp.close_session)  # after its turn has stopped
-
-
-async def _open_acp(app: App, stack: AsyncExitStack) -> Any:
-    """ACP mode (issue 7): the engine processes and the handler of mode 'acp' replies.
-
-    The engines are entered on the stack before the ChatEngine's task group: they are
-    stopped (stdin closed, SIGTERM, SIGKILL) only after the ChatEngine has aborted the
-    running turns, and cancelling the ChatEngine's group (its aclose) does not reach them.
-    """
-    import anyio
-
-    import sidecar
-    from sidecar.acp.engines import AcpEngines
-    from sidecar.acp.mcp import acp_mcp_servers
-    from sidecar.engine.acp_turn import AcpTurnHandler
-    from sidecar.store.attachments import AttachmentStore
-
-    engines = await stack.enter_async_context(
-        AcpEngines(
-            client_name=sidecar.SERVER_NAME,
-            client_version=sidecar.__version__,
-            default_cwd=str(app.data_dir),
-        )
-    )
-    app.acp_engines = engines
-    tool_store = getattr(app.store.sync, "tools", None)
-
-    async def mcp_servers(features: Any) -> list[Any]:
-        if tool_store is None:
-            return []
-        rows = await anyio.to_thread.run_sync(tool_store.mcp_servers)
-        return acp_mcp_servers(rows, features)
-
-    return AcpTurnHandler(
-        store=app.store,
-        notify=app.notify,
-        providers=app.providers,
-        engines=engines,
-        attachments=AttachmentStore(app.data_dir),
-        settings=app.settings.current,
-        data_dir=app.data_dir,
-        approvals=lambda: getattr(app, "approvals", None),
-        mcp_servers=mcp_servers,
-    )
-
-
-def _open_context(app: App) -> None:
-    """Assistant profiles and chat:context:* on the RequestBuilder the generation loop uses."""
-    from sidecar.engine.assistants import AssistantService
-    from sidecar.engine.context import ContextService
-    from sidecar.pipeline.builder import RequestBuilder
-    from sidecar.store.assistants import AssistantRepo
-    from sidecar.store.attachments import AttachmentStore
-
-    builder = RequestBuilder.shared(
-        app.store.sync, AttachmentStore(app.data_dir), providers=getattr(app, "providers", None)
-    )
-    app.assistants = AssistantService(AssistantRepo.of(app.store.sync))
-    app.context = ContextService(app.store, builder)

@@ -12,6 +12,13 @@ branches are never rewritten; the active branch moves to the new one.
 After a successful first exchange the session is titled by a side call (settings
 ``generateTitles``); every finished job sends ``chat:session:updated`` with the fresh
 session (counters, title) so session lists stay current.
+
+Paused replies (tool calls waiting for approval, see generation.py): a paused reply holds
+no job slot. ``resume`` (called by the ApprovalService when the last pending call of a
+reply is decided) starts a job that continues it. A new send, regenerate or edit on the
+session, ``chat:abort``, and deleting the session end every paused reply of the session
+as ``aborted``: its pending calls become ``cancelled`` (audited, actor system) and get a
+"not run" error result, so the stored history stays valid for the next request.
 """
 
 from __future__ import annotations
@@ -65,7 +72,9 @@ class ChatEngine:
         attachments: Any,
         settings: Any,
         task_group: anyio.abc.TaskGroup,
-        acp: Any = None,
+        tools: Any = None,
+        approvals: Any = None,
+        data_dir: Any = None,
     ) -> None:
         self._store = store
         self._notify = notify
@@ -79,9 +88,12 @@ class ChatEngine:
             providers=providers,
             attachments=attachments,
             settings=settings.current,
+            tools=tools,
+            approvals=approvals,
+            data_dir=data_dir,
         )
-        self._acp = acp
-        """AcpTurnHandler (sidecar/engine/acp_turn.py): runs the replies of mode 'acp' sessions."""
+        if approvals is not None:
+            approvals.on_settled["tool"] = self.resume
         self._turns = TurnWriter(store.sync, attachments)
         self._titles = TitleGenerator(store=store, providers=providers, settings=settings.current)
         self._jobs: dict[str, _RunningJob] = {}
@@ -93,7 +105,6 @@ class ChatEngine:
     async def send(self, params: SendParams) -> SendResult:
         self._check_open()
         turn = await anyio.to_thread.run_sync(self._turns.check_send, params)
-        await self._check_acp(turn, branching=False)
         user, reply = await self._begin(turn, "superseded by a new message", after_active_leaf=True)
         assert user is not None
         return SendResult(message_id=reply.id, user_message_id=user.id)
@@ -107,18 +118,55 @@ class ChatEngine:
     async def regenerate(self, params: RegenerateParams) -> MessageIdResult:
         self._check_open()
         turn = await anyio.to_thread.run_sync(self._turns.check_regenerate, params)
-        await self._check_acp(turn, branching=True)
         _, reply = await self._begin(turn, "superseded by regenerate", after_active_leaf=False)
         return MessageIdResult(message_id=reply.id)
 
     async def edit_resend(self, params: EditResendParams) -> MessageIdResult:
         self._check_open()
         turn = await anyio.to_thread.run_sync(self._turns.check_edit, params)
-        await self._check_acp(turn, branching=True)
         _, reply = await self._begin(turn, "superseded by edit and resend", after_active_leaf=False)
         return MessageIdResult(message_id=reply.id)
 
     # -- lifecycle -------------------------------------------------------------------
+
+    async def resume(self, session_id: str, message_id: str) -> bool:
+        """Continue a paused reply whose calls are all decided; False if there is none."""
+        if self._closing:
+            return False
+        async with self._lock(session_id):
+            running = self._jobs.get(session_id)
+            if running is not None:
+                if running.job.message_id != message_id:
+                    return False
+                # the reply is pausing right now: let it finish storing that state
+                with anyio.move_on_after(STOP_TIMEOUT_S):
+                    await running.done.wait()
+                if self._jobs.get(session_id) is not None:
+                    return False
+            tools = self._store.sync.tools
+            run = await anyio.to_thread.run_sync(tools.get_run, message_id)
+            if run is None or run.state != "paused" or run.session_id != session_id:
+                return False
+            calls = await anyio.to_thread.run_sync(tools.calls, message_id)
+            if any(c.state == "pending" for c in calls):
+                return False
+            session = await self._store.get_session(session_id)
+            message = await anyio.to_thread.run_sync(tools.reopen_message, message_id)
+            if message is None:
+                return False
+            self._start(
+                GenerationJob(
+                    session=session,
+                    message_id=message_id,
+                    parent_id=message.parent_id or "",
+                    provider_id=run.provider_id,
+                    model_id=run.model_id,
+                    temperature=run.temperature,
+                    resume=message,
+                    steps=run.steps,
+                )
+            )
+        return True
 
     def is_generating(self, session_id: str) -> bool:
         return session_id in self._jobs
@@ -197,22 +245,11 @@ class ChatEngine:
         self._jobs[job.session.id] = running
         self._tg.start_soon(self._run, running)
 
-    async def _check_acp(self, turn: Turn, *, branching: bool) -> None:
-        if turn.session.mode != "acp":
-            return
-        if self._acp is None:
-            raise SidecarError("ACP mode is not available in this process", code=ErrorCode.NOT_IMPLEMENTED)
-        if branching:  # ACP cannot rewind an agent session: a new branch needs session/fork
-            await self._acp.require_fork(turn.session)
-
     async def _run(self, running: _RunningJob) -> None:
         job = running.job
         try:
             with running.scope:
-                if job.session.mode == "acp" and self._acp is not None:
-                    await self._acp.run(job)
-                else:
-                    await self._handler.run(job)
+                await self._handler.run(job)
         except Exception:  # never let one reply take the engine down
             log.exception("generation %s failed unexpectedly", job.message_id)
         finally:
@@ -222,7 +259,7 @@ class ChatEngine:
         await self._after(job)
 
     async def _after(self, job: GenerationJob) -> None:
-        if job.outcome is None or self._closing:
+        if job.outcome is None or job.outcome == "paused" or self._closing:
             return
         try:
             session = await self._store.get_session(job.session.id)
@@ -239,10 +276,16 @@ class ChatEngine:
 
     async def _stop(self, session_id: str, reason: str) -> bool:
         running = self._jobs.get(session_id)
-        if running is None:
-            return False
-        running.job.abort_reason = reason
-        running.scope.cancel()
-        with anyio.move_on_after(STOP_TIMEOUT_S):
-            await running.done.wait()
-        return True
+        stopped = False
+        if running is not None:
+            running.job.abort_reason = reason
+            running.scope.cancel()
+            with anyio.move_on_after(STOP_TIMEOUT_S):
+                await running.done.wait()
+            stopped = True
+        if not self._closing:  # at shutdown a paused reply stays paused (it survives restarts)
+            try:
+                stopped = await self._handler.close_paused(session_id, reason) or stopped
+            except SidecarError:
+                log.exception("could not end the paused replies of %s", session_id)
+        return stopped

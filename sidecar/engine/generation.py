@@ -1,24 +1,47 @@
-"""GenerationHandler: one assistant reply, from provider stream to stored message and events.
+"""GenerationHandler: one assistant reply, through the model/tool step loop (seed 000 section 8).
 
-A job is ``run(job)``: resolve the model, build the request from the stored branch, stream
-the provider's parts into a ReplyBuilder (content) and a StreamRelay (events), persist the
-partial reply at a bounded interval, then finish the message as ``completed``, ``error``
-or ``aborted`` and send the matching final event.
+A job is ``run(job)``: resolve the model, assemble the request's tools (ToolService), then
+loop: build the request from the stored branch plus this reply's content so far, stream
+the provider's parts into a ReplyBuilder (content) and a StreamRelay (events); if the step
+left tool calls without results, each call is checked and its policy decides:
+- invalid (unknown tool, arguments not JSON / not matching the schema) -> an error result;
+- policy ``auto`` (or already approved) -> run, with a time limit, result spilled if large;
+- policy ``deny`` / decision denied -> a structured error result; answered -> the user's text;
+- policy ``ask`` -> ``pending`` (stored, audited, a ``tool_approval_required`` event), and
+  after the runnable calls of the step have run the reply is PAUSED: status ``paused``,
+  content and seq stored, the job ends. ``chat:tool:approve`` resumes it (a new job with
+  ``resume`` set) once no call of the message is pending; the events continue its seq.
+Results go into the same assistant message as ToolResultPart (no TOOL messages), each
+with a ``tool_result`` event. At most MAX_STEPS model steps per reply; a reply that wants
+more ends with an ``error`` event naming the limit (its last calls get "not run" results).
 
-Must stay true (seed 000 section 9, DESIGN.md section 4):
-- ``stream_start`` is the first event of every job (seq 1), even when the job fails at once;
-- the last throttled state is flushed (events and database) before the finish event;
-- cancellation is re-raised; the aborted state is written in a shielded, bounded scope;
+Must stay true (seed 000 section 9 and its invariants, DESIGN.md section 4):
+- ``stream_start`` is the first event of every reply (seq 1), even when it fails at once;
+  a resumed reply sends no second one;
+- a pending call never runs: only calls moved ``approved -> running`` by a conditional
+  store update are executed;
+- cancellation propagates into running tools (a command is killed); the aborted state,
+  with a "cancelled" result for every call that had not finished, is written in a
+  shielded, bounded scope, and the cancellation is re-raised;
+- the last throttled state is flushed (events and database) before the final event;
 - a provider/store failure ends this reply with ``error`` and never escapes the job;
 - nothing already received from the provider is lost: partial text stays in the message.
+
+The paused state and restarts: crash recovery (Store.recover_interrupted) only touches
+``pending``/``streaming`` rows, so a ``paused`` reply and its pending calls survive a
+restart and can be approved afterwards. A reply that was *running* tools when the process
+died is ``aborted`` by recovery; at the next start ToolStore.complete_interrupted gives its
+unfinished calls a "cancelled" result before any new send (see sidecar/app.py).
 """
 
 from __future__ import annotations
 
+import json
 import logging
 import time
-from contextlib import aclosing
 from collections.abc import Awaitable, Callable
+from contextlib import aclosing
+from pathlib import Path
 from typing import Any
 
 import anyio
@@ -31,12 +54,16 @@ from protocol.events import (
     StreamEndEvent,
     StreamStartEvent,
     StreamToolCall,
+    StreamToolResult,
+    ToolApprovalRequiredEvent,
     ToolCallDeltaEvent,
     ToolCallStartEvent,
+    ToolResultEvent,
     UsageEvent,
 )
 from protocol.params import ChatSettings
-from protocol.types import SessionV2, Usage
+from protocol.types import MessageV2, SessionV2, ToolCall, Usage
+from sidecar.engine.approvals import ApprovalRequest, ApprovalService
 from sidecar.engine.relay import StreamRelay
 from sidecar.engine.reply import ReplyBuilder
 from sidecar.errors import SidecarError
@@ -44,6 +71,7 @@ from sidecar.pipeline.builder import RequestBuilder
 from sidecar.providers.types import (
     Finish,
     GenerationParams,
+    RequestMessage,
     TextDelta,
     ThinkingDelta,
     ToolCallDelta,
@@ -51,10 +79,21 @@ from sidecar.providers.types import (
     ToolCallStart,
     UsageUpdate,
 )
+from sidecar.store.tools import ToolCallRecord, ToolRun, audit_entry
+from sidecar.tools.base import ToolContext, ToolOutput
+from sidecar.tools.registry import CheckedCall, ToolRegistry
 
 log = logging.getLogger(__name__)
 
 FINALIZE_TIMEOUT_S = 10.0
+MAX_STEPS = 256
+PAUSED = "paused"
+CANCELLED_NOTE = "cancelled: the generation was stopped before this tool call finished"
+INTERRUPTED_NOTE = "cancelled: the sidecar stopped while this tool call was running; it may or may not have completed"
+SUPERSEDED_NOTE = "not run: the user moved on before deciding (superseded by a newer message or aborted)"
+LIMIT_NOTE = f"not run: the generation reached its limit of {MAX_STEPS} model/tool steps"
+DENIED_RESULT = json.dumps({"error": "denied", "message": "The user denied this tool call. Do not retry it; continue without it."})
+POLICY_DENIED_RESULT = json.dumps({"error": "denied", "message": "This tool is disabled by the user's policy."})
 
 
 class GenerationJob(msgspec.Struct, kw_only=True):
@@ -69,9 +108,15 @@ class GenerationJob(msgspec.Struct, kw_only=True):
     abort_reason: str | None = None
     """Set by whoever cancels the job (abort, a newer send, shutdown)."""
     outcome: str | None = None
-    """completed | error | aborted, once the job has ended."""
+    """completed | error | aborted | paused, once the job has ended."""
     live: Any = None
     """(ReplyBuilder, StreamRelay) while streaming: the in-flight content for resync."""
+    resume: MessageV2 | None = None
+    """A paused reply to continue (its stored content and seq), instead of a new one."""
+    steps: int = 0
+    """Model steps taken so far (stored with the run, so a resumed reply keeps counting)."""
+    has_run: bool = False
+    """A tool_runs row exists for this reply."""
 
 
 class GenerationHandler:
@@ -83,12 +128,19 @@ class GenerationHandler:
         providers: Any,
         attachments: Any,
         settings: Callable[[], ChatSettings],
+        tools: Any = None,
+        approvals: ApprovalService | None = None,
+        data_dir: Path | None = None,
     ) -> None:
         self._store = store
         self._notify = notify
         self._providers = providers
-        self._requests = RequestBuilder.shared(store.sync, attachments, providers=providers)
+        self._requests = RequestBuilder(store.sync, attachments)
         self._settings = settings
+        self._tools = tools
+        self._approvals = approvals
+        self._tool_store = store.sync.tools
+        self._data_dir = data_dir or Path(".")
 
     async def run(self, job: GenerationJob) -> None:
         settings = self._settings()
@@ -100,34 +152,101 @@ class GenerationHandler:
             coalesce_s=max(0, settings.delta_coalesce_ms) / 1000,
             on_delta=reply.add_delta,
         )
+        if job.resume is not None:
+            reply.restore(job.resume)
+            relay.seq = job.resume.seq or 0
+            job.has_run = True
         job.live = (reply, relay)
         started = time.monotonic()
         model_id = job.model_id
         try:
-            await relay.emit(
-                StreamStartEvent,
-                parent_id=job.parent_id,
-                model_id=job.model_id,
-                provider_id=job.provider_id,
-            )
-            failure = await self._stream(job, settings, relay, reply)
+            if job.resume is None:
+                await relay.emit(
+                    StreamStartEvent,
+                    parent_id=job.parent_id,
+                    model_id=job.model_id,
+                    provider_id=job.provider_id,
+                )
+            async with anyio.create_task_group() as tg:
+                tg.start_soon(relay.run_flusher)
+                tg.start_soon(self._persist_loop, job, relay, reply, settings)
+                try:
+                    result = await self._loop(job, settings, relay, reply)
+                finally:
+                    relay.close()
+                    tg.cancel_scope.cancel()
         except anyio.get_cancelled_exc_class():
             with anyio.CancelScope(shield=True), anyio.move_on_after(FINALIZE_TIMEOUT_S):
                 await self._finish_aborted(job, relay, reply, started, model_id)
             raise
-        if failure is None:
+        if result == PAUSED:
+            await self._pause(job, relay, reply)
+        elif result is None:
             await self._finish_completed(job, relay, reply, started, model_id)
         else:
-            await self._finish_error(job, relay, reply, started, model_id, failure)
+            await self._finish_error(job, relay, reply, started, model_id, result)
 
-    # -- streaming -------------------------------------------------------------------
+    # -- the step loop ---------------------------------------------------------------
 
-    async def _stream(
+    async def _loop(
         self, job: GenerationJob, settings: ChatSettings, relay: StreamRelay, reply: ReplyBuilder
-    ) -> SidecarError | None:
-        """Stream one provider step; returns the failure that ended it, if any."""
+    ) -> SidecarError | str | None:
+        """Run model steps and tool calls; None (completed), PAUSED, or the failure."""
         try:
             resolved = await self._providers.resolve(job.provider_id, job.model_id)
+            registry = await self._assemble(job.session, resolved.model)
+        except SidecarError as exc:
+            return exc
+        except Exception as exc:  # a bug: keep serving, report it as internal
+            log.exception("preparing generation of %s failed", job.message_id)
+            return SidecarError(f"internal error while preparing the request: {type(exc).__name__}")
+        if job.resume is not None and reply.unanswered_calls():
+            if await self._run_calls(job, relay, reply, registry) == PAUSED:
+                return PAUSED
+        while True:
+            if job.steps >= MAX_STEPS:
+                return SidecarError(
+                    f"stopped: the generation reached its limit of {MAX_STEPS} model/tool steps",
+                    code=ErrorCode.BAD_STATE,
+                )
+            job.steps += 1
+            failure = await self._model_step(job, settings, relay, reply, resolved, registry)
+            if failure is not None:
+                return failure
+            if not reply.unanswered_calls():
+                return None
+            if job.steps >= MAX_STEPS:
+                await self._close_calls(job, relay, reply, LIMIT_NOTE)
+                return SidecarError(
+                    f"stopped: the generation reached its limit of {MAX_STEPS} model/tool steps "
+                    "and its last tool calls were not run",
+                    code=ErrorCode.BAD_STATE,
+                )
+            if await self._run_calls(job, relay, reply, registry) == PAUSED:
+                return PAUSED
+
+    async def _assemble(self, session: SessionV2, model: Any) -> ToolRegistry:
+        if self._tools is None:
+            return ToolRegistry()
+        try:
+            return await self._tools.assemble(session, model)  # type: ignore[no-any-return]
+        except anyio.get_cancelled_exc_class():
+            raise
+        except Exception:  # tools are an addition: a broken tool source must not stop the reply
+            log.exception("assembling the tools of %s failed; generating without tools", session.id)
+            return ToolRegistry()
+
+    async def _model_step(
+        self,
+        job: GenerationJob,
+        settings: ChatSettings,
+        relay: StreamRelay,
+        reply: ReplyBuilder,
+        resolved: Any,
+        registry: ToolRegistry,
+    ) -> SidecarError | None:
+        """One provider step; returns the failure that ended it, if any."""
+        try:
             request = await self._requests.build(
                 session=job.session,
                 leaf_id=job.parent_id,
@@ -138,32 +257,30 @@ class GenerationHandler:
                     max_tokens=settings.max_tokens,
                     reasoning=settings.reasoning,
                 ),
+                tools=registry.specs(),
+                tool_prompts=registry.prompts(),
+                capability_note=registry.capability_note,
             )
         except SidecarError as exc:
             return exc
-        except Exception as exc:  # a bug: keep serving, report it as internal
-            log.exception("preparing generation of %s failed", job.message_id)
+        except Exception as exc:
+            log.exception("building the request of %s failed", job.message_id)
             return SidecarError(f"internal error while preparing the request: {type(exc).__name__}")
-
-        failure: SidecarError | None = None
-        async with anyio.create_task_group() as tg:
-            tg.start_soon(relay.run_flusher)
-            tg.start_soon(self._persist_loop, job, relay, reply, settings)
-            try:
-                # think tags in text become reasoning while streaming (pipeline/output.py)
-            await self._consume(self._requests.output.stream(resolved.provider.stream(request)), relay, reply)
-            except SidecarError as exc:
-                failure = exc
-            except Exception as exc:
-                log.exception("stream of %s failed", job.message_id)
-                failure = SidecarError(f"internal error while streaming: {type(exc).__name__}")
-            finally:
-                relay.close()
-                tg.cancel_scope.cancel()
-        return failure
+        if reply.parts:
+            # the steps so far (text, tool calls and their results) continue the reply
+            request.messages.append(RequestMessage(role="assistant", parts=list(reply.parts)))
+        try:
+            await self._consume(resolved.provider.stream(request), relay, reply)
+        except SidecarError as exc:
+            return exc
+        except Exception as exc:
+            log.exception("stream of %s failed", job.message_id)
+            return SidecarError(f"internal error while streaming: {type(exc).__name__}")
+        return None
 
     async def _consume(self, parts: Any, relay: StreamRelay, reply: ReplyBuilder) -> None:
         tool_names: dict[str, str] = {}
+        base = reply.usage  # usage of earlier steps: a step's updates are cumulative within it
         async with aclosing(parts):
             async for part in parts:
                 # text and thinking reach the ReplyBuilder through the relay, when their
@@ -185,20 +302,241 @@ class GenerationHandler:
                         ),
                     )
                 elif isinstance(part, ToolCallEnd):
+                    await relay.flush()  # the call's place in the parts follows the text before it
                     reply.add_tool_call(part.id, part.name, part.arguments)
                 elif isinstance(part, UsageUpdate):
-                    reply.usage = part.usage
+                    reply.usage = _add_usage(base, part.usage)
                 elif isinstance(part, Finish):
                     reply.finish_reason = part.reason
+
+    # -- tool calls --------------------------------------------------------------------
+
+    async def _run_calls(
+        self, job: GenerationJob, relay: StreamRelay, reply: ReplyBuilder, registry: ToolRegistry
+    ) -> str | None:
+        """Decide and run the reply's unanswered calls; PAUSED when some wait for the user."""
+        calls = reply.unanswered_calls()
+        await self._ensure_run(job)
+        known = {c.tool_call_id: c for c in await self._db(self._tool_store.calls, job.message_id)}
+        results: dict[str, ToolOutput] = {}
+        runnable: list[tuple[ToolCall, CheckedCall]] = []
+        to_ask: list[ApprovalRequest] = []
+        new_rows: list[ToolCallRecord] = []
+        audits = []
+        for call in calls:
+            record = known.get(call.id)
+            checked = registry.check(call.name, call.arguments)
+            if record is None:
+                row = ToolCallRecord(
+                    message_id=job.message_id, tool_call_id=call.id, session_id=job.session.id,
+                    tool_name=call.name, arguments=call.arguments, step=job.steps, state="done",
+                )
+                if checked.error is not None:
+                    results[call.id] = ToolOutput(text=checked.error, is_error=True)
+                    new_rows.append(row)
+                    continue
+                tool = checked.tool
+                row.policy_key = tool.name
+                policy = "auto"
+                if self._approvals is not None:
+                    policy = await self._approvals.policy(tool.name, tool.default_policy, tool.server_key)
+                if policy == "auto":
+                    row.state = "approved"
+                    new_rows.append(row)
+                    audits.append(audit_entry(row, "policy:auto", "policy"))
+                    runnable.append((call, checked))
+                elif policy == "deny":
+                    new_rows.append(row)
+                    audits.append(audit_entry(row, "policy:deny", "policy"))
+                    results[call.id] = ToolOutput(text=POLICY_DENIED_RESULT, is_error=True)
+                else:
+                    to_ask.append(
+                        ApprovalRequest(
+                            session_id=job.session.id, message_id=job.message_id, tool_call_id=call.id,
+                            tool_name=call.name, arguments=call.arguments, policy_key=tool.name,
+                            server_key=tool.server_key, step=job.steps,
+                        )
+                    )
+            elif record.state == "pending":
+                to_ask.append(ApprovalRequest(
+                    session_id=job.session.id, message_id=job.message_id, tool_call_id=call.id,
+                    tool_name=call.name, arguments=call.arguments,
+                ))
+            elif record.state == "approved":
+                if checked.error is not None:
+                    results[call.id] = ToolOutput(text=checked.error, is_error=True)
+                else:
+                    runnable.append((call, checked))
+            elif record.state == "denied":
+                results[call.id] = ToolOutput(text=DENIED_RESULT, is_error=True)
+            elif record.state == "answered":
+                results[call.id] = ToolOutput(text=record.answer or "")
+            else:  # running/done/cancelled without a result: it was interrupted
+                results[call.id] = ToolOutput(text=INTERRUPTED_NOTE, is_error=True)
+        if new_rows or audits:
+            await self._db(self._tool_store.add_calls, new_rows, audits)
+        fresh = [r for r in to_ask if r.tool_call_id not in known]
+        if fresh and self._approvals is not None:
+            await self._approvals.open(fresh)
+        if runnable:
+            results.update(await self._execute(job, runnable, registry))
+        for call in calls:  # results in call order, whatever order they finished in
+            output = results.get(call.id)
+            if output is not None:
+                await self._add_result(job, relay, reply, call.id, output, known)
+        if to_ask:
+            for request in to_ask:
+                await relay.emit(
+                    ToolApprovalRequiredEvent,
+                    tool_call=StreamToolCall(id=request.tool_call_id, name=request.tool_name, arguments=request.arguments),
+                )
+            return PAUSED
+        return None
+
+    async def _execute(
+        self, job: GenerationJob, runnable: list[tuple[ToolCall, CheckedCall]], registry: ToolRegistry
+    ) -> dict[str, ToolOutput]:
+        """Run approved calls concurrently; each is moved approved -> running first."""
+        outputs: dict[str, ToolOutput] = {}
+        workspace = Path(job.session.workspace_dir) if job.session.workspace_dir else None
+
+        async def one(call: ToolCall, checked: CheckedCall) -> None:
+            started = await self._db(
+                lambda: self._tool_store.transition(
+                    job.message_id, call.id, from_states={"approved"}, to_state="running"
+                )
+            )
+            if not started:  # cancelled or decided otherwise meanwhile: never run it
+                outputs[call.id] = ToolOutput(text=SUPERSEDED_NOTE, is_error=True)
+                return
+            ctx = ToolContext(
+                session=job.session, message_id=job.message_id, tool_call_id=call.id,
+                data_dir=self._data_dir, workspace=workspace,
+            )
+            outputs[call.id] = await registry.execute(checked, ctx)
+
+        async with anyio.create_task_group() as tg:
+            for call, checked in runnable:
+                tg.start_soon(one, call, checked)
+        return outputs
+
+    async def _add_result(
+        self,
+        job: GenerationJob,
+        relay: StreamRelay,
+        reply: ReplyBuilder,
+        call_id: str,
+        output: ToolOutput,
+        known: dict[str, ToolCallRecord],
+    ) -> None:
+        reply.add_tool_result(call_id, output.text, output.is_error)
+        await self._db(
+            lambda: self._tool_store.transition(
+                job.message_id, call_id,
+                from_states={"pending", "approved", "denied", "answered", "running"}, to_state="done",
+            )
+        )
+        await relay.emit(
+            ToolResultEvent,
+            tool_result=StreamToolResult(tool_call_id=call_id, output=output.text, is_error=output.is_error),
+        )
+
+    async def _close_calls(self, job: GenerationJob, relay: StreamRelay, reply: ReplyBuilder, note: str) -> None:
+        """Every unanswered call gets an error result ``note`` and ends ``cancelled``."""
+        for call in reply.unanswered_calls():
+            reply.add_tool_result(call.id, note, True)
+            if job.has_run:
+                await self._db(
+                    lambda c=call: self._tool_store.transition(
+                        job.message_id, c.id,
+                        from_states={"pending", "approved", "denied", "answered", "running"},
+                        to_state="cancelled",
+                    )
+                )
+            await relay.emit(
+                ToolResultEvent, tool_result=StreamToolResult(tool_call_id=call.id, output=note, is_error=True)
+            )
+
+    async def _ensure_run(self, job: GenerationJob) -> None:
+        if job.has_run:
+            return
+        run = ToolRun(
+            message_id=job.message_id, session_id=job.session.id, provider_id=job.provider_id,
+            model_id=job.model_id, temperature=job.temperature, steps=job.steps,
+        )
+        await self._db(self._tool_store.begin_run, run)
+        job.has_run = True
+
+    async def _db(self, fn: Callable[..., Any], *args: Any) -> Any:
+        return await anyio.to_thread.run_sync(lambda: fn(*args))
+
+    # -- paused replies ----------------------------------------------------------------
+
+    async def _pause(self, job: GenerationJob, relay: StreamRelay, reply: ReplyBuilder) -> None:
+        await relay.flush()
+        snap = reply.snapshot()
+        try:
+            await self._db(
+                lambda: self._tool_store.pause_message(
+                    job.message_id, text_content=snap.text_content, parts=snap.parts,
+                    tool_calls=snap.tool_calls, seq=relay.seq, steps=job.steps,
+                )
+            )
+        except SidecarError:
+            log.exception("could not store the paused state of %s", job.message_id)
+        job.outcome = PAUSED
+
+    async def close_paused(self, session_id: str, reason: str) -> bool:
+        """End the session's paused replies as ``aborted``: pending calls are cancelled and
+        get a "not run" result; an ``aborted`` event closes each reply's stream."""
+        runs = await self._db(lambda: self._tool_store.runs(session_id=session_id, state="paused"))
+        closed = False
+        for run in runs:
+            if self._approvals is not None:
+                await self._approvals.cancel(session_id, run.message_id, note=reason)
+            message = await self._db(self._tool_store.reopen_message, run.message_id)
+            if message is None:
+                continue
+            reply = ReplyBuilder()
+            reply.restore(message)
+            relay = StreamRelay(self._notify, session_id, run.message_id, coalesce_s=0)
+            relay.seq = message.seq or 0
+            job = GenerationJob(
+                session=await self._store.get_session(session_id), message_id=run.message_id,
+                parent_id=message.parent_id or "", provider_id=run.provider_id, model_id=run.model_id,
+                has_run=True,
+            )
+            for call in reply.unanswered_calls():
+                reply.add_tool_result(call.id, SUPERSEDED_NOTE, True)
+                await self._db(
+                    lambda c=call: self._tool_store.transition(
+                        run.message_id, c.id,
+                        from_states={"pending", "approved", "denied", "answered", "running"},
+                        to_state="cancelled",
+                    )
+                )
+            snap = reply.snapshot()
+            await self._store.finish_message(
+                run.message_id, status="aborted", text_content=snap.text_content, parts=snap.parts,
+                tool_calls=snap.tool_calls, seq=relay.seq + 1,
+            )
+            await self._db(lambda: self._tool_store.set_run(run.message_id, state="done"))
+            job.outcome = "aborted"
+            await relay.emit(AbortedEvent, reason=reason)
+            closed = True
+        return closed
+
+    # -- persistence -------------------------------------------------------------------
 
     async def _persist_loop(
         self, job: GenerationJob, relay: StreamRelay, reply: ReplyBuilder, settings: ChatSettings
     ) -> None:
-        # pending -> streaming is a state change: written at once, but beside the provider
-        # request rather than before it (it must not delay the first delta)
-        await self._store.update_partial(
-            job.message_id, text_content="", parts=None, status="streaming", seq=relay.seq
-        )
+        if job.resume is None:
+            # pending -> streaming is a state change: written at once, but beside the provider
+            # request rather than before it (it must not delay the first delta)
+            await self._store.update_partial(
+                job.message_id, text_content="", parts=None, status="streaming", seq=relay.seq
+            )
         interval = max(20, settings.persist_interval_ms) / 1000
         while True:
             await anyio.sleep(interval)
@@ -221,8 +559,7 @@ class GenerationHandler:
         usage = reply.usage or Usage()
         if reply.usage is not None:
             await relay.emit(UsageEvent, usage=usage)
-        # finish processing (think tags closed, base64 images to files, output regex rules)
-        snap = await self._requests.output.finish(job.session, reply.snapshot())
+        snap = reply.snapshot()
         await self._store.finish_message(
             job.message_id,
             status="completed",
@@ -234,6 +571,7 @@ class GenerationHandler:
             model_id=model_id,
             seq=relay.seq + 1,
         )
+        await self._end_run(job)
         cost = await self._providers.cost(job.provider_id, model_id, usage)
         await self._store.add_session_usage(
             job.session.id, usage.input_tokens + usage.output_tokens, cost
@@ -265,6 +603,7 @@ class GenerationHandler:
                 error=failure.message,
                 seq=relay.seq + 1,
             )
+            await self._end_run(job)
         except SidecarError:
             log.exception("could not store the error state of %s", job.message_id)
         job.outcome = "error"
@@ -276,8 +615,23 @@ class GenerationHandler:
     ) -> None:
         relay.close()
         await relay.flush()
-        snap = reply.snapshot()
         try:
+            if job.has_run and self._approvals is not None:
+                # calls stored pending just before the stop must not stay open
+                await self._approvals.cancel(job.session.id, job.message_id, note=CANCELLED_NOTE)
+            # calls that were running (their tasks are cancelled, commands killed) or not
+            # started get a "cancelled" result, so the stored reply stays a valid history
+            for call in reply.unanswered_calls():
+                reply.add_tool_result(call.id, CANCELLED_NOTE, True)
+                if job.has_run:
+                    await self._db(
+                        lambda c=call: self._tool_store.transition(
+                            job.message_id, c.id,
+                            from_states={"approved", "denied", "answered", "running"},
+                            to_state="cancelled",
+                        )
+                    )
+            snap = reply.snapshot()
             await self._store.finish_message(
                 job.message_id,
                 status="aborted",
@@ -289,10 +643,15 @@ class GenerationHandler:
                 model_id=model_id,
                 seq=relay.seq + 1,
             )
+            await self._end_run(job)
         except SidecarError:
             log.exception("could not store the aborted state of %s", job.message_id)
         job.outcome = "aborted"
         await relay.emit(AbortedEvent, reason=job.abort_reason)
+
+    async def _end_run(self, job: GenerationJob) -> None:
+        if job.has_run:
+            await self._db(lambda: self._tool_store.set_run(job.message_id, state="done", steps=job.steps))
 
 
 def _elapsed_ms(started: float) -> int:
@@ -301,3 +660,19 @@ def _elapsed_ms(started: float) -> int:
 
 def _finish_reason(reply: ReplyBuilder) -> Any:
     return reply.finish_reason or "stop"
+
+
+def _add_usage(base: Usage | None, step: Usage) -> Usage:
+    if base is None:
+        return step
+
+    def plus(a: int | None, b: int | None) -> int | None:
+        return None if a is None and b is None else (a or 0) + (b or 0)
+
+    return Usage(
+        input_tokens=base.input_tokens + step.input_tokens,
+        output_tokens=base.output_tokens + step.output_tokens,
+        cache_read_tokens=plus(base.cache_read_tokens, step.cache_read_tokens),
+        cache_write_tokens=plus(base.cache_write_tokens, step.cache_write_tokens),
+        reasoning_tokens=plus(base.reasoning_tokens, step.reasoning_tokens),
+    )

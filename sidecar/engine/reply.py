@@ -10,7 +10,16 @@ from __future__ import annotations
 
 import msgspec
 
-from protocol.types import ContentPart, TextPart, ThinkingPart, ToolCall, ToolUsePart, Usage
+from protocol.types import (
+    ContentPart,
+    MessageV2,
+    TextPart,
+    ThinkingPart,
+    ToolCall,
+    ToolResultPart,
+    ToolUsePart,
+    Usage,
+)
 
 
 class ReplySnapshot(msgspec.Struct, frozen=True):
@@ -67,6 +76,25 @@ class ReplyBuilder:
         self.parts.append(ToolUsePart(id=call_id, name=name, input=tool_input))
         self.tool_calls.append(ToolCall(id=call_id, name=name, arguments=arguments))
         self.dirty = True
+
+    def add_tool_result(self, call_id: str, content: str, is_error: bool) -> None:
+        self.parts.append(ToolResultPart(tool_use_id=call_id, content=content, is_error=is_error))
+        self.dirty = True
+
+    def unanswered_calls(self) -> list[ToolCall]:
+        """Tool calls of this reply that have no ToolResultPart yet, in order."""
+        answered = {p.tool_use_id for p in self.parts if isinstance(p, ToolResultPart)}
+        return [c for c in self.tool_calls if c.id not in answered]
+
+    def restore(self, message: MessageV2) -> None:
+        """Continue a stored reply (a paused tool loop resuming): its parts, calls, usage."""
+        if message.parts:
+            self.parts = list(message.parts)
+        elif message.text_content:
+            self.parts = [TextPart(text=message.text_content)]
+        self._text = [message.text_content] if message.text_content else []
+        self.tool_calls = list(message.tool_calls or [])
+        self.usage = message.usage
 
     @property
     def text(self) -> str:
