@@ -19,6 +19,9 @@ Attributes:
     notify:   ``await notify(method, params_struct)`` sends a notification to the client.
     store:    AsyncStore of ``<data_dir>/chat.db`` (sidecar/store), closed on exit.
     sessions: SessionService (sidecar/engine/sessions.py): chat:session:* and chat:messages:*.
+    assistants: AssistantService (sidecar/engine/assistants.py): assistant:*.
+    context:  ContextService (sidecar/engine/context.py): chat:context:* (the generation loop's
+              RequestBuilder, shared).
     approvals: ApprovalService (sidecar/engine/approvals.py): chat:tool:approve, tool:policy:*,
               tool:audit:list, tool:pending:list; also the ACP permission flow.
     tools:    ToolService (sidecar/tools/service.py): tool:list, tool:settings:*.
@@ -73,6 +76,7 @@ async def open_app(config: Config, notify: Notify) -> AsyncIterator[App]:
         stack.push_async_callback(app.store.close)
         app.sessions = SessionService(app.store, notify)
         await _open_chat(app, stack)
+        _open_context(app)
         yield app
 
 
@@ -101,6 +105,8 @@ async def _open_chat(app: App, stack: AsyncExitStack) -> None:
         store.sync.providers, get_setting=store.get_setting, set_setting=store.set_setting
     )
     stack.push_async_callback(app.providers.aclose)
+    # before the engine's task group: cancelling that group must not reach the engines
+    app.acp = await _open_acp(app, stack)
     task_group = await stack.enter_async_context(anyio.create_task_group())
     # Tool calls left running by a dead process get a "cancelled" result before any send.
     await anyio.to_thread.run_sync(store.sync.tools.complete_interrupted, INTERRUPTED_NOTE)
@@ -129,9 +135,70 @@ async def _open_chat(app: App, stack: AsyncExitStack) -> None:
         tools=app.tools,
         approvals=app.approvals,
         data_dir=app.data_dir,
+        acp=app.acp,
     )
     stack.push_async_callback(app.chat.aclose)
     app.sessions.overlay_live = app.chat.overlay_live
     app.sessions.on_delete.append(
         lambda session_id: app.chat.stop_session(session_id, "the session was deleted")
     )
+    app.sessions.on_delete.append(app.acp.close_session)  # after its turn has stopped
+
+
+async def _open_acp(app: App, stack: AsyncExitStack) -> Any:
+    """ACP mode (issue 7): the engine processes and the handler of mode 'acp' replies.
+
+    The engines are entered on the stack before the ChatEngine's task group: they are
+    stopped (stdin closed, SIGTERM, SIGKILL) only after the ChatEngine has aborted the
+    running turns, and cancelling the ChatEngine's group (its aclose) does not reach them.
+    """
+    import anyio
+
+    import sidecar
+    from sidecar.acp.engines import AcpEngines
+    from sidecar.acp.mcp import acp_mcp_servers
+    from sidecar.engine.acp_turn import AcpTurnHandler
+    from sidecar.store.attachments import AttachmentStore
+
+    engines = await stack.enter_async_context(
+        AcpEngines(
+            client_name=sidecar.SERVER_NAME,
+            client_version=sidecar.__version__,
+            default_cwd=str(app.data_dir),
+        )
+    )
+    app.acp_engines = engines
+    tool_store = getattr(app.store.sync, "tools", None)
+
+    async def mcp_servers(features: Any) -> list[Any]:
+        if tool_store is None:
+            return []
+        rows = await anyio.to_thread.run_sync(tool_store.mcp_servers)
+        return acp_mcp_servers(rows, features)
+
+    return AcpTurnHandler(
+        store=app.store,
+        notify=app.notify,
+        providers=app.providers,
+        engines=engines,
+        attachments=AttachmentStore(app.data_dir),
+        settings=app.settings.current,
+        data_dir=app.data_dir,
+        approvals=lambda: getattr(app, "approvals", None),
+        mcp_servers=mcp_servers,
+    )
+
+
+def _open_context(app: App) -> None:
+    """Assistant profiles and chat:context:* on the RequestBuilder the generation loop uses."""
+    from sidecar.engine.assistants import AssistantService
+    from sidecar.engine.context import ContextService
+    from sidecar.pipeline.builder import RequestBuilder
+    from sidecar.store.assistants import AssistantRepo
+    from sidecar.store.attachments import AttachmentStore
+
+    builder = RequestBuilder.shared(
+        app.store.sync, AttachmentStore(app.data_dir), providers=getattr(app, "providers", None)
+    )
+    app.assistants = AssistantService(AssistantRepo.of(app.store.sync))
+    app.context = ContextService(app.store, builder)

@@ -75,6 +75,7 @@ class ChatEngine:
         tools: Any = None,
         approvals: Any = None,
         data_dir: Any = None,
+        acp: Any = None,
     ) -> None:
         self._store = store
         self._notify = notify
@@ -94,6 +95,8 @@ class ChatEngine:
         )
         if approvals is not None:
             approvals.on_settled["tool"] = self.resume
+        self._acp = acp
+        """AcpTurnHandler (sidecar/engine/acp_turn.py): runs the replies of mode 'acp' sessions."""
         self._turns = TurnWriter(store.sync, attachments)
         self._titles = TitleGenerator(store=store, providers=providers, settings=settings.current)
         self._jobs: dict[str, _RunningJob] = {}
@@ -105,6 +108,7 @@ class ChatEngine:
     async def send(self, params: SendParams) -> SendResult:
         self._check_open()
         turn = await anyio.to_thread.run_sync(self._turns.check_send, params)
+        await self._check_acp(turn, branching=False)
         user, reply = await self._begin(turn, "superseded by a new message", after_active_leaf=True)
         assert user is not None
         return SendResult(message_id=reply.id, user_message_id=user.id)
@@ -118,12 +122,14 @@ class ChatEngine:
     async def regenerate(self, params: RegenerateParams) -> MessageIdResult:
         self._check_open()
         turn = await anyio.to_thread.run_sync(self._turns.check_regenerate, params)
+        await self._check_acp(turn, branching=True)
         _, reply = await self._begin(turn, "superseded by regenerate", after_active_leaf=False)
         return MessageIdResult(message_id=reply.id)
 
     async def edit_resend(self, params: EditResendParams) -> MessageIdResult:
         self._check_open()
         turn = await anyio.to_thread.run_sync(self._turns.check_edit, params)
+        await self._check_acp(turn, branching=True)
         _, reply = await self._begin(turn, "superseded by edit and resend", after_active_leaf=False)
         return MessageIdResult(message_id=reply.id)
 
@@ -245,11 +251,22 @@ class ChatEngine:
         self._jobs[job.session.id] = running
         self._tg.start_soon(self._run, running)
 
+    async def _check_acp(self, turn: Turn, *, branching: bool) -> None:
+        if turn.session.mode != "acp":
+            return
+        if self._acp is None:
+            raise SidecarError("ACP mode is not available in this process", code=ErrorCode.NOT_IMPLEMENTED)
+        if branching:  # ACP cannot rewind an agent session: a new branch needs session/fork
+            await self._acp.require_fork(turn.session)
+
     async def _run(self, running: _RunningJob) -> None:
         job = running.job
         try:
             with running.scope:
-                await self._handler.run(job)
+                if job.session.mode == "acp" and self._acp is not None:
+                    await self._acp.run(job)
+                else:
+                    await self._handler.run(job)
         except Exception:  # never let one reply take the engine down
             log.exception("generation %s failed unexpectedly", job.message_id)
         finally:

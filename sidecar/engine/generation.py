@@ -135,7 +135,7 @@ class GenerationHandler:
         self._store = store
         self._notify = notify
         self._providers = providers
-        self._requests = RequestBuilder(store.sync, attachments)
+        self._requests = RequestBuilder.shared(store.sync, attachments, providers=providers)
         self._settings = settings
         self._tools = tools
         self._approvals = approvals
@@ -270,7 +270,8 @@ class GenerationHandler:
             # the steps so far (text, tool calls and their results) continue the reply
             request.messages.append(RequestMessage(role="assistant", parts=list(reply.parts)))
         try:
-            await self._consume(resolved.provider.stream(request), relay, reply)
+            # think tags in text become reasoning while streaming (pipeline/output.py)
+            await self._consume(self._requests.output.stream(resolved.provider.stream(request)), relay, reply)
         except SidecarError as exc:
             return exc
         except Exception as exc:
@@ -559,7 +560,8 @@ class GenerationHandler:
         usage = reply.usage or Usage()
         if reply.usage is not None:
             await relay.emit(UsageEvent, usage=usage)
-        snap = reply.snapshot()
+        # finish processing (think tags closed, base64 images to files, output regex rules)
+        snap = await self._requests.output.finish(job.session, reply.snapshot())
         await self._store.finish_message(
             job.message_id,
             status="completed",
