@@ -27,7 +27,6 @@ __all__ = ["AssistantRepo", "DEFAULT_ASSISTANT_ID", "DEFAULT_ASSISTANT_KEY"]
 DEFAULT_ASSISTANT_ID = "default"
 DEFAULT_ASSISTANT_KEY = "default_assistant_id"
 
-_CONFIG_FIELDS = tuple(f for f in AssistantUpsertParams.__struct_fields__ if f not in ("id", "name"))
 _decode_profile = msgspec.json.Decoder(AssistantProfile)
 
 
@@ -74,7 +73,10 @@ class AssistantRepo:
             return bool(conn.execute("SELECT 1 FROM assistants WHERE id = ?", (assistant_id,)).fetchall())
 
     def upsert(self, params: AssistantUpsertParams, now: int) -> AssistantProfile:
-        config = {f: getattr(params, f) for f in _CONFIG_FIELDS}
+        # the wire (camelCase) encoding of the profile's settings, as AssistantProfile decodes it
+        config = msgspec.json.decode(msgspec.json.encode(params))
+        for key in ("id", "name"):
+            config.pop(key, None)
         raw = msgspec.json.encode(config).decode()
         with self._db.write() as conn:
             assistant_id = params.id or new_id()

@@ -63,10 +63,12 @@ class PromptInjectionTransformer:
         system = 1 if out and out[0].role == "system" else 0
         top = [_message(c) for c in chosen if c.position == "top_of_chat"]
         out[system:system] = top
-        out.extend(_message(c) for c in chosen if c.position == "bottom_of_chat")
+        end = len(out)  # depth counts chat messages, not the bottom injections
         for item in (c for c in chosen if c.position == "at_depth"):
-            at = max(system, len(out) - max(0, item.depth))
+            at = max(system, end - max(0, item.depth))
             out.insert(at, _message(item))
+            end += 1
+        out.extend(_message(c) for c in chosen if c.position == "bottom_of_chat")
         return out
 
 
