@@ -268,3 +268,21 @@ async def test_token_counts_are_cached(tmp_path: Path) -> None:
                                params=GenerationParams())
     assert fresh.ledger.counted == 0  # the database cache
 
+
+
+async def test_summarizer_chunks_a_long_prefix_and_bounds_the_calls() -> None:
+    from sidecar.pipeline.summary import Summarizer
+
+    model = FakeModel()
+    messages = [
+        MessageV2(id=f"m{i}", session_id="s", role="user" if i % 2 == 0 else "assistant",
+                  text_content=f"part{i} " + "word " * 200, created_at=i, updated_at=i)
+        for i in range(40)
+    ]
+    summarizer = Summarizer(model, chunk_tokens=1000, max_chunks=3)
+    with anyio.fail_after(5):
+        text = await summarizer.summarize(previous="OLD", messages=messages, provider_id="p", model_id="m")
+    assert text == "SUMMARY-3" and len(model.calls) == 3
+    assert "<previous_summary>\nOLD" in model.prompt(0) and "earlier messages are not included" in model.prompt(0)
+    assert "<previous_summary>\nSUMMARY-1" in model.prompt(1)  # each chunk merges into the summary so far
+    assert "part39 word" in model.prompt(2) and "part0 word" not in "".join(model.prompt(i) for i in range(3))

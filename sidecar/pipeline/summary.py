@@ -4,7 +4,11 @@ A refresh merges the previous valid summary with the newly covered messages. The
 are rendered as a plain transcript (tool calls and results shortened, images and files
 named, reasoning left out). A transcript larger than ``chunk_tokens`` is summarized in
 chunks, each merged into the summary so far, so the summary model's own context window is
-never exceeded, however long the covered prefix is.
+never exceeded, however long the covered prefix is. At most ``max_chunks`` calls are made
+per refresh (the first request of a long imported session must not wait for dozens of model
+calls): beyond that, the OLDEST blocks are left out and the model is told how many messages
+it did not see. Refreshes after the first cover little more than a window each, so this
+only ever trims the very first summary of a huge history.
 """
 
 from __future__ import annotations
@@ -69,10 +73,13 @@ def render_transcript(messages: Sequence[MessageV2]) -> list[str]:
 
 
 class Summarizer:
-    def __init__(self, call_model: ModelCall, *, chunk_tokens: int = 24_000, max_tokens: int = 2048) -> None:
+    def __init__(
+        self, call_model: ModelCall, *, chunk_tokens: int = 24_000, max_tokens: int = 2048, max_chunks: int = 4
+    ) -> None:
         self._call = call_model
         self._chunk_tokens = chunk_tokens
         self._max_tokens = max_tokens
+        self._max_chunks = max_chunks
 
     async def summarize(
         self,
@@ -84,7 +91,12 @@ class Summarizer:
         instructions: str | None = None,
     ) -> str:
         summary = previous
-        for chunk in self._chunks(render_transcript(messages)):
+        chunks = self._chunks(render_transcript(messages))
+        if len(chunks) > self._max_chunks:
+            skipped = sum(len(c) for c in chunks[: -self._max_chunks])
+            chunks = chunks[-self._max_chunks :]
+            chunks[0].insert(0, f"[{skipped} earlier messages are not included here]")
+        for chunk in chunks:
             summary = await self._call(
                 provider_id, model_id, self._prompt(summary, chunk, instructions), max_tokens=self._max_tokens
             )
