@@ -152,6 +152,7 @@ class AcpEngines:
             shutdown_timeout_s=config.shutdown_timeout_ms / 1000,
         )
         started = False
+        failed: SidecarError | None = None
         try:
             async with spawn_agent(spec) as agent:
                 for hook in self.on_spawn:
@@ -176,32 +177,48 @@ class AcpEngines:
                         )
                         live.conn = conn
                         peer.start_reading()
-                        features = await conn.initialize(*self._client, timeout=config.startup_timeout_ms / 1000)
-                        log.info(
-                            "engine %s ready (pid %s, agent %s %s, load=%s fork=%s close=%s image=%s)",
-                            name, agent.pid, features.agent_name or "?", features.agent_version,
-                            features.load_session, features.fork_session, features.close_session,
-                            features.prompt_image,
-                        )
-                        started = True
-                        task_status.started(conn)
-                        await _first(peer.closed, live.stop)
-                        if peer.closed.is_set() and not live.stop.is_set():
-                            log.warning("%s", await conn.describe_end())
+                        try:
+                            features = await conn.initialize(*self._client, timeout=config.startup_timeout_ms / 1000)
+                        except SidecarError as exc:
+                            # raised once the groups below have closed (not wrapped in a group)
+                            failed = exc
+                        else:
+                            log.info(
+                                "engine %s ready (pid %s, agent %s %s, load=%s fork=%s close=%s image=%s)",
+                                name, agent.pid, features.agent_name or "?", features.agent_version,
+                                features.load_session, features.fork_session, features.close_session,
+                                features.prompt_image,
+                            )
+                            started = True
+                            task_status.started(conn)
+                            await _first(peer.closed, live.stop)
+                            if peer.closed.is_set() and not live.stop.is_set():
+                                log.warning("%s", await conn.describe_end())
                         conn.closing()
                         calls.cancel_scope.cancel()
-        except SidecarError:
-            if started:
-                log.exception("engine %s ended with an error", name)
-                return
-            raise
         except Exception as exc:
             if started:
                 log.exception("engine %s failed", name)
                 return
+            inner = _first_sidecar_error(exc)
+            if inner is not None:
+                raise inner from None
             raise ProviderError(f"the agent engine {name!r} failed to start: {type(exc).__name__}: {exc}") from exc
         finally:
             live.finished.set()
+        if failed is not None:
+            raise failed
+
+
+def _first_sidecar_error(exc: BaseException) -> SidecarError | None:
+    if isinstance(exc, SidecarError):
+        return exc
+    if isinstance(exc, BaseExceptionGroup):
+        for inner in exc.exceptions:
+            found = _first_sidecar_error(inner)
+            if found is not None:
+                return found
+    return None
 
 
 async def _first(*events: anyio.Event) -> None:
