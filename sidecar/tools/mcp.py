@@ -235,7 +235,7 @@ class McpManager:
         except anyio.get_cancelled_exc_class():
             raise
         except Exception as exc:
-            if not self._session_alive(conn):
+            if _connection_lost(exc) or not self._session_alive(conn):
                 conn.error = f"connection lost: {exc or type(exc).__name__}"
                 conn.stop.set()
                 raise ToolError(f"MCP server {server} failed during {tool} ({exc or type(exc).__name__}); it is restarted on next use") from None
@@ -394,6 +394,15 @@ def _result_text(result: Any) -> str:
     if not chunks and structured is not None:
         chunks.append(msgspec.json.encode(structured).decode())
     return "\n".join(chunks)
+
+
+def _connection_lost(exc: Exception) -> bool:
+    """An MCPError with CONNECTION_CLOSED, or a broken stream: the server is gone."""
+    from mcp_types import CONNECTION_CLOSED
+
+    if getattr(exc, "code", None) == CONNECTION_CLOSED:
+        return True
+    return isinstance(exc, (anyio.BrokenResourceError, anyio.ClosedResourceError, anyio.EndOfStream, OSError))
 
 
 def _transport_open(conn: _Connection) -> bool:

@@ -1,0 +1,176 @@
+"""MCP tools against a real MCP server subprocess (fixtures/mcp_server.py, built with the
+official ``mcp`` package): listing, calling, sanitised names, a server that crashes
+mid-call or hangs (a bounded tool error, reconnect on next use), stderr drained, the
+process stopped on close; and the same server driven end to end through the sidecar."""
+
+from __future__ import annotations
+
+import os
+import sys
+from pathlib import Path
+
+import anyio
+import pytest
+
+from chat_helpers import configure_provider, events_of, wait_final
+from protocol.params import McpServerUpsertParams, NameParams
+from scripted_server import scripted_provider
+from sidecar.store import Store
+from sidecar.tools.base import ToolError
+from sidecar.tools.mcp import McpManager, mcp_tool_name, sanitize
+from sidecar_proc import CallError, spawn_sidecar
+
+pytestmark = pytest.mark.anyio
+
+FIXTURE = str(Path(__file__).resolve().parent.parent / "fixtures" / "mcp_server.py")
+
+
+def server_params(name: str = "fx", **extra: object) -> McpServerUpsertParams:
+    return McpServerUpsertParams(
+        name=name, transport="stdio", command=sys.executable, args=[FIXTURE, *extra.pop("args", [])],  # type: ignore[list-item]
+        **extra,  # type: ignore[arg-type]
+    )
+
+
+def test_names_are_sanitised() -> None:
+    assert sanitize("my server/1") == "my_server_1"
+    assert mcp_tool_name("files", "pid.of server") == "mcp__files__pid_of_server"
+    assert len(mcp_tool_name("s" * 40, "t" * 80)) == 64
+
+
+async def test_list_call_crash_hang_reconnect(tmp_path: Path) -> None:
+    store = Store(tmp_path)
+    try:
+        async with anyio.create_task_group() as tg:
+            manager = McpManager(store.tools, tg)
+            await manager.load()
+            info = await manager.upsert_server(server_params("my fx", tool_timeout_s=2.0, args=["--stderr-lines", "5000"]))
+            assert info.name == "my_fx" and info.status == "idle"
+            with anyio.fail_after(30):
+                tools = {t.name: t for t in await manager.tools()}
+            assert set(tools) >= {"mcp__my_fx__echo", "mcp__my_fx__add", "mcp__my_fx__crash", "mcp__my_fx__pid_of_server"}
+            add = tools["mcp__my_fx__add"]
+            assert add.parameters["required"] == ["a", "b"] and add.server_key == "mcp:my_fx"
+            assert add.default_policy == "ask"
+            listed = (await manager.list_servers())[0]
+            assert listed.status == "connected" and "mcp__my_fx__echo" in listed.tools
+
+            with anyio.fail_after(10):
+                out = await manager.call("my_fx", "add", {"a": 2, "b": 40})
+                assert out.text == "42" and not out.is_error
+                failed = await manager.call("my_fx", "fail", {"message": "nope"})
+                assert failed.is_error and "fail" in failed.text  # the server words its own error
+                first_pid = int((await manager.call("my_fx", "pid.of server", {})).text)
+
+                # a crash mid-call: a tool error at once, a new process on next use
+                with pytest.raises(ToolError, match="restarted on next use"):
+                    await manager.call("my_fx", "crash", {})
+                again = int((await manager.call("my_fx", "pid.of server", {})).text)
+            assert again != first_pid
+            assert not _alive(first_pid)
+
+            # a hang: a tool error within the server's tool timeout, then a fresh process
+            with anyio.fail_after(10):
+                with pytest.raises(ToolError, match="did not answer hang within 2 s"):
+                    await manager.call("my_fx", "hang", {})
+                third = int((await manager.call("my_fx", "pid.of server", {})).text)
+            assert third != again
+            with anyio.fail_after(10):
+                while _alive(again):
+                    await anyio.sleep(0.05)
+
+            await manager.delete_server(NameParams(name="my fx"))
+            with anyio.fail_after(10):
+                while _alive(third):
+                    await anyio.sleep(0.05)
+            assert await manager.list_servers() == []
+            await manager.aclose()
+    finally:
+        store.close()
+
+
+async def test_a_server_that_cannot_start_gives_no_tools_and_an_error(tmp_path: Path) -> None:
+    store = Store(tmp_path)
+    try:
+        async with anyio.create_task_group() as tg:
+            manager = McpManager(store.tools, tg)
+            await manager.upsert_server(McpServerUpsertParams(name="ghost", command="/nonexistent/bin/mcp", connect_timeout_s=3))
+            await manager.upsert_server(
+                McpServerUpsertParams(name="mute", command=sys.executable, args=["-c", "import time; time.sleep(60)"], connect_timeout_s=0.5)
+            )
+            with anyio.fail_after(15):
+                assert await manager.tools() == []
+            states = {s.name: s for s in await manager.list_servers()}
+            assert states["ghost"].status == "error" and states["ghost"].error
+            assert states["mute"].status == "error" and "initialize" in (states["mute"].error or "")
+            with pytest.raises(ToolError, match="not available"):
+                await manager.call("ghost", "x", {})
+            await manager.aclose()
+    finally:
+        store.close()
+
+
+async def test_bad_server_configs_are_refused(tmp_path: Path) -> None:
+    from sidecar.errors import InvalidParams
+
+    store = Store(tmp_path)
+    try:
+        async with anyio.create_task_group() as tg:
+            manager = McpManager(store.tools, tg)
+            for params in (
+                McpServerUpsertParams(name="///", command="x"),
+                McpServerUpsertParams(name="a", transport="stdio"),
+                McpServerUpsertParams(name="a", transport="http", url="ftp://x"),
+                McpServerUpsertParams(name="a", command="x", tool_timeout_s=0),
+            ):
+                with pytest.raises(InvalidParams):
+                    await manager.upsert_server(params)
+            assert await manager.list_servers() == []
+    finally:
+        store.close()
+
+
+async def test_mcp_tools_end_to_end_through_the_sidecar(tmp_path: Path) -> None:
+    async with scripted_provider() as server, spawn_sidecar(tmp_path / "data") as proc:
+        await configure_provider(proc, server.base_url)
+        info = await proc.call(
+            "mcp:server:upsert",
+            {"name": "fx", "command": sys.executable, "args": [FIXTURE], "env": {"FX_TOKEN": "s3cret"}, "toolTimeoutS": 3},
+        )
+        assert info["envKeys"] == ["FX_TOKEN"] and "s3cret" not in str(info)
+        session = await proc.call("chat:session:create", {})
+        await proc.call("tool:policy:set", {"key": "mcp:fx", "policy": "auto"})
+        listed = await proc.call("tool:list", {"sessionId": session["id"]})
+        echo = next(t for t in listed if t["name"] == "mcp__fx__echo")
+        assert echo["source"] == "mcp" and echo["policy"] == "auto" and echo["defaultPolicy"] == "ask"
+        await server.script(
+            {"tool_calls": [{"id": "m1", "name": "mcp__fx__echo", "arguments": {"text": "hi from mcp"}}]},
+            {"tool_calls": [{"id": "m2", "name": "mcp__fx__crash", "arguments": {}}]},
+            {"tool_calls": [{"id": "m3", "name": "mcp__fx__add", "arguments": {"a": 1, "b": 2}}]},
+            {"text": "All done."},
+        )
+        sent = await proc.call("chat:send", {"sessionId": session["id"], "input": {"content": "use mcp"}})
+        final = await wait_final(proc, sent["messageId"], timeout=60)
+        assert final["type"] == "stream_end", final
+        results = {e["toolResult"]["toolCallId"]: e["toolResult"] for e in events_of(proc, sent["messageId"]) if e["type"] == "tool_result"}
+        assert results["m1"]["output"] == "hi from mcp" and not results["m1"].get("isError")
+        assert results["m2"]["isError"] and "fx" in results["m2"]["output"]
+        assert results["m3"]["output"] == "3"  # the crashed server was started again
+        with pytest.raises(CallError) as err:
+            await proc.call("mcp:server:delete", {"name": "nope"})
+        assert err.value.code == -32001
+        assert (await proc.call("mcp:server:delete", {"name": "fx"})) == {"success": True}
+        await proc.close()
+    assert "s3cret" not in proc.stderr_text()
+
+
+def _alive(pid: int) -> bool:
+    try:
+        os.kill(pid, 0)
+    except ProcessLookupError:
+        return False
+    try:
+        with open(f"/proc/{pid}/stat") as f:
+            return f.read().split(")")[-1].split()[0] != "Z"
+    except OSError:
+        return False
