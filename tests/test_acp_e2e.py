@@ -12,7 +12,15 @@ from pathlib import Path
 
 import anyio
 import pytest
-from acp_helpers import acp_session, add_engine, alive, assert_gone, pids, send_and_wait, stored
+from acp_helpers import (
+    acp_session,
+    add_engine,
+    alive,
+    assert_gone,
+    pids,
+    send_and_wait,
+    stored,
+)
 from chat_helpers import assert_well_ordered, events_of, streamed_text, wait_final
 from sidecar_proc import CallError, spawn_sidecar
 

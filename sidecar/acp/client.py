@@ -12,11 +12,13 @@ session), ``session/cancel``, and the routing of what the agent sends us:
     anything else               -> -32601 (we advertise no terminal capability)
 
 Must stay true:
-- ``TurnSink.on_update`` is called synchronously, in arrival order: the peer starts one
-  task per notification in arrival order and the handler enqueues before its first
-  await, and the response to ``session/prompt`` is processed after the updates that
-  preceded it on the wire (the notification tasks were scheduled first). The turn
-  therefore sees every update of a prompt before it sees the prompt's result;
+- ``TurnSink.on_update`` is called synchronously, in arrival order, before the response
+  that followed the updates on the wire is processed: with an AgentProcess the line
+  filter hands each update over as it reads it (sidecar/acp/lines.py, the fast path);
+  without one (in-memory tests) the peer starts one task per notification in arrival
+  order and the handler enqueues before any await, and those tasks run before the task
+  waiting for the response. The turn therefore sees every update of a prompt before it
+  sees the prompt's result;
 - prompts run in the connection's task group, not in the caller's: a turn that is
   cancelled can still send ``session/cancel`` and wait (bounded) for the agent's answer;
 - when the agent goes away every pending request fails at once (JsonRpcPeer), every
@@ -60,6 +62,7 @@ from sidecar.acp.types import (
     SessionIdResult,
     SessionNotification,
     WriteTextFileParams,
+    notification_decoder,
 )
 from sidecar.errors import (
     InvalidParams,
@@ -151,6 +154,9 @@ class AcpConnection:
         self.updates_dropped = 0
         dispatcher = peer.dispatcher
         dispatcher.add("session/update", Handler(SessionNotification, self._on_update))
+        if agent is not None:
+            # the hot path: updates go from the line filter straight to the sink (lines.py)
+            agent.stdout.fast["session/update"] = self._on_update_params
         dispatcher.add("session/request_permission", Handler(RequestPermissionParams, self._on_permission))
         dispatcher.add("fs/read_text_file", Handler(ReadTextFileParams, self._on_read))
         dispatcher.add("fs/write_text_file", Handler(WriteTextFileParams, self._on_write))
@@ -281,7 +287,18 @@ class AcpConnection:
 
     # -- requests from the agent -------------------------------------------------------
 
+    def _on_update_params(self, params: msgspec.Raw) -> None:
+        try:
+            note = notification_decoder.decode(params)
+        except (msgspec.ValidationError, msgspec.DecodeError) as exc:
+            log.warning("engine %s: malformed session/update dropped: %s", self.name, exc)
+            return
+        self._route_update(note)
+
     async def _on_update(self, note: SessionNotification) -> None:
+        self._route_update(note)
+
+    def _route_update(self, note: SessionNotification) -> None:
         sink = self._sinks.get(note.session_id)
         if sink is None:
             # replays of session/load and late updates after a turn ended land here

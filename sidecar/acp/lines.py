@@ -13,13 +13,23 @@ Must stay true:
 - the bytes handed on are whole lines, each a syntactically valid JSON document followed
   by ``\\n``, in the order received; what came before EOF without a newline counts as a
   last line;
-- validation is a full JSON parse (``msgspec.Raw``), so a line that starts like JSON but
-  is cut off or malformed is junk too.
+- validation is a full JSON parse, so a line that starts like JSON but is cut off or
+  malformed is junk too.
+
+Fast path: notifications whose method is in ``fast`` (``session/update``) are handed to
+their callback here, in arrival order, instead of being passed on to the peer. The peer
+would start one task per notification (~50 us each, measured: most of the cost of a
+10,000-update turn); the parse this filter does anyway already yields the params. The
+callback gets the params verbatim (``msgspec.Raw``) and must not block. Because the lines
+are processed in order, every update reaches its callback before the peer sees the
+response that followed it on the wire.
 """
 
 from __future__ import annotations
 
 import logging
+from collections.abc import Callable
+from typing import Any
 
 import anyio
 import msgspec
@@ -28,11 +38,29 @@ from anyio.abc import ByteReceiveStream
 log = logging.getLogger(__name__)
 
 _raw = msgspec.json.Decoder(msgspec.Raw)
+
+
+class _Head(msgspec.Struct):
+    """Just enough of an object line to recognise a fast-path notification."""
+
+    method: Any = None
+    id: Any = msgspec.UNSET
+    params: msgspec.Raw = msgspec.Raw(b"null")
+
+
+_head = msgspec.json.Decoder(_Head)
 JUNK_LOGGED = 20
 
 
 class JsonLineFilter(ByteReceiveStream):
-    def __init__(self, stream: ByteReceiveStream, *, max_line_bytes: int, name: str = "agent") -> None:
+    def __init__(
+        self,
+        stream: ByteReceiveStream,
+        *,
+        max_line_bytes: int,
+        name: str = "agent",
+        fast: dict[str, Callable[[msgspec.Raw], None]] | None = None,
+    ) -> None:
         self._stream = stream
         self._max = max_line_bytes
         self._name = name
@@ -42,6 +70,7 @@ class JsonLineFilter(ByteReceiveStream):
         self._eof = False
         self.junk_lines = 0
         """Lines dropped so far (not JSON, or oversized)."""
+        self.fast: dict[str, Callable[[msgspec.Raw], None]] = dict(fast or {})
 
     async def receive(self, max_bytes: int = 65536) -> bytes:
         while True:
@@ -112,7 +141,26 @@ class JsonLineFilter(ByteReceiveStream):
         stripped = line.strip()
         if not stripped:
             return
-        if stripped[:1] in (b"{", b"["):
+        first = stripped[:1]
+        if first == b"{":
+            try:
+                head = _head.decode(stripped)
+            except msgspec.ValidationError:  # valid JSON of an odd shape: the peer answers it
+                good.append(stripped + b"\n")
+                return
+            except (msgspec.DecodeError, RecursionError):
+                pass
+            else:
+                callback = self.fast.get(head.method) if head.id is msgspec.UNSET else None
+                if callback is None:
+                    good.append(stripped + b"\n")
+                else:
+                    try:
+                        callback(head.params)
+                    except Exception:  # a bug in a callback must not end the reading
+                        log.exception("%s: handling a %s notification failed", self._name, head.method)
+                return
+        elif first == b"[":
             try:
                 _raw.decode(stripped)
             except (msgspec.DecodeError, RecursionError):
