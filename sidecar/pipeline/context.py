@@ -28,7 +28,7 @@ import msgspec
 
 from protocol.context import AssistantProfile, TruncationStrategy
 from protocol.types import MessageV2, SessionV2, TextPart
-from sidecar.errors import SidecarError
+from sidecar.errors import NotFound, SidecarError
 from sidecar.pipeline import planner
 from sidecar.pipeline import tokens as tk
 from sidecar.pipeline.summary import Summarizer
@@ -218,6 +218,8 @@ class RollingContext:
             full = rows if rows and rows[0].parent_id is None else self._repo.walk(session_id, leaf_id)
         else:
             full = self._repo.walk(session_id, leaf_id)
+        if not full and leaf_id:
+            raise NotFound(f"message {leaf_id!r} is not in session {session_id!r}")
         return _Read(summary=None, tail=full, tokens=self._ledger.counts(full, encoding), summary_tokens=0,
                      covered_count=0)
 
