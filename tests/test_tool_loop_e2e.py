@@ -352,3 +352,25 @@ def _alive(pid: int) -> bool:
             return f.read().split(")")[-1].split()[0] != "Z"
     except OSError:
         return False
+
+
+async def test_a_call_id_repeated_by_a_later_step_gets_its_own_id(tmp_path):
+    # adapters number id-less calls per request (call_0...), so step 2 can repeat step 1's id
+    async with scripted_provider() as server, spawn_sidecar(tmp_path / "data") as proc:
+        sid = await start(proc, server)
+        await server.script(
+            {"tool_calls": [call("call_0", "get_current_time")]},
+            {"tool_calls": [call("call_0", "get_current_time", {"timezone": "UTC"})]},
+            {"text": "twice"},
+        )
+        mid = await send(proc, sid)
+        assert (await wait_final(proc, mid))["type"] == "stream_end"
+        events = events_of(proc, mid)
+        starts = [e["toolCall"]["id"] for e in events if e["type"] == "tool_call_start"]
+        results = [e["toolResult"]["toolCallId"] for e in events if e["type"] == "tool_result"]
+        assert starts == results == ["call_0", "call_0_2"]
+        reply = await reply_of(proc, sid)
+        assert [t[:2] for t in tool_parts(reply)] == [("use", "call_0"), ("result", "call_0"), ("use", "call_0_2"), ("result", "call_0_2")]
+        last = [b for b in await server.requests() if b.get("stream")][-1]["messages"]
+        assert [m["tool_call_id"] for m in last if m["role"] == "tool"] == ["call_0", "call_0_2"]
+        await proc.close()

@@ -282,6 +282,22 @@ class GenerationHandler:
     async def _consume(self, parts: Any, relay: StreamRelay, reply: ReplyBuilder) -> None:
         tool_names: dict[str, str] = {}
         base = reply.usage  # usage of earlier steps: a step's updates are cumulative within it
+        # Adapters number calls that come without an id per request (call_0, call_1...), so a
+        # later step of the same reply can repeat an id: such a call gets a fresh one here,
+        # before any event names it, so results and history stay unambiguous.
+        used = {c.id for c in reply.tool_calls}
+        ids: dict[str, str] = {}
+
+        def own(provider_id: str) -> str:
+            if provider_id not in ids:
+                fresh, n = provider_id, 1
+                while fresh in used:
+                    n += 1
+                    fresh = f"{provider_id}_{n}"
+                used.add(fresh)
+                ids[provider_id] = fresh
+            return ids[provider_id]
+
         async with aclosing(parts):
             async for part in parts:
                 # text and thinking reach the ReplyBuilder through the relay, when their
@@ -291,20 +307,22 @@ class GenerationHandler:
                 elif isinstance(part, ThinkingDelta):
                     await relay.delta("thinking", part.text)
                 elif isinstance(part, ToolCallStart):
-                    tool_names[part.id] = part.name
+                    call_id = own(part.id)
+                    tool_names[call_id] = part.name
                     await relay.emit(
-                        ToolCallStartEvent, tool_call=StreamToolCall(id=part.id, name=part.name)
+                        ToolCallStartEvent, tool_call=StreamToolCall(id=call_id, name=part.name)
                     )
                 elif isinstance(part, ToolCallDelta):
+                    call_id = own(part.id)
                     await relay.emit(
                         ToolCallDeltaEvent,
                         tool_call=StreamToolCall(
-                            id=part.id, name=tool_names.get(part.id, ""), arguments=part.arguments
+                            id=call_id, name=tool_names.get(call_id, ""), arguments=part.arguments
                         ),
                     )
                 elif isinstance(part, ToolCallEnd):
                     await relay.flush()  # the call's place in the parts follows the text before it
-                    reply.add_tool_call(part.id, part.name, part.arguments)
+                    reply.add_tool_call(own(part.id), part.name, part.arguments)
                 elif isinstance(part, UsageUpdate):
                     reply.usage = _add_usage(base, part.usage)
                 elif isinstance(part, Finish):
