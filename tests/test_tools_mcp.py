@@ -174,3 +174,23 @@ def _alive(pid: int) -> bool:
             return f.read().split(")")[-1].split()[0] != "Z"
     except OSError:
         return False
+
+
+def test_opening_the_app_imports_neither_mcp_nor_jsonschema(tmp_path: Path) -> None:
+    import subprocess
+
+    code = (
+        "import sys, anyio\n"
+        "from sidecar.config import Config\n"
+        "from sidecar.app import open_app\n"
+        "async def main():\n"
+        "    async def notify(m, p): pass\n"
+        f"    async with open_app(Config(data_dir={str(tmp_path)!r}), notify) as app:\n"
+        "        assert app.tools is not None and app.mcp is not None\n"
+        "    print(sorted(m for m in ('mcp', 'jsonschema') if m in sys.modules))\n"
+        "anyio.run(main)\n"
+    )
+    root = Path(__file__).resolve().parent.parent
+    out = subprocess.run([sys.executable, "-c", code], cwd=root, capture_output=True, text=True, timeout=60)
+    assert out.returncode == 0, out.stderr[-2000:]
+    assert out.stdout.strip() == "[]"
