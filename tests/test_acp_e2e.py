@@ -537,3 +537,19 @@ async def test_engine_env_is_explicit_masked_and_kept(tmp_path: Path) -> None:
         assert await env("MODE") == "MODE=slow"
         assert "k-SECRET-1" not in proc.stderr_text()
         await proc.close()
+
+
+async def test_configured_mcp_servers_are_passed_to_session_new(tmp_path: Path) -> None:
+    async with spawn_sidecar(tmp_path / "data") as proc:
+        await proc.call("sidecar:initialize", {})
+        await proc.call("mcp:server:upsert", {"name": "files", "command": "files-server", "env": {"K": "v"}})
+        await proc.call("mcp:server:upsert", {"name": "web", "transport": "http", "url": "http://127.0.0.1:9/mcp"})
+        await proc.call("mcp:server:upsert", {"name": "off", "command": "x", "enabled": False})
+        stdio_only = await add_engine(proc, name="StdioOnly")
+        with_http = await add_engine(proc, "--mcp-http", name="WithHttp")
+        for engine, expected in ((stdio_only, "mcp=1 [stdio:files]"), (with_http, "mcp=2 [stdio:files,http:web]")):
+            session = await acp_session(proc, engine["id"])
+            _, final = await send_and_wait(proc, session["id"], "hi")
+            assert final["type"] == "stream_end"
+            assert expected in proc.stderr_text()
+        await proc.close()

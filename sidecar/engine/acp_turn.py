@@ -308,6 +308,7 @@ class AcpTurnHandler:
                 await self._cancel(conn, agent_sid, turn, config.cancel_timeout_ms / 1000)
             raise
         finally:
+            turn.cancel_permissions()  # a question of a turn that is over has no answer
             conn.detach(agent_sid, turn)
         call = turn.call
         assert call is not None
