@@ -141,6 +141,9 @@ class GenerationHandler:
         self._approvals = approvals
         self._tool_store = store.sync.tools
         self._data_dir = data_dir or Path(".")
+        self._paused: set[str] | None = None
+        """Sessions that may hold a paused reply (loaded once, then kept here), so a send on
+        a session without one costs no extra database hop."""
 
     async def run(self, job: GenerationJob) -> None:
         settings = self._settings()
@@ -503,12 +506,20 @@ class GenerationHandler:
             )
         except SidecarError:
             log.exception("could not store the paused state of %s", job.message_id)
+        if self._paused is not None:
+            self._paused.add(job.session.id)
         job.outcome = PAUSED
 
     async def close_paused(self, session_id: str, reason: str) -> bool:
         """End the session's paused replies as ``aborted``: pending calls are cancelled and
         get a "not run" result; an ``aborted`` event closes each reply's stream."""
+        if self._paused is None:
+            runs = await self._db(lambda: self._tool_store.runs(state="paused"))
+            self._paused = {r.session_id for r in runs}
+        if session_id not in self._paused:
+            return False
         runs = await self._db(lambda: self._tool_store.runs(session_id=session_id, state="paused"))
+        self._paused.discard(session_id)
         closed = False
         for run in runs:
             if self._approvals is not None:
