@@ -194,3 +194,39 @@ def test_opening_the_app_imports_neither_mcp_nor_jsonschema(tmp_path: Path) -> N
     out = subprocess.run([sys.executable, "-c", code], cwd=root, capture_output=True, text=True, timeout=60)
     assert out.returncode == 0, out.stderr[-2000:]
     assert out.stdout.strip() == "[]"
+
+
+async def test_an_http_mcp_server(tmp_path: Path) -> None:
+    import socket
+
+    with socket.socket() as sock:
+        sock.bind(("127.0.0.1", 0))
+        port = sock.getsockname()[1]
+    import subprocess
+
+    process = await anyio.open_process(
+        [sys.executable, FIXTURE, "--http", str(port)], stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL
+    )
+    store = Store(tmp_path)
+    try:
+        async with anyio.create_task_group() as tg:
+            manager = McpManager(store.tools, tg)
+            await manager.upsert_server(
+                McpServerUpsertParams(name="web", transport="http", url=f"http://127.0.0.1:{port}/mcp", connect_timeout_s=5)
+            )
+            with anyio.fail_after(30):
+                while True:  # the server needs a moment to listen
+                    tools = await manager.tools()
+                    if tools:
+                        break
+                    await anyio.sleep(0.2)
+                assert "mcp__web__echo" in {t.name for t in tools}
+                out = await manager.call("web", "add", {"a": 20, "b": 22})
+            assert out.text == "42"
+            await manager.aclose()
+    finally:
+        store.close()
+        with anyio.CancelScope(shield=True):
+            process.kill()
+            await process.wait()
+            await process.aclose()
