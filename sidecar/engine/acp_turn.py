@@ -58,6 +58,7 @@ from protocol.events import (
     StreamToolCall,
     ToolApprovalOption,
     ToolApprovalRequiredEvent,
+    UsageEvent,
 )
 from protocol.params import AcpEngineConfig, ChatSettings, ToolPolicySetParams
 from protocol.types import (
@@ -581,8 +582,6 @@ class AcpTurnHandler:
         await relay.flush()
         reply = turn.reply
         if outcome == "completed" and reply.usage is not None:
-            from protocol.events import UsageEvent
-
             await relay.emit(UsageEvent, usage=reply.usage)
         snap = reply.snapshot()
         raw = list(turn.mapper.raw)
