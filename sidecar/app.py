@@ -36,6 +36,8 @@ from contextlib import AsyncExitStack, asynccontextmanager
 from pathlib import Path
 from typing import TYPE_CHECKING, Any
 
+import anyio
+
 from sidecar.config import Config
 from sidecar.errors import SidecarError
 
@@ -64,6 +66,9 @@ async def open_app(config: Config, notify: Notify) -> AsyncIterator[App]:
         data_dir.mkdir(parents=True, exist_ok=True)
     except OSError as exc:
         raise SidecarError(f"cannot create the data directory {data_dir}: {exc.strerror or exc}") from exc
+    # The services' modules take most of start-up to import: import them in a worker
+    # thread so the event loop keeps answering (the handshake is served meanwhile).
+    await anyio.to_thread.run_sync(_import_services)
     async with AsyncExitStack() as stack:
         app = App(config, data_dir, notify)
         # Services open here and register their cleanup on ``stack`` (closed in reverse
@@ -78,6 +83,32 @@ async def open_app(config: Config, notify: Notify) -> AsyncIterator[App]:
         await _open_chat(app, stack)
         _open_context(app)
         yield app
+
+
+_SERVICE_MODULES = (
+    "sidecar.store",
+    "sidecar.engine.sessions",
+    "sidecar.engine.approvals",
+    "sidecar.engine.chat",
+    "sidecar.engine.providers",
+    "sidecar.engine.settings",
+    "sidecar.tools.mcp",
+    "sidecar.tools.service",
+    "sidecar.acp.engines",
+    "sidecar.acp.mcp",
+    "sidecar.engine.acp_turn",
+    "sidecar.engine.assistants",
+    "sidecar.engine.context",
+    "sidecar.pipeline.builder",
+    "sidecar.store.assistants",
+)
+
+
+def _import_services() -> None:
+    import importlib
+
+    for name in _SERVICE_MODULES:
+        importlib.import_module(name)
 
 
 async def _open_chat(app: App, stack: AsyncExitStack) -> None:

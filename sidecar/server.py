@@ -4,13 +4,13 @@ This is the only place that knows method names. ``BINDINGS`` maps every method o
 ``protocol.METHODS`` to an attribute path on the App (``"sessions.create_session"``
 -> ``app.sessions.create_session``); ``sidecar:initialize`` and ``sidecar:shutdown`` are
 handled here. A bound function is ``async def f(params: <params Struct>) -> result``.
-A path that does not resolve when the server starts (the service is not built yet) is
+A path that does not resolve once the App is open (the service is not built yet) is
 still registered and answers NOT_IMPLEMENTED, so the method list the client sees is
 always the whole contract. tests/test_rpc_server.py fails if a method of the contract
 is neither bound nor handled here.
 
-Lifetime (``serve``): start the peer (writer only), open the App with ``peer.notify``,
-register handlers, start reading. It ends on stdin EOF, ``sidecar:shutdown``, SIGTERM or
+Lifetime (``serve``): start the peer, register the handlers and start reading, then
+open the App with ``peer.notify`` (requests other than the handshake wait for it). It ends on stdin EOF, ``sidecar:shutdown``, SIGTERM or
 SIGINT, or when the output breaks, always the same way: stop reading, let in-flight
 requests answer (bounded grace, then REQUEST_CANCELLED), close the App (its services
 finish or cancel their work and may still send notifications), write out everything
@@ -141,36 +141,68 @@ class BenchNotifyResult(msgspec.Struct, kw_only=True, rename="camel"):
 
 
 class Server:
-    """The method table of one App, plus the two lifecycle methods."""
+    """The method table of one App, plus the two lifecycle methods.
 
-    def __init__(self, config: Config, app: App, stop: anyio.Event) -> None:
+    The table exists before the App does: ``serve`` starts reading as soon as the peer
+    is up, so ``sidecar:initialize`` is answered while the services are still being
+    imported and opened (in a worker thread, see ``sidecar.app``). A bound method that
+    arrives before ``attach(app)`` waits for it; its params are decoded only then, so
+    the answers are exactly those of an App that was open from the start.
+    """
+
+    def __init__(self, config: Config, app: App | None, stop: anyio.Event) -> None:
         self.config = config
-        self.app = app
+        self.app: App | None = None
         self.stop = stop
-        self.implemented: list[str] = []
+        self.ready = anyio.Event()
+        self.implemented: list[str] = sorted([*LIFECYCLE_METHODS, *BINDINGS])
+        """Before ``attach``: every bound method (``open_app`` attaches a service for each,
+        tests/test_rpc_server.py checks it); after: the bindings that resolved."""
+        self._funcs: dict[str, Callable[[Any], Awaitable[Any]]] = {}
+        if app is not None:
+            self.attach(app)
+
+    def attach(self, app: App) -> None:
+        """Resolve the bindings on the now open App and release the waiting requests."""
+        self.app = app
+        self._funcs = {}
+        for method, path in BINDINGS.items():
+            func = resolve_binding(app, path)
+            if func is not None:
+                self._funcs[method] = func
+        self.implemented = sorted([*LIFECYCLE_METHODS, *self._funcs])
+        self.ready.set()
 
     def handlers(self) -> dict[str, Handler[Any]]:
         table: dict[str, Handler[Any]] = {
             INITIALIZE: Handler(InitializeParams, self.initialize),
             SHUTDOWN: Handler(EmptyParams, self.shutdown),
         }
-        implemented = list(LIFECYCLE_METHODS)
-        for method, path in BINDINGS.items():
-            func = resolve_binding(self.app, path)
-            if func is None:
-                # Any params: "not implemented" is the answer that matters to the client.
-                table[method] = Handler(msgspec.Raw, not_implemented(method))
-            else:
-                implemented.append(method)
-                table[method] = Handler(METHODS[method].params, func)
+        for method in BINDINGS:
+            # Raw params: decoded by the bound call once the App is open (a method whose
+            # service is missing answers NOT_IMPLEMENTED whatever its params)
+            table[method] = Handler(msgspec.Raw, self._bound(method))
         if self.config.bench:
             table[BENCH_NOTIFY] = Handler(BenchNotifyParams, self.bench_notify)
             table[BENCH_PING] = Handler(EmptyParams, self.bench_ping)
-        self.implemented = sorted(implemented)
         missing = set(METHODS) - set(table)
         if missing:  # guarded by a test too; this keeps a partial deployment honest
             logger.error("methods of the contract without a handler: %s", ", ".join(sorted(missing)))
         return table
+
+    def _bound(self, method: str) -> Callable[[msgspec.Raw], Awaitable[Any]]:
+        params = Handler(METHODS[method].params, _unused)
+        unimplemented = not_implemented(method)
+
+        async def call(raw: msgspec.Raw) -> Any:
+            if not self.ready.is_set():
+                await self.ready.wait()
+            func = self._funcs.get(method)
+            if func is None:
+                return await unimplemented(raw)
+            return await func(params.decode_params(raw))
+
+        return call
 
     async def initialize(self, params: InitializeParams) -> InitializeResult:
         client = params.client_info
@@ -192,7 +224,7 @@ class Server:
                 notifications=sorted(n for n, spec in NOTIFICATIONS.items() if spec.direction == "server->client"),
                 max_line_bytes=self.config.max_line_bytes,
             ),
-            data_dir=str(self.app.data_dir),
+            data_dir=self.config.data_dir,
         )
 
     async def shutdown(self, params: EmptyParams) -> SuccessResult:
@@ -218,6 +250,8 @@ class Server:
         if not empty <= params.size <= 1_000_000:
             raise InvalidParams(f"invalid params: size must be {empty}..1000000")
         text = "x" * (params.size - empty)
+        await self.ready.wait()
+        assert self.app is not None
         notify = self.app.notify
         started = time.perf_counter()
         for seq in range(1, params.count + 1):
@@ -249,13 +283,14 @@ async def serve(
             max_line_bytes=config.max_line_bytes,
             autostart=False,
         ) as peer:
+            server = Server(config, None, stop)
+            for method, handler in server.handlers().items():
+                peer.dispatcher.add(method, handler)
+            peer.start_reading()  # the handshake is answered while the App opens
+            watchers.start_soon(_set_when, peer.closed, stop)
             async with open_app(config, peer.notify) as app:
-                server = Server(config, app, stop)
-                for method, handler in server.handlers().items():
-                    peer.dispatcher.add(method, handler)
-                peer.start_reading()
+                server.attach(app)
                 logger.info("serving (data dir %s, pid %s)", app.data_dir, os.getpid())
-                watchers.start_soon(_set_when, peer.closed, stop)
                 await stop.wait()
                 logger.info("stopping")
                 await peer.drain_incoming()
@@ -282,3 +317,7 @@ async def _watch_signals(stop: anyio.Event) -> None:
                 logger.info("signal %s: stopping", signal.Signals(signum).name)
                 stop.set()
 
+
+
+async def _unused(params: Any) -> Any:  # Handler used only for its params decoder
+    raise AssertionError("not called")

@@ -11,7 +11,7 @@ import anyio
 import pytest
 
 import sidecar
-from protocol import METHODS, PROTOCOL_VERSION, ErrorCode, IdParams, SessionV2
+from protocol import METHODS, PROTOCOL_VERSION, ErrorCode, IdParams, InitializeParams, SessionV2
 from sidecar.app import App
 from sidecar.config import Config, build_config
 from sidecar.errors import InvalidParams, RemoteError
@@ -58,16 +58,59 @@ async def test_resolved_bindings_are_called_and_missing_ones_answer_not_implemen
     assert set(handlers) == set(METHODS)
     assert "chat:session:get" in server.implemented and "chat:send" not in server.implemented
 
-    session = await handlers["chat:session:get"].func(IdParams(id="s1"))
+    async def call(method: str, params: bytes) -> Any:
+        handler = handlers[method]
+        return await handler.func(handler.decode_params(_raw(params)))
+
+    session = await call("chat:session:get", b'{"id": "s1"}')
     assert session.id == "s1" and app.sessions.calls == [IdParams(id="s1")]  # type: ignore[attr-defined]
     with pytest.raises(sidecar.errors.SidecarError) as err:
-        await handlers["chat:send"].func(None)
+        await call("chat:send", b'{"whatever": 1}')
     assert err.value.code == ErrorCode.NOT_IMPLEMENTED
     assert err.value.message == "chat:send is not implemented yet"
-    # A binding brings the contract's params type, so bad params are rejected before the call.
-    assert handlers["chat:session:get"].params_type is IdParams
+    # A bound method decodes the contract's params type, so bad params never reach the service.
     with pytest.raises(InvalidParams):
-        handlers["chat:session:get"].decode_params(_raw(b'{"id": 5}'))
+        await call("chat:session:get", b'{"id": 5}')
+    assert app.sessions.calls == [IdParams(id="s1")]  # type: ignore[attr-defined]
+
+
+async def test_bound_methods_wait_for_the_app_and_the_handshake_does_not(tmp_path: Path) -> None:
+    config = Config(data_dir=str(tmp_path))
+    server = Server(config, None, anyio.Event())
+    handlers = server.handlers()
+    with anyio.fail_after(5):
+        info = await handlers["sidecar:initialize"].func(InitializeParams())
+    assert info.data_dir == str(tmp_path) and "chat:session:get" in info.capabilities.implemented
+    results: list[Any] = []
+
+    async def get() -> None:
+        handler = handlers["chat:session:get"]
+        results.append(await handler.func(handler.decode_params(_raw(b'{"id": "s2"}'))))
+
+    async with anyio.create_task_group() as tg:
+        tg.start_soon(get)
+        await anyio.wait_all_tasks_blocked()
+        assert results == []  # waiting for the App
+        app = App(config, tmp_path, _no_notify)
+        app.sessions = FakeSessions()  # type: ignore[assignment]
+        server.attach(app)
+    assert results[0].id == "s2"
+
+
+def test_open_app_attaches_a_service_for_every_binding(tmp_path: Path) -> None:
+    """Server.implemented lists every binding before the App is open: keep that true."""
+    from sidecar.app import open_app
+
+    async def main() -> None:
+        async with open_app(Config(data_dir=str(tmp_path)), _quiet) as app:
+            unresolved = [m for m, path in BINDINGS.items() if resolve_binding(app, path) is None]
+            assert not unresolved
+
+    anyio.run(main)
+
+
+async def _quiet(method: str, params: Any) -> None:
+    pass
 
 
 def _raw(data: bytes) -> Any:
