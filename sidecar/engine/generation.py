@@ -309,6 +309,11 @@ class GenerationHandler:
                     await relay.delta("text", part.text)
                 elif isinstance(part, ThinkingDelta):
                     await relay.delta("thinking", part.text)
+                    if part.signature:
+                        # Anthropic wants a signed thinking block back unchanged when a tool
+                        # turn continues: the signature belongs to the block just streamed
+                        await relay.flush()
+                        reply.sign_thinking(part.signature)
                 elif isinstance(part, ToolCallStart):
                     call_id = own(part.id)
                     tool_names[call_id] = part.name

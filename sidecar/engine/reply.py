@@ -56,13 +56,22 @@ class ReplyBuilder:
         self._text.append(text)
         self.dirty = True
 
+    def sign_thinking(self, signature: str) -> None:
+        """Attach a provider's signature to the latest thinking block."""
+        for index in range(len(self.parts) - 1, -1, -1):
+            part = self.parts[index]
+            if isinstance(part, ThinkingPart):
+                self.parts[index] = ThinkingPart(text=part.text, signature=signature)
+                self.dirty = True
+                return
+
     def add_thinking(self, text: str) -> None:
         if not text:
             return
         last = self.parts[-1] if self.parts else None
-        if isinstance(last, ThinkingPart):
+        if isinstance(last, ThinkingPart) and last.signature is None:
             self.parts[-1] = ThinkingPart(text=last.text + text)
-        else:
+        else:  # a signed block is complete: what follows is a new block
             self.parts.append(ThinkingPart(text=text))
         self.dirty = True
 
