@@ -66,6 +66,10 @@ class ThinkTagSplitter:
         self._held = ""
         self._after_close = False
 
+    def passes_through(self, text: str) -> bool:
+        """True when ``feed(text)`` would return ``text`` unchanged as one text run."""
+        return not self.inside and not self._held and not self._after_close and "<" not in text and bool(text)
+
     def feed(self, text: str) -> list[tuple[str, str]]:
         data = self._held + text
         self._held = ""
@@ -127,6 +131,9 @@ async def split_think_tags(parts: AsyncIterator[StreamPart]) -> AsyncGenerator[S
         try:
             async for part in parts:
                 if isinstance(part, TextDelta):
+                    if splitter.passes_through(part.text):
+                        yield part  # the hot path: plain text outside any tag
+                        continue
                     for out in _parts(splitter.feed(part.text)):
                         yield out
                     continue
