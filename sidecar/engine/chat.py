@@ -107,9 +107,36 @@ class ChatEngine:
 
     async def send(self, params: SendParams) -> SendResult:
         self._check_open()
+        fast = await self._send_idle(params)
+        if fast is not None:
+            return fast
         turn = await anyio.to_thread.run_sync(self._turns.check_send, params)
         await self._check_acp(turn, branching=False)
         user, reply = await self._begin(turn, "superseded by a new message", after_active_leaf=True)
+        assert user is not None
+        return SendResult(message_id=reply.id, user_message_id=user.id)
+
+    async def _send_idle(self, params: SendParams) -> SendResult | None:
+        """A send on a session with nothing running or paused: check and store in one
+        worker-thread hop (the common case, on the way to the first delta). None when the
+        session is busy: then the two-hop path checks before it stops anything."""
+        session_id = params.session_id
+        lock = self._lock(session_id)
+        if session_id in self._jobs or lock.locked() or not self._handler.is_idle(session_id):
+            return None
+        async with lock:
+            if session_id in self._jobs or not self._handler.is_idle(session_id):
+                return None
+            acp_ok = self._acp is not None
+
+            def check_and_write() -> tuple[Turn, MessageV2 | None, MessageV2]:
+                turn = self._turns.check_send(params)
+                if turn.session.mode == "acp" and not acp_ok:
+                    raise SidecarError("ACP mode is not available in this process", code=ErrorCode.NOT_IMPLEMENTED)
+                return (turn, *self._turns.write(turn, after_active_leaf=True))
+
+            turn, user, reply = await anyio.to_thread.run_sync(check_and_write)
+            self._start_turn(turn, reply)
         assert user is not None
         return SendResult(message_id=reply.id, user_message_id=user.id)
 
@@ -234,17 +261,20 @@ class ChatEngine:
             user, reply = await anyio.to_thread.run_sync(
                 lambda: self._turns.write(turn, after_active_leaf=after_active_leaf)
             )
-            self._start(
-                GenerationJob(
-                    session=turn.session,
-                    message_id=reply.id,
-                    parent_id=reply.parent_id or "",
-                    provider_id=turn.provider_id,
-                    model_id=turn.model_id,
-                    temperature=turn.temperature,
-                )
-            )
+            self._start_turn(turn, reply)
         return user, reply
+
+    def _start_turn(self, turn: Turn, reply: MessageV2) -> None:
+        self._start(
+            GenerationJob(
+                session=turn.session,
+                message_id=reply.id,
+                parent_id=reply.parent_id or "",
+                provider_id=turn.provider_id,
+                model_id=turn.model_id,
+                temperature=turn.temperature,
+            )
+        )
 
     def _start(self, job: GenerationJob) -> None:
         running = _RunningJob(job)

@@ -67,7 +67,7 @@ from sidecar.engine.approvals import ApprovalRequest, ApprovalService
 from sidecar.engine.relay import StreamRelay
 from sidecar.engine.reply import ReplyBuilder
 from sidecar.errors import SidecarError
-from sidecar.pipeline.builder import RequestBuilder
+from sidecar.pipeline.builder import Prepared, RequestBuilder
 from sidecar.providers.types import (
     Finish,
     GenerationParams,
@@ -197,7 +197,18 @@ class GenerationHandler:
         """Run model steps and tool calls; None (completed), PAUSED, or the failure."""
         try:
             resolved = await self._providers.resolve(job.provider_id, job.model_id)
-            registry = await self._assemble(job.session, resolved.model)
+            registry = ToolRegistry()
+
+            async def assemble() -> None:
+                nonlocal registry
+                registry = await self._assemble(job.session, resolved.model)
+
+            # the tool assembly and the first request's reads (both in worker threads) overlap
+            async with anyio.create_task_group() as tg:
+                tg.start_soon(assemble)
+                prepared = await self._requests.prepare(
+                    session=job.session, leaf_id=job.parent_id, model=resolved.model
+                )
         except SidecarError as exc:
             return exc
         except Exception as exc:  # a bug: keep serving, report it as internal
@@ -213,7 +224,8 @@ class GenerationHandler:
                     code=ErrorCode.BAD_STATE,
                 )
             job.steps += 1
-            failure = await self._model_step(job, settings, relay, reply, resolved, registry)
+            failure = await self._model_step(job, settings, relay, reply, resolved, registry, prepared)
+            prepared = None  # later steps read the branch again
             if failure is not None:
                 return failure
             if not reply.unanswered_calls():
@@ -247,6 +259,7 @@ class GenerationHandler:
         reply: ReplyBuilder,
         resolved: Any,
         registry: ToolRegistry,
+        prepared: Prepared | None = None,
     ) -> SidecarError | None:
         """One provider step; returns the failure that ended it, if any."""
         try:
@@ -263,6 +276,7 @@ class GenerationHandler:
                 tools=registry.specs(),
                 tool_prompts=registry.prompts(),
                 capability_note=registry.capability_note,
+                prepared=prepared,
             )
         except SidecarError as exc:
             return exc
@@ -515,6 +529,10 @@ class GenerationHandler:
             self._paused.add(job.session.id)
         job.outcome = PAUSED
 
+    def is_idle(self, session_id: str) -> bool:
+        """True when the session is known to have no paused reply (no database read)."""
+        return self._paused is not None and session_id not in self._paused
+
     async def close_paused(self, session_id: str, reason: str) -> bool:
         """End the session's paused replies as ``aborted``: pending calls are cancelled and
         get a "not run" result; an ``aborted`` event closes each reply's stream."""
@@ -566,16 +584,15 @@ class GenerationHandler:
     async def _persist_loop(
         self, job: GenerationJob, relay: StreamRelay, reply: ReplyBuilder, settings: ChatSettings
     ) -> None:
-        if job.resume is None:
-            # pending -> streaming is a state change: written at once, but beside the provider
-            # request rather than before it (it must not delay the first delta)
-            await self._store.update_partial(
-                job.message_id, text_content="", parts=None, status="streaming", seq=relay.seq
-            )
+        # pending -> streaming is written on the first tick, not before the provider request
+        # (it must not delay the first delta); a crash before it ends the same way, as an
+        # aborted reply, and a live reply's status is overlaid by ChatEngine.overlay_live
+        unwritten = job.resume is None
         interval = max(20, settings.persist_interval_ms) / 1000
         while True:
             await anyio.sleep(interval)
-            if reply.dirty:
+            if reply.dirty or unwritten:
+                unwritten = False
                 snap = reply.snapshot()
                 await self._store.update_partial(
                     job.message_id,

@@ -25,7 +25,7 @@ import anyio
 import msgspec
 
 from protocol.context import AssistantProfile
-from protocol.types import SessionV2, TextPart
+from protocol.types import ImagePart, SessionV2, TextPart
 from sidecar.pipeline import tokens as tk
 from sidecar.pipeline.calls import ProviderModelCall
 from sidecar.pipeline.context import ContextWindow, RollingContext
@@ -69,6 +69,17 @@ class BuildInfo(msgspec.Struct, kw_only=True):
     """Input transformers that changed the request, in the order they ran."""
     citations: list[Any]
     system_prompt: str | None
+
+
+class Prepared(msgspec.Struct, kw_only=True):
+    """The reads of one build (``RequestBuilder.prepare``), valid for its ``leaf_id``."""
+
+    leaf_id: str
+    encoding: str
+    profile: SessionProfile
+    soul: str | None
+    read: Any
+    """The branch as RollingContext.read_branch returned it."""
 
 
 class RequestBuilder:
@@ -124,13 +135,15 @@ class RequestBuilder:
         tools: Sequence[ToolSpec] = (),
         tool_prompts: Sequence[str] = (),
         capability_note: str | None = None,
+        prepared: Prepared | None = None,
     ) -> ChatRequest:
         """``tools`` are sent when the model supports tools; ``tool_prompts`` (the system
         prompts the registered tools contribute) and ``capability_note`` (what a model
-        without tool support is told instead) go into the system prompt."""
+        without tool support is told instead) go into the system prompt; ``prepared`` are
+        this build's reads made ahead by ``prepare`` (made here when absent)."""
         request, _ = await self.build_detailed(
             session=session, leaf_id=leaf_id, model=model, params=params, tools=tools,
-            tool_prompts=tool_prompts, capability_note=capability_note,
+            tool_prompts=tool_prompts, capability_note=capability_note, prepared=prepared,
         )
         return request
 
@@ -144,16 +157,20 @@ class RequestBuilder:
         tools: Sequence[ToolSpec] = (),
         tool_prompts: Sequence[str] = (),
         capability_note: str | None = None,
+        prepared: Prepared | None = None,
     ) -> tuple[ChatRequest, BuildInfo]:
-        profile, soul = await anyio.to_thread.run_sync(self._profile_and_soul, session.id)
-        assistant = profile.assistant
+        if prepared is None or prepared.leaf_id != leaf_id:
+            prepared = await self.prepare(session=session, leaf_id=leaf_id, model=model)
+        assistant = prepared.profile.assistant
         window = await self.context.prepare(
             session=session,
             leaf_id=leaf_id,
             assistant=assistant,
-            strategy=profile.strategy,
-            encoding=tk.encoding_for_model(model.id).encoding,
+            strategy=prepared.profile.strategy,
+            encoding=prepared.encoding,
+            read=prepared.read,
         )
+        soul = prepared.soul
         summary = window.summary
         system = compose_system_prompt(
             session=session,
@@ -178,9 +195,13 @@ class RequestBuilder:
             memory=self._memory,
         )
         drafts = await run_transformers(drafts, ctx, self._transformers)
-        messages = await anyio.to_thread.run_sync(
-            lambda: finalize(drafts, model=model, attachments=self._attachments)
-        )
+        if any(isinstance(p, ImagePart) for d in drafts for p in d.parts):
+            # stored images are read from disk: a worker thread
+            messages = await anyio.to_thread.run_sync(
+                lambda: finalize(drafts, model=model, attachments=self._attachments)
+            )
+        else:  # no file is read: pure and short, no worker-thread hop
+            messages = finalize(drafts, model=model, attachments=self._attachments)
         request = ChatRequest(
             model=model,
             messages=messages,
@@ -194,12 +215,21 @@ class RequestBuilder:
         )
         return request, info
 
-    # ---- internals --------------------------------------------------------------------
+    async def prepare(self, *, session: SessionV2, leaf_id: str, model: ModelInfo) -> Prepared:
+        """Every database and file read a build starts with, in one worker-thread hop: the
+        session's profile, its Soul.md and the branch with its token counts. The generation
+        loop runs it beside the tool assembly and hands it to ``build_detailed``."""
+        encoding = tk.encoding_for_model(model.id).encoding
 
-    def _profile_and_soul(self, session_id: str) -> tuple[SessionProfile, str | None]:
-        profile = self.profiles.for_session(session_id)
-        soul = self._souls.read(profile.assistant.id) if profile.assistant.context.use_soul else None
-        return profile, soul
+        def read() -> Prepared:
+            profile = self.profiles.for_session(session.id)
+            soul = self._souls.read(profile.assistant.id) if profile.assistant.context.use_soul else None
+            branch = self.context.read_branch(session.id, leaf_id, encoding, profile.strategy)
+            return Prepared(leaf_id=leaf_id, encoding=encoding, profile=profile, soul=soul, read=branch)
+
+        return await anyio.to_thread.run_sync(read)
+
+    # ---- internals --------------------------------------------------------------------
 
     def _file_size(self, uri: str) -> int | None:
         path = self._attachments.local_path(uri)

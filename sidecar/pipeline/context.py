@@ -99,10 +99,13 @@ class RollingContext:
         assistant: AssistantProfile,
         strategy: TruncationStrategy,
         encoding: str,
+        read: _Read | None = None,
     ) -> ContextWindow:
+        """``read``: the result of ``read_branch`` for these arguments when the caller already
+        made it (in the same worker-thread hop as its own reads)."""
         threshold = planner.effective_threshold(assistant.context.compress_threshold)
-        use_summary = strategy == "summarize-old"
-        read = await anyio.to_thread.run_sync(self._read, session.id, leaf_id, encoding, use_summary)
+        if read is None:
+            read = await anyio.to_thread.run_sync(self.read_branch, session.id, leaf_id, encoding, strategy)
         length = read.covered_count + len(read.tail)
         if strategy == "sliding-window":
             plan = planner.plan_sliding(read.tokens, [m.role for m in read.tail], threshold=threshold)
@@ -203,6 +206,10 @@ class RollingContext:
         if lock is None:
             lock = self._locks[session_id] = anyio.Lock()
         return lock
+
+    def read_branch(self, session_id: str, leaf_id: str, encoding: str, strategy: TruncationStrategy) -> _Read:
+        """What ``prepare`` plans on (blocking: call it from a worker thread)."""
+        return self._read(session_id, leaf_id, encoding, strategy == "summarize-old")
 
     def _read(self, session_id: str, leaf_id: str, encoding: str, use_summary: bool) -> _Read:
         summary = self._repo.get_summary(session_id) if use_summary else None

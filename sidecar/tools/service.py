@@ -175,7 +175,9 @@ class ToolService:
         if session is not None and session.workspace_dir:
             for tool in workspace_tools(s.command_timeout_s):
                 registry.add(tool)
-        skills = await anyio.to_thread.run_sync(find_skills, skill_roots(s.skills_dirs, self._data_dir))
+        roots = [r for r in skill_roots(s.skills_dirs, self._data_dir) if r.is_dir()]
+        # one stat per root on the loop is short; the scan itself runs in a worker thread
+        skills = await anyio.to_thread.run_sync(find_skills, roots) if roots else []
         if skills:
             for tool in skill_tools(skills):
                 registry.add(tool)
