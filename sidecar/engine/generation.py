@@ -613,18 +613,7 @@ class GenerationHandler:
             await relay.emit(UsageEvent, usage=usage)
         # finish processing (think tags closed, base64 images to files, output regex rules)
         snap = await self._requests.output.finish(job.session, reply.snapshot())
-        await self._store.finish_message(
-            job.message_id,
-            status="completed",
-            text_content=snap.text_content,
-            parts=snap.parts,
-            tool_calls=snap.tool_calls,
-            usage=reply.usage,
-            latency_ms=_elapsed_ms(started),
-            model_id=model_id,
-            seq=relay.seq + 1,
-        )
-        await self._end_run(job)
+        await self._store_final(job, relay, reply, snap, started, model_id, "completed")
         cost = await self._providers.cost(job.provider_id, model_id, usage)
         await self._store.add_session_usage(
             job.session.id, usage.input_tokens + usage.output_tokens, cost
@@ -642,21 +631,10 @@ class GenerationHandler:
         failure: SidecarError,
     ) -> None:
         await relay.flush()
-        snap = reply.snapshot()
         try:
-            await self._store.finish_message(
-                job.message_id,
-                status="error",
-                text_content=snap.text_content,
-                parts=snap.parts,
-                tool_calls=snap.tool_calls,
-                usage=reply.usage,
-                latency_ms=_elapsed_ms(started),
-                model_id=model_id,
-                error=failure.message,
-                seq=relay.seq + 1,
+            await self._store_final(
+                job, relay, reply, reply.snapshot(), started, model_id, "error", error=failure.message
             )
-            await self._end_run(job)
         except SidecarError:
             log.exception("could not store the error state of %s", job.message_id)
         job.outcome = "error"
@@ -684,23 +662,38 @@ class GenerationHandler:
                             to_state="cancelled",
                         )
                     )
-            snap = reply.snapshot()
-            await self._store.finish_message(
-                job.message_id,
-                status="aborted",
-                text_content=snap.text_content,
-                parts=snap.parts,
-                tool_calls=snap.tool_calls,
-                usage=reply.usage,
-                latency_ms=_elapsed_ms(started),
-                model_id=model_id,
-                seq=relay.seq + 1,
-            )
-            await self._end_run(job)
+            await self._store_final(job, relay, reply, reply.snapshot(), started, model_id, "aborted")
         except SidecarError:
             log.exception("could not store the aborted state of %s", job.message_id)
         job.outcome = "aborted"
         await relay.emit(AbortedEvent, reason=job.abort_reason)
+
+    async def _store_final(
+        self,
+        job: GenerationJob,
+        relay: StreamRelay,
+        reply: ReplyBuilder,
+        snap: Any,
+        started: float,
+        model_id: str,
+        status: str,
+        *,
+        error: str | None = None,
+    ) -> None:
+        """The reply's final row (its last event, the final one, is ``relay.seq + 1``)."""
+        await self._store.finish_message(
+            job.message_id,
+            status=status,
+            text_content=snap.text_content,
+            parts=snap.parts,
+            tool_calls=snap.tool_calls,
+            usage=reply.usage,
+            latency_ms=_elapsed_ms(started),
+            model_id=model_id,
+            error=error,
+            seq=relay.seq + 1,
+        )
+        await self._end_run(job)
 
     async def _end_run(self, job: GenerationJob) -> None:
         if job.has_run:
