@@ -133,6 +133,24 @@ async def test_cancelling_a_command_kills_its_process_group(tmp_path: Path, ws: 
             await anyio.sleep(0.01)
 
 
+@pytest.mark.parametrize(
+    "command, timeout",
+    [
+        # the child holds stdout open: the read waits out the timeout, then the group dies
+        ("sleep 57 & echo $! > child.pid; echo started", 0.5),
+        # the child let go of stdout: the command returns at once and the child still dies
+        ("sleep 57 > /dev/null 2>&1 & echo $! > child.pid; echo started", 20),
+    ],
+)
+async def test_background_children_do_not_outlive_the_command(ws: Path, command: str, timeout: float) -> None:
+    with anyio.fail_after(15):
+        code, text, _, _ = await run_command(command, ws, timeout)
+        assert code == 0 and "started" in text
+        child = int((ws / "child.pid").read_text())
+        while _alive(child):
+            await anyio.sleep(0.01)
+
+
 # ---- spill -----------------------------------------------------------------------------
 
 

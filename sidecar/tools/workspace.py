@@ -13,7 +13,8 @@ is not defended against (single-user desktop threat model).
 
 Commands: ``/bin/sh -c`` (``cmd /c`` on Windows) in its own process group, stdin closed,
 stdout+stderr captured up to MAX_CAPTURE_BYTES (the rest counted, not kept), a timeout,
-and on cancel or timeout the whole group is killed (SIGKILL) before the tool returns.
+and when the command ends (exit, cancel or timeout) the whole group is killed (SIGKILL) before
+the tool returns, so background children do not outlive it; the final reap is time-bounded.
 """
 
 from __future__ import annotations
@@ -255,13 +256,14 @@ async def run_command(command: str, cwd: Path, timeout: float) -> tuple[int | No
             await process.wait()
         timed_out = scope.cancelled_caught
     finally:
-        if process.returncode is None:
-            with anyio.CancelScope(shield=True):
-                _kill_group(process)
-                with anyio.move_on_after(5):
-                    await process.wait()
         with anyio.CancelScope(shield=True):
-            await process.aclose()
+            # on POSIX the group is killed even when the shell already exited: a background
+            # child (``sleep 60 &``) keeps the group alive and must not outlive the command
+            if sys.platform != "win32" or process.returncode is None:
+                _kill_group(process)
+            # aclose closes the pipes and reaps; the bound keeps a wedged reap from hanging us
+            with anyio.move_on_after(5):
+                await process.aclose()
     return process.returncode, kept.decode("utf-8", errors="replace"), dropped, timed_out
 
 
