@@ -111,6 +111,33 @@ async def test_filter_fast_path_hands_updates_over_in_order() -> None:
     assert seen == [b'{"n":%d}' % i for i in range(5)]
 
 
+async def test_filter_survives_methods_of_odd_types_and_failing_lines(caplog: pytest.LogCaptureFixture) -> None:
+    seen: list[bytes] = []
+    odd = [b'{"method":[1]}\n', b'{"method":{"a":1}}\n', b'{"method":null,"params":1}\n']
+    after = enc({"jsonrpc": "2.0", "method": "session/update", "params": {"n": 1}}) + b"\n"
+    ok = b'{"jsonrpc":"2.0","id":4,"result":1}\n'
+    stream = JsonLineFilter(
+        _Chunks([b"".join(odd) + after + ok]), max_line_bytes=1000,
+        fast={"session/update": lambda p: seen.append(bytes(p))},
+    )
+    # an unhashable method is no fast-path notification: the peer gets it and answers it
+    with anyio.fail_after(5):
+        assert await _drain(stream) == b"".join(odd) + ok
+    assert seen == [b'{"n":1}']
+
+    # whatever else goes wrong with one line is logged and that line alone is skipped
+    class Boom(JsonLineFilter):
+        def _check_line(self, line: bytes, good: list[bytes]) -> None:
+            if b"boom" in line:
+                raise KeyError("boom")
+            super()._check_line(line, good)
+
+    stream = Boom(_Chunks([b'{"boom":1}\n' + ok]), max_line_bytes=1000)
+    with anyio.fail_after(5):
+        assert await _drain(stream) == ok
+    assert stream.junk_lines == 1 and "could not be handled" in caplog.text
+
+
 # ---- decoding -------------------------------------------------------------------------
 
 

@@ -138,6 +138,13 @@ class JsonLineFilter(ByteReceiveStream):
         return b"".join(good)
 
     def _check(self, line: bytes, good: list[bytes]) -> None:
+        try:
+            self._check_line(line, good)
+        except Exception:  # one odd line must not end the reading (and the connection)
+            self.junk_lines += 1
+            log.exception("%s: skipped a stdout line that could not be handled", self._name)
+
+    def _check_line(self, line: bytes, good: list[bytes]) -> None:
         stripped = line.strip()
         if not stripped:
             return
@@ -151,7 +158,9 @@ class JsonLineFilter(ByteReceiveStream):
             except (msgspec.DecodeError, RecursionError):
                 pass
             else:
-                callback = self.fast.get(head.method) if head.id is msgspec.UNSET else None
+                # a method of another type (list, object) is unhashable: the peer answers it
+                fast = head.id is msgspec.UNSET and isinstance(head.method, str)
+                callback = self.fast.get(head.method) if fast else None
                 if callback is None:
                     good.append(stripped + b"\n")
                 else:
