@@ -33,14 +33,15 @@ def ensure_venv(extras: str = "") -> None:
         if run(sys.executable, "-m", "venv", VENV) != 0:
             sys.exit("could not create the virtual environment")
     stamp = VENV / f".installed{extras}"
-    pyproject = ROOT / "pyproject.toml"
-    if stamp.exists() and stamp.stat().st_mtime >= pyproject.stat().st_mtime:
+    inputs = [ROOT / "pyproject.toml", ROOT / "constraints.txt"]
+    if stamp.exists() and all(stamp.stat().st_mtime >= p.stat().st_mtime for p in inputs):
         return
     target = f".[{extras}]" if extras else "."
     # editable_mode=compat: a plain .pth path entry; the default import-hook finder costs
     # ~20 ms at every start of the sidecar
     install = [PY, "-m", "pip", "install", "--quiet", "--disable-pip-version-check"]
-    if run(*install, "--config-settings", "editable_mode=compat", "-e", target) != 0:
+    pinned = ["-c", ROOT / "constraints.txt"]
+    if run(*install, *pinned, "--config-settings", "editable_mode=compat", "-e", target) != 0:
         sys.exit("pip install failed")
     stamp.touch()
 
