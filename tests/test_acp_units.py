@@ -3,7 +3,9 @@ fs confinement, the connection over memory streams, and the engine provider conf
 
 from __future__ import annotations
 
+import logging
 import os
+import threading
 from pathlib import Path
 from typing import Any
 
@@ -15,8 +17,8 @@ from hypothesis import strategies as st
 
 from protocol.events import ToolCallStartEvent, ToolResultEvent, UsageEvent
 from protocol.params import AcpEngineConfig, ProviderUpsertParams
-from protocol.types import ContentPart, Usage
-from sidecar.acp import fs
+from protocol.types import ContentPart, DiffPart, Usage
+from sidecar.acp import fs, mapping
 from sidecar.acp.client import AcpConnection, PromptCall
 from sidecar.acp.lines import JsonLineFilter
 from sidecar.acp.mapping import UpdateMapper, diff_hunks
@@ -314,6 +316,84 @@ def _apply_hunks(old: str, hunks: list[dict[str, Any]]) -> list[str]:
 def test_diff_hunks_turn_the_old_text_into_the_new(old: list[str], new: list[str]) -> None:
     old_text, new_text = "\n".join(old), "\n".join(new)
     assert _apply_hunks(old_text, diff_hunks(old_text, new_text)) == new_text.splitlines()
+
+
+async def test_known_kinds_kept_raw_are_counted_without_an_error(caplog: pytest.LogCaptureFixture) -> None:
+    mapper = UpdateMapper(RecordingOutput())
+    await mapper.apply(_raw({"sessionUpdate": "user_message_chunk", "content": {"type": "text", "text": "echo"}}))
+    assert mapper.kinds == {"user_message_chunk": 1}
+    assert not [r for r in caplog.records if r.levelno >= logging.WARNING]
+
+
+async def test_a_resent_diff_is_not_diffed_again(monkeypatch: pytest.MonkeyPatch) -> None:
+    calls: list[tuple[str, str]] = []
+    real = mapping.diff_hunks
+
+    def counting(old: str, new: str, context: int = 3) -> list[dict[str, Any]]:
+        calls.append((old, new))
+        return real(old, new, context)
+
+    monkeypatch.setattr(mapping, "diff_hunks", counting)
+    out = RecordingOutput()
+    mapper = UpdateMapper(out)
+    diff = {"type": "diff", "path": "/w/a.py", "oldText": "x\n", "newText": "y\n"}
+    text = {"type": "content", "content": {"type": "text", "text": "t"}}
+    for content in ([diff], [diff, text], [diff, text], [{**diff, "newText": "z\n"}]):
+        await mapper.apply(_raw({"sessionUpdate": "tool_call_update", "toolCallId": "c1", "content": content}))
+    assert calls == [("x\n", "y\n"), ("x\n", "z\n")]
+    diffs = [p for p in out.parts if isinstance(p, DiffPart)]
+    assert len(diffs) == 1 and diffs[0].hunks[0]["lines"] == ["-x", "+z"]
+
+
+def test_a_small_edit_of_a_big_file_is_a_small_hunk() -> None:
+    old = "\n".join("}" if i % 3 == 0 else f"x = {i % 50}" for i in range(16_000))
+    new = old.replace("x = 7\n", "x = seven\n", 1)
+    hunks = diff_hunks(old, new)
+    assert len(hunks) == 1 and len(hunks[0]["lines"]) == 8  # 3 + 3 context lines, - and +
+    assert hunks[0]["oldStart"] == hunks[0]["newStart"] == 5 and hunks[0]["oldLines"] == 7
+    assert _apply_hunks(old, hunks) == new.splitlines()
+
+
+async def test_a_diff_past_the_line_pair_limit_is_one_hunk_off_the_event_loop(monkeypatch: pytest.MonkeyPatch) -> None:
+    # many repeated lines: difflib's worst case (the reviewer's file took 23 s)
+    old_lines = ["}" if i % 3 == 0 else f"x = {i % 50}" for i in range(6_300)]
+    new_lines = ["}" if i % 3 == 0 else f"x = {(i * 7) % 50}" for i in range(6_300)]
+    old = "\n".join(["head"] * 5 + old_lines + ["tail"] * 5)
+    new = "\n".join(["head"] * 5 + new_lines + ["tail"] * 5)
+    threads: list[str] = []
+    real = mapping.diff_hunks
+
+    def recording(old: str, new: str, context: int = 3) -> list[dict[str, Any]]:
+        threads.append(threading.current_thread().name)
+        return real(old, new, context)
+
+    monkeypatch.setattr(mapping, "diff_hunks", recording)
+    with anyio.fail_after(60):
+        hunks = await mapping.diff_hunks_async(old, new)
+    assert threads and threads[0] != threading.main_thread().name
+    assert len(hunks) == 1
+    changed = hunks[0]
+    assert (changed["oldStart"], changed["newStart"]) == (7, 7)  # the unchanged head stays out
+    assert changed["oldLines"] < 6_300 and changed["lines"][0].startswith("-")
+    assert _apply_hunks(old, hunks) == new.splitlines()
+    assert await mapping.diff_hunks_async("a\n", "b\n") == [
+        {"oldStart": 1, "oldLines": 1, "newStart": 1, "newLines": 1, "lines": ["-a", "+b"]}
+    ]
+    assert threads[-1] == threading.main_thread().name  # a small diff stays on the loop
+
+
+@settings(max_examples=200, deadline=None)
+@given(st.lists(st.sampled_from(["a", "b", "c", "d", ""]), max_size=30),
+       st.lists(st.sampled_from(["a", "b", "c", "e", ""]), max_size=30))
+def test_capped_diff_hunks_still_turn_the_old_text_into_the_new(old: list[str], new: list[str]) -> None:
+    old_text, new_text = "\n".join(old), "\n".join(new)
+    saved = mapping.MAX_DIFF_LINE_PAIRS
+    mapping.MAX_DIFF_LINE_PAIRS = 4  # hypothesis forbids function-scoped fixtures here
+    try:
+        hunks = diff_hunks(old_text, new_text)
+    finally:
+        mapping.MAX_DIFF_LINE_PAIRS = saved
+    assert _apply_hunks(old_text, hunks) == new_text.splitlines()
 
 
 # ---- fs confinement --------------------------------------------------------------------

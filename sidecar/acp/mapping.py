@@ -27,6 +27,7 @@ import difflib
 import logging
 from typing import Any, Protocol
 
+import anyio
 import msgspec
 
 from protocol.events import (
@@ -56,13 +57,20 @@ from sidecar.acp.types import (
     ToolCallFields,
     ToolCallProgress,
     ToolCallStart,
+    UnknownUpdate,
     decode_update,
 )
 
 log = logging.getLogger(__name__)
 
 MAX_DIFF_CHARS = 2_000_000
-"""Above this (old + new text) a diff is one hunk replacing everything: difflib is quadratic."""
+"""Above this (old + new text) a diff is one hunk replacing the changed range."""
+MAX_DIFF_LINE_PAIRS = 2_000_000
+"""Above this (old lines x new lines, once the common head and tail are cut) a diff is one
+hunk replacing the changed range: difflib's worst case (many repeated lines) grows about
+cubically, measured ~0.3 s at 1,500 x 1,500 lines, ~23 s at 6,300 x 6,300."""
+THREAD_DIFF_LINE_PAIRS = 50_000
+"""Above this a diff runs in a worker thread so the event loop is never held by it."""
 FINAL_TOOL_STATUSES = ("completed", "failed")
 _json = msgspec.json.Encoder()
 
@@ -89,7 +97,19 @@ class Output(Protocol):
 
 
 class _Tool:
-    __slots__ = ("id", "name", "kind", "input", "use_index", "result_index", "diffs", "content", "raw_output", "status")
+    __slots__ = (
+        "content",
+        "diff_texts",
+        "diffs",
+        "id",
+        "input",
+        "kind",
+        "name",
+        "raw_output",
+        "result_index",
+        "status",
+        "use_index",
+    )
 
     def __init__(self, call_id: str) -> None:
         self.id = call_id
@@ -99,6 +119,8 @@ class _Tool:
         self.use_index = -1
         self.result_index = -1
         self.diffs: dict[str, int] = {}
+        self.diff_texts: dict[str, tuple[str, str]] = {}
+        """The (old, new) texts each path's DiffPart was made from: a resend is not re-diffed."""
         self.content: list[Any] = []
         self.raw_output: Any = msgspec.UNSET
         self.status: str | None = None
@@ -142,8 +164,10 @@ class UpdateMapper:
             elif isinstance(update, ContextUsageUpdate):
                 kind = "usage_update"
                 await self._usage(update)
-            else:
+            elif isinstance(update, UnknownUpdate):
                 kind = update.kind
+            else:  # a known kind kept raw only (user_message_chunk): its tag names it
+                kind = type(update).__struct_config__.tag
         except Exception:  # an update must never end the turn; it stays in raw
             log.exception("could not map a %s update", kind)
         self.kinds[kind] = self.kinds.get(kind, 0) + 1
@@ -213,8 +237,11 @@ class UpdateMapper:
                 continue
             old = item.get("oldText") if isinstance(item.get("oldText"), str) else ""
             new = item.get("newText") if isinstance(item.get("newText"), str) else ""
-            part = DiffPart(file_path=item["path"], hunks=diff_hunks(old, new))
             index = tool.diffs.get(item["path"])
+            if index is not None and tool.diff_texts.get(item["path"]) == (old, new):
+                continue
+            tool.diff_texts[item["path"]] = (old, new)
+            part = DiffPart(file_path=item["path"], hunks=await diff_hunks_async(old, new))
             if index is None:
                 tool.diffs[item["path"]] = await self._out.add_part(part)
             else:
@@ -272,16 +299,42 @@ class UpdateMapper:
         await self._out.emit(UsageEvent, usage=usage)
 
 
+async def diff_hunks_async(old: str, new: str) -> list[dict[str, Any]]:
+    """``diff_hunks`` off the event loop when it may take more than a moment."""
+    if old.count("\n") * new.count("\n") <= THREAD_DIFF_LINE_PAIRS:
+        return diff_hunks(old, new)
+    # abandoned on cancel: the thread's work is bounded by MAX_DIFF_LINE_PAIRS
+    return await anyio.to_thread.run_sync(diff_hunks, old, new, abandon_on_cancel=True)
+
+
 def diff_hunks(old: str, new: str, context: int = 3) -> list[dict[str, Any]]:
     """Unified-diff hunks: ``{oldStart, oldLines, newStart, newLines, lines}`` where each line
     starts with ``' '``, ``'-'`` or ``'+'`` (the shape of jsdiff's structuredPatch)."""
+    if old == new:
+        return []
     a = old.splitlines()
     b = new.splitlines()
-    if len(old) + len(new) > MAX_DIFF_CHARS:
-        return [_hunk(0, len(a), 0, len(b), [f"-{x}" for x in a] + [f"+{x}" for x in b])]
+    # the common head and tail are cut (but for the context lines a hunk shows), so a small
+    # edit of a big file costs what the edit costs
+    head = 0
+    for x, y in zip(a, b):
+        if x != y:
+            break
+        head += 1
+    tail = 0
+    for x, y in zip(reversed(a[head:]), reversed(b[head:])):
+        if x != y:
+            break
+        tail += 1
+    if len(old) + len(new) > MAX_DIFF_CHARS or (len(a) - head - tail) * (len(b) - head - tail) > MAX_DIFF_LINE_PAIRS:
+        changed_a, changed_b = a[head : len(a) - tail], b[head : len(b) - tail]
+        return [_hunk(head, len(changed_a), head, len(changed_b), [f"-{x}" for x in changed_a] + [f"+{x}" for x in changed_b])]
+    start = max(0, head - context)
+    skip_tail = max(0, tail - context)
     hunks: list[dict[str, Any]] = []
-    matcher = difflib.SequenceMatcher(None, a, b, autojunk=False)
+    matcher = difflib.SequenceMatcher(None, a[start : len(a) - skip_tail], b[start : len(b) - skip_tail], autojunk=False)
     for group in matcher.get_grouped_opcodes(context):
+        group = [(tag, i1 + start, i2 + start, j1 + start, j2 + start) for tag, i1, i2, j1, j2 in group]
         lines: list[str] = []
         for tag, i1, i2, j1, j2 in group:
             if tag == "equal":
