@@ -31,9 +31,12 @@ waits (bounded) for the abandoned one: prompts on one agent session are serialis
 
 Must stay true (as GenerationHandler): ``stream_start`` is the first event; the last
 throttled state is flushed before the final event; the partial content and raw updates
-are persisted at the settings' interval and at the end; cancellation is re-raised after
-the aborted state is written (shielded, bounded); nothing from the agent fails the turn
-except the agent's own failure.
+are persisted at the settings' interval (a failed write is logged and retried) and at the
+end; every ending runs shielded and bounded (``_end``) and gives exactly one final event
+(an ending that fails falls back to ``error``); cancellation is re-raised after the
+aborted state is written; the ``session/cancel`` cleanup is bounded too (a wedged agent
+cannot hold the stop); nothing from the agent fails the turn except the agent's own
+failure, and a bug or store failure ends it as ``error``, never escaping the job.
 """
 
 from __future__ import annotations
@@ -87,6 +90,8 @@ from sidecar.acp.types import (
     TextResource,
     prompt_usage,
 )
+from sidecar.engine.approvals import ApprovalRequest, pick_option
+from sidecar.engine.generation import internal_failure
 from sidecar.engine.relay import StreamRelay
 from sidecar.engine.reply import ReplyBuilder
 from sidecar.errors import EngineError, ProviderError, SidecarError
@@ -94,6 +99,7 @@ from sidecar.errors import EngineError, ProviderError, SidecarError
 log = logging.getLogger(__name__)
 
 FINALIZE_TIMEOUT_S = 10.0
+FALLBACK_TIMEOUT_S = 3.0
 EMBED_MAX_BYTES = 256 * 1024
 """Text files up to this size are embedded in the prompt when the agent accepts embedded context."""
 FINISH_REASONS = {
@@ -262,15 +268,17 @@ class AcpTurnHandler:
             )
             failure, stop = await self._drive(turn, settings)
         except anyio.get_cancelled_exc_class():
-            with anyio.CancelScope(shield=True), anyio.move_on_after(FINALIZE_TIMEOUT_S):
-                await self._finish(turn, started, "aborted", reason=job.abort_reason)
+            await self._end(turn, started, "aborted", reason=job.abort_reason)
             raise
+        except Exception as exc:  # a store failure or a bug (the task group wraps it)
+            log.exception("ACP turn %s failed", job.message_id)
+            failure, stop = internal_failure(exc, "running the agent turn"), ""
         if failure is not None:
-            await self._finish(turn, started, "error", failure=failure)
+            await self._end(turn, started, "error", failure=failure)
         elif stop == "cancelled":
-            await self._finish(turn, started, "aborted", reason="the agent cancelled the turn")
+            await self._end(turn, started, "aborted", reason="the agent cancelled the turn")
         else:
-            await self._finish(turn, started, "completed", stop=stop)
+            await self._end(turn, started, "completed", stop=stop)
 
     async def _drive(self, turn: _Turn, settings: ChatSettings) -> tuple[SidecarError | None, str]:
         """Run the prompt; returns (failure, stop reason). Cancellation propagates."""
@@ -305,8 +313,10 @@ class AcpTurnHandler:
                 finally:
                     tg.cancel_scope.cancel()
         except anyio.get_cancelled_exc_class():
-            with anyio.CancelScope(shield=True):
-                await self._cancel(conn, agent_sid, turn, config.cancel_timeout_ms / 1000)
+            grace = config.cancel_timeout_ms / 1000
+            # bounded: session/cancel itself can wait on a wedged agent's full write queue
+            with anyio.CancelScope(shield=True), anyio.move_on_after(grace + 1):
+                await self._cancel(conn, agent_sid, turn, grace)
             raise
         finally:
             turn.cancel_permissions()  # a question of a turn that is over has no answer
@@ -498,8 +508,6 @@ class AcpTurnHandler:
         if approvals is None or not options:
             log.warning("engine %s: permission request answered cancelled (no approval flow or no options)", turn.engine_id)
             return RequestPermissionResult(outcome=CancelledOutcome())
-        from sidecar.engine.approvals import ApprovalRequest
-
         name = call.title if isinstance(call.title, str) and call.title else kind
         raw_input = call.raw_input if call.raw_input is not msgspec.UNSET else {}
         arguments = _json.encode(raw_input).decode()
@@ -529,7 +537,7 @@ class AcpTurnHandler:
         decision = await approvals.ask(request, announce=announce)
         if decision.decision == "cancelled":
             return RequestPermissionResult(outcome=CancelledOutcome())
-        option_id = decision.option_id or _pick(options, decision.decision == "approved")
+        option_id = decision.option_id or pick_option(options, decision.decision == "approved", False)
         chosen = next((o for o in options if o.option_id == option_id), None)
         if chosen is None:
             return RequestPermissionResult(outcome=CancelledOutcome())
@@ -543,12 +551,28 @@ class AcpTurnHandler:
 
     async def _persist_loop(self, turn: _Turn, settings: ChatSettings) -> None:
         job = turn.job
-        await self._store.update_partial(job.message_id, text_content="", parts=None, status="streaming", seq=turn.relay.seq)
         interval = max(20, settings.persist_interval_ms) / 1000
+        unwritten = True  # the status becomes streaming at once, before the agent answers
+        failures = 0
         while True:
+            try:
+                if unwritten:
+                    await self._store.update_partial(
+                        job.message_id, text_content="", parts=None, status="streaming", seq=turn.relay.seq
+                    )
+                    unwritten = False
+                elif turn.reply.dirty or turn.mapper.raw_dirty:
+                    await self._write_partial(turn)
+            except SidecarError as exc:
+                # the content stays in memory: the next tick and the final row write it
+                failures += 1
+                log.log(
+                    logging.WARNING if failures == 1 else logging.DEBUG,
+                    "could not store the partial reply %s (%d times): %s", job.message_id, failures, exc.message,
+                )
+                turn.reply.dirty = True
+                turn.mapper.raw_dirty = True
             await anyio.sleep(interval)
-            if turn.reply.dirty or turn.mapper.raw_dirty:
-                await self._write_partial(turn)
 
     async def _write_partial(self, turn: _Turn) -> None:
         snap = turn.reply.snapshot()
@@ -565,6 +589,35 @@ class AcpTurnHandler:
             store.acp.write_raw(job.message_id, acp_id, raw)
 
         await anyio.to_thread.run_sync(write)
+
+    async def _end(
+        self,
+        turn: _Turn,
+        started: float,
+        outcome: str,
+        *,
+        stop: str = "",
+        reason: str | None = None,
+        failure: SidecarError | None = None,
+    ) -> None:
+        """The turn's one ending, shielded (a stop arriving meanwhile waits for it) and
+        bounded; if it fails or runs out of time before its final event, ``error``."""
+        job = turn.job
+        with anyio.CancelScope(shield=True):
+            with anyio.move_on_after(FINALIZE_TIMEOUT_S):
+                try:
+                    await self._finish(turn, started, outcome, stop=stop, reason=reason, failure=failure)
+                except Exception:
+                    log.exception("ending the ACP turn %s failed", job.message_id)
+            if job.outcome is not None:
+                return
+            with anyio.move_on_after(FALLBACK_TIMEOUT_S):
+                try:
+                    await self._finish(
+                        turn, started, "error", failure=SidecarError("internal error while ending the agent turn")
+                    )
+                except Exception:
+                    log.exception("the fallback ending of %s failed too", job.message_id)
 
     async def _finish(
         self,
@@ -620,12 +673,3 @@ class AcpTurnHandler:
             assert failure is not None
             code = int(failure.code) if failure.code != ErrorCode.INTERNAL_ERROR else None
             await relay.emit(ErrorEvent, error=failure.message, code=code)
-
-
-def _pick(options: list[ToolApprovalOption], approved: bool) -> str | None:
-    verb = "allow" if approved else "reject"
-    for kind in (f"{verb}_once", f"{verb}_always"):
-        for option in options:
-            if option.kind == kind:
-                return option.option_id
-    return None

@@ -26,7 +26,6 @@ Public API (``app.approvals``; helper E's ACP bridge builds on it, keep it stabl
     approvals.on_settled["tool"] = resume               # async (session_id, message_id) -> bool
         # called when the last pending call of a message was decided; True = resumed
 
-    await approvals.record(call, decision, actor, note=None)   # an audit row for a call
     await approvals.cancel(session_id, message_id=None, note=...) -> list[ToolCallRecord]
         # pending calls -> cancelled (audited, in-process waiters get "cancelled")
 
@@ -68,7 +67,7 @@ from protocol.params import (
 from sidecar.errors import InvalidParams, NotFound, SidecarError
 from sidecar.store.tools import ToolCallRecord, ToolStore, audit_entry
 
-__all__ = ["ApprovalService", "ApprovalRequest", "Decision", "Policy"]
+__all__ = ["ApprovalService", "ApprovalRequest", "Decision", "Policy", "pick_option"]
 
 Policy = Literal["auto", "ask", "deny"]
 DecisionKind = Literal["approved", "denied", "answered", "cancelled"]
@@ -151,7 +150,7 @@ class ApprovalService:
             decision = Decision(
                 decision="approved" if policy == "auto" else "denied",
                 actor="policy",
-                option_id=_pick_option(request.options, policy == "auto", False),
+                option_id=pick_option(request.options, policy == "auto", False),
             )
             call.state = "done"
             await anyio.to_thread.run_sync(
@@ -189,10 +188,6 @@ class ApprovalService:
         await anyio.to_thread.run_sync(
             lambda: self._store.add_calls(calls, [audit_entry(c, "requested", "system") for c in calls])
         )
-
-    async def record(self, call: ToolCallRecord, decision: str, actor: str, note: str | None = None) -> None:
-        entry = audit_entry(call, decision, actor, note=note)
-        await anyio.to_thread.run_sync(lambda: self._store.add_audit([entry]))
 
     async def cancel(
         self, session_id: str, message_id: str | None = None, *, note: str
@@ -251,7 +246,7 @@ class ApprovalService:
         approved = params.decision == "approved"
         option_id = None
         if call.options:
-            option_id = params.option_id or _pick_option(call.options, approved, params.remember)
+            option_id = params.option_id or pick_option(call.options, approved, params.remember)
             if option_id not in {o.option_id for o in call.options}:
                 raise InvalidParams(f"invalid params: unknown optionId {option_id!r} - at `$.optionId`")
         remember = None
@@ -328,7 +323,7 @@ def _record(request: ApprovalRequest, state: str) -> ToolCallRecord:
     )
 
 
-def _pick_option(options: list[ToolApprovalOption] | None, approved: bool, remember: bool) -> str | None:
+def pick_option(options: list[ToolApprovalOption] | None, approved: bool, remember: bool) -> str | None:
     """The ACP option matching a decision: allow/reject, once/always (falls back across)."""
     if not options:
         return None

@@ -13,6 +13,12 @@ After a successful first exchange the session is titled by a side call (settings
 ``generateTitles``); every finished job sends ``chat:session:updated`` with the fresh
 session (counters, title) so session lists stay current.
 
+Stopping is bounded: a job that does not end within STOP_TIMEOUT_S makes the request
+that needed it fail with BUSY (nothing is written), so a session never runs two jobs.
+Deleting a session: the delete hook (``stop_session``) stops its job and marks the session
+as being deleted until the delete is over; sends, regenerates, edits and resumes on it are
+refused meanwhile (NOT_FOUND). Per-session locks exist only while in use.
+
 Paused replies (tool calls waiting for approval, see generation.py): a paused reply holds
 no job slot. ``resume`` (called by the ApprovalService when the last pending call of a
 reply is decided) starts a job that continues it. A new send, regenerate or edit on the
@@ -45,7 +51,8 @@ from protocol.types import MessageV2, SessionV2
 from sidecar.engine.generation import GenerationHandler, GenerationJob
 from sidecar.engine.titles import TitleGenerator
 from sidecar.engine.turns import Turn, TurnWriter
-from sidecar.errors import SidecarError
+from sidecar.errors import NotFound, SidecarError
+from sidecar.pipeline.locks import KeyedLocks
 
 log = logging.getLogger(__name__)
 
@@ -79,8 +86,6 @@ class ChatEngine:
     ) -> None:
         self._store = store
         self._notify = notify
-        self._providers = providers
-        self._attachments = attachments
         self._settings = settings
         self._tg = task_group
         self._handler = GenerationHandler(
@@ -100,7 +105,9 @@ class ChatEngine:
         self._turns = TurnWriter(store.sync, attachments)
         self._titles = TitleGenerator(store=store, providers=providers, settings=settings.current)
         self._jobs: dict[str, _RunningJob] = {}
-        self._locks: dict[str, anyio.Lock] = {}
+        self._locks = KeyedLocks()
+        self._deleting: dict[str, int] = {}
+        """Sessions whose delete is in progress (a count: two deletes may overlap)."""
         self._closing = False
 
     # -- methods ---------------------------------------------------------------------
@@ -121,10 +128,10 @@ class ChatEngine:
         worker-thread hop (the common case, on the way to the first delta). None when the
         session is busy: then the two-hop path checks before it stops anything."""
         session_id = params.session_id
-        lock = self._lock(session_id)
-        if session_id in self._jobs or lock.locked() or not self._handler.is_idle(session_id):
+        if session_id in self._jobs or self._locks.locked(session_id) or not self._handler.is_idle(session_id):
             return None
-        async with lock:
+        async with self._locks.hold(session_id):
+            self._check_not_deleting(session_id)
             if session_id in self._jobs or not self._handler.is_idle(session_id):
                 return None
             acp_ok = self._acp is not None
@@ -142,7 +149,7 @@ class ChatEngine:
 
     async def abort(self, params: AbortParams) -> SuccessResult:
         await self._store.get_session(params.session_id)  # NotFound for unknown ids
-        async with self._lock(params.session_id):
+        async with self._locks.hold(params.session_id):
             stopped = await self._stop(params.session_id, "aborted by the user")
         return SuccessResult(success=stopped)
 
@@ -166,7 +173,9 @@ class ChatEngine:
         """Continue a paused reply whose calls are all decided; False if there is none."""
         if self._closing:
             return False
-        async with self._lock(session_id):
+        async with self._locks.hold(session_id):
+            if session_id in self._deleting:
+                return False
             running = self._jobs.get(session_id)
             if running is not None:
                 if running.job.message_id != message_id:
@@ -227,36 +236,60 @@ class ChatEngine:
             seq=relay.seq,
         )
 
-    async def stop_session(self, session_id: str, reason: str) -> None:
-        """Stop a session's job (used before the session is deleted)."""
-        async with self._lock(session_id):
-            await self._stop(session_id, reason)
+    async def stop_session(self, session_id: str, reason: str) -> Callable[[], None]:
+        """The delete hook: stop the session's job and refuse new ones until the returned
+        callable is called (SessionService calls it once the delete is over, done or not).
+        BUSY (and no mark left) when the job does not stop in time."""
+        async with self._locks.hold(session_id):
+            self._deleting[session_id] = self._deleting.get(session_id, 0) + 1
+            try:
+                await self._stop(session_id, reason)
+            except BaseException:
+                self._unmark_deleting(session_id)
+                raise
+        return lambda: self._unmark_deleting(session_id)
+
+    def _unmark_deleting(self, session_id: str) -> None:
+        count = self._deleting.get(session_id, 0) - 1
+        if count > 0:
+            self._deleting[session_id] = count
+            return
+        self._deleting.pop(session_id, None)
+        self._handler.forget_session(session_id)
 
     async def aclose(self) -> None:
-        """Abort every running job (their partial replies are stored as aborted)."""
+        """Abort every running job (their partial replies are stored as aborted): all are
+        cancelled first, then awaited together, bounded."""
         self._closing = True
-        for session_id in list(self._jobs):
-            await self._stop(session_id, "the sidecar is shutting down")
+        running = list(self._jobs.values())
+        for job in running:
+            job.job.abort_reason = "the sidecar is shutting down"
+            job.scope.cancel()
+        with anyio.move_on_after(STOP_TIMEOUT_S):
+            for job in running:
+                await job.done.wait()
+        stuck = sum(not job.done.is_set() for job in running)
+        if stuck:
+            log.warning("%d replies did not stop within %.0f s at shutdown", stuck, STOP_TIMEOUT_S)
         self._tg.cancel_scope.cancel()  # side tasks (titles) are not worth waiting for
 
     # -- internals -------------------------------------------------------------------
 
-    def _lock(self, session_id: str) -> anyio.Lock:
-        lock = self._locks.get(session_id)
-        if lock is None:
-            lock = self._locks[session_id] = anyio.Lock()
-        return lock
-
     def _check_open(self) -> None:
         if self._closing:
             raise SidecarError("the sidecar is shutting down", code=ErrorCode.BUSY)
+
+    def _check_not_deleting(self, session_id: str) -> None:
+        if session_id in self._deleting:
+            raise NotFound(f"session {session_id!r} is being deleted")
 
     async def _begin(
         self, turn: Turn, reason: str, *, after_active_leaf: bool
     ) -> tuple[MessageV2 | None, MessageV2]:
         """Stop the session's job, store the turn, start generating its reply."""
         session_id = turn.session.id
-        async with self._lock(session_id):
+        async with self._locks.hold(session_id):
+            self._check_not_deleting(session_id)
             await self._stop(session_id, reason)
             user, reply = await anyio.to_thread.run_sync(
                 lambda: self._turns.write(turn, after_active_leaf=after_active_leaf)
@@ -322,6 +355,8 @@ class ChatEngine:
             await self._notify("chat:session:updated", updated)
 
     async def _stop(self, session_id: str, reason: str) -> bool:
+        """Stop the session's job and close its paused replies; True if there was any.
+        BUSY when the job does not end within STOP_TIMEOUT_S (the caller writes nothing)."""
         running = self._jobs.get(session_id)
         stopped = False
         if running is not None:
@@ -329,6 +364,8 @@ class ChatEngine:
             running.scope.cancel()
             with anyio.move_on_after(STOP_TIMEOUT_S):
                 await running.done.wait()
+            if not running.done.is_set():
+                raise SidecarError("the previous reply of this session did not stop in time", code=ErrorCode.BUSY)
             stopped = True
         if not self._closing:  # at shutdown a paused reply stays paused (it survives restarts)
             try:

@@ -48,8 +48,7 @@ class ContextService:
     async def get_context(self, params: ContextGetParams) -> SessionContextInfo:
         session = await self._store.get_session(params.session_id)
         profile = await anyio.to_thread.run_sync(self._builder.profiles.for_session, session.id)
-        leaf = await anyio.to_thread.run_sync(self._builder.profiles.context.active_leaf, session.id)
-        summary, valid = await self._builder.context.valid_summary(session.id, leaf)
+        summary, valid = await self._builder.context.valid_summary(session.id, session.active_leaf_id)
         return SessionContextInfo(
             session_id=session.id,
             assistant_id=profile.assistant.id,
@@ -90,7 +89,7 @@ class ContextService:
         if session.mode != "direct":
             raise EngineError("only direct-mode sessions have a rolling context (ACP engines keep their own)")
         profile = await anyio.to_thread.run_sync(self._builder.profiles.for_session, session.id)
-        leaf = await anyio.to_thread.run_sync(self._builder.profiles.context.active_leaf, session.id)
+        leaf = session.active_leaf_id
         if leaf is None:
             raise EngineError("the session has no messages to compact")
         try:

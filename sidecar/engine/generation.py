@@ -21,10 +21,15 @@ Must stay true (seed 000 section 9 and its invariants, DESIGN.md section 4):
 - a pending call never runs: only calls moved ``approved -> running`` by a conditional
   store update are executed;
 - cancellation propagates into running tools (a command is killed); the aborted state,
-  with a "cancelled" result for every call that had not finished, is written in a
-  shielded, bounded scope, and the cancellation is re-raised;
+  with a "cancelled" result for every call that had not finished, is written and the
+  cancellation is re-raised;
+- every ending (completed, error, aborted, paused) runs in one shielded, bounded scope
+  (``_end``): a stop that arrives while a reply is finishing waits for it; a reply gets
+  exactly one final event and its final row (an ending that fails or runs out of time
+  falls back to ``error`` with the content so far);
 - the last throttled state is flushed (events and database) before the final event;
-- a provider/store failure ends this reply with ``error`` and never escapes the job;
+- a provider/store failure, or a bug, ends this reply with ``error`` and never escapes the
+  job; a failed partial write is logged and retried at the next tick;
 - nothing already received from the provider is lost: partial text stays in the message.
 
 The paused state and restarts: crash recovery (Store.recover_interrupted) only touches
@@ -86,8 +91,12 @@ from sidecar.tools.registry import CheckedCall, ToolRegistry
 log = logging.getLogger(__name__)
 
 FINALIZE_TIMEOUT_S = 10.0
+FALLBACK_TIMEOUT_S = 3.0
+"""What is left for the fallback ending when the first one failed (both stay under
+ChatEngine's STOP_TIMEOUT_S, so a stop waits for the ending instead of giving up)."""
 MAX_STEPS = 256
 PAUSED = "paused"
+ABORTED = "aborted"
 CANCELLED_NOTE = "cancelled: the generation was stopped before this tool call finished"
 INTERRUPTED_NOTE = "cancelled: the sidecar stopped while this tool call was running; it may or may not have completed"
 SUPERSEDED_NOTE = "not run: the user moved on before deciding (superseded by a newer message or aborted)"
@@ -144,6 +153,9 @@ class GenerationHandler:
         self._paused: set[str] | None = None
         """Sessions that may hold a paused reply (loaded once, then kept here), so a send on
         a session without one costs no extra database hop."""
+        self._paused_usage: dict[str, Usage] = {}
+        """Usage of the steps before a pause, by message id, until the reply resumes or is
+        closed (ToolStore.pause_message does not store usage yet; lost on a restart)."""
 
     async def run(self, job: GenerationJob) -> None:
         settings = self._settings()
@@ -157,11 +169,15 @@ class GenerationHandler:
         )
         if job.resume is not None:
             reply.restore(job.resume)
+            carried = self._paused_usage.pop(job.message_id, None)
+            if reply.usage is None:
+                reply.usage = carried
             relay.seq = job.resume.seq or 0
             job.has_run = True
         job.live = (reply, relay)
         started = time.monotonic()
         model_id = job.model_id
+        result: SidecarError | str | None
         try:
             if job.resume is None:
                 await relay.emit(
@@ -179,15 +195,13 @@ class GenerationHandler:
                     relay.close()
                     tg.cancel_scope.cancel()
         except anyio.get_cancelled_exc_class():
-            with anyio.CancelScope(shield=True), anyio.move_on_after(FINALIZE_TIMEOUT_S):
-                await self._finish_aborted(job, relay, reply, started, model_id)
+            await self._end(job, relay, reply, started, model_id, ABORTED)
             raise
-        if result == PAUSED:
-            await self._pause(job, relay, reply)
-        elif result is None:
-            await self._finish_completed(job, relay, reply, started, model_id)
-        else:
-            await self._finish_error(job, relay, reply, started, model_id, result)
+        except Exception as exc:  # a store failure in the tool loop, or a bug (the task group wraps it)
+            log.exception("generation of %s failed", job.message_id)
+            await self._end(job, relay, reply, started, model_id, internal_failure(exc, "generating"), close_calls=True)
+            return
+        await self._end(job, relay, reply, started, model_id, result)
 
     # -- the step loop ---------------------------------------------------------------
 
@@ -231,7 +245,7 @@ class GenerationHandler:
             if not reply.unanswered_calls():
                 return None
             if job.steps >= MAX_STEPS:
-                await self._close_calls(job, relay, reply, LIMIT_NOTE)
+                await self._close_calls(job, reply, LIMIT_NOTE, relay)
                 return SidecarError(
                     f"stopped: the generation reached its limit of {MAX_STEPS} model/tool steps "
                     "and its last tool calls were not run",
@@ -359,14 +373,15 @@ class GenerationHandler:
         calls = reply.unanswered_calls()
         await self._ensure_run(job)
         known = {c.tool_call_id: c for c in await self._db(self._tool_store.calls, job.message_id)}
+        # schema validation (jsonschema, imported on first use) can take a while: not on the loop
+        checks = await anyio.to_thread.run_sync(lambda: [registry.check(c.name, c.arguments) for c in calls])
         results: dict[str, ToolOutput] = {}
         runnable: list[tuple[ToolCall, CheckedCall]] = []
         to_ask: list[ApprovalRequest] = []
         new_rows: list[ToolCallRecord] = []
         audits = []
-        for call in calls:
+        for call, checked in zip(calls, checks):
             record = known.get(call.id)
-            checked = registry.check(call.name, call.arguments)
             if record is None:
                 row = ToolCallRecord(
                     message_id=job.message_id, tool_call_id=call.id, session_id=job.session.id,
@@ -424,7 +439,7 @@ class GenerationHandler:
         for call in calls:  # results in call order, whatever order they finished in
             output = results.get(call.id)
             if output is not None:
-                await self._add_result(job, relay, reply, call.id, output, known)
+                await self._add_result(job, relay, reply, call.id, output)
         if to_ask:
             for request in to_ask:
                 await relay.emit(
@@ -468,7 +483,6 @@ class GenerationHandler:
         reply: ReplyBuilder,
         call_id: str,
         output: ToolOutput,
-        known: dict[str, ToolCallRecord],
     ) -> None:
         reply.add_tool_result(call_id, output.text, output.is_error)
         await self._db(
@@ -482,8 +496,11 @@ class GenerationHandler:
             tool_result=StreamToolResult(tool_call_id=call_id, output=output.text, is_error=output.is_error),
         )
 
-    async def _close_calls(self, job: GenerationJob, relay: StreamRelay, reply: ReplyBuilder, note: str) -> None:
-        """Every unanswered call gets an error result ``note`` and ends ``cancelled``."""
+    async def _close_calls(
+        self, job: GenerationJob, reply: ReplyBuilder, note: str, relay: StreamRelay | None = None
+    ) -> None:
+        """Every unanswered call gets an error result ``note`` and ends ``cancelled`` (with a
+        ``tool_result`` event when ``relay`` is given), so the stored reply stays a valid history."""
         for call in reply.unanswered_calls():
             reply.add_tool_result(call.id, note, True)
             if job.has_run:
@@ -494,9 +511,10 @@ class GenerationHandler:
                         to_state="cancelled",
                     )
                 )
-            await relay.emit(
-                ToolResultEvent, tool_result=StreamToolResult(tool_call_id=call.id, output=note, is_error=True)
-            )
+            if relay is not None:
+                await relay.emit(
+                    ToolResultEvent, tool_result=StreamToolResult(tool_call_id=call.id, output=note, is_error=True)
+                )
 
     async def _ensure_run(self, job: GenerationJob) -> None:
         if job.has_run:
@@ -516,15 +534,16 @@ class GenerationHandler:
     async def _pause(self, job: GenerationJob, relay: StreamRelay, reply: ReplyBuilder) -> None:
         await relay.flush()
         snap = reply.snapshot()
-        try:
-            await self._db(
-                lambda: self._tool_store.pause_message(
-                    job.message_id, text_content=snap.text_content, parts=snap.parts,
-                    tool_calls=snap.tool_calls, seq=relay.seq, steps=job.steps,
-                )
+        # a failure here raises: _end then ends the reply as an error instead of leaving it
+        # streaming while the session is counted as holding a paused reply
+        await self._db(
+            lambda: self._tool_store.pause_message(
+                job.message_id, text_content=snap.text_content, parts=snap.parts,
+                tool_calls=snap.tool_calls, seq=relay.seq, steps=job.steps,
             )
-        except SidecarError:
-            log.exception("could not store the paused state of %s", job.message_id)
+        )
+        if reply.usage is not None:
+            self._paused_usage[job.message_id] = reply.usage
         if self._paused is not None:
             self._paused.add(job.session.id)
         job.outcome = PAUSED
@@ -533,51 +552,56 @@ class GenerationHandler:
         """True when the session is known to have no paused reply (no database read)."""
         return self._paused is not None and session_id not in self._paused
 
+    def forget_session(self, session_id: str) -> None:
+        """Drop what is kept per session once the session is deleted."""
+        if self._paused is not None:
+            self._paused.discard(session_id)
+        self._requests.context.forget(session_id)
+
     async def close_paused(self, session_id: str, reason: str) -> bool:
         """End the session's paused replies as ``aborted``: pending calls are cancelled and
-        get a "not run" result; an ``aborted`` event closes each reply's stream."""
+        get a "not run" result; an ``aborted`` event closes each reply's stream.
+
+        The work is shielded and bounded; the session counts as idle only once every one
+        of its paused replies is closed (a failure leaves it to the next call)."""
         if self._paused is None:
             runs = await self._db(lambda: self._tool_store.runs(state="paused"))
             self._paused = {r.session_id for r in runs}
         if session_id not in self._paused:
             return False
-        runs = await self._db(lambda: self._tool_store.runs(session_id=session_id, state="paused"))
-        self._paused.discard(session_id)
         closed = False
-        for run in runs:
-            if self._approvals is not None:
-                await self._approvals.cancel(session_id, run.message_id, note=reason)
-            message = await self._db(self._tool_store.reopen_message, run.message_id)
-            if message is None:
-                continue
-            reply = ReplyBuilder()
-            reply.restore(message)
-            relay = StreamRelay(self._notify, session_id, run.message_id, coalesce_s=0)
-            relay.seq = message.seq or 0
-            job = GenerationJob(
-                session=await self._store.get_session(session_id), message_id=run.message_id,
-                parent_id=message.parent_id or "", provider_id=run.provider_id, model_id=run.model_id,
-                has_run=True,
-            )
-            for call in reply.unanswered_calls():
-                reply.add_tool_result(call.id, SUPERSEDED_NOTE, True)
-                await self._db(
-                    lambda c=call: self._tool_store.transition(
-                        run.message_id, c.id,
-                        from_states={"pending", "approved", "denied", "answered", "running"},
-                        to_state="cancelled",
-                    )
-                )
-            snap = reply.snapshot()
-            await self._store.finish_message(
-                run.message_id, status="aborted", text_content=snap.text_content, parts=snap.parts,
-                tool_calls=snap.tool_calls, seq=relay.seq + 1,
-            )
-            await self._db(lambda: self._tool_store.set_run(run.message_id, state="done"))
-            job.outcome = "aborted"
-            await relay.emit(AbortedEvent, reason=reason)
-            closed = True
+        with anyio.CancelScope(shield=True), anyio.move_on_after(FINALIZE_TIMEOUT_S):
+            runs = await self._db(lambda: self._tool_store.runs(session_id=session_id, state="paused"))
+            for run in runs:
+                closed = await self._close_paused_run(session_id, run, reason) or closed
+            self._paused.discard(session_id)
         return closed
+
+    async def _close_paused_run(self, session_id: str, run: ToolRun, reason: str) -> bool:
+        if self._approvals is not None:
+            await self._approvals.cancel(session_id, run.message_id, note=reason)
+        message = await self._db(self._tool_store.reopen_message, run.message_id)
+        if message is None:
+            return False
+        reply = ReplyBuilder()
+        reply.restore(message)
+        relay = StreamRelay(self._notify, session_id, run.message_id, coalesce_s=0)
+        relay.seq = message.seq or 0
+        job = GenerationJob(
+            session=await self._store.get_session(session_id), message_id=run.message_id,
+            parent_id=message.parent_id or "", provider_id=run.provider_id, model_id=run.model_id,
+            has_run=True,
+        )
+        await self._close_calls(job, reply, SUPERSEDED_NOTE)
+        snap = reply.snapshot()
+        await self._store.finish_message(
+            run.message_id, status="aborted", text_content=snap.text_content, parts=snap.parts,
+            tool_calls=snap.tool_calls, usage=self._paused_usage.pop(run.message_id, None), seq=relay.seq + 1,
+        )
+        await self._db(lambda: self._tool_store.set_run(run.message_id, state="done"))
+        job.outcome = ABORTED
+        await relay.emit(AbortedEvent, reason=reason)
+        return True
 
     # -- persistence -------------------------------------------------------------------
 
@@ -589,20 +613,74 @@ class GenerationHandler:
         # aborted reply, and a live reply's status is overlaid by ChatEngine.overlay_live
         unwritten = job.resume is None
         interval = max(20, settings.persist_interval_ms) / 1000
+        failures = 0
         while True:
             await anyio.sleep(interval)
             if reply.dirty or unwritten:
-                unwritten = False
                 snap = reply.snapshot()
-                await self._store.update_partial(
-                    job.message_id,
-                    text_content=snap.text_content,
-                    parts=snap.parts,
-                    status="streaming",
-                    seq=relay.seq,
-                )
+                try:
+                    await self._store.update_partial(
+                        job.message_id,
+                        text_content=snap.text_content,
+                        parts=snap.parts,
+                        status="streaming",
+                        seq=relay.seq,
+                    )
+                except SidecarError as exc:
+                    # a busy or failing database must not end the reply: the content stays in
+                    # memory, the next tick tries again and the final row is written anyway
+                    failures += 1
+                    log.log(
+                        logging.WARNING if failures == 1 else logging.DEBUG,
+                        "could not store the partial reply %s (%d times): %s", job.message_id, failures, exc.message,
+                    )
+                    reply.dirty = True
+                    continue
+                unwritten = False
 
     # -- endings ---------------------------------------------------------------------
+
+    async def _end(
+        self,
+        job: GenerationJob,
+        relay: StreamRelay,
+        reply: ReplyBuilder,
+        started: float,
+        model_id: str,
+        result: SidecarError | str | None,
+        *,
+        close_calls: bool = False,
+    ) -> None:
+        """The reply's one ending: ``result`` is None (completed), PAUSED, ABORTED or the
+        failure (``close_calls``: a failure that may have left tool calls open).
+
+        Shielded: a stop that arrives meanwhile (an abort, a newer send) waits for it, so the
+        row is never left ``streaming`` without a final event. Bounded: when the ending
+        fails or runs out of time before its final event, the reply ends as ``error`` with
+        the content it has (calls still open are closed)."""
+        with anyio.CancelScope(shield=True):
+            with anyio.move_on_after(FINALIZE_TIMEOUT_S):
+                try:
+                    if result == ABORTED:
+                        await self._finish_aborted(job, relay, reply, started, model_id)
+                    elif result == PAUSED:
+                        await self._pause(job, relay, reply)
+                    elif isinstance(result, SidecarError):
+                        await self._finish_error(job, relay, reply, started, model_id, result, close_calls=close_calls)
+                    else:
+                        await self._finish_completed(job, relay, reply, started, model_id)
+                except Exception:
+                    log.exception("ending the reply %s failed", job.message_id)
+            if job.outcome is not None:
+                return
+            with anyio.move_on_after(FALLBACK_TIMEOUT_S):
+                try:
+                    await self._finish_error(
+                        job, relay, reply, started, model_id,
+                        SidecarError("internal error while ending the reply"), close_calls=True,
+                    )
+                except Exception:
+                    log.exception("the fallback ending of %s failed too", job.message_id)
 
     async def _finish_completed(
         self, job: GenerationJob, relay: StreamRelay, reply: ReplyBuilder, started: float, model_id: str
@@ -613,11 +691,14 @@ class GenerationHandler:
             await relay.emit(UsageEvent, usage=usage)
         # finish processing (think tags closed, base64 images to files, output regex rules)
         snap = await self._requests.output.finish(job.session, reply.snapshot())
-        await self._store_final(job, relay, reply, snap, started, model_id, "completed")
-        cost = await self._providers.cost(job.provider_id, model_id, usage)
-        await self._store.add_session_usage(
-            job.session.id, usage.input_tokens + usage.output_tokens, cost
-        )
+        # the cost first: the final row and the session's counters are then written back
+        # to back, with no other await between them
+        try:
+            cost = await self._providers.cost(job.provider_id, model_id, usage)
+        except SidecarError as exc:
+            log.warning("no cost for the reply %s: %s", job.message_id, exc.message)
+            cost = 0.0
+        await self._store_final(job, relay, reply, snap, started, model_id, "completed", cost=cost)
         job.outcome = "completed"
         await relay.emit(StreamEndEvent, finish_reason=_finish_reason(reply), usage=reply.usage)
 
@@ -629,9 +710,16 @@ class GenerationHandler:
         started: float,
         model_id: str,
         failure: SidecarError,
+        *,
+        close_calls: bool = False,
     ) -> None:
+        """``close_calls``: the failure may have left tool calls open (not a model step's
+        own failure): pending ones are cancelled and unanswered ones get a result."""
+        relay.close()
         await relay.flush()
         try:
+            if close_calls:
+                await self._cancel_open_calls(job, reply)
             await self._store_final(
                 job, relay, reply, reply.snapshot(), started, model_id, "error", error=failure.message
             )
@@ -647,26 +735,19 @@ class GenerationHandler:
         relay.close()
         await relay.flush()
         try:
-            if job.has_run and self._approvals is not None:
-                # calls stored pending just before the stop must not stay open
-                await self._approvals.cancel(job.session.id, job.message_id, note=CANCELLED_NOTE)
-            # calls that were running (their tasks are cancelled, commands killed) or not
-            # started get a "cancelled" result, so the stored reply stays a valid history
-            for call in reply.unanswered_calls():
-                reply.add_tool_result(call.id, CANCELLED_NOTE, True)
-                if job.has_run:
-                    await self._db(
-                        lambda c=call: self._tool_store.transition(
-                            job.message_id, c.id,
-                            from_states={"approved", "denied", "answered", "running"},
-                            to_state="cancelled",
-                        )
-                    )
-            await self._store_final(job, relay, reply, reply.snapshot(), started, model_id, "aborted")
+            await self._cancel_open_calls(job, reply)
+            await self._store_final(job, relay, reply, reply.snapshot(), started, model_id, ABORTED)
         except SidecarError:
             log.exception("could not store the aborted state of %s", job.message_id)
-        job.outcome = "aborted"
+        job.outcome = ABORTED
         await relay.emit(AbortedEvent, reason=job.abort_reason)
+
+    async def _cancel_open_calls(self, job: GenerationJob, reply: ReplyBuilder) -> None:
+        if job.has_run and self._approvals is not None:
+            # calls stored pending just before the stop must not stay open
+            await self._approvals.cancel(job.session.id, job.message_id, note=CANCELLED_NOTE)
+        # calls that were running (their tasks are cancelled, commands killed) or not started
+        await self._close_calls(job, reply, CANCELLED_NOTE)
 
     async def _store_final(
         self,
@@ -679,8 +760,10 @@ class GenerationHandler:
         status: str,
         *,
         error: str | None = None,
+        cost: float | None = None,
     ) -> None:
-        """The reply's final row (its last event, the final one, is ``relay.seq + 1``)."""
+        """The reply's final row (its last event, the final one, is ``relay.seq + 1``);
+        with ``cost``, the session's token and cost counters right after it."""
         await self._store.finish_message(
             job.message_id,
             status=status,
@@ -693,11 +776,27 @@ class GenerationHandler:
             error=error,
             seq=relay.seq + 1,
         )
+        if cost is not None:
+            usage = reply.usage or Usage()
+            try:
+                await self._store.add_session_usage(job.session.id, usage.input_tokens + usage.output_tokens, cost)
+            except SidecarError:  # the reply is stored: only the session's counters miss it
+                log.exception("could not add the usage of %s to its session", job.message_id)
         await self._end_run(job)
 
     async def _end_run(self, job: GenerationJob) -> None:
         if job.has_run:
             await self._db(lambda: self._tool_store.set_run(job.message_id, state="done", steps=job.steps))
+
+
+def internal_failure(exc: BaseException, doing: str) -> SidecarError:
+    """The failure a reply ends with when ``exc`` escaped its job: a SidecarError (a store
+    failure) as it is, anything else as an internal error naming only its type."""
+    while isinstance(exc, BaseExceptionGroup) and len(exc.exceptions) == 1:
+        exc = exc.exceptions[0]
+    if isinstance(exc, SidecarError):
+        return exc
+    return SidecarError(f"internal error while {doing}: {type(exc).__name__}")
 
 
 def _elapsed_ms(started: float) -> int:

@@ -5,12 +5,19 @@ httpx client per provider configuration, reused across requests and replaced whe
 configuration changes) and the ModelInfo the request builder needs. API keys come from the
 stored key or the named environment variable and never leave this module except inside
 the provider adapter's own headers.
+
+A replaced or deleted provider's client is retired: it is closed once no stream or call
+uses it and RETIRE_GRACE_S have passed (a request resolved just before the change still
+gets to start on it); checked whenever a model is resolved and when a call on it ends.
 """
 
 from __future__ import annotations
 
+import logging
 import os
-from collections.abc import Awaitable, Callable
+import time
+from collections.abc import AsyncGenerator, Awaitable, Callable
+from contextlib import aclosing
 from typing import Any
 
 import anyio
@@ -30,6 +37,42 @@ from sidecar.providers import Provider, create_provider
 from sidecar.providers.types import ModelInfo, ProviderSettings
 from sidecar.store.providers import ProviderRecord, ProviderRepo
 from sidecar.store.settings import DEFAULT_MODEL_KEY, DEFAULT_PROVIDER_KEY
+
+log = logging.getLogger(__name__)
+
+RETIRE_GRACE_S = 30.0
+
+
+class _Live:
+    """A provider's client with a count of the streams and calls running on it."""
+
+    def __init__(self, provider: Provider, version: int, service: ProviderService) -> None:
+        self.provider = provider
+        self.version = version
+        self.busy = 0
+        self.retired_at: float | None = None
+        self._service = service
+
+    async def stream(self, request: Any) -> AsyncGenerator[Any, None]:
+        self.busy += 1
+        try:
+            async with aclosing(self.provider.stream(request)) as parts:
+                async for part in parts:
+                    yield part
+        finally:
+            self.busy -= 1
+            await self._service._close_retired()
+
+    async def generate(self, request: Any) -> Any:
+        self.busy += 1
+        try:
+            return await self.provider.generate(request)
+        finally:
+            self.busy -= 1
+            await self._service._close_retired()
+
+    def __getattr__(self, name: str) -> Any:
+        return getattr(self.provider, name)
 
 
 class ResolvedModel(msgspec.Struct, kw_only=True):
@@ -53,8 +96,8 @@ class ProviderService:
         self._transport = transport  # tests and benchmarks inject an httpx2 transport
         self._records: dict[str, ProviderRecord] = {}
         """Records read for generation, dropped on upsert/delete (this process is the only writer)."""
-        self._live: dict[str, tuple[int, Provider]] = {}
-        self._retired: list[Provider] = []
+        self._live: dict[str, _Live] = {}
+        self._retired: list[_Live] = []
 
     # -- provider:* methods ----------------------------------------------------------
 
@@ -72,6 +115,10 @@ class ProviderService:
     async def delete_provider(self, params: IdParams) -> SuccessResult:
         await anyio.to_thread.run_sync(self._repo.delete, params.id)
         self._records.pop(params.id, None)
+        live = self._live.pop(params.id, None)
+        if live is not None:
+            self._retire(live)
+            await self._close_retired()
         if await self._get_setting(DEFAULT_PROVIDER_KEY) == params.id:
             await self._set_setting(DEFAULT_PROVIDER_KEY, None)
             await self._set_setting(DEFAULT_MODEL_KEY, None)
@@ -101,13 +148,7 @@ class ProviderService:
                 "no provider is configured: add one with provider:upsert and choose it with "
                 "provider:setDefault (or set the session's providerId)"
             )
-        record = self._records.get(provider_id)
-        if record is None:
-            try:
-                record = await anyio.to_thread.run_sync(self._repo.get, provider_id)
-            except NotFound:
-                raise EngineError(f"the session's provider {provider_id!r} does not exist") from None
-            self._records[provider_id] = record
+        record = await self._record(provider_id, "the session's provider")
         if not record.enabled:
             raise EngineError(f"provider {record.name!r} is disabled")
         if record.type == "acp-engine":
@@ -118,7 +159,9 @@ class ProviderService:
             if not record.models:
                 raise EngineError(f"provider {record.name!r} has no models and no model was chosen")
             model_id = record.models[0].id
-        return ResolvedModel(provider=self._provider(record), model=_model_info(record, model_id), record=record)
+        provider = self._provider(record)
+        await self._close_retired()
+        return ResolvedModel(provider=provider, model=_model_info(record, model_id), record=record)
 
     async def engine(self, provider_id: str) -> ProviderRecord:
         """The configuration of an ``acp-engine`` provider (for ACP sessions)."""
@@ -126,13 +169,7 @@ class ProviderService:
             raise EngineError(
                 "this ACP session has no engine: set its providerId to a provider of type acp-engine"
             )
-        record = self._records.get(provider_id)
-        if record is None:
-            try:
-                record = await anyio.to_thread.run_sync(self._repo.get, provider_id)
-            except NotFound:
-                raise EngineError(f"the session's engine {provider_id!r} does not exist") from None
-            self._records[provider_id] = record
+        record = await self._record(provider_id, "the session's engine")
         if record.type != "acp-engine" or record.engine is None:
             raise EngineError(
                 f"provider {record.name!r} is not an ACP agent engine (type {record.type!r}); "
@@ -154,7 +191,7 @@ class ProviderService:
         return (usage.input_tokens * model.input_price + usage.output_tokens * model.output_price) / 1e6
 
     async def aclose(self) -> None:
-        providers = [p for _, p in self._live.values()] + self._retired
+        providers = [live.provider for live in self._live.values()] + [live.provider for live in self._retired]
         self._live.clear()
         self._retired.clear()
         for provider in providers:
@@ -163,13 +200,44 @@ class ProviderService:
 
     # -- internals -------------------------------------------------------------------
 
-    def _provider(self, record: ProviderRecord) -> Provider:
+    async def _record(self, provider_id: str, what: str) -> ProviderRecord:
+        """The stored record (cached until upsert/delete); EngineError naming ``what`` if absent."""
+        record = self._records.get(provider_id)
+        if record is None:
+            try:
+                record = await anyio.to_thread.run_sync(self._repo.get, provider_id)
+            except NotFound:
+                raise EngineError(f"{what} {provider_id!r} does not exist") from None
+            self._records[provider_id] = record
+        return record
+
+    def _retire(self, live: _Live) -> None:
+        live.retired_at = time.monotonic()
+        self._retired.append(live)
+
+    async def _close_retired(self) -> None:
+        now = time.monotonic()
+        done = [
+            live for live in self._retired
+            if live.busy == 0 and live.retired_at is not None and now - live.retired_at >= RETIRE_GRACE_S
+        ]
+        if not done:
+            return
+        self._retired = [live for live in self._retired if live not in done]
+        for live in done:
+            try:
+                with anyio.CancelScope(shield=True):
+                    await live.provider.aclose()
+            except Exception:  # closing a client must never fail a request
+                log.exception("closing a retired provider client failed")
+
+    def _provider(self, record: ProviderRecord) -> _Live:
         live = self._live.get(record.id)
-        if live is not None and live[0] == record.updated_at:
-            return live[1]
+        if live is not None and live.version == record.updated_at:
+            return live
         if live is not None:
-            # a running stream may still use the old client: close it at shutdown
-            self._retired.append(live[1])
+            # a running stream may still use the old client: closed once unused
+            self._retire(live)
         api_key = record.api_key or (os.environ.get(record.api_key_env) if record.api_key_env else None)
         settings = ProviderSettings(
             type=record.type,
@@ -178,9 +246,9 @@ class ProviderService:
             headers=record.headers,
             body=record.body,
         )
-        provider = create_provider(settings, transport=self._transport)
-        self._live[record.id] = (record.updated_at, provider)
-        return provider
+        live = _Live(create_provider(settings, transport=self._transport), record.updated_at, self)
+        self._live[record.id] = live
+        return live
 
 
 def _model_info(record: ProviderRecord, model_id: str) -> ModelInfo:

@@ -110,8 +110,10 @@ class StreamRelay:
     async def _flush_locked(self) -> None:
         if not self._pending:
             return
-        pending, self._pending = self._pending, []
-        for kind, text in pending:
+        # one run at a time: a flush cancelled while it waits to send leaves the runs after
+        # it pending (a later flush sends them), never dropped from the reply and the stream
+        while self._pending:
+            kind, text = self._pending.pop(0)
             # content and seq move together, with no await in between: a snapshot taken
             # at any moment holds exactly the deltas of events 1..seq (resync relies on it)
             if self._on_delta is not None:

@@ -5,7 +5,8 @@ results the server sends. The store does the validation and the work; this layer
 what is not storage:
 - ``on_delete``: async hooks run before a session is deleted (the chat engine registers
   one that cancels the session's running generation and waits for it, so no job writes
-  into a session that is going away).
+  into a session that is going away). A hook may return a callable: it is called once the
+  delete is over, done or failed (the chat engine refuses new replies until then).
 - ``publish``: the ``chat:session:updated`` notification for changes the renderer did not
   request itself (a generated title, new counters).
 - ``chat:messages:tree`` is answered with pre-encoded JSON (msgspec.Raw): a long linear
@@ -45,7 +46,7 @@ __all__ = ["SessionService", "encode_tree", "DeleteHook", "Notify"]
 log = logging.getLogger(__name__)
 
 Notify = Callable[[str, Any], Awaitable[None]]
-DeleteHook = Callable[[str], Awaitable[None]]
+DeleteHook = Callable[[str], Awaitable[Callable[[], None] | None]]
 
 _encoder = msgspec.json.Encoder()
 
@@ -57,7 +58,8 @@ class SessionService:
         self.store = store
         self._notify = notify
         self.on_delete: list[DeleteHook] = []
-        """Awaited in order with the session id before the session is deleted."""
+        """Awaited in order with the session id before the session is deleted; the callables
+        they return are called when the delete is over."""
         self.overlay_live: Callable[[MessageV2], MessageV2] | None = None
         """Set by the chat engine: replaces a message that is streaming right now with its
         in-flight content and seq (the database copy lags by one persistence interval)."""
@@ -78,9 +80,16 @@ class SessionService:
 
     async def delete_session(self, params: IdParams) -> SuccessResult:
         await self.store.get_session(params.id)  # NotFound before any hook runs
-        for hook in list(self.on_delete):
-            await hook(params.id)
-        await self.store.delete_session(params.id)
+        after: list[Callable[[], None]] = []
+        try:
+            for hook in list(self.on_delete):
+                done = await hook(params.id)
+                if done is not None:
+                    after.append(done)
+            await self.store.delete_session(params.id)
+        finally:
+            for done in after:
+                done()
         return SuccessResult(success=True)
 
     async def archive_session(self, params: IdParams) -> SuccessResult:

@@ -1,13 +1,15 @@
 """SettingsService: settings:get / settings:update, kept in the store's settings table.
 
 ``current()`` is a cheap synchronous read of the cached ChatSettings for the hot path
-(every generation reads its coalescing and persistence intervals from it).
+(every generation reads its coalescing and persistence intervals from it). Updates are
+serialised: each one applies its changes to the result of the one before (none is lost).
 """
 
 from __future__ import annotations
 
 from collections.abc import Awaitable, Callable
 
+import anyio
 import msgspec
 
 from protocol.params import ChatSettings, ChatSettingsUpdate, EmptyParams
@@ -34,6 +36,7 @@ class SettingsService:
         self._get_setting = get_setting
         self._set_setting = set_setting
         self._current = ChatSettings()
+        self._update_lock = anyio.Lock()
 
     async def load(self) -> None:
         raw = await self._get_setting(SETTINGS_KEY)
@@ -58,7 +61,8 @@ class SettingsService:
                 raise InvalidParams(
                     f"invalid params: {camel} must be between {bounds[0]:g} and {bounds[1]:g} - at `$.{camel}`"
                 )
-        updated = msgspec.structs.replace(self._current, **changes)
-        await self._set_setting(SETTINGS_KEY, msgspec.json.encode(updated).decode())
-        self._current = updated
+        async with self._update_lock:
+            updated = msgspec.structs.replace(self._current, **changes)
+            await self._set_setting(SETTINGS_KEY, msgspec.json.encode(updated).decode())
+            self._current = updated
         return updated

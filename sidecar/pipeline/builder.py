@@ -25,7 +25,7 @@ import anyio
 import msgspec
 
 from protocol.context import AssistantProfile
-from protocol.types import ImagePart, SessionV2, TextPart
+from protocol.types import FilePart, ImagePart, SessionV2, TextPart
 from sidecar.pipeline import tokens as tk
 from sidecar.pipeline.calls import ProviderModelCall
 from sidecar.pipeline.context import ContextWindow, RollingContext
@@ -195,8 +195,8 @@ class RequestBuilder:
             memory=self._memory,
         )
         drafts = await run_transformers(drafts, ctx, self._transformers)
-        if any(isinstance(p, ImagePart) for d in drafts for p in d.parts):
-            # stored images are read from disk: a worker thread
+        if any(isinstance(p, (ImagePart, FilePart)) for d in drafts for p in d.parts):
+            # stored images and files are read from disk: a worker thread
             messages = await anyio.to_thread.run_sync(
                 lambda: finalize(drafts, model=model, attachments=self._attachments)
             )

@@ -12,10 +12,14 @@ Must stay true:
   everything below it, so meeting it means the prefix root -> it is the one summarized).
   Once per process and summary, the full id list is also compared one by one. An edit (a
   new sibling), a delete or a branch switch above that id makes the walk miss it;
-- a refresh stores the new summary with the ids of the whole prefix it now covers;
+- a refresh stores the new summary with the ids of the whole prefix it now covers; it
+  plans on the branch and summary as read under the session's lock (a compaction that
+  wrote a summary after the request read the branch is seen), and refuses to store when
+  the ids stored are no longer those of the summary it merged;
 - if the refresh fails, the request carries the still-valid previous summary (if any) and
   the recent window only, never the full history;
-- summaries are written and compacted under a per-session lock.
+- summaries are written and compacted under a per-session lock (an entry only while in
+  use); one verified summary key is remembered per session.
 """
 
 from __future__ import annotations
@@ -31,6 +35,7 @@ from protocol.types import MessageV2, SessionV2, TextPart
 from sidecar.errors import NotFound, SidecarError
 from sidecar.pipeline import planner
 from sidecar.pipeline import tokens as tk
+from sidecar.pipeline.locks import KeyedLocks
 from sidecar.pipeline.summary import Summarizer
 from sidecar.pipeline.token_cache import TokenLedger
 from sidecar.store.context import ContextRepo, StoredSummary
@@ -86,8 +91,9 @@ class RollingContext:
         self._ledger = ledger
         self._summarizer = summarizer
         self._clock = clock
-        self._verified: set[tuple[str, int, str]] = set()
-        self._locks: dict[str, anyio.Lock] = {}
+        self._verified: dict[str, tuple[int, str]] = {}
+        """session id -> (updated_at, last covered id) of its summary whose ids were compared."""
+        self._locks = KeyedLocks()
 
     # ---- the request path -------------------------------------------------------------
 
@@ -106,6 +112,8 @@ class RollingContext:
         threshold = planner.effective_threshold(assistant.context.compress_threshold)
         if read is None:
             read = await anyio.to_thread.run_sync(self.read_branch, session.id, leaf_id, encoding, strategy)
+        if strategy not in ("sliding-window", "smart-select"):
+            return await self._prepare_summarized(session, leaf_id, assistant, strategy, encoding, read, threshold)
         length = read.covered_count + len(read.tail)
         if strategy == "sliding-window":
             plan = planner.plan_sliding(read.tokens, [m.role for m in read.tail], threshold=threshold)
@@ -113,26 +121,33 @@ class RollingContext:
                 messages=read.tail[plan.window_start :], strategy=strategy, estimated=plan.estimated,
                 branch_length=length,
             )
-        if strategy == "smart-select":
-            plan = planner.plan_smart(
-                read.tokens, [m.role for m in read.tail], [_plain_text(m) for m in read.tail], threshold=threshold
-            )
-            kept = [read.tail[i] for i in plan.kept_older] + read.tail[plan.window_start :]
-            return ContextWindow(messages=kept, strategy=strategy, estimated=plan.estimated, branch_length=length)
-        plan = planner.plan_summarize(
-            read.tokens,
-            [m.role for m in read.tail],
-            summary_tokens=read.summary_tokens,
-            covered_count=read.covered_count,
-            threshold=threshold,
+        # smart-select
+        plan = planner.plan_smart(
+            read.tokens, [m.role for m in read.tail], [_plain_text(m) for m in read.tail], threshold=threshold
         )
-        window = ContextWindow(
-            messages=read.tail[plan.window_start :], summary=read.summary, strategy=strategy,
-            estimated=plan.estimated, branch_length=length,
-        )
+        kept = [read.tail[i] for i in plan.kept_older] + read.tail[plan.window_start :]
+        return ContextWindow(messages=kept, strategy=strategy, estimated=plan.estimated, branch_length=length)
+
+    async def _prepare_summarized(
+        self,
+        session: SessionV2,
+        leaf_id: str,
+        assistant: AssistantProfile,
+        strategy: TruncationStrategy,
+        encoding: str,
+        read: _Read,
+        threshold: int,
+    ) -> ContextWindow:
+        plan, window = _plan_summarize(read, strategy, threshold)
         if not plan.refresh:
             return window
-        async with self._lock(session.id):
+        async with self._locks.hold(session.id):
+            # the branch was read before the lock: a compaction may have written a summary
+            # since, and merging the old one with these messages would cover ids twice
+            read = await anyio.to_thread.run_sync(self.read_branch, session.id, leaf_id, encoding, strategy)
+            plan, window = _plan_summarize(read, strategy, threshold)
+            if not plan.refresh:
+                return window
             try:
                 window.summary = await self._refresh(
                     session, assistant, read.summary, read.tail[: plan.window_start], encoding, None
@@ -162,7 +177,7 @@ class RollingContext:
     ) -> CompactOutcome:
         """Run the summarize-old planner now with ``target_tokens`` as the threshold (forced).
         A failure of the summary call raises (the caller asked for it explicitly)."""
-        async with self._lock(session.id):
+        async with self._locks.hold(session.id):
             read = await anyio.to_thread.run_sync(self._read, session.id, leaf_id, encoding, True)
             target = target_tokens if target_tokens is not None else assistant.context.compress_threshold
             plan = planner.plan_summarize(
@@ -201,11 +216,9 @@ class RollingContext:
 
     # ---- internals --------------------------------------------------------------------
 
-    def _lock(self, session_id: str) -> anyio.Lock:
-        lock = self._locks.get(session_id)
-        if lock is None:
-            lock = self._locks[session_id] = anyio.Lock()
-        return lock
+    def forget(self, session_id: str) -> None:
+        """Drop what is remembered about a session (it was deleted)."""
+        self._verified.pop(session_id, None)
 
     def read_branch(self, session_id: str, leaf_id: str, encoding: str, strategy: TruncationStrategy) -> _Read:
         """What ``prepare`` plans on (blocking: call it from a worker thread)."""
@@ -234,13 +247,13 @@ class RollingContext:
         """``rows`` is the walk leaf -> the summary's last id (root side first)."""
         if rows[0].id != summary.last_covered_id:
             return False
-        key = (summary.session_id, summary.updated_at, summary.last_covered_id)
-        if key in self._verified:
+        key = (summary.updated_at, summary.last_covered_id)
+        if self._verified.get(summary.session_id) == key:
             return True
         covered = self._repo.summary_ids(summary.session_id)
         ok = covered is not None and covered == self._repo.path_ids(summary.session_id, summary.last_covered_id)
         if ok:
-            self._verified.add(key)
+            self._verified[summary.session_id] = key
         return ok
 
     async def _refresh(
@@ -267,16 +280,36 @@ class RollingContext:
 
         def store() -> StoredSummary:
             before = (self._repo.summary_ids(session.id) or []) if previous is not None else []
+            if previous is not None and (
+                len(before) != previous.covered_count or not before or before[-1] != previous.last_covered_id
+            ):
+                # never store a summary whose ids would not be the branch's prefix
+                raise SidecarError("the rolling summary changed while it was being refreshed")
             covered = before + [m.id for m in newly]
             saved = self._repo.put_summary(
                 session.id, text=text, covered_ids=covered,
                 tokens=tk.count_text(text, encoding) + tk.MESSAGE_OVERHEAD, model_id=model_id or None,
                 now=max(self._clock(), (previous.updated_at + 1) if previous else 0),
             )
-            self._verified.add((saved.session_id, saved.updated_at, saved.last_covered_id))
+            self._verified[saved.session_id] = (saved.updated_at, saved.last_covered_id)
             return saved
 
         return await anyio.to_thread.run_sync(store)
+
+
+def _plan_summarize(read: _Read, strategy: TruncationStrategy, threshold: int) -> tuple[planner.RollingPlan, ContextWindow]:
+    plan = planner.plan_summarize(
+        read.tokens,
+        [m.role for m in read.tail],
+        summary_tokens=read.summary_tokens,
+        covered_count=read.covered_count,
+        threshold=threshold,
+    )
+    window = ContextWindow(
+        messages=read.tail[plan.window_start :], summary=read.summary, strategy=strategy,
+        estimated=plan.estimated, branch_length=read.covered_count + len(read.tail),
+    )
+    return plan, window
 
 
 def _plain_text(message: MessageV2) -> str:

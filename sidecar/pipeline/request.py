@@ -5,19 +5,27 @@ model can take, after the input transformers ran. Rules (README "Attachments and
 - stored parts are used as they are; ``text_content`` when a message has no parts;
 - assistant replies that ended in error with no content are left out; aborted replies
   are kept with the partial text the user saw; pending/streaming rows are left out;
+- an assistant message's ``tool_calls`` missing from its parts (imported messages that
+  keep calls only there) become ToolUseParts at its end;
 - rows with role ``tool`` (imported from tools that store results as messages) are folded
   into the preceding assistant message as ToolResultParts;
-- tool calls without a result in the same message are left out of the request copy
+- then, tool calls without a result in the same message are left out of the request copy
   (a provider rejects a tool call that has no result);
 - images stored as files are sent as base64 to models that accept images; a model that
   does not gets a text note ``[image omitted: ...]`` instead (never a silent drop);
-- files the DocumentAsPrompt transformer did not turn into text become a note naming them.
-  ``inline_text_file`` is its fallback for text-like files when that transformer is off.
+- files still FileParts here (DocumentAsPrompt is off, or did not convert them): text-like
+  ones are inlined as ``<file>`` text up to MAX_INLINE_FILE_BYTES (then truncated), any
+  other becomes a note naming it.
 
-Blocking (reads attachment files): run ``finalize`` with ``anyio.to_thread.run_sync``.
+Blocking (reads attachment files): run ``finalize`` with ``anyio.to_thread.run_sync``
+when the drafts hold images or files.
 """
 
 from __future__ import annotations
+
+import mimetypes
+
+import msgspec
 
 from protocol.types import (
     ContentPart,
@@ -33,10 +41,9 @@ from sidecar.pipeline.transformers.base import Draft
 from sidecar.providers.types import ModelInfo, RequestMessage
 from sidecar.store.attachments import AttachmentStore
 
-__all__ = ["build_drafts", "finalize", "build_request_messages", "MAX_INLINE_FILE_BYTES", "is_text_mime"]
+__all__ = ["build_drafts", "finalize", "MAX_INLINE_FILE_BYTES", "is_text_mime"]
 
 MAX_INLINE_FILE_BYTES = 256 * 1024
-
 
 
 def build_drafts(path: list[MessageV2]) -> list[Draft]:
@@ -55,13 +62,21 @@ def build_drafts(path: list[MessageV2]) -> list[Draft]:
         else:
             text = message.text_content or ""
             parts = [TextPart(text=text)] if text else []
-        if message.role == "assistant":
-            parts = _drop_unanswered_tool_calls(parts)
+        if message.role == "assistant" and message.tool_calls:
+            parts.extend(_calls_missing_from(parts, message))
         if not parts:
             continue
         role = message.role if message.role in ("system", "user", "assistant") else "user"
         out.append(Draft(role=role, parts=parts, source_id=message.id, created_at=message.created_at))  # type: ignore[arg-type]
-    return out
+    # only now that the tool rows are folded in is it known which calls have no result
+    kept: list[Draft] = []
+    for draft in out:
+        if draft.role == "assistant":
+            draft.parts = _drop_unanswered_tool_calls(draft.parts)
+            if not draft.parts:
+                continue
+        kept.append(draft)
+    return kept
 
 
 def finalize(drafts: list[Draft], *, model: ModelInfo, attachments: AttachmentStore) -> list[RequestMessage]:
@@ -72,24 +87,12 @@ def finalize(drafts: list[Draft], *, model: ModelInfo, attachments: AttachmentSt
             if isinstance(part, ImagePart):
                 parts.append(_image_part(part, model, attachments))
             elif isinstance(part, FilePart):
-                parts.append(_file_note(part))
+                parts.append(_inline_text_file(part, attachments))
             else:
                 parts.append(part)
         if parts:
             out.append(RequestMessage(role=draft.role, parts=parts))
     return out
-
-
-def build_request_messages(
-    path: list[MessageV2], *, system_prompt: str | None, model: ModelInfo, attachments: AttachmentStore
-) -> list[RequestMessage]:
-    """The plain request copy without context management or transformers (text files inlined)."""
-    drafts = build_drafts(path)
-    if system_prompt and system_prompt.strip():
-        drafts.insert(0, Draft(role="system", parts=[TextPart(text=system_prompt)]))
-    for draft in drafts:
-        draft.parts = [inline_text_file(p, attachments) if isinstance(p, FilePart) else p for p in draft.parts]
-    return finalize(drafts, model=model, attachments=attachments)
 
 
 def _image_part(part: ImagePart, model: ModelInfo, attachments: AttachmentStore) -> ContentPart:
@@ -111,10 +114,10 @@ def _file_note(part: FilePart) -> TextPart:
     return TextPart(text=f"[attached file: {name} ({mime}); its contents cannot be shown to the model]")
 
 
-def inline_text_file(part: FilePart, attachments: AttachmentStore) -> ContentPart:
+def _inline_text_file(part: FilePart, attachments: AttachmentStore) -> ContentPart:
     """A text-like stored file as ``<file>`` text (the note for anything else)."""
     name = part.name or part.uri.rsplit("/", 1)[-1]
-    mime = part.mime_type or "application/octet-stream"
+    mime = part.mime_type or mimetypes.guess_type(name)[0] or "application/octet-stream"
     if is_text_mime(mime):
         data = attachments.load_bytes(part.uri, MAX_INLINE_FILE_BYTES + 1)
         if data is not None:
@@ -128,3 +131,17 @@ def inline_text_file(part: FilePart, attachments: AttachmentStore) -> ContentPar
 def _drop_unanswered_tool_calls(parts: list[ContentPart]) -> list[ContentPart]:
     answered = {p.tool_use_id for p in parts if isinstance(p, ToolResultPart)}
     return [p for p in parts if not (isinstance(p, ToolUsePart) and p.id not in answered)]
+
+
+def _calls_missing_from(parts: list[ContentPart], message: MessageV2) -> list[ContentPart]:
+    present = {p.id for p in parts if isinstance(p, ToolUsePart)}
+    missing: list[ContentPart] = []
+    for call in message.tool_calls or []:
+        if call.id in present:
+            continue
+        try:
+            parsed = msgspec.json.decode(call.arguments or "{}")
+        except msgspec.DecodeError:
+            parsed = None
+        missing.append(ToolUsePart(id=call.id, name=call.name, input=parsed if isinstance(parsed, dict) else {"_raw": call.arguments}))
+    return missing

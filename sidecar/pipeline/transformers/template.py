@@ -20,6 +20,8 @@ import logging
 from functools import lru_cache
 from typing import Any
 
+import anyio
+
 from protocol.types import ContentPart, TextPart
 from sidecar.errors import InvalidParams
 from sidecar.pipeline.transformers.base import Draft, TransformContext
@@ -69,37 +71,42 @@ class TemplateTransformer:
         except TemplateError as exc:
             log.warning("the assistant's template does not compile: %s", exc)
             return drafts
-        tz = ctx.now.tzinfo
-        out: list[Draft] = []
-        index = 0
-        for draft in drafts:
-            texts = [p.text for p in draft.parts if isinstance(p, TextPart)]
-            if draft.role != "user" or not texts:
-                out.append(draft)
-                continue
-            when = dt.datetime.fromtimestamp(draft.created_at / 1000, tz) if draft.created_at else ctx.now
-            try:
-                rendered = template.render(
-                    message="\n\n".join(texts), role=draft.role,
-                    date=f"{when:%Y-%m-%d}", time=f"{when:%H:%M}", datetime=f"{when:%Y-%m-%d %H:%M}",
-                    weekday=f"{when:%A}", model_id=ctx.model.id,
-                    user=ctx.assistant.transformers.user_name or "User", assistant=ctx.assistant.name,
-                    index=index,
-                )
-            except Exception as exc:  # the sandbox raises SecurityError, templates any error
-                log.warning("template rendering failed: %s", exc)
-                out.append(draft)
-                index += 1
-                continue
+        # rendering runs user-controlled template code: a worker thread, off the event loop
+        return await anyio.to_thread.run_sync(_render_all, template, drafts, ctx)
+
+
+def _render_all(template: Any, drafts: list[Draft], ctx: TransformContext) -> list[Draft]:
+    tz = ctx.now.tzinfo
+    out: list[Draft] = []
+    index = 0
+    for draft in drafts:
+        texts = [p.text for p in draft.parts if isinstance(p, TextPart)]
+        if draft.role != "user" or not texts:
+            out.append(draft)
+            continue
+        when = dt.datetime.fromtimestamp(draft.created_at / 1000, tz) if draft.created_at else ctx.now
+        try:
+            rendered = template.render(
+                message="\n\n".join(texts), role=draft.role,
+                date=f"{when:%Y-%m-%d}", time=f"{when:%H:%M}", datetime=f"{when:%Y-%m-%d %H:%M}",
+                weekday=f"{when:%A}", model_id=ctx.model.id,
+                user=ctx.assistant.transformers.user_name or "User", assistant=ctx.assistant.name,
+                index=index,
+            )
+        except Exception as exc:  # the sandbox raises SecurityError, templates any error
+            log.warning("template rendering failed: %s", exc)
+            out.append(draft)
             index += 1
-            parts: list[ContentPart] = []
-            placed = False
-            for part in draft.parts:
-                if isinstance(part, TextPart):
-                    if not placed:
-                        parts.append(TextPart(text=rendered))
-                        placed = True
-                else:
-                    parts.append(part)
-            out.append(Draft(role="user", parts=parts, source_id=draft.source_id, created_at=draft.created_at))
-        return out
+            continue
+        index += 1
+        parts: list[ContentPart] = []
+        placed = False
+        for part in draft.parts:
+            if isinstance(part, TextPart):
+                if not placed:
+                    parts.append(TextPart(text=rendered))
+                    placed = True
+            else:
+                parts.append(part)
+        out.append(Draft(role="user", parts=parts, source_id=draft.source_id, created_at=draft.created_at))
+    return out
