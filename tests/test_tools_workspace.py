@@ -180,6 +180,36 @@ async def test_a_1_mib_output_spills_with_a_4_kib_preview(tmp_path: Path, ws: Pa
     assert small == "x" * SPILL_BYTES
 
 
+class Big(Tool):
+    name = "big"
+
+    async def run(self, args: dict[str, Any], c: ToolContext) -> ToolOutput:
+        return ToolOutput(text="y" * (SPILL_BYTES + 1))
+
+
+@pytest.mark.parametrize("planted", ["folder", "file", "file_inside"])
+async def test_spill_files_never_leave_the_workspace_through_symlinks(tmp_path: Path, ws: Path, planted: str) -> None:
+    outside = tmp_path / "outside"
+    outside.mkdir()
+    (outside / "call_x.txt").write_text("precious")
+    if planted == "folder":
+        os.symlink(outside, ws / "tool_outputs")
+    else:
+        (ws / "tool_outputs").mkdir()
+        target = outside / "call_x.txt" if planted == "file" else ws / "sub" / "f.txt"
+        os.symlink(target, ws / "tool_outputs" / "call_x.txt")
+    registry = ToolRegistry([Big(), ReadToolOutput()])
+    out = await registry.execute(registry.check("big", "{}"), ctx(tmp_path, ws, "call_x"))
+    assert "saving it failed" in out.text
+    assert (outside / "call_x.txt").read_text() == "precious" and (ws / "sub" / "f.txt").read_text() == "inside"
+    assert sorted(p.name for p in outside.iterdir()) == ["call_x.txt"]
+    # reading does not go through the symlink either (nor falls back past it)
+    read = await registry.execute(registry.check("read_tool_output", '{"tool_call_id": "call_x"}'), ctx(tmp_path, ws))
+    why = "symbolic link" if planted == "file_inside" else "leads outside the workspace"
+    assert read.is_error and why in read.text and "precious" not in read.text
+    assert why in out.text
+
+
 def test_spill_names_from_untrusted_ids() -> None:
     assert spill_name("call_AbC-1") == "call_AbC-1.txt"
     for bad in ("../../etc/passwd", "a/b", "x" * 200, "", "id with space"):

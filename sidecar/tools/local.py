@@ -8,6 +8,8 @@ from __future__ import annotations
 
 import datetime as dt
 import json
+import os
+import stat
 from collections.abc import Callable
 from typing import Any
 from zoneinfo import ZoneInfo, ZoneInfoNotFoundError
@@ -15,7 +17,7 @@ from zoneinfo import ZoneInfo, ZoneInfoNotFoundError
 import anyio
 
 from sidecar.tools.base import Tool, ToolContext, ToolError, ToolOutput, obj
-from sidecar.tools.spill import spill_dir, spill_name
+from sidecar.tools.spill import open_spill, spill_name, spill_path
 
 __all__ = ["LOCAL_TOOLS", "ReadToolOutput", "SessionCapabilities"]
 
@@ -59,13 +61,20 @@ class ReadToolOutput(Tool):
         name = spill_name(args["tool_call_id"])
 
         def read() -> str:
-            for folder in (spill_dir(ctx.workspace, ctx.data_dir), spill_dir(None, ctx.data_dir)):
-                path = folder / name
-                if path.is_file():
-                    size = path.stat().st_size
-                    with open(path, "rb") as f:
-                        f.seek(offset)
-                        data = f.read(length)
+            for workspace in (ctx.workspace, None):
+                path = spill_path(workspace, ctx.data_dir, name)  # confined to the workspace
+                if not os.path.lexists(path):
+                    continue
+                try:
+                    fd = open_spill(path, write=False)  # never through a symlink
+                except OSError as exc:
+                    raise ToolError(f"the saved output {path.name} cannot be read: {exc.strerror}") from None
+                with os.fdopen(fd, "rb") as f:
+                    if not stat.S_ISREG(os.fstat(f.fileno()).st_mode):
+                        raise ToolError(f"the saved output {path.name} is not a regular file")
+                    size = os.fstat(f.fileno()).st_size
+                    f.seek(offset)
+                    data = f.read(length)
                     end = offset + len(data)
                     more = f"\n[bytes {offset}..{end} of {size}]" if end < size else ""
                     return data.decode("utf-8", errors="replace") + more

@@ -110,9 +110,10 @@ class ToolRegistry:
             text = await anyio.to_thread.run_sync(
                 maybe_spill, output.text, ctx.tool_call_id, ctx.workspace, ctx.data_dir
             )
-        except OSError as exc:
+        except (OSError, ToolError) as exc:  # ToolError: the spill path would leave the workspace
             log.warning("could not save a large output of %s: %s", tool.name, exc)
-            text = output.text[: 32 * 1024] + f"\n[output truncated; saving it failed: {exc.strerror}]"
+            why = (exc.strerror if isinstance(exc, OSError) else None) or str(exc)
+            text = output.text[: 32 * 1024] + f"\n[output truncated; saving it failed: {why}]"
         return ToolOutput(text=text, is_error=output.is_error)
 
 

@@ -6,20 +6,31 @@ workspace tools can read it) or else under the data dir; the message keeps a 4 K
 preview (cut on a character boundary) and an instruction naming the file and the tool
 that reads it. The file name comes from the tool call id, which is untrusted: anything
 outside ``[A-Za-z0-9_-]`` (or a name too long) is replaced by a hash of the id.
+
+In a workspace the model controls the files, so the spill path is checked with the
+workspace confinement (``resolve_in``: a symlinked ``tool_outputs`` folder or ``<id>.txt``
+leading out is refused) and the file is opened with O_NOFOLLOW (a symlink at the file's
+name is never written or read through), when writing and when reading.
 """
 
 from __future__ import annotations
 
 import hashlib
+import os
 import re
 from pathlib import Path
 
-__all__ = ["SPILL_BYTES", "PREVIEW_BYTES", "OUTPUT_DIR", "spill_name", "maybe_spill", "spill_dir"]
+from sidecar.tools.workspace import resolve_in
+
+__all__ = ["SPILL_BYTES", "PREVIEW_BYTES", "OUTPUT_DIR", "spill_name", "maybe_spill", "spill_dir", "spill_path",
+           "open_spill"]
 
 SPILL_BYTES = 32 * 1024
 PREVIEW_BYTES = 4 * 1024
 OUTPUT_DIR = "tool_outputs"
 _SAFE = re.compile(r"^[A-Za-z0-9_-]{1,100}$")
+# O_NONBLOCK: a FIFO planted at the name must not hang the open (no effect on a regular file)
+_NOFOLLOW = getattr(os, "O_NOFOLLOW", 0) | getattr(os, "O_NONBLOCK", 0)
 
 
 def spill_name(tool_call_id: str) -> str:
@@ -32,19 +43,37 @@ def spill_dir(workspace: Path | None, data_dir: Path) -> Path:
     return (workspace if workspace is not None else data_dir) / OUTPUT_DIR
 
 
+def spill_path(workspace: Path | None, data_dir: Path, name: str) -> Path:
+    """The spill file ``name``; in a workspace, ToolError unless it stays inside it."""
+    if workspace is None:
+        return spill_dir(None, data_dir) / name
+    resolve_in(workspace, f"{OUTPUT_DIR}/{name}")
+    return spill_dir(workspace, data_dir) / name
+
+
+def open_spill(path: Path, *, write: bool) -> int:
+    """A file descriptor on ``path``; OSError (ELOOP) when its last component is a symlink."""
+    flags = (os.O_WRONLY | os.O_CREAT | os.O_TRUNC if write else os.O_RDONLY) | _NOFOLLOW
+    return os.open(path, flags | getattr(os, "O_BINARY", 0), 0o666)
+
+
 def preview(data: bytes, limit: int = PREVIEW_BYTES) -> str:
     return data[:limit].decode("utf-8", errors="ignore")  # drops a split last character
 
 
 def maybe_spill(text: str, tool_call_id: str, workspace: Path | None, data_dir: Path) -> str:
-    """``text`` itself when small, else the preview + instruction (file written). Blocking."""
+    """``text`` itself when small, else the preview + instruction (file written). Blocking.
+
+    Raises OSError when the file cannot be written, ToolError when it would leave the workspace."""
     data = text.encode("utf-8", errors="replace")
     if len(data) <= SPILL_BYTES:
         return text
-    folder = spill_dir(workspace, data_dir)
-    folder.mkdir(parents=True, exist_ok=True)
     name = spill_name(tool_call_id)
-    (folder / name).write_bytes(data)
+    path = spill_path(workspace, data_dir, name)  # checked before mkdir: nothing is created outside
+    path.parent.mkdir(parents=True, exist_ok=True)
+    path = spill_path(workspace, data_dir, name)
+    with os.fdopen(open_spill(path, write=True), "wb") as f:
+        f.write(data)
     if workspace is not None:
         how = (
             f"Read it with workspace_read_file(path=\"{OUTPUT_DIR}/{name}\", offset=...) "
