@@ -59,16 +59,20 @@ def _serve_stdio(config: object) -> int:
 
     import anyio
 
+    from sidecar.rpc.stdio import take_stdio, uses_blocking_thread
+
+    # fd 1 is guarded before anything else loads: a module (or a library it imports) that
+    # prints at import time must not reach the wire.
+    receive, send = take_stdio()
+
     from sidecar.config import Config
     from sidecar.errors import SidecarError
     from sidecar.logging_setup import setup_logging
-    from sidecar.rpc.stdio import take_stdio, uses_blocking_thread
     from sidecar.server import serve
 
     assert isinstance(config, Config)
     setup_logging(config.log_level)
     log = logging.getLogger("sidecar")
-    receive, send = take_stdio()
     code = 0
     try:
         anyio.run(lambda: serve(config, receive, send, handle_signals=True))

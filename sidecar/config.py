@@ -20,6 +20,7 @@ import msgspec
 from sidecar.errors import InvalidParams
 
 DEFAULT_MAX_LINE_BYTES = 16 * 1024 * 1024
+"""The one definition of the default line limit (rpc framing and the attachment size use it)."""
 MIN_MAX_LINE_BYTES = 1024
 """Smaller limits would reject ordinary requests (an initialize alone is ~100 bytes)."""
 
@@ -34,7 +35,7 @@ ENV_VARS: dict[str, str] = {
 
 
 class Config(msgspec.Struct, kw_only=True, frozen=True):
-    """Everything the process was told at start-up. Frozen: change it with ``with_changes``."""
+    """Everything the process was told at start-up (frozen)."""
 
     data_dir: str
     """Absolute path of the data directory (database, logs, stored attachments)."""
@@ -43,9 +44,6 @@ class Config(msgspec.Struct, kw_only=True, frozen=True):
     """Input lines longer than this are discarded and answered with MESSAGE_TOO_LARGE."""
     bench: bool = False
     """Enables the hidden ``sidecar:bench:notify`` method (benchmarks only)."""
-
-    def with_changes(self, **changes: Any) -> Config:
-        return msgspec.structs.replace(self, **changes)
 
 
 def default_data_dir() -> str:
@@ -56,12 +54,14 @@ def default_data_dir() -> str:
 
 
 def build_config(overrides: Mapping[str, Any] | None = None, env: Mapping[str, str] | None = None) -> Config:
-    """Resolve every field: ``overrides`` (CLI, ``None`` = not given) > ``env`` > default.
+    """Resolve every field: ``overrides`` (CLI) > ``env`` > default. An override that is
+    ``None`` or ``""`` counts as not given, like an empty environment variable (so
+    ``--data-dir ""`` is the default dir, not the current directory).
 
     Raises InvalidParams with a message naming the setting and its source when a value is bad.
     """
     env = os.environ if env is None else env
-    given = {k: v for k, v in (overrides or {}).items() if v is not None}
+    given = {k: v for k, v in (overrides or {}).items() if v is not None and v != ""}
     values: dict[str, Any] = {}
     for field in msgspec.structs.fields(Config):
         name = field.name

@@ -178,14 +178,14 @@ async def test_oversized_line_is_rejected_without_blowing_memory(tmp_path: Path)
         peak_before = proc.vm_hwm_kib()
 
         total = 32 * 1024 * 1024  # 32 MiB in one line: buffering it whole would show in RSS
-        head = b'{"jsonrpc":"2.0","id":1,"method":"sidecar:initialize","params":{"pad":"'
+        head = b'{"jsonrpc":"2.0","id":"big","method":"sidecar:initialize","params":{"pad":"'
         chunk = b"x" * (1024 * 1024)
         assert proc.process.stdin is not None
         await proc.process.stdin.send(head)
         for _ in range(total // len(chunk)):
             await proc.process.stdin.send(chunk)
         await proc.send_line(b'"}}')
-        reply = await proc.next_null_id_reply(timeout=30)
+        reply = await proc.response("big", timeout=30)  # the id is read from the kept first bytes
         assert reply["error"]["code"] == ErrorCode.MESSAGE_TOO_LARGE
         assert str(len(head) + total + 3) in reply["error"]["message"]
 
@@ -204,6 +204,23 @@ async def test_cancel_request_over_the_pipe_for_unknown_id_is_harmless(tmp_path:
         await proc.call("sidecar:initialize", {})
         await proc.close()
     proc.assert_all_jsonrpc()
+
+
+async def test_a_second_sidecar_on_the_same_data_dir_exits_1_and_leaves_the_first_alone(
+    tmp_path: Path,
+) -> None:
+    async with spawn_sidecar(tmp_path) as first:
+        await first.call("sidecar:initialize", {})
+        session = await first.call("chat:session:create", {"title": "mine"})  # the store is open
+        async with spawn_sidecar(tmp_path) as second:
+            assert await second.wait_exit() == 1
+            assert f"another chat-sidecar is using {tmp_path}" in second.stderr_text()
+            assert "Traceback" not in second.stderr_text()
+            assert second.lines == []
+        listed = await first.call("chat:session:list", {})
+        assert [s["id"] for s in listed["sessions"]] == [session["id"]]
+        await first.close()
+    assert "Traceback" not in first.stderr_text()
 
 
 def test_bad_command_line_exits_2(tmp_path: Path) -> None:

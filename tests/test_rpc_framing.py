@@ -84,6 +84,16 @@ async def test_oversized_line_is_reported_with_its_size_and_the_next_line_surviv
     assert await read_all([big], max_line_bytes=1024) == [OversizedLine(5000)]
 
 
+@pytest.mark.parametrize("chunk_size", [1, 700, 1 << 20])
+async def test_oversized_line_keeps_its_first_bytes_however_it_is_chunked(chunk_size: int) -> None:
+    line = bytes(b for b in range(256) if b != 10) * 20  # 5100 bytes, no newline
+    data = line + b"\n" + line[:3000] + b"\nok\n"
+    chunks = [data[i : i + chunk_size] for i in range(0, len(data), chunk_size)]
+    lines = await read_all(chunks, max_line_bytes=2048)
+    assert lines == [OversizedLine(5100), OversizedLine(3000), b"ok"]
+    assert [x.head for x in lines[:2] if isinstance(x, OversizedLine)] == [line[:1024], line[:1024]]
+
+
 async def test_line_exactly_at_the_limit_is_kept() -> None:
     line = b"y" * 1024
     assert await read_all([line[:10], line[10:] + b"\n"], max_line_bytes=1024) == [line]

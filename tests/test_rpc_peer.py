@@ -346,3 +346,73 @@ async def test_many_pipelined_requests_use_a_bounded_number_of_tasks() -> None:
         assert sorted(results) == list(range(500))
         assert 1 < max(peaks) <= server.max_concurrent  # concurrent, and never past the bound
         assert server._workers == 0 and not server._queued and not server._inflight
+
+
+async def test_batch_items_share_the_max_concurrent_workers() -> None:
+    gate = Gate()
+    running = [0]
+    peak = [0]
+
+    async def block(params: EchoParams) -> Any:
+        running[0] += 1
+        peak[0] = max(peak[0], running[0])
+        try:
+            await gate.release.wait()
+        finally:
+            running[0] -= 1
+        return params.value
+
+    (server_receive, server_send), (client_receive, client_send) = connected_pair(max_buffer=64)
+
+    def line(message: Any) -> bytes:
+        return msgspec.json.encode(message) + b"\n"
+
+    received = bytearray()
+    with anyio.fail_after(10), client_receive:
+        async with JsonRpcPeer(server_receive, server_send, {"block": Handler(EchoParams, block)}, max_concurrent=2):
+            for first in (0, 100):  # two batches of 6 requests, then two single requests
+                batch = [{"jsonrpc": "2.0", "id": first + n, "method": "block", "params": {"value": first + n}}
+                         for n in range(6)]
+                await client_send.send(line(batch))
+            for n in (200, 201):
+                await client_send.send(line({"jsonrpc": "2.0", "id": n, "method": "block", "params": {"value": n}}))
+            await anyio.wait_all_tasks_blocked()
+            assert running[0] == 2  # every request is read; only two run, the rest wait their turn
+            gate.release.set()
+            while received.count(b"\n") < 4:
+                received.extend(await client_receive.receive())
+            await client_send.aclose()
+    replies = [msgspec.json.decode(raw) for raw in bytes(received).splitlines()]
+    batches = sorted((r for r in replies if isinstance(r, list)), key=lambda b: b[0]["id"])
+    assert [[item["result"] for item in b] for b in batches] == [list(range(6)), list(range(100, 106))]
+    assert sorted(r["result"] for r in replies if isinstance(r, dict)) == [200, 201]
+    assert peak[0] == 2
+
+
+async def test_an_oversized_response_fails_the_request_it_answers() -> None:
+    (a_receive, a_send), (raw_receive, raw_send) = connected_pair()
+    with anyio.fail_after(10), raw_receive:
+        async with JsonRpcPeer(a_receive, a_send, name="client", max_line_bytes=4096) as client:
+            outcome: list[Any] = []
+
+            async def call() -> None:
+                try:
+                    outcome.append(await client.request("big"))
+                except RemoteError as exc:
+                    outcome.append(exc.code)
+
+            async with anyio.create_task_group() as tg:
+                tg.start_soon(call)
+                request = msgspec.json.decode(await raw_receive.receive())
+                big = {"jsonrpc": "2.0", "id": request["id"], "result": "x" * 10_000}
+                await raw_send.send(msgspec.json.encode(big) + b"\n")
+            assert outcome == [ErrorCode.MESSAGE_TOO_LARGE]
+            # Nothing was sent back for the dropped response: the next line out is our next request.
+            tg_result: list[Any] = []
+            async with anyio.create_task_group() as tg:
+                tg.start_soon(lambda: client.request("again"))
+                second = msgspec.json.decode(await raw_receive.receive())
+                tg_result.append(second)
+                await raw_send.send(msgspec.json.encode({"jsonrpc": "2.0", "id": second["id"], "result": 1}) + b"\n")
+            assert tg_result[0]["method"] == "again"
+            await raw_send.aclose()

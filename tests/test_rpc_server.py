@@ -193,3 +193,12 @@ def test_config_precedence_and_validation(tmp_path: Path) -> None:
     ):
         with pytest.raises(InvalidParams):
             build_config({"data_dir": str(tmp_path), **overrides}, env_bad)
+
+
+def test_empty_cli_values_count_as_not_given(tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> None:
+    monkeypatch.chdir(tmp_path)  # an empty --data-dir must not become the current directory
+    env = {"CHAT_SIDECAR_DATA_DIR": str(tmp_path / "env")}
+    assert build_config({"data_dir": "", "log_level": ""}, env).data_dir == str(tmp_path / "env")
+    default = build_config({"data_dir": ""}, {})
+    assert default.data_dir == build_config({}, {}).data_dir != str(tmp_path)
+    assert default.log_level == "INFO"

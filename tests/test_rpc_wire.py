@@ -200,8 +200,37 @@ async def test_oversized_line_is_answered_and_the_next_line_served() -> None:
     big = b'{"jsonrpc":"2.0","id":1,"method":"echo","params":{"value":"' + b"x" * 10_000 + b'"}}'
     replies = await exchange([big], max_line_bytes=4096)
     assert len(replies) == 1
-    assert error_of(replies[0]) == (None, ErrorCode.MESSAGE_TOO_LARGE)
+    # The id is read from the kept start of the line, so the caller's request settles.
+    assert error_of(replies[0]) == (1, ErrorCode.MESSAGE_TOO_LARGE)
     assert str(len(big)) in replies[0]["error"]["message"]
+
+
+PAD = b'"' + b"x" * 10_000 + b'"'
+
+
+@pytest.mark.parametrize(
+    ("line", "expected_id"),
+    [
+        pytest.param(b'{"id":"req-\\"7","jsonrpc":"2.0","method":"echo","params":{"value":' + PAD + b"}}",
+                     'req-"7', id="string-id-with-escape"),
+        pytest.param(b' {"jsonrpc":"2.0", "method":"echo", "id" : -12, "params":{"value":' + PAD + b"}}",
+                     -12, id="negative-int-after-method"),
+        pytest.param(b'{"jsonrpc":"2.0","method":"echo","params":{"id":5,"value":' + PAD + b'},"id":9}',
+                     None, id="nested-id-only-then-id-past-the-head"),
+        pytest.param(b'{"jsonrpc":"2.0","method":"echo","params":{"value":' + PAD + b'},"id":9}',
+                     None, id="id-past-the-head"),
+        pytest.param(b'{"jsonrpc":"2.0","id":1.5,"method":"echo","params":{"value":' + PAD + b"}}",
+                     None, id="float-id"),
+        pytest.param(b'{"jsonrpc":"2.0","id":true,"method":"echo","params":{"value":' + PAD + b"}}",
+                     None, id="bool-id"),
+        pytest.param(b'{"jsonrpc":"2.0","id":' + b"1" * 5000 + b',"method":"echo"}', None, id="id-cut-off"),
+        pytest.param(b'[{"jsonrpc":"2.0","id":3,"method":"echo","params":{"value":' + PAD + b"}}]",
+                     None, id="batch"),
+    ],
+)
+async def test_oversized_line_echoes_only_a_top_level_id_it_can_read(line: bytes, expected_id: Any) -> None:
+    replies = await exchange([line], max_line_bytes=4096)
+    assert [error_of(r) for r in replies] == [(expected_id, ErrorCode.MESSAGE_TOO_LARGE)]
 
 
 async def test_duplicate_in_flight_id_is_rejected() -> None:

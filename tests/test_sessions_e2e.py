@@ -18,7 +18,7 @@ from sidecar_proc import CallError, spawn_sidecar
 
 def _seed_messages(data_dir: Path, session_id: str) -> dict[str, str]:
     """Messages come from chat:send in the product; here they are written by the store
-    directly (same database file, WAL) so this test does not depend on a provider."""
+    directly (same data dir, no sidecar running) so this test does not depend on a provider."""
     store = Store(data_dir)
     try:
         u1 = store.append_message(session_id, role="user", text_content="我们今天讨论全文搜索功能")
@@ -59,7 +59,13 @@ async def test_session_methods_over_the_subprocess(tmp_path: Path) -> None:
             )
             assert (updated.title, updated.is_pinned, updated.folder) == ("Renamed", True, None)
 
-            ids = await anyio.to_thread.run_sync(_seed_messages, tmp_path, created.id)
+            await proc.close()
+        proc.assert_all_jsonrpc()
+        # One process per data dir (the Store holds a lock): the messages are written while
+        # no sidecar runs, and a new one serves them (so the data also survives a restart).
+        ids = await anyio.to_thread.run_sync(_seed_messages, tmp_path, created.id)
+        async with spawn_sidecar(tmp_path) as proc:
+            await proc.call("sidecar:initialize", {})
 
             active = await proc.call(
                 "chat:messages:get", {"sessionId": created.id}, result_type=list[MessageV2]

@@ -352,3 +352,18 @@ def test_delete_branch_moves_active_leaf(store: Store) -> None:
     s = store.get_session(c.sid)
     assert (s.active_leaf_id, s.message_count, s.last_message_at) == (None, 0, None)
     assert store.get_messages(c.sid) == []
+
+
+def test_content_type_is_multipart_whenever_streamed_parts_are_stored(store: Store) -> None:
+    c = Conv(store)
+    m = store.append_message(c.sid, role="assistant", status="pending")
+    assert store.get_message(m.id).content_type == "text"
+    store.update_partial(m.id, text_content="部分", parts=None)
+    assert store.get_message(m.id).content_type == "text"  # no parts, nothing changes
+    store.update_partial(m.id, text_content="hi", parts=[ThinkingPart(text="hmm"), TextPart(text="hi")])
+    got = store.get_message(m.id)
+    assert (got.content_type, got.parts) == ("multipart", [ThinkingPart(text="hmm"), TextPart(text="hi")])
+    # An empty parts list is stored as no parts, as finish_message does.
+    e = store.append_message(c.sid, role="assistant", status="streaming")
+    store.update_partial(e.id, text_content="x", parts=[])
+    assert (store.get_message(e.id).content_type, store.get_message(e.id).parts) == ("text", None)

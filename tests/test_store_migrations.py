@@ -203,3 +203,62 @@ def test_unwritable_data_dir_is_a_store_error(tmp_path: Path) -> None:
         ro.chmod(0o500)
         with pytest.raises(StoreError):
             Store(ro)
+
+
+def test_recovery_survives_unreadable_parts_and_marks_parts_multipart(tmp_path: Path) -> None:
+    store = Store(tmp_path)
+    sid = store.create_session(CreateSessionOptions(title="a")).id
+    odd = store.append_message(sid, role="assistant", status="streaming", text_content="partial odd")
+    old = store.append_message(sid, role="assistant", status="streaming", text_content="partial old")
+    store.close()
+    conn = apsw.Connection(str(tmp_path / "chat.db"))
+    try:
+        # A part type from a newer build, and parts written with content_type 'text' (as
+        # update_partial did before content_type followed the parts).
+        conn.execute("UPDATE messages_v2 SET parts = ? WHERE id = ?",
+                     ('[{"type":"future_part","x":1}]', odd.id))
+        conn.execute("UPDATE messages_v2 SET parts = ?, content_type = 'text' WHERE id = ?",
+                     ('[{"type":"text","text":"partial old"}]', old.id))
+    finally:
+        conn.close()
+    for _ in range(2):  # every start succeeds, not only the first
+        store = Store(tmp_path)
+        try:
+            assert store.get_message(old.id).content_type == "multipart"
+            assert store.get_message(old.id).status == "aborted"
+            assert {r.message_id for r in store.search_messages("partial")} == {odd.id, old.id}
+        finally:
+            store.close()
+
+
+def test_one_store_per_data_dir(tmp_path: Path) -> None:
+    first = Store(tmp_path)
+    try:
+        with pytest.raises(StoreError, match="another chat-sidecar is using"):
+            Store(tmp_path)
+        sid = first.create_session(CreateSessionOptions(title="still mine")).id  # untouched
+        streaming = first.append_message(sid, role="assistant", status="streaming")
+        first.update_partial(streaming.id, text_content="more", parts=None)
+    finally:
+        first.close()
+    second = Store(tmp_path)  # closing released the lock
+    try:
+        assert second.recovered == 1
+    finally:
+        second.close()
+
+
+def test_a_current_database_is_opened_without_a_write_transaction(tmp_path: Path) -> None:
+    from sidecar.store.db import Database
+
+    Store(tmp_path).close()
+    other = apsw.Connection(str(tmp_path / "chat.db"))
+    other.execute("BEGIN IMMEDIATE")  # another writer holds the write lock meanwhile
+    db = Database(tmp_path / "chat.db")
+    db.writer.set_busy_timeout(0)  # waiting for the lock would fail at once
+    try:
+        assert migrations.migrate(db) == len(migrations.MIGRATIONS)
+    finally:
+        db.close()
+        other.execute("ROLLBACK")
+        other.close()

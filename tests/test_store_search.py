@@ -292,3 +292,69 @@ def test_rarer_words_weigh_more_in_multi_word_queries(store: Store) -> None:
     results = store.search_messages("zebra apple")
     assert [r.message_id for r in results] == [rare_heavy.id, common_heavy.id]
     assert results[0].score > results[1].score
+
+
+def test_filters_apply_before_the_ranking_window_is_cut(
+    tmp_path: Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    from sidecar.store import search
+
+    monkeypatch.setattr(search, "SEARCH_WINDOW", 5)
+    clock = FakeClock()
+    store = open_store(tmp_path, clock)
+    try:
+        old_sid = _session(store, "old")
+        old = store.append_message(old_sid, role="user", text_content="budget for 2023")
+        clock.jump(10_000_000)
+        live_sid = _session(store, "live")
+        newer = [
+            store.append_message(live_sid, role="user", text_content=f"budget talk {i}")
+            for i in range(8)
+        ]
+        store.archive_session(live_sid)
+        # Eight newer matches fill the window (5, as the page is smaller); the old one is
+        # still found by its filters.
+        dated = SearchOptions(date_range=DateRange(from_=0, to=old.created_at), limit=2)
+        assert _ids(store.search_messages("budget", dated)) == {old.id}
+        not_archived = SearchOptions(include_archived=False, limit=2)
+        assert _ids(store.search_messages("budget", not_archived)) == {old.id}
+        in_session = SearchOptions(session_id=old_sid, limit=2)
+        assert _ids(store.search_messages("budget", in_session)) == {old.id}
+        # Without filters the window is still the newest five (the bounded common case).
+        assert _ids(store.search_messages("budget", SearchOptions(limit=3))) <= {m.id for m in newer[-5:]}
+        # Paging over filtered results reaches every match and stops.
+        pages = [
+            store.search_messages("budget", SearchOptions(session_id=live_sid, limit=3, offset=o))
+            for o in (0, 3, 6, 9)
+        ]
+        assert [len(p) for p in pages] == [3, 3, 2, 0]
+        assert {r.message_id for p in pages for r in p} == {m.id for m in newer}
+    finally:
+        store.close()
+
+
+def test_a_row_with_unreadable_parts_does_not_fail_search_or_reindex(store: Store) -> None:
+    import apsw
+
+    from sidecar.store.search import MessageSearch
+
+    sid = _session(store)
+    good = store.append_message(sid, role="user", text_content="needle in good row")
+    odd = store.append_message(
+        sid, role="assistant", text_content="needle in odd row", parts=[TextPart(text="needle part")]
+    )
+    raw = apsw.Connection(str(store.path))
+    try:  # a part type written by a newer build
+        raw.execute(
+            "UPDATE messages_v2 SET parts = '[{\"type\":\"future_part\",\"x\":1}]' WHERE id = ?",
+            (odd.id,),
+        )
+    finally:
+        raw.close()
+    results = store.search_messages("needle")
+    assert _ids(results) == {good.id, odd.id}
+    assert {r.message_id: r.snippet for r in results}[odd.id] == "<mark>needle</mark> in odd row"
+    # The migration's full re-index reads every row the same way (text kept, parts skipped).
+    with store._db.write() as conn:
+        assert MessageSearch.reindex_all(conn) == 2
+    assert _ids(store.search_messages("odd")) == {odd.id}

@@ -342,3 +342,24 @@ def test_tag_filter_plans_agree(store: Store, clock: FakeClock, few: int, monkey
     titles, _ = _list(store, tags=["a"])
     pinned = {s.title for s in newest_first if s.is_pinned}
     assert titles[: len(pinned & set(titles))] == [t for t in titles if t in pinned]
+
+
+def test_tag_lists_are_capped_with_invalid_params(store: Store) -> None:
+    from sidecar.store.checks import MAX_TAG_CHARS, MAX_TAGS
+
+    many = [f"t{i}-" + "x" * (MAX_TAG_CHARS - 6) for i in range(MAX_TAGS)]
+    sid = _create(store, title="full", tags=many)  # the cap itself is fine everywhere
+    for folder in (None, "f"):
+        assert _list(store, tags=many, folder=folder) == ((["full"], 1) if folder is None else ([], 0))
+    before = db_digest(store)
+    for call in (
+        lambda: store.list_sessions(SessionFilter(tags=[f"t{i}" for i in range(MAX_TAGS + 1)])),
+        lambda: store.list_sessions(SessionFilter(tags=[f"t{i}" for i in range(10_000)])),
+        lambda: store.list_sessions(SessionFilter(tags=["x" * (MAX_TAG_CHARS + 1)])),
+        lambda: _create(store, tags=[f"t{i}" for i in range(MAX_TAGS + 1)]),
+        lambda: store.update_session(sid, SessionUpdates(tags=["y" * (MAX_TAG_CHARS + 1)])),
+    ):
+        with pytest.raises(InvalidParams, match="tags") as err:
+            call()
+        assert err.value.code == ErrorCode.INVALID_PARAMS
+    assert db_digest(store) == before

@@ -3,7 +3,8 @@
 ``LineReader`` splits a byte stream on ``\\n``. What must stay true:
 - memory is bounded by ``max_line_bytes`` plus one chunk: a line that grows past the
   limit is dropped as it streams (never buffered whole) and reported once, when its end
-  is reached, as an ``OversizedLine`` with its total size;
+  is reached, as an ``OversizedLine`` with its total size and its first
+  OVERSIZED_HEAD_BYTES (so the peer can still name the request it answers);
 - the same bytes decode to the same lines however they are chunked (one byte at a time,
   split mid-line, many lines per chunk);
 - bytes after the last newline at end of input count as a final line.
@@ -22,14 +23,17 @@ import logging
 import math
 from collections import deque
 from collections.abc import Callable
-from typing import NamedTuple
+from dataclasses import dataclass, field
 
 import anyio
 from anyio.abc import ByteReceiveStream, ByteSendStream, ObjectReceiveStream, ObjectSendStream
 
+from sidecar.config import DEFAULT_MAX_LINE_BYTES
+
 logger = logging.getLogger(__name__)
 
-DEFAULT_MAX_LINE_BYTES = 16 * 1024 * 1024
+OVERSIZED_HEAD_BYTES = 1024
+"""How much of a discarded line is kept (where a request's ``"id"`` usually is)."""
 WRITE_BATCH_BYTES = 1024 * 1024
 """Upper bound on one concatenated write, so a burst does not build one huge buffer."""
 
@@ -38,10 +42,13 @@ SendStream = ByteSendStream | ObjectSendStream[bytes]
 """Byte streams, or memory object streams of bytes (in-process pairs in tests)."""
 
 
-class OversizedLine(NamedTuple):
-    """A line longer than the limit was discarded; ``size`` is its length in bytes."""
+@dataclass(frozen=True, slots=True)
+class OversizedLine:
+    """A line longer than the limit was discarded; ``size`` is its length in bytes,
+    ``head`` its first OVERSIZED_HEAD_BYTES (not part of equality)."""
 
     size: int
+    head: bytes = field(default=b"", compare=False)
 
 
 class LineReader:
@@ -51,6 +58,7 @@ class LineReader:
         self._partial = bytearray()
         self._discarding = False
         self._discarded = 0
+        self._head = b""
         self._ready: deque[bytes | OversizedLine] = deque()
         self._eof = False
 
@@ -92,13 +100,15 @@ class LineReader:
         if len(self._partial) > self._max:
             self._discarding = True
             self._discarded = len(self._partial)
+            self._head = bytes(self._partial[:OVERSIZED_HEAD_BYTES])
             self._partial = bytearray()  # release the memory, not just the length
 
     def _end_line(self) -> None:
         if self._discarding:
-            self._ready.append(OversizedLine(self._discarded))
+            self._ready.append(OversizedLine(self._discarded, self._head))
             self._discarding = False
             self._discarded = 0
+            self._head = b""
         else:
             self._ready.append(bytes(self._partial))
             self._partial.clear()

@@ -13,7 +13,8 @@ allows, and echoed back); booleans, floats and structures are invalid ids.
 
 from __future__ import annotations
 
-from typing import Any, Final
+import re
+from typing import Any, Final, NamedTuple
 
 import msgspec
 
@@ -125,3 +126,78 @@ def _show(value: Any) -> str:
     text = _encoder.encode(value).decode("utf-8", "replace")
     return text if len(text) <= 40 else text[:37] + "..."
 
+
+
+class HeadInfo(NamedTuple):
+    """What the start of a discarded (oversized) message shows about it."""
+
+    id: RequestId
+    """Its top-level id when readable (a string or an integer), else None."""
+    has_method: bool
+    is_response: bool
+    """A top-level "result" or "error" key was seen."""
+
+
+_STRING = re.compile(rb'"(?:[^"\\\x00-\x1f]|\\.)*"')
+_INTEGER = re.compile(rb"-?(?:0|[1-9][0-9]*)(?=[ \t\r\n,}])")
+_WS = b" \t\r\n"
+
+
+def scan_head(head: bytes) -> HeadInfo:
+    """Top-level keys of a JSON object from the first bytes of its text, without parsing
+    the rest (which was never kept). Linear in ``len(head)``; anything unreadable (cut off,
+    malformed) ends the scan with what was found so far. Only a complete string or integer
+    counts as the id, so a truncated ``"id":12`` is never echoed as 1."""
+    n = len(head)
+    i = 0
+    while i < n and head[i] in _WS:
+        i += 1
+    if head[i : i + 1] != b"{":
+        return HeadInfo(None, False, False)
+    request_id: RequestId = None
+    found_id = has_method = is_response = False
+    depth = 0
+    while i < n:
+        c = head[i]
+        if c == 0x22:  # a string: at depth 1 followed by ':' it is a key
+            m = _STRING.match(head, i)
+            if m is None:
+                break
+            i = m.end()
+            if depth != 1:
+                continue
+            k = i
+            while k < n and head[k] in _WS:
+                k += 1
+            if k >= n or head[k] != 0x3A:
+                continue
+            k += 1
+            while k < n and head[k] in _WS:
+                k += 1
+            try:
+                key = msgspec.json.decode(m.group())
+            except msgspec.DecodeError:
+                break
+            if key == "id" and not found_id:
+                found_id = True
+                value = _STRING.match(head, k) or _INTEGER.match(head, k)
+                if value is not None:
+                    try:
+                        decoded = msgspec.json.decode(value.group())
+                    except msgspec.DecodeError:
+                        decoded = None
+                    request_id = decoded if valid_id(decoded) else None
+            elif key == "method":
+                has_method = True
+            elif key in ("result", "error"):
+                is_response = True
+            i = k
+            continue
+        if c == 0x7B or c == 0x5B:  # { [
+            depth += 1
+        elif c == 0x7D or c == 0x5D:  # } ]
+            depth -= 1
+            if depth <= 0:
+                break
+        i += 1
+    return HeadInfo(request_id, has_method, is_response)

@@ -17,11 +17,13 @@ What must stay true:
 - every incoming request runs in its own cancel scope on a task of the peer's task group
   and gets exactly one reply, even when it is cancelled (``$/cancelRequest`` or shutdown
   -> REQUEST_CANCELLED); cancellation of the peer itself always propagates;
-- at most ``max_concurrent`` tasks run requests; more requests wait in arrival order
-  (a worker that finishes takes the next one), while reading goes on, so responses to
-  our own requests and cancels are never stuck behind busy handlers;
+- at most ``max_concurrent`` tasks run requests, batch items included; more requests
+  wait in arrival order (a worker that finishes takes the next one), while reading goes
+  on, so responses to our own requests and cancels are never stuck behind busy handlers;
 - bad input never ends the peer: each bad line gets its error reply (or none, for a
-  notification) and reading goes on;
+  notification) and reading goes on; a line over the size limit is answered with the id
+  its first KiB shows (``messages.scan_head``), so the caller's request still settles,
+  and an oversized response to one of our requests fails that request;
 - only the LineWriter's task writes to the send stream;
 - when input ends, every pending outgoing request fails at once with PeerClosed;
 - leaving the ``async with`` block normally stops reading, lets in-flight requests
@@ -58,6 +60,7 @@ from sidecar.rpc.framing import (
 from sidecar.rpc.messages import (
     ABSENT,
     Envelope,
+    ErrorObject,
     Incoming,
     OutError,
     OutNotification,
@@ -70,6 +73,7 @@ from sidecar.rpc.messages import (
     error_decoder,
     error_reply,
     reply_id,
+    scan_head,
 )
 
 logger = logging.getLogger(__name__)
@@ -89,6 +93,21 @@ class _Pending:
     def __init__(self) -> None:
         self.event = anyio.Event()
         self.envelope: Envelope | None = None
+
+
+class _Batch:
+    """The replies of one batch line, sent together once the last request is answered."""
+
+    __slots__ = ("replies", "waiting")
+
+    def __init__(self, size: int) -> None:
+        self.replies: list[Reply | None] = [None] * size
+        self.waiting = 0
+
+
+_Slot = tuple[_Batch, int] | None
+"""Where a request's reply goes: its place in a batch, or None (a line of its own)."""
+_Item = tuple[Envelope, tuple[bool, Any], "_Inflight", _Slot]
 
 
 class _Inflight:
@@ -135,7 +154,7 @@ class JsonRpcPeer:
         self._inflight: dict[tuple[bool, Any], _Inflight] = {}
         self._notification_scopes: set[anyio.CancelScope] = set()
         self.max_concurrent = max(1, max_concurrent)
-        self._queued: deque[tuple[Envelope, tuple[bool, Any], _Inflight]] = deque()
+        self._queued: deque[_Item] = deque()
         self._workers = 0
         self._tasks: anyio.abc.TaskGroup | None = None
         self._reader_scope: anyio.CancelScope | None = None
@@ -315,13 +334,7 @@ class JsonRpcPeer:
                         logger.warning("%s: reading input failed: %r", self.name, exc)
                         return
                     if isinstance(line, OversizedLine):
-                        await self._send_reply(
-                            error_reply(
-                                None,
-                                ErrorCode.MESSAGE_TOO_LARGE,
-                                f"message too large: {line.size} bytes, the limit is {self.max_line_bytes}",
-                            )
-                        )
+                        await self._on_oversized(line)
                         continue
                     try:
                         await self._handle_line(line)
@@ -331,6 +344,24 @@ class JsonRpcPeer:
                         await self._send_reply(error_reply(None, ErrorCode.INTERNAL_ERROR, "internal error"))
         finally:
             self._input_done()
+
+    async def _on_oversized(self, line: OversizedLine) -> None:
+        """A discarded line is answered with the id its first bytes show (so the caller's
+        request settles), or null; a discarded response to one of our requests fails it."""
+        info = scan_head(line.head)
+        message = (
+            f"message too large: {line.size} bytes, the limit is {self.max_line_bytes}"
+            " (--max-line-bytes; attachments travel as base64, 4/3 of their size)"
+        )
+        if info.is_response and not info.has_method:
+            pending = self._pending.get(info.id) if type(info.id) is int else None
+            if pending is not None and pending.envelope is None:
+                error = ErrorObject(int(ErrorCode.MESSAGE_TOO_LARGE), message)
+                pending.envelope = Envelope(id=info.id, error=msgspec.Raw(encode(error)[:-1]))
+                pending.event.set()
+            logger.warning("%s: response to id %r dropped: %s", self.name, info.id, message)
+            return  # a response is never answered
+        await self._send_reply(error_reply(info.id, ErrorCode.MESSAGE_TOO_LARGE, message))
 
     async def _handle_line(self, line: bytes) -> None:
         stripped = line.strip()
@@ -364,7 +395,7 @@ class JsonRpcPeer:
             if not items:
                 await self._send_reply(error_reply(None, ErrorCode.INVALID_REQUEST, "invalid request: empty batch"))
                 return
-            self._spawn(self._run_batch, items)
+            await self._start_batch(items)
         else:
             try:
                 msgspec.json.decode(stripped)
@@ -409,34 +440,48 @@ class JsonRpcPeer:
             if not self._active and self._idle is not None:
                 self._idle.set()
 
-    def _start_request(self, envelope: Envelope, key: tuple[bool, Any], inflight: _Inflight) -> None:
+    def _start_request(
+        self, envelope: Envelope, key: tuple[bool, Any], inflight: _Inflight, slot: _Slot = None
+    ) -> None:
         # A bounded set of worker tasks runs requests, each in its own cancel scope: a
         # client pipelining thousands of requests costs a queue entry each, not a task
         # each (thousands of live tasks made the garbage collector the bottleneck).
         # Reading goes on meanwhile, so responses and cancels are never stuck behind them.
+        # Batch items take the same workers (``slot`` says where their reply goes).
         if self._workers < self.max_concurrent:
             self._workers += 1
-            self._spawn(self._request_worker, (envelope, key, inflight))
+            self._spawn(self._request_worker, (envelope, key, inflight, slot))
         else:
-            self._queued.append((envelope, key, inflight))
+            self._queued.append((envelope, key, inflight, slot))
 
     def _answer_if_queued(self, inflight: _Inflight) -> None:
         """A cancelled request still waiting for a worker is answered now, not when its turn comes."""
         for item in self._queued:
             if item[2] is inflight:
                 self._queued.remove(item)
-                envelope, key, _ = item
+                envelope, key, _, slot = item
                 del self._inflight[key]
-                self._spawn(self._send_reply, error_reply(envelope.id, ErrorCode.REQUEST_CANCELLED, inflight.reason))
+                self._spawn(self._deliver, slot, error_reply(envelope.id, ErrorCode.REQUEST_CANCELLED, inflight.reason))
                 return
 
-    async def _request_worker(self, item: tuple[Envelope, tuple[bool, Any], _Inflight] | None) -> None:
+    async def _request_worker(self, item: _Item | None) -> None:
         try:
             while item is not None:
-                await self._send_reply(await self._answer(*item))
+                envelope, key, inflight, slot = item
+                await self._deliver(slot, await self._answer(envelope, key, inflight))
                 item = self._queued.popleft() if self._queued else None
         finally:
             self._workers -= 1
+
+    async def _deliver(self, slot: _Slot, reply: Reply) -> None:
+        if slot is None:
+            await self._send_reply(reply)
+            return
+        batch, index = slot
+        batch.replies[index] = reply
+        batch.waiting -= 1
+        if batch.waiting == 0:
+            await self._send_batch(batch)
 
     async def _answer(self, envelope: Envelope, key: tuple[bool, Any], inflight: _Inflight) -> Reply:
         reply: Reply | None = None
@@ -451,20 +496,16 @@ class JsonRpcPeer:
             return error_reply(envelope.id, ErrorCode.REQUEST_CANCELLED, inflight.reason)
         return reply
 
-    async def _run_batch(self, items: list[msgspec.Raw]) -> None:
-        replies: list[Reply | None] = [None] * len(items)
-        requests: deque[tuple[int, Envelope, tuple[bool, Any], _Inflight]] = deque()
-
-        async def worker() -> None:
-            while requests:
-                index, envelope, key, inflight = requests.popleft()
-                replies[index] = await self._answer(envelope, key, inflight)
-
+    async def _start_batch(self, items: list[msgspec.Raw]) -> None:
+        """Route every item; requests go to the shared workers and the batch reply is sent
+        when the last of them is answered (at once if it holds none)."""
+        batch = _Batch(len(items))
+        requests: list[tuple[int, Envelope, tuple[bool, Any], _Inflight]] = []
         for index, raw in enumerate(items):
             try:
                 envelope = envelope_decoder.decode(raw)
             except (msgspec.DecodeError, msgspec.ValidationError, RecursionError):
-                replies[index] = error_reply(
+                batch.replies[index] = error_reply(
                     None, ErrorCode.INVALID_REQUEST, "invalid request: a batch item must be an object"
                 )
                 continue
@@ -475,13 +516,18 @@ class JsonRpcPeer:
                 self._inflight[key] = inflight
                 requests.append((index, envelope, key, inflight))
             else:
-                replies[index] = self._route(incoming)
-        async with anyio.create_task_group() as tg:
-            for _ in range(min(len(requests), self.max_concurrent)):
-                tg.start_soon(worker)
-        batch = [reply for reply in replies if reply is not None]
-        if batch:
-            await self._send_line(self._encode_batch(batch))
+                batch.replies[index] = self._route(incoming)
+        if not requests:
+            await self._send_batch(batch)
+            return
+        batch.waiting = len(requests)
+        for index, envelope, key, inflight in requests:
+            self._start_request(envelope, key, inflight, (batch, index))
+
+    async def _send_batch(self, batch: _Batch) -> None:
+        replies = [reply for reply in batch.replies if reply is not None]
+        if replies:
+            await self._send_line(self._encode_batch(replies))
 
     def _on_notification(self, envelope: Envelope) -> None:
         method = envelope.method

@@ -6,6 +6,11 @@ ImagePart(url=file://...), other attachments FilePart(uri=file://...)); ``load_b
 reads a stored file back for a provider request. Only files under the attachments
 directory are ever read back, whatever a stored part claims.
 
+Size: an attachment arrives base64-encoded (4/3 of its size) inside one JSON-RPC line,
+and a line is at most 16 MiB by default (``--max-line-bytes``), so MAX_ATTACHMENT_BYTES
+is what still fits in such a line next to the rest of the request; a bigger file could
+never arrive whole anyway.
+
 Blocking file I/O: call these through ``anyio.to_thread.run_sync``.
 """
 
@@ -16,14 +21,21 @@ import binascii
 import mimetypes
 import re
 from pathlib import Path
-from urllib.parse import unquote, urlparse
+from urllib.parse import urlparse
+from urllib.request import url2pathname
 
 from protocol.params import UserInput
 from protocol.types import ContentPart, FilePart, ImagePart, TextPart
+from sidecar.config import DEFAULT_MAX_LINE_BYTES
 from sidecar.errors import InvalidParams
 from sidecar.store.ids import new_id
 
-MAX_ATTACHMENT_BYTES = 64 * 1024 * 1024
+_REQUEST_ROOM = 64 * 1024
+"""Room left in a line for the rest of the request (ids, names, text)."""
+MAX_ATTACHMENT_BYTES = (DEFAULT_MAX_LINE_BYTES - _REQUEST_ROOM) * 3 // 4
+"""12 MiB - 48 KiB: its base64 plus the request fits in a default 16 MiB line."""
+MAX_READ_BYTES = 64 * 1024 * 1024
+"""Reads stop here: the limit of older builds, whose stored files must still load whole."""
 _SAFE_NAME = re.compile(r"[^A-Za-z0-9._-]+")
 
 
@@ -79,7 +91,11 @@ class AttachmentStore:
 
     def _write(self, data: bytes, name: str) -> str:
         if len(data) > MAX_ATTACHMENT_BYTES:
-            raise InvalidParams(f"attachment {name!r} is larger than {MAX_ATTACHMENT_BYTES} bytes")
+            raise InvalidParams(
+                f"attachment {name!r} is {len(data)} bytes, larger than the limit of"
+                f" {MAX_ATTACHMENT_BYTES} bytes (its base64 must fit in one"
+                f" {DEFAULT_MAX_LINE_BYTES}-byte JSON-RPC line)"
+            )
         self.root.mkdir(parents=True, exist_ok=True)
         safe = _SAFE_NAME.sub("_", Path(name).name)[-80:] or "file"
         path = self.root / f"{new_id()}-{safe}"
@@ -88,15 +104,15 @@ class AttachmentStore:
 
     def local_path(self, uri: str) -> Path | None:
         """The stored file behind a ``file://`` URI, or None if it is not one of ours."""
-        parsed = urlparse(uri)
-        if parsed.scheme != "file":
+        local = uri_to_path(uri)
+        if local is None:
             return None
-        path = Path(unquote(parsed.path)).resolve()
+        path = Path(local).resolve()
         if not path.is_relative_to(self.root) or not path.is_file():
             return None
         return path
 
-    def load_bytes(self, uri: str, limit: int = MAX_ATTACHMENT_BYTES) -> bytes | None:
+    def load_bytes(self, uri: str, limit: int = MAX_READ_BYTES) -> bytes | None:
         path = self.local_path(uri)
         if path is None:
             return None
@@ -106,6 +122,16 @@ class AttachmentStore:
     def load_base64(self, uri: str) -> str | None:
         data = self.load_bytes(uri)
         return None if data is None else base64.b64encode(data).decode("ascii")
+
+
+def uri_to_path(uri: str) -> str | None:
+    """The OS path a ``file:`` URI names (``Path.as_uri`` inverted on every platform:
+    ``file:///C:/a%20b`` is ``C:\\a b`` on Windows), or None for another scheme."""
+    parsed = urlparse(uri)
+    if parsed.scheme != "file":
+        return None
+    host = parsed.netloc if parsed.netloc not in ("", "localhost") else ""
+    return url2pathname(("//" + host if host else "") + parsed.path)
 
 
 def _decode_base64(data: str, field: str) -> bytes:

@@ -18,6 +18,8 @@ __all__ = [
     "check_range",
     "check_choice",
     "check_tags",
+    "MAX_TAGS",
+    "MAX_TAG_CHARS",
     "check_date_range",
     "check_text",
     "check_workspace_dir",
@@ -53,12 +55,22 @@ def check_choice(field: str, value: Any, choices: frozenset[str]) -> str:
     return value
 
 
+MAX_TAGS = 100
+"""Tags per session or per filter: each filter tag is one more probe in the list query."""
+MAX_TAG_CHARS = 200
+
+
 def check_tags(field: str, value: Any) -> list[str]:
-    """A list of non-empty strings, duplicates dropped (first occurrence kept)."""
+    """A list of at most MAX_TAGS non-empty strings of at most MAX_TAG_CHARS characters,
+    duplicates dropped (first occurrence kept)."""
     if not isinstance(value, list) or not all(isinstance(t, str) for t in value):
         raise InvalidParams(f"{field} must be a list of strings")
+    if len(value) > MAX_TAGS:
+        raise InvalidParams(f"{field} must not hold more than {MAX_TAGS} tags, got {len(value)}")
     if any(not t.strip() for t in value):
         raise InvalidParams(f"{field} must not contain empty tags")
+    if any(len(t) > MAX_TAG_CHARS for t in value):
+        raise InvalidParams(f"{field} must not contain tags longer than {MAX_TAG_CHARS} characters")
     return list(dict.fromkeys(value))
 
 

@@ -13,8 +13,8 @@ Owns:
 
 Must stay true: every method is one transaction of its own (``Database.read``/``write``);
 nothing here decides whether a summary is valid, it only reads what the planner asks for.
-Walks up the message tree carry whole rows (one primary-key lookup per step, as in
-MessageStore.path) and stop at a given id, so reading the part of a long branch after a
+Walks up the message tree are MessageStore.path (whole rows, one primary-key lookup per
+step) stopped at a given id, so reading the part of a long branch after a
 summary costs the length of that part, not of the branch.
 """
 
@@ -27,30 +27,10 @@ import msgspec
 
 from protocol.types import MessageV2
 from sidecar.store.db import Database
-from sidecar.store.messages import MAX_DEPTH
-from sidecar.store.rows import MESSAGE_COLUMNS, message_from_row
+from sidecar.store.messages import MessageStore
 
 __all__ = ["ContextRepo", "StoredSummary"]
 
-_M_COLUMNS = ", ".join("m." + c.strip() for c in MESSAGE_COLUMNS.split(","))
-# Leaf first, up the parent links; the row of ``?3`` (the stop id) is the last one walked.
-_WALK = (
-    f"WITH RECURSIVE p({MESSAGE_COLUMNS}, depth) AS ("
-    f" SELECT {MESSAGE_COLUMNS}, 0 FROM messages_v2 WHERE id = ?1 AND session_id = ?2"
-    " UNION ALL"
-    f" SELECT {_M_COLUMNS}, p.depth + 1 FROM p JOIN messages_v2 m ON m.id = p.parent_id"
-    f" WHERE m.session_id = ?2 AND p.id IS NOT ?3 AND p.depth < {MAX_DEPTH}"
-    " LIMIT ?4)"
-    f" SELECT {MESSAGE_COLUMNS} FROM p"
-)
-_IDS = (
-    "WITH RECURSIVE p(id, parent_id, depth) AS ("
-    " SELECT id, parent_id, 0 FROM messages_v2 WHERE id = ?1 AND session_id = ?2"
-    " UNION ALL"
-    " SELECT m.id, m.parent_id, p.depth + 1 FROM p JOIN messages_v2 m ON m.id = p.parent_id"
-    f" WHERE m.session_id = ?2 AND p.depth < {MAX_DEPTH})"
-    " SELECT id FROM p"
-)
 _ids_decoder = msgspec.json.Decoder(list[str])
 
 
@@ -81,14 +61,12 @@ class ContextRepo:
         """Root-side-first messages from ``stop_id`` (inclusive, when it is an ancestor) or
         the root down to ``leaf_id``; at most ``limit`` (the newest ones)."""
         with self._db.read() as conn:
-            rows = conn.execute(_WALK, (leaf_id, session_id, stop_id, -1 if limit is None else limit)).fetchall()
-        rows.reverse()
-        return [message_from_row(r) for r in rows]
+            return MessageStore.path(conn, session_id, leaf_id, limit, stop_id=stop_id)
 
     def path_ids(self, session_id: str, leaf_id: str) -> list[str]:
         """Ids root -> ``leaf_id``."""
         with self._db.read() as conn:
-            ids = [r[0] for r in conn.execute(_IDS, (leaf_id, session_id))]
+            ids = MessageStore.ancestor_ids(conn, session_id, leaf_id)
         ids.reverse()
         return ids
 

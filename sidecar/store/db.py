@@ -22,6 +22,7 @@ import threading
 from collections.abc import Iterator
 from contextlib import contextmanager
 from pathlib import Path
+from typing import Any
 
 import apsw
 
@@ -94,6 +95,14 @@ class Database:
             else:
                 with _wrap_errors():
                     yield conn
+
+    def pragma(self, name: str) -> Any:
+        """One pragma's value read on the writer connection outside any transaction (a
+        shared lock for the one statement, no write lock: cheap when nothing is to change)."""
+        with self._write_lock:
+            self._check_open()
+            with _wrap_errors():
+                return self._writer.execute(f"PRAGMA {name}").fetchall()[0][0]
 
     @contextmanager
     def read(self) -> Iterator[apsw.Connection]:

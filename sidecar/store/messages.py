@@ -29,13 +29,14 @@ _M_COLUMNS = ", ".join("m." + c.strip() for c in MESSAGE_COLUMNS.split(","))
 _SELECT_ONE = f"SELECT {MESSAGE_COLUMNS} FROM messages_v2 WHERE id = ?"
 # The walk carries the whole row up the parent links (one primary-key lookup per step,
 # leaf first). Joining the ids back to messages_v2 afterwards made SQLite scan the table.
+# ?3 is a stop id (its row is the last one walked; NULL = up to the root), ?4 a limit.
 _PATH = (
     f"WITH RECURSIVE p({MESSAGE_COLUMNS}, depth) AS ("
     f" SELECT {MESSAGE_COLUMNS}, 0 FROM messages_v2 WHERE id = ?1 AND session_id = ?2"
     " UNION ALL"
     f" SELECT {_M_COLUMNS}, p.depth + 1 FROM p JOIN messages_v2 m ON m.id = p.parent_id"
-    f" WHERE m.session_id = ?2 AND p.depth < {MAX_DEPTH}"
-    " LIMIT ?3)"
+    f" WHERE m.session_id = ?2 AND p.id IS NOT ?3 AND p.depth < {MAX_DEPTH}"
+    " LIMIT ?4)"
     f" SELECT {MESSAGE_COLUMNS} FROM p"
 )
 _ANCESTOR_IDS = (
@@ -104,11 +105,19 @@ class MessageStore:
 
     @staticmethod
     def path(
-        conn: apsw.Connection, session_id: str, leaf_id: str, limit: int | None = None
+        conn: apsw.Connection,
+        session_id: str,
+        leaf_id: str,
+        limit: int | None = None,
+        *,
+        stop_id: str | None = None,
     ) -> list[MessageV2]:
         """Root -> ``leaf_id`` (which must be in the session); only the last ``limit``
-        messages of it when given (the walk stops there)."""
-        rows = conn.execute(_PATH, (leaf_id, session_id, -1 if limit is None else limit)).fetchall()
+        messages of it when given (the walk stops there), and only from ``stop_id``
+        (inclusive, when it is an ancestor) when given."""
+        rows = conn.execute(
+            _PATH, (leaf_id, session_id, stop_id, -1 if limit is None else limit)
+        ).fetchall()
         rows.reverse()
         return [message_from_row(r) for r in rows]
 
@@ -146,10 +155,11 @@ class MessageStore:
         now: int,
     ) -> None:
         conn.execute(
-            "UPDATE messages_v2 SET text_content = ?, parts = ?, status = ?,"
-            " seq = coalesce(?, seq), updated_at = ?"
+            "UPDATE messages_v2 SET text_content = ?, parts = ?,"
+            " content_type = CASE WHEN ? IS NOT NULL THEN 'multipart' ELSE content_type END,"
+            " status = ?, seq = coalesce(?, seq), updated_at = ?"
             " WHERE id = ? AND status IN ('pending', 'streaming')",
-            (text_content, parts, status, seq, now, message_id),
+            (text_content, parts, parts, status, seq, now, message_id),
         )
         if conn.changes() == 0:
             MessageStore._explain_not_open(conn, message_id)

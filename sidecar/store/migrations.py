@@ -1,11 +1,16 @@
-"""Schema migrations: a numbered list applied in order, the version in PRAGMA user_version.
+"""Schema migrations: a list applied in order, the version in PRAGMA user_version.
 
-Owns: the schema. Each ``@migration`` function is applied once, in its own
+Owns: the schema. A migration's version is its position in MIGRATIONS (the order of the
+``@migration`` decorators in this file, counted from 1), never its name: the number in
+``m001_...`` to ``m009_...`` is only a label, and ``m_context_window`` (version 10) and
+``m_acp_engines`` (version 11) carry none. Each is applied once, in its own
 ``BEGIN IMMEDIATE`` transaction together with the new ``user_version``, so a crash or an
-error leaves the database at the previous version, never half-migrated.
-Must stay true: migrations are only ever APPENDED (later issues add providers, summaries,
-tool approvals...); a shipped migration is never edited or reordered. Migration 1 is
-seed 004 section 3 verbatim (columns, defaults, cascade, its five indexes).
+error leaves the database at the previous version, never half-migrated. A database
+already at the current version is only read (``user_version``), not write-locked.
+Must stay true: migrations are only ever APPENDED at the end of this file (later issues
+add providers, summaries, tool approvals...); a shipped migration is never edited,
+renamed in a way that moves it, or reordered. Migration 1 is seed 004 section 3 verbatim
+(columns, defaults, cascade, its five indexes).
 
 Decisions recorded here:
 - The active branch of a session is ``sessions_v2.active_leaf_id`` (migration 2), kept by
@@ -48,8 +53,12 @@ def schema_version(conn: apsw.Connection) -> int:
 
 
 def migrate(db: Database) -> int:
-    """Apply every pending migration; returns the resulting version."""
+    """Apply every pending migration; returns the resulting version. A database already
+    at the current version is only read (no write transaction on every start)."""
     target = len(MIGRATIONS)
+    version = int(db.pragma("user_version"))
+    if version == target:
+        return version
     while True:
         with db.write() as conn:
             # Read inside the write lock: another process may have migrated meanwhile.

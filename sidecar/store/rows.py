@@ -4,11 +4,14 @@ Owns: the column lists every SELECT uses, turning a row tuple into SessionV2/Mes
 the JSON columns into typed values (and back).
 Must stay true: JSON columns hold the wire (camelCase) encoding of their protocol types, so
 an export is the stored data verbatim; a column that does not decode is a StoreError that
-names the row, never a crash of the caller.
+names the row, never a crash of the caller. Work over many rows at once (crash recovery,
+re-indexing, search results) uses ``parts_or_none`` instead, so one row it cannot read
+(e.g. a part type written by a newer build) costs that row its parts, not the whole call.
 """
 
 from __future__ import annotations
 
+import logging
 from typing import Any
 
 import msgspec
@@ -23,6 +26,7 @@ __all__ = [
     "message_from_row",
     "to_json",
     "decode_parts",
+    "parts_or_none",
     "searchable_text",
     "session_values",
     "message_values",
@@ -40,6 +44,8 @@ MESSAGE_COLUMNS = (
     " tool_call_id, tool_name, model_id, usage, latency_ms, acp_message_id, acp_parts, status,"
     " error, created_at, updated_at, seq"
 )
+
+log = logging.getLogger(__name__)
 
 SessionRow = tuple[Any, ...]
 MessageRow = tuple[Any, ...]
@@ -71,6 +77,16 @@ def _decode(decoder: msgspec.json.Decoder[Any], raw: str | None, what: str, row_
 
 def decode_parts(raw: str | None, row_id: str) -> list[ContentPart] | None:
     return _decode(_dec_parts, raw, "parts", row_id)  # type: ignore[no-any-return]
+
+
+def parts_or_none(raw: str | None, row_id: str) -> list[ContentPart] | None:
+    """``decode_parts``, but a row that does not decode is logged and read as no parts
+    (its text_content still counts)."""
+    try:
+        return decode_parts(raw, row_id)
+    except StoreError as exc:
+        log.warning("%s; using its text only", exc.message)
+        return None
 
 
 def session_from_row(r: SessionRow) -> SessionV2:

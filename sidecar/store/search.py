@@ -8,9 +8,11 @@ Must stay true:
   trigger deletes the FTS row), so results never name a message that is gone.
 - The MATCH expression is built by ``fts.build_match`` from quoted pieces only.
 - Ranking is Okapi BM25 (``fts.bm25``, higher is better) over the newest SEARCH_WINDOW
-  matches (widened to reach the requested page), with document frequencies counted up to
-  DOC_FREQ_CAP, so the cost of a query is bounded, not proportional to how common its
-  words are; a query with fewer matches (and rarer words) is ranked exactly over all.
+  matches that pass every filter (widened to reach the requested page), with document
+  frequencies counted up to DOC_FREQ_CAP, so the cost of a query is bounded, not
+  proportional to how common its words are; a query with fewer matches (and rarer words)
+  is ranked exactly over all. Filters are applied before the window is cut, never after,
+  so an old message inside a date range (or in a non-archived session) is always found.
 """
 
 from __future__ import annotations
@@ -24,12 +26,9 @@ from protocol.types import SearchResult
 from sidecar.errors import InvalidParams
 from sidecar.store import fts
 from sidecar.store.checks import FINAL_STATUSES, ROLES, check_choice, check_date_range, check_range
-from sidecar.store.rows import decode_parts, searchable_text
+from sidecar.store.rows import parts_or_none, searchable_text
 
-__all__ = ["MessageSearch", "IndexDoc", "SEARCH_WINDOW"]
-
-IndexDoc = tuple[str, str, str, str]
-"""(message_id, session_id, role, searchable text)."""
+__all__ = ["MessageSearch", "SEARCH_WINDOW"]
 
 _INSERT_DOC = "INSERT INTO search_docs(message_id) VALUES (?)"
 _INSERT_FTS = (
@@ -51,8 +50,11 @@ class MessageSearch:
     """Stateless: every method works on a connection inside the caller's transaction."""
 
     @staticmethod
-    def index(conn: apsw.Connection, docs: Iterable[IndexDoc], *, fresh: bool = False) -> int:
-        """Index (or re-index) messages; empty texts are skipped. ``fresh``: none indexed yet."""
+    def index(
+        conn: apsw.Connection, docs: Iterable[tuple[str, str, str, str]], *, fresh: bool = False
+    ) -> int:
+        """Index (or re-index) messages, given as (message_id, session_id, role, searchable
+        text); empty texts are skipped. ``fresh``: none of them is indexed yet."""
         rows = [d for d in docs if d[3].strip()]
         if not rows:
             return 0
@@ -68,10 +70,6 @@ class MessageSearch:
         return len(rows)
 
     @staticmethod
-    def unindex(conn: apsw.Connection, message_ids: Iterable[str]) -> None:
-        conn.executemany("DELETE FROM search_docs WHERE message_id = ?", [(m,) for m in message_ids])
-
-    @staticmethod
     def reindex_all(conn: apsw.Connection) -> int:
         """Rebuild the whole index from messages_v2 (used by the migration that creates it)."""
         conn.execute("DELETE FROM search_docs")
@@ -82,7 +80,7 @@ class MessageSearch:
             final,
         )
         docs = [
-            (mid, sid, role, searchable_text(text, decode_parts(parts, mid)))
+            (mid, sid, role, searchable_text(text, parts_or_none(parts, mid)))
             for mid, sid, role, text, parts in cur
         ]
         return MessageSearch.index(conn, docs, fresh=True)
@@ -105,6 +103,10 @@ class MessageSearch:
         if options.role is not None:
             expr += ' AND {role} : "' + check_choice("options.role", options.role, ROLES) + '"'
 
+        # Filters that FTS cannot answer (the exact session id, dates, archived) are
+        # applied inside the ranking window, so the window holds the newest matches that
+        # pass them: a match older than the newest SEARCH_WINDOW unfiltered ones is still
+        # found when the filters leave fewer than that.
         where: list[str] = []
         args: list[object] = []
         if options.session_id is not None:
@@ -132,40 +134,37 @@ class MessageSearch:
             for p in pieces
         ]
         score_args = ", ".join(["?"] * (1 + len(doc_freqs)))
+        filter_joins = ""
+        if where:
+            filter_joins = (
+                " JOIN search_docs d ON d.docid = messages_fts.rowid"
+                " JOIN messages_v2 m ON m.id = d.message_id"
+                + (" JOIN sessions_v2 s ON s.id = m.session_id" if not options.include_archived else "")
+            )
         ranked = (
             "w(docid, score) AS MATERIALIZED ("
-            f" SELECT rowid, {fts.BM25_FUNCTION}(messages_fts, {score_args}) FROM messages_fts"
-            " WHERE messages_fts MATCH ? ORDER BY rowid DESC LIMIT ?)"
+            f" SELECT messages_fts.rowid, {fts.BM25_FUNCTION}(messages_fts, {score_args})"
+            f" FROM messages_fts{filter_joins}"
+            " WHERE messages_fts MATCH ?"
+            + "".join(" AND " + w for w in where)
+            + " ORDER BY messages_fts.rowid DESC LIMIT ?)"
         )
-        ranked_args: list[object] = [len(pieces), *doc_freqs, expr, window]
-        joins = (
-            " JOIN search_docs d ON d.docid = h.docid"
-            " JOIN messages_v2 m ON m.id = d.message_id"
-            " JOIN sessions_v2 s ON s.id = m.session_id"
-        )
-        # Only the best rows of the window are joined: the page itself without filters;
-        # with filters (session, dates, archived) a few pages' worth at a time, widened
-        # until the page is full or the window is exhausted.
+        # Only the requested page of the window is joined for its columns.
         sql = (
             f"WITH {ranked}, h(docid, score) AS MATERIALIZED ("
             " SELECT docid, score FROM w ORDER BY score DESC, docid DESC LIMIT ? OFFSET ?)"
-            f" SELECT {_RESULT_COLUMNS}, h.score FROM h{joins}"
-            + (" WHERE " + " AND ".join(where) if where else "")
-            + " ORDER BY h.score DESC, h.docid DESC"
+            f" SELECT {_RESULT_COLUMNS}, h.score FROM h"
+            " JOIN search_docs d ON d.docid = h.docid"
+            " JOIN messages_v2 m ON m.id = d.message_id"
+            " JOIN sessions_v2 s ON s.id = m.session_id"
+            " ORDER BY h.score DESC, h.docid DESC"
         )
-        if not where:
-            rows = conn.execute(sql, [*ranked_args, limit, offset]).fetchall()
-        else:
-            take = max(200, 4 * (offset + limit))
-            while True:
-                rows = conn.execute(sql, [*ranked_args, take, 0, *args]).fetchall()
-                if len(rows) >= offset + limit or take >= window:
-                    break
-                take *= 4
-            rows = rows[offset : offset + limit]
+        rows = conn.execute(
+            sql, [len(pieces), *doc_freqs, expr, *args, window, limit, offset]
+        ).fetchall()
         results: list[SearchResult] = []
         for mid, sid, title, role, text, parts, created_at, score in rows:
-            body = searchable_text(text, decode_parts(parts, mid))
+            body = searchable_text(text, parts_or_none(parts, mid))
             results.append(
                 SearchResult(
                     session_id=sid,

@@ -17,7 +17,9 @@ Conventions:
 - ``content_type`` is stored as 'multipart' whenever parts are stored.
 - One process per data dir: opening a Store runs crash recovery, which turns every row
   still 'pending'/'streaming' into 'aborted' (a second process opening the same dir would
-  abort the first one's in-flight replies).
+  abort the first one's in-flight replies), so a Store holds ``dirlock.DirLock`` from open
+  to close and a second Store on the same dir fails with StoreError ("another
+  chat-sidecar is using <dir>") before touching the database.
 - ``delete_branch`` (not on the wire yet) removes a message and its subtree with counters,
   search index and active leaf kept true.
 """
@@ -62,12 +64,13 @@ from sidecar.store.checks import (
     check_workspace_dir,
 )
 from sidecar.store.db import DB_FILENAME, Database
+from sidecar.store.dirlock import DirLock
 from sidecar.store.ids import new_id, now_ms
 from sidecar.store.messages import MessageStore
 from sidecar.store.migrations import migrate
 from sidecar.store.acp import AcpRepo
 from sidecar.store.providers import ProviderRepo
-from sidecar.store.rows import decode_parts, searchable_text, to_json
+from sidecar.store.rows import parts_or_none, searchable_text, to_json
 from sidecar.store.search import MessageSearch
 from sidecar.store.sessions import SessionRepo
 from sidecar.store.tools import ToolStore
@@ -101,13 +104,18 @@ class Store:
             path.mkdir(parents=True, exist_ok=True)
         except OSError as exc:
             raise StoreError(f"cannot create the data dir {path}: {exc}") from exc
+        self._lock = DirLock(path)
         self.path = path / DB_FILENAME
         self._clock = clock
-        self._db = Database(self.path, readers=readers)
+        try:
+            self._db = Database(self.path, readers=readers)
+        except BaseException:
+            self._lock.release()
+            raise
         self.providers = ProviderRepo(self._db)
+        """provider:* configuration (its own repository: keys stay inside it)."""
         self.acp = AcpRepo(self._db)
         """ACP agent sessions per reply and the raw ACP columns (sidecar/store/acp.py)."""
-        """provider:* configuration (its own repository: keys stay inside it)."""
         self.tools = ToolStore(self._db, clock)
         """Tool loop state, approvals, policies, audit trail, MCP configs (sidecar/store/tools.py)."""
         try:
@@ -115,10 +123,14 @@ class Store:
             self.recovered = self.recover_interrupted()
         except BaseException:
             self._db.close()
+            self._lock.release()
             raise
 
     def close(self) -> None:
-        self._db.close()
+        try:
+            self._db.close()
+        finally:
+            self._lock.release()
 
     # ---- sessions -------------------------------------------------------------------
 
@@ -401,7 +413,7 @@ class Store:
                 conn,
                 message_id,
                 text_content=text_content,
-                parts=to_json(parts),
+                parts=to_json(parts) if parts else None,
                 status=status,
                 seq=seq,
                 now=self._clock(),
@@ -492,14 +504,15 @@ class Store:
         then indexed like any finished message). Returns how many."""
         with self._db.write() as conn:
             rows = conn.execute(
-                "UPDATE messages_v2 SET status = 'aborted', updated_at = ?"
+                "UPDATE messages_v2 SET status = 'aborted', updated_at = ?,"
+                " content_type = CASE WHEN parts IS NOT NULL THEN 'multipart' ELSE content_type END"
                 " WHERE status IN ('pending', 'streaming')"
                 " RETURNING id, session_id, role, text_content, parts",
                 (self._clock(),),
             ).fetchall()
             MessageSearch.index(
                 conn,
-                [(mid, sid, role, searchable_text(text, decode_parts(parts, mid)))
+                [(mid, sid, role, searchable_text(text, parts_or_none(parts, mid)))
                  for mid, sid, role, text, parts in rows],
             )
         return len(rows)
