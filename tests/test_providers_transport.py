@@ -6,12 +6,15 @@ from __future__ import annotations
 import logging
 import time
 from email.utils import formatdate
+from pathlib import Path
 from typing import Any
 
 import anyio
 import httpx2
+import msgspec
 import pytest
 
+from protocol.params import ProviderUpsertParams
 from protocol.types import TextPart
 from sidecar.providers import (
     ChatRequest,
@@ -24,6 +27,7 @@ from sidecar.providers import (
 )
 from sidecar.providers.replay import Reply, ScriptedTransport, drain, json_reply, sse_reply
 from sidecar.providers.transport import parse_retry_after, retry_delay
+from sidecar.store import Store
 
 pytestmark = pytest.mark.anyio
 
@@ -279,6 +283,32 @@ async def test_api_key_never_in_errors_logs_or_reprs(caplog: pytest.LogCaptureFi
     await provider.aclose()
 
 
+def test_stored_secret_headers_survive_a_masked_round_trip_and_stay_out_of_reprs(tmp_path: Path) -> None:
+    store = Store(tmp_path)
+    try:
+        params = ProviderUpsertParams(
+            name="P", type="openai-compat", base_url="https://api.example.test/v1", api_key=SECRET,
+            headers={"X-Api-Token": HEADER_SECRET, "X-Session-Id": "sess-secret-1", "X-Trace": "t"},
+        )
+        record = store.providers.upsert(params)
+        info = record.to_info(is_default=False)
+        # one list of secret names: "session" masks here as it is redacted in provider errors
+        assert info.headers == {"X-Api-Token": "***", "X-Session-Id": "***", "X-Trace": "t"}
+        # provider:list -> edit -> upsert sends the masks back: the stored values stay
+        edited = msgspec.structs.replace(params, id=record.id, headers={**info.headers, "X-Trace": "u"})
+        again = store.providers.upsert(edited)
+        assert again.headers == {"X-Api-Token": HEADER_SECRET, "X-Session-Id": "sess-secret-1", "X-Trace": "u"}
+        assert store.providers.get(record.id).headers == again.headers
+        # a new value replaces the stored one; a header not sent is gone
+        replaced = store.providers.upsert(msgspec.structs.replace(edited, headers={"X-Api-Token": "new-token-1"}))
+        assert replaced.headers == {"X-Api-Token": "new-token-1"}
+        for text in (repr(again), str(again), repr(list(again.__rich_repr__()))):
+            for secret in (SECRET, HEADER_SECRET, "sess-secret-1"):
+                assert secret not in text, (secret, text)
+    finally:
+        store.close()
+
+
 async def test_errors_carry_kind_status_retryable_in_data() -> None:
     transport = ScriptedTransport(json_reply({"error": {"message": "nope"}}, status=400))
     _, error = await stream_with(transport)
@@ -296,6 +326,14 @@ async def test_redirect_is_reported_not_followed() -> None:
     assert error is not None and error.status == 301 and not error.retryable and len(transport.requests) == 1
     assert "redirected to https://api.example.test/v1/chat/completions; check the base URL" in error.message
     assert error.provider == "openai-compat"
+
+
+@pytest.mark.parametrize("location", ["http://evil:99999/x", "http://[::1/x", "http://h:port/x"])
+async def test_a_redirect_to_a_malformed_url_is_a_provider_error(location: str) -> None:
+    transport = ScriptedTransport(Reply(status=302, headers={"location": location}))
+    _, error = await stream_with(transport)
+    assert error is not None and error.status == 302 and "check the base URL" in error.message
+    assert "evil" not in error.message  # not echoed half-parsed
 
 
 def test_bad_base_url_is_a_bad_request() -> None:

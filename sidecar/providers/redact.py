@@ -11,15 +11,16 @@ has gone through ``Redactor.redact`` or contains no provider-supplied text.
 from __future__ import annotations
 
 import logging
-from collections.abc import Iterable, Mapping
+from collections.abc import Mapping
 from urllib.parse import parse_qsl, urlsplit, urlunsplit
 
-__all__ = ["Redactor", "safe_url", "install_http_log_filter"]
+__all__ = ["Redactor", "safe_url", "install_http_log_filter", "SECRET_NAME_HINTS", "is_secret_name"]
 
 _MASK = "***"
-# Custom headers whose values are secrets by name; every custom header value is
-# masked in reprs anyway, these are also scrubbed from free text.
-_SECRET_HINTS = ("auth", "key", "token", "secret", "cookie", "session", "password")
+# Header (and environment variable) names whose values are secrets: the one list, also
+# used by the provider store to mask them on the wire. Every custom header value is
+# masked in reprs anyway; these are also scrubbed from free text.
+SECRET_NAME_HINTS = ("auth", "key", "token", "secret", "cookie", "session", "password")
 # Shorter values would mask common words in provider messages for no gain.
 _MIN_SECRET_LEN = 6
 
@@ -28,12 +29,19 @@ def safe_url(url: str) -> str:
     """``url`` without userinfo and query (where keys sometimes travel)."""
     try:
         parts = urlsplit(url)
+        port = parts.port  # raises on a port out of range (``http://h:99999/``)
     except ValueError:
         return "<invalid url>"
     host = parts.hostname or ""
-    if parts.port is not None:
-        host = f"{host}:{parts.port}"
+    if port is not None:
+        host = f"{host}:{port}"
     return urlunsplit((parts.scheme, host, parts.path, "", ""))
+
+
+def is_secret_name(name: str) -> bool:
+    """Whether a header or environment variable called ``name`` holds a secret by its name."""
+    lowered = name.lower()
+    return any(hint in lowered for hint in SECRET_NAME_HINTS)
 
 
 class Redactor:
@@ -42,7 +50,7 @@ class Redactor:
         if api_key:
             secrets.add(api_key)
         for name, value in headers.items():
-            if any(hint in name.lower() for hint in _SECRET_HINTS):
+            if is_secret_name(name):
                 secrets.add(value)
                 # "Bearer <token>": the token alone may be echoed back.
                 secrets.update(word for word in value.split() if len(word) >= _MIN_SECRET_LEN)
@@ -60,9 +68,6 @@ class Redactor:
             if secret in text:
                 text = text.replace(secret, _MASK)
         return text
-
-    def redact_all(self, texts: Iterable[str]) -> list[str]:
-        return [self.redact(t) for t in texts]
 
 
 class _SafeUrlFilter(logging.Filter):

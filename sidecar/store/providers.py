@@ -8,14 +8,15 @@ carries ``hasApiKey`` instead of the key.
 Agent engines (type ``acp-engine``, issue 7) keep their AcpEngineConfig in the ``engine``
 column (migration of sidecar/store/acp.py); its ``env`` may hold secrets and gets the same
 treatment as the key: values whose name looks secret are masked in ``to_info``, and an
-update that sends a masked value back keeps the stored one.
+update that sends a masked value back keeps the stored one. Custom headers likewise: a
+secret-looking header shown as ``***`` and sent back unchanged keeps its stored value.
+Which names look secret is decided by ``sidecar.providers.redact.is_secret_name`` (one list).
 
 Synchronous; call through ``anyio.to_thread.run_sync``.
 """
 
 from __future__ import annotations
 
-import re
 from typing import Any
 from urllib.parse import urlparse
 
@@ -23,10 +24,10 @@ import msgspec
 
 from protocol.params import AcpEngineConfig, ModelConfig, ProviderInfo, ProviderKind, ProviderUpsertParams
 from sidecar.errors import InvalidParams, NotFound
+from sidecar.providers.redact import is_secret_name
 from sidecar.store.db import Database
 from sidecar.store.ids import new_id, now_ms
 
-_SECRET_HEADER = re.compile(r"auth|key|token|secret|cookie|password", re.IGNORECASE)
 _COLUMNS = (
     "id, name, type, base_url, api_key, api_key_env, headers, body, models, enabled, "
     "created_at, updated_at, engine"
@@ -55,6 +56,10 @@ class ProviderRecord(msgspec.Struct, kw_only=True):
     def __repr__(self) -> str:  # never print the key, even in a traceback
         return f"ProviderRecord(id={self.id!r}, name={self.name!r}, type={self.type!r})"
 
+    def __rich_repr__(self) -> list[tuple[str, Any]]:
+        # msgspec's own would list every field, the key and header values included
+        return [("id", self.id), ("name", self.name), ("type", self.type)]
+
     def model(self, model_id: str) -> ModelConfig | None:
         return next((m for m in self.models if m.id == model_id), None)
 
@@ -66,7 +71,7 @@ class ProviderRecord(msgspec.Struct, kw_only=True):
             base_url=self.base_url,
             has_api_key=bool(self.api_key),
             api_key_env=self.api_key_env,
-            headers={k: ("***" if _SECRET_HEADER.search(k) else v) for k, v in self.headers.items()},
+            headers=_masked(self.headers),
             body=self.body,
             models=self.models,
             enabled=self.enabled,
@@ -83,11 +88,19 @@ _headers = msgspec.json.Decoder(dict[str, str])
 _engine = msgspec.json.Decoder(AcpEngineConfig)
 
 
+def _masked(values: dict[str, str]) -> dict[str, str]:
+    return {k: (MASK if is_secret_name(k) else v) for k, v in values.items()}
+
+
+def _unmasked(sent: dict[str, str], stored: dict[str, str]) -> dict[str, str]:
+    """``sent`` with every masked value sent back replaced by the stored one."""
+    return {k: (stored.get(k, v) if v == MASK else v) for k, v in sent.items()}
+
+
 def _masked_engine(engine: AcpEngineConfig | None) -> AcpEngineConfig | None:
     if engine is None:
         return None
-    env = {k: (MASK if _SECRET_HEADER.search(k) else v) for k, v in engine.env.items()}
-    return msgspec.structs.replace(engine, env=env)
+    return msgspec.structs.replace(engine, env=_masked(engine.env))
 
 
 def _row(row: tuple[Any, ...]) -> ProviderRecord:
@@ -187,7 +200,7 @@ class ProviderRepo:
             existing = None
             if params.id is not None:
                 existing = conn.execute(
-                    "SELECT api_key, created_at, engine FROM providers WHERE id = ?", (params.id,)
+                    "SELECT api_key, created_at, engine, headers FROM providers WHERE id = ?", (params.id,)
                 ).fetchone()
             provider_id = params.id or new_id()
             if params.api_key is None:
@@ -197,9 +210,10 @@ class ProviderRepo:
             engine = params.engine if params.type == "acp-engine" else None
             if engine is not None and existing is not None and existing[2]:
                 # a masked secret sent back (provider:list -> edit -> upsert) keeps the stored value
-                stored_env = _engine.decode(existing[2]).env
-                env = {k: (stored_env.get(k, v) if v == MASK else v) for k, v in engine.env.items()}
-                engine = msgspec.structs.replace(engine, env=env)
+                engine = msgspec.structs.replace(engine, env=_unmasked(engine.env, _engine.decode(existing[2]).env))
+            headers = params.headers
+            if existing is not None and existing[3]:
+                headers = _unmasked(headers, _headers.decode(existing[3]))
             conn.execute(
                 f"INSERT OR REPLACE INTO providers ({_COLUMNS}) VALUES (?,?,?,?,?,?,?,?,?,?,?,?,?)",
                 (
@@ -209,7 +223,7 @@ class ProviderRepo:
                     params.base_url.rstrip("/"),
                     api_key,
                     params.api_key_env or None,
-                    enc(params.headers).decode(),
+                    enc(headers).decode(),
                     enc(params.body).decode(),
                     enc(params.models).decode(),
                     int(params.enabled),
