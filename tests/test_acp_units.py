@@ -5,6 +5,7 @@ from __future__ import annotations
 
 import logging
 import os
+import stat
 import threading
 from pathlib import Path
 from typing import Any
@@ -439,6 +440,20 @@ async def test_read_and_write_inside_the_root(tmp_path: Path) -> None:
     assert not [p for p in (tmp_path / "new" / "deep").iterdir() if p.name.startswith(".acp-write-")]
     with pytest.raises(InvalidParams):
         await fs.write_text_file(str(tmp_path), str(tmp_path / "new"), "a directory")
+
+
+@pytest.mark.skipif(os.name != "posix", reason="POSIX file modes")
+async def test_writes_keep_the_mode_of_the_file_they_replace(tmp_path: Path) -> None:
+    script = tmp_path / "run.sh"
+    script.write_text("old")
+    script.chmod(0o754)
+    await fs.write_text_file(str(tmp_path), str(script), "new")
+    assert script.read_text() == "new" and stat.S_IMODE(script.stat().st_mode) == 0o754
+    # a new file gets what open() would give it, not mkstemp's 0600
+    mask = os.umask(0o022)
+    os.umask(mask)
+    await fs.write_text_file(str(tmp_path), str(tmp_path / "fresh.txt"), "x")
+    assert stat.S_IMODE((tmp_path / "fresh.txt").stat().st_mode) == 0o666 & ~mask
 
 
 # ---- the connection over memory streams ------------------------------------------------

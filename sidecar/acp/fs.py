@@ -8,12 +8,14 @@ rule; a missing file is ACP's "resource not found" (-32002).
 
 Blocking file work runs in a worker thread (``anyio.to_thread``). Writes go to a
 temporary file in the same directory, then replace the target, so a failed write never
-leaves a half-written file.
+leaves a half-written file; the new file gets the mode the target had (or, for a new file,
+what ``open`` would give it: 0o666 less the umask), not mkstemp's 0600.
 """
 
 from __future__ import annotations
 
 import os
+import stat
 import tempfile
 from pathlib import Path
 
@@ -26,6 +28,22 @@ MAX_PATH_CHARS = 4096
 MAX_READ_BYTES = 32 * 1024 * 1024
 RESOURCE_NOT_FOUND = ErrorCode(-32002)
 """ACP's "resource not found" (the same number as our BUSY; on the ACP side it means this)."""
+
+
+def _read_umask() -> int:
+    try:  # Linux says it without touching it
+        with open("/proc/self/status", encoding="ascii", errors="replace") as status:
+            for row in status:
+                if row.startswith("Umask:"):
+                    return int(row.split()[1], 8)
+    except (OSError, ValueError, IndexError):
+        pass
+    mask = os.umask(0o022)  # elsewhere: set and restore, once, at import
+    os.umask(mask)
+    return mask
+
+
+_UMASK = _read_umask()
 
 
 class FsRefused(InvalidParams):
@@ -80,9 +98,14 @@ def _write(root: str, path: str, content: str) -> None:
     if target.is_dir():
         raise InvalidParams(f"invalid params: {path} is a directory - at `$.path`")
     target.parent.mkdir(parents=True, exist_ok=True)
+    try:
+        mode = stat.S_IMODE(os.stat(target).st_mode)
+    except FileNotFoundError:
+        mode = 0o666 & ~_UMASK
     fd, tmp = tempfile.mkstemp(dir=target.parent, prefix=".acp-write-")
     try:
         with os.fdopen(fd, "w", encoding="utf-8", newline="") as handle:
+            os.chmod(tmp, mode)
             handle.write(content)
         os.replace(tmp, target)
     except BaseException:
