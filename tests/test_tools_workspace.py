@@ -263,6 +263,37 @@ async def test_bad_calls_become_error_results(tmp_path: Path, caplog: pytest.Log
     assert slow.is_error and "timed out after 0.2 s" in slow.text
 
 
+class Loose(Tool):
+    name = "loose"
+
+    def __init__(self, schema: dict[str, Any]) -> None:
+        self.parameters = schema
+
+    async def run(self, args: dict[str, Any], c: ToolContext) -> ToolOutput:
+        return ToolOutput(text=f"ran with {sorted(args)}")
+
+
+@pytest.mark.parametrize(
+    "schema",
+    [
+        {"type": "object", "properties": {"x": {"$ref": "#/$defs/missing"}}},
+        {"type": "object", "properties": {"x": {"type": "bogus"}}},
+        {"type": "object", "properties": {"x": {"type": "string", "pattern": "("}}},
+        {"type": "object", "properties": {"x": {"$ref": "https://unreachable.invalid/s.json"}}},
+    ],
+)
+async def test_a_broken_tool_schema_checks_nothing_and_is_logged_once(
+    tmp_path: Path, caplog: pytest.LogCaptureFixture, schema: dict[str, Any]
+) -> None:
+    registry = ToolRegistry([Loose(schema)])
+    for _ in range(3):
+        checked = registry.check("loose", '{"x": "a"}')
+        assert checked.error is None and checked.args == {"x": "a"}
+    out = await registry.execute(checked, ctx(tmp_path, None))
+    assert out == ToolOutput(text="ran with ['x']")
+    assert len([r for r in caplog.records if "JSON Schema is unusable" in r.getMessage()]) == 1, caplog.text
+
+
 async def test_execute_propagates_cancellation(tmp_path: Path) -> None:
     registry = ToolRegistry([Slow()])
     registry.get("slow").timeout_s = 60

@@ -127,9 +127,30 @@ def schema_problem(schema: dict[str, Any], args: dict[str, Any]) -> str | None:
         cls = jsonschema.validators.validator_for(schema, default=jsonschema.Draft202012Validator)
         validator = cls(schema)
         error = jsonschema.exceptions.best_match(validator.iter_errors(args))
-    except jsonschema.exceptions.SchemaError:
-        return None  # a broken schema from an MCP server: let the tool judge its arguments
+    except Exception as exc:
+        # a broken schema from an MCP server (bad $ref, unknown type, bad pattern, ...):
+        # it validates nothing and the tool judges its arguments
+        _log_broken_schema(schema, exc)
+        return None
     if error is None:
         return None
     where = "/".join(str(p) for p in error.absolute_path)
     return f"{error.message}" + (f" (at {where})" if where else "")
+
+
+_broken_schemas: set[int] = set()
+_MAX_BROKEN_REMEMBERED = 1000
+
+
+def _log_broken_schema(schema: dict[str, Any], exc: Exception) -> None:
+    """Log a broken schema once (not on every call of its tool)."""
+    try:
+        key = hash(msgspec.json.encode(schema))
+    except (TypeError, ValueError, OverflowError):
+        key = hash(repr(schema))
+    if key in _broken_schemas:
+        return
+    if len(_broken_schemas) >= _MAX_BROKEN_REMEMBERED:
+        _broken_schemas.clear()
+    _broken_schemas.add(key)
+    log.warning("a tool's JSON Schema is unusable, its arguments are not checked: %s: %s", type(exc).__name__, exc)
