@@ -336,6 +336,14 @@ async def test_a_redirect_to_a_malformed_url_is_a_provider_error(location: str) 
     assert "evil" not in error.message  # not echoed half-parsed
 
 
+async def test_a_non_stream_answer_is_read_only_up_to_the_error_body_cap() -> None:
+    # a server that ignored stream=true and never ends its (JSON) body: only its head is read
+    chunk = b'{"error": "' + b"x" * 16374
+    endless = Reply(headers={"content-type": "application/json"}, chunks=[chunk] * 8, fault="stall", fault_after=8)
+    _, error = await stream_with(ScriptedTransport(endless))  # bounded by fail_after(5)
+    assert error is not None and error.kind == "malformed" and "expected an event stream" in error.message
+
+
 def test_bad_base_url_is_a_bad_request() -> None:
     for url in ("ftp://example.test", "not a url", "http://[::1"):
         with pytest.raises(ProviderError) as info:

@@ -65,6 +65,31 @@ def search_url() -> Any:
     server.server_close()
 
 
+async def test_an_endless_search_answer_is_cut_off_at_the_byte_budget() -> None:
+    import httpx2
+
+    from sidecar.tools.web import MAX_RESPONSE_BYTES, SearxngBackend
+
+    sent = 0
+
+    async def endless() -> Any:
+        nonlocal sent
+        while True:
+            sent += 65536
+            yield b" " * 65536
+
+    def answer(request: httpx2.Request) -> httpx2.Response:
+        return httpx2.Response(200, content=endless())
+
+    backend = SearxngBackend(WebSearchConfig(url="http://search.test/search"), transport=httpx2.MockTransport(answer))
+    try:
+        with anyio.fail_after(10), pytest.raises(ToolError, match="oversized"):
+            await backend.search("cats", 5)
+    finally:
+        await backend.aclose()
+    assert MAX_RESPONSE_BYTES < sent <= MAX_RESPONSE_BYTES + 2 * 65536
+
+
 async def make(tmp_path: Path) -> tuple[AsyncStore, ApprovalService, ToolService]:
     store = await AsyncStore.open(tmp_path / "data")
     approvals = ApprovalService(store.sync.tools)

@@ -28,7 +28,7 @@ import msgspec
 from sidecar.providers.errors import ErrorKind, ProviderError, error_detail
 from sidecar.providers.history import resolve_images
 from sidecar.providers.redact import Redactor, safe_url
-from sidecar.providers.transport import make_client, open_response
+from sidecar.providers.transport import make_client, open_response, read_error_body
 from sidecar.providers.types import ChatRequest, ProviderSettings, StreamPart
 
 __all__ = ["HttpProvider", "deep_merge"]
@@ -97,8 +97,9 @@ class HttpProvider(abc.ABC):
         """The server-sent events of ``response`` (httpx2's own SSE parser)."""
         content_type = response.headers.get("content-type", "")
         if content_type.partition(";")[0].strip().lower() != "text/event-stream":
-            # Typically a JSON error (or a whole answer) from a server that ignored stream=true.
-            raw = await response.aread()
+            # Typically a JSON error (or a whole answer) from a server that ignored stream=true;
+            # read only for the message, so bounded.
+            raw = await read_error_body(response)
             raise self.error(
                 f"expected an event stream, got {content_type or 'no content type'!r}: {error_detail(raw)}",
                 kind="malformed",

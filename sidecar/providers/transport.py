@@ -40,6 +40,7 @@ __all__ = [
     "open_response",
     "retry_delay",
     "close_quietly",
+    "read_error_body",
 ]
 
 log = logging.getLogger("sidecar.providers")
@@ -204,7 +205,8 @@ async def close_quietly(response: httpx2.Response) -> None:
         await response.aclose()
 
 
-async def _read_error_body(response: httpx2.Response) -> bytes:
+async def read_error_body(response: httpx2.Response) -> bytes:
+    """At most ~_MAX_ERROR_BODY bytes of a body read only for its error message."""
     data = bytearray()
     async for chunk in response.aiter_bytes():
         data += chunk
@@ -273,7 +275,7 @@ async def open_response(
                 return
             try:
                 try:
-                    detail = error_detail(await _read_error_body(response))
+                    detail = error_detail(await read_error_body(response))
                 except httpx2.TransportError:
                     detail = "(error body unreadable)"
             finally:

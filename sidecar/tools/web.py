@@ -4,7 +4,8 @@ Backends are small classes with ``async search(query, limit) -> list[WebResult]`
 shipped speaks the SearXNG JSON API (``GET {url}?q=...&format=json`` -> ``{"results":
 [{"title", "url", "content"}]}``), which self-hosted meta-search servers expose. The
 client is created on first use and closed by ``aclose``. The response is untrusted: a
-non-JSON body, a wrong shape or an HTTP error becomes a ToolError the model sees.
+non-JSON body, a wrong shape, an answer over MAX_RESPONSE_BYTES (read as a stream and cut off
+there) or an HTTP error becomes a ToolError the model sees.
 """
 
 from __future__ import annotations
@@ -44,15 +45,18 @@ class SearxngBackend:
             self._client = httpx2.AsyncClient(
                 timeout=self._config.timeout_s, transport=self._transport, follow_redirects=True
             )
+        body = bytearray()
         try:
-            response = await self._client.get(self._config.url, params={"q": query, "format": "json"})
+            async with self._client.stream("GET", self._config.url, params={"q": query, "format": "json"}) as response:
+                if response.status_code != 200:
+                    raise ToolError(f"the search service answered HTTP {response.status_code}")
+                # streamed with a budget: an endless or huge answer is cut off, never buffered whole
+                async for chunk in response.aiter_bytes():
+                    body += chunk
+                    if len(body) > MAX_RESPONSE_BYTES:
+                        raise ToolError("the search service sent an oversized answer")
         except httpx2.HTTPError as exc:
             raise ToolError(f"the search service could not be reached: {type(exc).__name__}") from None
-        if response.status_code != 200:
-            raise ToolError(f"the search service answered HTTP {response.status_code}")
-        body = response.content
-        if len(body) > MAX_RESPONSE_BYTES:
-            raise ToolError("the search service sent an oversized answer")
         try:
             parsed = msgspec.json.decode(body, type=_SearxngResponse)
         except msgspec.DecodeError as exc:
