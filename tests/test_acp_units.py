@@ -583,6 +583,14 @@ def _pair() -> tuple[Any, Any]:
 # ---- engine provider configuration -------------------------------------------------------
 
 
+def test_engine_spec_reprs_keep_env_values_out() -> None:
+    from sidecar.acp.process import EngineSpec
+
+    spec = EngineSpec(name="e", command="agent", env={"SECRET_TOKEN": "env-secret-1"})
+    for text in (repr(spec), str(spec), repr(list(spec.__rich_repr__()))):
+        assert "env-secret-1" not in text and "SECRET_TOKEN" in text
+
+
 def test_engine_config_is_validated_stored_and_masked(tmp_path: Path) -> None:
     store = Store(tmp_path)
     try:

@@ -5,6 +5,7 @@ process stopped on close; and the same server driven end to end through the side
 
 from __future__ import annotations
 
+import logging
 import os
 import sys
 from pathlib import Path
@@ -17,7 +18,7 @@ from protocol.params import McpServerUpsertParams, NameParams
 from scripted_server import scripted_provider
 from sidecar.store import Store
 from sidecar.tools.base import ToolError
-from sidecar.tools.mcp import McpManager, mcp_tool_name, sanitize
+from sidecar.tools.mcp import McpManager, McpServerConfig, mcp_tool_name, sanitize
 from sidecar_proc import CallError, spawn_sidecar
 
 pytestmark = pytest.mark.anyio
@@ -230,3 +231,39 @@ async def test_an_http_mcp_server(tmp_path: Path) -> None:
             process.kill()
             await process.wait()
             await process.aclose()
+
+
+async def test_what_a_server_writes_while_shutting_down_is_still_drained(
+    tmp_path: Path, caplog: pytest.LogCaptureFixture
+) -> None:
+    caplog.set_level(logging.INFO, logger="sidecar.tools.mcp")
+    # the fixture server, with a last stderr line written after stdin closed (at exit)
+    wrapper = (
+        "import atexit, runpy, sys\n"
+        "atexit.register(lambda: (sys.stderr.write('bye from the server\\n'), sys.stderr.flush()))\n"
+        f"sys.argv = [{FIXTURE!r}]\n"
+        f"runpy.run_path({FIXTURE!r}, run_name='__main__')\n"
+    )
+    store = Store(tmp_path)
+    try:
+        async with anyio.create_task_group() as tg:
+            manager = McpManager(store.tools, tg)
+            await manager.upsert_server(McpServerUpsertParams(name="fx", command=sys.executable, args=["-c", wrapper]))
+            with anyio.fail_after(30):
+                out = await manager.call("fx", "add", {"a": 1, "b": 2})
+                assert out.text == "3"
+                await manager.aclose()
+    finally:
+        store.close()
+    assert "[mcp fx] bye from the server" in caplog.text
+
+
+def test_server_config_reprs_keep_secrets_out() -> None:
+    config = McpServerConfig(
+        name="s", command="srv", args=["--token", "arg-secret-1"], env={"API_KEY": "env-secret-1"},
+        url="https://u:pw-secret-1@mcp.test/x?key=query-secret-1", headers={"Authorization": "Bearer hdr-secret-1"},
+    )
+    for text in (repr(config), str(config), repr(list(config.__rich_repr__()))):
+        for secret in ("arg-secret-1", "env-secret-1", "pw-secret-1", "query-secret-1", "hdr-secret-1"):
+            assert secret not in text, (secret, text)
+        assert "API_KEY" in text and "Authorization" in text

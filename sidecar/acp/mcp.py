@@ -15,21 +15,9 @@ from typing import Any
 import msgspec
 
 from sidecar.acp.types import AcpStruct, AgentFeatures
+from sidecar.tools.mcp import McpServerConfig
 
 log = logging.getLogger(__name__)
-
-
-class StoredMcpServer(msgspec.Struct, kw_only=True):
-    """The fields of a stored MCP server config (sidecar/tools/mcp.py McpServerConfig) we use."""
-
-    name: str
-    transport: str = "stdio"
-    command: str | None = None
-    args: list[str] = []
-    env: dict[str, str] = {}
-    url: str | None = None
-    headers: dict[str, str] = {}
-    enabled: bool = True
 
 
 class NameValue(AcpStruct, omit_defaults=False):
@@ -56,7 +44,7 @@ def acp_mcp_servers(rows: list[tuple[str, str]], features: AgentFeatures) -> lis
     servers: list[Any] = []
     for name, raw in rows:
         try:
-            config = msgspec.json.decode(raw, type=StoredMcpServer)
+            config = msgspec.json.decode(raw, type=McpServerConfig)
         except (msgspec.DecodeError, msgspec.ValidationError):
             log.warning("MCP server %r has an unreadable config; not passed to the agent", name)
             continue

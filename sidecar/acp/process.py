@@ -30,6 +30,7 @@ import time
 from collections.abc import AsyncIterator
 from contextlib import asynccontextmanager
 from pathlib import Path
+from typing import Any
 
 import anyio
 import anyio.abc
@@ -70,6 +71,10 @@ class EngineSpec(msgspec.Struct, frozen=True, kw_only=True):
 
     def __repr__(self) -> str:
         return f"EngineSpec(name={self.name!r}, command={self.command!r}, env keys={sorted(self.env)})"
+
+    def __rich_repr__(self) -> list[tuple[str, Any]]:
+        # msgspec's own would list every field, env values included (rich, pretty-printers)
+        return [("name", self.name), ("command", self.command), ("env_keys", sorted(self.env))]
 
 
 def child_env(configured: dict[str, str]) -> dict[str, str]:

@@ -38,6 +38,7 @@ import msgspec
 
 from protocol.params import McpServerInfo, McpServerUpsertParams, NameParams, SuccessResult
 from sidecar.errors import InvalidParams, NotFound
+from sidecar.providers.redact import safe_url
 from sidecar.tools.base import Tool, ToolContext, ToolError, ToolOutput
 
 __all__ = ["McpManager", "McpTool", "sanitize", "mcp_tool_name"]
@@ -69,6 +70,30 @@ class McpServerConfig(msgspec.Struct, kw_only=True):
     enabled: bool = True
     tool_timeout_s: float = 60.0
     connect_timeout_s: float = 15.0
+
+    def __repr__(self) -> str:
+        # env and header values are secrets, args and the URL's query may carry them too
+        return (
+            f"McpServerConfig(name={self.name!r}, transport={self.transport!r}, command={self.command!r}, "
+            f"url={_shown_url(self.url)!r}, env keys={sorted(self.env)}, header names={sorted(self.headers)})"
+        )
+
+    __str__ = __repr__
+
+    def __rich_repr__(self) -> list[tuple[str, Any]]:
+        # msgspec's own would list every field, the secrets included
+        return [
+            ("name", self.name),
+            ("transport", self.transport),
+            ("command", self.command),
+            ("url", _shown_url(self.url)),
+            ("env_keys", sorted(self.env)),
+            ("header_names", sorted(self.headers)),
+        ]
+
+
+def _shown_url(url: str | None) -> str | None:
+    return None if url is None else safe_url(url)
 
 
 class _RemoteTool(msgspec.Struct, kw_only=True):
@@ -243,7 +268,7 @@ class McpManager:
         return ToolOutput(text=_result_text(result), is_error=bool(getattr(result, "is_error", False)))
 
     def _session_alive(self, conn: _Connection) -> bool:
-        return not conn.done.is_set() and not conn.stop.is_set() and _transport_open(conn)
+        return not conn.done.is_set() and not conn.stop.is_set() and conn.session is not None
 
     # ---- connections ------------------------------------------------------------------
 
@@ -309,20 +334,35 @@ class McpManager:
         from mcp.client.stdio import StdioServerParameters, stdio_client
 
         read_fd, write_fd = os.pipe()
+        # the drain is entered before stdio_client so it is left after it: what the server
+        # writes while it shuts down is still read (and its pipe never fills)
+        conn_tg = await stack.enter_async_context(anyio.create_task_group())
+        drained = anyio.Event()
+
+        async def drain() -> None:
+            try:
+                await _drain(read_fd, config.name)  # owns (and closes) read_fd
+            finally:
+                drained.set()
+
+        async def stop_drain() -> None:
+            try:
+                # the server is gone: EOF is near, unless a grandchild still holds its stderr
+                with anyio.move_on_after(2):
+                    await drained.wait()
+            finally:
+                conn_tg.cancel_scope.cancel()
+
+        stack.push_async_callback(stop_drain)
+        conn_tg.start_soon(drain)
         errlog = os.fdopen(write_fd, "w")
         try:
             params = StdioServerParameters(
                 command=config.command or "", args=config.args, env=config.env or None, cwd=config.cwd
             )
             streams = await stack.enter_async_context(stdio_client(params, errlog=errlog))
-        except BaseException:
-            os.close(read_fd)
-            raise
         finally:
             errlog.close()  # the child holds its own copy; EOF comes when it exits
-        conn_tg = await stack.enter_async_context(anyio.create_task_group())
-        stack.callback(conn_tg.cancel_scope.cancel)
-        conn_tg.start_soon(_drain, read_fd, config.name)
         return streams[0], streams[1]
 
     def _handler(self, conn: _Connection) -> Any:
@@ -403,10 +443,6 @@ def _connection_lost(exc: Exception) -> bool:
     if getattr(exc, "code", None) == CONNECTION_CLOSED:
         return True
     return isinstance(exc, (anyio.BrokenResourceError, anyio.ClosedResourceError, anyio.EndOfStream, OSError))
-
-
-def _transport_open(conn: _Connection) -> bool:
-    return conn.session is not None
 
 
 def _describe(exc: BaseException) -> str:
