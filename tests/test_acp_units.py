@@ -32,7 +32,7 @@ from sidecar.acp.types import (
     UnknownUpdate,
     decode_update,
 )
-from sidecar.errors import InvalidParams, ProviderError, SidecarError
+from sidecar.errors import InvalidParams, ProviderError, RemoteError, SidecarError
 from sidecar.rpc import Handler, JsonRpcPeer
 from sidecar.store import Store
 
@@ -547,7 +547,7 @@ async def test_updates_arrive_before_the_prompt_result_and_exit_fails_the_prompt
     await client_out_recv.aclose()
 
 
-async def test_remote_errors_and_timeouts_become_provider_errors() -> None:
+async def test_remote_errors_and_timeouts_become_provider_errors(tmp_path: Path) -> None:
     (a_recv, a_send), (b_recv, b_send) = _pair()
     async with anyio.create_task_group() as tg:
         async with (
@@ -567,8 +567,13 @@ async def test_remote_errors_and_timeouts_become_provider_errors() -> None:
                 await conn.new_session("/tmp", [])
             assert "failed session/new: no sessions today" in err.value.message
             with pytest.raises(ProviderError) as err:
-                await conn.load_session("x", "/tmp", [])
+                await conn.load_session("x", str(tmp_path), [])
             assert "did not answer session/load within 0.2 s" in err.value.message
+            # a session that failed to load serves no fs requests
+            (tmp_path / "f.txt").write_text("private")
+            with anyio.fail_after(5), pytest.raises(RemoteError) as refused:
+                await agent.request("fs/read_text_file", {"sessionId": "x", "path": str(tmp_path / "f.txt")})
+            assert refused.value.code == -32602 and "unknown session" in refused.value.message
             with pytest.raises(ProviderError):  # -32601 from a peer without the method
                 await conn.fork_session("x", "/tmp", [])
         tg.cancel_scope.cancel()

@@ -151,7 +151,6 @@ class AcpConnection:
         self._sinks: dict[str, TurnSink] = {}
         self._prompts: dict[str, PromptCall] = {}
         self._stopping = False
-        self.updates_dropped = 0
         dispatcher = peer.dispatcher
         dispatcher.add("session/update", Handler(SessionNotification, self._on_update))
         if agent is not None:
@@ -227,8 +226,17 @@ class AcpConnection:
 
     async def load_session(self, session_id: str, cwd: str, mcp_servers: list[Any]) -> None:
         # registered first: fs requests during the replay must find the directory
+        previous = self._cwd.get(session_id)
         self._cwd[session_id] = cwd
-        await self.call("session/load", LoadSessionParams(session_id=session_id, cwd=cwd, mcp_servers=mcp_servers))
+        try:
+            await self.call("session/load", LoadSessionParams(session_id=session_id, cwd=cwd, mcp_servers=mcp_servers))
+        except BaseException:
+            # a session that did not load serves no fs requests (one opened before keeps its own)
+            if previous is None:
+                self._cwd.pop(session_id, None)
+            else:
+                self._cwd[session_id] = previous
+            raise
         self._opened(session_id, cwd)
 
     async def fork_session(self, session_id: str, cwd: str, mcp_servers: list[Any]) -> str:
@@ -301,8 +309,7 @@ class AcpConnection:
     def _route_update(self, note: SessionNotification) -> None:
         sink = self._sinks.get(note.session_id)
         if sink is None:
-            # replays of session/load and late updates after a turn ended land here
-            self.updates_dropped += 1
+            # replays of session/load and late updates after a turn ended land here: dropped
             return
         sink.on_update(note.update)
 

@@ -17,7 +17,7 @@ Must stay true (tolerance, see ../shared/reference/acp-notes.md):
 
 from __future__ import annotations
 
-from typing import Any, Literal
+from typing import Any
 
 import msgspec
 
@@ -375,5 +375,3 @@ class WriteTextFileParams(AcpStruct):
 class EmptyResult(AcpStruct):
     """``{}``: the result of fs/write_text_file."""
 
-
-StopReason = Literal["end_turn", "max_tokens", "max_turn_requests", "refusal", "cancelled"]
