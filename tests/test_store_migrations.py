@@ -125,8 +125,60 @@ def test_migration_backfills_tags_and_search_for_old_rows(tmp_path: Path, monkey
         assert [s.id for s in store.list_sessions(_filter(tags=["x", "y"])).sessions] == ["s1"]
         assert [r.message_id for r in store.search_messages("旧的")] == ["m1"]
         assert [r.message_id for r in store.search_messages("LEGACY")] == ["m1"]
+        # Migration 12 copied created_at into search_docs for the date filter.
+        dated = store.search_messages("旧的", _search(date_range=_dates(0, 5)))
+        assert [r.message_id for r in dated] == ["m1"]
+        assert store.search_messages("旧的", _search(date_range=_dates(2, 5))) == []
     finally:
         store.close()
+
+
+def test_the_search_date_copy_is_filled_on_every_kind_of_insert(tmp_path: Path) -> None:
+    # A database from before migration 12 (11 migrations), one indexed message in it.
+    good = len(migrations.MIGRATIONS)
+    store = Store(tmp_path)
+    sid = store.create_session(CreateSessionOptions(title="s")).id
+    old = store.append_message(sid, role="user", text_content="dated words")
+    store.close()
+    conn = apsw.Connection(str(tmp_path / "chat.db"))
+    conn.execute("DROP TRIGGER search_docs_created_at; ALTER TABLE search_docs DROP COLUMN created_at;"
+                 f" PRAGMA user_version = {good - 1}")
+    conn.close()
+    store = Store(tmp_path)  # migration 12 again: backfill + trigger
+    try:
+        new = store.append_message(sid, role="user", text_content="dated words again")
+        streamed = store.append_message(sid, role="assistant", status="streaming")
+        store.finish_message(streamed.id, status="completed", text_content="dated reply", parts=None)
+        forked = store.fork_session(sid, new.id)
+        exported = store.export_session(sid)
+        store.delete_session(sid)
+        store.import_session(exported.session, exported.messages)
+        assert count(store, "SELECT count(*) FROM search_docs WHERE created_at IS NULL") == 0
+        mismatched = count(
+            store,
+            "SELECT count(*) FROM search_docs d JOIN messages_v2 m ON m.id = d.message_id"
+            " WHERE d.created_at IS NOT m.created_at",
+        )
+        assert mismatched == 0
+        assert count(store, "SELECT count(*) FROM search_docs") == 3 + 2  # session + fork copies
+        only_old = store.search_messages("dated", _search(date_range=_dates(old.created_at, old.created_at)))
+        assert {r.message_id for r in only_old} == {old.id} | {
+            m.id for m in store.get_messages(forked.id) if m.created_at == old.created_at
+        }
+    finally:
+        store.close()
+
+
+def _search(**kw: object):  # type: ignore[no-untyped-def]
+    from protocol.params import SearchOptions
+
+    return SearchOptions(**kw)  # type: ignore[arg-type]
+
+
+def _dates(lo: int, hi: int):  # type: ignore[no-untyped-def]
+    from protocol.types import DateRange
+
+    return DateRange(from_=lo, to=hi)
 
 
 def _filter(**kw: object):  # type: ignore[no-untyped-def]

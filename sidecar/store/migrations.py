@@ -22,6 +22,8 @@ Decisions recorded here:
   rowid of messages_v2 may change on VACUUM); ``messages_fts`` is a contentless FTS5 table
   (the original text stays in messages_v2; snippets are cut from it) whose rows a trigger
   deletes with their search_docs row, which in turn cascades from messages_v2 (migration 6).
+  ``search_docs.created_at`` copies the message's created_at (a trigger fills it on insert)
+  so search's date filter needs no message row (migration 12).
 """
 
 from __future__ import annotations
@@ -376,5 +378,26 @@ def m_acp_engines(conn: apsw.Connection) -> None:
           created_at       INTEGER NOT NULL
         ) WITHOUT ROWID;
         CREATE INDEX idx_acp_turns_session ON acp_turns(session_id);
+        """
+    )
+
+
+@migration
+def m012_search_docs_created_at(conn: apsw.Connection) -> None:
+    # A copy of each indexed message's created_at (never changed once written) beside its
+    # docid, so search's date filter reads the small search_docs row of a candidate instead
+    # of its message row (about 4x less per candidate). A trigger fills it on every insert,
+    # so indexing code (and migration 6's reindex, which runs before this column exists)
+    # stays as it is.
+    conn.execute(
+        """
+        ALTER TABLE search_docs ADD COLUMN created_at INTEGER;
+        UPDATE search_docs SET created_at =
+          (SELECT m.created_at FROM messages_v2 m WHERE m.id = search_docs.message_id);
+        CREATE TRIGGER search_docs_created_at AFTER INSERT ON search_docs BEGIN
+          UPDATE search_docs SET created_at =
+            (SELECT m.created_at FROM messages_v2 m WHERE m.id = new.message_id)
+          WHERE docid = new.docid;
+        END;
         """
     )

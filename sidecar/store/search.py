@@ -114,10 +114,11 @@ class MessageSearch:
             where.append("m.session_id = ?")
             args.append(options.session_id)
         if dates is not None:
-            where.append("m.created_at BETWEEN ? AND ?")
+            where.append("d.created_at BETWEEN ? AND ?")  # no message row needed for dates
             args.extend(dates)
         if not options.include_archived:
             where.append("coalesce(s.is_archived, 0) = 0")
+        need_message = options.session_id is not None or not options.include_archived
 
         # Ranking window: bm25 is computed for the newest SEARCH_WINDOW matches (FTS5
         # walks the doclist newest-first and stops there), and the best of those are
@@ -138,7 +139,7 @@ class MessageSearch:
         if where:
             filter_joins = (
                 " JOIN search_docs d ON d.docid = messages_fts.rowid"
-                " JOIN messages_v2 m ON m.id = d.message_id"
+                + (" JOIN messages_v2 m ON m.id = d.message_id" if need_message else "")
                 + (" JOIN sessions_v2 s ON s.id = m.session_id" if not options.include_archived else "")
             )
         ranked = (
