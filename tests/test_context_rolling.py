@@ -286,3 +286,32 @@ async def test_summarizer_chunks_a_long_prefix_and_bounds_the_calls() -> None:
     assert "<previous_summary>\nOLD" in model.prompt(0) and "earlier messages are not included" in model.prompt(0)
     assert "<previous_summary>\nSUMMARY-1" in model.prompt(1)  # each chunk merges into the summary so far
     assert "part39 word" in model.prompt(2) and "part0 word" not in "".join(model.prompt(i) for i in range(3))
+
+
+async def test_a_compaction_between_the_read_and_the_refresh_is_seen(tmp_path: Path) -> None:
+    """A request reads the branch (with summary S1), a manual compaction stores S2, then the
+    request's refresh runs: it must plan on S2, never merge S1 with ids S2 already covers."""
+    w = World(tmp_path, threshold=1000)
+    msgs = w.chain(20)
+    await w.build(msgs[-1].id)  # S1
+    more = [w.add("user" if i % 2 == 0 else "assistant", 100, label=f"n{i}") for i in range(10)]
+    ctx = w.builder.context
+    session = w.store.get_session(w.session.id)
+    profile = w.builder.profiles.for_session(session.id)
+    stale = ctx.read_branch(session.id, more[-1].id, "o200k_base", "summarize-old")
+    assert stale.summary is not None
+    with anyio.fail_after(10):
+        outcome = await ctx.compact(
+            session=session, leaf_id=more[-1].id, assistant=profile.assistant, encoding="o200k_base",
+            target_tokens=600, instructions=None,
+        )
+        assert outcome.compacted
+        await ctx.prepare(
+            session=session, leaf_id=more[-1].id, assistant=profile.assistant, strategy="summarize-old",
+            encoding="o200k_base", read=stale,
+        )
+    ids = ctx._repo.summary_ids(w.session.id)
+    assert ids is not None and len(ids) == len(set(ids))
+    assert ids == [m.id for m in (msgs + more)[: len(ids)]]
+    assert (await ctx.valid_summary(w.session.id, more[-1].id))[1]
+    assert len(ctx._verified) == 1 and len(ctx._locks) == 0  # per-session state stays small

@@ -109,6 +109,11 @@ class ProviderService:
     async def upsert_provider(self, params: ProviderUpsertParams) -> ProviderInfo:
         record = await anyio.to_thread.run_sync(self._repo.upsert, params)
         self._records.pop(record.id, None)
+        # retired here, not by comparing updated_at (two upserts in one millisecond share it)
+        live = self._live.pop(record.id, None)
+        if live is not None:
+            self._retire(live)
+            await self._close_retired()
         default = await self._get_setting(DEFAULT_PROVIDER_KEY)
         return record.to_info(is_default=record.id == default)
 
