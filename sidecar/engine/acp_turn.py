@@ -287,6 +287,7 @@ class AcpTurnHandler:
             record = await self._providers.engine(job.provider_id)
             config: AcpEngineConfig = record.engine
             turn.config = config
+            job.stop_grace = config.cancel_timeout_ms / 1000 + 1  # _cancel's bound, see below
             turn.engine_id = record.id
             conn = await self._engines.connect(record.id, record.name, record.updated_at, config)
             user = await self._store.get_message(job.parent_id)
@@ -662,7 +663,7 @@ class AcpTurnHandler:
                 tokens = reply.usage.input_tokens + reply.usage.output_tokens
                 if tokens:
                     await self._store.add_session_usage(job.session.id, tokens, 0.0)
-        except SidecarError:
+        except Exception:  # the final event still goes out (restart recovery ends the row)
             log.exception("could not store the %s state of %s", outcome, job.message_id)
         job.outcome = outcome
         if outcome == "completed":

@@ -13,8 +13,9 @@ After a successful first exchange the session is titled by a side call (settings
 ``generateTitles``); every finished job sends ``chat:session:updated`` with the fresh
 session (counters, title) so session lists stay current.
 
-Stopping is bounded: a job that does not end within STOP_TIMEOUT_S makes the request
-that needed it fail with BUSY (nothing is written), so a session never runs two jobs.
+Stopping is bounded: a job that does not end within STOP_TIMEOUT_S (plus an ACP agent's
+cancel timeout) makes the request that needed it fail with BUSY (nothing is written), so a
+session never runs two jobs.
 Deleting a session: the delete hook (``stop_session``) stops its job and marks the session
 as being deleted until the delete is over; sends, regenerates, edits and resumes on it are
 refused meanwhile (NOT_FOUND). Per-session locks exist only while in use.
@@ -265,7 +266,7 @@ class ChatEngine:
         for job in running:
             job.job.abort_reason = "the sidecar is shutting down"
             job.scope.cancel()
-        with anyio.move_on_after(STOP_TIMEOUT_S):
+        with anyio.move_on_after(STOP_TIMEOUT_S + max((job.job.stop_grace for job in running), default=0.0)):
             for job in running:
                 await job.done.wait()
         stuck = sum(not job.done.is_set() for job in running)
@@ -362,7 +363,7 @@ class ChatEngine:
         if running is not None:
             running.job.abort_reason = reason
             running.scope.cancel()
-            with anyio.move_on_after(STOP_TIMEOUT_S):
+            with anyio.move_on_after(STOP_TIMEOUT_S + running.job.stop_grace):
                 await running.done.wait()
             if not running.done.is_set():
                 raise SidecarError("the previous reply of this session did not stop in time", code=ErrorCode.BUSY)

@@ -126,6 +126,9 @@ class GenerationJob(msgspec.Struct, kw_only=True):
     """Model steps taken so far (stored with the run, so a resumed reply keeps counting)."""
     has_run: bool = False
     """A tool_runs row exists for this reply."""
+    stop_grace: float = 0.0
+    """How much longer than ChatEngine's STOP_TIMEOUT_S a stop may take (an ACP agent's
+    cancel timeout)."""
 
 
 class GenerationHandler:
@@ -723,7 +726,7 @@ class GenerationHandler:
             await self._store_final(
                 job, relay, reply, reply.snapshot(), started, model_id, "error", error=failure.message
             )
-        except SidecarError:
+        except Exception:  # the final event still goes out (restart recovery ends the row)
             log.exception("could not store the error state of %s", job.message_id)
         job.outcome = "error"
         code = int(failure.code) if failure.code != ErrorCode.INTERNAL_ERROR else None
@@ -737,7 +740,7 @@ class GenerationHandler:
         try:
             await self._cancel_open_calls(job, reply)
             await self._store_final(job, relay, reply, reply.snapshot(), started, model_id, ABORTED)
-        except SidecarError:
+        except Exception:  # the final event still goes out (restart recovery ends the row)
             log.exception("could not store the aborted state of %s", job.message_id)
         job.outcome = ABORTED
         await relay.emit(AbortedEvent, reason=job.abort_reason)
