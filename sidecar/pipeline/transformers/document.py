@@ -7,8 +7,9 @@ Every FilePart whose type is supported is replaced by a text part
 - PDF: the text of each page (pypdf; a scanned PDF without a text layer yields a note).
 The type is the part's MIME type, else guessed from the file name. At most
 ``MAX_DOCUMENT_CHARS`` characters are used (a ``[... truncated]`` mark follows). Files of
-other types, and files that cannot be read, stay FileParts and reach the model as a note
-naming them (request.finalize). Extracted text is cached per (file, size, mtime).
+other types, and files that cannot be read, stay FileParts: request.finalize inlines the
+text-like ones (up to its own limit) and names the others in a note. Extracted text is
+cached per (file, size, mtime).
 """
 
 from __future__ import annotations
