@@ -319,6 +319,10 @@ async def test_usage_of_the_steps_before_a_pause_is_kept(tmp_path: Path) -> None
     async with rig(tmp_path, ToolThenText("guarded")) as r:
         message_id = await send(r)
         await r.events.wait(message_id, "ToolApprovalRequiredEvent")
+        with anyio.fail_after(10):  # the paused row holds the usage so far (a restart keeps it)
+            while (paused := await r.store.get_message(message_id)).status != "paused":
+                await anyio.sleep(0.01)
+        assert paused.usage is not None and (paused.usage.input_tokens, paused.usage.output_tokens) == (100, 10)
         with anyio.fail_after(10):
             await r.approvals.approve(
                 ToolApproveParams(session_id=r.session_id, tool_call_id="c1", decision="approved")

@@ -156,9 +156,6 @@ class GenerationHandler:
         self._paused: set[str] | None = None
         """Sessions that may hold a paused reply (loaded once, then kept here), so a send on
         a session without one costs no extra database hop."""
-        self._paused_usage: dict[str, Usage] = {}
-        """Usage of the steps before a pause, by message id, until the reply resumes or is
-        closed (ToolStore.pause_message does not store usage yet; lost on a restart)."""
 
     async def run(self, job: GenerationJob) -> None:
         settings = self._settings()
@@ -171,10 +168,7 @@ class GenerationHandler:
             on_delta=reply.add_delta,
         )
         if job.resume is not None:
-            reply.restore(job.resume)
-            carried = self._paused_usage.pop(job.message_id, None)
-            if reply.usage is None:
-                reply.usage = carried
+            reply.restore(job.resume)  # its usage too: stored when the reply paused
             relay.seq = job.resume.seq or 0
             job.has_run = True
         job.live = (reply, relay)
@@ -542,11 +536,9 @@ class GenerationHandler:
         await self._db(
             lambda: self._tool_store.pause_message(
                 job.message_id, text_content=snap.text_content, parts=snap.parts,
-                tool_calls=snap.tool_calls, seq=relay.seq, steps=job.steps,
+                tool_calls=snap.tool_calls, seq=relay.seq, steps=job.steps, usage=reply.usage,
             )
         )
-        if reply.usage is not None:
-            self._paused_usage[job.message_id] = reply.usage
         if self._paused is not None:
             self._paused.add(job.session.id)
         job.outcome = PAUSED
@@ -599,7 +591,7 @@ class GenerationHandler:
         snap = reply.snapshot()
         await self._store.finish_message(
             run.message_id, status="aborted", text_content=snap.text_content, parts=snap.parts,
-            tool_calls=snap.tool_calls, usage=self._paused_usage.pop(run.message_id, None), seq=relay.seq + 1,
+            tool_calls=snap.tool_calls, usage=reply.usage, seq=relay.seq + 1,
         )
         await self._db(lambda: self._tool_store.set_run(run.message_id, state="done"))
         job.outcome = ABORTED

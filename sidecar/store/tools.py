@@ -32,7 +32,7 @@ import msgspec
 
 from protocol.events import ToolApprovalOption
 from protocol.params import ToolAuditEntry, ToolPolicy
-from protocol.types import ContentPart, MessageV2, ToolCall, ToolResultPart
+from protocol.types import ContentPart, MessageV2, ToolCall, ToolResultPart, Usage
 from sidecar.errors import InvalidParams, NotFound
 from sidecar.store.db import Database
 from sidecar.store.ids import now_ms
@@ -307,17 +307,19 @@ class ToolStore:
         tool_calls: list[ToolCall] | None,
         seq: int,
         steps: int,
+        usage: Usage | None = None,
     ) -> None:
-        """The reply waits for approvals: content, status ``paused`` and the run, together."""
+        """The reply waits for approvals: content, usage so far, status ``paused`` and the
+        run, together (a resumed reply, even after a restart, adds its steps' usage to it)."""
         with self._db.write() as conn:
             now = self._clock()
             conn.execute(
                 "UPDATE messages_v2 SET status = 'paused', text_content = ?, parts = ?,"
                 " content_type = CASE WHEN ? IS NOT NULL THEN 'multipart' ELSE content_type END,"
-                " tool_calls = ?, seq = ?, updated_at = ?"
+                " tool_calls = ?, seq = ?, usage = COALESCE(?, usage), updated_at = ?"
                 " WHERE id = ? AND status IN ('pending', 'streaming')",
                 (text_content, to_json(parts) if parts else None, to_json(parts) if parts else None,
-                 to_json(tool_calls), seq, now, message_id),
+                 to_json(tool_calls), seq, to_json(usage) if usage is not None else None, now, message_id),
             )
             if conn.changes() == 0:
                 raise NotFound(f"message {message_id!r} is not being generated")
