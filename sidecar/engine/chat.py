@@ -137,14 +137,18 @@ class ChatEngine:
                 return None
             acp_ok = self._acp is not None
 
-            def check_and_write() -> tuple[Turn, MessageV2 | None, MessageV2]:
+            def check_and_write() -> tuple[Turn, MessageV2 | None, MessageV2, Any]:
                 turn = self._turns.check_send(params)
                 if turn.session.mode == "acp" and not acp_ok:
                     raise SidecarError("ACP mode is not available in this process", code=ErrorCode.NOT_IMPLEMENTED)
-                return (turn, *self._turns.write(turn, after_active_leaf=True))
+                user, reply = self._turns.write(turn, after_active_leaf=True)
+                # the first request's reads in the same hop (the job reads again if they fail
+                # or do not fit the model it resolves)
+                prepared = self._handler.prepare_first(turn.session, reply.parent_id, turn.model_id)
+                return turn, user, reply, prepared
 
-            turn, user, reply = await anyio.to_thread.run_sync(check_and_write)
-            self._start_turn(turn, reply)
+            turn, user, reply, prepared = await anyio.to_thread.run_sync(check_and_write)
+            self._start_turn(turn, reply, prepared)
         assert user is not None
         return SendResult(message_id=reply.id, user_message_id=user.id)
 
@@ -298,7 +302,7 @@ class ChatEngine:
             self._start_turn(turn, reply)
         return user, reply
 
-    def _start_turn(self, turn: Turn, reply: MessageV2) -> None:
+    def _start_turn(self, turn: Turn, reply: MessageV2, prepared: Any = None) -> None:
         self._start(
             GenerationJob(
                 session=turn.session,
@@ -307,6 +311,7 @@ class ChatEngine:
                 provider_id=turn.provider_id,
                 model_id=turn.model_id,
                 temperature=turn.temperature,
+                prepared=prepared,
             )
         )
 

@@ -126,6 +126,8 @@ class GenerationJob(msgspec.Struct, kw_only=True):
     """Model steps taken so far (stored with the run, so a resumed reply keeps counting)."""
     has_run: bool = False
     """A tool_runs row exists for this reply."""
+    prepared: Any = None
+    """The first request's reads, when the send already made them (RequestBuilder.Prepared)."""
     stop_grace: float = 0.0
     """How much longer than ChatEngine's STOP_TIMEOUT_S a stop may take (an ACP agent's
     cancel timeout)."""
@@ -214,12 +216,19 @@ class GenerationHandler:
                 nonlocal registry
                 registry = await self._assemble(job.session, resolved.model)
 
-            # the tool assembly and the first request's reads (both in worker threads) overlap
-            async with anyio.create_task_group() as tg:
-                tg.start_soon(assemble)
-                prepared = await self._requests.prepare(
-                    session=job.session, leaf_id=job.parent_id, model=resolved.model
-                )
+            prepared = job.prepared
+            if prepared is not None and (prepared.leaf_id, prepared.model_id) != (job.parent_id, resolved.model.id):
+                prepared = None  # made for another leaf or model: read again
+            job.prepared = None
+            if prepared is not None:
+                await assemble()
+            else:
+                # the tool assembly and the first request's reads (both in worker threads) overlap
+                async with anyio.create_task_group() as tg:
+                    tg.start_soon(assemble)
+                    prepared = await self._requests.prepare(
+                        session=job.session, leaf_id=job.parent_id, model=resolved.model
+                    )
         except SidecarError as exc:
             return exc
         except Exception as exc:  # a bug: keep serving, report it as internal
@@ -542,6 +551,17 @@ class GenerationHandler:
         if self._paused is not None:
             self._paused.add(job.session.id)
         job.outcome = PAUSED
+
+    def prepare_first(self, session: SessionV2, leaf_id: str | None, model_id: str) -> Any:
+        """The first request's reads for a direct-mode reply under ``leaf_id`` (blocking: for a
+        worker thread that is already storing the turn); None when it cannot be made here."""
+        if session.mode != "direct" or not leaf_id or not model_id:
+            return None
+        try:
+            return self._requests.prepare_blocking(session, leaf_id, model_id)
+        except Exception:  # the job makes the same reads again and reports what fails
+            log.debug("reading ahead for %s failed", session.id, exc_info=True)
+            return None
 
     def is_idle(self, session_id: str) -> bool:
         """True when the session is known to have no paused reply (no database read)."""

@@ -76,6 +76,7 @@ class Prepared(msgspec.Struct, kw_only=True):
 
     leaf_id: str
     encoding: str
+    model_id: str = ""
     profile: SessionProfile
     soul: str | None
     read: Any
@@ -219,15 +220,18 @@ class RequestBuilder:
         """Every database and file read a build starts with, in one worker-thread hop: the
         session's profile, its Soul.md and the branch with its token counts. The generation
         loop runs it beside the tool assembly and hands it to ``build_detailed``."""
-        encoding = tk.encoding_for_model(model.id).encoding
+        return await anyio.to_thread.run_sync(lambda: self.prepare_blocking(session, leaf_id, model.id))
 
-        def read() -> Prepared:
-            profile = self.profiles.for_session(session.id)
-            soul = self._souls.read(profile.assistant.id) if profile.assistant.context.use_soul else None
-            branch = self.context.read_branch(session.id, leaf_id, encoding, profile.strategy)
-            return Prepared(leaf_id=leaf_id, encoding=encoding, profile=profile, soul=soul, read=branch)
-
-        return await anyio.to_thread.run_sync(read)
+    def prepare_blocking(self, session: SessionV2, leaf_id: str, model_id: str) -> Prepared:
+        """``prepare`` for a caller already in a worker thread (a send stores its turn and
+        makes the first request's reads in the same hop)."""
+        encoding = tk.encoding_for_model(model_id).encoding
+        profile = self.profiles.for_session(session.id)
+        soul = self._souls.read(profile.assistant.id) if profile.assistant.context.use_soul else None
+        branch = self.context.read_branch(session.id, leaf_id, encoding, profile.strategy)
+        return Prepared(
+            leaf_id=leaf_id, encoding=encoding, profile=profile, soul=soul, read=branch, model_id=model_id
+        )
 
     # ---- internals --------------------------------------------------------------------
 
