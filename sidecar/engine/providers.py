@@ -17,7 +17,6 @@ import logging
 import os
 import time
 from collections.abc import AsyncGenerator, Awaitable, Callable
-from contextlib import aclosing
 from typing import Any
 
 import anyio
@@ -43,6 +42,36 @@ log = logging.getLogger(__name__)
 RETIRE_GRACE_S = 30.0
 
 
+class _CountedStream:
+    """The provider's stream, counted as running until it is closed.
+
+    Not an async generator wrapping the provider's: ``__anext__`` hands out the provider
+    generator's own awaitable, so counting costs nothing per chunk (the stream is the hot
+    path). Consumers close it (``aclosing``), which is when the count drops.
+    """
+
+    __slots__ = ("_parts", "_on_close", "_closed")
+
+    def __init__(self, parts: AsyncGenerator[Any, None], on_close: Callable[[], Awaitable[None]]) -> None:
+        self._parts = parts
+        self._on_close = on_close
+        self._closed = False
+
+    def __aiter__(self) -> _CountedStream:
+        return self
+
+    def __anext__(self) -> Awaitable[Any]:
+        return self._parts.__anext__()
+
+    async def aclose(self) -> None:
+        try:
+            await self._parts.aclose()
+        finally:
+            if not self._closed:
+                self._closed = True
+                await self._on_close()
+
+
 class _Live:
     """A provider's client with a count of the streams and calls running on it."""
 
@@ -53,15 +82,13 @@ class _Live:
         self.retired_at: float | None = None
         self._service = service
 
-    async def stream(self, request: Any) -> AsyncGenerator[Any, None]:
+    def stream(self, request: Any) -> _CountedStream:
         self.busy += 1
-        try:
-            async with aclosing(self.provider.stream(request)) as parts:
-                async for part in parts:
-                    yield part
-        finally:
-            self.busy -= 1
-            await self._service._close_retired()
+        return _CountedStream(self.provider.stream(request), self._stream_closed)
+
+    async def _stream_closed(self) -> None:
+        self.busy -= 1
+        await self._service._close_retired()
 
     async def generate(self, request: Any) -> Any:
         self.busy += 1
