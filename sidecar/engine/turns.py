@@ -93,24 +93,25 @@ class TurnWriter:
         """
         user = None
         parent = turn.parent_id
-        if turn.user_input is not None:
-            stored = turn.user_input
-            user = self._store.append_message(
+        with self._store.transaction():  # both messages or neither
+            if turn.user_input is not None:
+                stored = turn.user_input
+                user = self._store.append_message(
+                    turn.session.id,
+                    role="user",
+                    **({} if after_active_leaf else {"parent_id": parent}),
+                    content_type=stored.content_type,
+                    text_content=stored.text_content,
+                    parts=stored.parts,
+                )
+                parent = user.id
+            reply = self._store.append_message(
                 turn.session.id,
-                role="user",
-                **({} if after_active_leaf else {"parent_id": parent}),
-                content_type=stored.content_type,
-                text_content=stored.text_content,
-                parts=stored.parts,
+                role="assistant",
+                parent_id=parent,
+                status="pending",
+                model_id=turn.model_id or None,
             )
-            parent = user.id
-        reply = self._store.append_message(
-            turn.session.id,
-            role="assistant",
-            parent_id=parent,
-            status="pending",
-            model_id=turn.model_id or None,
-        )
         return user, reply
 
     # -- internals ------------------------------------------------------------------------

@@ -27,7 +27,8 @@ Conventions:
 from __future__ import annotations
 
 import enum
-from collections.abc import Callable
+from collections.abc import Callable, Iterator
+from contextlib import contextmanager
 from pathlib import Path
 from typing import Any, Final, Literal
 
@@ -125,6 +126,12 @@ class Store:
             self._db.close()
             self._lock.release()
             raise
+
+    @contextmanager
+    def transaction(self) -> Iterator[None]:
+        """Several Store calls as one write transaction (they join it; all or nothing)."""
+        with self._db.write():
+            yield
 
     def close(self) -> None:
         try:
