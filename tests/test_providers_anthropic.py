@@ -7,8 +7,16 @@ from typing import Any
 
 import anyio
 import pytest
+from provider_helpers import run_scripted, text_of, user
 
-from protocol.types import ImagePart, TextPart, ThinkingPart, ToolResultPart, ToolUsePart, Usage
+from protocol.types import (
+    ImagePart,
+    TextPart,
+    ThinkingPart,
+    ToolResultPart,
+    ToolUsePart,
+    Usage,
+)
 from sidecar.providers import (
     AnthropicProvider,
     ChatRequest,
@@ -26,7 +34,14 @@ from sidecar.providers import (
     UsageUpdate,
     create_provider,
 )
-from sidecar.providers.replay import Reply, ScriptedTransport, drain, fixture_text, json_reply, pieces, sse_reply
+from sidecar.providers.replay import (
+    Reply,
+    ScriptedTransport,
+    fixture_text,
+    json_reply,
+    pieces,
+    sse_reply,
+)
 
 pytestmark = pytest.mark.anyio
 
@@ -39,28 +54,13 @@ def settings(**kw: Any) -> ProviderSettings:
     return ProviderSettings(**base)
 
 
-def user(text: str) -> RequestMessage:
-    return RequestMessage(role="user", parts=[TextPart(text=text)])
-
-
 def request(model: ModelInfo | None = None, **kw: Any) -> ChatRequest:
     kw.setdefault("messages", [user("hi")])
     return ChatRequest(model=model or ModelInfo(id="claude-3-5-haiku-latest"), **kw)
 
 
 async def run(reply: Reply, req: ChatRequest | None = None) -> tuple[list[Any], Any, ScriptedTransport]:
-    transport = ScriptedTransport(reply)
-    provider = create_provider(settings(), transport=transport)
-    try:
-        with anyio.fail_after(5):
-            parts, error = await drain(provider.stream(req or request()))
-    finally:
-        await provider.aclose()
-    return parts, error, transport
-
-
-def text_of(parts: list[Any]) -> str:
-    return "".join(p.text for p in parts if isinstance(p, TextDelta))
+    return await run_scripted(settings(), reply, req or request())
 
 
 # -- streams ------------------------------------------------------------------------------

@@ -8,8 +8,16 @@ from typing import Any
 
 import anyio
 import pytest
+from provider_helpers import run_scripted, text_of, user
 
-from protocol.types import ImagePart, TextPart, ThinkingPart, ToolResultPart, ToolUsePart, Usage
+from protocol.types import (
+    ImagePart,
+    TextPart,
+    ThinkingPart,
+    ToolResultPart,
+    ToolUsePart,
+    Usage,
+)
 from sidecar.providers import (
     ChatRequest,
     Finish,
@@ -28,7 +36,15 @@ from sidecar.providers import (
     UsageUpdate,
     create_provider,
 )
-from sidecar.providers.replay import Reply, ScriptedTransport, drain, fixture_text, json_reply, ndjson_reply, pieces
+from sidecar.providers.replay import (
+    Reply,
+    ScriptedTransport,
+    drain,
+    fixture_text,
+    json_reply,
+    ndjson_reply,
+    pieces,
+)
 
 pytestmark = pytest.mark.anyio
 
@@ -39,28 +55,13 @@ def settings(**kw: Any) -> ProviderSettings:
     return ProviderSettings(**base)
 
 
-def user(text: str) -> RequestMessage:
-    return RequestMessage(role="user", parts=[TextPart(text=text)])
-
-
 def request(model: ModelInfo | None = None, **kw: Any) -> ChatRequest:
     kw.setdefault("messages", [user("hi")])
     return ChatRequest(model=model or ModelInfo(id="llama3.2"), **kw)
 
 
 async def run(reply: Reply, req: ChatRequest | None = None, **kw: Any) -> tuple[list[Any], Any, ScriptedTransport]:
-    transport = ScriptedTransport(reply)
-    provider = create_provider(settings(**kw), transport=transport)
-    try:
-        with anyio.fail_after(5):
-            parts, error = await drain(provider.stream(req or request()))
-    finally:
-        await provider.aclose()
-    return parts, error, transport
-
-
-def text_of(parts: list[Any]) -> str:
-    return "".join(p.text for p in parts if isinstance(p, TextDelta))
+    return await run_scripted(settings(**kw), reply, req or request())
 
 
 async def test_plain_text_and_done_usage() -> None:

@@ -7,6 +7,7 @@ from typing import Any
 
 import anyio
 import pytest
+from provider_helpers import run_scripted, text_of, user
 
 from protocol.types import (
     FilePart,
@@ -35,7 +36,15 @@ from sidecar.providers import (
     create_provider,
 )
 from sidecar.providers.history import MISSING_RESULT
-from sidecar.providers.replay import Reply, ScriptedTransport, drain, fixture_text, json_reply, pieces, sse_reply
+from sidecar.providers.replay import (
+    Reply,
+    ScriptedTransport,
+    drain,
+    fixture_text,
+    json_reply,
+    pieces,
+    sse_reply,
+)
 
 pytestmark = pytest.mark.anyio
 
@@ -46,10 +55,6 @@ def settings(**kw: Any) -> ProviderSettings:
     return ProviderSettings(**base)
 
 
-def user(text: str) -> RequestMessage:
-    return RequestMessage(role="user", parts=[TextPart(text=text)])
-
-
 def request(model: str = "gpt-4o-mini", **kw: Any) -> ChatRequest:
     model_info = kw.pop("model_info", None) or ModelInfo(id=model)
     kw.setdefault("messages", [user("hi")])
@@ -57,18 +62,7 @@ def request(model: str = "gpt-4o-mini", **kw: Any) -> ChatRequest:
 
 
 async def run(reply: Reply, req: ChatRequest | None = None, **kw: Any) -> tuple[list[Any], Any, ScriptedTransport]:
-    transport = ScriptedTransport(reply)
-    provider = create_provider(settings(**kw), transport=transport)
-    try:
-        with anyio.fail_after(5):
-            parts, error = await drain(provider.stream(req or request()))
-    finally:
-        await provider.aclose()
-    return parts, error, transport
-
-
-def text_of(parts: list[Any]) -> str:
-    return "".join(p.text for p in parts if isinstance(p, TextDelta))
+    return await run_scripted(settings(**kw), reply, req or request())
 
 
 # -- streams --------------------------------------------------------------------------
