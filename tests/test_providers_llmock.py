@@ -18,6 +18,7 @@ from typing import Any
 import anyio
 import httpx2
 import pytest
+from provider_helpers import text_of
 
 from protocol.types import TextPart
 from sidecar.providers import (
@@ -26,7 +27,6 @@ from sidecar.providers import (
     ModelInfo,
     ProviderSettings,
     RequestMessage,
-    TextDelta,
     ToolCallEnd,
     ToolCallStart,
     ToolSpec,
@@ -123,10 +123,6 @@ def chat(kind: str, tools: list[ToolSpec] | None = None) -> ChatRequest:
         messages=[RequestMessage(role="user", parts=[TextPart(text="Say something")])],
         tools=tools or [],
     )
-
-
-def text_of(parts: list[Any]) -> str:
-    return "".join(p.text for p in parts if isinstance(p, TextDelta))
 
 
 both = pytest.mark.parametrize("kind", list(KINDS))

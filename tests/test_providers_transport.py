@@ -13,6 +13,7 @@ import anyio
 import httpx2
 import msgspec
 import pytest
+from provider_helpers import text_of
 
 from protocol.params import ProviderUpsertParams
 from protocol.types import TextPart
@@ -25,7 +26,13 @@ from sidecar.providers import (
     TextDelta,
     create_provider,
 )
-from sidecar.providers.replay import Reply, ScriptedTransport, drain, json_reply, sse_reply
+from sidecar.providers.replay import (
+    Reply,
+    ScriptedTransport,
+    drain,
+    json_reply,
+    sse_reply,
+)
 from sidecar.providers.transport import parse_retry_after, retry_delay
 from sidecar.store import Store
 
@@ -57,10 +64,6 @@ async def stream_with(transport: ScriptedTransport, **kw: Any) -> tuple[list[Any
             return await drain(provider.stream(REQUEST))
     finally:
         await provider.aclose()
-
-
-def text_of(parts: list[Any]) -> str:
-    return "".join(p.text for p in parts if isinstance(p, TextDelta))
 
 
 # -- retries before the first byte ---------------------------------------------------------
