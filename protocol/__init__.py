@@ -1,25 +1,30 @@
 """The wire contract of chat-sidecar: msgspec Structs only, no I/O.
 
-Everything the Electron/Tauri side sends or receives is declared here: the
-stored shapes (SessionV2, MessageV2, ContentPart), the streaming events
-(ChatStreamEvent), the params/result of every method, the error codes, and
-one table (METHODS) mapping each method name to its types.
+Everything the Electron/Tauri side sends or receives is declared here, one module per
+domain: the stored shapes (``types``: SessionV2, MessageV2, ContentPart), the streaming
+events (``events``: ChatStreamEvent), the error codes (``errors``), and the params/result
+of every method with the domain's part of the method table (``lifecycle``, ``sessions``,
+``messages``, ``chat``, ``providers``, ``settings``, ``tools``, ``mcp``, ``context``).
+``methods`` joins the parts into one table (METHODS) mapping each method name to its types.
 
 Field names are snake_case in Python and camelCase on the wire (``rename="camel"``).
 This package imports nothing from ``sidecar``; generated copies of it live in
 ``protocol/generated/`` (JSON Schema and TypeScript).
 """
 
+from protocol import chat, common, context, lifecycle, mcp, messages, providers, sessions, settings, tools
 from protocol.errors import ErrorCode
 from protocol.events import *  # noqa: F401,F403
 from protocol.events import __all__ as _events_all
 from protocol.methods import METHODS, NOTIFICATIONS, MethodSpec
-from protocol.params import *  # noqa: F401,F403
-from protocol.params import __all__ as _params_all
 from protocol.types import *  # noqa: F401,F403
 from protocol.types import __all__ as _types_all
 
 PROTOCOL_VERSION = 1
+
+_DOMAINS = (common, lifecycle, sessions, messages, chat, providers, settings, tools, mcp, context)
+for _domain in _DOMAINS:
+    globals().update({name: getattr(_domain, name) for name in _domain.__all__})
 
 __all__ = [
     "PROTOCOL_VERSION",
@@ -29,5 +34,5 @@ __all__ = [
     "MethodSpec",
     *_types_all,
     *_events_all,
-    *_params_all,
+    *(name for domain in _DOMAINS for name in domain.__all__ if name != "MethodSpec"),
 ]

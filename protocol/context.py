@@ -14,8 +14,10 @@ from typing import Literal
 
 import msgspec
 
-from protocol.params import DefaultModel
+from protocol.providers import DefaultModel
 from protocol.types import Struct
+from protocol.common import EmptyParams, SuccessResult
+from protocol.common import MethodSpec
 
 __all__ = [
     "TruncationStrategy",
@@ -249,3 +251,29 @@ class ContextCompactResult(Struct, omit_defaults=False, kw_only=True):
     """Messages sent verbatim after the summary."""
     tokens_before: int
     tokens_after: int
+
+
+METHODS: dict[str, MethodSpec] = {
+    "assistant:list": MethodSpec(EmptyParams, list[AssistantProfile], "Assistant profiles, the default marked."),
+    "assistant:get": MethodSpec(AssistantIdParams, AssistantProfile, "One assistant profile."),
+    "assistant:upsert": MethodSpec(
+        AssistantUpsertParams, AssistantProfile, "Create or replace an assistant profile (validated)."
+    ),
+    "assistant:delete": MethodSpec(
+        AssistantIdParams, SuccessResult, "Delete a profile (not the default; its sessions fall back to the default)."
+    ),
+    "assistant:setDefault": MethodSpec(
+        AssistantIdParams, SuccessResult, "The profile of sessions that did not choose one."
+    ),
+    "chat:context:get": MethodSpec(
+        ContextGetParams, SessionContextInfo, "A session's profile, truncation strategy and rolling summary."
+    ),
+    "chat:context:update": MethodSpec(
+        ContextUpdateParams, SessionContextInfo, "Choose a session's assistant profile and truncation strategy."
+    ),
+    "chat:context:compact": MethodSpec(
+        ContextCompactParams, ContextCompactResult,
+        "Summarize the old part of the active branch now (target size, extra instructions).",
+    ),
+}
+"""The methods of this domain (see ``protocol.methods``)."""

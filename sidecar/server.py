@@ -33,14 +33,8 @@ import sidecar
 from protocol import METHODS, NOTIFICATIONS, PROTOCOL_VERSION
 from protocol.errors import ErrorCode
 from protocol.events import TextDeltaEvent
-from protocol.params import (
-    EmptyParams,
-    InitializeParams,
-    InitializeResult,
-    ServerCapabilities,
-    ServerInfo,
-    SuccessResult,
-)
+from protocol.common import EmptyParams, SuccessResult
+from protocol.lifecycle import InitializeParams, InitializeResult, ServerCapabilities, ServerInfo
 from sidecar.app import App, open_app
 from sidecar.config import Config
 from sidecar.errors import InvalidParams, SidecarError

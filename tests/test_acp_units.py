@@ -17,7 +17,7 @@ from hypothesis import HealthCheck, given, settings
 from hypothesis import strategies as st
 
 from protocol.events import ToolCallStartEvent, ToolResultEvent, UsageEvent
-from protocol.params import AcpEngineConfig, ProviderUpsertParams
+from protocol.providers import AcpEngineConfig, ProviderUpsertParams
 from protocol.types import ContentPart, DiffPart, Usage
 from sidecar.acp import fs, mapping
 from sidecar.acp.client import AcpConnection, PromptCall
@@ -623,7 +623,7 @@ def test_engine_config_is_validated_stored_and_masked(tmp_path: Path) -> None:
 
 
 def test_acp_turns_record_and_raw_columns(tmp_path: Path) -> None:
-    from protocol.params import CreateSessionOptions
+    from protocol.sessions import CreateSessionOptions
 
     store = Store(tmp_path)
     try:

@@ -14,7 +14,7 @@ from chat_helpers import configure_provider, wait_final
 from scripted_server import scripted_provider
 from sidecar_proc import spawn_sidecar
 
-from protocol.params import Attachment, UserInput
+from protocol.chat import Attachment, UserInput
 from sidecar.config import DEFAULT_MAX_LINE_BYTES
 from sidecar.errors import InvalidParams
 from sidecar.store import attachments

@@ -10,7 +10,7 @@ import anyio
 import pytest
 
 from protocol.context import AssistantUpsertParams, ContextOptions
-from protocol.params import CreateSessionOptions
+from protocol.sessions import CreateSessionOptions
 from protocol.types import MessageV2, TextPart
 from sidecar.errors import ProviderError
 from sidecar.pipeline import planner

@@ -19,17 +19,12 @@ from anyio import wait_all_tasks_blocked
 
 from protocol.errors import ErrorCode
 from protocol.events import TextDeltaEvent
-from protocol.params import (
-    AbortParams,
-    ChatSettings,
-    ChatSettingsUpdate,
-    CreateSessionOptions,
-    IdParams,
-    ProviderUpsertParams,
-    SendParams,
-    ToolApproveParams,
-    UserInput,
-)
+from protocol.chat import AbortParams, SendParams, UserInput
+from protocol.common import IdParams
+from protocol.providers import ProviderUpsertParams
+from protocol.sessions import CreateSessionOptions
+from protocol.settings import ChatSettings, ChatSettingsUpdate
+from protocol.tools import ToolApproveParams
 from protocol.types import ToolResultPart, Usage
 from sidecar.engine import chat as chat_module
 from sidecar.engine import providers as providers_module

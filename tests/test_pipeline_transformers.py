@@ -21,7 +21,8 @@ from protocol.context import (
     TemplateOptions,
     TransformerOptions,
 )
-from protocol.params import Attachment, CreateSessionOptions, UserInput
+from protocol.chat import Attachment, UserInput
+from protocol.sessions import CreateSessionOptions
 from protocol.types import ImagePart, TextPart
 from sidecar.pipeline.builder import RequestBuilder
 from sidecar.pipeline.transformers import TRANSFORMER_ORDER
@@ -93,7 +94,7 @@ async def test_all_transformers_run_in_the_seeds_order(tmp_path: Path) -> None:
             template=TemplateOptions(enabled=True, template="<<{{ message }}>>"),
         ),
     )
-    store.update_session(sid, __import__("protocol.params", fromlist=["SessionUpdates"]).SessionUpdates(
+    store.update_session(sid, __import__("protocol.sessions", fromlist=["SessionUpdates"]).SessionUpdates(
         workspace_dir=str(workspace)))
     stored = AttachmentStore(tmp_path).store_input(UserInput(content=[
         TextPart(text="Where?"), ImagePart(mime_type="image/png", base64=PNG_B64)],

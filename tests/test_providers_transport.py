@@ -15,7 +15,7 @@ import msgspec
 import pytest
 from provider_helpers import text_of
 
-from protocol.params import ProviderUpsertParams
+from protocol.providers import ProviderUpsertParams
 from protocol.types import TextPart
 from sidecar.providers import (
     ChatRequest,

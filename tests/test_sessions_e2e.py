@@ -10,7 +10,7 @@ import anyio
 import pytest
 
 from protocol.errors import ErrorCode
-from protocol.params import SessionListResult
+from protocol.sessions import SessionListResult
 from protocol.types import MessageTreeNode, MessageV2, SearchResult, SessionExport, SessionV2
 from sidecar.store import Store
 from sidecar_proc import CallError, spawn_sidecar

@@ -10,21 +10,22 @@ import anyio
 import msgspec
 import pytest
 
-from protocol.params import (
-    CreateSessionOptions,
-    IdParams,
+from protocol.common import IdParams, SuccessResult
+from protocol.messages import (
     MessageQueryOptions,
     MessagesGetParams,
     MessagesSearchParams,
     MessagesSelectParams,
     MessagesTreeParams,
+)
+from protocol.sessions import (
+    CreateSessionOptions,
     SessionFilter,
     SessionForkParams,
     SessionImportParams,
     SessionPinParams,
     SessionUpdateParams,
     SessionUpdates,
-    SuccessResult,
 )
 from protocol.types import MessageTreeNode, MessageV2, SessionV2
 from sidecar.engine.sessions import SessionService, encode_tree

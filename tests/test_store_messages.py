@@ -9,7 +9,8 @@ import msgspec
 import pytest
 
 from protocol.errors import ErrorCode
-from protocol.params import CreateSessionOptions, MessageQueryOptions
+from protocol.messages import MessageQueryOptions
+from protocol.sessions import CreateSessionOptions
 from protocol.types import (
     ImagePart,
     MessageTreeNode,

@@ -13,7 +13,7 @@ from pathlib import Path
 import apsw
 import pytest
 
-from protocol.params import CreateSessionOptions
+from protocol.sessions import CreateSessionOptions
 from sidecar.errors import StoreError
 from sidecar.store import Store, migrations
 from test_store_support import count, db_digest
@@ -170,7 +170,7 @@ def test_the_search_date_copy_is_filled_on_every_kind_of_insert(tmp_path: Path) 
 
 
 def _search(**kw: object):  # type: ignore[no-untyped-def]
-    from protocol.params import SearchOptions
+    from protocol.messages import SearchOptions
 
     return SearchOptions(**kw)  # type: ignore[arg-type]
 
@@ -182,7 +182,7 @@ def _dates(lo: int, hi: int):  # type: ignore[no-untyped-def]
 
 
 def _filter(**kw: object):  # type: ignore[no-untyped-def]
-    from protocol.params import SessionFilter
+    from protocol.sessions import SessionFilter
 
     return SessionFilter(**kw)  # type: ignore[arg-type]
 
@@ -205,7 +205,7 @@ def test_connection_pragmas(tmp_path: Path) -> None:
 
 _CRASHING_CHILD = """
 import json, os, signal, sys
-from protocol.params import CreateSessionOptions
+from protocol.sessions import CreateSessionOptions
 from protocol.types import TextPart
 from sidecar.store import Store
 store = Store(sys.argv[1])

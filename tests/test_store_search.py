@@ -7,7 +7,8 @@ from pathlib import Path
 
 import pytest
 
-from protocol.params import CreateSessionOptions, SearchOptions
+from protocol.messages import SearchOptions
+from protocol.sessions import CreateSessionOptions
 from protocol.types import DateRange, TextPart
 from sidecar.errors import InvalidParams
 from sidecar.store import Store

@@ -9,7 +9,7 @@ import msgspec
 import pytest
 
 from protocol.errors import ErrorCode
-from protocol.params import CreateSessionOptions, SessionFilter, SessionUpdates
+from protocol.sessions import CreateSessionOptions, SessionFilter, SessionUpdates
 from protocol.types import DateRange
 from sidecar.errors import InvalidParams, NotFound
 from sidecar.store import Store

@@ -23,15 +23,10 @@ import msgspec
 from hypothesis import HealthCheck, given, settings
 from hypothesis import strategies as st
 
-from protocol.params import (
-    AbortParams,
-    ChatSettings,
-    CreateSessionOptions,
-    SendParams,
-    SessionFilter,
-    ToolApproveParams,
-    UserInput,
-)
+from protocol.chat import AbortParams, SendParams, UserInput
+from protocol.sessions import CreateSessionOptions, SessionFilter
+from protocol.settings import ChatSettings
+from protocol.tools import ToolApproveParams
 from protocol.types import ToolResultPart
 from sidecar.engine.approvals import ApprovalService
 from sidecar.engine.chat import ChatEngine

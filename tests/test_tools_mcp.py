@@ -14,7 +14,8 @@ import anyio
 import pytest
 
 from chat_helpers import configure_provider, events_of, wait_final
-from protocol.params import McpServerUpsertParams, NameParams
+from protocol.common import NameParams
+from protocol.mcp import McpServerUpsertParams
 from scripted_server import scripted_provider
 from sidecar.store import Store
 from sidecar.tools.base import ToolError

@@ -15,8 +15,8 @@ import anyio
 import pytest
 
 from protocol.events import ToolApprovalOption
-from protocol.params import (
-    CreateSessionOptions,
+from protocol.sessions import CreateSessionOptions
+from protocol.tools import (
     ToolApproveParams,
     ToolAuditListParams,
     ToolListParams,

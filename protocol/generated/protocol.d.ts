@@ -44,15 +44,19 @@ export type ChatStreamEvent = StreamStartEvent | TextDeltaEvent | ThinkingDeltaE
 export type ContentPart = TextPart | ImagePart | FilePart | CodePart | ToolUsePart | ToolResultPart | ThinkingPart | StepStartPart | StepFinishPart | DiffPart;
 export type ContentType = "multipart" | "text";
 export type FinishReason = "content_filter" | "length" | "max_turn_requests" | "other" | "refusal" | "stop" | "tool_calls";
+export type InjectionPosition = "after_system" | "at_depth" | "before_system" | "bottom_of_chat" | "top_of_chat";
+export type InjectionRole = "assistant" | "system" | "user";
 export type McpTransport = "http" | "stdio";
 export type MessageRole = "assistant" | "system" | "tool" | "user";
 export type MessageStatus = "aborted" | "completed" | "error" | "paused" | "pending" | "streaming";
 export type ProviderKind = "acp-engine" | "anthropic" | "ollama" | "openai-compat";
 export type ReasoningLevel = "auto" | "high" | "low" | "max" | "medium" | "off";
+export type RegexScope = "assistant" | "both" | "user";
 export type SessionMode = "acp" | "direct";
 export type SessionSortBy = "created_at" | "last_message_at" | "updated_at";
 export type ToolDecision = "answered" | "approved" | "denied";
 export type ToolPolicyValue = "ask" | "auto" | "deny";
+export type TruncationStrategy = "sliding-window" | "smart-select" | "summarize-old";
 
 export interface AbortParams {
   sessionId: string;
@@ -232,7 +236,7 @@ export interface ContextOptions {
    * the legacy "disabled" value and means the default 32,000.
    */
   compressThreshold?: number;
-  truncationStrategy?: "sliding-window" | "smart-select" | "summarize-old";
+  truncationStrategy?: TruncationStrategy;
   /** Model that writes rolling summaries; default: the session's model. */
   summaryModel?: DefaultModel | null;
   /**
@@ -247,7 +251,7 @@ export interface ContextUpdateParams {
   /** "" goes back to the default profile. */
   assistantId?: string | null;
   /** "" goes back to the profile's strategy. */
-  truncationStrategy?: "sliding-window" | "smart-select" | "summarize-old" | "" | null;
+  truncationStrategy?: TruncationStrategy | "" | null;
 }
 
 /** Params of ``chat:session:create``; omitted provider/model use the configured default. */
@@ -340,9 +344,9 @@ export interface LorebookEntry {
   keywords: string[];
   content: string;
   name?: string;
-  position?: "after_system" | "at_depth" | "before_system" | "bottom_of_chat" | "top_of_chat";
+  position?: InjectionPosition;
   depth?: number;
-  role?: "assistant" | "system" | "user";
+  role?: InjectionRole;
   caseSensitive?: boolean;
   /** How many of the last messages are searched for a keyword (1..1000). */
   scanDepth?: number;
@@ -538,11 +542,11 @@ export interface PendingToolCall {
 export interface PromptInjection {
   content: string;
   name?: string;
-  position?: "after_system" | "at_depth" | "before_system" | "bottom_of_chat" | "top_of_chat";
+  position?: InjectionPosition;
   /** For ``at_depth``: how many messages above the end (0 = after the last message). */
   depth?: number;
   /** Role of the injected message for the chat positions (system text for the system positions). */
-  role?: "assistant" | "system" | "user";
+  role?: InjectionRole;
   enabled?: boolean;
 }
 
@@ -614,7 +618,7 @@ export interface RegexRule {
   pattern: string;
   /** ``\1`` / ``\g<name>`` refer to groups. */
   replacement?: string;
-  scope?: "assistant" | "both" | "user";
+  scope?: RegexScope;
   name?: string;
   ignoreCase?: boolean;
   multiline?: boolean;
@@ -692,8 +696,8 @@ export interface SessionContextInfo {
   /** The profile the session chose, if any. */
   sessionAssistantId?: string | null;
   /** In effect: the session's choice, else the profile's. */
-  truncationStrategy: "sliding-window" | "smart-select" | "summarize-old";
-  sessionTruncationStrategy?: "sliding-window" | "smart-select" | "summarize-old" | null;
+  truncationStrategy: TruncationStrategy;
+  sessionTruncationStrategy?: TruncationStrategy | null;
   threshold: number;
   summary?: RollingSummaryInfo | null;
 }

@@ -26,7 +26,7 @@ from types import TracebackType
 import anyio
 import anyio.abc
 
-from protocol.params import AcpEngineConfig
+from protocol.providers import AcpEngineConfig
 from sidecar.acp.client import AcpConnection
 from sidecar.acp.process import MAX_LINE_BYTES, EngineSpec, spawn_agent
 from sidecar.errors import ProviderError, SidecarError

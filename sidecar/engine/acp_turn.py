@@ -63,7 +63,9 @@ from protocol.events import (
     ToolApprovalRequiredEvent,
     UsageEvent,
 )
-from protocol.params import AcpEngineConfig, ChatSettings, ToolPolicySetParams
+from protocol.providers import AcpEngineConfig
+from protocol.settings import ChatSettings
+from protocol.tools import ToolPolicySetParams
 from protocol.types import (
     CodePart,
     ContentPart,

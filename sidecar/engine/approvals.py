@@ -53,8 +53,8 @@ import msgspec
 
 from protocol.errors import ErrorCode
 from protocol.events import ToolApprovalOption
-from protocol.params import (
-    EmptyParams,
+from protocol.common import EmptyParams
+from protocol.tools import (
     PendingToolCall,
     ToolApproveParams,
     ToolApproveResult,

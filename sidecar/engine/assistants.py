@@ -13,7 +13,7 @@ from typing import Any
 import anyio
 
 from protocol.context import AssistantIdParams, AssistantProfile, AssistantUpsertParams
-from protocol.params import EmptyParams, SuccessResult
+from protocol.common import EmptyParams, SuccessResult
 from sidecar.errors import InvalidParams
 from sidecar.pipeline.transformers.regex import compile_rules
 from sidecar.pipeline.transformers.template import check_template

@@ -39,15 +39,15 @@ import anyio.abc
 import msgspec
 
 from protocol.errors import ErrorCode
-from protocol.params import (
+from protocol.chat import (
     AbortParams,
     EditResendParams,
     MessageIdResult,
     RegenerateParams,
     SendParams,
     SendResult,
-    SuccessResult,
 )
+from protocol.common import SuccessResult
 from protocol.types import MessageV2, SessionV2
 from sidecar.engine.generation import GenerationHandler, GenerationJob
 from sidecar.engine.titles import TitleGenerator

@@ -66,7 +66,7 @@ from protocol.events import (
     ToolResultEvent,
     UsageEvent,
 )
-from protocol.params import ChatSettings
+from protocol.settings import ChatSettings
 from protocol.types import MessageV2, SessionV2, ToolCall, Usage
 from sidecar.engine.approvals import ApprovalRequest, ApprovalService
 from sidecar.engine.relay import StreamRelay

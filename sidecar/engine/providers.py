@@ -22,14 +22,8 @@ from typing import Any
 import anyio
 import msgspec
 
-from protocol.params import (
-    EmptyParams,
-    IdParams,
-    ProviderInfo,
-    ProviderSetDefaultParams,
-    ProviderUpsertParams,
-    SuccessResult,
-)
+from protocol.common import EmptyParams, IdParams, SuccessResult
+from protocol.providers import ProviderInfo, ProviderSetDefaultParams, ProviderUpsertParams
 from protocol.types import Usage
 from sidecar.errors import EngineError, InvalidParams, NotFound
 from sidecar.providers import Provider, create_provider

@@ -23,20 +23,21 @@ from typing import Any
 
 import msgspec
 
-from protocol.params import (
-    CreateSessionOptions,
-    IdParams,
+from protocol.common import IdParams, SuccessResult
+from protocol.messages import (
     MessagesGetParams,
     MessagesSearchParams,
     MessagesSelectParams,
     MessagesTreeParams,
+)
+from protocol.sessions import (
+    CreateSessionOptions,
     SessionFilter,
     SessionForkParams,
     SessionImportParams,
     SessionListResult,
     SessionPinParams,
     SessionUpdateParams,
-    SuccessResult,
 )
 from protocol.types import MessageTreeNode, MessageV2, SearchResult, SessionExport, SessionV2
 from sidecar.store import AsyncStore

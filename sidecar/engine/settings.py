@@ -12,7 +12,8 @@ from collections.abc import Awaitable, Callable
 import anyio
 import msgspec
 
-from protocol.params import ChatSettings, ChatSettingsUpdate, EmptyParams
+from protocol.common import EmptyParams
+from protocol.settings import ChatSettings, ChatSettingsUpdate
 from sidecar.errors import InvalidParams
 
 SETTINGS_KEY = "chat_settings"

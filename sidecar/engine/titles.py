@@ -13,7 +13,8 @@ from typing import Any
 
 import anyio
 
-from protocol.params import ChatSettings, SessionUpdates
+from protocol.sessions import SessionUpdates
+from protocol.settings import ChatSettings
 from protocol.types import SessionV2, TextPart
 from sidecar.errors import SidecarError
 from sidecar.providers.types import ChatRequest, GenerationParams, RequestMessage, TextDelta

@@ -13,7 +13,7 @@ from typing import Any
 
 import msgspec
 
-from protocol.params import EditResendParams, RegenerateParams, SendParams, UserInput
+from protocol.chat import EditResendParams, RegenerateParams, SendParams, UserInput
 from protocol.types import FilePart, ImagePart, MessageV2, SessionV2, TextPart
 from sidecar.errors import EngineError, InvalidParams, NotFound
 from sidecar.store.attachments import AttachmentStore, StoredInput

@@ -45,7 +45,7 @@ import anyio.abc
 import msgspec
 
 from protocol.errors import ErrorCode
-from protocol.params import CancelRequestParams
+from protocol.common import CancelRequestParams
 from sidecar.errors import PeerClosed, RemoteError, RpcError
 from sidecar.rpc.dispatch import Dispatcher, Handlers
 from sidecar.rpc.framing import (

@@ -18,14 +18,8 @@ from typing import Any, TypeVar
 import anyio
 import anyio.to_thread
 
-from protocol.params import (
-    CreateSessionOptions,
-    MessageQueryOptions,
-    SearchOptions,
-    SessionFilter,
-    SessionListResult,
-    SessionUpdates,
-)
+from protocol.messages import MessageQueryOptions, SearchOptions
+from protocol.sessions import CreateSessionOptions, SessionFilter, SessionListResult, SessionUpdates
 from protocol.types import (
     ContentPart,
     MessageTreeNode,

@@ -24,7 +24,7 @@ from pathlib import Path
 from urllib.parse import urlparse
 from urllib.request import url2pathname
 
-from protocol.params import UserInput
+from protocol.chat import UserInput
 from protocol.types import ContentPart, FilePart, ImagePart, TextPart
 from sidecar.config import DEFAULT_MAX_LINE_BYTES
 from sidecar.errors import InvalidParams

@@ -10,7 +10,7 @@ from __future__ import annotations
 
 from typing import Any, get_args
 
-from protocol.params import SessionSortBy
+from protocol.sessions import SessionSortBy
 from protocol.types import ContentType, DateRange, MessageRole, MessageStatus, SessionMode
 from sidecar.errors import InvalidParams
 

@@ -22,7 +22,7 @@ from urllib.parse import urlparse
 
 import msgspec
 
-from protocol.params import AcpEngineConfig, ModelConfig, ProviderInfo, ProviderKind, ProviderUpsertParams
+from protocol.providers import AcpEngineConfig, ModelConfig, ProviderInfo, ProviderKind, ProviderUpsertParams
 from sidecar.errors import InvalidParams, NotFound
 from sidecar.providers.redact import is_secret_name
 from sidecar.store.db import Database

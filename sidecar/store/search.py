@@ -21,7 +21,7 @@ from collections.abc import Iterable
 
 import apsw
 
-from protocol.params import SearchOptions
+from protocol.messages import SearchOptions
 from protocol.types import SearchResult
 from sidecar.errors import InvalidParams
 from sidecar.store import fts

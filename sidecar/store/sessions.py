@@ -15,7 +15,7 @@ from typing import Any
 
 import apsw
 
-from protocol.params import SessionFilter, SessionListResult, SessionUpdates
+from protocol.sessions import SessionFilter, SessionListResult, SessionUpdates
 from protocol.types import SessionV2
 from sidecar.errors import InvalidParams, NotFound
 from sidecar.store.checks import (

@@ -32,14 +32,8 @@ from contextlib import contextmanager
 from pathlib import Path
 from typing import Any, Final, Literal
 
-from protocol.params import (
-    CreateSessionOptions,
-    MessageQueryOptions,
-    SearchOptions,
-    SessionFilter,
-    SessionListResult,
-    SessionUpdates,
-)
+from protocol.messages import MessageQueryOptions, SearchOptions
+from protocol.sessions import CreateSessionOptions, SessionFilter, SessionListResult, SessionUpdates
 from protocol.types import (
     ContentPart,
     MessageTreeNode,

@@ -31,7 +31,7 @@ import apsw
 import msgspec
 
 from protocol.events import ToolApprovalOption
-from protocol.params import ToolAuditEntry, ToolPolicy
+from protocol.tools import ToolAuditEntry, ToolPolicy
 from protocol.types import ContentPart, MessageV2, ToolCall, ToolResultPart, Usage
 from sidecar.errors import InvalidParams, NotFound
 from sidecar.store.db import Database

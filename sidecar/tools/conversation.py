@@ -7,7 +7,7 @@ import re
 from collections.abc import Awaitable, Callable
 from typing import Any
 
-from protocol.params import SearchOptions
+from protocol.messages import SearchOptions
 from protocol.types import SearchResult
 from sidecar.tools.base import Tool, ToolContext, ToolError, ToolOutput, obj
 

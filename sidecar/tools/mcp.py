@@ -36,7 +36,8 @@ import anyio
 import anyio.abc
 import msgspec
 
-from protocol.params import McpServerInfo, McpServerUpsertParams, NameParams, SuccessResult
+from protocol.common import NameParams, SuccessResult
+from protocol.mcp import McpServerInfo, McpServerUpsertParams
 from sidecar.errors import InvalidParams, NotFound
 from sidecar.providers.redact import safe_url
 from sidecar.tools.base import Tool, ToolContext, ToolError, ToolOutput

@@ -21,14 +21,9 @@ from typing import Any
 import anyio
 import msgspec
 
-from protocol.params import (
-    EmptyParams,
-    SearchOptions,
-    ToolInfo,
-    ToolListParams,
-    ToolSettings,
-    ToolSettingsUpdate,
-)
+from protocol.common import EmptyParams
+from protocol.messages import SearchOptions
+from protocol.tools import ToolInfo, ToolListParams, ToolSettings, ToolSettingsUpdate
 from protocol.types import SearchResult, SessionV2
 from sidecar.errors import InvalidParams
 from sidecar.providers.types import ModelInfo

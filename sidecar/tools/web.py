@@ -14,7 +14,7 @@ from typing import Any
 
 import msgspec
 
-from protocol.params import WebSearchConfig
+from protocol.tools import WebSearchConfig
 from sidecar.tools.base import Tool, ToolContext, ToolError, ToolOutput, obj
 
 __all__ = ["WebSearch", "SearxngBackend", "WebResult"]

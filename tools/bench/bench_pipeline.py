@@ -35,7 +35,7 @@ sys.path.insert(0, str(ROOT))
 import anyio  # noqa: E402
 
 from protocol.context import AssistantUpsertParams, ContextOptions  # noqa: E402
-from protocol.params import CreateSessionOptions  # noqa: E402
+from protocol.sessions import CreateSessionOptions
 from protocol.types import MessageV2  # noqa: E402
 from sidecar.pipeline import tokens as tk  # noqa: E402
 from sidecar.pipeline.builder import RequestBuilder  # noqa: E402

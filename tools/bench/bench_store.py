@@ -40,7 +40,8 @@ sys.path.insert(0, str(ROOT))
 
 import apsw  # noqa: E402
 
-from protocol.params import MessageQueryOptions, SearchOptions, SessionFilter  # noqa: E402
+from protocol.messages import MessageQueryOptions, SearchOptions
+from protocol.sessions import SessionFilter
 from protocol.types import DateRange  # noqa: E402
 from sidecar.store import Store  # noqa: E402
 from sidecar.store import fts  # noqa: E402

@@ -1,0 +1,88 @@
+"""``chat:send``, ``chat:abort``, ``chat:regenerate``, ``chat:editResend``: the user's input and the ids a turn creates.
+"""
+
+from __future__ import annotations
+
+from protocol.types import ContentPart, Struct
+from protocol.common import SuccessResult
+from protocol.common import MethodSpec
+
+__all__ = [
+    "Attachment",
+    "UserInput",
+    "RegenerateOptions",
+    "MessageIdResult",
+    "SendResult",
+    "SendParams",
+    "AbortParams",
+    "RegenerateParams",
+    "EditResendParams",
+]
+
+
+class Attachment(Struct, kw_only=True):
+    name: str
+    data: str
+    """Base64 of the bytes (the seed's ``Buffer``)."""
+    mime_type: str
+
+
+class UserInput(Struct, kw_only=True):
+    content: str | list[ContentPart]
+    attachments: list[Attachment] | None = None
+
+
+class RegenerateOptions(Struct, kw_only=True):
+    model_id: str | None = None
+    provider_id: str | None = None
+    temperature: float | None = None
+
+
+class MessageIdResult(Struct, omit_defaults=False, kw_only=True):
+    message_id: str
+    """The assistant message being generated."""
+
+
+class SendResult(Struct, omit_defaults=False, kw_only=True):
+    message_id: str
+    """The assistant message being generated (events carry this id)."""
+    user_message_id: str
+    """The stored user message."""
+
+
+class SendParams(Struct, kw_only=True):
+    session_id: str
+    input: UserInput
+
+
+class AbortParams(Struct, kw_only=True):
+    session_id: str
+
+
+class RegenerateParams(Struct, kw_only=True):
+    session_id: str
+    message_id: str | None = None
+    """The assistant message to regenerate (default: the last one of the active branch)."""
+    options: RegenerateOptions | None = None
+
+
+class EditResendParams(Struct, kw_only=True):
+    session_id: str
+    message_id: str
+    """The user message to edit; the new one becomes its sibling."""
+    new_content: str
+
+
+METHODS: dict[str, MethodSpec] = {
+    "chat:send": MethodSpec(
+        SendParams, SendResult, "Store the user message and start generating; events follow on chat:stream."
+    ),
+    "chat:abort": MethodSpec(AbortParams, SuccessResult, "Stop the running generation of a session."),
+    "chat:regenerate": MethodSpec(
+        RegenerateParams, MessageIdResult, "Generate a sibling of an assistant reply."
+    ),
+    "chat:editResend": MethodSpec(
+        EditResendParams, MessageIdResult, "Add an edited sibling of a user message and generate."
+    ),
+}
+"""The methods of this domain (see ``protocol.methods``)."""

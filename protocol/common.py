@@ -1,0 +1,53 @@
+"""Params and results shared by every domain: empty params, an id, a name, success.
+"""
+
+from __future__ import annotations
+
+from typing import Any
+
+import msgspec
+
+from protocol.types import Struct
+
+__all__ = [
+    "MethodSpec",
+    "SuccessResult",
+    "EmptyParams",
+    "IdParams",
+    "NameParams",
+    "CancelRequestParams",
+]
+
+
+class SuccessResult(Struct, omit_defaults=False, kw_only=True):
+    success: bool = True
+
+
+class EmptyParams(Struct, forbid_unknown_fields=False, kw_only=True):
+    """Methods without params accept an absent or empty object."""
+
+
+class IdParams(Struct, kw_only=True):
+    id: str
+
+
+class NameParams(Struct, kw_only=True):
+    name: str
+
+
+class CancelRequestParams(Struct, kw_only=True):
+    """``$/cancelRequest``: cancel an in-flight request of ours by its id."""
+
+    id: int | str
+
+
+class MethodSpec(msgspec.Struct, frozen=True):
+    """One method (or notification) of the contract."""
+
+    params: Any
+    """A Struct type; the JSON-RPC params object decodes to it."""
+    result: Any
+    """The result type (a Struct, list[...] or None for notifications)."""
+    doc: str
+    direction: str = "client->server"
+    """``client->server`` for requests we answer, ``server->client`` for notifications we send."""

@@ -1,0 +1,138 @@
+"""``provider:*``: direct LLM providers (OpenAI-compatible, Anthropic, Ollama) and ACP agent engines, with their models.
+"""
+
+from __future__ import annotations
+
+from typing import Any, Literal
+
+from protocol.types import Struct
+from protocol.common import EmptyParams, IdParams, SuccessResult
+from protocol.common import MethodSpec
+
+__all__ = [
+    "ProviderKind",
+    "ReasoningLevel",
+    "ModelConfig",
+    "AcpEngineConfig",
+    "ProviderUpsertParams",
+    "ProviderInfo",
+    "ProviderSetDefaultParams",
+    "DefaultModel",
+]
+
+
+ProviderKind = Literal["openai-compat", "anthropic", "ollama", "acp-engine"]
+
+
+ReasoningLevel = Literal["off", "auto", "low", "medium", "high", "max"]
+
+
+class ModelConfig(Struct, kw_only=True):
+    """A model offered by a provider; prices are USD per million tokens."""
+
+    id: str
+    name: str | None = None
+    context_window: int | None = None
+    max_output_tokens: int | None = None
+    supports_tools: bool = True
+    supports_reasoning: bool = False
+    supports_images: bool = False
+    input_price: float = 0.0
+    output_price: float = 0.0
+
+
+class AcpEngineConfig(Struct, kw_only=True):
+    """How to run an agent engine (a provider of type ``acp-engine``, issue 7).
+
+    The engine is one subprocess speaking the Agent Client Protocol on its stdin/stdout,
+    shared by every ``mode: "acp"`` session that uses this provider and started on first use.
+    """
+
+    command: str
+    """The executable (a path, or a name looked up in PATH)."""
+    args: list[str] = []
+    env: dict[str, str] = {}
+    """Environment of the engine, passed explicitly (only PATH, HOME, USER, LANG and a few
+    other variables of the sidecar's own environment are inherited). Never logged;
+    ``provider:list`` masks values whose name suggests a secret, and an update that sends
+    such a masked value (``***``) back keeps the stored one."""
+    cwd: str | None = None
+    """Working directory of the engine process (default: the data dir). Each session's
+    agent ``cwd`` is its ``workspaceDir``, else ``<dataDir>/acp/<sessionId>``."""
+    auto_allow: list[str] = []
+    """ACP tool kinds (read, search, think, fetch, edit, delete, move, execute, other) whose
+    permission requests are allowed without asking (the stored tool policy
+    ``acp:<providerId>:<kind>`` still wins)."""
+    startup_timeout_ms: int = 30_000
+    """Start + ``initialize`` must finish within this."""
+    request_timeout_ms: int = 60_000
+    """session/new, load, fork and close must be answered within this."""
+    cancel_timeout_ms: int = 5_000
+    """After ``session/cancel`` the turn waits this long for the agent to end it, then ends it."""
+    shutdown_timeout_ms: int = 2_000
+    """Shutdown: after closing stdin, after SIGTERM and after SIGKILL, wait at most this long."""
+
+
+class ProviderUpsertParams(Struct, kw_only=True):
+    """``provider:upsert``: create (no id, or an unknown id) or replace a provider."""
+
+    id: str | None = None
+    name: str
+    type: ProviderKind
+    base_url: str = ""
+    """Required for the HTTP provider types; unused by ``acp-engine``."""
+    engine: AcpEngineConfig | None = None
+    """Required for ``acp-engine``: the command that runs the agent engine."""
+    api_key: str | None = None
+    """Stored, never returned. Omitted/null on update keeps the stored key; "" clears it."""
+    api_key_env: str | None = None
+    """Name of an environment variable holding the key (used when no key is stored)."""
+    headers: dict[str, str] = {}
+    body: dict[str, Any] = {}
+    """Merged into every request body last (it may override generated fields)."""
+    models: list[ModelConfig] = []
+    enabled: bool = True
+
+
+class ProviderInfo(Struct, omit_defaults=False, kw_only=True):
+    """A provider as ``provider:list`` shows it: the key itself is never included."""
+
+    id: str
+    name: str
+    type: ProviderKind
+    base_url: str
+    has_api_key: bool
+    engine: AcpEngineConfig | None = None
+    """For ``acp-engine``: env values whose name suggests a secret are masked (``***``)."""
+    api_key_env: str | None = None
+    headers: dict[str, str] = {}
+    """Header values whose name suggests a secret (auth, key, token, secret) are masked."""
+    body: dict[str, Any] = {}
+    models: list[ModelConfig] = []
+    enabled: bool = True
+    is_default: bool = False
+    created_at: int
+    updated_at: int
+
+
+class ProviderSetDefaultParams(Struct, kw_only=True):
+    provider_id: str
+    model_id: str
+
+
+class DefaultModel(Struct, omit_defaults=False, kw_only=True):
+    provider_id: str
+    model_id: str
+
+
+METHODS: dict[str, MethodSpec] = {
+    "provider:list": MethodSpec(EmptyParams, list[ProviderInfo], "Configured providers (keys never shown)."),
+    "provider:upsert": MethodSpec(
+        ProviderUpsertParams, ProviderInfo, "Create or replace a provider and its models."
+    ),
+    "provider:delete": MethodSpec(IdParams, SuccessResult, "Delete a provider."),
+    "provider:setDefault": MethodSpec(
+        ProviderSetDefaultParams, SuccessResult, "Provider and model for new sessions."
+    ),
+}
+"""The methods of this domain (see ``protocol.methods``)."""

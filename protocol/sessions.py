@@ -1,0 +1,140 @@
+"""``chat:session:*``: create, list, get, update, delete, archive, pin, fork, export, import (seed 004 sections 5-6).
+
+Structs that describe changes (SessionUpdates) forbid unknown fields, so a typo or a
+read-only field is an invalid-params error, not a no-op.
+"""
+
+from __future__ import annotations
+
+from typing import Any, Literal
+
+from protocol.types import DateRange, MessageV2, SessionMode, SessionV2, Struct
+from protocol.common import IdParams, SuccessResult
+from protocol.types import SessionExport, SessionV2
+from protocol.common import MethodSpec
+
+__all__ = [
+    "CreateSessionOptions",
+    "SessionSortBy",
+    "SessionFilter",
+    "SessionListResult",
+    "SessionUpdates",
+    "SessionUpdateParams",
+    "SessionPinParams",
+    "SessionForkParams",
+    "SessionImportParams",
+]
+
+
+class CreateSessionOptions(Struct, kw_only=True):
+    """Params of ``chat:session:create``; omitted provider/model use the configured default."""
+
+    title: str | None = None
+    provider_id: str | None = None
+    model_id: str | None = None
+    system_prompt: str | None = None
+    mode: SessionMode = "direct"
+    tags: list[str] | None = None
+    folder: str | None = None
+    channel_id: str | None = None
+    channel_meta: dict[str, Any] | None = None
+    workspace_dir: str | None = None
+    """Absolute path of the session's working directory (workspace tools, ACP ``cwd``)."""
+
+
+SessionSortBy = Literal["updated_at", "created_at", "last_message_at"]
+
+
+class SessionFilter(Struct, kw_only=True):
+    """Params of ``chat:session:list``. Pinned sessions always come first."""
+
+    search: str | None = None
+    """Substring match over title and summary (case-insensitive)."""
+    folder: str | None = None
+    tags: list[str] | None = None
+    """Every given tag must be on the session."""
+    is_archived: bool | None = None
+    is_pinned: bool | None = None
+    channel_id: str | None = None
+    date_range: DateRange | None = None
+    """Bounds (inclusive, ms) on the sort field."""
+    limit: int = 50
+    """1..500."""
+    offset: int = 0
+    sort_by: SessionSortBy = "updated_at"
+
+
+class SessionListResult(Struct, omit_defaults=False, kw_only=True):
+    sessions: list[SessionV2]
+    total: int
+    """All matches, ignoring limit/offset."""
+
+
+class SessionUpdates(Struct, forbid_unknown_fields=True, kw_only=True):
+    """The fields ``chat:session:update`` may change; anything else is invalid params."""
+
+    title: str | None = None
+    summary: str | None = None
+    system_prompt: str | None = None
+    tags: list[str] | None = None
+    folder: str | None = None
+    is_pinned: bool | None = None
+    is_archived: bool | None = None
+    provider_id: str | None = None
+    model_id: str | None = None
+    channel_id: str | None = None
+    channel_meta: dict[str, Any] | None = None
+    workspace_dir: str | None = None
+    """An absolute path; "" clears it."""
+
+
+class SessionUpdateParams(Struct, kw_only=True):
+    id: str
+    updates: SessionUpdates
+
+
+class SessionPinParams(Struct, kw_only=True):
+    id: str
+    pinned: bool
+
+
+class SessionForkParams(Struct, kw_only=True):
+    id: str
+    message_id: str
+    """The copy holds the path root -> this message."""
+
+
+class SessionImportParams(Struct, kw_only=True):
+    """``chat:session:import``: a SessionExport's session and messages (all branches)."""
+
+    session: SessionV2
+    messages: list[MessageV2]
+    replace: bool = False
+    """Overwrite a session with the same id; otherwise an existing id is BAD_STATE."""
+
+
+METHODS: dict[str, MethodSpec] = {
+    "chat:session:create": MethodSpec(CreateSessionOptions, SessionV2, "Create a session."),
+    "chat:session:list": MethodSpec(
+        SessionFilter, SessionListResult, "List sessions matching a filter, pinned first."
+    ),
+    "chat:session:get": MethodSpec(IdParams, SessionV2, "One session by id."),
+    "chat:session:update": MethodSpec(
+        SessionUpdateParams, SessionV2, "Change title, tags, folder, prompt, model and similar fields."
+    ),
+    "chat:session:delete": MethodSpec(
+        IdParams, SuccessResult, "Delete a session and everything under it."
+    ),
+    "chat:session:archive": MethodSpec(IdParams, SuccessResult, "Archive a session."),
+    "chat:session:pin": MethodSpec(SessionPinParams, SuccessResult, "Pin or unpin a session."),
+    "chat:session:fork": MethodSpec(
+        SessionForkParams, SessionV2, "New session holding a copy of the path root -> messageId."
+    ),
+    "chat:session:export": MethodSpec(
+        IdParams, SessionExport, "A whole session with all branches as one JSON document."
+    ),
+    "chat:session:import": MethodSpec(
+        SessionImportParams, SessionV2, "Store an exported session (all branches)."
+    ),
+}
+"""The methods of this domain (see ``protocol.methods``)."""

@@ -1,0 +1,51 @@
+"""``settings:*``: engine settings (titles, streaming cadence, default generation params).
+"""
+
+from __future__ import annotations
+
+from protocol.providers import DefaultModel, ReasoningLevel
+from protocol.types import Struct
+from protocol.common import EmptyParams
+from protocol.common import MethodSpec
+
+__all__ = [
+    "ChatSettings",
+    "ChatSettingsUpdate",
+]
+
+
+class ChatSettings(Struct, omit_defaults=False, kw_only=True):
+    """Engine settings (``settings:get`` / ``settings:update``)."""
+
+    generate_titles: bool = True
+    """After the first exchange, name the session with a short model call."""
+    title_model: DefaultModel | None = None
+    """Model for titles; default: the session's own model."""
+    delta_coalesce_ms: int = 40
+    """Text/thinking deltas after the first are merged for this long (0 = every delta)."""
+    persist_interval_ms: int = 250
+    """Partial content of a streaming reply is written at least this often."""
+    max_tokens: int | None = None
+    reasoning: ReasoningLevel | None = None
+    temperature: float | None = None
+    top_p: float | None = None
+
+
+class ChatSettingsUpdate(Struct, forbid_unknown_fields=True, kw_only=True):
+    """Fields of ChatSettings to change; unknown fields are invalid params."""
+
+    generate_titles: bool | None = None
+    title_model: DefaultModel | None = None
+    delta_coalesce_ms: int | None = None
+    persist_interval_ms: int | None = None
+    max_tokens: int | None = None
+    reasoning: ReasoningLevel | None = None
+    temperature: float | None = None
+    top_p: float | None = None
+
+
+METHODS: dict[str, MethodSpec] = {
+    "settings:get": MethodSpec(EmptyParams, ChatSettings, "Engine settings."),
+    "settings:update": MethodSpec(ChatSettingsUpdate, ChatSettings, "Change engine settings."),
+}
+"""The methods of this domain (see ``protocol.methods``)."""

@@ -1,0 +1,196 @@
+"""``chat:tool:approve`` and ``tool:*``: tool calls waiting for a decision, policies, the audit trail, tool settings.
+"""
+
+from __future__ import annotations
+
+from typing import Any, Literal
+
+import msgspec
+
+from protocol.events import ToolApprovalOption
+from protocol.types import Struct
+from protocol.common import EmptyParams
+from protocol.common import MethodSpec
+
+__all__ = [
+    "ToolDecision",
+    "ToolPolicyValue",
+    "ToolApproveParams",
+    "ToolApproveResult",
+    "PendingToolCall",
+    "ToolPendingListParams",
+    "ToolPolicy",
+    "ToolPolicySetParams",
+    "ToolAuditEntry",
+    "ToolAuditListParams",
+    "ToolInfo",
+    "ToolListParams",
+    "WebSearchConfig",
+    "ToolSettings",
+    "ToolSettingsUpdate",
+]
+
+
+ToolDecision = Literal["approved", "denied", "answered"]
+
+
+ToolPolicyValue = Literal["auto", "ask", "deny"]
+"""auto: run without asking; ask: a pending approval first; deny: never run (denied result)."""
+
+
+class ToolApproveParams(Struct, kw_only=True):
+    """``chat:tool:approve``: decide one pending tool call."""
+
+    session_id: str
+    tool_call_id: str
+    decision: ToolDecision
+    answer: str | None = None
+    """Required for ``answered``: the text the model gets as the tool's result."""
+    remember: bool = False
+    """With ``approved``: always allow this tool from now on (its policy becomes auto);
+    with ``denied``: never run it (policy deny). Recorded in the audit trail."""
+    message_id: str | None = None
+    """Disambiguates a tool call id that occurs in several messages of the session."""
+    option_id: str | None = None
+    """ACP: the permission option to answer with (default: chosen from decision/remember)."""
+
+
+class ToolApproveResult(Struct, omit_defaults=False, kw_only=True):
+    success: bool = True
+    resumed: bool = False
+    """True when this decision was the last pending one and the generation resumed."""
+
+
+class PendingToolCall(Struct, omit_defaults=False, kw_only=True):
+    """A tool call waiting for a decision (``tool:pending:list``)."""
+
+    session_id: str
+    message_id: str
+    tool_call_id: str
+    tool_name: str
+    arguments: str
+    source: str = "tool"
+    options: list[ToolApprovalOption] | None = None
+    created_at: int
+
+
+class ToolPendingListParams(Struct, kw_only=True):
+    session_id: str | None = None
+
+
+class ToolPolicy(Struct, omit_defaults=False, kw_only=True):
+    key: str
+    """A tool name (``workspace_write_file``, ``mcp__files__delete``) or ``mcp:<server>``
+    for every tool of an MCP server (a tool's own policy wins over its server's)."""
+    policy: ToolPolicyValue
+    updated_at: int
+
+
+class ToolPolicySetParams(Struct, kw_only=True):
+    key: str
+    policy: ToolPolicyValue | None
+    """None removes the stored policy (the default applies again)."""
+
+
+class ToolAuditEntry(Struct, omit_defaults=False, kw_only=True):
+    """One decision about one tool call: who, when, which call, which arguments."""
+
+    id: int
+    at: int
+    session_id: str
+    message_id: str
+    tool_call_id: str
+    tool_name: str
+    arguments: str
+    decision: str
+    """requested | approved | denied | answered | cancelled | policy:auto | policy:deny"""
+    actor: str
+    """user | policy | system"""
+    source: str = "tool"
+    answer: str | None = None
+    note: str | None = None
+
+
+class ToolAuditListParams(Struct, kw_only=True):
+    session_id: str | None = None
+    tool_call_id: str | None = None
+    limit: int = 100
+    """1..1000, newest first."""
+    offset: int = 0
+
+
+class ToolInfo(Struct, omit_defaults=False, kw_only=True):
+    """A tool as ``tool:list`` shows it for a session (what the model would be offered)."""
+
+    name: str
+    description: str
+    source: str
+    """web | local | conversation | workspace | skill | mcp | system"""
+    policy: ToolPolicyValue
+    """The effective policy (stored policy, else the default)."""
+    default_policy: ToolPolicyValue
+    parameters: dict[str, Any] = {}
+
+
+class ToolListParams(Struct, kw_only=True):
+    session_id: str | None = None
+
+
+class WebSearchConfig(Struct, kw_only=True):
+    """A SearXNG-style JSON search endpoint: GET ``url?q=...&format=json`` -> ``results``."""
+
+    url: str
+    kind: Literal["searxng"] = "searxng"
+    max_results: int = 5
+    timeout_s: float = 15.0
+
+
+class ToolSettings(Struct, omit_defaults=False, kw_only=True):
+    """Tool configuration (``tool:settings:get`` / ``tool:settings:update``)."""
+
+    enabled: bool = True
+    """False: no tools are offered at all."""
+    local_tools: list[str] = msgspec.field(default_factory=lambda: ["get_current_time"])
+    """Built-in local tools offered to the model."""
+    conversation_search: bool = True
+    """Offer ``search_conversations`` over the stored messages."""
+    web_search: WebSearchConfig | None = None
+    skills_dirs: list[str] = []
+    """Folders whose sub-folders holding a SKILL.md are skills (plus ``<dataDir>/skills``)."""
+    tool_timeout_s: float = 60.0
+    """A tool call that takes longer ends with an error result."""
+    command_timeout_s: float = 120.0
+    """Default limit of ``workspace_run_command``."""
+
+
+class ToolSettingsUpdate(Struct, forbid_unknown_fields=True, kw_only=True):
+    enabled: bool | None = None
+    local_tools: list[str] | None = None
+    conversation_search: bool | None = None
+    web_search: WebSearchConfig | None = None
+    clear_web_search: bool = False
+    skills_dirs: list[str] | None = None
+    tool_timeout_s: float | None = None
+    command_timeout_s: float | None = None
+
+
+METHODS: dict[str, MethodSpec] = {
+    "chat:tool:approve": MethodSpec(
+        ToolApproveParams, ToolApproveResult,
+        "Approve, deny or answer a pending tool call; the reply resumes when none is pending.",
+    ),
+    "tool:pending:list": MethodSpec(
+        ToolPendingListParams, list[PendingToolCall], "Tool calls waiting for a decision."
+    ),
+    "tool:list": MethodSpec(ToolListParams, list[ToolInfo], "The tools a session's model is offered."),
+    "tool:policy:get": MethodSpec(EmptyParams, list[ToolPolicy], "Stored tool policies (auto/ask/deny)."),
+    "tool:policy:set": MethodSpec(
+        ToolPolicySetParams, list[ToolPolicy], "Set or clear the policy of a tool or an MCP server."
+    ),
+    "tool:audit:list": MethodSpec(
+        ToolAuditListParams, list[ToolAuditEntry], "The audit trail of tool-call decisions, newest first."
+    ),
+    "tool:settings:get": MethodSpec(EmptyParams, ToolSettings, "Tool configuration."),
+    "tool:settings:update": MethodSpec(ToolSettingsUpdate, ToolSettings, "Change tool configuration."),
+}
+"""The methods of this domain (see ``protocol.methods``)."""
