@@ -16,7 +16,10 @@ exit), attach it as an attribute, document the attribute below. Must stay true:
 Attributes:
     config:   the finished Config.
     data_dir: Path of the data directory (created if missing).
-    notify:   ``await notify(method, params_struct)`` sends a notification to the client.
+    notify:   ``await notify(method, params_struct)`` sends a notification to the client
+              (``events.publish``).
+    events:   EventHub (sidecar/engine/events.py): the same notifications, with in-process
+              subscribers to the ``chat:stream`` events of a session (V1 shim, channels).
     store:    AsyncStore of ``<data_dir>/chat.db`` (sidecar/store), closed on exit.
     sessions: SessionService (sidecar/engine/sessions.py): chat:session:* and chat:messages:*.
     assistants: AssistantService (sidecar/engine/assistants.py): assistant:*.
@@ -39,6 +42,7 @@ from typing import TYPE_CHECKING, Any
 import anyio
 
 from sidecar.config import Config
+from sidecar.engine.events import EventHub
 from sidecar.errors import SidecarError
 
 if TYPE_CHECKING:
@@ -55,7 +59,8 @@ class App:
     def __init__(self, config: Config, data_dir: Path, notify: Notify) -> None:
         self.config = config
         self.data_dir = data_dir
-        self.notify = notify
+        self.events = EventHub(notify)
+        self.notify: Notify = self.events.publish
 
 
 @asynccontextmanager
@@ -79,7 +84,7 @@ async def open_app(config: Config, notify: Notify) -> AsyncIterator[App]:
 
         app.store = await AsyncStore.open(data_dir)
         stack.push_async_callback(app.store.close)
-        app.sessions = SessionService(app.store, notify)
+        app.sessions = SessionService(app.store, app.notify)
         await _open_chat(app, stack)
         _open_context(app)
         yield app
