@@ -1,7 +1,8 @@
 """Command line: ``python -m sidecar [serve] [options]`` (console script ``chat-sidecar``).
 
 ``serve`` (the default) speaks JSON-RPC 2.0 over stdin/stdout until stdin closes,
-``sidecar:shutdown``, SIGTERM or SIGINT, then exits 0. Exit codes: 0 clean stop,
+``sidecar:shutdown``, SIGTERM or SIGINT, or its parent dies, then exits 0 within
+``sidecar.supervision.SHUTDOWN_DEADLINE_S`` (children still running are killed). Exit codes: 0 clean stop,
 1 failure while running or starting (logged to stderr), 2 bad command line or settings.
 
 Kept light on imports: the server and its dependencies load only after the arguments
@@ -69,13 +70,15 @@ def _serve_stdio(config: object) -> int:
     from sidecar.errors import SidecarError
     from sidecar.logging_setup import setup_logging
     from sidecar.server import serve
+    from sidecar.supervision import Supervisor
 
     assert isinstance(config, Config)
     setup_logging(config.log_level)
     log = logging.getLogger("sidecar")
     code = 0
+    supervisor = Supervisor()
     try:
-        anyio.run(lambda: serve(config, receive, send, handle_signals=True))
+        anyio.run(lambda: serve(config, receive, send, handle_signals=True, supervisor=supervisor))
     except Exception as exc:
         leaves = _leaf_exceptions(exc)
         if all(isinstance(leaf, SidecarError) for leaf in leaves):
@@ -84,6 +87,11 @@ def _serve_stdio(config: object) -> int:
         else:
             log.exception("the server failed")
         code = 1
+    # The deadline stays armed through interpreter exit (a stuck thread cannot hold us),
+    # and children still alive are killed now.
+    supervisor.exit_code = code
+    supervisor.begin_shutdown()
+    supervisor.finish()
     if uses_blocking_thread():
         # A worker thread may be blocked reading stdin forever; the output is written.
         logging.shutdown()

@@ -10,15 +10,23 @@ always the whole contract. tests/test_rpc_server.py fails if a method of the con
 is neither bound nor handled here.
 
 Lifetime (``serve``): start the peer, register the handlers and start reading, then
-open the App with ``peer.notify`` (requests other than the handshake wait for it). It ends on stdin EOF, ``sidecar:shutdown``, SIGTERM or
-SIGINT, or when the output breaks, always the same way: stop reading, let in-flight
-requests answer (bounded grace, then REQUEST_CANCELLED), close the App (its services
-finish or cancel their work and may still send notifications), write out everything
-queued, close the streams. A clean end returns normally (exit code 0).
+open the App with ``peer.notify`` (requests other than the handshake wait for it). It
+ends on stdin EOF, ``sidecar:shutdown``, SIGTERM or SIGINT, the parent's death (seen by
+the Supervisor, sidecar/supervision.py) or when the output breaks, always the same way:
+1. the shutdown deadline starts (``SHUTDOWN_DEADLINE_S``; the Supervisor's thread ends
+   the process when it passes, whatever is stuck) and every request from now on is
+   answered BUSY (-32002);
+2. running replies are aborted and their final events queued (for ``sidecar:shutdown``
+   this happens before its answer, so a client that stops reading at the answer has them);
+3. in-flight requests answer (a short grace, then REQUEST_CANCELLED) and reading stops;
+4. the App closes (its services finish or cancel their work within what is left of the
+   deadline), children still alive are killed, everything queued is written out and the
+   streams close. A clean end returns normally (exit code 0).
 """
 
 from __future__ import annotations
 
+import asyncio
 import logging
 import os
 import signal
@@ -40,6 +48,7 @@ from sidecar.config import Config
 from sidecar.errors import InvalidParams, SidecarError
 from sidecar.rpc import Handler, JsonRpcPeer
 from sidecar.rpc.framing import ReceiveStream, SendStream
+from sidecar.supervision import SHUTDOWN_CLOCK, SHUTDOWN_DEADLINE_S, Supervisor
 
 logger = logging.getLogger(__name__)
 
@@ -101,6 +110,11 @@ BENCH_PING = "sidecar:bench:ping"
 
 BoundFunc = Callable[[Any], Awaitable[Any]]
 
+REPLY_STOP_BUDGET_S = 0.9
+"""Of the shutdown deadline: how long running replies get to store and announce their end."""
+DRAIN_GRACE_S = 0.3
+"""Of the shutdown deadline: how long in-flight requests get to answer before they are cancelled."""
+
 
 def resolve_binding(app: App, path: str) -> BoundFunc | None:
     """The callable at ``path`` on ``app``, or None when a step is missing."""
@@ -148,6 +162,9 @@ class Server:
         self.config = config
         self.app: App | None = None
         self.stop = stop
+        self.closing = False
+        """Set when shutdown begins: every request from then on is answered BUSY."""
+        self._replies_stopped = False
         self.ready = anyio.Event()
         self.implemented: list[str] = sorted([*LIFECYCLE_METHODS, *BINDINGS])
         """Before ``attach``: every bound method (``open_app`` attaches a service for each,
@@ -169,20 +186,50 @@ class Server:
 
     def handlers(self) -> dict[str, Handler[Any]]:
         table: dict[str, Handler[Any]] = {
-            INITIALIZE: Handler(InitializeParams, self.initialize),
+            INITIALIZE: Handler(InitializeParams, self._open_only(self.initialize)),
             SHUTDOWN: Handler(EmptyParams, self.shutdown),
         }
         for method in BINDINGS:
             # Raw params: decoded by the bound call once the App is open (a method whose
             # service is missing answers NOT_IMPLEMENTED whatever its params)
-            table[method] = Handler(msgspec.Raw, self._bound(method))
+            table[method] = Handler(msgspec.Raw, self._open_only(self._bound(method)))
         if self.config.bench:
-            table[BENCH_NOTIFY] = Handler(BenchNotifyParams, self.bench_notify)
-            table[BENCH_PING] = Handler(EmptyParams, self.bench_ping)
+            table[BENCH_NOTIFY] = Handler(BenchNotifyParams, self._open_only(self.bench_notify))
+            table[BENCH_PING] = Handler(EmptyParams, self._open_only(self.bench_ping))
         missing = set(METHODS) - set(table)
         if missing:  # guarded by a test too; this keeps a partial deployment honest
             logger.error("methods of the contract without a handler: %s", ", ".join(sorted(missing)))
         return table
+
+    def _open_only(self, func: Callable[[Any], Awaitable[Any]]) -> Callable[[Any], Awaitable[Any]]:
+        """``func``, answering BUSY once shutdown has begun."""
+
+        async def call(params: Any) -> Any:
+            if self.closing:
+                raise SidecarError("the sidecar is shutting down", code=ErrorCode.BUSY)
+            return await func(params)
+
+        return call
+
+    def begin_shutdown(self) -> None:
+        """Refuse new requests and start the shutdown deadline (idempotent)."""
+        self.closing = True
+        SHUTDOWN_CLOCK.begin(SHUTDOWN_DEADLINE_S)
+
+    async def stop_replies(self) -> None:
+        """Abort every running reply; their final events are queued when this returns
+        (bounded: a reply that does not end in time is ended by crash recovery at the
+        next start)."""
+        if self._replies_stopped:
+            return
+        self._replies_stopped = True
+        chat = getattr(self.app, "chat", None) if self.app is not None else None
+        if chat is None:
+            return
+        with anyio.CancelScope(shield=True), anyio.move_on_after(SHUTDOWN_CLOCK.bound(REPLY_STOP_BUDGET_S)) as scope:
+            await chat.aclose()
+        if scope.cancelled_caught:
+            logger.warning("running replies did not end within %.1f s of shutdown", REPLY_STOP_BUDGET_S)
 
     def _bound(self, method: str) -> Callable[[msgspec.Raw], Awaitable[Any]]:
         params = Handler(METHODS[method].params, _unused)
@@ -222,7 +269,13 @@ class Server:
         )
 
     async def shutdown(self, params: EmptyParams) -> SuccessResult:
-        logger.info("shutdown requested")
+        """Abort running replies (their final events go out before this answer), answer,
+        then stop. A second shutdown during the first is answered the same way."""
+        if not self.closing:
+            logger.info("shutdown requested")
+        self.begin_shutdown()
+        if self.ready.is_set():
+            await self.stop_replies()
         self.stop.set()  # serve() waits for this reply to be queued before it stops writing
         return SuccessResult(success=True)
 
@@ -264,9 +317,22 @@ async def serve(
     *,
     handle_signals: bool = False,
     stop: anyio.Event | None = None,
+    supervisor: Supervisor | None = None,
 ) -> None:
-    """Serve one client over the given streams until EOF, shutdown, a signal or ``stop``."""
+    """Serve one client over the given streams until EOF, shutdown, a signal, ``stop`` or
+    (with a ``supervisor``) the parent's death."""
     stop = stop or anyio.Event()
+    if supervisor is None:
+        SHUTDOWN_CLOCK.reset()
+    else:
+        loop = asyncio.get_running_loop()
+
+        def parent_died() -> None:  # called from the Supervisor's thread
+            logger.warning("the parent process is gone: stopping")
+            _call_soon(loop, stop.set)
+
+        supervisor.start(parent_died)
+    app_scope = anyio.CancelScope()
     async with anyio.create_task_group() as watchers:
         if handle_signals:
             watchers.start_soon(_watch_signals, stop)
@@ -276,21 +342,47 @@ async def serve(
             name="sidecar",
             max_line_bytes=config.max_line_bytes,
             autostart=False,
+            shutdown_grace=DRAIN_GRACE_S,
         ) as peer:
             server = Server(config, None, stop)
             for method, handler in server.handlers().items():
                 peer.dispatcher.add(method, handler)
             peer.start_reading()  # the handshake is answered while the App opens
             watchers.start_soon(_set_when, peer.closed, stop)
-            async with open_app(config, peer.notify) as app:
-                server.attach(app)
-                logger.info("serving (data dir %s, pid %s)", app.data_dir, os.getpid())
-                await stop.wait()
-                logger.info("stopping")
-                await peer.drain_incoming()
+            watchers.start_soon(_on_stop, stop, server, supervisor, app_scope)
+            with app_scope:  # its deadline is set when shutdown begins (_on_stop)
+                async with open_app(config, peer.notify) as app:
+                    server.attach(app)
+                    logger.info("serving (data dir %s, pid %s)", app.data_dir, os.getpid())
+                    await stop.wait()
+                    logger.info("stopping")
+                    server.begin_shutdown()
+                    await server.stop_replies()
+                    await peer.drain_incoming()
+            if app_scope.cancelled_caught:
+                logger.warning("the services did not close within the shutdown deadline")
             # The App is closed; leaving the peer writes out what is queued.
         logger.info("stopped")
         watchers.cancel_scope.cancel()
+
+
+async def _on_stop(
+    stop: anyio.Event, server: Server, supervisor: Supervisor | None, app_scope: anyio.CancelScope
+) -> None:
+    """Once stopping: start the deadline, and bound the App (also while it is still opening)."""
+    await stop.wait()
+    server.begin_shutdown()
+    if supervisor is not None:
+        supervisor.begin_shutdown()
+    app_scope.deadline = anyio.current_time() + SHUTDOWN_CLOCK.bound(SHUTDOWN_DEADLINE_S)
+
+
+def _call_soon(loop: asyncio.AbstractEventLoop, func: Callable[[], Any]) -> None:
+    """Run ``func`` on the event loop from another thread (never waits for it)."""
+    try:
+        loop.call_soon_threadsafe(func)
+    except RuntimeError:  # the loop is closed: the process is ending anyway
+        pass
 
 
 async def _set_when(event: anyio.Event, target: anyio.Event) -> None:

@@ -38,6 +38,7 @@ import msgspec
 
 from sidecar.acp.lines import JsonLineFilter
 from sidecar.errors import ProviderError
+from sidecar.supervision import CHILDREN, SHUTDOWN_CLOCK
 
 log = logging.getLogger(__name__)
 agent_log = logging.getLogger("sidecar.acp.agent")
@@ -185,20 +186,21 @@ class AgentProcess:
             steps: list[signal.Signals | None] = [None, signal.SIGTERM]
             if self._group:
                 steps.append(signal.SIGKILL)
-            for sig in steps:
+            for index, sig in enumerate(steps):
                 if self.exited.is_set():
                     break
                 if sig is not None:
                     log.info("engine %s (pid %s) still running: sending %s", self.spec.name, self.pid, sig.name)
                     self._signal(sig)
-                with anyio.move_on_after(grace):
+                # at shutdown the remaining steps share what is left of the deadline
+                with anyio.move_on_after(SHUTDOWN_CLOCK.share(grace, len(steps) - index + 1)):
                     await self.exited.wait()
             if not self.exited.is_set():
                 try:
                     self.process.kill()
                 except ProcessLookupError:
                     pass
-                with anyio.move_on_after(grace):
+                with anyio.move_on_after(SHUTDOWN_CLOCK.bound(grace)):
                     await self.exited.wait()
             if not self.exited.is_set():
                 log.error("engine %s (pid %s) did not exit after SIGKILL", self.spec.name, self.pid)
@@ -243,6 +245,7 @@ async def spawn_agent(spec: EngineSpec) -> AsyncIterator[AgentProcess]:
             f"cannot start the agent engine {spec.name!r} ({spec.command!r}): {exc.strerror or exc}"
         ) from exc
     agent = AgentProcess(process, spec)
+    CHILDREN.add(process.pid, f"acp engine {spec.name}", group=agent._group)
     log.info("engine %s started (pid %s)", spec.name, process.pid)
     try:
         async with anyio.create_task_group() as tg:
@@ -256,8 +259,10 @@ async def spawn_agent(spec: EngineSpec) -> AsyncIterator[AgentProcess]:
                 # a grandchild may still hold the stderr pipe open: stop reading it
                 tg.cancel_scope.cancel()
     finally:
-        with anyio.CancelScope(shield=True), anyio.move_on_after(spec.shutdown_timeout_s + 1):
+        with anyio.CancelScope(shield=True), anyio.move_on_after(SHUTDOWN_CLOCK.bound(spec.shutdown_timeout_s + 1)):
             try:
                 await process.aclose()
             except OSError:
                 pass
+        if process.returncode is not None:
+            CHILDREN.discard(process.pid)

@@ -29,6 +29,7 @@ from typing import Any
 import anyio
 import anyio.abc
 
+from sidecar.supervision import CHILDREN, SHUTDOWN_CLOCK
 from sidecar.tools.base import Tool, ToolContext, ToolError, ToolOutput, obj
 
 __all__ = ["resolve_in", "workspace_tools", "MAX_PATH_CHARS", "MAX_READ_BYTES"]
@@ -243,6 +244,7 @@ async def run_command(command: str, cwd: Path, timeout: float) -> tuple[int | No
         stderr=subprocess.STDOUT,
         start_new_session=sys.platform != "win32",
     )
+    CHILDREN.add(process.pid, "workspace command", group=sys.platform != "win32")
     kept = bytearray()
     dropped = 0
     timed_out = False
@@ -262,8 +264,10 @@ async def run_command(command: str, cwd: Path, timeout: float) -> tuple[int | No
             if sys.platform != "win32" or process.returncode is None:
                 _kill_group(process)
             # aclose closes the pipes and reaps; the bound keeps a wedged reap from hanging us
-            with anyio.move_on_after(5):
+            with anyio.move_on_after(SHUTDOWN_CLOCK.bound(5)):
                 await process.aclose()
+            if process.returncode is not None:
+                CHILDREN.discard(process.pid)
     return process.returncode, kept.decode("utf-8", errors="replace"), dropped, timed_out
 
 
