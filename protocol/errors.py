@@ -36,3 +36,6 @@ class ErrorCode(IntEnum):
     """The input line exceeded the size limit; it was discarded unread."""
     STORE_ERROR = -32007
     """The database failed (disk full, corrupted file); nothing was changed."""
+    SECRETS_LOCKED = -32008
+    """A stored secret (API key, token) was sealed with a key this process was not given
+    (another host key): calls that need it fail; nothing is lost."""

@@ -3,11 +3,16 @@
 
 from __future__ import annotations
 
+from typing import Literal
+
 from protocol.types import Struct
 from protocol.common import EmptyParams, SuccessResult
 from protocol.common import MethodSpec
 
 __all__ = [
+    "SecretsState",
+    "SecretKeySource",
+    "SecretsInfo",
     "ClientInfo",
     "ServerInfo",
     "ServerCapabilities",
@@ -40,6 +45,27 @@ class ServerCapabilities(Struct, omit_defaults=False, kw_only=True):
 class InitializeParams(Struct, kw_only=True):
     protocol_version: int | None = None
     client_info: ClientInfo | None = None
+    secret_key: str | None = None
+    """The host's key for secrets at rest: base64 of 32 random bytes, generated once by the
+    host and kept with Electron ``safeStorage``; pass the same key at every start. Without
+    it the sidecar keeps its own key (OS keychain, else ``<dataDir>/secret.key``). Given
+    later, or changed, the stored secrets are re-sealed with it."""
+
+
+SecretsState = Literal["ready", "locked"]
+SecretKeySource = Literal["host", "keychain", "file"]
+
+
+class SecretsInfo(Struct, omit_defaults=False, kw_only=True):
+    """How stored secrets (API keys, tokens, secret headers and env values) are protected."""
+
+    state: SecretsState
+    """``locked``: some were sealed with a key this process was not given (another host
+    key); the calls that need them fail with SECRETS_LOCKED, nothing is lost."""
+    source: SecretKeySource
+    """Where the key that seals new secrets comes from."""
+    locked: int = 0
+    """How many stored secret values cannot be opened."""
 
 
 class InitializeResult(Struct, omit_defaults=False, kw_only=True):
@@ -47,6 +73,9 @@ class InitializeResult(Struct, omit_defaults=False, kw_only=True):
     server_info: ServerInfo
     capabilities: ServerCapabilities
     data_dir: str
+    secrets: SecretsInfo | None = None
+    """Known once the store is open: always with ``secretKey``, which waits for it; without
+    it, null when the handshake came first (the key is then settled when the store opens)."""
 
 
 METHODS: dict[str, MethodSpec] = {

@@ -102,6 +102,10 @@ class ProviderInfo(Struct, omit_defaults=False, kw_only=True):
     type: ProviderKind
     base_url: str
     has_api_key: bool
+    secrets_locked: bool = False
+    """A stored secret (the key, a secret header or env value) was sealed with a key this
+    process was not given (see ``sidecar:initialize {secretKey}``): calls that need it fail
+    with SECRETS_LOCKED until the key is given again or the secret is re-entered."""
     engine: AcpEngineConfig | None = None
     """For ``acp-engine``: env values whose name suggests a secret are masked (``***``)."""
     api_key_env: str | None = None

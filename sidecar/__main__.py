@@ -34,6 +34,18 @@ def _parser() -> argparse.ArgumentParser:
         type=int,
         help="reject input lines longer than this (env CHAT_SIDECAR_MAX_LINE_BYTES; default 16 MiB)",
     )
+    parser.add_argument(
+        "--secret-key-fd",
+        type=int,
+        help="read the secrets key (base64 of 32 bytes) from this inherited fd (env CHAT_SIDECAR_SECRET_KEY_FD)",
+    )
+    parser.add_argument(
+        "--no-keychain",
+        dest="keychain",
+        action="store_false",
+        default=None,
+        help="keep the secrets key in a key file, never in the OS keychain (env CHAT_SIDECAR_KEYCHAIN=off)",
+    )
     parser.add_argument("--bench", action="store_true", default=None, help=argparse.SUPPRESS)
     parser.add_argument("--version", action="version", version=f"chat-sidecar {__version__}")
     return parser
@@ -47,7 +59,7 @@ def main(argv: Sequence[str] | None = None) -> int:
     try:
         config = build_config(
             {"data_dir": args.data_dir, "log_level": args.log_level, "max_line_bytes": args.max_line_bytes,
-             "bench": args.bench}
+             "bench": args.bench, "secret_key_fd": args.secret_key_fd, "keychain": args.keychain}
         )
     except SidecarError as exc:
         print(f"chat-sidecar: {exc.message}", file=sys.stderr)

@@ -21,6 +21,7 @@ Attributes:
     events:   EventHub (sidecar/engine/events.py): the same notifications, with in-process
               subscribers to the ``chat:stream`` events of a session (V1 shim, channels).
     store:    AsyncStore of ``<data_dir>/chat.db`` (sidecar/store), closed on exit.
+    secrets:  SecretsService (sidecar/engine/secrets.py): settles the key of secrets at rest.
     sessions: SessionService (sidecar/engine/sessions.py): chat:session:* and chat:messages:*.
     assistants: AssistantService (sidecar/engine/assistants.py): assistant:*.
     context:  ContextService (sidecar/engine/context.py): chat:context:* (the generation loop's
@@ -79,15 +80,32 @@ async def open_app(config: Config, notify: Notify) -> AsyncIterator[App]:
         # Services open here and register their cleanup on ``stack`` (closed in reverse
         # order), e.g. ``app.store = await stack.enter_async_context(open_store(data_dir))``.
         # The store: migrations and crash recovery run in a worker thread (AsyncStore.open).
+        from sidecar.engine.secrets import SecretsService
         from sidecar.engine.sessions import SessionService
+        from sidecar.secrets.box import SecretBox
         from sidecar.store import AsyncStore
 
-        app.store = await AsyncStore.open(data_dir)
+        box = SecretBox(data_dir, host_key=_host_key_from_fd(config), use_keychain=config.keychain)
+        app.store = await AsyncStore.open(data_dir, secrets=box)
         stack.push_async_callback(app.store.close)
+        app.secrets = SecretsService(app.store.sync.secrets)
+        if config.secret_key_fd is not None:  # the host's key is known now: settle at once
+            await app.secrets.settle()
         app.sessions = SessionService(app.store, app.notify)
         await _open_chat(app, stack)
         _open_context(app)
         yield app
+
+
+def _host_key_from_fd(config: Config) -> bytes | None:
+    if config.secret_key_fd is None:
+        return None
+    from sidecar.secrets.keys import read_key_fd
+
+    try:
+        return read_key_fd(config.secret_key_fd)
+    except ValueError as exc:
+        raise SidecarError(f"the secrets key on fd {config.secret_key_fd} is unusable: {exc}") from exc
 
 
 _SERVICE_MODULES = (

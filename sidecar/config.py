@@ -30,6 +30,8 @@ ENV_VARS: dict[str, str] = {
     "data_dir": "CHAT_SIDECAR_DATA_DIR",
     "log_level": "CHAT_SIDECAR_LOG_LEVEL",
     "max_line_bytes": "CHAT_SIDECAR_MAX_LINE_BYTES",
+    "secret_key_fd": "CHAT_SIDECAR_SECRET_KEY_FD",
+    "keychain": "CHAT_SIDECAR_KEYCHAIN",
 }
 """Config field -> environment variable that sets it."""
 
@@ -44,6 +46,12 @@ class Config(msgspec.Struct, kw_only=True, frozen=True):
     """Input lines longer than this are discarded and answered with MESSAGE_TOO_LARGE."""
     bench: bool = False
     """Enables the hidden ``sidecar:bench:notify`` method (benchmarks only)."""
+    secret_key_fd: int | None = None
+    """An inherited file descriptor to read the host's secrets key from (base64 of 32 bytes),
+    instead of passing it in ``sidecar:initialize {secretKey}``."""
+    keychain: bool = True
+    """Without a host key, keep the secrets key in the OS keychain (``keyring``) when one
+    works; False: only the key file in the data dir."""
 
 
 def default_data_dir() -> str:
@@ -76,6 +84,9 @@ def build_config(overrides: Mapping[str, Any] | None = None, env: Mapping[str, s
     if level not in LOG_LEVELS:
         raise InvalidParams(f"log level must be one of {', '.join(LOG_LEVELS)}, got {level!r}")
     values["log_level"] = level
+    fd = values.get("secret_key_fd")
+    if fd is not None and (not isinstance(fd, int) or isinstance(fd, bool) or fd < 0):
+        raise InvalidParams(f"secret key fd must be a file descriptor number, got {fd!r}")
     max_line = values.get("max_line_bytes", DEFAULT_MAX_LINE_BYTES)
     if not isinstance(max_line, int) or isinstance(max_line, bool) or max_line < MIN_MAX_LINE_BYTES:
         raise InvalidParams(f"max line bytes must be an integer >= {MIN_MAX_LINE_BYTES}, got {max_line!r}")
@@ -86,7 +97,12 @@ def build_config(overrides: Mapping[str, Any] | None = None, env: Mapping[str, s
 
 
 def _from_env(name: str, raw: str) -> Any:
-    if name == "max_line_bytes":
+    if name == "keychain":
+        lowered = raw.strip().lower()
+        if lowered not in ("0", "1", "true", "false", "on", "off", "yes", "no"):
+            raise InvalidParams(f"{ENV_VARS[name]} must be on or off, got {raw!r}")
+        return lowered in ("1", "true", "on", "yes")
+    if name in ("max_line_bytes", "secret_key_fd"):
         try:
             return int(raw)
         except ValueError:

@@ -7,6 +7,7 @@
     │   └── RemoteError          the peer answered one of our requests with an error
     ├── StoreError               database failures and bad references (sidecar/store)
     │   └── NotFound             unknown session / message / provider id
+    ├── SecretsLocked            a stored secret sealed with a key we were not given (sidecar/secrets)
     ├── ProviderError            LLM provider failures (sidecar/providers)
     └── EngineError              state errors of the chat engine (sidecar/engine)
 
@@ -55,6 +56,12 @@ class StoreError(SidecarError):
 
 class NotFound(StoreError):
     code = ErrorCode.NOT_FOUND
+
+
+class SecretsLocked(SidecarError):
+    """A stored secret cannot be opened: it was sealed with a key this process does not have."""
+
+    code = ErrorCode.SECRETS_LOCKED
 
 
 class ProviderError(SidecarError):

@@ -48,6 +48,7 @@ from sidecar.config import Config
 from sidecar.errors import InvalidParams, SidecarError
 from sidecar.rpc import Handler, JsonRpcPeer
 from sidecar.rpc.framing import ReceiveStream, SendStream
+from sidecar.secrets.keys import parse_key
 from sidecar.supervision import SHUTDOWN_CLOCK, SHUTDOWN_DEADLINE_S, Supervisor
 
 logger = logging.getLogger(__name__)
@@ -164,6 +165,8 @@ class Server:
         self.stop = stop
         self.closing = False
         """Set when shutdown begins: every request from then on is answered BUSY."""
+        self.initialized = False
+        """The handshake came: the secrets key is settled as soon as the store is open."""
         self._replies_stopped = False
         self.ready = anyio.Event()
         self.implemented: list[str] = sorted([*LIFECYCLE_METHODS, *BINDINGS])
@@ -246,6 +249,17 @@ class Server:
         return call
 
     async def initialize(self, params: InitializeParams) -> InitializeResult:
+        host_key = None
+        if params.secret_key is not None:
+            try:
+                host_key = parse_key(params.secret_key)
+            except ValueError as exc:
+                raise InvalidParams(f"invalid params: {exc} - at `$.secretKey`") from None
+            await self.ready.wait()  # the key is applied to the store before the answer
+        self.initialized = True
+        secrets = None
+        if self.ready.is_set() and self.app is not None:
+            secrets = await self.app.secrets.settle(host_key)
         client = params.client_info
         logger.info(
             "initialize from %s %s (protocol %s)",
@@ -266,6 +280,7 @@ class Server:
                 max_line_bytes=self.config.max_line_bytes,
             ),
             data_dir=self.config.data_dir,
+            secrets=secrets,
         )
 
     async def shutdown(self, params: EmptyParams) -> SuccessResult:
@@ -352,6 +367,8 @@ async def serve(
             watchers.start_soon(_on_stop, stop, server, supervisor, app_scope)
             with app_scope:  # its deadline is set when shutdown begins (_on_stop)
                 async with open_app(config, peer.notify) as app:
+                    if server.initialized:  # the handshake came first: settle before serving
+                        await app.secrets.settle()
                     server.attach(app)
                     logger.info("serving (data dir %s, pid %s)", app.data_dir, os.getpid())
                     await stop.wait()

@@ -370,6 +370,7 @@ async def spawn_sidecar(
     """
     full_env = dict(os.environ)
     full_env.setdefault("CHAT_SIDECAR_LOG_LEVEL", "INFO")
+    full_env.setdefault("CHAT_SIDECAR_KEYCHAIN", "off")  # never the developer's own keychain
     if env:
         full_env.update(env)
     cmd = list(command) if command is not None else sidecar_command(data_dir, *args)

@@ -37,8 +37,13 @@ export declare const enum ErrorCode {
   MESSAGE_TOO_LARGE = -32006,
   /** The database failed (disk full, corrupted file); nothing was changed. */
   STORE_ERROR = -32007,
+  /**
+   * A stored secret (API key, token) was sealed with a key this process was not given
+   * (another host key): calls that need it fail; nothing is lost.
+   */
+  SECRETS_LOCKED = -32008,
 }
-export type ErrorCodeValue = -32700 | -32600 | -32601 | -32602 | -32603 | -32800 | -32001 | -32002 | -32003 | -32004 | -32005 | -32006 | -32007;
+export type ErrorCodeValue = -32700 | -32600 | -32601 | -32602 | -32603 | -32800 | -32001 | -32002 | -32003 | -32004 | -32005 | -32006 | -32007 | -32008;
 
 export type ChatStreamEvent = StreamStartEvent | TextDeltaEvent | ThinkingDeltaEvent | ToolCallStartEvent | ToolCallDeltaEvent | ToolResultEvent | UsageEvent | StreamEndEvent | ErrorEvent | AbortedEvent | ToolApprovalRequiredEvent | NoticeEvent;
 export type ContentPart = TextPart | ImagePart | FilePart | CodePart | ToolUsePart | ToolResultPart | ThinkingPart | StepStartPart | StepFinishPart | DiffPart;
@@ -52,6 +57,8 @@ export type MessageStatus = "aborted" | "completed" | "error" | "paused" | "pend
 export type ProviderKind = "acp-engine" | "anthropic" | "ollama" | "openai-compat";
 export type ReasoningLevel = "auto" | "high" | "low" | "max" | "medium" | "off";
 export type RegexScope = "assistant" | "both" | "user";
+export type SecretKeySource = "file" | "host" | "keychain";
+export type SecretsState = "locked" | "ready";
 export type SessionMode = "acp" | "direct";
 export type SessionSortBy = "created_at" | "last_message_at" | "updated_at";
 export type ToolDecision = "answered" | "approved" | "denied";
@@ -330,6 +337,13 @@ export interface ImagePart {
 export interface InitializeParams {
   protocolVersion?: number | null;
   clientInfo?: ClientInfo | null;
+  /**
+   * The host's key for secrets at rest: base64 of 32 random bytes, generated once by the
+   * host and kept with Electron ``safeStorage``; pass the same key at every start. Without
+   * it the sidecar keeps its own key (OS keychain, else ``<dataDir>/secret.key``). Given
+   * later, or changed, the stored secrets are re-sealed with it.
+   */
+  secretKey?: string | null;
 }
 
 export interface InitializeResult {
@@ -337,6 +351,11 @@ export interface InitializeResult {
   serverInfo: ServerInfo;
   capabilities: ServerCapabilities;
   dataDir: string;
+  /**
+   * Known once the store is open: always with ``secretKey``, which waits for it; without
+   * it, null when the handshake came first (the key is then settled when the store opens).
+   */
+  secrets?: SecretsInfo | null;
 }
 
 /** Text injected when one of its keywords appears in the recent messages. */
@@ -557,6 +576,12 @@ export interface ProviderInfo {
   type: ProviderKind;
   baseUrl: string;
   hasApiKey: boolean;
+  /**
+   * A stored secret (the key, a secret header or env value) was sealed with a key this
+   * process was not given (see ``sidecar:initialize {secretKey}``): calls that need it fail
+   * with SECRETS_LOCKED until the key is given again or the secret is re-entered.
+   */
+  secretsLocked?: boolean;
   /** For ``acp-engine``: env values whose name suggests a secret are masked (``***``). */
   engine?: AcpEngineConfig | null;
   apiKeyEnv?: string | null;
@@ -659,6 +684,19 @@ export interface SearchResult {
   createdAt: number;
   /** Relevance (higher is better). */
   score: number;
+}
+
+/** How stored secrets (API keys, tokens, secret headers and env values) are protected. */
+export interface SecretsInfo {
+  /**
+   * ``locked``: some were sealed with a key this process was not given (another host
+   * key); the calls that need them fail with SECRETS_LOCKED, nothing is lost.
+   */
+  state: SecretsState;
+  /** Where the key that seals new secrets comes from. */
+  source: SecretKeySource;
+  /** How many stored secret values cannot be opened. */
+  locked?: number;
 }
 
 export interface SendParams {

@@ -25,7 +25,7 @@ import msgspec
 from protocol.common import EmptyParams, IdParams, SuccessResult
 from protocol.providers import ProviderInfo, ProviderSetDefaultParams, ProviderUpsertParams
 from protocol.types import Usage
-from sidecar.errors import EngineError, InvalidParams, NotFound
+from sidecar.errors import EngineError, InvalidParams, NotFound, SecretsLocked
 from sidecar.providers import Provider, create_provider
 from sidecar.providers.types import ModelInfo, ProviderSettings
 from sidecar.store.providers import ProviderRecord, ProviderRepo
@@ -203,6 +203,8 @@ class ProviderService:
             )
         if not record.enabled:
             raise EngineError(f"engine {record.name!r} is disabled")
+        if record.secrets_locked:
+            raise _locked(record)
         return record
 
     async def cost(self, provider_id: str, model_id: str, usage: Usage) -> float:
@@ -258,6 +260,8 @@ class ProviderService:
                 log.exception("closing a retired provider client failed")
 
     def _provider(self, record: ProviderRecord) -> _Live:
+        if record.secrets_locked:
+            raise _locked(record)
         live = self._live.get(record.id)
         if live is not None and live.version == record.updated_at:
             return live
@@ -275,6 +279,13 @@ class ProviderService:
         live = _Live(create_provider(settings, transport=self._transport), record.updated_at, self)
         self._live[record.id] = live
         return live
+
+
+def _locked(record: ProviderRecord) -> SecretsLocked:
+    return SecretsLocked(
+        f"the stored secrets of provider {record.name!r} were sealed with another key: start the sidecar "
+        "with that key (sidecar:initialize secretKey) or enter them again with provider:upsert"
+    )
 
 
 def _model_info(record: ProviderRecord, model_id: str) -> ModelInfo:

@@ -14,13 +14,11 @@ import logging
 from collections.abc import Mapping
 from urllib.parse import parse_qsl, urlsplit, urlunsplit
 
-__all__ = ["Redactor", "safe_url", "install_http_log_filter", "SECRET_NAME_HINTS", "is_secret_name"]
+from sidecar.secrets.names import is_secret_name
+
+__all__ = ["Redactor", "safe_url", "install_http_log_filter"]
 
 _MASK = "***"
-# Header (and environment variable) names whose values are secrets: the one list, also
-# used by the provider store to mask them on the wire. Every custom header value is
-# masked in reprs anyway; these are also scrubbed from free text.
-SECRET_NAME_HINTS = ("auth", "key", "token", "secret", "cookie", "session", "password")
 # Shorter values would mask common words in provider messages for no gain.
 _MIN_SECRET_LEN = 6
 
@@ -36,12 +34,6 @@ def safe_url(url: str) -> str:
     if port is not None:
         host = f"{host}:{port}"
     return urlunsplit((parts.scheme, host, parts.path, "", ""))
-
-
-def is_secret_name(name: str) -> bool:
-    """Whether a header or environment variable called ``name`` holds a secret by its name."""
-    lowered = name.lower()
-    return any(hint in lowered for hint in SECRET_NAME_HINTS)
 
 
 class Redactor:

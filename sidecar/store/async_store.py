@@ -30,6 +30,7 @@ from protocol.types import (
     ToolCall,
     Usage,
 )
+from sidecar.secrets.box import SecretBox
 from sidecar.store.ids import now_ms
 from sidecar.store.store import ACTIVE_LEAF, Store
 
@@ -47,10 +48,17 @@ class AsyncStore:
 
     @classmethod
     async def open(
-        cls, data_dir: str | Path, *, clock: Callable[[], int] = now_ms, readers: int = 2
+        cls,
+        data_dir: str | Path,
+        *,
+        clock: Callable[[], int] = now_ms,
+        readers: int = 2,
+        secrets: SecretBox | None = None,
     ) -> AsyncStore:
         """Open (migrate, recover) a Store in a worker thread."""
-        store = await anyio.to_thread.run_sync(partial(Store, data_dir, clock=clock, readers=readers))
+        store = await anyio.to_thread.run_sync(
+            partial(Store, data_dir, clock=clock, readers=readers, secrets=secrets)
+        )
         return cls(store, limiter=anyio.CapacityLimiter(readers + 1))
 
     async def _run(self, fn: Callable[..., T], *args: Any, **kwargs: Any) -> T:

@@ -42,6 +42,9 @@ def _configure(conn: apsw.Connection) -> None:
     conn.execute("PRAGMA foreign_keys = ON")
     conn.execute("PRAGMA synchronous = NORMAL")
     conn.execute("PRAGMA temp_store = MEMORY")
+    # deleted and rewritten content is zeroed, not left in free space: a deleted session
+    # or a re-sealed secret must not stay readable in the file
+    conn.execute("PRAGMA secure_delete = ON")
     conn.register_fts5_function(fts.BM25_FUNCTION, fts.bm25)
 
 
@@ -103,6 +106,16 @@ class Database:
             self._check_open()
             with _wrap_errors():
                 return self._writer.execute(f"PRAGMA {name}").fetchall()[0][0]
+
+    def checkpoint(self) -> None:
+        """Copy the WAL into the database file and truncate it, so no page image older
+        than the database's current content stays on disk."""
+        with self._write_lock:
+            self._check_open()
+            with _wrap_errors():
+                busy = self._writer.execute("PRAGMA wal_checkpoint(TRUNCATE)").fetchall()[0][0]
+        if busy:
+            log.warning("the WAL checkpoint of %s was partial (a reader was busy)", self.path)
 
     @contextmanager
     def read(self) -> Iterator[apsw.Connection]:

@@ -10,7 +10,13 @@ column (migration of sidecar/store/acp.py); its ``env`` may hold secrets and get
 treatment as the key: values whose name looks secret are masked in ``to_info``, and an
 update that sends a masked value back keeps the stored one. Custom headers likewise: a
 secret-looking header shown as ``***`` and sent back unchanged keeps its stored value.
-Which names look secret is decided by ``sidecar.providers.redact.is_secret_name`` (one list).
+Which names look secret is decided by ``sidecar.secrets.names.is_secret_name`` (one list).
+
+Secrets at rest: the key, secret-looking header values and secret-looking engine ``env``
+values are stored sealed (sidecar/store/secrets.py, Sealer); a record whose secrets cannot
+be opened (sealed with a key this process was not given) has ``secrets_locked`` set and
+those values left out, and stays listable and editable: a new key sent with upsert
+replaces the locked one.
 
 Synchronous; call through ``anyio.to_thread.run_sync``.
 """
@@ -24,9 +30,10 @@ import msgspec
 
 from protocol.providers import AcpEngineConfig, ModelConfig, ProviderInfo, ProviderKind, ProviderUpsertParams
 from sidecar.errors import InvalidParams, NotFound
-from sidecar.providers.redact import is_secret_name
+from sidecar.secrets.names import is_secret_name
 from sidecar.store.db import Database
 from sidecar.store.ids import new_id, now_ms
+from sidecar.store.secrets import API_KEY, ENGINE_ENV, HEADERS, Sealer
 
 _COLUMNS = (
     "id, name, type, base_url, api_key, api_key_env, headers, body, models, enabled, "
@@ -52,6 +59,10 @@ class ProviderRecord(msgspec.Struct, kw_only=True):
     created_at: int
     updated_at: int
     engine: AcpEngineConfig | None = None
+    secrets_locked: bool = False
+    """A stored secret of this provider could not be opened (it is left out above)."""
+    has_stored_key: bool = False
+    """A key is stored (``api_key`` is None when it is locked)."""
 
     def __repr__(self) -> str:  # never print the key, even in a traceback
         return f"ProviderRecord(id={self.id!r}, name={self.name!r}, type={self.type!r})"
@@ -69,7 +80,8 @@ class ProviderRecord(msgspec.Struct, kw_only=True):
             name=self.name,
             type=self.type,
             base_url=self.base_url,
-            has_api_key=bool(self.api_key),
+            has_api_key=self.has_stored_key,
+            secrets_locked=self.secrets_locked,
             api_key_env=self.api_key_env,
             headers=_masked(self.headers),
             body=self.body,
@@ -103,21 +115,30 @@ def _masked_engine(engine: AcpEngineConfig | None) -> AcpEngineConfig | None:
     return msgspec.structs.replace(engine, env=_masked(engine.env))
 
 
-def _row(row: tuple[Any, ...]) -> ProviderRecord:
+def _row(row: tuple[Any, ...], sealer: Sealer) -> ProviderRecord:
+    api_key, key_locked = sealer.open(row[4], API_KEY)
+    headers, headers_locked = sealer.open_map(_headers.decode(row[6]), HEADERS)
+    engine = _engine.decode(row[12]) if row[12] else None
+    env_locked = False
+    if engine is not None:
+        env, env_locked = sealer.open_map(engine.env, ENGINE_ENV)
+        engine = msgspec.structs.replace(engine, env=env)
     return ProviderRecord(
         id=row[0],
         name=row[1],
         type=row[2],
         base_url=row[3],
-        api_key=row[4],
+        api_key=api_key,
         api_key_env=row[5],
-        headers=_headers.decode(row[6]),
+        headers=headers,
         body=_obj.decode(row[7]),
         models=_models.decode(row[8]),
         enabled=bool(row[9]),
         created_at=row[10],
         updated_at=row[11],
-        engine=_engine.decode(row[12]) if row[12] else None,
+        engine=engine,
+        secrets_locked=key_locked or headers_locked or env_locked,
+        has_stored_key=bool(row[4]),
     )
 
 
@@ -175,13 +196,14 @@ def _validate_engine(engine: AcpEngineConfig | None) -> None:
 
 
 class ProviderRepo:
-    def __init__(self, db: Database) -> None:
+    def __init__(self, db: Database, sealer: Sealer) -> None:
         self._db = db
+        self._sealer = sealer
 
     def list(self) -> list[ProviderRecord]:
         with self._db.read() as conn:
             rows = conn.execute(f"SELECT {_COLUMNS} FROM providers ORDER BY created_at, id").fetchall()
-        return [_row(r) for r in rows]
+        return [_row(r, self._sealer) for r in rows]
 
     def get(self, provider_id: str) -> ProviderRecord:
         with self._db.read() as conn:
@@ -190,7 +212,7 @@ class ProviderRepo:
             ).fetchone()
         if row is None:
             raise NotFound(f"no provider {provider_id!r}")
-        return _row(row)
+        return _row(row, self._sealer)
 
     def upsert(self, params: ProviderUpsertParams) -> ProviderRecord:
         validate(params)
@@ -206,14 +228,16 @@ class ProviderRepo:
             if params.api_key is None:
                 api_key = existing[0] if existing else None
             else:
-                api_key = params.api_key or None
+                api_key = self._sealer.seal(params.api_key, API_KEY) if params.api_key else None
             engine = params.engine if params.type == "acp-engine" else None
-            if engine is not None and existing is not None and existing[2]:
-                # a masked secret sent back (provider:list -> edit -> upsert) keeps the stored value
-                engine = msgspec.structs.replace(engine, env=_unmasked(engine.env, _engine.decode(existing[2]).env))
-            headers = params.headers
-            if existing is not None and existing[3]:
-                headers = _unmasked(headers, _headers.decode(existing[3]))
+            if engine is not None:
+                # a masked secret sent back (provider:list -> edit -> upsert) keeps the stored
+                # (sealed) value; the others are sealed now
+                stored_env = _engine.decode(existing[2]).env if existing is not None and existing[2] else {}
+                env = self._sealer.seal_map(_unmasked(engine.env, stored_env), ENGINE_ENV)
+                engine = msgspec.structs.replace(engine, env=env)
+            stored_headers = _headers.decode(existing[3]) if existing is not None and existing[3] else {}
+            headers = self._sealer.seal_map(_unmasked(params.headers, stored_headers), HEADERS)
             conn.execute(
                 f"INSERT OR REPLACE INTO providers ({_COLUMNS}) VALUES (?,?,?,?,?,?,?,?,?,?,?,?,?)",
                 (
@@ -235,7 +259,7 @@ class ProviderRepo:
             row = conn.execute(
                 f"SELECT {_COLUMNS} FROM providers WHERE id = ?", (provider_id,)
             ).fetchone()
-        return _row(row)
+        return _row(row, self._sealer)
 
     def delete(self, provider_id: str) -> None:
         with self._db.write() as conn:

@@ -67,6 +67,8 @@ from sidecar.store.acp import AcpRepo
 from sidecar.store.providers import ProviderRepo
 from sidecar.store.rows import parts_or_none, searchable_text, to_json
 from sidecar.store.search import MessageSearch
+from sidecar.store.secrets import SecretsRepo, Sealer
+from sidecar.secrets.box import SecretBox
 from sidecar.store.sessions import SessionRepo
 from sidecar.store.tools import ToolStore
 from sidecar.store.settings import DEFAULT_MODEL_KEY, DEFAULT_PROVIDER_KEY, SettingsRepo
@@ -93,7 +95,9 @@ class Store:
         *,
         clock: Callable[[], int] = now_ms,
         readers: int = 2,
+        secrets: SecretBox | None = None,
     ) -> None:
+        """``secrets`` seals the stored secrets (default: a box with the data dir's key file)."""
         path = Path(data_dir)
         try:
             path.mkdir(parents=True, exist_ok=True)
@@ -107,11 +111,14 @@ class Store:
         except BaseException:
             self._lock.release()
             raise
-        self.providers = ProviderRepo(self._db)
-        """provider:* configuration (its own repository: keys stay inside it)."""
+        sealer = Sealer(secrets if secrets is not None else SecretBox(path, use_keychain=False))
+        self.secrets = SecretsRepo(self._db, sealer, path)
+        """Secrets at rest: settling the key, re-sealing stored secrets (sidecar/store/secrets.py)."""
+        self.providers = ProviderRepo(self._db, sealer)
+        """provider:* configuration (its own repository: keys stay inside it, sealed)."""
         self.acp = AcpRepo(self._db)
         """ACP agent sessions per reply and the raw ACP columns (sidecar/store/acp.py)."""
-        self.tools = ToolStore(self._db, clock)
+        self.tools = ToolStore(self._db, clock, sealer)
         """Tool loop state, approvals, policies, audit trail, MCP configs (sidecar/store/tools.py)."""
         try:
             self.schema_version = migrate(self._db)

@@ -25,6 +25,7 @@ Synchronous and thread-safe (``db.Database``); the engine calls it through
 from __future__ import annotations
 
 from collections.abc import Callable, Iterable
+from pathlib import Path
 from typing import Any
 
 import apsw
@@ -38,6 +39,8 @@ from sidecar.store.db import Database
 from sidecar.store.ids import now_ms
 from sidecar.store.messages import MessageStore
 from sidecar.store.rows import decode_parts, to_json
+from sidecar.store.secrets import Sealer
+from sidecar.secrets.box import SecretBox
 
 __all__ = ["ToolStore", "ToolRun", "ToolCallRecord", "OPEN_STATES", "DECIDED_STATES"]
 
@@ -138,9 +141,10 @@ def _audit(r: tuple[Any, ...]) -> ToolAuditEntry:
 
 
 class ToolStore:
-    def __init__(self, db: Database, clock: Callable[[], int] = now_ms) -> None:
+    def __init__(self, db: Database, clock: Callable[[], int] = now_ms, sealer: Sealer | None = None) -> None:
         self._db = db
         self._clock = clock
+        self._sealer = sealer if sealer is not None else Sealer(SecretBox(Path(db.path).parent, use_keychain=False))
 
     # ---- runs -------------------------------------------------------------------------
 
@@ -501,16 +505,21 @@ class ToolStore:
     # ---- MCP server configs -------------------------------------------------------------
 
     def mcp_servers(self) -> list[tuple[str, str]]:
+        """(name, config JSON) with the secrets opened; a value that cannot be opened (sealed
+        with a key this process was not given) is left out of the config."""
         with self._db.read() as conn:
-            return [(r[0], r[1]) for r in conn.execute("SELECT name, config FROM mcp_servers ORDER BY name")]
+            rows = conn.execute("SELECT name, config FROM mcp_servers ORDER BY name").fetchall()
+        return [(name, self._sealer.open_mcp_config(config)[0]) for name, config in rows]
 
     def put_mcp_server(self, name: str, config: str) -> None:
+        """Store ``config`` (JSON) with its env values and secret-looking headers sealed."""
+        sealed = self._sealer.seal_mcp_config(config)
         with self._db.write() as conn:
             now = self._clock()
             conn.execute(
                 "INSERT INTO mcp_servers(name, config, created_at, updated_at) VALUES (?, ?, ?, ?)"
                 " ON CONFLICT(name) DO UPDATE SET config = excluded.config, updated_at = excluded.updated_at",
-                (name, config, now, now),
+                (name, sealed, now, now),
             )
 
     def delete_mcp_server(self, name: str) -> None:

@@ -1,0 +1,31 @@
+"""SecretsService: settling the key of secrets at rest, and what ``sidecar:initialize`` reports.
+
+The key is settled once the store is open: with the host's key when it comes (an
+inherited fd at start, or ``sidecar:initialize {secretKey}``), else at the handshake with
+the sidecar's own key (OS keychain or key file). Settling re-seals stored secrets
+(sidecar/store/secrets.py) in a worker thread.
+"""
+
+from __future__ import annotations
+
+import anyio
+
+from protocol.lifecycle import SecretsInfo
+from sidecar.secrets.box import SecretsStatus
+from sidecar.store.secrets import SecretsRepo
+
+
+class SecretsService:
+    def __init__(self, repo: SecretsRepo) -> None:
+        self._repo = repo
+        self._lock = anyio.Lock()
+
+    async def settle(self, host_key: bytes | None = None) -> SecretsInfo:
+        async with self._lock:  # two handshakes must not re-seal at once
+            status = await anyio.to_thread.run_sync(self._repo.settle, host_key)
+        return _info(status)
+
+
+def _info(status: SecretsStatus) -> SecretsInfo:
+    assert status.source is not None  # settled
+    return SecretsInfo(state="locked" if status.locked else "ready", source=status.source, locked=status.locked)

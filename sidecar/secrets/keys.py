@@ -1,0 +1,145 @@
+"""Where the key that seals stored secrets comes from.
+
+In order of preference:
+1. the host: the Electron main process keeps a random 32-byte key protected by
+   ``safeStorage`` and passes it at every start, in ``sidecar:initialize {secretKey}``
+   or on an inherited file descriptor (``--secret-key-fd N`` /
+   ``CHAT_SIDECAR_SECRET_KEY_FD``); base64 of exactly 32 bytes;
+2. the OS keychain through the ``keyring`` package (one entry per data dir, service
+   ``chat-sidecar``), when a keychain backend works;
+3. a key file ``<dataDir>/secret.key`` created with mode 0600 (it protects the database
+   file copied alone, not a reader of the whole data dir: use 1. or 2. for that).
+
+A key is known by its id (a hash of the key, never the key): every sealed value carries
+the id of the key that sealed it, so a value sealed with a key we do not have is
+recognised as locked instead of failing to decrypt as garbage.
+
+Must stay true: key material is never logged or put in an error; the key file is never
+readable by others (created 0600 with O_EXCL, refused when it is a symlink).
+"""
+
+from __future__ import annotations
+
+import base64
+import binascii
+import hashlib
+import logging
+import os
+import stat
+from pathlib import Path
+from typing import Literal, NamedTuple
+
+log = logging.getLogger(__name__)
+
+KEY_BYTES = 32
+KEY_FILE = "secret.key"
+KEYCHAIN_SERVICE = "chat-sidecar"
+KeySource = Literal["host", "keychain", "file"]
+
+
+class Key(NamedTuple):
+    kid: str
+    material: bytes
+    source: KeySource
+
+    def __repr__(self) -> str:  # never the material
+        return f"Key(kid={self.kid!r}, source={self.source!r})"
+
+
+def key_id(material: bytes) -> str:
+    return hashlib.sha256(b"chat-sidecar key id\0" + material).hexdigest()[:16]
+
+
+def make_key(material: bytes, source: KeySource) -> Key:
+    return Key(key_id(material), material, source)
+
+
+def parse_key(text: str) -> bytes:
+    """The 32 bytes of a base64 (standard or URL-safe, padding optional) key; ValueError otherwise."""
+    cleaned = "".join(text.split())
+    cleaned += "=" * (-len(cleaned) % 4)
+    try:
+        material = base64.b64decode(cleaned.replace("-", "+").replace("_", "/"), validate=True)
+    except (binascii.Error, ValueError):
+        raise ValueError("the key is not base64") from None
+    if len(material) != KEY_BYTES:
+        raise ValueError(f"the key must be {KEY_BYTES} bytes (base64 of {KEY_BYTES} random bytes)")
+    return material
+
+
+def read_key_fd(fd: int) -> bytes:
+    """Read the host key from an inherited file descriptor (then closed)."""
+    try:
+        with os.fdopen(fd, "rb", closefd=True) as stream:
+            data = stream.read(4096)
+    except OSError as exc:
+        raise ValueError(f"cannot read the key from fd {fd}: {exc.strerror or exc}") from exc
+    return parse_key(data.decode("ascii", errors="replace"))
+
+
+def _encode(material: bytes) -> str:
+    return base64.b64encode(material).decode("ascii")
+
+
+def keychain_key(data_dir: Path, *, create: bool) -> Key | None:
+    """The data dir's key in the OS keychain (created there when ``create``), or None when
+    there is no entry or no working keychain."""
+    account = "data-dir:" + hashlib.sha256(str(data_dir.resolve()).encode()).hexdigest()[:24]
+    try:
+        import keyring
+        from keyring.errors import KeyringError
+
+        stored = keyring.get_password(KEYCHAIN_SERVICE, account)
+        if stored is None:
+            if not create:
+                return None
+            material = os.urandom(KEY_BYTES)
+            keyring.set_password(KEYCHAIN_SERVICE, account, _encode(material))
+            if keyring.get_password(KEYCHAIN_SERVICE, account) != _encode(material):
+                return None  # a backend that does not keep what it is given
+            return make_key(material, "keychain")
+        return make_key(parse_key(stored), "keychain")
+    except ImportError:
+        return None
+    except (KeyringError, ValueError, OSError, RuntimeError) as exc:
+        log.info("no OS keychain for the secrets key: %s", type(exc).__name__)
+        return None
+
+
+def file_key(data_dir: Path, *, create: bool) -> Key | None:
+    """The key in ``<data_dir>/secret.key`` (created 0600 when ``create``), or None."""
+    path = data_dir / KEY_FILE
+    try:
+        fd = os.open(path, os.O_RDONLY | getattr(os, "O_NOFOLLOW", 0))
+    except FileNotFoundError:
+        if not create:
+            return None
+        return _create_key_file(path)
+    except OSError as exc:
+        raise ValueError(f"cannot read the key file {path}: {exc.strerror or exc}") from exc
+    with os.fdopen(fd, "rb") as stream:
+        if os.name != "nt":
+            mode = os.fstat(stream.fileno()).st_mode
+            if mode & (stat.S_IRWXG | stat.S_IRWXO):
+                os.fchmod(stream.fileno(), 0o600)
+                log.warning("the key file %s was readable by others; now 0600", path)
+        return make_key(parse_key(stream.read(4096).decode("ascii", errors="replace")), "file")
+
+
+def _create_key_file(path: Path) -> Key:
+    material = os.urandom(KEY_BYTES)
+    flags = os.O_WRONLY | os.O_CREAT | os.O_EXCL | getattr(os, "O_NOFOLLOW", 0)
+    fd = os.open(path, flags, 0o600)
+    with os.fdopen(fd, "wb") as stream:
+        stream.write((_encode(material) + "\n").encode("ascii"))
+        stream.flush()
+        os.fsync(stream.fileno())
+    return make_key(material, "file")
+
+
+def remove_key_file(data_dir: Path) -> bool:
+    try:
+        (data_dir / KEY_FILE).unlink()
+    except FileNotFoundError:
+        return False
+    return True
