@@ -3,6 +3,7 @@
 
 from __future__ import annotations
 
+from protocol.limits import Int64
 from protocol.types import Struct
 from protocol.common import EmptyParams, SuccessResult
 from protocol.common import MethodSpec
@@ -33,17 +34,17 @@ class ServerCapabilities(Struct, omit_defaults=False, kw_only=True):
     """The methods that are implemented (the others answer NOT_IMPLEMENTED)."""
     notifications: list[str]
     """Notifications this process sends."""
-    max_line_bytes: int
+    max_line_bytes: Int64
     """Input lines longer than this are rejected with MESSAGE_TOO_LARGE."""
 
 
 class InitializeParams(Struct, kw_only=True):
-    protocol_version: int | None = None
+    protocol_version: Int64 | None = None
     client_info: ClientInfo | None = None
 
 
 class InitializeResult(Struct, omit_defaults=False, kw_only=True):
-    protocol_version: int
+    protocol_version: Int64
     server_info: ServerInfo
     capabilities: ServerCapabilities
     data_dir: str
