@@ -30,29 +30,13 @@ import msgspec
 import msgspec.inspect as mi
 
 from protocol.limits import MAX_JSON_DEPTH
+from sidecar.jsondepth import json_too_deep
 
-__all__ = ["DepthCheck", "json_too_deep", "raw_free_form_path", "format_path"]
+__all__ = ["DepthCheck", "raw_free_form_path", "format_path"]
 
 PathPart = str | int
 Path = tuple[PathPart, ...]
 _Walker = Callable[[Any, Path], "Path | None"]
-
-
-def json_too_deep(value: Any, limit: int = MAX_JSON_DEPTH) -> bool:
-    """True if ``value`` (decoded JSON: dicts, lists, scalars) nests deeper than ``limit``."""
-    if not isinstance(value, (dict, list)):
-        return False
-    stack: list[tuple[Any, int]] = [(value, 1)]
-    pop, push = stack.pop, stack.append
-    while stack:
-        node, depth = pop()
-        if depth > limit:
-            return True
-        children = node.values() if isinstance(node, dict) else node
-        for child in children:
-            if isinstance(child, (dict, list)):
-                push((child, depth + 1))
-    return False
 
 
 def format_path(path: Path) -> str:
@@ -89,7 +73,7 @@ def _is_free(info: Any) -> bool:
 
 
 def _free(value: Any, path: Path) -> Path | None:
-    return path if json_too_deep(value) else None
+    return path if json_too_deep(value, MAX_JSON_DEPTH) else None
 
 
 class _StructWalker:

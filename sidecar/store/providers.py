@@ -27,6 +27,7 @@ from sidecar.errors import InvalidParams, NotFound
 from sidecar.providers.redact import is_secret_name
 from sidecar.store.db import Database
 from sidecar.store.ids import new_id, now_ms
+from sidecar.store.rows import lenient_json
 
 _COLUMNS = (
     "id, name, type, base_url, api_key, api_key_env, headers, body, models, enabled, "
@@ -112,7 +113,7 @@ def _row(row: tuple[Any, ...]) -> ProviderRecord:
         api_key=row[4],
         api_key_env=row[5],
         headers=_headers.decode(row[6]),
-        body=_obj.decode(row[7]),
+        body=lenient_json(_obj, row[7], "body", f"provider {row[0]!r}", {}),
         models=_models.decode(row[8]),
         enabled=bool(row[9]),
         created_at=row[10],
