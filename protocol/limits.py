@@ -63,8 +63,9 @@ MAX_TITLE_CHARS = 1000
 """Titles and display names (sessions, providers, assistants, folders)."""
 MAX_SEARCH_CHARS = 1000
 """``chat:session:list`` ``search`` (a substring of titles and summaries)."""
-MAX_QUERY_CHARS = 10_000
-"""``chat:messages:search`` ``query`` (full-text search)."""
+MAX_QUERY_CHARS = 1000
+"""``chat:messages:search`` ``query`` (full-text search: every word and CJK bigram of it is
+one more FTS5 term, so a longer query costs more than it can find)."""
 MAX_OFFSET = 10_000_000
 """Offsets of paged lists (sessions, audit entries)."""
 MAX_SEARCH_OFFSET = 100_000
