@@ -12,7 +12,6 @@ from pathlib import Path
 from typing import Any
 
 import anyio
-import apsw
 import msgspec
 import msgspec.inspect as mi
 import pytest
@@ -26,117 +25,13 @@ from sidecar.jsondepth import json_text_too_deep, json_too_deep
 from sidecar.rpc import Handler, JsonRpcPeer, connected_pair
 from sidecar.rpc.dispatch import MAX_ERROR_DATA_BYTES, MAX_ERROR_MESSAGE_CHARS
 from sidecar.store.db import Database
+from wire_edges import MARK, deep_text, document, expected_path, free_paths
 
 pytestmark = pytest.mark.anyio
 
-MARK = "@@DEEP@@"
-Segment = str | int
 
 
 # ---- every free-form field of every params type ------------------------------------------
-
-
-def _free(info: Any) -> bool:
-    if isinstance(info, mi.Metadata):
-        return _free(info.type)
-    if isinstance(info, mi.AnyType):
-        return True
-    if isinstance(info, mi.UnionType):
-        return any(_free(t) for t in info.types)
-    if isinstance(info, (mi.ListType, mi.DictType)):
-        inner = info.item_type if isinstance(info, mi.ListType) else info.value_type
-        return _free(inner)
-    return False
-
-
-def _plain(info: Any) -> Any:
-    return info.type if isinstance(info, mi.Metadata) else info
-
-
-def free_paths(info: Any, seen: frozenset[type] = frozenset()) -> list[tuple[list[tuple[Any, Segment]], Any]]:
-    """Every way down to a free-form field: [(step type, segment)...] and the field's type."""
-    info = _plain(info)
-    if _free(info):
-        return [([], info)]
-    found: list[tuple[list[tuple[Any, Segment]], Any]] = []
-    if isinstance(info, mi.StructType):
-        if info.cls in seen:
-            return []
-        for field in info.fields:
-            for steps, leaf in free_paths(field.type, seen | {info.cls}):
-                found.append(([(info, field.encode_name), *steps], leaf))
-    elif isinstance(info, mi.ListType):
-        for steps, leaf in free_paths(info.item_type, seen):
-            found.append(([(info, 0), *steps], leaf))
-    elif isinstance(info, mi.DictType):
-        for steps, leaf in free_paths(info.value_type, seen):
-            found.append(([(info, "k"), *steps], leaf))
-    elif isinstance(info, mi.UnionType):
-        for member in info.types:
-            found += free_paths(member, seen)
-    return found
-
-
-def minimal(info: Any) -> Any:
-    """The smallest valid value of a type (as plain JSON values)."""
-    info = _plain(info)
-    if isinstance(info, mi.StructType):
-        out: dict[str, Any] = {}
-        if info.tag_field is not None:
-            out[info.tag_field] = info.tag
-        for field in info.fields:
-            if field.required:
-                out[field.encode_name] = minimal(field.type)
-        return out
-    if isinstance(info, mi.UnionType):
-        members = [t for t in info.types if not isinstance(t, mi.NoneType)]
-        return minimal(members[0]) if members else None
-    if isinstance(info, mi.LiteralType):
-        return info.values[0]
-    if isinstance(info, mi.ListType):
-        return []
-    if isinstance(info, mi.DictType):
-        return {}
-    if isinstance(info, mi.StrType):
-        return "x"
-    if isinstance(info, mi.IntType):
-        return max(1, info.ge or 1) if info.le is None or info.le >= 1 else info.le
-    if isinstance(info, mi.FloatType):
-        return 0.5
-    if isinstance(info, mi.BoolType):
-        return False
-    if isinstance(info, (mi.NoneType, mi.AnyType)):
-        return None
-    raise AssertionError(f"no minimal value for {info!r}")
-
-
-def document(steps: list[tuple[Any, Segment]]) -> Any:
-    """A minimal valid document with MARK where the free-form field of ``steps`` is."""
-    if not steps:
-        return MARK
-    info, segment = steps[0]
-    child = document(steps[1:])
-    if isinstance(info, mi.StructType):
-        out = minimal(info)
-        out[segment] = child
-        return out
-    if isinstance(info, mi.ListType):
-        return [child]
-    return {segment: child}
-
-
-def expected_path(steps: list[tuple[Any, Segment]]) -> str:
-    """The JSON path the error names: ``.field``, ``[index]``, ``.key`` (a plain dict key)."""
-    return "$" + "".join(f"[{segment}]" if isinstance(segment, int) else f".{segment}" for _, segment in steps)
-
-
-def deep_text(leaf: Any, depth: int) -> str:
-    leaf = _plain(leaf)
-    if isinstance(leaf, mi.UnionType):
-        leaf = _plain(next(t for t in leaf.types if not isinstance(t, mi.NoneType)))
-    if isinstance(leaf, mi.ListType):
-        return "[" * depth + "]" * depth
-    return '{"a":' * (depth - 1) + "{}" + "}" * (depth - 1)
 
 
 CASES = [
