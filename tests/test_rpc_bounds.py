@@ -298,3 +298,12 @@ async def test_a_deep_response_to_our_request_fails_that_request() -> None:
                 assert "nesting too deep" in err.value.message
             await b_send.aclose()
         await b_receive.aclose()
+
+
+def test_tool_arguments_too_deep_to_decode_are_an_error_the_model_sees() -> None:
+    from sidecar.tools.registry import ToolRegistry
+    from sidecar.tools.workspace import workspace_tools
+
+    registry = ToolRegistry(workspace_tools(5.0))
+    checked = registry.check("workspace_read_file", '{"path":' + "[" * 50_000 + "]" * 50_000 + "}")
+    assert checked.error is not None and "not valid JSON" in checked.error
