@@ -307,3 +307,18 @@ def test_tool_arguments_too_deep_to_decode_are_an_error_the_model_sees() -> None
     registry = ToolRegistry(workspace_tools(5.0))
     checked = registry.check("workspace_read_file", '{"path":' + "[" * 50_000 + "]" * 50_000 + "}")
     assert checked.error is not None and "not valid JSON" in checked.error
+
+
+def test_model_tool_arguments_nested_too_deep_are_kept_as_raw_text() -> None:
+    from sidecar.engine.reply import ReplyBuilder
+
+    reply = ReplyBuilder()
+    fine = '{"a":' * 10 + "1" + "}" * 10
+    too_deep = '{"a":' * (MAX_JSON_DEPTH + 1) + "1" + "}" * (MAX_JSON_DEPTH + 1)
+    undecodable = '{"a":' * 50_000 + "1" + "}" * 50_000
+    for i, arguments in enumerate((fine, too_deep, undecodable)):
+        reply.add_tool_call(f"c{i}", "t", arguments)
+    inputs = [p.input for p in reply.parts]  # type: ignore[union-attr]
+    assert inputs[0] == json.loads(fine)
+    assert inputs[1] == {"_raw": too_deep} and inputs[2] == {"_raw": undecodable}
+    assert [c.arguments for c in reply.tool_calls] == [fine, too_deep, undecodable]
