@@ -60,7 +60,8 @@ MAX_JSON_DEPTH = 64
 MAX_ID_CHARS = 256
 """Ids and names used as keys: sessions, messages, providers, models, tools, MCP servers."""
 MAX_TITLE_CHARS = 1000
-"""Titles and display names (sessions, providers, assistants, folders)."""
+"""Titles and display names (sessions, providers, assistants, folders), and tool policy keys
+(``mcp:<server>`` is longer than the server's name)."""
 MAX_SEARCH_CHARS = 1000
 """``chat:session:list`` ``search`` (a substring of titles and summaries)."""
 MAX_QUERY_CHARS = 1000

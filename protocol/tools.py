@@ -7,7 +7,7 @@ from typing import Literal
 
 import msgspec
 
-from protocol.limits import AuditPageLimit, Id, Int64, JsonObject, Offset
+from protocol.limits import AuditPageLimit, Id, Int64, JsonObject, Offset, Title
 from protocol.events import ToolApprovalOption
 from protocol.types import Struct
 from protocol.common import EmptyParams
@@ -88,7 +88,7 @@ class ToolPolicy(Struct, omit_defaults=False, kw_only=True):
 
 
 class ToolPolicySetParams(Struct, kw_only=True):
-    key: Id
+    key: Title
     policy: ToolPolicyValue | None
     """None removes the stored policy (the default applies again)."""
 
