@@ -322,3 +322,12 @@ def test_model_tool_arguments_nested_too_deep_are_kept_as_raw_text() -> None:
     assert inputs[0] == json.loads(fine)
     assert inputs[1] == {"_raw": too_deep} and inputs[2] == {"_raw": undecodable}
     assert [c.arguments for c in reply.tool_calls] == [fine, too_deep, undecodable]
+
+
+def test_a_closed_store_is_busy_not_a_failed_database(tmp_path: Path) -> None:
+    db = Database(tmp_path / "c.db")
+    db.close()
+    with pytest.raises(StoreError) as err:
+        with db.read():
+            pass
+    assert err.value.code == ErrorCode.BUSY

@@ -23,6 +23,7 @@ whose code says whose problem it is (``_store_error``, the one mapping):
     outside int64 (OverflowError)
     anything else (I/O, disk full,       STORE_ERROR     the database failed
     corrupt, locked, read-only...)
+    the store is already closed          BUSY            the process is shutting down
 """
 
 from __future__ import annotations
@@ -152,8 +153,8 @@ class Database:
     # ---- internals ------------------------------------------------------------------
 
     def _check_open(self) -> None:
-        if self._closed:
-            raise StoreError("the store is closed")
+        if self._closed:  # only while the process shuts down: the database did not fail
+            raise StoreError("the store is closed (shutting down)", code=ErrorCode.BUSY)
 
     def _rollback(self, conn: apsw.Connection) -> None:
         if conn.in_transaction:
