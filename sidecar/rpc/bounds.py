@@ -197,7 +197,7 @@ class DepthCheck:
 
 # ---- naming the field of a value too deep to decode ------------------------------------
 
-_TOKEN = re.compile(rb'"(?:[^"\\]|\\.)*"|[\[\]{},:]')
+_TOKEN = re.compile(rb'"[^"\\]*(?:\\.[^"\\]*)*"|[\[\]{},:]')
 _SCAN_BUDGET = 2_000_000
 """Tokens scanned at most (past it the field is not named; the error still is -32602)."""
 _SCAN_DEPTH = MAX_JSON_DEPTH + 64
