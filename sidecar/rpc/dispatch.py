@@ -104,7 +104,10 @@ class Handler(Generic[P]):
             where = f" - at `{format_path(path)}`" if path else ""
             raise InvalidParams(f"invalid params: nested deeper than {MAX_JSON_DEPTH} levels{where}") from None
         if self.depth.needed and _may_nest(data):
-            path = self.depth.check(params)
+            try:
+                path = self.depth.check(params)
+            except RecursionError:  # a recursive params type nested past the stack
+                path = self.depth.raw_path(bytes(data)) or ()
             if path is not None:
                 raise InvalidParams(
                     f"invalid params: nested deeper than {MAX_JSON_DEPTH} levels - at `{format_path(path)}`"
