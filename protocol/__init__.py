@@ -6,6 +6,8 @@ events (``events``: ChatStreamEvent), the error codes (``errors``), and the para
 of every method with the domain's part of the method table (``lifecycle``, ``sessions``,
 ``messages``, ``chat``, ``providers``, ``settings``, ``tools``, ``mcp``, ``context``).
 ``methods`` joins the parts into one table (METHODS) mapping each method name to its types.
+``limits`` holds the bounds the fields are annotated with (int64, string lengths, page
+sizes, the nesting depth of free-form JSON).
 
 Field names are snake_case in Python and camelCase on the wire (``rename="camel"``).
 This package imports nothing from ``sidecar``; generated copies of it live in

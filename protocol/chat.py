@@ -3,6 +3,7 @@
 
 from __future__ import annotations
 
+from protocol.limits import Id
 from protocol.types import ContentPart, Struct
 from protocol.common import SuccessResult
 from protocol.common import MethodSpec
@@ -33,8 +34,8 @@ class UserInput(Struct, kw_only=True):
 
 
 class RegenerateOptions(Struct, kw_only=True):
-    model_id: str | None = None
-    provider_id: str | None = None
+    model_id: Id | None = None
+    provider_id: Id | None = None
     temperature: float | None = None
 
 
@@ -51,24 +52,24 @@ class SendResult(Struct, omit_defaults=False, kw_only=True):
 
 
 class SendParams(Struct, kw_only=True):
-    session_id: str
+    session_id: Id
     input: UserInput
 
 
 class AbortParams(Struct, kw_only=True):
-    session_id: str
+    session_id: Id
 
 
 class RegenerateParams(Struct, kw_only=True):
-    session_id: str
-    message_id: str | None = None
+    session_id: Id
+    message_id: Id | None = None
     """The assistant message to regenerate (default: the last one of the active branch)."""
     options: RegenerateOptions | None = None
 
 
 class EditResendParams(Struct, kw_only=True):
-    session_id: str
-    message_id: str
+    session_id: Id
+    message_id: Id
     """The user message to edit; the new one becomes its sibling."""
     new_content: str
 

@@ -7,6 +7,7 @@ from typing import Any
 
 import msgspec
 
+from protocol.limits import Id
 from protocol.types import Struct
 
 __all__ = [
@@ -28,17 +29,18 @@ class EmptyParams(Struct, forbid_unknown_fields=False, kw_only=True):
 
 
 class IdParams(Struct, kw_only=True):
-    id: str
+    id: Id
 
 
 class NameParams(Struct, kw_only=True):
-    name: str
+    name: Id
 
 
 class CancelRequestParams(Struct, kw_only=True):
     """``$/cancelRequest``: cancel an in-flight request of ours by its id."""
 
-    id: int | str
+    id: int | float | str
+    """The id of the request, as it was sent (JSON-RPC allows strings and numbers)."""
 
 
 class MethodSpec(msgspec.Struct, frozen=True):

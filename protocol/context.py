@@ -14,6 +14,7 @@ from typing import Literal
 
 import msgspec
 
+from protocol.limits import Id, Int64, Title
 from protocol.providers import DefaultModel
 from protocol.types import Struct
 from protocol.common import EmptyParams, SuccessResult
@@ -79,7 +80,7 @@ class PromptInjection(Struct, kw_only=True):
     content: str
     name: str = ""
     position: InjectionPosition = "after_system"
-    depth: int = 0
+    depth: Int64 = 0
     """For ``at_depth``: how many messages above the end (0 = after the last message)."""
     role: InjectionRole = "system"
     """Role of the injected message for the chat positions (system text for the system positions)."""
@@ -93,10 +94,10 @@ class LorebookEntry(Struct, kw_only=True):
     content: str
     name: str = ""
     position: InjectionPosition = "after_system"
-    depth: int = 0
+    depth: Int64 = 0
     role: InjectionRole = "system"
     case_sensitive: bool = False
-    scan_depth: int = 4
+    scan_depth: Int64 = 4
     """How many of the last messages are searched for a keyword (1..1000)."""
     constant: bool = False
     """Always injected, keywords or not."""
@@ -141,7 +142,7 @@ class TransformerOptions(Struct, kw_only=True):
 
 
 class ContextOptions(Struct, kw_only=True):
-    compress_threshold: int = 32000
+    compress_threshold: Int64 = 32000
     """Estimated tokens above which the old prefix is summarized (or cut); 0 or negative is
     the legacy "disabled" value and means the default 32,000."""
     truncation_strategy: TruncationStrategy = "summarize-old"
@@ -168,15 +169,15 @@ class AssistantProfile(Struct, omit_defaults=False, kw_only=True):
     transformers: TransformerOptions = msgspec.field(default_factory=TransformerOptions)
     context: ContextOptions = msgspec.field(default_factory=ContextOptions)
     is_default: bool = False
-    created_at: int = 0
-    updated_at: int = 0
+    created_at: Int64 = 0
+    updated_at: Int64 = 0
 
 
 class AssistantUpsertParams(Struct, forbid_unknown_fields=True, kw_only=True):
     """``assistant:upsert``: create (no id / unknown id) or replace a profile whole."""
 
-    id: str | None = None
-    name: str
+    id: Id | None = None
+    name: Title
     system_prompt: str = ""
     allow_session_prompt: bool = True
     regex_rules: list[RegexRule] = []
@@ -190,20 +191,20 @@ class AssistantUpsertParams(Struct, forbid_unknown_fields=True, kw_only=True):
 
 
 class AssistantIdParams(Struct, kw_only=True):
-    id: str
+    id: Id
 
 
 class RollingSummaryInfo(Struct, omit_defaults=False, kw_only=True):
     """A session's stored RollingContextSummary (seed 000 section 2)."""
 
     text: str
-    covered_count: int
+    covered_count: Int64
     """How many messages of the branch (from the root) the summary stands for."""
     last_covered_id: str
-    tokens: int
+    tokens: Int64
     valid: bool
     """Its covered ids are still the prefix of the active branch."""
-    updated_at: int
+    updated_at: Int64
 
 
 class SessionContextInfo(Struct, omit_defaults=False, kw_only=True):
@@ -215,17 +216,17 @@ class SessionContextInfo(Struct, omit_defaults=False, kw_only=True):
     truncation_strategy: TruncationStrategy
     """In effect: the session's choice, else the profile's."""
     session_truncation_strategy: TruncationStrategy | None = None
-    threshold: int
+    threshold: Int64
     summary: RollingSummaryInfo | None = None
 
 
 class ContextGetParams(Struct, kw_only=True):
-    session_id: str
+    session_id: Id
 
 
 class ContextUpdateParams(Struct, forbid_unknown_fields=True, kw_only=True):
-    session_id: str
-    assistant_id: str | None = None
+    session_id: Id
+    assistant_id: Id | None = None
     """"" goes back to the default profile."""
     truncation_strategy: TruncationStrategy | Literal[""] | None = None
     """"" goes back to the profile's strategy."""
@@ -234,8 +235,8 @@ class ContextUpdateParams(Struct, forbid_unknown_fields=True, kw_only=True):
 class ContextCompactParams(Struct, kw_only=True):
     """``chat:context:compact``: summarize the old part of the active branch now."""
 
-    session_id: str
-    target_tokens: int | None = None
+    session_id: Id
+    target_tokens: Int64 | None = None
     """Size the context should have afterwards (default: the threshold); the recent window
     keeps 55% of it."""
     instructions: str | None = None
@@ -247,10 +248,10 @@ class ContextCompactResult(Struct, omit_defaults=False, kw_only=True):
     """False when there was nothing to summarize (fewer than four messages, or the recent
     window already starts at the summary's end)."""
     summary: RollingSummaryInfo | None = None
-    window_count: int
+    window_count: Int64
     """Messages sent verbatim after the summary."""
-    tokens_before: int
-    tokens_after: int
+    tokens_before: Int64
+    tokens_after: Int64
 
 
 METHODS: dict[str, MethodSpec] = {

@@ -12,6 +12,7 @@ from typing import Literal, Union
 
 import msgspec
 
+from protocol.limits import Int64
 from protocol.types import Struct, Usage
 
 __all__ = [
@@ -56,8 +57,8 @@ class StreamToolResult(Struct, kw_only=True):
 class _Event(Struct, tag_field="type", kw_only=True):
     session_id: str
     message_id: str
-    timestamp: int
-    seq: int
+    timestamp: Int64
+    seq: Int64
 
 
 class StreamStartEvent(_Event, tag="stream_start", kw_only=True):
@@ -103,7 +104,7 @@ class ErrorEvent(_Event, tag="error", kw_only=True):
     """The message ended with an error; its partial content is stored."""
 
     error: str
-    code: int | None = None
+    code: Int64 | None = None
     """An ErrorCode value when one applies (for example PROVIDER_ERROR)."""
 
 

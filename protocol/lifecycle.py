@@ -5,6 +5,7 @@ from __future__ import annotations
 
 from typing import Literal
 
+from protocol.limits import Int64
 from protocol.types import Struct
 from protocol.common import EmptyParams, SuccessResult
 from protocol.common import MethodSpec
@@ -38,12 +39,12 @@ class ServerCapabilities(Struct, omit_defaults=False, kw_only=True):
     """The methods that are implemented (the others answer NOT_IMPLEMENTED)."""
     notifications: list[str]
     """Notifications this process sends."""
-    max_line_bytes: int
+    max_line_bytes: Int64
     """Input lines longer than this are rejected with MESSAGE_TOO_LARGE."""
 
 
 class InitializeParams(Struct, kw_only=True):
-    protocol_version: int | None = None
+    protocol_version: Int64 | None = None
     client_info: ClientInfo | None = None
     secret_key: str | None = None
     """The host's key for secrets at rest: base64 of 32 random bytes, generated once by the
@@ -69,7 +70,7 @@ class SecretsInfo(Struct, omit_defaults=False, kw_only=True):
 
 
 class InitializeResult(Struct, omit_defaults=False, kw_only=True):
-    protocol_version: int
+    protocol_version: Int64
     server_info: ServerInfo
     capabilities: ServerCapabilities
     data_dir: str

@@ -5,6 +5,7 @@ from __future__ import annotations
 
 from typing import Literal
 
+from protocol.limits import Id
 from protocol.types import Struct
 from protocol.common import EmptyParams, NameParams, SuccessResult
 from protocol.common import MethodSpec
@@ -22,7 +23,7 @@ McpTransport = Literal["stdio", "http"]
 class McpServerUpsertParams(Struct, kw_only=True):
     """``mcp:server:upsert``: an MCP server run as a stdio command or reached at an HTTP URL."""
 
-    name: str
+    name: Id
     """Tools appear as ``mcp__{name}__{tool}``; characters other than ``A-Za-z0-9_-`` become ``_``."""
     transport: McpTransport = "stdio"
     command: str | None = None

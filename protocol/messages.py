@@ -5,6 +5,7 @@ from __future__ import annotations
 
 from typing import Any
 
+from protocol.limits import Id, MessagesPageLimit, QueryText, SearchOffset, SearchPageLimit
 from protocol.types import DateRange, MessageRole, Struct
 from protocol.types import MessageTreeNode, MessageV2, SearchResult
 from protocol.common import MethodSpec
@@ -22,11 +23,11 @@ __all__ = [
 class MessageQueryOptions(Struct, kw_only=True):
     """Options of ``chat:messages:get``."""
 
-    leaf_id: str | None = None
+    leaf_id: Id | None = None
     """Return the path root -> this message instead of the active branch."""
-    limit: int | None = None
+    limit: MessagesPageLimit | None = None
     """At most this many messages (the newest ones of the path), 1..10000."""
-    before: str | None = None
+    before: Id | None = None
     """Page backwards: only messages of the path that come before this message id."""
     all_branches: bool = False
     """Every message of the session in creation order (ignores leafId)."""
@@ -35,33 +36,33 @@ class MessageQueryOptions(Struct, kw_only=True):
 class SearchOptions(Struct, kw_only=True):
     """Options of ``chat:messages:search``."""
 
-    session_id: str | None = None
+    session_id: Id | None = None
     role: MessageRole | None = None
     date_range: DateRange | None = None
     include_archived: bool = True
     """False leaves out messages of archived sessions."""
-    limit: int = 20
+    limit: SearchPageLimit = 20
     """1..200."""
-    offset: int = 0
+    offset: SearchOffset = 0
 
 
 class MessagesGetParams(Struct, kw_only=True):
-    session_id: str
+    session_id: Id
     options: MessageQueryOptions | None = None
 
 
 class MessagesTreeParams(Struct, kw_only=True):
-    session_id: str
+    session_id: Id
 
 
 class MessagesSearchParams(Struct, kw_only=True):
-    query: str
+    query: QueryText
     options: SearchOptions | None = None
 
 
 class MessagesSelectParams(Struct, kw_only=True):
-    session_id: str
-    leaf_id: str
+    session_id: Id
+    leaf_id: Id
     """Any message of the session; the active branch becomes root -> the newest leaf below it."""
 
 

@@ -3,8 +3,9 @@
 
 from __future__ import annotations
 
-from typing import Any, Literal
+from typing import Literal
 
+from protocol.limits import Id, Int64, JsonObject, Title
 from protocol.types import Struct
 from protocol.common import EmptyParams, IdParams, SuccessResult
 from protocol.common import MethodSpec
@@ -30,10 +31,10 @@ ReasoningLevel = Literal["off", "auto", "low", "medium", "high", "max"]
 class ModelConfig(Struct, kw_only=True):
     """A model offered by a provider; prices are USD per million tokens."""
 
-    id: str
-    name: str | None = None
-    context_window: int | None = None
-    max_output_tokens: int | None = None
+    id: Id
+    name: Title | None = None
+    context_window: Int64 | None = None
+    max_output_tokens: Int64 | None = None
     supports_tools: bool = True
     supports_reasoning: bool = False
     supports_images: bool = False
@@ -63,21 +64,21 @@ class AcpEngineConfig(Struct, kw_only=True):
     """ACP tool kinds (read, search, think, fetch, edit, delete, move, execute, other) whose
     permission requests are allowed without asking (the stored tool policy
     ``acp:<providerId>:<kind>`` still wins)."""
-    startup_timeout_ms: int = 30_000
+    startup_timeout_ms: Int64 = 30_000
     """Start + ``initialize`` must finish within this."""
-    request_timeout_ms: int = 60_000
+    request_timeout_ms: Int64 = 60_000
     """session/new, load, fork and close must be answered within this."""
-    cancel_timeout_ms: int = 5_000
+    cancel_timeout_ms: Int64 = 5_000
     """After ``session/cancel`` the turn waits this long for the agent to end it, then ends it."""
-    shutdown_timeout_ms: int = 2_000
+    shutdown_timeout_ms: Int64 = 2_000
     """Shutdown: after closing stdin, after SIGTERM and after SIGKILL, wait at most this long."""
 
 
 class ProviderUpsertParams(Struct, kw_only=True):
     """``provider:upsert``: create (no id, or an unknown id) or replace a provider."""
 
-    id: str | None = None
-    name: str
+    id: Id | None = None
+    name: Title
     type: ProviderKind
     base_url: str = ""
     """Required for the HTTP provider types; unused by ``acp-engine``."""
@@ -88,7 +89,7 @@ class ProviderUpsertParams(Struct, kw_only=True):
     api_key_env: str | None = None
     """Name of an environment variable holding the key (used when no key is stored)."""
     headers: dict[str, str] = {}
-    body: dict[str, Any] = {}
+    body: JsonObject = {}
     """Merged into every request body last (it may override generated fields)."""
     models: list[ModelConfig] = []
     enabled: bool = True
@@ -111,22 +112,22 @@ class ProviderInfo(Struct, omit_defaults=False, kw_only=True):
     api_key_env: str | None = None
     headers: dict[str, str] = {}
     """Header values whose name suggests a secret (auth, key, token, secret) are masked."""
-    body: dict[str, Any] = {}
+    body: JsonObject = {}
     models: list[ModelConfig] = []
     enabled: bool = True
     is_default: bool = False
-    created_at: int
-    updated_at: int
+    created_at: Int64
+    updated_at: Int64
 
 
 class ProviderSetDefaultParams(Struct, kw_only=True):
-    provider_id: str
-    model_id: str
+    provider_id: Id
+    model_id: Id
 
 
 class DefaultModel(Struct, omit_defaults=False, kw_only=True):
-    provider_id: str
-    model_id: str
+    provider_id: Id
+    model_id: Id
 
 
 METHODS: dict[str, MethodSpec] = {

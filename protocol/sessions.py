@@ -6,8 +6,9 @@ read-only field is an invalid-params error, not a no-op.
 
 from __future__ import annotations
 
-from typing import Any, Literal
+from typing import Literal
 
+from protocol.limits import Id, Int64, JsonObject, Offset, SearchText, SessionPageLimit, Title
 from protocol.types import DateRange, MessageV2, SessionMode, SessionV2, Struct
 from protocol.common import IdParams, SuccessResult
 from protocol.types import SessionExport, SessionV2
@@ -29,15 +30,15 @@ __all__ = [
 class CreateSessionOptions(Struct, kw_only=True):
     """Params of ``chat:session:create``; omitted provider/model use the configured default."""
 
-    title: str | None = None
-    provider_id: str | None = None
-    model_id: str | None = None
+    title: Title | None = None
+    provider_id: Id | None = None
+    model_id: Id | None = None
     system_prompt: str | None = None
     mode: SessionMode = "direct"
     tags: list[str] | None = None
-    folder: str | None = None
-    channel_id: str | None = None
-    channel_meta: dict[str, Any] | None = None
+    folder: Title | None = None
+    channel_id: Id | None = None
+    channel_meta: JsonObject | None = None
     workspace_dir: str | None = None
     """Absolute path of the session's working directory (workspace tools, ACP ``cwd``)."""
 
@@ -48,59 +49,59 @@ SessionSortBy = Literal["updated_at", "created_at", "last_message_at"]
 class SessionFilter(Struct, kw_only=True):
     """Params of ``chat:session:list``. Pinned sessions always come first."""
 
-    search: str | None = None
+    search: SearchText | None = None
     """Substring match over title and summary (case-insensitive)."""
-    folder: str | None = None
+    folder: Title | None = None
     tags: list[str] | None = None
     """Every given tag must be on the session."""
     is_archived: bool | None = None
     is_pinned: bool | None = None
-    channel_id: str | None = None
+    channel_id: Id | None = None
     date_range: DateRange | None = None
     """Bounds (inclusive, ms) on the sort field."""
-    limit: int = 50
+    limit: SessionPageLimit = 50
     """1..500."""
-    offset: int = 0
+    offset: Offset = 0
     sort_by: SessionSortBy = "updated_at"
 
 
 class SessionListResult(Struct, omit_defaults=False, kw_only=True):
     sessions: list[SessionV2]
-    total: int
+    total: Int64
     """All matches, ignoring limit/offset."""
 
 
 class SessionUpdates(Struct, forbid_unknown_fields=True, kw_only=True):
     """The fields ``chat:session:update`` may change; anything else is invalid params."""
 
-    title: str | None = None
+    title: Title | None = None
     summary: str | None = None
     system_prompt: str | None = None
     tags: list[str] | None = None
-    folder: str | None = None
+    folder: Title | None = None
     is_pinned: bool | None = None
     is_archived: bool | None = None
-    provider_id: str | None = None
-    model_id: str | None = None
-    channel_id: str | None = None
-    channel_meta: dict[str, Any] | None = None
+    provider_id: Id | None = None
+    model_id: Id | None = None
+    channel_id: Id | None = None
+    channel_meta: JsonObject | None = None
     workspace_dir: str | None = None
     """An absolute path; "" clears it."""
 
 
 class SessionUpdateParams(Struct, kw_only=True):
-    id: str
+    id: Id
     updates: SessionUpdates
 
 
 class SessionPinParams(Struct, kw_only=True):
-    id: str
+    id: Id
     pinned: bool
 
 
 class SessionForkParams(Struct, kw_only=True):
-    id: str
-    message_id: str
+    id: Id
+    message_id: Id
     """The copy holds the path root -> this message."""
 
 

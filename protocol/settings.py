@@ -3,6 +3,7 @@
 
 from __future__ import annotations
 
+from protocol.limits import Int64
 from protocol.providers import DefaultModel, ReasoningLevel
 from protocol.types import Struct
 from protocol.common import EmptyParams
@@ -21,11 +22,11 @@ class ChatSettings(Struct, omit_defaults=False, kw_only=True):
     """After the first exchange, name the session with a short model call."""
     title_model: DefaultModel | None = None
     """Model for titles; default: the session's own model."""
-    delta_coalesce_ms: int = 40
+    delta_coalesce_ms: Int64 = 40
     """Text/thinking deltas after the first are merged for this long (0 = every delta)."""
-    persist_interval_ms: int = 250
+    persist_interval_ms: Int64 = 250
     """Partial content of a streaming reply is written at least this often."""
-    max_tokens: int | None = None
+    max_tokens: Int64 | None = None
     reasoning: ReasoningLevel | None = None
     temperature: float | None = None
     top_p: float | None = None
@@ -36,9 +37,9 @@ class ChatSettingsUpdate(Struct, forbid_unknown_fields=True, kw_only=True):
 
     generate_titles: bool | None = None
     title_model: DefaultModel | None = None
-    delta_coalesce_ms: int | None = None
-    persist_interval_ms: int | None = None
-    max_tokens: int | None = None
+    delta_coalesce_ms: Int64 | None = None
+    persist_interval_ms: Int64 | None = None
+    max_tokens: Int64 | None = None
     reasoning: ReasoningLevel | None = None
     temperature: float | None = None
     top_p: float | None = None

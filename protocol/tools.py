@@ -3,10 +3,11 @@
 
 from __future__ import annotations
 
-from typing import Any, Literal
+from typing import Literal
 
 import msgspec
 
+from protocol.limits import AuditPageLimit, Id, Int64, JsonObject, Offset, Title
 from protocol.events import ToolApprovalOption
 from protocol.types import Struct
 from protocol.common import EmptyParams
@@ -41,15 +42,15 @@ ToolPolicyValue = Literal["auto", "ask", "deny"]
 class ToolApproveParams(Struct, kw_only=True):
     """``chat:tool:approve``: decide one pending tool call."""
 
-    session_id: str
-    tool_call_id: str
+    session_id: Id
+    tool_call_id: Id
     decision: ToolDecision
     answer: str | None = None
     """Required for ``answered``: the text the model gets as the tool's result."""
     remember: bool = False
     """With ``approved``: always allow this tool from now on (its policy becomes auto);
     with ``denied``: never run it (policy deny). Recorded in the audit trail."""
-    message_id: str | None = None
+    message_id: Id | None = None
     """Disambiguates a tool call id that occurs in several messages of the session."""
     option_id: str | None = None
     """ACP: the permission option to answer with (default: chosen from decision/remember)."""
@@ -71,11 +72,11 @@ class PendingToolCall(Struct, omit_defaults=False, kw_only=True):
     arguments: str
     source: str = "tool"
     options: list[ToolApprovalOption] | None = None
-    created_at: int
+    created_at: Int64
 
 
 class ToolPendingListParams(Struct, kw_only=True):
-    session_id: str | None = None
+    session_id: Id | None = None
 
 
 class ToolPolicy(Struct, omit_defaults=False, kw_only=True):
@@ -83,11 +84,11 @@ class ToolPolicy(Struct, omit_defaults=False, kw_only=True):
     """A tool name (``workspace_write_file``, ``mcp__files__delete``) or ``mcp:<server>``
     for every tool of an MCP server (a tool's own policy wins over its server's)."""
     policy: ToolPolicyValue
-    updated_at: int
+    updated_at: Int64
 
 
 class ToolPolicySetParams(Struct, kw_only=True):
-    key: str
+    key: Title
     policy: ToolPolicyValue | None
     """None removes the stored policy (the default applies again)."""
 
@@ -95,8 +96,8 @@ class ToolPolicySetParams(Struct, kw_only=True):
 class ToolAuditEntry(Struct, omit_defaults=False, kw_only=True):
     """One decision about one tool call: who, when, which call, which arguments."""
 
-    id: int
-    at: int
+    id: Int64
+    at: Int64
     session_id: str
     message_id: str
     tool_call_id: str
@@ -112,11 +113,11 @@ class ToolAuditEntry(Struct, omit_defaults=False, kw_only=True):
 
 
 class ToolAuditListParams(Struct, kw_only=True):
-    session_id: str | None = None
-    tool_call_id: str | None = None
-    limit: int = 100
+    session_id: Id | None = None
+    tool_call_id: Id | None = None
+    limit: AuditPageLimit = 100
     """1..1000, newest first."""
-    offset: int = 0
+    offset: Offset = 0
 
 
 class ToolInfo(Struct, omit_defaults=False, kw_only=True):
@@ -129,11 +130,11 @@ class ToolInfo(Struct, omit_defaults=False, kw_only=True):
     policy: ToolPolicyValue
     """The effective policy (stored policy, else the default)."""
     default_policy: ToolPolicyValue
-    parameters: dict[str, Any] = {}
+    parameters: JsonObject = {}
 
 
 class ToolListParams(Struct, kw_only=True):
-    session_id: str | None = None
+    session_id: Id | None = None
 
 
 class WebSearchConfig(Struct, kw_only=True):
@@ -141,7 +142,7 @@ class WebSearchConfig(Struct, kw_only=True):
 
     url: str
     kind: Literal["searxng"] = "searxng"
-    max_results: int = 5
+    max_results: Int64 = 5
     timeout_s: float = 15.0
 
 

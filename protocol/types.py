@@ -8,9 +8,11 @@ into typed values. Timestamps are integer milliseconds since the epoch.
 
 from __future__ import annotations
 
-from typing import Any, Literal, Union
+from typing import Literal, Union
 
 import msgspec
+
+from protocol.limits import Id, Int64, JsonList, JsonObject, JsonValue, Title
 
 __all__ = [
     "Struct",
@@ -73,7 +75,7 @@ class CodePart(_Part, tag="code", kw_only=True):
 class ToolUsePart(_Part, tag="tool_use", kw_only=True):
     id: str
     name: str
-    input: dict[str, Any]
+    input: JsonObject
 
 
 class ToolResultPart(_Part, tag="tool_result", kw_only=True):
@@ -96,12 +98,12 @@ class StepStartPart(_Part, tag="step_start", kw_only=True):
 
 class StepFinishPart(_Part, tag="step_finish", kw_only=True):
     step_id: str
-    result: Any = None
+    result: JsonValue = None
 
 
 class DiffPart(_Part, tag="diff", kw_only=True):
     file_path: str
-    hunks: list[Any]
+    hunks: JsonList
 
 
 ContentPart = Union[
@@ -129,14 +131,14 @@ class ToolCall(Struct, kw_only=True):
 class Usage(Struct, kw_only=True):
     """Token counts of one reply (seed: inputTokens/outputTokens; the rest where given)."""
 
-    input_tokens: int = 0
-    output_tokens: int = 0
-    cache_read_tokens: int | None = None
-    cache_write_tokens: int | None = None
-    reasoning_tokens: int | None = None
-    context_used: int | None = None
+    input_tokens: Int64 = 0
+    output_tokens: Int64 = 0
+    cache_read_tokens: Int64 | None = None
+    cache_write_tokens: Int64 | None = None
+    reasoning_tokens: Int64 | None = None
+    context_used: Int64 | None = None
     """Tokens in the context window at the end of the reply (ACP ``usage_update.used``)."""
-    context_size: int | None = None
+    context_size: Int64 | None = None
     """The context window in tokens (ACP ``usage_update.size``)."""
 
 
@@ -152,27 +154,27 @@ ContentType = Literal["text", "multipart"]
 class SessionV2(Struct, omit_defaults=False, kw_only=True):
     """One row of ``sessions_v2`` (seed 004 section 3.1) plus its active leaf."""
 
-    id: str
-    title: str = "New Chat"
+    id: Id
+    title: Title = "New Chat"
     summary: str | None = None
-    provider_id: str
-    model_id: str
+    provider_id: Id
+    model_id: Id
     system_prompt: str | None = None
     mode: SessionMode = "direct"
     acp_session_id: str | None = None
     tags: list[str] = []
-    folder: str | None = None
+    folder: Title | None = None
     is_pinned: bool = False
     is_archived: bool = False
-    message_count: int = 0
-    total_tokens: int = 0
+    message_count: Int64 = 0
+    total_tokens: Int64 = 0
     total_cost: float = 0.0
-    channel_id: str | None = None
-    channel_meta: dict[str, Any] | None = None
-    created_at: int
-    updated_at: int
-    last_message_at: int | None = None
-    active_leaf_id: str | None = None
+    channel_id: Id | None = None
+    channel_meta: JsonObject | None = None
+    created_at: Int64
+    updated_at: Int64
+    last_message_at: Int64 | None = None
+    active_leaf_id: Id | None = None
     """The leaf of the active branch (root -> leaf is what the renderer shows)."""
     workspace_dir: str | None = None
     """Absolute path of the session's working directory: workspace tools (direct mode) are
@@ -186,9 +188,9 @@ class MessageV2(Struct, omit_defaults=False, kw_only=True):
     was streamed, so a reloaded renderer can resync.
     """
 
-    id: str
-    session_id: str
-    parent_id: str | None = None
+    id: Id
+    session_id: Id
+    parent_id: Id | None = None
     role: MessageRole
     content_type: ContentType = "text"
     text_content: str | None = None
@@ -198,14 +200,14 @@ class MessageV2(Struct, omit_defaults=False, kw_only=True):
     tool_name: str | None = None
     model_id: str | None = None
     usage: Usage | None = None
-    latency_ms: int | None = None
+    latency_ms: Int64 | None = None
     acp_message_id: str | None = None
-    acp_parts: list[Any] | None = None
+    acp_parts: JsonList | None = None
     status: MessageStatus = "completed"
     error: str | None = None
-    created_at: int
-    updated_at: int
-    seq: int | None = None
+    created_at: Int64
+    updated_at: Int64
+    seq: Int64 | None = None
 
 
 class MessageTreeNode(Struct, omit_defaults=False, kw_only=True):
@@ -224,20 +226,20 @@ class SearchResult(Struct, omit_defaults=False, kw_only=True):
     role: MessageRole
     snippet: str
     """Matched text with hits wrapped in ``<mark>``…``</mark>``; other text is HTML-escaped."""
-    created_at: int
+    created_at: Int64
     score: float
     """Relevance (higher is better)."""
 
 
 class DateRange(Struct, kw_only=True):
-    from_: int = msgspec.field(name="from")
-    to: int
+    from_: Int64 = msgspec.field(name="from")
+    to: Int64
 
 
 class SessionExport(Struct, omit_defaults=False, kw_only=True):
     """A whole session with every branch, as one JSON document."""
 
     format: Literal["chat-sidecar.session"] = "chat-sidecar.session"
-    version: int = 1
+    version: Int64 = 1
     session: SessionV2
     messages: list[MessageV2]

@@ -14,6 +14,12 @@
 Each layer raises its own type, wrapping lower errors with ``raise ... from exc``.
 Anything that is not a SidecarError reaching the RPC layer is a bug: it is logged
 with its traceback and answered as INTERNAL_ERROR without details.
+
+Which code a StoreError carries (sidecar/store/db.py maps SQLite's errors): STORE_ERROR
+only when the database itself failed (I/O, disk full, corruption, locked); a row that
+vanished under the request (a foreign key to a deleted row) is NOT_FOUND, a duplicate key
+BAD_STATE, and input SQLite refuses (a value out of range, a pattern too complex, a value
+too big) INVALID_PARAMS. Messages that quote a value the caller sent use ``excerpt``.
 """
 
 from __future__ import annotations
@@ -21,6 +27,20 @@ from __future__ import annotations
 from typing import Any
 
 from protocol.errors import ErrorCode
+
+
+EXCERPT_CHARS = 200
+
+
+def excerpt(text: str, limit: int = EXCERPT_CHARS) -> str:
+    """``text`` if it has at most ``limit`` characters, else its start and end around a
+    note of how much was left out (so an error never echoes a huge value whole)."""
+    if len(text) <= limit:
+        return text
+    keep = max(limit - 40, 2)
+    head = keep * 2 // 3
+    tail = keep - head
+    return f"{text[:head]}...[{len(text) - head - tail} characters]...{text[len(text) - tail:]}"
 
 
 class SidecarError(Exception):

@@ -244,7 +244,7 @@ class Server:
             func = self._funcs.get(method)
             if func is None:
                 return await unimplemented(raw)
-            return await func(params.decode_params(raw))
+            return await func(await params.decode(raw))
 
         return call
 

@@ -100,7 +100,8 @@ def jsonrpc_problem(msg: Any) -> str | None:
 
 
 def _valid_id(value: Any) -> bool:
-    return isinstance(value, str) or (isinstance(value, int) and not isinstance(value, bool))
+    # JSON-RPC 2.0: a String or a Number (fractions are discouraged but allowed)
+    return isinstance(value, (str, int, float)) and not isinstance(value, bool)
 
 
 def sidecar_command(data_dir: str | os.PathLike[str], *args: str) -> list[str]:

@@ -14,6 +14,7 @@ import pytest
 from hypothesis import HealthCheck, given, settings
 from hypothesis import strategies as st
 from sidecar_proc import CallError, sidecar_command, spawn_sidecar
+from wire_edges import edge_line
 
 import sidecar
 from protocol import METHODS, PROTOCOL_VERSION, ErrorCode, InitializeResult
@@ -238,6 +239,10 @@ def test_bad_command_line_exits_2(tmp_path: Path) -> None:
 # ---- property over the subprocess: a few arbitrary batches of lines -------------------------
 
 any_line = st.one_of(
+    edge_line([
+        "sidecar:initialize", "chat:session:list", "chat:session:get", "chat:session:create",
+        "provider:upsert", "tool:audit:list", "chat:messages:search", "no:such",
+    ]),
     st.binary(max_size=80),
     st.text(max_size=40).map(str.encode),
     st.recursive(

@@ -44,6 +44,8 @@ METHOD_TYPES = [
 
 def build(info: mi.Type, label: str, depth: int = 0, avoid: Any = msgspec.NODEFAULT) -> Any:
     """A non-trivial value of the type described by ``info`` (different from ``avoid``)."""
+    if isinstance(info, mi.Metadata):  # extra JSON Schema only (protocol.limits.Json*)
+        return build(info.type, label, depth, avoid)
     if isinstance(info, mi.StructType):
         return build_struct(info, depth)
     if isinstance(info, mi.UnionType):
@@ -62,7 +64,8 @@ def build(info: mi.Type, label: str, depth: int = 0, avoid: Any = msgspec.NODEFA
     if isinstance(info, mi.BoolType):
         return avoid is not True
     if isinstance(info, mi.IntType):
-        return 1_700_000_000_123 + len(label)
+        value = 1_700_000_000_123 + len(label)
+        return value if info.le is None else min(value, info.le)  # a bounded field gets its maximum
     if isinstance(info, mi.FloatType):
         return 0.25 + len(label)
     if isinstance(info, mi.AnyType):

@@ -13,6 +13,7 @@ import pytest
 from hypothesis import HealthCheck, given, settings
 from hypothesis import strategies as st
 from sidecar_proc import jsonrpc_problem
+from wire_edges import edge_line
 
 from protocol import ErrorCode, IdParams, SuccessResult
 from sidecar.errors import NotFound
@@ -99,7 +100,7 @@ BAD_LINES = [
     pytest.param(b"\xff\xfe\x00\x01\x80garbage", (None, ErrorCode.PARSE_ERROR), id="binary-garbage"),
     pytest.param(b'{"jsonrpc":"2.0","id":1,"method":"echo","params":{"value":"\xff"}}', (None, ErrorCode.PARSE_ERROR), id="bad-utf8"),
     pytest.param(b"[" * 5000 + b"]" * 5000, (None, ErrorCode.PARSE_ERROR), id="deep-batch"),
-    pytest.param(b'{"jsonrpc":"2.0","id":1,"method":"echo","params":' + b"[" * 5000 + b"]" * 5000 + b"}", (None, ErrorCode.PARSE_ERROR), id="deep-params"),
+    pytest.param(b'{"jsonrpc":"2.0","id":1,"method":"echo","params":' + b"[" * 5000 + b"]" * 5000 + b"}", (1, ErrorCode.PARSE_ERROR), id="deep-params"),
     pytest.param(b'[{"x":' + b"[" * 5000 + b"]" * 5000 + b"}]", (None, ErrorCode.PARSE_ERROR), id="deep-batch-item"),
     pytest.param(b"[]", (None, ErrorCode.INVALID_REQUEST), id="empty-batch"),
     pytest.param(b'"just a string"', (None, ErrorCode.INVALID_REQUEST), id="scalar"),
@@ -220,7 +221,9 @@ PAD = b'"' + b"x" * 10_000 + b'"'
         pytest.param(b'{"jsonrpc":"2.0","method":"echo","params":{"value":' + PAD + b'},"id":9}',
                      None, id="id-past-the-head"),
         pytest.param(b'{"jsonrpc":"2.0","id":1.5,"method":"echo","params":{"value":' + PAD + b"}}",
-                     None, id="float-id"),
+                     1.5, id="float-id"),
+        pytest.param(b'{"jsonrpc":"2.0","id":-2.5e3,"method":"echo","params":{"value":' + PAD + b"}}",
+                     -2500.0, id="float-id-exponent"),
         pytest.param(b'{"jsonrpc":"2.0","id":true,"method":"echo","params":{"value":' + PAD + b"}}",
                      None, id="bool-id"),
         pytest.param(b'{"jsonrpc":"2.0","id":' + b"1" * 5000 + b',"method":"echo"}', None, id="id-cut-off"),
@@ -303,6 +306,33 @@ async def test_arbitrary_lines_never_kill_the_peer(batch: list[bytes]) -> None:
     for reply in replies:
         for item in reply if isinstance(reply, list) else [reply]:
             assert "method" not in item  # the peer only ever answers
+
+
+EDGE_METHODS = ["echo", "get", "fail", "crash", "unencodable", "nope"]
+
+
+@settings(max_examples=120, deadline=None, suppress_health_check=[HealthCheck.function_scoped_fixture])
+@given(st.lists(edge_line(EDGE_METHODS), min_size=1, max_size=10))
+async def test_edge_values_get_exactly_one_reply_each_with_their_id(batch: list[bytes]) -> None:
+    """int64 edges, nesting at and past the limits, long strings, float and huge ids: each
+    request is answered once, with the id it was sent with, and the peer keeps serving."""
+    replies = await exchange(batch, max_line_bytes=1 << 20)
+    sent_ids = sorted(json.dumps(json.loads(line)["id"]) if _parses(line) else "?" for line in batch)
+    assert len(replies) == len(batch), replies
+    got_ids = sorted(json.dumps(r["id"]) for r in replies)
+    readable = [i for i in sent_ids if i != "?"]
+    assert all(i in got_ids for i in readable), (sent_ids, got_ids)
+    for reply in replies:
+        if "error" in reply:
+            assert len(reply["error"]["message"]) <= 2000
+
+
+def _parses(line: bytes) -> bool:
+    try:
+        json.loads(line)
+    except (ValueError, RecursionError):
+        return False
+    return True
 
 
 async def test_a_bug_while_routing_a_line_is_answered_and_reading_goes_on(monkeypatch: pytest.MonkeyPatch) -> None:

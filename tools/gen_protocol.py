@@ -85,7 +85,7 @@ def all_structs() -> list[type[msgspec.Struct]]:
             for field in info.fields:
                 walk(field.type)
             return
-        for attr in ("types", "item_type", "key_type", "value_type"):
+        for attr in ("types", "item_type", "key_type", "value_type", "type"):
             inner = getattr(info, attr, None)
             if isinstance(inner, tuple):
                 for item in inner:
@@ -208,6 +208,8 @@ class TsRenderer:
         )
 
     def type(self, info: Any, *, skip_alias: str | None = None) -> str:
+        if isinstance(info, mi.Metadata):  # extra JSON Schema (e.g. x-maxDepth) has no TypeScript form
+            return self.type(info.type, skip_alias=skip_alias)
         for name, alias_info in self.aliases:
             if name != skip_alias and info == alias_info:
                 return name
@@ -221,7 +223,7 @@ class TsRenderer:
             parts += [self.type(t) for t in members if not isinstance(t, mi.NoneType)]
             if any(isinstance(t, mi.NoneType) for t in info.types):
                 parts.append("null")
-            return " | ".join(parts)
+            return " | ".join(dict.fromkeys(parts))  # int | float are both "number"
         if isinstance(info, mi.StructType):
             return info.cls.__name__
         if isinstance(info, mi.LiteralType):

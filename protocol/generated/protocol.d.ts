@@ -166,6 +166,7 @@ export interface Attachment {
 
 /** ``$/cancelRequest``: cancel an in-flight request of ours by its id. */
 export interface CancelRequestParams {
+  /** The id of the request, as it was sent (JSON-RPC allows strings and numbers). */
   id: number | string;
 }
 

@@ -10,6 +10,7 @@ from __future__ import annotations
 
 import msgspec
 
+from protocol.limits import MAX_JSON_DEPTH
 from protocol.types import (
     ContentPart,
     MessageV2,
@@ -20,6 +21,7 @@ from protocol.types import (
     ToolUsePart,
     Usage,
 )
+from sidecar.jsondepth import json_too_deep
 
 
 class ReplySnapshot(msgspec.Struct, frozen=True):
@@ -78,10 +80,12 @@ class ReplyBuilder:
     def add_tool_call(self, call_id: str, name: str, arguments: str) -> None:
         try:
             parsed = msgspec.json.decode(arguments or "{}")
-        except msgspec.DecodeError:
+        except (msgspec.DecodeError, RecursionError):
             parsed = None
-        # a model may send arguments that are not a JSON object; keep the raw text visible
-        tool_input = parsed if isinstance(parsed, dict) else {"_raw": arguments}
+        # a model may send arguments that are not a JSON object, or nest them deeper than
+        # stored free-form JSON may be; keep the raw text visible
+        deep = isinstance(parsed, dict) and json_too_deep(parsed, MAX_JSON_DEPTH)
+        tool_input = parsed if isinstance(parsed, dict) and not deep else {"_raw": arguments}
         self.parts.append(ToolUsePart(id=call_id, name=name, input=tool_input))
         self.tool_calls.append(ToolCall(id=call_id, name=name, arguments=arguments))
         self.dirty = True

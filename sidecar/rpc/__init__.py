@@ -4,6 +4,7 @@ Layers (each module's docstring says what it owns):
     framing.py   line reader with a size limit, the single queued writer
     messages.py  the envelope as msgspec Structs, classification by shape
     dispatch.py  Handler and Dispatcher: params decoding and the error -> code mapping
+    bounds.py    the nesting limit of free-form JSON in params, found from the params types
     peer.py      JsonRpcPeer: requests out, responses in, dispatch in, cancellation
     stdio.py     the process's real stdin/stdout as byte streams (fd 1 guarded)
     memory.py    connected in-memory stream pairs for tests

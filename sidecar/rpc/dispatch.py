@@ -6,8 +6,17 @@ raw JSON into the handler's Struct, and errors map to codes in this one place:
 
     unknown method                 -> -32601 METHOD_NOT_FOUND (data: the method name)
     params that do not decode      -> -32602 INVALID_PARAMS, message names the field
+    free-form JSON nested too deep -> -32602 INVALID_PARAMS, message names the field
     SidecarError raised by handler -> its code, message and data
     any other exception            -> -32603 INTERNAL_ERROR, generic message; traceback to the log
+
+Params are bounded here, once for every method, from the params type: msgspec checks the
+typed fields and their ``protocol.limits`` constraints (int64, string lengths, page sizes),
+and ``bounds.DepthCheck`` the nesting of every free-form field (MAX_JSON_DEPTH). Params
+larger than THREAD_DECODE_BYTES are decoded and checked in a worker thread, so a huge
+import does not hold up the streams of running replies. Error messages and data going
+out are bounded too (``bounded_message``/``bounded_data``): an error never echoes a huge
+value the caller sent (a 10 MB id), only an excerpt of it.
 
 Cancellation is never caught here: it propagates to the peer, which owns each request's
 cancel scope and answers REQUEST_CANCELLED.
@@ -36,10 +45,13 @@ import logging
 from collections.abc import Awaitable, Callable, Mapping
 from typing import Any, Generic, TypeVar
 
+import anyio
 import msgspec
 
 from protocol.errors import ErrorCode
-from sidecar.errors import InvalidParams, SidecarError
+from protocol.limits import MAX_JSON_DEPTH
+from sidecar.errors import InvalidParams, SidecarError, excerpt
+from sidecar.rpc.bounds import DepthCheck, format_path
 from sidecar.rpc.messages import ABSENT, OutResult, Reply, RequestId, error_reply
 
 logger = logging.getLogger(__name__)
@@ -48,6 +60,12 @@ P = TypeVar("P")
 
 _EMPTY_OBJECT = b"{}"
 _NULL = b"null"
+THREAD_DECODE_BYTES = 1024 * 1024
+"""Params at least this large are decoded in a worker thread."""
+MAX_ERROR_MESSAGE_CHARS = 2000
+"""An error message longer than this keeps its start and end around an elision."""
+MAX_ERROR_DATA_BYTES = 8192
+"""Error data larger than this (encoded) has its long strings cut to excerpts, or is dropped."""
 
 
 class Handler(Generic[P]):
@@ -57,25 +75,90 @@ class Handler(Generic[P]):
     None (``null``).
     """
 
-    __slots__ = ("params_type", "func", "decoder")
+    __slots__ = ("params_type", "func", "decoder", "depth")
 
     def __init__(self, params_type: type[P], func: Callable[[P], Awaitable[Any]]) -> None:
         self.params_type = params_type
         self.func = func
         self.decoder: msgspec.json.Decoder[P] = msgspec.json.Decoder(params_type)
+        self.depth = DepthCheck.for_type(params_type)
+
+    async def decode(self, raw: msgspec.Raw) -> P:
+        """``decode_params``, in a worker thread when the params are large."""
+        if len(raw) >= THREAD_DECODE_BYTES:
+            return await anyio.to_thread.run_sync(self.decode_params, raw)
+        return self.decode_params(raw)
 
     def decode_params(self, raw: msgspec.Raw) -> P:
-        """Absent or ``null`` params are ``{}``; a mismatch raises InvalidParams naming the field."""
+        """Absent or ``null`` params are ``{}``; a mismatch, a bound exceeded or free-form
+        JSON nested too deep raises InvalidParams naming the field."""
         data = _EMPTY_OBJECT if raw is ABSENT or (len(raw) == 4 and bytes(raw) == _NULL) else raw
         try:
-            return self.decoder.decode(data)
+            params = self.decoder.decode(data)
         except (msgspec.ValidationError, msgspec.DecodeError) as exc:
             raise InvalidParams(f"invalid params: {exc}") from None
         except RecursionError:
-            raise InvalidParams("invalid params: nesting too deep") from None
+            # Deeper than msgspec can decode: only a free-form field can be (typed levels
+            # are few), so name it from the text.
+            path = self.depth.raw_path(bytes(data))
+            where = f" - at `{format_path(path)}`" if path else ""
+            raise InvalidParams(f"invalid params: nested deeper than {MAX_JSON_DEPTH} levels{where}") from None
+        if self.depth.needed and _may_nest(data):
+            try:
+                path = self.depth.check(params)
+            except RecursionError:  # a recursive params type nested past the stack
+                path = self.depth.raw_path(bytes(data)) or ()
+            if path is not None:
+                raise InvalidParams(
+                    f"invalid params: nested deeper than {MAX_JSON_DEPTH} levels - at `{format_path(path)}`"
+                )
+        return params
 
     def __repr__(self) -> str:
         return f"Handler({self.params_type.__name__}, {getattr(self.func, '__qualname__', self.func)!r})"
+
+
+def _may_nest(data: msgspec.Raw | bytes) -> bool:
+    """False when the text has too few brackets to nest past the limit (no walk needed)."""
+    text = data if isinstance(data, bytes) else bytes(data)
+    return text.count(b"{") + text.count(b"[") > MAX_JSON_DEPTH
+
+
+def bounded_message(message: str) -> str:
+    """``message``, or its start and end around an elision when it is too long."""
+    if len(message) <= MAX_ERROR_MESSAGE_CHARS:
+        return message
+    return excerpt(message, MAX_ERROR_MESSAGE_CHARS)
+
+
+def bounded_data(data: Any) -> Any:
+    """``data`` if it encodes small; else long strings (also in a dict or list) become
+    excerpts; None if it is still too large or cannot be encoded."""
+    if data is None:
+        return None
+    try:
+        if len(msgspec.json.encode(data)) <= MAX_ERROR_DATA_BYTES:
+            return data
+    except Exception:  # anything that cannot be encoded never goes out
+        logger.warning("error data of type %s cannot be encoded; dropped", type(data).__name__)
+        return None
+    shrunk = _shrink(data)
+    try:
+        if len(msgspec.json.encode(shrunk)) <= MAX_ERROR_DATA_BYTES:
+            return shrunk
+    except Exception:
+        pass
+    return None
+
+
+def _shrink(value: Any) -> Any:
+    if isinstance(value, str):
+        return excerpt(value)
+    if isinstance(value, dict):
+        return {excerpt(str(k), 100): _shrink(v) for k, v in list(value.items())[:50]}
+    if isinstance(value, (list, tuple)):
+        return [_shrink(v) for v in value[:50]]
+    return value
 
 
 Handlers = Mapping[str, Handler[Any]]
@@ -102,10 +185,10 @@ class Dispatcher:
         if handler is None:
             return error_reply(request_id, ErrorCode.METHOD_NOT_FOUND, f"method not found: {method}", method)
         try:
-            params = handler.decode_params(raw_params)
+            params = await handler.decode(raw_params)
             result = await handler.func(params)
         except SidecarError as err:
-            return error_reply(request_id, err.code, err.message, err.data)
+            return error_reply(request_id, err.code, bounded_message(err.message), bounded_data(err.data))
         except Exception:
             logger.exception("unexpected error in %s", method)
             return error_reply(request_id, ErrorCode.INTERNAL_ERROR, f"internal error in {method}")

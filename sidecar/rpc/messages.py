@@ -7,8 +7,10 @@ messages are the ``Out*`` Structs, encoded compactly by one shared encoder.
 
 ``classify`` applies JSON-RPC 2.0's shape rules: method + id = request to us, method
 only = notification, id without method = response to us; anything else is an invalid
-request. Ids are strings or integers (``null`` is accepted for requests, as the spec
-allows, and echoed back); booleans, floats and structures are invalid ids.
+request. Ids are strings or numbers, as the spec allows (integers of any size, and
+fractions, which it discourages but permits), echoed back as the same value (``7.0``
+stays ``7.0``); ``null`` is accepted for requests and echoed back; booleans and
+structures are invalid ids.
 """
 
 from __future__ import annotations
@@ -23,7 +25,7 @@ JSONRPC: Final = "2.0"
 ABSENT: Final = msgspec.Raw()
 """The default of a Raw field: the key was not in the message (``null`` is ``Raw(b"null")``)."""
 
-RequestId = int | str | None
+RequestId = int | float | str | None
 
 
 class Envelope(msgspec.Struct):
@@ -87,7 +89,7 @@ def error_reply(request_id: RequestId, code: int, message: str, data: Any = None
 
 
 def valid_id(value: Any) -> bool:
-    return isinstance(value, str) or (isinstance(value, int) and not isinstance(value, bool))
+    return isinstance(value, (str, int, float)) and not isinstance(value, bool)
 
 
 class Incoming(msgspec.Struct, frozen=True):
@@ -104,11 +106,11 @@ def classify(envelope: Envelope) -> Incoming:
     has_id = envelope.id is not msgspec.UNSET
     if method is not msgspec.UNSET:
         if envelope.jsonrpc != JSONRPC:
-            return Incoming("invalid", envelope, f"jsonrpc must be \"2.0\", got {_show(envelope.jsonrpc)}")
+            return Incoming("invalid", envelope, f"jsonrpc must be \"2.0\", got {show(envelope.jsonrpc)}")
         if not isinstance(method, str):
-            return Incoming("invalid", envelope, f"method must be a string, got {_show(method)}")
+            return Incoming("invalid", envelope, f"method must be a string, got {show(method)}")
         if has_id and not (valid_id(envelope.id) or envelope.id is None):
-            return Incoming("invalid", envelope, f"id must be a string or an integer, got {_show(envelope.id)}")
+            return Incoming("invalid", envelope, f"id must be a string or a number, got {show(envelope.id)}")
         return Incoming("request" if has_id else "notification", envelope)
     if has_id and (envelope.result is not ABSENT or envelope.error is not ABSENT):
         return Incoming("response", envelope)
@@ -120,10 +122,14 @@ def reply_id(envelope: Envelope) -> RequestId:
     return envelope.id if valid_id(envelope.id) else None
 
 
-def _show(value: Any) -> str:
+def show(value: Any) -> str:
+    """A short JSON excerpt of a value for a message or the log (at most 40 characters)."""
     if value is msgspec.UNSET:
         return "nothing"
-    text = _encoder.encode(value).decode("utf-8", "replace")
+    try:
+        text = _encoder.encode(value).decode("utf-8", "replace")
+    except Exception:  # a value too deep (or odd) to encode is still named
+        return f"<{type(value).__name__}>"
     return text if len(text) <= 40 else text[:37] + "..."
 
 
@@ -132,22 +138,23 @@ class HeadInfo(NamedTuple):
     """What the start of a discarded (oversized) message shows about it."""
 
     id: RequestId
-    """Its top-level id when readable (a string or an integer), else None."""
+    """Its top-level id when readable (a string or a number), else None."""
     has_method: bool
     is_response: bool
     """A top-level "result" or "error" key was seen."""
 
 
 _STRING = re.compile(rb'"(?:[^"\\\x00-\x1f]|\\.)*"')
-_INTEGER = re.compile(rb"-?(?:0|[1-9][0-9]*)(?=[ \t\r\n,}])")
+_NUMBER = re.compile(rb"-?(?:0|[1-9][0-9]*)(?:\.[0-9]+)?(?:[eE][+-]?[0-9]+)?(?=[ \t\r\n,}])")
 _WS = b" \t\r\n"
 
 
 def scan_head(head: bytes) -> HeadInfo:
     """Top-level keys of a JSON object from the first bytes of its text, without parsing
-    the rest (which was never kept). Linear in ``len(head)``; anything unreadable (cut off,
-    malformed) ends the scan with what was found so far. Only a complete string or integer
-    counts as the id, so a truncated ``"id":12`` is never echoed as 1."""
+    the rest (which was never kept, or was too deep to decode). Linear in ``len(head)``;
+    anything unreadable (cut off, malformed) ends the scan with what was found so far. Only
+    a complete string or number counts as the id, so a truncated ``"id":12`` is never
+    echoed as 1."""
     n = len(head)
     i = 0
     while i < n and head[i] in _WS:
@@ -180,7 +187,7 @@ def scan_head(head: bytes) -> HeadInfo:
                 break
             if key == "id" and not found_id:
                 found_id = True
-                value = _STRING.match(head, k) or _INTEGER.match(head, k)
+                value = _STRING.match(head, k) or _NUMBER.match(head, k)
                 if value is not None:
                     try:
                         decoded = msgspec.json.decode(value.group())

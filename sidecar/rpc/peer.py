@@ -21,9 +21,14 @@ What must stay true:
   wait in arrival order (a worker that finishes takes the next one), while reading goes
   on, so responses to our own requests and cancels are never stuck behind busy handlers;
 - bad input never ends the peer: each bad line gets its error reply (or none, for a
-  notification) and reading goes on; a line over the size limit is answered with the id
-  its first KiB shows (``messages.scan_head``), so the caller's request still settles,
-  and an oversized response to one of our requests fails that request;
+  notification) and reading goes on; a line over the size limit, or nested deeper than
+  msgspec can decode, is answered with the id its first KiB shows
+  (``messages.scan_head``), so the caller's request still settles, and such a response
+  to one of our requests fails that request;
+- nothing we send can end the peer: a reply that cannot be encoded (too deep, a type
+  msgspec does not know, anything) is logged and answered INTERNAL_ERROR, a notification
+  that cannot be encoded is logged and dropped, a request of ours that cannot be encoded
+  fails with RpcError;
 - only the LineWriter's task writes to the send stream;
 - when input ends, every pending outgoing request fails at once with PeerClosed;
 - leaving the ``async with`` block normally stops reading, lets in-flight requests
@@ -50,6 +55,7 @@ from sidecar.errors import PeerClosed, RemoteError, RpcError
 from sidecar.rpc.dispatch import Dispatcher, Handlers
 from sidecar.rpc.framing import (
     DEFAULT_MAX_LINE_BYTES,
+    OVERSIZED_HEAD_BYTES,
     LineReader,
     LineWriter,
     OversizedLine,
@@ -74,6 +80,7 @@ from sidecar.rpc.messages import (
     error_reply,
     reply_id,
     scan_head,
+    show,
 )
 
 logger = logging.getLogger(__name__)
@@ -266,7 +273,11 @@ class JsonRpcPeer:
         A notification to a peer that is gone is dropped (logged at debug level):
         notifications are fire-and-forget and the sender has nothing to recover.
         """
-        line = encode(OutNotification(method=method, params=msgspec.UNSET if params is None else params))
+        try:
+            line = encode(OutNotification(method=method, params=msgspec.UNSET if params is None else params))
+        except Exception:  # never fatal: the event is lost, the process goes on
+            logger.exception("%s: notification %s could not be encoded; dropped", self.name, method)
+            return
         try:
             await self._writer.send(line)
         except WriterClosed:
@@ -287,13 +298,15 @@ class JsonRpcPeer:
             raise PeerClosed(f"{self.name}: the peer is closed")
         request_id = self._next_id
         self._next_id += 1
+        try:
+            line = encode(OutRequest(id=request_id, method=method, params=msgspec.UNSET if params is None else params))
+        except Exception as exc:
+            raise RpcError(f"{self.name}: the params of {method} cannot be encoded: {type(exc).__name__}") from exc
         pending = _Pending()
         self._pending[request_id] = pending
         try:
             try:
-                await self._writer.send(
-                    encode(OutRequest(id=request_id, method=method, params=msgspec.UNSET if params is None else params))
-                )
+                await self._writer.send(line)
             except WriterClosed:
                 raise PeerClosed(f"{self.name}: the peer is closed") from None
             try:
@@ -316,8 +329,10 @@ class JsonRpcPeer:
             if result_type is None:
                 return msgspec.json.decode(envelope.result)
             return msgspec.json.decode(envelope.result, type=result_type)
-        except msgspec.ValidationError as exc:
+        except msgspec.DecodeError as exc:  # ValidationError included
             raise RpcError(f"{self.name}: invalid result for {method}: {exc}") from exc
+        except RecursionError as exc:
+            raise RpcError(f"{self.name}: invalid result for {method}: nested too deep") from exc
 
     # ---- incoming -----------------------------------------------------------------------
 
@@ -346,22 +361,26 @@ class JsonRpcPeer:
             self._input_done()
 
     async def _on_oversized(self, line: OversizedLine) -> None:
-        """A discarded line is answered with the id its first bytes show (so the caller's
-        request settles), or null; a discarded response to one of our requests fails it."""
-        info = scan_head(line.head)
         message = (
             f"message too large: {line.size} bytes, the limit is {self.max_line_bytes}"
             " (--max-line-bytes; attachments travel as base64, 4/3 of their size)"
         )
+        await self._reject_unreadable(line.head, ErrorCode.MESSAGE_TOO_LARGE, message)
+
+    async def _reject_unreadable(self, head: bytes, code: ErrorCode, message: str) -> None:
+        """A line that cannot be read whole (too large, nested too deep) is answered with
+        the id its first bytes show (so the caller's request settles), or null; such a
+        response to one of our requests fails that request instead."""
+        info = scan_head(head[:OVERSIZED_HEAD_BYTES])
         if info.is_response and not info.has_method:
             pending = self._pending.get(info.id) if type(info.id) is int else None
             if pending is not None and pending.envelope is None:
-                error = ErrorObject(int(ErrorCode.MESSAGE_TOO_LARGE), message)
+                error = ErrorObject(int(code), message)
                 pending.envelope = Envelope(id=info.id, error=msgspec.Raw(encode(error)[:-1]))
                 pending.event.set()
-            logger.warning("%s: response to id %r dropped: %s", self.name, info.id, message)
+            logger.warning("%s: response to id %s dropped: %s", self.name, show(info.id), message)
             return  # a response is never answered
-        await self._send_reply(error_reply(info.id, ErrorCode.MESSAGE_TOO_LARGE, message))
+        await self._send_reply(error_reply(info.id, code, message))
 
     async def _handle_line(self, line: bytes) -> None:
         stripped = line.strip()
@@ -380,7 +399,10 @@ class JsonRpcPeer:
         if first == b"{":
             try:
                 envelope = envelope_decoder.decode(stripped)
-            except (msgspec.DecodeError, RecursionError) as exc:
+            except RecursionError:
+                await self._reject_unreadable(stripped, ErrorCode.PARSE_ERROR, _TOO_DEEP)
+                return
+            except msgspec.DecodeError as exc:
                 await self._send_reply(_parse_error(exc))
                 return
             reply = self._route(classify(envelope))
@@ -414,7 +436,7 @@ class JsonRpcPeer:
             key = _id_key(envelope.id)
             if key in self._inflight:
                 return error_reply(
-                    reply_id(envelope), ErrorCode.INVALID_REQUEST, f"invalid request: id {envelope.id!r} is already in flight"
+                    reply_id(envelope), ErrorCode.INVALID_REQUEST, f"invalid request: id {show(envelope.id)} is already in flight"
                 )
             inflight = _Inflight()
             self._inflight[key] = inflight  # registered now, so a cancel right behind it finds it
@@ -504,7 +526,12 @@ class JsonRpcPeer:
         for index, raw in enumerate(items):
             try:
                 envelope = envelope_decoder.decode(raw)
-            except (msgspec.DecodeError, msgspec.ValidationError, RecursionError):
+            except RecursionError:
+                batch.replies[index] = error_reply(
+                    scan_head(bytes(raw)[:OVERSIZED_HEAD_BYTES]).id, ErrorCode.PARSE_ERROR, _TOO_DEEP
+                )
+                continue
+            except msgspec.DecodeError:  # ValidationError included
                 batch.replies[index] = error_reply(
                     None, ErrorCode.INVALID_REQUEST, "invalid request: a batch item must be an object"
                 )
@@ -563,11 +590,11 @@ class JsonRpcPeer:
         if pending is None:
             if envelope.error is not ABSENT:
                 logger.warning(
-                    "%s: error reply to unknown id %r dropped: %s",
-                    self.name, request_id, bytes(envelope.error)[:300].decode("utf-8", "replace"),
+                    "%s: error reply to unknown id %s dropped: %s",
+                    self.name, show(request_id), bytes(envelope.error)[:300].decode("utf-8", "replace"),
                 )
             else:
-                logger.warning("%s: response to unknown id %r dropped", self.name, request_id)
+                logger.warning("%s: response to unknown id %s dropped", self.name, show(request_id))
             return
         pending.envelope = envelope
         pending.event.set()
@@ -586,14 +613,14 @@ class JsonRpcPeer:
     def _encode_reply(self, reply: Reply) -> bytes:
         try:
             return encode(reply)
-        except (TypeError, ValueError, msgspec.EncodeError):
-            logger.exception("%s: result of request %r could not be encoded", self.name, reply.id)
+        except Exception:  # RecursionError, TypeError, EncodeError...: never fatal
+            logger.exception("%s: the reply to request %s could not be encoded", self.name, show(reply.id))
             return encode(error_reply(reply.id, ErrorCode.INTERNAL_ERROR, "internal error: unencodable result"))
 
     def _encode_batch(self, batch: list[Reply]) -> bytes:
         try:
             return encode(batch)
-        except (TypeError, ValueError, msgspec.EncodeError):
+        except Exception:
             # One bad result must not cost the others their answers.
             return b"[" + b",".join(self._encode_reply(reply)[:-1] for reply in batch) + b"]\n"
 
@@ -605,16 +632,19 @@ async def _close_quietly(stream: ReceiveStream) -> None:
         pass
 
 
+_TOO_DEEP = "parse error: nesting too deep"
+
+
 def _parse_error(exc: Exception) -> Reply:
     if isinstance(exc, RecursionError):  # msgspec raises it for deeply nested input
-        return error_reply(None, ErrorCode.PARSE_ERROR, "parse error: nesting too deep")
+        return error_reply(None, ErrorCode.PARSE_ERROR, _TOO_DEEP)
     return error_reply(None, ErrorCode.PARSE_ERROR, f"parse error: {exc}")
 
 
 def _remote_error(method: str, raw_error: msgspec.Raw) -> RpcError:
     try:
         error = error_decoder.decode(raw_error)
-    except (msgspec.ValidationError, msgspec.DecodeError):
+    except (msgspec.DecodeError, RecursionError):
         return RpcError(f"malformed error response to {method}")
     data = None if error.data is msgspec.UNSET else error.data
     try:

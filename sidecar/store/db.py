@@ -11,7 +11,19 @@ in WAL mode a search or a list never waits for a streaming write and vice versa.
 connection is only ever used by one thread at a time.
 
 Must stay true: a write either commits whole or leaves the database unchanged (any
-exception inside ``write()`` rolls back); apsw errors leave this module as ``StoreError``.
+exception inside ``write()`` rolls back); apsw errors leave this module as ``StoreError``
+whose code says whose problem it is (``_store_error``, the one mapping):
+
+    FOREIGN KEY constraint failed        NOT_FOUND       a row the request refers to is gone
+                                                         (deleted meanwhile, e.g. the session)
+    UNIQUE / PRIMARY KEY constraint      BAD_STATE       the row already exists
+    other constraints (NOT NULL, CHECK)  INVALID_PARAMS  SQLite refused a value
+    a value too big, a pattern or an     INVALID_PARAMS  the input, not the database
+    expression too complex, an integer
+    outside int64 (OverflowError)
+    anything else (I/O, disk full,       STORE_ERROR     the database failed
+    corrupt, locked, read-only...)
+    the store is already closed          BUSY            the process is shutting down
 """
 
 from __future__ import annotations
@@ -26,7 +38,8 @@ from typing import Any
 
 import apsw
 
-from sidecar.errors import SidecarError, StoreError
+from protocol.errors import ErrorCode
+from sidecar.errors import InvalidParams, SidecarError, StoreError
 from sidecar.store import fts
 
 __all__ = ["Database", "DB_FILENAME", "BUSY_TIMEOUT_MS"]
@@ -153,8 +166,8 @@ class Database:
     # ---- internals ------------------------------------------------------------------
 
     def _check_open(self) -> None:
-        if self._closed:
-            raise StoreError("the store is closed")
+        if self._closed:  # only while the process shuts down: the database did not fail
+            raise StoreError("the store is closed (shutting down)", code=ErrorCode.BUSY)
 
     def _rollback(self, conn: apsw.Connection) -> None:
         if conn.in_transaction:
@@ -192,5 +205,40 @@ def _wrap_errors() -> Iterator[None]:
     except SidecarError:
         raise
     except apsw.Error as exc:
-        raise StoreError(f"database error: {exc}") from exc
+        raise _store_error(exc) from exc
+    except OverflowError as exc:  # apsw binding a Python int outside SQLite's 64 bits
+        raise InvalidParams(f"invalid params: an integer is out of range (64-bit signed): {exc}") from exc
+
+
+_FOREIGN_KEY = 787  # SQLITE_CONSTRAINT_FOREIGNKEY
+_UNIQUE = (1555, 2067)  # SQLITE_CONSTRAINT_PRIMARYKEY, SQLITE_CONSTRAINT_UNIQUE
+_INPUT_TOO_COMPLEX = (
+    "LIKE or GLOB pattern too complex",
+    "too many SQL variables",
+    "Expression tree is too large",
+    "parser stack overflow",
+    "too many terms",
+    "string or blob too big",
+)
+
+
+def _store_error(exc: apsw.Error) -> StoreError:
+    """The StoreError (and its code) for one SQLite error; see the module docstring."""
+    text = str(exc)
+    if isinstance(exc, apsw.ConstraintError):
+        extended = getattr(exc, "extendedresult", None)
+        if extended == _FOREIGN_KEY or "FOREIGN KEY" in text:
+            return StoreError(
+                "not found: a row this request refers to no longer exists (it was deleted meanwhile)",
+                code=ErrorCode.NOT_FOUND,
+            )
+        if extended in _UNIQUE or "UNIQUE" in text:
+            return StoreError(f"already exists: {text}", code=ErrorCode.BAD_STATE)
+        log.warning("constraint failed: %s", text)
+        return StoreError(f"invalid params: the database refused a value ({text})", code=ErrorCode.INVALID_PARAMS)
+    if isinstance(exc, apsw.TooBigError) or (
+        isinstance(exc, apsw.SQLError) and any(marker in text for marker in _INPUT_TOO_COMPLEX)
+    ):
+        return StoreError(f"invalid params: the database refused the input ({text})", code=ErrorCode.INVALID_PARAMS)
+    return StoreError(f"database error: {text}")
 

@@ -28,6 +28,8 @@ import re
 from functools import cache
 from typing import Any, NamedTuple
 
+from protocol import limits
+
 __all__ = [
     "BM25_FUNCTION",
     "bm25",
@@ -40,7 +42,7 @@ __all__ = [
     "MAX_QUERY_CHARS",
 ]
 
-MAX_QUERY_CHARS = 1000
+MAX_QUERY_CHARS = limits.MAX_QUERY_CHARS
 
 # Han (with extensions and compatibility ideographs), kana and Hangul. The katakana middle
 # dot and double hyphen are punctuation to unicode61, so they stay out of runs.

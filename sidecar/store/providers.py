@@ -34,6 +34,7 @@ from sidecar.secrets.names import is_secret_name
 from sidecar.store.db import Database
 from sidecar.store.ids import new_id, now_ms
 from sidecar.store.secrets import API_KEY, ENGINE_ENV, HEADERS, Sealer
+from sidecar.store.rows import lenient_json
 
 _COLUMNS = (
     "id, name, type, base_url, api_key, api_key_env, headers, body, models, enabled, "
@@ -131,7 +132,7 @@ def _row(row: tuple[Any, ...], sealer: Sealer) -> ProviderRecord:
         api_key=api_key,
         api_key_env=row[5],
         headers=headers,
-        body=_obj.decode(row[7]),
+        body=lenient_json(_obj, row[7], "body", f"provider {row[0]!r}", {}),
         models=_models.decode(row[8]),
         enabled=bool(row[9]),
         created_at=row[10],

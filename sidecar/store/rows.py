@@ -3,10 +3,13 @@
 Owns: the column lists every SELECT uses, turning a row tuple into SessionV2/MessageV2 and
 the JSON columns into typed values (and back).
 Must stay true: JSON columns hold the wire (camelCase) encoding of their protocol types, so
-an export is the stored data verbatim; a column that does not decode is a StoreError that
-names the row, never a crash of the caller. Work over many rows at once (crash recovery,
-re-indexing, search results) uses ``parts_or_none`` instead, so one row it cannot read
-(e.g. a part type written by a newer build) costs that row its parts, not the whole call.
+an export is the stored data verbatim. A JSON column that cannot be served (it does not
+decode, or nests deeper than STORED_JSON_DEPTH: a value stored before params were bounded,
+or written by an agent, that would fail to encode again) costs its row that field, never
+the caller its answer: ``session_from_row``/``message_from_row`` log it naming the row and
+column and serve the row without it (the stored text stays as it is). ``decode_parts`` is
+the strict form (a StoreError naming the row) for code that rewrites what it read;
+``parts_or_none`` its lenient form for work over many rows (crash recovery, re-indexing).
 """
 
 from __future__ import annotations
@@ -16,8 +19,10 @@ from typing import Any
 
 import msgspec
 
+from protocol.limits import MAX_JSON_DEPTH
 from protocol.types import CodePart, ContentPart, MessageV2, SessionV2, TextPart, ToolCall, Usage
 from sidecar.errors import StoreError
+from sidecar.jsondepth import json_text_too_deep
 
 __all__ = [
     "SESSION_COLUMNS",
@@ -26,6 +31,8 @@ __all__ = [
     "message_from_row",
     "to_json",
     "decode_parts",
+    "lenient_json",
+    "STORED_JSON_DEPTH",
     "parts_or_none",
     "searchable_text",
     "session_values",
@@ -46,6 +53,11 @@ MESSAGE_COLUMNS = (
 )
 
 log = logging.getLogger(__name__)
+
+STORED_JSON_DEPTH = 4 * MAX_JSON_DEPTH
+"""Deeper stored JSON is not served. Params are bounded to MAX_JSON_DEPTH (a column adds
+at most two typed levels); this leaves room for values the engine or an agent wrote, and
+is far below the nesting at which encoding a reply would fail."""
 
 SessionRow = tuple[Any, ...]
 MessageRow = tuple[Any, ...]
@@ -69,10 +81,24 @@ def to_json(value: Any) -> str | None:
 def _decode(decoder: msgspec.json.Decoder[Any], raw: str | None, what: str, row_id: str) -> Any:
     if raw is None:
         return None
+    if json_text_too_deep(raw, STORED_JSON_DEPTH):
+        raise StoreError(f"stored {what} of {row_id} nests deeper than {STORED_JSON_DEPTH} levels")
     try:
         return decoder.decode(raw)
     except msgspec.DecodeError as exc:
         raise StoreError(f"stored {what} of {row_id} is not valid: {exc}") from exc
+    except RecursionError as exc:
+        raise StoreError(f"stored {what} of {row_id} nests too deep to decode") from exc
+
+
+def lenient_json(decoder: msgspec.json.Decoder[Any], raw: str | None, what: str, row_id: str, default: Any = None) -> Any:
+    """The decoded column, or ``default`` (logged, naming row and column) when it cannot be
+    served; for reads that answer the caller, never for read-modify-write."""
+    try:
+        return _decode(decoder, raw, what, row_id)
+    except StoreError as exc:
+        log.warning("%s; served without it", exc.message)
+        return default
 
 
 def decode_parts(raw: str | None, row_id: str) -> list[ContentPart] | None:
@@ -100,7 +126,7 @@ def session_from_row(r: SessionRow) -> SessionV2:
         system_prompt=r[5],
         mode=r[6],
         acp_session_id=r[7],
-        tags=_decode(_dec_tags, r[8], "tags", sid) or [],
+        tags=lenient_json(_dec_tags, r[8], "tags", sid) or [],
         folder=r[9],
         is_pinned=bool(r[10]),
         is_archived=bool(r[11]),
@@ -108,7 +134,7 @@ def session_from_row(r: SessionRow) -> SessionV2:
         total_tokens=r[13] or 0,
         total_cost=float(r[14] or 0.0),
         channel_id=r[15],
-        channel_meta=_decode(_dec_meta, r[16], "channel_meta", sid),
+        channel_meta=lenient_json(_dec_meta, r[16], "channel_meta", sid),
         created_at=r[17],
         updated_at=r[18],
         last_message_at=r[19],
@@ -154,15 +180,15 @@ def message_from_row(r: MessageRow) -> MessageV2:
         role=r[3],
         content_type=r[4],
         text_content=r[5],
-        parts=None if r[6] is None else _decode(_dec_parts, r[6], "parts", mid),
-        tool_calls=None if r[7] is None else _decode(_dec_calls, r[7], "tool_calls", mid),
+        parts=lenient_json(_dec_parts, r[6], "parts", mid),
+        tool_calls=lenient_json(_dec_calls, r[7], "tool_calls", mid),
         tool_call_id=r[8],
         tool_name=r[9],
         model_id=r[10],
-        usage=None if r[11] is None else _decode(_dec_usage, r[11], "usage", mid),
+        usage=lenient_json(_dec_usage, r[11], "usage", mid),
         latency_ms=r[12],
         acp_message_id=r[13],
-        acp_parts=None if r[14] is None else _decode(_dec_any_list, r[14], "acp_parts", mid),
+        acp_parts=lenient_json(_dec_any_list, r[14], "acp_parts", mid),
         status=r[15] or "completed",
         error=r[16],
         created_at=r[17],

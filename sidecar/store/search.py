@@ -21,6 +21,7 @@ from collections.abc import Iterable
 
 import apsw
 
+from protocol import limits
 from protocol.messages import SearchOptions
 from protocol.types import SearchResult
 from sidecar.errors import InvalidParams
@@ -91,8 +92,8 @@ class MessageSearch:
             raise InvalidParams("query must be a string")
         if len(query) > fts.MAX_QUERY_CHARS:
             raise InvalidParams(f"query is longer than {fts.MAX_QUERY_CHARS} characters")
-        limit = check_range("options.limit", options.limit, 1, 200)
-        offset = check_range("options.offset", options.offset, 0, 100_000)
+        limit = check_range("options.limit", options.limit, 1, limits.MAX_SEARCH_PAGE)
+        offset = check_range("options.offset", options.offset, 0, limits.MAX_SEARCH_OFFSET)
         dates = check_date_range("options.dateRange", options.date_range)
         pieces = fts.parse_query(query)
         expr = fts.build_match(pieces)

@@ -15,6 +15,7 @@ from typing import Any
 
 import apsw
 
+from protocol import limits
 from protocol.sessions import SessionFilter, SessionListResult, SessionUpdates
 from protocol.types import SessionV2
 from sidecar.errors import InvalidParams, NotFound
@@ -31,8 +32,8 @@ from sidecar.store.rows import SESSION_COLUMNS, session_from_row, session_values
 
 __all__ = ["SessionRepo", "MAX_LIST_LIMIT"]
 
-MAX_LIST_LIMIT = 500
-MAX_LIST_OFFSET = 10_000_000
+MAX_LIST_LIMIT = limits.MAX_SESSION_PAGE
+MAX_LIST_OFFSET = limits.MAX_OFFSET
 _FEW_MATCHES = 2000
 """Below this many tag matches a list page is fetched through the tag index."""
 

@@ -32,6 +32,7 @@ from contextlib import contextmanager
 from pathlib import Path
 from typing import Any, Final, Literal
 
+from protocol import limits
 from protocol.messages import MessageQueryOptions, SearchOptions
 from protocol.sessions import CreateSessionOptions, SessionFilter, SessionListResult, SessionUpdates
 from protocol.types import (
@@ -75,7 +76,7 @@ from sidecar.store.settings import DEFAULT_MODEL_KEY, DEFAULT_PROVIDER_KEY, Sett
 
 __all__ = ["Store", "ACTIVE_LEAF", "MAX_MESSAGES_LIMIT"]
 
-MAX_MESSAGES_LIMIT = 10_000
+MAX_MESSAGES_LIMIT = limits.MAX_MESSAGES_PAGE
 
 
 class _Default(enum.Enum):

@@ -31,6 +31,7 @@ from typing import Any
 import apsw
 import msgspec
 
+from protocol import limits
 from protocol.events import ToolApprovalOption
 from protocol.tools import ToolAuditEntry, ToolPolicy
 from protocol.types import ContentPart, MessageV2, ToolCall, ToolResultPart, Usage
@@ -472,10 +473,10 @@ class ToolStore:
         limit: int = 100,
         offset: int = 0,
     ) -> list[ToolAuditEntry]:
-        if isinstance(limit, bool) or not isinstance(limit, int) or not 1 <= limit <= 1000:
-            raise InvalidParams("limit must be between 1 and 1000")
-        if isinstance(offset, bool) or not isinstance(offset, int) or offset < 0:
-            raise InvalidParams("offset must be a non-negative integer")
+        if isinstance(limit, bool) or not isinstance(limit, int) or not 1 <= limit <= limits.MAX_AUDIT_PAGE:
+            raise InvalidParams(f"limit must be between 1 and {limits.MAX_AUDIT_PAGE}")
+        if isinstance(offset, bool) or not isinstance(offset, int) or not 0 <= offset <= limits.MAX_OFFSET:
+            raise InvalidParams(f"offset must be between 0 and {limits.MAX_OFFSET}")
         sql = f"SELECT {_AUDIT_COLUMNS} FROM tool_audit"
         where: list[str] = []
         args: list[Any] = []

@@ -81,7 +81,7 @@ class ToolRegistry:
             return CheckedCall(tool=tool, error=f"the arguments of {name} are too long ({len(arguments)} characters)")
         try:
             args = msgspec.json.decode(arguments.strip() or "{}")
-        except msgspec.DecodeError as exc:
+        except (msgspec.DecodeError, RecursionError) as exc:  # RecursionError: nested too deep
             return CheckedCall(tool=tool, error=f"the arguments of {name} are not valid JSON ({exc}); send a JSON object")
         if not isinstance(args, dict):
             return CheckedCall(tool=tool, error=f"the arguments of {name} must be a JSON object, got {type(args).__name__}")
