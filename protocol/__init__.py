@@ -13,6 +13,7 @@ This package imports nothing from ``sidecar``; generated copies of it live in
 """
 
 from protocol import chat, common, context, lifecycle, mcp, messages, providers, sessions, settings, tools
+from protocol import compat
 from protocol.errors import ErrorCode
 from protocol.events import *  # noqa: F401,F403
 from protocol.events import __all__ as _events_all
@@ -22,7 +23,7 @@ from protocol.types import __all__ as _types_all
 
 PROTOCOL_VERSION = 1
 
-_DOMAINS = (common, lifecycle, sessions, messages, chat, providers, settings, tools, mcp, context)
+_DOMAINS = (common, lifecycle, sessions, messages, chat, providers, settings, tools, mcp, context, compat)
 for _domain in _DOMAINS:
     globals().update({name: getattr(_domain, name) for name in _domain.__all__})
 
