@@ -74,7 +74,12 @@ class SseClient:
         return frame
 
     def close(self) -> None:
+        """End the stream: the reader gets what is queued, then EndOfStream."""
         self._send.close()
+
+    def discard(self) -> None:
+        self._send.close()
+        self._receive.close()
 
     def _cut_off(self) -> None:
         self.cut = True
@@ -178,7 +183,7 @@ class ProgressHub:
         channel = self._channels.get(client.session_id)
         if channel is not None and client in channel.clients:
             channel.clients.remove(client)
-        client.close()
+        client.discard()
 
     def close_session(self, session_id: str) -> None:
         """End every stream of the session and drop its buffer."""

@@ -128,6 +128,7 @@ class TurnRunner:
         publish: Callable[[str, Frame], None],
         task_group: anyio.abc.TaskGroup,
         trust_agent_mode: bool,
+        subscription_buffer: int = 4096,
     ) -> None:
         self._chat = chat
         self._events = events
@@ -138,6 +139,7 @@ class TurnRunner:
         self._publish = publish
         self._tg = task_group
         self._trust_agent_mode = trust_agent_mode
+        self._buffer = subscription_buffer
         self._pumps: dict[str, _Pump] = {}
         self._current: dict[str, Turn] = {}
 
@@ -198,7 +200,7 @@ class TurnRunner:
     async def _run(self, pump: _Pump, *, task_status: anyio.abc.TaskStatus[None] = anyio.TASK_STATUS_IGNORED) -> None:
         with pump.scope:
             try:
-                with self._events.subscribe(pump.session_id) as sub:
+                with self._events.subscribe(pump.session_id, buffer=self._buffer) as sub:
                     task_status.started()
                     async for event in sub:
                         self._handle(pump, event)
@@ -251,7 +253,7 @@ class TurnRunner:
         for turn in pump.turns.values():
             turn.detached = True
             self._publish(pump.session_id, turn.builder.frames.error(LOST, None, turn.builder.request_id))
-        with self._events.subscribe(pump.session_id) as sub:
+        with self._events.subscribe(pump.session_id, buffer=self._buffer) as sub:
             for turn in list(pump.turns.values()):
                 assert turn.message_id is not None
                 try:
