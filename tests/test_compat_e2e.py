@@ -270,7 +270,7 @@ async def test_engine_failures_end_with_an_error_frame_and_are_stored(tmp_path: 
         reply = await stored_reply(v1, turn.session_id)
         assert reply["status"] == "error" and reply["error"] == turn.error
 
-        await v1.server.script({"status": 500})  # type: ignore[union-attr]
+        await v1.server.script({"status": 400, "times": 10})  # type: ignore[union-attr]
         failed = await c.run_turn(v1.direct("boom", project_id="fail"))
         assert failed.finish_reason == "ERROR" and failed.error
         assert (await stored_reply(v1, failed.session_id))["status"] == "error"
