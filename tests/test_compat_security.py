@@ -131,6 +131,7 @@ async def test_validation_errors_are_in_the_envelope(tmp_path: Path) -> None:
             (b'{"user_id": "5", "prompt": "x", "attachments": [{"type": "image"}]}', "attachments"),
             (b'{"user_id": "5", "prompt": "x", "agent_config": {"agent_server": {"command": "c", "tool_approval_rules": [{"action": "burn", "patterns": []}]}}}', "action"),
             (b'{"user_id": "5", "prompt": "x", "model_provider": {"base_url": "file:///etc/passwd", "default_model": "m"}}', "base_url"),
+            (b'{"user_id": "5", "prompt": "x", "agent_config": {"agent_server": {"command": "scripted-agent", "env": {"LD_PRELOAD": "/tmp/x.so"}}}}', "LD_PRELOAD"),
             (b"", "JSON request body is required"),
         ):
             status, body = await post("/computer/chat", content)

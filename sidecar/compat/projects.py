@@ -8,7 +8,8 @@ Mapping rules:
   session of another project, or any other local session, is never reachable from here);
 - ``agent_config.agent_server`` with a command -> an ``acp-engine`` provider, one per
   command / args / env (id ``v1-acp-<digest>``, so the same engine is reused), started
-  and supervised by ACP mode; only commands listed in ``agentCommands`` may run. The
+  and supervised by ACP mode; only commands listed in ``agentCommands`` may run, and the
+  request's env may not set loader variables (LD_*, DYLD_*, PATH, NODE_OPTIONS...). The
   env placeholders ``{MODEL_PROVIDER_BASE_URL}``, ``{MODEL_PROVIDER_API_KEY}``,
   ``{MODEL_PROVIDER_MODEL}`` come from ``model_provider``; ``{PREFIX_WORKSPACE_DIR}`` (in
   the command, args and env) is ``<root>/computer-project-workspace/<user_id>``;
@@ -58,6 +59,12 @@ MAX_PROMPT_CHARS = 10 * 1024 * 1024
 MAX_ENV = 256
 MAX_ARGS = 256
 MAX_REQUEST_ID = 256
+LOADER_ENV_PREFIXES = ("LD_", "DYLD_")
+LOADER_ENV = frozenset({
+    "PATH", "NODE_OPTIONS", "NODE_PATH", "PYTHONPATH", "PYTHONHOME", "PYTHONSTARTUP",
+    "BASH_ENV", "ENV", "PERL5OPT", "PERL5LIB", "RUBYOPT", "RUBYLIB",
+})
+"""Variables that make an allowed program load or run other code: a request may not set them."""
 
 
 class Sessions(Protocol):
@@ -205,8 +212,10 @@ class Projects:
         server = req.agent_config.agent_server if req.agent_config is not None else None
         rules = compile_rules(server.tool_approval_rules if server is not None else None)
         yolo = server is not None and (server.agent_mode or "").strip().lower() == "yolo"
-        work_dir = await anyio.to_thread.run_sync(self._work_dir, user_id, work or project_id)
+        # checks first, then what changes something (provider, directory, session)
+        work_dir = await anyio.to_thread.run_sync(validate.work_dir, work or project_id, self.user_dir(user_id))
         target = await self._target(req, user_id)
+        await anyio.to_thread.run_sync(_make_dir, work_dir)
         session, is_new = await self._session(user_id, project_id, session_id, target, work_dir, req.system_prompt)
         return Prepared(
             user_id=user_id,
@@ -222,14 +231,6 @@ class Projects:
 
     def user_dir(self, user_id: str) -> Path:
         return self.root / "computer-project-workspace" / user_id
-
-    def _work_dir(self, user_id: str, value: str) -> Path:
-        path = validate.work_dir(value, self.user_dir(user_id))
-        try:
-            path.mkdir(parents=True, exist_ok=True)
-        except OSError as exc:
-            raise V1Error(200, INTERNAL, f"cannot create the project directory: {exc.strerror or exc}") from exc
-        return path
 
     async def _target(self, req: ComputerChatRequest, user_id: str) -> Target:
         server = req.agent_config.agent_server if req.agent_config is not None else None
@@ -258,6 +259,8 @@ class Projects:
         for name, value in env.items():
             if not name or "=" in name or "\x00" in name or "\x00" in value:
                 raise invalid(f"agent_server.env has an invalid entry {name[:64]!r}")
+            if name.upper() in LOADER_ENV or name.upper().startswith(LOADER_ENV_PREFIXES):
+                raise invalid(f"agent_server.env may not set {name[:64]}")
         if any("\x00" in a for a in args):
             raise invalid("agent_server.args contains a NUL character")
         mp = req.model_provider
@@ -361,6 +364,13 @@ class Projects:
         index[(user_id, project_id)] = session.id
         self._by_session[session.id] = Project(user_id=user_id, project_id=project_id, session_id=session.id)
         return session, True
+
+
+def _make_dir(path: Path) -> None:
+    try:
+        path.mkdir(parents=True, exist_ok=True)
+    except OSError as exc:
+        raise V1Error(200, INTERNAL, f"cannot create the project directory: {exc.strerror or exc}") from exc
 
 
 def _fill(value: str, table: dict[str, str]) -> str:
