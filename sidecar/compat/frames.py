@@ -281,12 +281,12 @@ class FrameBuilder:
         if isinstance(event, ToolResultEvent):
             result = event.tool_result
             body = {"toolCallId": result.tool_call_id, "status": "failed" if result.is_error else "completed"}
-            tool = self._tools.get(result.tool_call_id)
-            if tool is not None and tool.sent != tool.arguments:
-                raw = _raw_input(tool.arguments)
+            known = self._tools.get(result.tool_call_id)
+            if known is not None and known.sent != known.arguments:
+                raw = _raw_input(known.arguments)
                 if raw is not None:
                     body["rawInput"] = raw
-                    tool.sent = tool.arguments
+                    known.sent = known.arguments
             body["content"] = [{"type": "content", "content": {"type": "text", "text": result.output}}]
             return [f.update("tool_call_update", body, rid)]
         if isinstance(event, UsageEvent):

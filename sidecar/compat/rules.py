@@ -58,7 +58,7 @@ def compile_rules(rules: Sequence[ToolApprovalRuleIn] | None) -> tuple[Rule, ...
             raise invalid(f"{where}.patterns: at most {MAX_PATTERNS} patterns of {MAX_PATTERN_CHARS} characters")
         compiled = tuple(_glob(p.strip()) for p in rule.patterns if p.strip())
         kind = rule.tool_kind.strip().lower() if rule.tool_kind and rule.tool_kind.strip() else None
-        out.append(Rule(action=action, patterns=compiled, tool_kind=kind))  # type: ignore[arg-type]
+        out.append(Rule(action=action, patterns=compiled, tool_kind=kind))
     return tuple(out)
 
 

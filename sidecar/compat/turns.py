@@ -30,7 +30,7 @@ import logging
 import time
 from collections.abc import Awaitable, Callable, Iterator
 from contextlib import AbstractContextManager
-from typing import Any, Protocol
+from typing import Any, Literal, Protocol
 
 import anyio
 import anyio.abc
@@ -296,7 +296,7 @@ class TurnRunner:
                 return
             if action == "ask":
                 return
-            decision = "approved" if action == "allow" else "denied"
+            decision: Literal["approved", "denied"] = "approved" if action == "allow" else "denied"
             try:
                 await self._approvals.approve(
                     ToolApproveParams(session_id=turn.session_id, tool_call_id=call.id, decision=decision, message_id=message_id)
