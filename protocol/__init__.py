@@ -4,7 +4,7 @@ Everything the Electron/Tauri side sends or receives is declared here, one modul
 domain: the stored shapes (``types``: SessionV2, MessageV2, ContentPart), the streaming
 events (``events``: ChatStreamEvent), the error codes (``errors``), and the params/result
 of every method with the domain's part of the method table (``lifecycle``, ``sessions``,
-``messages``, ``chat``, ``providers``, ``settings``, ``tools``, ``mcp``, ``context``).
+``messages``, ``chat``, ``providers``, ``settings``, ``tools``, ``mcp``, ``context``, ``compat``).
 ``methods`` joins the parts into one table (METHODS) mapping each method name to its types.
 
 Field names are snake_case in Python and camelCase on the wire (``rename="camel"``).

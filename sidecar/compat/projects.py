@@ -212,10 +212,10 @@ class Projects:
         server = req.agent_config.agent_server if req.agent_config is not None else None
         rules = compile_rules(server.tool_approval_rules if server is not None else None)
         yolo = server is not None and (server.agent_mode or "").strip().lower() == "yolo"
-        # checks first, then what changes something (provider, directory, session)
-        work_dir = await anyio.to_thread.run_sync(validate.work_dir, work or project_id, self.user_dir(user_id))
+        # the provider (its checks and an idempotent upsert), then the directory (checked and
+        # made in one worker-thread hop), then the session
         target = await self._target(req, user_id)
-        await anyio.to_thread.run_sync(_make_dir, work_dir)
+        work_dir = await anyio.to_thread.run_sync(_work_dir, work or project_id, self.user_dir(user_id))
         session, is_new = await self._session(user_id, project_id, session_id, target, work_dir, req.system_prompt)
         return Prepared(
             user_id=user_id,
@@ -366,11 +366,13 @@ class Projects:
         return session, True
 
 
-def _make_dir(path: Path) -> None:
+def _work_dir(value: str, user_dir: Path) -> Path:
+    path = validate.work_dir(value, user_dir)
     try:
         path.mkdir(parents=True, exist_ok=True)
     except OSError as exc:
         raise V1Error(200, INTERNAL, f"cannot create the project directory: {exc.strerror or exc}") from exc
+    return path
 
 
 def _fill(value: str, table: dict[str, str]) -> str:
