@@ -29,6 +29,8 @@ __all__ = [
     "ErrorEvent",
     "AbortedEvent",
     "NoticeEvent",
+    "PlanEntry",
+    "PlanEvent",
     "ToolApprovalOption",
     "ToolApprovalRequiredEvent",
     "ChatStreamEvent",
@@ -148,6 +150,23 @@ class NoticeEvent(_Event, tag="notice", kw_only=True):
     code: str | None = None
 
 
+class PlanEntry(Struct, kw_only=True):
+    """One step of an agent's plan (ACP ``plan`` entry)."""
+
+    content: str
+    priority: str | None = None
+    """high | medium | low (as the agent sent it)."""
+    status: str | None = None
+    """pending | in_progress | completed (as the agent sent it)."""
+
+
+class PlanEvent(_Event, tag="plan", kw_only=True):
+    """The agent's whole current plan (each ACP ``plan`` update replaces the previous one);
+    its steps are also stored as step_start / step_finish parts."""
+
+    entries: list[PlanEntry]
+
+
 ChatStreamEvent = Union[
     StreamStartEvent,
     TextDeltaEvent,
@@ -161,4 +180,5 @@ ChatStreamEvent = Union[
     AbortedEvent,
     ToolApprovalRequiredEvent,
     NoticeEvent,
+    PlanEvent,
 ]

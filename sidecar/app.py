@@ -30,6 +30,8 @@ Attributes:
               tool:audit:list, tool:pending:list; also the ACP permission flow.
     tools:    ToolService (sidecar/tools/service.py): tool:list, tool:settings:*.
     mcp:      McpManager (sidecar/tools/mcp.py): mcp:server:*; its servers stop on exit.
+    compat:   CompatService (sidecar/compat/service.py): compat:*, the V1 /computer/chat
+              endpoint (off until compat:start; stopped first on exit).
     (later)   chat, ... attached by the services that own them.
 """
 
@@ -94,6 +96,7 @@ async def open_app(config: Config, notify: Notify) -> AsyncIterator[App]:
         app.sessions = SessionService(app.store, app.notify)
         await _open_chat(app, stack)
         _open_context(app)
+        await _open_compat(app, stack)
         yield app
 
 
@@ -124,6 +127,7 @@ _SERVICE_MODULES = (
     "sidecar.engine.context",
     "sidecar.pipeline.builder",
     "sidecar.store.assistants",
+    "sidecar.compat.service",
 )
 
 
@@ -241,6 +245,14 @@ async def _open_acp(app: App, stack: AsyncExitStack) -> Any:
         approvals=lambda: getattr(app, "approvals", None),
         mcp_servers=mcp_servers,
     )
+
+
+async def _open_compat(app: App, stack: AsyncExitStack) -> None:
+    """The V1 endpoint's service (it imports its HTTP server only on compat:start); last
+    on the stack, so it stops before the engine aborts the replies it streams."""
+    from sidecar.compat.service import CompatService
+
+    app.compat = await stack.enter_async_context(CompatService.for_app(app))
 
 
 def _open_context(app: App) -> None:

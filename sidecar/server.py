@@ -102,6 +102,9 @@ BINDINGS: dict[str, str] = {
     "chat:context:get": "context.get_context",
     "chat:context:update": "context.update_context",
     "chat:context:compact": "context.compact",
+    "compat:start": "compat.start",
+    "compat:stop": "compat.stop",
+    "compat:status": "compat.status",
 }
 """Method name -> attribute path on the App of the ``async def f(params) -> result`` that answers it."""
 

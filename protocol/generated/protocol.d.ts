@@ -45,7 +45,8 @@ export declare const enum ErrorCode {
 }
 export type ErrorCodeValue = -32700 | -32600 | -32601 | -32602 | -32603 | -32800 | -32001 | -32002 | -32003 | -32004 | -32005 | -32006 | -32007 | -32008;
 
-export type ChatStreamEvent = StreamStartEvent | TextDeltaEvent | ThinkingDeltaEvent | ToolCallStartEvent | ToolCallDeltaEvent | ToolResultEvent | UsageEvent | StreamEndEvent | ErrorEvent | AbortedEvent | ToolApprovalRequiredEvent | NoticeEvent;
+export type ChatStreamEvent = StreamStartEvent | TextDeltaEvent | ThinkingDeltaEvent | ToolCallStartEvent | ToolCallDeltaEvent | ToolResultEvent | UsageEvent | StreamEndEvent | ErrorEvent | AbortedEvent | ToolApprovalRequiredEvent | NoticeEvent | PlanEvent;
+export type CompatFlavor = "electron" | "rcoder";
 export type ContentPart = TextPart | ImagePart | FilePart | CodePart | ToolUsePart | ToolResultPart | ThinkingPart | StepStartPart | StepFinishPart | DiffPart;
 export type ContentType = "multipart" | "text";
 export type FinishReason = "content_filter" | "length" | "max_turn_requests" | "other" | "refusal" | "stop" | "tool_calls";
@@ -207,6 +208,91 @@ export interface CodePart {
   type: "code";
   language: string;
   code: string;
+}
+
+/** How a requested ``agent_config.agent_server.command`` runs on this machine. */
+export interface CompatAgentCommand {
+  /**
+   * The executable to run instead (a path or a name looked up in PATH); None: the
+   * requested command as sent.
+   */
+  command?: string | null;
+  /** Arguments instead of the request's; None: the request's ``args``. */
+  args?: string[] | null;
+}
+
+/** ``compat:start``: listen for V1 requests. */
+export interface CompatStartParams {
+  /** Loopback by default; any other address needs ``allowRemote`` and an explicit ``token``. */
+  host?: string;
+  /** 0 picks a free port (the result names it). 60006 is V1's default agent port. */
+  port?: number;
+  /**
+   * The key callers send as ``x-api-key`` (or ``Authorization: Bearer``); 16 to 256
+   * printable ASCII characters. Omitted: a random one is generated for this start.
+   */
+  token?: string | null;
+  /** Allow a host that is not loopback (the server then reaches us over the network). */
+  allowRemote?: boolean;
+  flavor?: CompatFlavor;
+  /**
+   * A cancelled turn ends with V1 Electron's form, an ``error`` frame whose description
+   * is ``Session cancelled``, instead of a ``cancelled`` frame.
+   */
+  cancelAsError?: boolean;
+  /**
+   * The ``agent_server.command`` values a request may start as an ACP engine, keyed by
+   * that value. A request naming any other command is refused: the caller chooses a
+   * program to run on this machine, so each one must be allowed here.
+   */
+  agentCommands?: Record<string, CompatAgentCommand>;
+  /**
+   * True: a request whose ``agent_server.agent_mode`` is ``yolo`` gets the permission
+   * requests no ``tool_approval_rules`` rule decided approved (V1's behaviour). False: they
+   * wait for the user (``tool_approval_required``, ``tool:pending:list``).
+   */
+  trustAgentMode?: boolean;
+  /**
+   * Absolute path under which ``computer-project-workspace/<user_id>/<agent_work_dir>``
+   * working directories are made (default ``<dataDir>/compat``).
+   */
+  workspaceDir?: string | null;
+  /** Progress streams open at once per session (1..64); one more is refused with 429. */
+  maxSseClients?: number;
+  /**
+   * Heartbeat period of a progress stream (1000..600000; default 30000 for electron,
+   * 15000 for rcoder).
+   */
+  pingIntervalMs?: number | null;
+}
+
+export interface CompatStartResult {
+  running: boolean;
+  url?: string | null;
+  host?: string | null;
+  port?: number | null;
+  flavor?: CompatFlavor | null;
+  startedAt?: number | null;
+  projects?: number;
+  runningTurns?: number;
+  sseClients?: number;
+  /** The key to configure on the caller (generated unless ``token`` was given). */
+  token: string;
+}
+
+/** ``compat:status`` (and ``compat:stop``'s result). */
+export interface CompatStatus {
+  running: boolean;
+  /** ``http://host:port`` while running. */
+  url?: string | null;
+  host?: string | null;
+  port?: number | null;
+  flavor?: CompatFlavor | null;
+  startedAt?: number | null;
+  /** Projects (V1 sessions) served since the start. */
+  projects?: number;
+  runningTurns?: number;
+  sseClients?: number;
 }
 
 /** ``chat:context:compact``: summarize the old part of the active branch now. */
@@ -556,6 +642,28 @@ export interface PendingToolCall {
   source?: string;
   options?: ToolApprovalOption[] | null;
   createdAt: number;
+}
+
+/** One step of an agent's plan (ACP ``plan`` entry). */
+export interface PlanEntry {
+  content: string;
+  /** high | medium | low (as the agent sent it). */
+  priority?: string | null;
+  /** pending | in_progress | completed (as the agent sent it). */
+  status?: string | null;
+}
+
+/**
+ * The agent's whole current plan (each ACP ``plan`` update replaces the previous one);
+ * its steps are also stored as step_start / step_finish parts.
+ */
+export interface PlanEvent {
+  type: "plan";
+  sessionId: string;
+  messageId: string;
+  timestamp: number;
+  seq: number;
+  entries: PlanEntry[];
 }
 
 /** A "mode": text injected into every request while it is enabled. */
@@ -1238,6 +1346,12 @@ export interface Methods {
   "chat:session:update": { params: SessionUpdateParams; result: SessionV2 };
   /** Approve, deny or answer a pending tool call; the reply resumes when none is pending. */
   "chat:tool:approve": { params: ToolApproveParams; result: ToolApproveResult };
+  /** Start the V1 /computer/chat HTTP endpoint. */
+  "compat:start": { params: CompatStartParams; result: CompatStartResult };
+  /** Whether the V1 endpoint runs, and where. */
+  "compat:status": { params: EmptyParams; result: CompatStatus };
+  /** Stop the V1 endpoint (its streams end). */
+  "compat:stop": { params: EmptyParams; result: CompatStatus };
   /** Delete an MCP server (its process is stopped). */
   "mcp:server:delete": { params: NameParams; result: SuccessResult };
   /** Configured MCP servers and their state. */

@@ -10,7 +10,8 @@ Owns the meaning of every update kind for the chat (issue 7 item 4):
                           completed/failed -> ToolResultPart + tool_result (text contents,
                           else rawOutput as JSON)
     plan                  StepStartPart per entry when it first appears, StepFinishPart when
-                          it is completed (entries are identified by their text)
+                          it is completed (entries are identified by their text); a plan
+                          event with the whole plan
     usage_update          Usage.contextUsed/contextSize + a usage event
     anything else         kept raw only (user_message_chunk, available_commands_update,
                           current_mode_update, session_info_update, unknown kinds...)
@@ -31,6 +32,8 @@ import anyio
 import msgspec
 
 from protocol.events import (
+    PlanEntry,
+    PlanEvent,
     StreamToolCall,
     StreamToolResult,
     ToolCallStartEvent,
@@ -287,6 +290,10 @@ class UpdateMapper:
             if entry.status == "completed" and not known[1]:
                 self._steps[entry.content] = (known[0], True)
                 await self._out.add_part(StepFinishPart(step_id=known[0], result="completed"))
+        await self._out.emit(
+            PlanEvent,
+            entries=[PlanEntry(content=e.content, priority=e.priority, status=e.status) for e in update.entries],
+        )
 
     async def _usage(self, update: ContextUsageUpdate) -> None:
         current = self._out.usage() or Usage()

@@ -1,0 +1,372 @@
+"""The V1 endpoint's HTTP side: an ASGI application served by uvicorn inside our event loop.
+
+Owns what is transport: routing, the API key, body limits, JSON bodies, the envelope of
+answers and the SSE stream of ``GET /computer/progress/{session_id}``. What each route
+does is sidecar.compat.endpoint's.
+
+Beyond V1 (which listened on 0.0.0.0 without authentication and with CORS ``*``):
+- every ``/computer/*`` request needs the key, as ``x-api-key`` (what the Qiming server's
+  SandboxAgentClient sends) or ``Authorization: Bearer``; compared in constant time; a
+  missing or wrong key is 401 (code 4010). ``GET /health`` stays open (it says nothing);
+- no CORS headers at all (a browser page cannot call us);
+- bodies up to 10 MiB (413 beyond, read no further) and read within 30 s (408);
+- a progress stream whose client does not take a frame within WRITE_TIMEOUT_S is ended.
+
+Imported only by ``compat:start`` (uvicorn is not loaded while the endpoint is off).
+"""
+
+from __future__ import annotations
+
+import contextlib
+import datetime as dt
+import logging
+import os
+import socket
+import urllib.parse
+from collections.abc import Awaitable, Callable, Iterator, MutableMapping
+from typing import Any
+
+import anyio
+import msgspec
+import uvicorn
+
+from sidecar.compat import wire
+from sidecar.compat.endpoint import Attach, Endpoint
+from sidecar.compat.frames import Frames
+from sidecar.compat.progress import SseClient, TooManyClients
+from sidecar.compat.validate import IDENTIFIER, token_matches
+from sidecar.compat.wire import V1Error, invalid
+
+log = logging.getLogger(__name__)
+
+Scope = MutableMapping[str, Any]
+Message = MutableMapping[str, Any]
+Receive = Callable[[], Awaitable[Message]]
+Send = Callable[[Message], Awaitable[None]]
+
+MAX_BODY = 10 * 1024 * 1024
+BODY_TIMEOUT_S = 30.0
+WRITE_TIMEOUT_S = 60.0
+PROGRESS_PREFIX = "/computer/progress/"
+JSON = b"application/json"
+
+
+class _Gone(Exception):
+    """The client disconnected while we read its request."""
+
+
+class V1App:
+    def __init__(
+        self,
+        endpoint: Endpoint,
+        *,
+        token: str,
+        ping_interval_s: float,
+        close_after_turn: bool,
+        leading_newline: bool,
+    ) -> None:
+        self._endpoint = endpoint
+        self._token = token.encode()
+        self._ping_interval = ping_interval_s
+        self._close_after_turn = close_after_turn
+        self._leading_newline = leading_newline
+
+    async def __call__(self, scope: Scope, receive: Receive, send: Send) -> None:
+        if scope["type"] != "http":
+            return
+        started = False
+
+        async def tracked(message: Message) -> None:
+            nonlocal started
+            if message["type"] == "http.response.start":
+                started = True
+            await send(message)
+
+        try:
+            await self._route(scope, receive, tracked)
+        except _Gone:
+            return
+        except V1Error as exc:
+            if not started:
+                close = exc.status in (408, 413)
+                await _respond(tracked, exc.status, wire.error(exc.v1_code, exc.message), close=close)
+        except Exception:
+            log.exception("V1 %s %s failed", scope.get("method"), scope.get("path"))
+            if not started:
+                await _respond(tracked, 500, wire.error(wire.INTERNAL, "internal error"))
+
+    async def _route(self, scope: Scope, receive: Receive, send: Send) -> None:
+        method = scope["method"]
+        path = scope["path"]
+        if method == "OPTIONS":
+            # no CORS: a preflight learns the methods, never an allowed origin
+            await send({"type": "http.response.start", "status": 204, "headers": [(b"allow", b"GET, POST, OPTIONS")]})
+            await send({"type": "http.response.body", "body": b""})
+            return
+        if path == "/health" and method == "GET":
+            await _respond(send, 200, msgspec.json.encode(wire.HealthResponse(
+                status="healthy", engineType="chat-sidecar", timestamp=_now(),
+            )))
+            return
+        if not (path.startswith("/computer/") and self._route_known(method, path)):
+            raise V1Error(404, wire.NOT_FOUND, f"Path not found: {path}")
+        if not self._authorized(scope):
+            raise V1Error(401, wire.AUTH_FAILED, "a valid API key is required (x-api-key or Authorization: Bearer)")
+        endpoint = self._endpoint
+        if path == "/computer/chat":
+            req = _decode(await _body(scope, receive), wire.ComputerChatRequest)
+            await _respond(send, 200, wire.ok(await endpoint.chat(req)))
+        elif path.startswith(PROGRESS_PREFIX):
+            await self._progress(receive, send, path[len(PROGRESS_PREFIX):])
+        elif path == "/computer/agent/session/cancel":
+            body = await _body(scope, receive)
+            try:
+                req = _decode(body, wire.ProjectRequest) if body.strip() else wire.ProjectRequest()
+            except V1Error:  # V1 ignores a body it cannot read here (the query is what the server sends)
+                req = wire.ProjectRequest()
+            query = urllib.parse.parse_qs(scope.get("query_string", b"").decode("latin-1"))
+            req = wire.ProjectRequest(
+                user_id=_first(query, "user_id") or req.user_id,
+                project_id=_first(query, "project_id") or req.project_id,
+                session_id=_first(query, "session_id") or req.session_id,
+            )
+            await _respond(send, 200, wire.ok(await endpoint.cancel(req)))
+        else:
+            body = await _body(scope, receive)
+            req = _decode(body, wire.ProjectRequest) if body.strip() else wire.ProjectRequest()
+            if path == "/computer/agent/status":
+                await _respond(send, 200, wire.ok(await endpoint.status(req)))
+            else:
+                await _respond(send, 200, wire.ok(await endpoint.stop(req)))
+
+    @staticmethod
+    def _route_known(method: str, path: str) -> bool:
+        if path.startswith(PROGRESS_PREFIX):
+            return method == "GET"
+        return method == "POST" and path in (
+            "/computer/chat", "/computer/agent/session/cancel", "/computer/agent/status", "/computer/agent/stop",
+        )
+
+    def _authorized(self, scope: Scope) -> bool:
+        key = bearer = None
+        for name, value in scope.get("headers", ()):
+            if name == b"x-api-key":
+                key = value.decode("latin-1")
+            elif name == b"authorization":
+                scheme, _, rest = value.decode("latin-1").partition(" ")
+                if scheme.lower() == "bearer":
+                    bearer = rest.strip()
+        # both are checked when both are sent: either one being right is enough
+        return token_matches(self._token, key) or token_matches(self._token, bearer)
+
+    # -- progress (SSE) -------------------------------------------------------------
+
+    async def _progress(self, receive: Receive, send: Send, session_id: str) -> None:
+        if not IDENTIFIER.fullmatch(session_id):
+            raise invalid("session_id must be 1-64 characters of [A-Za-z0-9_-]")
+        endpoint = self._endpoint
+        if not await endpoint.known(session_id):
+            raise V1Error(404, wire.SESSION_NOT_FOUND, f"Session not found: {session_id}")
+        try:
+            attach = endpoint.attach(session_id)
+        except TooManyClients:
+            raise V1Error(429, wire.TOO_MANY_CONNECTIONS, "too many progress streams for this session") from None
+        client = attach.client
+        try:
+            await send({
+                "type": "http.response.start",
+                "status": 200,
+                "headers": [
+                    (b"content-type", b"text/event-stream"),
+                    (b"cache-control", b"no-cache"),
+                    (b"connection", b"keep-alive"),
+                ],
+            })
+            async with anyio.create_task_group() as tg:
+                tg.start_soon(_until_disconnect, receive, tg.cancel_scope)
+                if client is not None:
+                    tg.start_soon(self._pings, client, endpoint.hub.frames(session_id))
+                await self._stream(send, attach)
+                tg.cancel_scope.cancel()
+        finally:
+            if client is not None:
+                endpoint.hub.disconnect(client)
+        with anyio.move_on_after(WRITE_TIMEOUT_S):
+            await send({"type": "http.response.body", "body": b"", "more_body": False})
+
+    async def _stream(self, send: Send, attach: Attach) -> None:
+        async def write(data: bytes) -> bool:
+            try:
+                with anyio.fail_after(WRITE_TIMEOUT_S):
+                    await send({"type": "http.response.body", "body": data, "more_body": True})
+            except TimeoutError:
+                log.warning("a V1 progress client took no data for %.0f s; its stream ends", WRITE_TIMEOUT_S)
+                return False
+            return True
+
+        client = attach.client
+        if self._leading_newline and not await write(b"\n"):
+            return
+        for frame in attach.frames:
+            if not await write(frame.encode()):
+                return
+            if frame.terminal and (client is None or self._close_after_turn):
+                return
+        if client is None:
+            return
+        while True:
+            try:
+                frame = await client.receive()
+            except anyio.EndOfStream:
+                return
+            if not await write(frame.encode()):
+                return
+            if frame.terminal and self._close_after_turn:
+                return
+
+    async def _pings(self, client: SseClient, frames: Frames) -> None:
+        if self._close_after_turn:  # rcoder sends its first heartbeat at once
+            client.offer(frames.ping())
+        while not client.cut:
+            await anyio.sleep(self._ping_interval)
+            client.offer(frames.ping())
+
+
+async def _until_disconnect(receive: Receive, scope: anyio.CancelScope) -> None:
+    while True:
+        message = await receive()
+        if message["type"] == "http.disconnect":
+            scope.cancel()
+            return
+
+
+async def _body(scope: Scope, receive: Receive) -> bytes:
+    for name, value in scope.get("headers", ()):
+        if name == b"content-length":
+            try:
+                declared = int(value)
+            except ValueError:
+                raise invalid("bad Content-Length") from None
+            if declared > MAX_BODY:
+                raise V1Error(413, wire.PAYLOAD_TOO_LARGE, f"the request body exceeds {MAX_BODY} bytes")
+    chunks: list[bytes] = []
+    size = 0
+    try:
+        with anyio.fail_after(BODY_TIMEOUT_S):
+            while True:
+                message = await receive()
+                if message["type"] == "http.disconnect":
+                    raise _Gone
+                chunk = message.get("body", b"")
+                size += len(chunk)
+                if size > MAX_BODY:
+                    raise V1Error(413, wire.PAYLOAD_TOO_LARGE, f"the request body exceeds {MAX_BODY} bytes")
+                chunks.append(chunk)
+                if not message.get("more_body", False):
+                    return b"".join(chunks)
+    except TimeoutError:
+        raise V1Error(408, wire.REQUEST_TIMEOUT, f"the request body did not arrive within {BODY_TIMEOUT_S:.0f} s") from None
+
+
+def _decode(body: bytes, kind: Any) -> Any:
+    if not body.strip():
+        raise invalid("a JSON request body is required")
+    try:
+        return msgspec.json.decode(body, type=kind)
+    except msgspec.ValidationError as exc:
+        raise invalid(f"invalid request: {exc}") from None
+    except msgspec.DecodeError as exc:
+        raise invalid(f"the request body is not valid JSON: {exc}") from None
+
+
+def _first(query: dict[str, list[str]], name: str) -> str | None:
+    values = query.get(name)
+    return values[0] if values and values[0] else None
+
+
+async def _respond(send: Send, status: int, body: bytes, *, close: bool = False) -> None:
+    headers = [(b"content-type", JSON), (b"content-length", str(len(body)).encode())]
+    if close:
+        headers.append((b"connection", b"close"))
+    await send({"type": "http.response.start", "status": status, "headers": headers})
+    await send({"type": "http.response.body", "body": body})
+
+
+def _now() -> str:
+    now = dt.datetime.now(dt.UTC)
+    return now.strftime("%Y-%m-%dT%H:%M:%S.") + f"{now.microsecond // 1000:03d}Z"
+
+
+# -- the server ---------------------------------------------------------------------
+
+
+class Server(uvicorn.Server):
+    """uvicorn without its signal handlers: the sidecar owns SIGTERM/SIGINT."""
+
+    @contextlib.contextmanager
+    def capture_signals(self) -> Iterator[None]:
+        yield
+
+    def abort_connections(self) -> None:
+        """Drop every connection still open (a client that stopped reading keeps its
+        transport waiting to flush; closing it politely would wait for that client)."""
+        for connection in list(self.server_state.connections):
+            transport = getattr(connection, "transport", None)
+            if transport is not None:
+                transport.abort()
+
+
+def listen(host: str, port: int) -> socket.socket:
+    """A listening socket (bound here so a busy port is an error of compat:start).
+
+    Made with ``IPPROTO_TCP`` as its protocol: asyncio turns Nagle off (TCP_NODELAY) only
+    on sockets that say they are TCP, and ``socket.create_server`` leaves it 0. With Nagle
+    on, each small SSE frame waited for the client's delayed ACK (~40 ms, measured)."""
+    family = socket.AF_INET6 if ":" in host else socket.AF_INET
+    sock = socket.socket(family, socket.SOCK_STREAM, socket.IPPROTO_TCP)
+    try:
+        if os.name != "nt":  # Windows' SO_REUSEADDR would let another process take the port
+            sock.setsockopt(socket.SOL_SOCKET, socket.SO_REUSEADDR, 1)
+        sock.bind((host, port))
+        sock.listen(1024)
+    except BaseException:
+        sock.close()
+        raise
+    return sock
+
+
+class _QuietUpgrades(logging.Filter):
+    """uvicorn warns at every request that proposes an upgrade it does not do; Java's
+    HttpClient proposes ``h2c`` on every plain-HTTP request, so those warnings are noise."""
+
+    NOISE = ("Unsupported upgrade request.", "No supported WebSocket library detected.")
+
+    def filter(self, record: logging.LogRecord) -> bool:
+        return not record.getMessage().startswith(self.NOISE)
+
+
+_quiet = _QuietUpgrades()
+
+
+def server(app: V1App, sock: socket.socket) -> Server:
+    uvicorn_log = logging.getLogger("uvicorn.error")
+    if _quiet not in uvicorn_log.filters:
+        uvicorn_log.addFilter(_quiet)
+    config = uvicorn.Config(
+        app,
+        # h11, not httptools: httptools drops the body of a request that proposes an
+        # upgrade (Java's HttpClient proposes h2c on every plain-HTTP request; measured)
+        http="h11",
+        lifespan="off",
+        log_config=None,
+        access_log=False,
+        ws="none",
+        interface="asgi3",
+        proxy_headers=False,
+        server_header=False,
+        timeout_keep_alive=5,
+        timeout_graceful_shutdown=1,
+        limit_concurrency=1024,
+    )
+    config.load()
+    return Server(config)
