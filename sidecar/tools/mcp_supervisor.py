@@ -250,11 +250,12 @@ class ServerSupervisor:
                         self._active = None
                         self._session = None
                         self.tools = ()
-                        if error is None:
-                            if ready_at is not None:
-                                error = self._restart_reason or link.exit_note() or "the server closed the connection"
-                            else:
-                                error = link.exit_note() or "the connection closed before the server was ready"
+                # the link is closed: a stdio server's exit status is known now
+                if error is None:
+                    if ready_at is not None:
+                        error = self._restart_reason or link.exit_note() or "the server closed the connection"
+                    else:
+                        error = link.exit_note() or "the connection closed before the server was ready"
             except Exception as exc:  # a spawn failure, a protocol error, a crash at start
                 note = self._link.exit_note() if self._link is not None else None
                 error = note or describe(exc)
