@@ -20,9 +20,9 @@ __all__ = [
 McpTransport = Literal["stdio", "http"]
 
 McpServerStatus = Literal["connecting", "ready", "failed", "disabled"]
-"""``connecting``: starting, initializing, or about to retry; ``ready``: its tools are offered;
-``failed``: the last attempt failed (``error``), the next one starts at ``retryAt``;
-``disabled``: ``enabled`` is false (no process runs)."""
+"""``connecting``: starting or initializing; ``ready``: its tools are offered; ``failed``: the
+last attempt failed (``error``), the next one starts at ``retryAt``; ``disabled``: ``enabled``
+is false (no process runs)."""
 
 
 class McpServerUpsertParams(Struct, kw_only=True):
@@ -55,7 +55,9 @@ class McpServerInfo(Struct, omit_defaults=False, kw_only=True):
     tool_timeout_s: float = 60.0
     connect_timeout_s: float = 15.0
     status: McpServerStatus
-    """Servers connect in the background: a reply offers the tools of ``ready`` servers only."""
+    """``connecting`` (starting or initializing) | ``ready`` (its tools are offered) | ``failed``
+    (``error``; the next attempt starts at ``retryAt``) | ``disabled``. Servers connect in the
+    background; a reply offers the tools of the servers ready at that moment, never waits."""
     error: str | None = None
     """Why the last attempt failed (``failed`` only)."""
     retry_at: int | None = None

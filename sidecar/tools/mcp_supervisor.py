@@ -160,6 +160,8 @@ class ServerSupervisor:
         except anyio.get_cancelled_exc_class():
             raise
         except Exception as exc:
+            if self._stopping.is_set():
+                raise ToolError(f"MCP server {self.name} was stopped during {tool}") from None
             if _connection_lost(exc) or session is not self._session:
                 self.restart(session, f"the connection was lost during {tool}: {describe(exc)}")
                 raise ToolError(
@@ -175,10 +177,21 @@ class ServerSupervisor:
                 await _wait_any(self._previous.done, self._stopping)
                 self._previous = None
             # the SDK pulls in pydantic, starlette...: imported off the event loop
-            await anyio.to_thread.run_sync(_import_sdk, abandon_on_cancel=True)
+            try:
+                await anyio.to_thread.run_sync(_import_sdk, abandon_on_cancel=True)
+            except ImportError as exc:  # nothing a retry would change
+                self.error = f"the MCP client SDK cannot be imported: {describe(exc)}"
+                self.state = "failed"
+                log.error("MCP server %s: %s", self.name, self.error)
+                await self._stopping.wait()
+                return
             while not self._stopping.is_set():
                 self.state = "connecting"
-                ready_for = await self._connection()
+                try:
+                    ready_for = await self._connection()
+                except Exception as exc:  # a bug of ours: this server fails, the others go on
+                    log.exception("MCP server %s: the connection failed unexpectedly", self.name)
+                    self.error, ready_for = describe(exc)[:ERROR_CHARS], 0.0
                 if self._stopping.is_set():
                     break
                 if ready_for >= STABLE_S:
