@@ -24,7 +24,7 @@ from scripted_server import scripted_provider
 from sidecar.store import Store
 from sidecar.tools.base import ToolError
 from sidecar.tools.mcp import McpManager, McpServerConfig, mcp_tool_name, sanitize
-from mcp_helpers import FIXTURE, http_fixture, wait_state, wait_status
+from mcp_helpers import FIXTURE, HUNG, http_fixture, spawns, wait_state, wait_status
 from sidecar_proc import CallError, spawn_sidecar
 
 pytestmark = pytest.mark.anyio
@@ -152,6 +152,32 @@ async def test_stored_enabled_servers_connect_when_the_manager_opens(tmp_path: P
             states = {s.name: s.status for s in await manager.list_servers()}
             assert states == {"fx": "connecting", "off": "disabled"}
             await wait_state(manager, "fx", {"ready"})
+    finally:
+        store.close()
+
+
+async def test_the_close_deadline_kills_the_whole_process_group(tmp_path: Path) -> None:
+    # a server (and its child) that ignore SIGTERM, and a close deadline shorter than the
+    # polite stop: the group is SIGKILLed at the deadline and the close still returns
+    pid_file = tmp_path / "spawns.txt"
+    store = Store(tmp_path)
+    try:
+        with anyio.fail_after(20):
+            async with McpManager.open(store.tools, close_deadline_s=0.2) as manager:
+                await manager.upsert_server(
+                    McpServerUpsertParams(
+                        name="stuck", command=sys.executable, connect_timeout_s=60,
+                        args=[HUNG, "--pid-file", str(pid_file), "--child", "--ignore-term"],
+                    )
+                )
+                while len(spawns(pid_file, "server")) < 1 or len(spawns(pid_file, "child")) < 1:
+                    await anyio.sleep(0.05)
+                assert (await manager.list_servers())[0].status == "connecting"
+        for kind in ("server", "child"):
+            ((pid, _),) = spawns(pid_file, kind)
+            with anyio.fail_after(2):
+                while _alive(pid):
+                    await anyio.sleep(0.02)
     finally:
         store.close()
 

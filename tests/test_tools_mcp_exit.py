@@ -2,10 +2,14 @@
 
 Each case configures an MCP server and gets it into a state, then ends the sidecar one of
 three ways (``sidecar:shutdown`` + EOF, EOF alone, SIGTERM) and checks: exit code 0 within
-EXIT_WITHIN_S, and every process that descended from the sidecar (the server, and what the
-server started) is gone. States: a stdio server that was used, an HTTP server that was
+EXIT_BOUND_S, and every process that descended from the sidecar (the server, and what the
+server started) is gone. The target is 2 s; tools/bench/bench_mcp.py measures it (medians and
+maxima per case). The bound here leaves room for a loaded machine, where the exit of a
+sidecar without any MCP server alone varies between 0.2 and 1 s; the failures it guards
+against are a process that never exits, and stop schedules of seconds per server. States: a stdio server that was used, an HTTP server that was
 used, a stdio server that crashed (killed from outside), a hung server (started, never
-answers ``initialize``) with a grandchild in its process group.
+answers ``initialize``) with a grandchild in its process group, and the same with both
+ignoring SIGTERM (only the SIGKILL to the group ends them).
 
 The regression behind it: the connections used to run in the engine's task group, which the
 engine cancels at shutdown while they were open; the teardown then unwound a cancellation
@@ -40,8 +44,8 @@ from sidecar_proc import SidecarProcess, spawn_sidecar
 
 pytestmark = [pytest.mark.anyio, pytest.mark.skipif(not HAS_PROC, reason="needs /proc (Linux)")]
 
-EXIT_WITHIN_S = 2.0
-SCENARIOS = ["stdio-used", "http-used", "crashed", "hung"]
+EXIT_BOUND_S = 3.0
+SCENARIOS = ["stdio-used", "http-used", "crashed", "hung", "hung-ignores-sigterm"]
 MODES = ["shutdown+eof", "eof", "sigterm"]
 
 
@@ -77,7 +81,8 @@ async def _prepare(proc: SidecarProcess, scenario: str, url: str | None, tmp_pat
         assert "mcp__web__echo" in names
         return 0
     pid_file = tmp_path / "spawns.txt"
-    await proc.call("mcp:server:upsert", hung_server("hung", pid_file, "--child", connectTimeoutS=30))
+    flags = ["--child"] + (["--ignore-term"] if scenario == "hung-ignores-sigterm" else [])
+    await proc.call("mcp:server:upsert", hung_server("hung", pid_file, *flags, connectTimeoutS=30))
     with anyio.fail_after(30):
         while not spawns(pid_file, "child"):
             await anyio.sleep(0.05)
@@ -105,10 +110,10 @@ async def test_the_sidecar_exits_and_leaves_no_process(tmp_path: Path, scenario:
         started = anyio.current_time()
         await _end(proc, mode)
         code: int | None = None
-        with anyio.move_on_after(EXIT_WITHIN_S):
+        with anyio.move_on_after(EXIT_BOUND_S):
             code = await proc.process.wait()
         elapsed = anyio.current_time() - started
-        assert code is not None, f"no exit within {EXIT_WITHIN_S} s; stderr:\n{proc.stderr_text()[-3000:]}"
+        assert code is not None, f"no exit within {EXIT_BOUND_S} s; stderr:\n{proc.stderr_text()[-3000:]}"
         assert code == 0, f"exit code {code} after {elapsed:.2f} s; stderr:\n{proc.stderr_text()[-3000:]}"
         await proc.assert_exit(0)
         # a SIGKILLed process is gone at once; the grace only covers the kernel's delivery

@@ -46,7 +46,7 @@ __all__ = ["Link", "LinkError", "open_link", "STOP_STEP_S"]
 
 log = logging.getLogger(__name__)
 
-STOP_STEP_S = 0.5
+STOP_STEP_S = 0.3
 """Each wait of a stdio server's stop: after closing stdin, after SIGTERM, after SIGKILL."""
 
 

@@ -11,7 +11,10 @@ In one run, against one scripted provider on loopback (fixtures/scripted_provide
   the whole run, so it is connecting throughout); medians and the ratio hung / none;
 - delete: ``mcp:server:delete`` of a hung server -> its answer (the answer comes once the
   process is gone), for a server that ends on SIGTERM and for one that ignores SIGTERM
-  (SIGKILL after the stop's steps); medians.
+  (SIGKILL after the stop's steps); medians;
+- exit: ``sidecar:shutdown`` + EOF -> the process has exited, with no MCP server, after a
+  stdio server was used (fixtures/mcp_server.py, ready and listed), with a hung server, and
+  with a hung server that ignores SIGTERM; medians of ``--exit-rounds`` fresh sidecars each.
 The first round of each sidecar warms up (provider client, imports) and is not counted.
 """
 
@@ -31,7 +34,7 @@ sys.path.insert(0, str(ROOT / "tests"))
 
 import anyio  # noqa: E402
 from chat_helpers import configure_provider  # noqa: E402
-from mcp_helpers import hung_server, spawns  # noqa: E402
+from mcp_helpers import hung_server, spawns, stdio_server, wait_status  # noqa: E402
 from scripted_server import scripted_provider  # noqa: E402
 from sidecar_proc import SidecarProcess, spawn_sidecar  # noqa: E402
 
@@ -102,11 +105,49 @@ async def run(rounds: int) -> dict[str, Any]:
     return {"first": times, "delete": deletes}
 
 
+EXIT_CASES = ("none", "stdio-used", "hung", "hung-ignores-sigterm")
+
+
+async def exit_latency(case: str, work: Path) -> float:
+    pid_file = work / "spawns.txt"
+    async with spawn_sidecar(work / "data", env=QUIET) as proc:
+        await proc.call("sidecar:initialize", {})
+        if case == "stdio-used":
+            await proc.call("mcp:server:upsert", stdio_server("fx"))
+            await wait_status(proc, "fx", {"ready"}, timeout=60)
+            session = await proc.call("chat:session:create", {})
+            assert any(t["source"] == "mcp" for t in await proc.call("tool:list", {"sessionId": session["id"]}))
+        elif case != "none":
+            flags = ("--child", "--ignore-term") if case == "hung-ignores-sigterm" else ("--child",)
+            await proc.call("mcp:server:upsert", hung_server("hung", pid_file, *flags, connectTimeoutS=3600))
+            with anyio.fail_after(60):
+                while not spawns(pid_file, "child"):
+                    await anyio.sleep(0.02)
+        started = time.perf_counter()
+        assert await proc.call("sidecar:shutdown") == {"success": True}
+        await proc.close_stdin()
+        code = await proc.wait_exit(30)
+        elapsed = time.perf_counter() - started
+        assert code == 0, proc.stderr_text()[-2000:]
+        return elapsed
+
+
+async def exits(rounds: int) -> dict[str, list[float]]:
+    out: dict[str, list[float]] = {case: [] for case in EXIT_CASES}
+    for _ in range(rounds):
+        for case in EXIT_CASES:  # interleaved, like the first-delta rounds
+            with tempfile.TemporaryDirectory(prefix="bench-mcp-exit-") as tmp:
+                out[case].append(await exit_latency(case, Path(tmp)))
+    return out
+
+
 def main() -> None:
     parser = argparse.ArgumentParser(description=(__doc__ or "").splitlines()[0])
     parser.add_argument("--rounds", type=int, default=10)
+    parser.add_argument("--exit-rounds", type=int, default=10)
     args = parser.parse_args()
     result = anyio.run(run, args.rounds)
+    exit_times = anyio.run(exits, args.exit_rounds) if args.exit_rounds > 0 else {}
     first = {k: statistics.median(v) * 1000 for k, v in result["first"].items()}
     delete = {k: statistics.median(v) * 1000 for k, v in result["delete"].items()}
     print(f"MCP isolation: {args.rounds} rounds (medians)")
@@ -115,6 +156,13 @@ def main() -> None:
     print(f"  ratio hung / none                        {first['hung'] / first['none']:8.2f}")
     print(f"  mcp:server:delete of a hung server       {delete['sigterm']:8.1f} ms   (it ends on SIGTERM)")
     print(f"  mcp:server:delete, SIGTERM ignored       {delete['ignores-sigterm']:8.1f} ms   (SIGKILL)")
+    if exit_times:
+        base = statistics.median(exit_times["none"])
+        print(f"  exit after sidecar:shutdown + EOF ({args.exit_rounds} sidecars each, medians):")
+        for case in EXIT_CASES:
+            median = statistics.median(exit_times[case])
+            worst = max(exit_times[case])
+            print(f"    {case:<22} {median * 1000:8.1f} ms   (max {worst * 1000:.1f} ms, ratio to none {median / base:.2f})")
 
 
 if __name__ == "__main__":
