@@ -61,8 +61,9 @@ class McpServerInfo(Struct, omit_defaults=False, kw_only=True):
     error: str | None = None
     """Why the last attempt failed (``failed`` only)."""
     retry_at: int | None = None
-    """When the next attempt starts, ms since the epoch (``failed`` only); failed attempts back off
-    exponentially (1 s doubling up to 60 s), and so does reconnecting a server that crashed."""
+    """When the next attempt starts, ms since the epoch (``failed`` only; null when none will come,
+    e.g. the MCP client SDK is missing); failed attempts back off exponentially (1 s doubling up
+    to 60 s), and so does reconnecting a server that crashed or stopped answering."""
     tools: list[str] = []
     """Names as the model sees them (``ready`` only)."""
 

@@ -376,8 +376,9 @@ export interface McpServerInfo {
   /** Why the last attempt failed (``failed`` only). */
   error?: string | null;
   /**
-   * When the next attempt starts, ms since the epoch (``failed`` only); failed attempts back off
-   * exponentially (1 s doubling up to 60 s), and so does reconnecting a server that crashed.
+   * When the next attempt starts, ms since the epoch (``failed`` only; null when none will come,
+   * e.g. the MCP client SDK is missing); failed attempts back off exponentially (1 s doubling up
+   * to 60 s), and so does reconnecting a server that crashed or stopped answering.
    */
   retryAt?: number | null;
   /** Names as the model sees them (``ready`` only). */
