@@ -16,7 +16,7 @@ Settings live in the settings table under ``tools`` (JSON of protocol ToolSettin
 from __future__ import annotations
 
 import logging
-from collections.abc import Awaitable, Callable
+from collections.abc import Awaitable, Callable, Sequence
 from pathlib import Path
 from typing import Any, Protocol
 
@@ -63,7 +63,7 @@ class McpSource(Protocol):
 
     @property
     def configured(self) -> bool: ...
-    def tools(self) -> list[Any]: ...
+    def tools(self) -> Sequence[Tool]: ...
     def unavailable(self) -> list[tuple[str, str]]: ...
 
 
