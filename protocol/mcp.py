@@ -12,12 +12,18 @@ from protocol.common import MethodSpec
 
 __all__ = [
     "McpTransport",
+    "McpServerStatus",
     "McpServerUpsertParams",
     "McpServerInfo",
 ]
 
 
 McpTransport = Literal["stdio", "http"]
+
+McpServerStatus = Literal["connecting", "ready", "failed", "disabled"]
+"""``connecting``: starting or initializing; ``ready``: its tools are offered; ``failed``: the
+last attempt failed (``error``), the next one starts at ``retryAt``; ``disabled``: ``enabled``
+is false (no process runs)."""
 
 
 class McpServerUpsertParams(Struct, kw_only=True):
@@ -49,18 +55,25 @@ class McpServerInfo(Struct, omit_defaults=False, kw_only=True):
     enabled: bool = True
     tool_timeout_s: float = 60.0
     connect_timeout_s: float = 15.0
-    status: str = "idle"
-    """idle (not connected yet) | connected | error"""
+    status: McpServerStatus
+    """``connecting`` (starting or initializing) | ``ready`` (its tools are offered) | ``failed``
+    (``error``; the next attempt starts at ``retryAt``) | ``disabled``. Servers connect in the
+    background; a reply offers the tools of the servers ready at that moment, never waits."""
     error: str | None = None
+    """Why the last attempt failed (``failed`` only)."""
+    retry_at: int | None = None
+    """When the next attempt starts, ms since the epoch (``failed`` only; null when none will come,
+    e.g. the MCP client SDK is missing); failed attempts back off exponentially (1 s doubling up
+    to 60 s), and so does reconnecting a server that crashed or stopped answering."""
     tools: list[str] = []
-    """Names as the model sees them, once connected."""
+    """Names as the model sees them (``ready`` only)."""
 
 
 METHODS: dict[str, MethodSpec] = {
     "mcp:server:upsert": MethodSpec(
-        McpServerUpsertParams, McpServerInfo, "Create or replace an MCP server (stdio command or HTTP URL)."
+        McpServerUpsertParams, McpServerInfo, "Create or replace an MCP server (stdio command or HTTP URL); an enabled one starts connecting at once."
     ),
     "mcp:server:list": MethodSpec(EmptyParams, list[McpServerInfo], "Configured MCP servers and their state."),
-    "mcp:server:delete": MethodSpec(NameParams, SuccessResult, "Delete an MCP server (its process is stopped)."),
+    "mcp:server:delete": MethodSpec(NameParams, SuccessResult, "Delete an MCP server; answered once its process is stopped."),
 }
 """The methods of this domain (see ``protocol.methods``)."""

@@ -165,13 +165,13 @@ async def _open_chat(app: App, stack: AsyncExitStack) -> None:
     stack.push_async_callback(app.providers.aclose)
     # before the engine's task group: cancelling that group must not reach the engines
     app.acp = await _open_acp(app, stack)
+    # MCP servers run in the manager's own task group, also entered before the engine's:
+    # they are stopped (bounded) after the engine has aborted the replies that use them
+    app.mcp = await stack.enter_async_context(McpManager.open(store.sync.tools))
     task_group = await stack.enter_async_context(anyio.create_task_group())
     # Tool calls left running by a dead process get a "cancelled" result before any send.
     await anyio.to_thread.run_sync(store.sync.tools.complete_interrupted, INTERRUPTED_NOTE)
     app.approvals = ApprovalService(store.sync.tools)
-    app.mcp = McpManager(store.sync.tools, task_group)
-    await app.mcp.load()
-    stack.push_async_callback(app.mcp.aclose)
     app.tools = ToolService(
         data_dir=app.data_dir,
         get_setting=store.get_setting,

@@ -1,13 +1,17 @@
 """MCP tools against a real MCP server subprocess (fixtures/mcp_server.py, built with the
 official ``mcp`` package): listing, calling, sanitised names, a server that crashes
-mid-call or hangs (a bounded tool error, reconnect on next use), stderr drained, the
-process stopped on close; and the same server driven end to end through the sidecar."""
+mid-call or hangs (a bounded tool error, a reconnect in the background), servers that
+cannot start (failed, with the error and the next attempt), disable and delete stopping
+the process, stderr drained, the process stopped on close; and the same server driven end
+to end through the sidecar. Exit and isolation over the subprocess: test_tools_mcp_exit.py
+and test_tools_mcp_isolation.py."""
 
 from __future__ import annotations
 
 import logging
 import os
 import sys
+import time
 from pathlib import Path
 
 import anyio
@@ -20,11 +24,10 @@ from scripted_server import scripted_provider
 from sidecar.store import Store
 from sidecar.tools.base import ToolError
 from sidecar.tools.mcp import McpManager, McpServerConfig, mcp_tool_name, sanitize
+from mcp_helpers import FIXTURE, HUNG, http_fixture, spawns, wait_state, wait_status
 from sidecar_proc import CallError, spawn_sidecar
 
 pytestmark = pytest.mark.anyio
-
-FIXTURE = str(Path(__file__).resolve().parent.parent / "fixtures" / "mcp_server.py")
 
 
 def server_params(name: str = "fx", **extra: object) -> McpServerUpsertParams:
@@ -43,71 +46,158 @@ def test_names_are_sanitised() -> None:
 async def test_list_call_crash_hang_reconnect(tmp_path: Path) -> None:
     store = Store(tmp_path)
     try:
-        async with anyio.create_task_group() as tg:
-            manager = McpManager(store.tools, tg)
-            await manager.load()
-            info = await manager.upsert_server(server_params("my fx", tool_timeout_s=2.0, args=["--stderr-lines", "5000"]))
-            assert info.name == "my_fx" and info.status == "idle"
-            with anyio.fail_after(30):
-                tools = {t.name: t for t in await manager.tools()}
+        async with McpManager.open(store.tools) as manager:
+            info = await manager.upsert_server(server_params("my fx", tool_timeout_s=6.0, args=["--stderr-lines", "5000"]))
+            assert info.name == "my_fx" and info.status == "connecting"  # connects in the background
+            listed = await wait_state(manager, "my_fx", {"ready"})
+            assert "mcp__my_fx__echo" in listed.tools and listed.error is None and listed.retry_at is None
+            tools = {t.name: t for t in manager.tools()}
             assert set(tools) >= {"mcp__my_fx__echo", "mcp__my_fx__add", "mcp__my_fx__crash", "mcp__my_fx__pid_of_server"}
             add = tools["mcp__my_fx__add"]
             assert add.parameters["required"] == ["a", "b"] and add.server_key == "mcp:my_fx"
             assert add.default_policy == "ask"
-            listed = (await manager.list_servers())[0]
-            assert listed.status == "connected" and "mcp__my_fx__echo" in listed.tools
+            assert manager.unavailable() == []
 
-            with anyio.fail_after(10):
+            with anyio.fail_after(30):
                 out = await manager.call("my_fx", "add", {"a": 2, "b": 40})
                 assert out.text == "42" and not out.is_error
                 failed = await manager.call("my_fx", "fail", {"message": "nope"})
                 assert failed.is_error and "fail" in failed.text  # the server words its own error
                 first_pid = int((await manager.call("my_fx", "pid.of server", {})).text)
 
-                # a crash mid-call: a tool error at once, a new process on next use
-                with pytest.raises(ToolError, match="restarted on next use"):
+                # a crash mid-call: a tool error at once; the supervisor reconnects in the background
+                with pytest.raises(ToolError, match="reconnected in the background"):
                     await manager.call("my_fx", "crash", {})
+            down = await wait_state(manager, "my_fx", {"connecting", "failed"})
+            assert down.tools == []
+            assert [name for name, _ in manager.unavailable()] == ["my_fx"] and manager.tools() == []
+            with pytest.raises(ToolError, match="not connected"):
+                await manager.call("my_fx", "add", {"a": 1, "b": 1})  # never waits for the reconnect
+            await wait_state(manager, "my_fx", {"ready"})
+            with anyio.fail_after(30):
                 again = int((await manager.call("my_fx", "pid.of server", {})).text)
             assert again != first_pid
             assert not _alive(first_pid)
 
             # a hang: a tool error within the server's tool timeout, then a fresh process
-            with anyio.fail_after(10):
-                with pytest.raises(ToolError, match="did not answer hang within 2 s"):
+            with anyio.fail_after(30):
+                with pytest.raises(ToolError, match="did not answer hang within 6 s"):
                     await manager.call("my_fx", "hang", {})
+            await wait_state(manager, "my_fx", {"ready"})
+            with anyio.fail_after(30):
                 third = int((await manager.call("my_fx", "pid.of server", {})).text)
             assert third != again
-            with anyio.fail_after(10):
-                while _alive(again):
-                    await anyio.sleep(0.05)
+            assert not _alive(again)  # stopped before the new one was spawned
 
-            await manager.delete_server(NameParams(name="my fx"))
-            with anyio.fail_after(10):
-                while _alive(third):
-                    await anyio.sleep(0.05)
+            with anyio.fail_after(30):
+                await manager.delete_server(NameParams(name="my fx"))
+            assert not _alive(third)  # the answer comes once the process is gone
             assert await manager.list_servers() == []
-            await manager.aclose()
     finally:
         store.close()
 
 
-async def test_a_server_that_cannot_start_gives_no_tools_and_an_error(tmp_path: Path) -> None:
+async def test_a_server_that_cannot_start_fails_and_backs_off(tmp_path: Path) -> None:
     store = Store(tmp_path)
     try:
-        async with anyio.create_task_group() as tg:
-            manager = McpManager(store.tools, tg)
+        async with McpManager.open(store.tools) as manager:
             await manager.upsert_server(McpServerUpsertParams(name="ghost", command="/nonexistent/bin/mcp", connect_timeout_s=3))
             await manager.upsert_server(
                 McpServerUpsertParams(name="mute", command=sys.executable, args=["-c", "import time; time.sleep(60)"], connect_timeout_s=0.5)
             )
-            with anyio.fail_after(15):
-                assert await manager.tools() == []
-            states = {s.name: s for s in await manager.list_servers()}
-            assert states["ghost"].status == "error" and states["ghost"].error
-            assert states["mute"].status == "error" and "initialize" in (states["mute"].error or "")
-            with pytest.raises(ToolError, match="not available"):
+            await manager.upsert_server(
+                McpServerUpsertParams(name="nodir", command=sys.executable, cwd=str(tmp_path / "missing"))
+            )
+            assert manager.tools() == []
+            ghost = await wait_state(manager, "ghost", {"failed"})
+            assert "cannot start '/nonexistent/bin/mcp'" in (ghost.error or "")
+            assert ghost.retry_at is not None and ghost.retry_at > time.time() * 1000 - 5000
+            mute = await wait_state(manager, "mute", {"failed"})
+            assert "no answer to initialize within 0.5 s" in (mute.error or "")
+            nodir = await wait_state(manager, "nodir", {"failed"})
+            assert "does not exist" in (nodir.error or "")
+            with pytest.raises(ToolError, match="not connected .failed: cannot start"):
                 await manager.call("ghost", "x", {})
-            await manager.aclose()
+            with pytest.raises(ToolError, match="not available: not configured"):
+                await manager.call("nobody", "x", {})
+    finally:
+        store.close()
+
+
+async def test_disabled_servers_run_nothing_and_a_disable_stops_the_process(tmp_path: Path) -> None:
+    store = Store(tmp_path)
+    try:
+        async with McpManager.open(store.tools) as manager:
+            info = await manager.upsert_server(server_params("fx", enabled=False))
+            assert info.status == "disabled" and not manager.configured
+            await manager.upsert_server(server_params("fx"))
+            await wait_state(manager, "fx", {"ready"})
+            pid = int((await manager.call("fx", "pid.of server", {})).text)
+            with anyio.fail_after(30):
+                info = await manager.upsert_server(server_params("fx", enabled=False))
+            assert info.status == "disabled" and info.tools == [] and not _alive(pid)
+            with pytest.raises(ToolError, match="not available: disabled"):
+                await manager.call("fx", "add", {"a": 1, "b": 1})
+    finally:
+        store.close()
+
+
+async def test_stored_enabled_servers_connect_when_the_manager_opens(tmp_path: Path) -> None:
+    store = Store(tmp_path)
+    try:
+        async with McpManager.open(store.tools) as manager:
+            await manager.upsert_server(server_params("fx"))
+            await manager.upsert_server(server_params("off", enabled=False))
+        async with McpManager.open(store.tools) as manager:
+            states = {s.name: s.status for s in await manager.list_servers()}
+            assert states == {"fx": "connecting", "off": "disabled"}
+            await wait_state(manager, "fx", {"ready"})
+    finally:
+        store.close()
+
+
+async def test_the_close_deadline_kills_the_whole_process_group(tmp_path: Path) -> None:
+    # a server (and its child) that ignore SIGTERM, and a close deadline shorter than the
+    # polite stop: the group is SIGKILLed at the deadline and the close still returns
+    pid_file = tmp_path / "spawns.txt"
+    store = Store(tmp_path)
+    try:
+        with anyio.fail_after(20):
+            async with McpManager.open(store.tools, close_deadline_s=0.2) as manager:
+                await manager.upsert_server(
+                    McpServerUpsertParams(
+                        name="stuck", command=sys.executable, connect_timeout_s=60,
+                        args=[HUNG, "--pid-file", str(pid_file), "--child", "--ignore-term"],
+                    )
+                )
+                while len(spawns(pid_file, "server")) < 1 or len(spawns(pid_file, "child")) < 1:
+                    await anyio.sleep(0.05)
+                assert (await manager.list_servers())[0].status == "connecting"
+        for kind in ("server", "child"):
+            ((pid, _),) = spawns(pid_file, kind)
+            with anyio.fail_after(2):
+                while _alive(pid):
+                    await anyio.sleep(0.02)
+    finally:
+        store.close()
+
+
+async def test_an_outside_cancellation_does_not_hang_the_teardown(tmp_path: Path) -> None:
+    # What the engine's shutdown used to do: cancel the task group the connections ran in
+    # while they were open. The connections now belong to the manager, which stops them
+    # (bounded) even when the block around it is cancelled.
+    store = Store(tmp_path)
+    try:
+        with anyio.fail_after(20):
+            with anyio.CancelScope() as outer:
+                async with McpManager.open(store.tools) as manager:
+                    await manager.upsert_server(server_params("fx"))
+                    await wait_state(manager, "fx", {"ready"})
+                    pid = int((await manager.call("fx", "pid.of server", {})).text)
+                    outer.cancel()
+                    await anyio.sleep_forever()
+            assert outer.cancelled_caught
+        assert not _alive(pid)
     finally:
         store.close()
 
@@ -117,8 +207,7 @@ async def test_bad_server_configs_are_refused(tmp_path: Path) -> None:
 
     store = Store(tmp_path)
     try:
-        async with anyio.create_task_group() as tg:
-            manager = McpManager(store.tools, tg)
+        async with McpManager.open(store.tools) as manager:
             for params in (
                 McpServerUpsertParams(name="///", command="x"),
                 McpServerUpsertParams(name="a", transport="stdio"),
@@ -137,11 +226,14 @@ async def test_mcp_tools_end_to_end_through_the_sidecar(tmp_path: Path) -> None:
         await configure_provider(proc, server.base_url)
         info = await proc.call(
             "mcp:server:upsert",
-            {"name": "fx", "command": sys.executable, "args": [FIXTURE], "env": {"FX_TOKEN": "s3cret"}, "toolTimeoutS": 3},
+            {"name": "fx", "command": sys.executable, "args": [FIXTURE], "env": {"FX_TOKEN": "s3cret"}, "toolTimeoutS": 10},
         )
         assert info["envKeys"] == ["FX_TOKEN"] and "s3cret" not in str(info)
+        assert info["status"] == "connecting"
         session = await proc.call("chat:session:create", {})
         await proc.call("tool:policy:set", {"key": "mcp:fx", "policy": "auto"})
+        ready = await wait_status(proc, "fx", {"ready"})
+        assert "mcp__fx__echo" in ready["tools"] and ready["error"] is None
         listed = await proc.call("tool:list", {"sessionId": session["id"]})
         echo = next(t for t in listed if t["name"] == "mcp__fx__echo")
         assert echo["source"] == "mcp" and echo["policy"] == "auto" and echo["defaultPolicy"] == "ask"
@@ -157,7 +249,17 @@ async def test_mcp_tools_end_to_end_through_the_sidecar(tmp_path: Path) -> None:
         results = {e["toolResult"]["toolCallId"]: e["toolResult"] for e in events_of(proc, sent["messageId"]) if e["type"] == "tool_result"}
         assert results["m1"]["output"] == "hi from mcp" and not results["m1"].get("isError")
         assert results["m2"]["isError"] and "fx" in results["m2"]["output"]
-        assert results["m3"]["output"] == "3"  # the crashed server was started again
+        # the reply does not wait for the reconnect: the next call is an error at once
+        assert results["m3"]["isError"] and "not connected" in results["m3"]["output"]
+        await wait_status(proc, "fx", {"ready"})  # reconnected in the background
+        await server.script(
+            {"tool_calls": [{"id": "m4", "name": "mcp__fx__add", "arguments": {"a": 1, "b": 2}}]},
+            {"text": "Done again."},
+        )
+        sent = await proc.call("chat:send", {"sessionId": session["id"], "input": {"content": "again"}})
+        assert (await wait_final(proc, sent["messageId"], timeout=60))["type"] == "stream_end"
+        results = {e["toolResult"]["toolCallId"]: e["toolResult"] for e in events_of(proc, sent["messageId"]) if e["type"] == "tool_result"}
+        assert results["m4"]["output"] == "3"
         with pytest.raises(CallError) as err:
             await proc.call("mcp:server:delete", {"name": "nope"})
         assert err.value.code == -32001
@@ -199,45 +301,33 @@ def test_opening_the_app_imports_neither_mcp_nor_jsonschema(tmp_path: Path) -> N
 
 
 async def test_an_http_mcp_server(tmp_path: Path) -> None:
-    import socket
-
-    with socket.socket() as sock:
-        sock.bind(("127.0.0.1", 0))
-        port = sock.getsockname()[1]
-    import subprocess
-
-    process = await anyio.open_process(
-        [sys.executable, FIXTURE, "--http", str(port)], stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL
-    )
     store = Store(tmp_path)
     try:
-        async with anyio.create_task_group() as tg:
-            manager = McpManager(store.tools, tg)
+        async with http_fixture() as (url, process), McpManager.open(store.tools) as manager:
             await manager.upsert_server(
-                McpServerUpsertParams(name="web", transport="http", url=f"http://127.0.0.1:{port}/mcp", connect_timeout_s=5)
+                McpServerUpsertParams(name="web", transport="http", url=url, connect_timeout_s=5, tool_timeout_s=5)
             )
+            await wait_state(manager, "web", {"ready"})
+            assert "mcp__web__echo" in {t.name for t in manager.tools()}
             with anyio.fail_after(30):
-                while True:  # the server needs a moment to listen
-                    tools = await manager.tools()
-                    if tools:
-                        break
-                    await anyio.sleep(0.2)
-                assert "mcp__web__echo" in {t.name for t in tools}
                 out = await manager.call("web", "add", {"a": 20, "b": 22})
             assert out.text == "42"
-            await manager.aclose()
-    finally:
-        store.close()
-        with anyio.CancelScope(shield=True):
+            # the server goes away: a call fails fast, the supervisor backs off and retries
             process.kill()
             await process.wait()
-            await process.aclose()
+            with pytest.raises(ToolError):
+                with anyio.fail_after(15):
+                    await manager.call("web", "add", {"a": 1, "b": 1})
+            failed = await wait_state(manager, "web", {"failed"})
+            assert failed.error and failed.retry_at
+    finally:
+        store.close()
 
 
 async def test_what_a_server_writes_while_shutting_down_is_still_drained(
     tmp_path: Path, caplog: pytest.LogCaptureFixture
 ) -> None:
-    caplog.set_level(logging.INFO, logger="sidecar.tools.mcp")
+    caplog.set_level(logging.INFO, logger="sidecar.acp.agent")
     # the fixture server, with a last stderr line written after stdin closed (at exit)
     wrapper = (
         "import atexit, runpy, sys\n"
@@ -247,16 +337,15 @@ async def test_what_a_server_writes_while_shutting_down_is_still_drained(
     )
     store = Store(tmp_path)
     try:
-        async with anyio.create_task_group() as tg:
-            manager = McpManager(store.tools, tg)
+        async with McpManager.open(store.tools) as manager:
             await manager.upsert_server(McpServerUpsertParams(name="fx", command=sys.executable, args=["-c", wrapper]))
+            await wait_state(manager, "fx", {"ready"})
             with anyio.fail_after(30):
                 out = await manager.call("fx", "add", {"a": 1, "b": 2})
-                assert out.text == "3"
-                await manager.aclose()
+            assert out.text == "3"
     finally:
         store.close()
-    assert "[mcp fx] bye from the server" in caplog.text
+    assert "mcp fx: bye from the server" in caplog.text
 
 
 def test_server_config_reprs_keep_secrets_out() -> None:

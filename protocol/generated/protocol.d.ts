@@ -52,6 +52,7 @@ export type ContentType = "multipart" | "text";
 export type FinishReason = "content_filter" | "length" | "max_turn_requests" | "other" | "refusal" | "stop" | "tool_calls";
 export type InjectionPosition = "after_system" | "at_depth" | "before_system" | "bottom_of_chat" | "top_of_chat";
 export type InjectionRole = "assistant" | "system" | "user";
+export type McpServerStatus = "connecting" | "disabled" | "failed" | "ready";
 export type McpTransport = "http" | "stdio";
 export type MessageRole = "assistant" | "system" | "tool" | "user";
 export type MessageStatus = "aborted" | "completed" | "error" | "paused" | "pending" | "streaming";
@@ -472,10 +473,21 @@ export interface McpServerInfo {
   enabled?: boolean;
   toolTimeoutS?: number;
   connectTimeoutS?: number;
-  /** idle (not connected yet) | connected | error */
-  status?: string;
+  /**
+   * ``connecting`` (starting or initializing) | ``ready`` (its tools are offered) | ``failed``
+   * (``error``; the next attempt starts at ``retryAt``) | ``disabled``. Servers connect in the
+   * background; a reply offers the tools of the servers ready at that moment, never waits.
+   */
+  status: McpServerStatus;
+  /** Why the last attempt failed (``failed`` only). */
   error?: string | null;
-  /** Names as the model sees them, once connected. */
+  /**
+   * When the next attempt starts, ms since the epoch (``failed`` only; null when none will come,
+   * e.g. the MCP client SDK is missing); failed attempts back off exponentially (1 s doubling up
+   * to 60 s), and so does reconnecting a server that crashed or stopped answering.
+   */
+  retryAt?: number | null;
+  /** Names as the model sees them (``ready`` only). */
   tools?: string[];
 }
 
@@ -1352,11 +1364,11 @@ export interface Methods {
   "compat:status": { params: EmptyParams; result: CompatStatus };
   /** Stop the V1 endpoint (its streams end). */
   "compat:stop": { params: EmptyParams; result: CompatStatus };
-  /** Delete an MCP server (its process is stopped). */
+  /** Delete an MCP server; answered once its process is stopped. */
   "mcp:server:delete": { params: NameParams; result: SuccessResult };
   /** Configured MCP servers and their state. */
   "mcp:server:list": { params: EmptyParams; result: McpServerInfo[] };
-  /** Create or replace an MCP server (stdio command or HTTP URL). */
+  /** Create or replace an MCP server (stdio command or HTTP URL); an enabled one starts connecting at once. */
   "mcp:server:upsert": { params: McpServerUpsertParams; result: McpServerInfo };
   /** Delete a provider. */
   "provider:delete": { params: IdParams; result: SuccessResult };

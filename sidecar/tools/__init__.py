@@ -10,6 +10,9 @@
     web.py           web_search over a pluggable HTTP backend (SearXNG JSON)
     skills.py        skill_list / skill_load (folders holding a SKILL.md)
     mcp.py           McpManager: MCP servers (official ``mcp`` SDK, imported lazily)
+    mcp_config.py    McpServerConfig (stored, secrets kept out of reprs), tool names
+    mcp_supervisor.py  ServerSupervisor: one server kept connected in the background
+    mcp_transport.py the stdio (own process group) and streamable HTTP links
 
 The approval flow lives in sidecar/engine/approvals.py; the step loop in
 sidecar/engine/generation.py.

@@ -44,9 +44,13 @@ class ToolRegistry:
         self._tools: dict[str, Tool] = {}
         self.default_timeout_s = default_timeout_s
         self.capability_note: str | None = None
-        """What a model without tools is told instead (set by the assembler)."""
+        """What the model is told about tools it does not have (set by the assembler)."""
         for tool in tools or ():
             self.add(tool)
+
+    def add_note(self, note: str) -> None:
+        """Add a paragraph to ``capability_note``."""
+        self.capability_note = f"{self.capability_note}\n\n{note}" if self.capability_note else note
 
     def add(self, tool: Tool) -> None:
         if tool.name in self._tools:

@@ -6,7 +6,9 @@ workspace tools (when the session has a workspace dir), skill tools (when skills
 MCP tools, then ``read_tool_output`` and ``get_session_capabilities``. A model without
 tool support (ModelInfo.supports_tools false), or tools switched off in the settings,
 gets an empty registry and a short ``capability_note`` for the system prompt instead, so
-the model does not claim to run tools it cannot.
+the model does not claim to run tools it cannot. MCP tools are those of the servers that
+are ready at that moment (assembly never waits for a server to connect); the enabled
+servers that are not get named in a capability note (``mcp_unavailable_note``).
 
 Settings live in the settings table under ``tools`` (JSON of protocol ToolSettings).
 """
@@ -14,9 +16,9 @@ Settings live in the settings table under ``tools`` (JSON of protocol ToolSettin
 from __future__ import annotations
 
 import logging
-from collections.abc import Awaitable, Callable
+from collections.abc import Awaitable, Callable, Sequence
 from pathlib import Path
-from typing import Any
+from typing import Any, Protocol
 
 import anyio
 import msgspec
@@ -35,7 +37,7 @@ from sidecar.tools.skills import find_skills, skill_roots, skill_tools
 from sidecar.tools.web import SearxngBackend, WebSearch
 from sidecar.tools.workspace import workspace_tools
 
-__all__ = ["ToolService", "SETTINGS_KEY", "NO_TOOLS_NOTE"]
+__all__ = ["ToolService", "SETTINGS_KEY", "NO_TOOLS_NOTE", "mcp_unavailable_note"]
 
 log = logging.getLogger(__name__)
 
@@ -47,6 +49,24 @@ NO_TOOLS_NOTE = (
 )
 
 
+def mcp_unavailable_note(servers: list[tuple[str, str]]) -> str:
+    """What the model is told about enabled MCP servers that are not ready: (name, state)."""
+    named = ", ".join(f"{name} ({'still connecting' if state == 'connecting' else 'failed'})" for name, state in servers)
+    return (
+        f"Capabilities: the tools of these MCP servers are not available right now: {named}. "
+        "Do not claim to use them; if the user asks for them, say they are unavailable at the moment."
+    )
+
+
+class McpSource(Protocol):
+    """The MCP tools of a request (sidecar/tools/mcp.py McpManager)."""
+
+    @property
+    def configured(self) -> bool: ...
+    def tools(self) -> Sequence[Tool]: ...
+    def unavailable(self) -> list[tuple[str, str]]: ...
+
+
 class ToolService:
     def __init__(
         self,
@@ -56,7 +76,7 @@ class ToolService:
         set_setting: Callable[[str, str | None], Awaitable[None]],
         search: Callable[[str, SearchOptions], Awaitable[list[SearchResult]]],
         policies: Callable[[list[str]], Awaitable[dict[str, Any]]],
-        mcp: Any = None,
+        mcp: McpSource | None = None,
         extra_tools: Callable[[], list[Tool]] | None = None,
         web_transport: Any = None,
     ) -> None:
@@ -177,8 +197,11 @@ class ToolService:
             for tool in skill_tools(skills):
                 registry.add(tool)
         if self.mcp is not None and self.mcp.configured:
-            for tool in await self.mcp.tools():
+            for tool in self.mcp.tools():
                 registry.add(tool)
+            unavailable = self.mcp.unavailable()
+            if unavailable:
+                registry.add_note(mcp_unavailable_note(unavailable))
         if self._extra is not None:
             for tool in self._extra():
                 registry.add(tool)
