@@ -13,7 +13,7 @@ import os
 import signal
 import sys
 import time
-from collections.abc import AsyncIterator, Awaitable, Callable
+from collections.abc import AsyncIterator
 from contextlib import asynccontextmanager
 from pathlib import Path
 from typing import Any
@@ -21,39 +21,10 @@ from typing import Any
 import anyio
 from acp_helpers import acp_session, add_engine
 from chat_helpers import configure_provider
+from proc_tree import gone, proc_of
 from sidecar_proc import SidecarProcess, sidecar_command, spawn_sidecar
 
 TRIGGERS = ("shutdown", "eof", "sigterm", "parent_death")
-
-
-def descendants(pid: int) -> list[int]:
-    """Every live process below ``pid`` (Linux /proc), children first."""
-    children: dict[int, list[int]] = {}
-    for entry in os.listdir("/proc"):
-        if not entry.isdigit():
-            continue
-        try:
-            raw = Path(f"/proc/{entry}/stat").read_bytes()
-        except OSError:
-            continue
-        tail = raw[raw.rfind(b")") + 2 :].split()
-        if tail and tail[0] != b"Z":
-            children.setdefault(int(tail[1]), []).append(int(entry))
-    found: list[int] = []
-    todo = [pid]
-    while todo:
-        for child in children.get(todo.pop(), []):
-            found.append(child)
-            todo.append(child)
-    return found
-
-
-def gone(pid: int) -> bool:
-    try:
-        raw = Path(f"/proc/{pid}/stat").read_bytes()
-    except OSError:
-        return True
-    return raw[raw.rfind(b")") + 2 :].split()[0] in (b"Z", b"X")
 
 
 def tool_call(call_id: str, name: str, arguments: dict[str, Any]) -> dict[str, Any]:
@@ -145,16 +116,7 @@ async def spawn_sidecar_under(data_dir: Path, *args: str, via_parent: bool) -> A
         try:
             yield proc, pid
         finally:
-            if via_parent and not gone(pid):
+            found = proc_of(pid)
+            if via_parent and found is not None and not gone(found):
                 os.kill(pid, signal.SIGKILL)
 
-
-async def wait_gone(pids: list[int], timeout: float = 10) -> float:
-    """Wait until every pid is gone; the monotonic time when the last one went."""
-    with anyio.fail_after(timeout):
-        while not all(gone(pid) for pid in pids):
-            await anyio.sleep(0.005)
-    return time.monotonic()
-
-
-Setup = Callable[[SidecarProcess], Awaitable[None]]

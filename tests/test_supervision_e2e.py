@@ -17,15 +17,8 @@ import anyio
 import pytest
 from chat_helpers import wait_final
 from scripted_server import scripted_provider
-from supervision_helpers import (
-    TRIGGERS,
-    descendants,
-    make_busy_reply,
-    make_stubborn_agent,
-    spawn_sidecar_under,
-    trigger,
-    wait_gone,
-)
+from proc_tree import descendants, proc_of, wait_gone
+from supervision_helpers import TRIGGERS, make_busy_reply, make_stubborn_agent, spawn_sidecar_under, trigger
 
 pytestmark = [
     pytest.mark.anyio,
@@ -35,9 +28,11 @@ pytestmark = [
 EXIT_LIMIT_S = 3.5
 
 
-async def _stop_and_check(proc, pid: int, how: str, before: list[int]) -> float:
+async def _stop_and_check(proc, pid: int, how: str, before: set[tuple[int, int]]) -> float:
+    me = proc_of(pid)
+    assert me is not None
     started = await trigger(proc, how)
-    ended = await wait_gone([pid], timeout=15)
+    ended = await wait_gone([me], timeout=15)
     if how != "parent_death":
         assert await proc.wait_exit() == 0, proc.stderr_text()[-3000:]
     await wait_gone(before, timeout=10)  # nothing it started is left
@@ -64,7 +59,7 @@ async def test_exit_with_a_reply_running_a_command(tmp_path: Path, how: str) -> 
         message_id = await make_busy_reply(proc, server, workspace)
         command_pid = int((workspace / "pid.txt").read_text())
         before = descendants(pid)
-        assert command_pid in before
+        assert command_pid in {p for p, _ in before}
         await _stop_and_check(proc, pid, how, before)
         if how == "shutdown":  # the final event came before the answer
             final_at = next(

@@ -17,7 +17,8 @@ import anyio
 import pytest
 
 from chat_helpers import configure_provider, events_of, wait_final
-from mcp_helpers import HAS_PROC, gone, hung_server, proc_of, spawns, wait_gone, wait_status
+from mcp_helpers import hung_server, spawns, wait_status
+from proc_tree import HAS_PROC, gone, proc_of, wait_gone
 from scripted_server import scripted_provider
 from sidecar.tools.mcp_supervisor import backoff_delay
 from sidecar_proc import spawn_sidecar

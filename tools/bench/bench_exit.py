@@ -30,15 +30,8 @@ sys.path.insert(0, str(ROOT / "tests"))
 import anyio  # noqa: E402
 
 from scripted_server import scripted_provider  # noqa: E402
-from supervision_helpers import (  # noqa: E402
-    TRIGGERS,
-    descendants,
-    make_busy_reply,
-    make_stubborn_agent,
-    spawn_sidecar_under,
-    trigger,
-    wait_gone,
-)
+from proc_tree import descendants, proc_of, wait_gone  # noqa: E402
+from supervision_helpers import TRIGGERS, make_busy_reply, make_stubborn_agent, spawn_sidecar_under, trigger  # noqa: E402
 
 CONTRACT_S = 2.0
 
@@ -69,8 +62,10 @@ async def one(state: str, how: str, server: object) -> tuple[float, int]:
             else:
                 raise SystemExit(f"unknown state {state!r}")
             before = descendants(pid)
+            me = proc_of(pid)
+            assert me is not None
             started = await trigger(proc, how)
-            ended = await wait_gone([pid], timeout=30)
+            ended = await wait_gone([me], timeout=30)
             left = 0
             try:
                 await wait_gone(before, timeout=5)
