@@ -37,6 +37,8 @@ __all__ = [
     "SearchResult",
     "DateRange",
     "SessionExport",
+    "DeliveryStatus",
+    "MessageDelivery",
 ]
 
 
@@ -179,6 +181,27 @@ class SessionV2(Struct, omit_defaults=False, kw_only=True):
     confined to it and an ACP engine gets it as ``cwd``. None: no workspace."""
 
 
+DeliveryStatus = Literal["pending", "sending", "delivered", "failed"]
+"""Of an IM reply: ``pending`` (the reply is not finished, e.g. it waits for a tool approval,
+or waits for the rate limit), ``sending`` (sent, not all acknowledged yet), ``delivered``
+(every delivery acknowledged), ``failed`` (a delivery failed after its retries)."""
+
+
+class MessageDelivery(Struct, omit_defaults=False, kw_only=True):
+    """How a reply to an IM message (``channel:message``) is being delivered by the host."""
+
+    channel: str
+    chat_id: str
+    status: DeliveryStatus
+    deliveries: int = 0
+    """``channel:reply`` notifications of this reply so far."""
+    delivered: int = 0
+    failed: int = 0
+    error: str | None = None
+    """The last delivery error (the host's, or a missing acknowledgement)."""
+    updated_at: int
+
+
 class MessageV2(Struct, omit_defaults=False, kw_only=True):
     """One row of ``messages_v2`` (seed 004 section 3.2).
 
@@ -206,6 +229,8 @@ class MessageV2(Struct, omit_defaults=False, kw_only=True):
     created_at: int
     updated_at: int
     seq: int | None = None
+    delivery: MessageDelivery | None = None
+    """Set on an assistant reply to an IM message: its delivery to the chat."""
 
 
 class MessageTreeNode(Struct, omit_defaults=False, kw_only=True):

@@ -92,6 +92,12 @@ BINDINGS: dict[str, str] = {
     "chat:context:get": "context.get_context",
     "chat:context:update": "context.update_context",
     "chat:context:compact": "context.compact",
+    "channel:message": "channels.message",
+    "channel:ack": "channels.ack",
+    "channel:config:list": "channels.list_configs",
+    "channel:config:get": "channels.get_config",
+    "channel:config:upsert": "channels.upsert_config",
+    "channel:config:delete": "channels.delete_config",
 }
 """Method name -> attribute path on the App of the ``async def f(params) -> result`` that answers it."""
 
