@@ -261,7 +261,7 @@ class ChannelMessageResult(Struct, omit_defaults=False, kw_only=True):
     """The session it went (or goes) to; None when ignored."""
 
 
-class SlackText(Struct, kw_only=True):
+class SlackText(Struct, kw_only=True, omit_defaults=False):
     type: Literal["mrkdwn"] = "mrkdwn"
     text: str
 

@@ -31,6 +31,7 @@ from sidecar.store.attachments import AttachmentStore
 __all__ = ["compose", "text_chunks", "media_chunks", "reply_text", "EMPTY_REPLY"]
 
 EMPTY_REPLY = "(empty reply)"
+_SECTION_GAP = "\n\n"
 
 
 def reply_text(text_content: str | None, parts: list[ContentPart] | None) -> str:
@@ -60,7 +61,7 @@ def _slack_messages(sections: list[SplitChunk], max_chars: int, max_blocks: int)
     size = 0
     for section in sections:
         text = section.text
-        grown = size + len(text) + (1 if group else 0)
+        grown = size + len(text) + (len(_SECTION_GAP) if group else 0)
         if group and (len(group) >= max_blocks or grown > max_chars):
             out.append(_blocks(group))
             group, size = [], 0
@@ -74,7 +75,7 @@ def _slack_messages(sections: list[SplitChunk], max_chars: int, max_blocks: int)
 
 def _blocks(texts: list[str]) -> ReplyBlocksChunk:
     return ReplyBlocksChunk(
-        text="\n".join(texts),
+        text=_SECTION_GAP.join(texts),
         blocks=[SlackSectionBlock(text=SlackText(text=t)) for t in texts],
     )
 

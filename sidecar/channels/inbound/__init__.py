@@ -112,7 +112,8 @@ def _attachments(params: ChannelMessageParams) -> tuple[list[ContentPart], list[
         field = f"$.attachments[{index}]"
         if (att.data is None) == (att.url is None):
             raise InvalidParams(f"invalid params: an attachment needs exactly one of data and url - at `{field}`")
-        mime = att.mime_type or (mimetypes.guess_type(att.name)[0] if att.name else None) or _DEFAULT_MIME[att.kind]
+        guessed = mimetypes.guess_type(att.name or (att.url or "").split("?")[0])[0] if att.name or att.url else None
+        mime = att.mime_type or guessed or _DEFAULT_MIME[att.kind]
         if att.data is not None:
             name = att.name or f"{att.kind}{mimetypes.guess_extension(mime) or ''}"
             if att.kind == "image" and not mime.startswith("image/"):
