@@ -205,7 +205,9 @@ async def test_an_unacknowledged_reply_is_retried_then_failed(tmp_path: Path) ->
         failed = await wait_delivery(proc, result["sessionId"], "failed")
         assert "bot removed from chat" in failed["delivery"]["error"]
         await proc.close()
-    assert len(proc.notifications(REPLY)) == 4
+    sent = proc.notifications(REPLY)
+    assert [r["deliveryId"] for r in sent[:3]] == [attempts[0]["deliveryId"]] * 3
+    assert {r["deliveryId"] for r in sent[3:]} == {refused["deliveryId"]}  # never retried once refused
 
 
 async def test_an_unacknowledged_delivery_is_resent_after_a_restart(tmp_path: Path) -> None:
@@ -240,7 +242,7 @@ async def test_a_group_message_without_a_mention_is_stored_without_a_reply(tmp_p
         )
         assert asked["action"] == "reply" and asked["sessionId"] == quiet["sessionId"]
         reply = await next_reply(proc)
-        await ack(proc, reply)
+        await ack(proc, reply, platformMessageId="pm_answer")
         assert reply["replyTo"] == "g2" and proc.notifications(REPLY) == [reply]
         path = await proc.call("chat:messages:get", {"sessionId": quiet["sessionId"]})
         assert [(m["role"], m["textContent"]) for m in path] == [
@@ -248,6 +250,21 @@ async def test_a_group_message_without_a_mention_is_stored_without_a_reply(tmp_p
         ]
         bodies = await server.requests()
         assert any("Alice: just chatting" in str(b["messages"]) for b in bodies)
+        # a quoted reply without its text: the sidecar knows the messages of this chat
+        await ack(proc, reply)  # a repeated ack is harmless and keeps the platform id
+        quoted_bot = await proc.call(
+            "channel:message", message(group=True, message_id="g4", text="ok", replyTo={"messageId": "pm_answer"})
+        )
+        quoted_user = await proc.call(
+            "channel:message", message(group=True, message_id="g5", text="same", replyTo={"messageId": "g1"})
+        )
+        assert quoted_bot["action"] == quoted_user["action"] == "store"
+        with anyio.fail_after(20):
+            while len(path := await proc.call("chat:messages:get", {"sessionId": quiet["sessionId"]})) < 5:
+                await anyio.sleep(0.05)
+        assert [m["textContent"] for m in path[3:]] == [
+            "> answer to bob\n\nAlice: ok", "> Alice: just chatting\n\nAlice: same",
+        ]
         # with groupTrigger "always" every group message is answered
         await channel(proc, groupTrigger="always")
         await server.script({"text": "always"})

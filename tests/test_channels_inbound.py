@@ -206,3 +206,18 @@ def test_the_bot_mentioned_only_by_id_and_empty_messages() -> None:
 def test_malformed_raw_payloads_never_raise(platform: str, raw: dict[str, Any]) -> None:
     a = run(platform, text="fallback <@U1 [^", raw=raw)
     assert isinstance(a.body, str)
+
+
+def test_bots_and_host_flagged_all_are_written_into_the_turn() -> None:
+    a = run("plain", text="status?", sender={"id": "b2", "name": "Deploy", "isBot": True}, mentionAll=True)
+    assert a.turn.content == "Deploy (bot): @all status?" and a.mentions_all and not a.mentions_bot
+
+
+def test_a_quote_known_to_the_sidecar_is_used_when_the_host_gives_no_text() -> None:
+    config = resolve_config(msgspec.convert({"id": "c", "platform": "plain"}, ChannelConfigUpsertParams), 0)
+    params = msgspec.convert(
+        {"channel": "c", "chatId": "chat", "chatType": "private", "sender": {"id": "u1"}, "timestamp": 1,
+         "text": "and this?", "replyTo": {"messageId": "pm"}},
+        ChannelMessageParams,
+    )
+    assert adapt(params, config, "the earlier answer").turn.content == "> the earlier answer\n\nand this?"

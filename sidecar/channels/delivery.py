@@ -110,8 +110,9 @@ class Outbox:
         if row is None:
             raise NotFound(f"no delivery {params.delivery_id!r}")
         if params.ok:
-            if row.state != "acked":
-                await self._db(self._repo.mark_acked, row.id, params.platform_message_id)
+            platform_id = params.platform_message_id or row.platform_message_id
+            if row.state != "acked" or platform_id != row.platform_message_id:
+                await self._db(self._repo.mark_acked, row.id, platform_id)
                 self._resolve(row.id)
         elif row.state in ("pending", "sent"):
             await self._db(self._repo.note_error, row.id, _host_error(params))

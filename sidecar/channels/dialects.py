@@ -65,15 +65,15 @@ class Dialect:
         return f"{style[0]}{inner}{style[1]}"
 
 
-_MD = dict(bold=("**", "**"), italic=("*", "*"), strike=("~~", "~~"), code=("`", "`"))
-
 DIALECTS: dict[str, Dialect] = {
     "feishu_card": Dialect(
-        name="feishu_card", **_MD, heading="bold", link="markdown", image="media", table="markdown",
+        name="feishu_card", bold=("**", "**"), italic=("*", "*"), strike=("~~", "~~"), code=("`", "`"),
+        heading="bold", link="markdown", image="media", table="markdown",
         bullet="- ", hr="---", fence_language=True,
     ),
     "feishu_post": Dialect(
-        name="feishu_post", **_MD, heading="bold", link="markdown", image="media", table="text",
+        name="feishu_post", bold=("**", "**"), italic=("*", "*"), strike=("~~", "~~"), code=("`", "`"),
+        heading="bold", link="markdown", image="media", table="text",
         bullet="- ", hr="---", fence_language=True,
     ),
     "dingtalk_md": Dialect(

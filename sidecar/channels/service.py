@@ -33,7 +33,7 @@ from __future__ import annotations
 import hashlib
 import logging
 import time
-from collections.abc import Callable
+from collections.abc import Awaitable, Callable
 from typing import Any, Protocol
 
 import anyio
@@ -118,7 +118,7 @@ class ChannelService:
         store: SessionStore,
         chat: ChatTurns,
         events: EventHub,
-        notify: Callable[[str, Any], Any],
+        notify: Callable[[str, Any], Awaitable[None]],
         attachments: AttachmentStore,
         task_group: anyio.abc.TaskGroup,
     ) -> None:
@@ -182,7 +182,11 @@ class ChannelService:
         if not config.enabled:
             raise EngineError(f"channel {params.channel!r} is disabled")
         _check_sizes(params, config)
-        adapted = adapt(params, config)
+        quoted = None
+        quote = params.reply_to
+        if quote is not None and quote.message_id and not quote.text:
+            quoted = await self._db(self._repo.known_text, config.id, params.chat_id, quote.message_id)
+        adapted = adapt(params, config, quoted)
         key = _dedup_key(params)
         chat = (config.id, params.chat_id)
         action = self._action(params, config, adapted, chat)
@@ -201,6 +205,23 @@ class ChannelService:
                 queued = QueuedTurn(
                     content_type=stored.content_type, text_content=stored.text_content, parts=stored.parts
                 )
+        # from here to the worker's kick nothing may be cut off by a cancelled request: a
+        # stored row without a worker would wait for the next start
+        with anyio.CancelScope(shield=True):
+            result = await self._accept(config, params, action, key, now, session_id, queued, chat)
+        return result
+
+    async def _accept(
+        self,
+        config: ChannelConfig,
+        params: ChannelMessageParams,
+        action: MessageAction,
+        key: str,
+        now: int,
+        session_id: str | None,
+        queued: QueuedTurn | None,
+        chat: tuple[str, str],
+    ) -> ChannelMessageResult:
         row = InboxRow(
             id=new_id(), channel_id=config.id, dedup_key=key, chat_id=params.chat_id,
             thread_id=params.thread_id, platform_message_id=params.message_id, session_id=session_id,

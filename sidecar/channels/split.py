@@ -25,6 +25,7 @@ from __future__ import annotations
 
 import enum
 import unicodedata
+from collections.abc import Callable
 from dataclasses import dataclass, field
 
 import msgspec
@@ -149,7 +150,9 @@ class _Splitter:
         last = self.cur[-1]
         return last.fence_after, last.table_after
 
-    def _after(self, line: Line, fence: Fence | None, table: Table | None) -> tuple[Fence | None, Table | None]:
+    @staticmethod
+    def _after(line: Line) -> tuple[Fence | None, Table | None]:
+        """The open fence / table after ``line`` (a line carries its own context)."""
         role = line.role
         if role == Role.FENCE_OPEN:
             return line.fence, None
@@ -162,8 +165,7 @@ class _Splitter:
         return None, None
 
     def _push(self, line: Line, synthetic: bool = False) -> None:
-        fence, table = self._state()
-        fence, table = self._after(line, fence, table)
+        fence, table = self._after(line)
         cost = self.m.cost(line.text)
         self.size += cost + (self.m.sep if self.cur else 0)
         self.cur.append(_Item(line, synthetic, cost, fence, table))
@@ -172,7 +174,7 @@ class _Splitter:
         return 0 if fence is None else self.m.cost(fence.closer) + self.m.sep
 
     def _fits(self, line: Line) -> bool:
-        fence, table = self._after(line, *self._state())
+        fence, table = self._after(line)
         grown = self.size + self.m.cost(line.text) + (self.m.sep if self.cur else 0)
         return grown + self._closer_cost(fence) <= self.limit
 
@@ -297,7 +299,7 @@ class _Splitter:
 
     def _cut(self, line: Line) -> tuple[Line, Line | None]:
         """Split a line that does not fit even alone into a head that fits and the rest."""
-        fence, _ = self._after(line, *self._state())
+        fence, _ = self._after(line)
         budget = self.limit - self.size - (self.m.sep if self.cur else 0) - self._closer_cost(fence)
         text = line.text
         end, used = 0, 0
@@ -346,6 +348,10 @@ def _is_cjk(ch: str) -> bool:
     )
 
 
+def _regional(ch: str) -> bool:
+    return 0x1F1E6 <= ord(ch) <= 0x1F1FF
+
+
 def _grapheme_boundary(text: str, i: int) -> bool:
     """True unless a cut at ``i`` would split a grapheme cluster (combining marks, ZWJ
     sequences, variation selectors, skin tones, tags, flag pairs, CRLF)."""
@@ -363,11 +369,10 @@ def _grapheme_boundary(text: str, i: int) -> bool:
         return False
     if 0xD800 <= ob <= 0xDFFF:
         return False
-    ri = lambda c: 0x1F1E6 <= ord(c) <= 0x1F1FF  # noqa: E731
-    if ri(a) and ri(b):
+    if _regional(a) and _regional(b):
         run = 0
         j = i - 1
-        while j >= 0 and ri(text[j]):
+        while j >= 0 and _regional(text[j]):
             run += 1
             j -= 1
         return run % 2 == 0
@@ -381,9 +386,9 @@ def _best_cut(text: str, end: int, atoms: tuple[tuple[int, int], ...]) -> int:
     def inside_atom(i: int) -> bool:
         return any(s < i < e for s, e in atoms)
 
-    def last(pred: object, min_i: int) -> int | None:
+    def last(pred: Callable[[int], bool], min_i: int) -> int | None:
         for i in range(end, min_i - 1, -1):
-            if pred(i) and not inside_atom(i) and _grapheme_boundary(text, i):  # type: ignore[operator]
+            if pred(i) and not inside_atom(i) and _grapheme_boundary(text, i):
                 return i
         return None
 

@@ -10,9 +10,10 @@ what arrives meanwhile is folded into the next step. The final step also sends t
 and files and recalls (``delete``) streamed messages the final text no longer needs; its
 last delivery is ``final``.
 
-Must stay true: a failed ``send`` leaves its message unsent (the next step sends it again), a
-failed ``edit`` leaves the old content (the next step edits again); no step waits without a
-bound (a delivery resolves within its timeouts).
+Must stay true: a step plans only from resolved deliveries (it first waits for any still in
+flight), so a message is never sent twice; a failed ``send`` leaves its message unsent (the
+next step sends it again), a failed ``edit`` leaves the old content (the next step edits
+again); no step waits without a bound (a delivery resolves within its timeouts).
 """
 
 from __future__ import annotations
@@ -26,7 +27,7 @@ import anyio
 
 from protocol.channels import ChannelConfig, ChannelReplyParams, ReplyBlocksChunk, ReplyChunk, ReplyTextChunk
 from sidecar.channels.compose import text_chunks
-from sidecar.store.channels import ChannelRepo, DeliveryRow
+from sidecar.store.channels import OPEN_DELIVERY_STATES, ChannelRepo, DeliveryRow
 from sidecar.store.ids import new_id
 
 __all__ = ["StreamReply", "ReplyAddress", "acked_messages", "plan"]
@@ -139,6 +140,12 @@ class StreamReply:
     async def _db(self, fn: Callable[..., Any], *args: Any, **kwargs: Any) -> Any:
         return await anyio.to_thread.run_sync(lambda: fn(*args, **kwargs))
 
+    async def _rows(self) -> list[DeliveryRow]:
+        if self.address.message_id is None:
+            return []
+        rows: list[DeliveryRow] = await self._db(self._repo.deliveries_of, self.address.message_id)
+        return rows
+
     async def run(self) -> None:
         """Steps until cancelled (the caller cancels it once the reply is final)."""
         interval = (self._config.rate.edit_interval_ms or 1000) / 1000.0
@@ -162,13 +169,19 @@ class StreamReply:
 
     async def _step(self, text: str, media: list[ReplyChunk], *, final: bool) -> list[str]:
         chunks, _ = await anyio.to_thread.run_sync(text_chunks, text, self._config)
-        rows = await self._db(self._repo.deliveries_of, self.address.message_id) if self.address.message_id else []
+        rows = await self._rows()
+        open_ids = [r.id for r in rows if r.state in OPEN_DELIVERY_STATES]
+        if open_ids:  # a step still in flight (cancelled mid-wait, or left by a restart)
+            await self._wait_resolved(open_ids)
+            rows = await self._rows()
         state = acked_messages(rows)
         next_seq = max((r.seq for r in rows), default=0) + 1
         payloads = plan(self.address, chunks, media, state, next_seq, final=final)
-        if not payloads:
-            return []
         finish = self.address.inbox_id if final else None
+        if not payloads:
+            if finish is not None:
+                await self._db(self._repo.update_inbox, finish, state="done")
+            return []
         stored = await self._db(self._repo.add_deliveries, payloads, finish_inbox=finish)
         self._kick()
         return [row.id for row in stored]

@@ -122,14 +122,14 @@ class ChannelRepo:
     def list_configs(self) -> list[ChannelConfig]:
         with self._db.read() as conn:
             rows = conn.execute("SELECT config FROM channel_configs ORDER BY created_at, id").fetchall()
-        return [_dec_config.decode(r[0]) for r in rows]
+        return [_dec_config.decode(str(r[0])) for r in rows]
 
     def get_config(self, channel_id: str) -> ChannelConfig:
         with self._db.read() as conn:
             rows = conn.execute("SELECT config FROM channel_configs WHERE id = ?", (channel_id,)).fetchall()
         if not rows:
             raise NotFound(f"no channel {channel_id!r}")
-        return _dec_config.decode(rows[0][0])
+        return _dec_config.decode(str(rows[0][0]))
 
     def upsert_config(self, config: ChannelConfig) -> ChannelConfig:
         """Store ``config``; an existing channel keeps its created_at."""
@@ -154,7 +154,7 @@ class ChannelRepo:
                 return False
             now = self._clock()
             messages = [
-                r[0] for r in conn.execute(
+                str(r[0]) for r in conn.execute(
                     "UPDATE channel_deliveries SET state = 'failed', error = 'the channel was deleted',"
                     " updated_at = ? WHERE channel_id = ? AND state IN ('pending', 'sent')"
                     " RETURNING message_id",
@@ -176,7 +176,7 @@ class ChannelRepo:
                 " WHERE l.channel_id = ? AND l.scope_key = ?",
                 (channel_id, scope_key),
             ).fetchall()
-        return rows[0][0] if rows else None
+        return str(rows[0][0]) if rows else None
 
     def link(self, channel_id: str, scope_key: str, session_id: str, chat_id: str) -> None:
         with self._db.write() as conn:
@@ -249,7 +249,7 @@ class ChannelRepo:
             rows = conn.execute(
                 "SELECT DISTINCT session_id FROM channel_inbox WHERE state IN ('queued', 'running')"
             ).fetchall()
-        return [r[0] for r in rows]
+        return [str(r[0]) for r in rows]
 
     def update_inbox(self, inbox_id: str, **fields: Any) -> None:
         """Set columns of an inbox row (state, action, session_id, user/reply message ids,
@@ -266,6 +266,21 @@ class ChannelRepo:
                 f"UPDATE channel_inbox SET {sets}, updated_at = ? WHERE id = ?",
                 (*fields.values(), self._clock(), inbox_id),
             )
+
+    def known_text(self, channel_id: str, chat_id: str, platform_message_id: str) -> str | None:
+        """The text of a platform message of this chat the sidecar received (its user turn)
+        or sent (the reply a delivery carried), for a quoted reply that came without text."""
+        with self._db.read() as conn:
+            rows = conn.execute(
+                "SELECT m.text_content FROM channel_inbox i JOIN messages_v2 m ON m.id = i.user_message_id"
+                " WHERE i.channel_id = ? AND i.chat_id = ? AND i.platform_message_id = ?"
+                " UNION ALL"
+                " SELECT m.text_content FROM channel_deliveries d JOIN messages_v2 m ON m.id = d.message_id"
+                " WHERE d.channel_id = ? AND d.chat_id = ? AND d.platform_message_id = ?"
+                " LIMIT 1",
+                (channel_id, chat_id, platform_message_id) * 2,
+            ).fetchall()
+        return str(rows[0][0]) if rows and rows[0][0] else None
 
     def prune_inbox(self, channel_id: str, window_ms: int) -> int:
         """Forget finished messages received before the window."""
@@ -339,7 +354,7 @@ class ChannelRepo:
             rows = conn.execute(
                 "SELECT DISTINCT channel_id, chat_id FROM channel_deliveries WHERE state IN ('pending', 'sent')"
             ).fetchall()
-        return [(r[0], r[1]) for r in rows]
+        return [(str(r[0]), str(r[1])) for r in rows]
 
     def get_delivery(self, delivery_id: str) -> DeliveryRow | None:
         with self._db.read() as conn:
@@ -382,7 +397,7 @@ class ChannelRepo:
             if not rows:
                 return False
             if rows[0][0] is not None:
-                self._summarize(conn, rows[0][0], now)
+                self._summarize(conn, str(rows[0][0]), now)
         return True
 
     def _summarize(self, conn: apsw.Connection, message_id: str, now: int) -> None:
@@ -402,8 +417,8 @@ class ChannelRepo:
         else:
             status = "delivered"
         summary = MessageDelivery(
-            channel=rows[0][0], chat_id=rows[0][1], status=status, deliveries=len(rows),
+            channel=str(rows[0][0]), chat_id=str(rows[0][1]), status=status, deliveries=len(rows),
             delivered=states.count("acked"), failed=states.count("failed"),
-            error=errors[-1] if errors and status != "delivered" else None, updated_at=now,
+            error=str(errors[-1]) if errors and status != "delivered" else None, updated_at=now,
         )
         conn.execute("UPDATE messages_v2 SET delivery = ? WHERE id = ?", (_enc.encode(summary).decode(), message_id))

@@ -7,7 +7,9 @@ quoted:
 
     > Bob: the quoted message            (a quoted reply, at most 500 characters of it)
 
-    Alice: the message text              (groups: the sender's display name first)
+    Alice: the message text              (groups: the sender's display name first,
+                                          "(bot)" after it for a bot; "@all" when the host
+                                          saw one the text does not show)
 
 and the attachments become parts (``data``: stored in the data dir by the engine's
 AttachmentStore; ``url``: an image/file part). Must stay true: any input the protocol
@@ -73,11 +75,13 @@ def _has_media(turn: UserInput) -> bool:
     return isinstance(turn.content, list) and any(not isinstance(p, TextPart) for p in turn.content)
 
 
-def adapt(params: ChannelMessageParams, config: ChannelConfig) -> Adapted:
+def adapt(params: ChannelMessageParams, config: ChannelConfig, quoted: str | None = None) -> Adapted:
+    """``quoted``: the text of the message ``replyTo.messageId`` names, when the host gave no
+    text for it and the sidecar knows it (a message of this chat it received or sent)."""
     mentions = Mentions(params.mentions, config.bot_user_ids)
     platform = _ADAPTERS[config.platform](params, mentions)
     body = "\n".join(line.rstrip() for line in platform.text.split("\n")).strip()
-    quote_text = params.reply_to.text if params.reply_to and params.reply_to.text else platform.quote
+    quote_text = params.reply_to.text if params.reply_to and params.reply_to.text else platform.quote or quoted
     quote_sender = (params.reply_to.sender_name if params.reply_to else None) or platform.quote_sender
     lines: list[str] = []
     if quote_text and quote_text.strip():
@@ -87,11 +91,16 @@ def adapt(params: ChannelMessageParams, config: ChannelConfig) -> Adapted:
         first = f"{quote_sender}: " if quote_sender else ""
         lines.append("\n".join("> " + line for line in (first + quoted).split("\n")))
         lines.append("")
+    said = body
+    if params.mention_all and "@all" not in said.lower():
+        said = f"@all {said}".strip()  # the host saw an @all the text does not show
     if params.chat_type == "group":
         speaker = (params.sender.name or params.sender.id).strip() or params.sender.id
-        lines.append(f"{speaker}: {body}" if body else f"{speaker}:")
+        if params.sender.is_bot:
+            speaker += " (bot)"
+        lines.append(f"{speaker}: {said}" if said else f"{speaker}:")
     else:
-        lines.append(body)
+        lines.append(said)
     text = "\n".join(lines).strip()
     parts, attachments = _attachments(params)
     content: str | list[ContentPart] = text
