@@ -271,3 +271,27 @@ async def test_a_refused_turn_is_stored_and_the_chat_told(tmp_path: Path) -> Non
             tg.cancel_scope.cancel()
     finally:
         await store.close()
+
+
+def test_scope_keys_titles_and_meta() -> None:
+    from sidecar.channels.routing import _meta, _title, scope_key
+
+    def params(**fields: Any) -> ChannelMessageParams:
+        return msgspec.convert(
+            {"channel": "c", "chatId": "oc_1", "chatType": "group", "chatName": "Ops", "sender": {"id": "u1", "name": "Ann"},
+             "timestamp": 1, **fields},
+            ChannelMessageParams,
+        )
+
+    threaded = params(threadId="t9")
+    assert scope_key(cfg(), threaded) == '["chat","oc_1"]'
+    assert scope_key(cfg(scope="chat_sender"), threaded) == '["chat_sender","oc_1","u1"]'
+    assert scope_key(cfg(scope="thread"), threaded) == '["thread","oc_1","t9"]'
+    assert scope_key(cfg(scope="thread"), params()) == '["chat","oc_1"]'  # no thread: the chat
+    assert _title(cfg(scope="thread"), threaded) == "plain - group - Ops (thread)"
+    assert _title(cfg(scope="chat_sender"), params()) == "plain - group - Ops / Ann"
+    assert _title(cfg(), params(chatType="private", chatName=None)) == "plain - private - Ann"
+    assert _meta(cfg(scope="thread"), threaded, "k") == {
+        "platform": "plain", "chatId": "oc_1", "chatType": "group", "scope": "thread", "scopeKey": "k",
+        "chatName": "Ops", "threadId": "t9",
+    }

@@ -141,6 +141,8 @@ class _Splitter:
         self.out: list[SplitChunk] = []
         self.cur: list[_Item] = []
         self.size = measure.base
+        self.real = 0
+        """Lines of ``cur`` that are neither synthetic nor blank."""
 
     # ---- the current chunk ----------------------------------------------------------
 
@@ -169,6 +171,8 @@ class _Splitter:
         cost = self.m.cost(line.text)
         self.size += cost + (self.m.sep if self.cur else 0)
         self.cur.append(_Item(line, synthetic, cost, fence, table))
+        if not synthetic and line.role != Role.BLANK:
+            self.real += 1
 
     def _closer_cost(self, fence: Fence | None) -> int:
         return 0 if fence is None else self.m.cost(fence.closer) + self.m.sep
@@ -179,7 +183,7 @@ class _Splitter:
         return grown + self._closer_cost(fence) <= self.limit
 
     def _real(self) -> int:
-        return sum(not i.synthetic and i.line.role != Role.BLANK for i in self.cur)
+        return self.real
 
     def _reopen(self, fence: Fence | None, table: Table | None) -> list[Line]:
         if fence is not None:
@@ -208,6 +212,7 @@ class _Splitter:
             self.out.append(chunk)
         self.cur = []
         self.size = self.m.base
+        self.real = 0
         for line in self._reopen(last.fence_after, last.table_after):
             self._push(line, synthetic=True)
         for item in rest:
@@ -283,7 +288,7 @@ class _Splitter:
                 if self.size + self._closer_cost(self._state()[0]) > self.limit:
                     carried = [it.line for it in self.cur if not it.synthetic]
                     synthetic = [it.line for it in self.cur if it.synthetic]
-                    self.cur, self.size = [], self.m.base
+                    self.cur, self.size, self.real = [], self.m.base, 0
                     for s in synthetic:
                         self._push(s, synthetic=True)
                     pending.extend(reversed(carried))
