@@ -432,7 +432,8 @@ def _notice(message: MessageV2) -> str | None:
 
 
 def _dedup_key(params: ChannelMessageParams) -> str:
-    """The platform message id; without one, a hash of what identifies the message."""
+    """The platform message id; without one, a hash of chat, sender, timestamp, type, text
+    and attachments (what a redelivery repeats)."""
     if params.message_id:
         return "id:" + params.message_id
     digest = hashlib.sha256()
@@ -442,8 +443,7 @@ def _dedup_key(params: ChannelMessageParams) -> str:
     for att in params.attachments:
         digest.update((att.url or "").encode())
         digest.update(hashlib.sha256((att.data or "").encode()).digest())
-    if params.raw is not None:
-        digest.update(_enc.encode(params.raw))
+    # not ``raw``: a redelivered event's envelope (event id, delivery time) differs
     return "hash:" + digest.hexdigest()
 
 

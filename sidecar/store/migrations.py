@@ -453,6 +453,8 @@ def m_channels(conn: apsw.Connection) -> None:
         CREATE INDEX IF NOT EXISTS idx_channel_inbox_received ON channel_inbox(channel_id, received_at);
         CREATE INDEX IF NOT EXISTS idx_channel_inbox_open ON channel_inbox(session_id, id)
           WHERE state IN ('queued', 'running');
+        CREATE INDEX IF NOT EXISTS idx_channel_inbox_platform ON channel_inbox(channel_id, platform_message_id)
+          WHERE platform_message_id IS NOT NULL;
         CREATE TABLE IF NOT EXISTS channel_deliveries (
           id                  TEXT PRIMARY KEY,
           channel_id          TEXT NOT NULL REFERENCES channel_configs(id) ON DELETE CASCADE,
@@ -473,6 +475,8 @@ def m_channels(conn: apsw.Connection) -> None:
         CREATE INDEX IF NOT EXISTS idx_channel_deliveries_open ON channel_deliveries(channel_id, chat_id, id)
           WHERE state IN ('pending', 'sent');
         CREATE INDEX IF NOT EXISTS idx_channel_deliveries_message ON channel_deliveries(message_id, seq);
+        CREATE INDEX IF NOT EXISTS idx_channel_deliveries_platform ON channel_deliveries(channel_id, platform_message_id)
+          WHERE platform_message_id IS NOT NULL;
         """
     )
     columns = {row[1] for row in conn.execute("PRAGMA table_info(messages_v2)")}
