@@ -2,7 +2,7 @@
 
 Mirrors seed 004 sections 3 and 5. Columns of ``sessions_v2``/``messages_v2`` map
 one-to-one onto fields here (snake_case column -> camelCase wire name); JSON
-columns (tags, parts, tool_calls, usage, acp_parts, channel_meta) are decoded
+columns (tags, parts, tool_calls, usage, acp_parts, channel_meta, delivery) are decoded
 into typed values. Timestamps are integer milliseconds since the epoch.
 """
 
