@@ -10,11 +10,13 @@ from __future__ import annotations
 
 from protocol import chat, context, lifecycle, mcp, messages, providers, sessions, settings, tools
 from protocol import compat
+from protocol import channels
+from protocol.channels import ChannelReplyParams
 from protocol.common import CancelRequestParams, MethodSpec
 from protocol.events import ChatStreamEvent
 from protocol.types import SessionV2
 
-_DOMAIN_TABLES = (lifecycle, sessions, messages, chat, providers, settings, tools, mcp, context, compat)
+_DOMAIN_TABLES = (lifecycle, sessions, messages, chat, providers, settings, tools, mcp, context, compat, channels)
 
 METHODS: dict[str, MethodSpec] = {}
 for _domain in _DOMAIN_TABLES:
@@ -28,6 +30,10 @@ NOTIFICATIONS: dict[str, MethodSpec] = {
     ),
     "chat:session:updated": MethodSpec(
         SessionV2, None, "A session changed outside a request of the renderer (title, counters).",
+        direction="server->client",
+    ),
+    "channel:reply": MethodSpec(
+        ChannelReplyParams, None, "Deliver chunks of a reply to an IM chat; answer with channel:ack.",
         direction="server->client",
     ),
     "$/cancelRequest": MethodSpec(

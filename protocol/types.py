@@ -2,7 +2,7 @@
 
 Mirrors seed 004 sections 3 and 5. Columns of ``sessions_v2``/``messages_v2`` map
 one-to-one onto fields here (snake_case column -> camelCase wire name); JSON
-columns (tags, parts, tool_calls, usage, acp_parts, channel_meta) are decoded
+columns (tags, parts, tool_calls, usage, acp_parts, channel_meta, delivery) are decoded
 into typed values. Timestamps are integer milliseconds since the epoch.
 """
 
@@ -39,6 +39,8 @@ __all__ = [
     "SearchResult",
     "DateRange",
     "SessionExport",
+    "DeliveryStatus",
+    "MessageDelivery",
 ]
 
 
@@ -181,6 +183,27 @@ class SessionV2(Struct, omit_defaults=False, kw_only=True):
     confined to it and an ACP engine gets it as ``cwd``. None: no workspace."""
 
 
+DeliveryStatus = Literal["pending", "sending", "delivered", "failed"]
+"""Of an IM reply: ``pending`` (the reply is not finished, e.g. it waits for a tool approval,
+or waits for the rate limit), ``sending`` (sent, not all acknowledged yet), ``delivered``
+(every delivery acknowledged), ``failed`` (a delivery failed after its retries)."""
+
+
+class MessageDelivery(Struct, omit_defaults=False, kw_only=True):
+    """How a reply to an IM message (``channel:message``) is being delivered by the host."""
+
+    channel: str
+    chat_id: str
+    status: DeliveryStatus
+    deliveries: int = 0
+    """``channel:reply`` notifications of this reply so far."""
+    delivered: int = 0
+    failed: int = 0
+    error: str | None = None
+    """The last delivery error (the host's, or a missing acknowledgement)."""
+    updated_at: int
+
+
 class MessageV2(Struct, omit_defaults=False, kw_only=True):
     """One row of ``messages_v2`` (seed 004 section 3.2).
 
@@ -208,6 +231,8 @@ class MessageV2(Struct, omit_defaults=False, kw_only=True):
     created_at: Int64
     updated_at: Int64
     seq: Int64 | None = None
+    delivery: MessageDelivery | None = None
+    """Set on an assistant reply to an IM message: its delivery to the chat."""
 
 
 class MessageTreeNode(Struct, omit_defaults=False, kw_only=True):

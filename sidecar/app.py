@@ -32,6 +32,8 @@ Attributes:
     mcp:      McpManager (sidecar/tools/mcp.py): mcp:server:*; its servers stop on exit.
     compat:   CompatService (sidecar/compat/service.py): compat:*, the V1 /computer/chat
               endpoint (off until compat:start; stopped first on exit).
+    channels: ChannelService (sidecar/channels/service.py): channel:*; its workers stop on
+              exit before the chat engine does (their turns and deliveries resume on restart).
     (later)   chat, ... attached by the services that own them.
 """
 
@@ -97,6 +99,7 @@ async def open_app(config: Config, notify: Notify) -> AsyncIterator[App]:
         await _open_chat(app, stack)
         _open_context(app)
         await _open_compat(app, stack)
+        await _open_channels(app, stack)
         yield app
 
 
@@ -128,6 +131,7 @@ _SERVICE_MODULES = (
     "sidecar.pipeline.builder",
     "sidecar.store.assistants",
     "sidecar.compat.service",
+    "sidecar.channels.service",
 )
 
 
@@ -268,3 +272,26 @@ def _open_context(app: App) -> None:
     )
     app.assistants = AssistantService(AssistantRepo.of(app.store.sync))
     app.context = ContextService(app.store, builder)
+
+
+async def _open_channels(app: App, stack: AsyncExitStack) -> None:
+    """IM channels: their workers run in a task group of their own, cancelled on exit before
+    the chat engine closes (an interrupted wait or delivery resumes at the next start)."""
+    import anyio
+
+    from sidecar.channels.service import ChannelService
+    from sidecar.store.attachments import AttachmentStore
+    from sidecar.store.channels import ChannelRepo
+
+    task_group = await stack.enter_async_context(anyio.create_task_group())
+    stack.callback(task_group.cancel_scope.cancel)
+    app.channels = ChannelService(
+        repo=ChannelRepo.of(app.store.sync),
+        store=app.store,
+        chat=app.chat,
+        events=app.events,
+        notify=app.notify,
+        attachments=AttachmentStore(app.data_dir),
+        task_group=task_group,
+    )
+    await app.channels.load()

@@ -105,6 +105,12 @@ BINDINGS: dict[str, str] = {
     "compat:start": "compat.start",
     "compat:stop": "compat.stop",
     "compat:status": "compat.status",
+    "channel:message": "channels.message",
+    "channel:ack": "channels.ack",
+    "channel:config:list": "channels.list_configs",
+    "channel:config:get": "channels.get_config",
+    "channel:config:upsert": "channels.upsert_config",
+    "channel:config:delete": "channels.delete_config",
 }
 """Method name -> attribute path on the App of the ``async def f(params) -> result`` that answers it."""
 

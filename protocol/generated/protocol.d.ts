@@ -45,24 +45,37 @@ export declare const enum ErrorCode {
 }
 export type ErrorCodeValue = -32700 | -32600 | -32601 | -32602 | -32603 | -32800 | -32001 | -32002 | -32003 | -32004 | -32005 | -32006 | -32007 | -32008;
 
+export type AttachmentKind = "audio" | "file" | "image" | "video";
+export type ChannelDialect = "dingtalk_md" | "feishu_card" | "feishu_post" | "plain" | "slack_blocks" | "slack_mrkdwn" | "wecom_md";
+export type ChannelPlatform = "dingtalk" | "feishu" | "lark" | "plain" | "slack" | "wechat" | "wecom";
+export type ChannelScope = "chat" | "chat_sender" | "thread";
 export type ChatStreamEvent = StreamStartEvent | TextDeltaEvent | ThinkingDeltaEvent | ToolCallStartEvent | ToolCallDeltaEvent | ToolResultEvent | UsageEvent | StreamEndEvent | ErrorEvent | AbortedEvent | ToolApprovalRequiredEvent | NoticeEvent | PlanEvent;
+export type ChatType = "group" | "private";
 export type CompatFlavor = "electron" | "rcoder";
 export type ContentPart = TextPart | ImagePart | FilePart | CodePart | ToolUsePart | ToolResultPart | ThinkingPart | StepStartPart | StepFinishPart | DiffPart;
 export type ContentType = "multipart" | "text";
+export type DeliveryKind = "delete" | "edit" | "send";
+export type DeliveryStatus = "delivered" | "failed" | "pending" | "sending";
 export type FinishReason = "content_filter" | "length" | "max_turn_requests" | "other" | "refusal" | "stop" | "tool_calls";
+export type GroupTrigger = "always" | "mention";
+export type InboundType = "audio" | "card" | "file" | "image" | "other" | "rich" | "sticker" | "text" | "video";
 export type InjectionPosition = "after_system" | "at_depth" | "before_system" | "bottom_of_chat" | "top_of_chat";
 export type InjectionRole = "assistant" | "system" | "user";
 export type McpServerStatus = "connecting" | "disabled" | "failed" | "ready";
 export type McpTransport = "http" | "stdio";
+export type MessageAction = "duplicate" | "ignored" | "new_session" | "reply" | "store" | "throttled";
 export type MessageRole = "assistant" | "system" | "tool" | "user";
 export type MessageStatus = "aborted" | "completed" | "error" | "paused" | "pending" | "streaming";
 export type ProviderKind = "acp-engine" | "anthropic" | "ollama" | "openai-compat";
 export type ReasoningLevel = "auto" | "high" | "low" | "max" | "medium" | "off";
 export type RegexScope = "assistant" | "both" | "user";
+export type ReplyChunk = ReplyTextChunk | ReplyBlocksChunk | ReplyImageChunk | ReplyFileChunk;
+export type ReplyMode = "once" | "stream";
 export type SecretKeySource = "file" | "host" | "keychain";
 export type SecretsState = "locked" | "ready";
 export type SessionMode = "acp" | "direct";
 export type SessionSortBy = "created_at" | "last_message_at" | "updated_at";
+export type SizeUnit = "chars" | "json_bytes" | "utf8_bytes";
 export type ToolDecision = "answered" | "approved" | "denied";
 export type ToolPolicyValue = "ask" | "auto" | "deny";
 export type TruncationStrategy = "sliding-window" | "smart-select" | "summarize-old";
@@ -170,6 +183,235 @@ export interface Attachment {
 export interface CancelRequestParams {
   /** The id of the request, as it was sent (JSON-RPC allows strings and numbers). */
   id: number | string;
+}
+
+/** ``channel:ack``: the host delivered (``ok``) or could not deliver a ``channel:reply``. */
+export interface ChannelAckParams {
+  deliveryId: string;
+  ok: boolean;
+  error?: string | null;
+  /**
+   * ``ok: false`` with ``retryable: false`` (e.g. the bot left the chat) fails the delivery
+   * at once instead of retrying it.
+   */
+  retryable?: boolean;
+  /** The platform's id of the (first) message sent, kept for the record. */
+  platformMessageId?: string | null;
+}
+
+/**
+ * An attachment the host downloaded: ``data`` (base64 bytes, stored in the data dir), or an
+ * ``http(s)`` ``url`` a model can fetch.
+ */
+export interface ChannelAttachment {
+  kind: AttachmentKind;
+  name?: string | null;
+  mimeType?: string | null;
+  data?: string | null;
+  url?: string | null;
+}
+
+/** A stored channel with every limit, rate and delivery value in effect. */
+export interface ChannelConfig {
+  id: string;
+  platform: ChannelPlatform;
+  name?: string | null;
+  enabled?: boolean;
+  scope?: ChannelScope;
+  replyMode?: ReplyMode;
+  groupTrigger?: GroupTrigger;
+  dialect: ChannelDialect;
+  botUserIds?: string[];
+  providerId?: string | null;
+  modelId?: string | null;
+  systemPrompt?: string | null;
+  limits: ChannelLimits;
+  rate: ChannelRate;
+  delivery: ChannelDeliveryPolicy;
+  /** Whether the platform can edit sent messages (reply mode ``stream`` needs it). */
+  canEdit?: boolean;
+  createdAt: number;
+  updatedAt: number;
+}
+
+/** ``channel:config:upsert``: create or replace a channel (one bot on one platform). */
+export interface ChannelConfigUpsertParams {
+  /**
+   * Chosen by the host, used as ``channel`` in messages and replies (1..64 of
+   * ``A-Za-z0-9._:-``).
+   */
+  id: string;
+  platform: ChannelPlatform;
+  name?: string | null;
+  enabled?: boolean;
+  scope?: ChannelScope;
+  replyMode?: ReplyMode;
+  groupTrigger?: GroupTrigger;
+  /**
+   * Default per platform: feishu/lark feishu_card, dingtalk dingtalk_md, wecom wecom_md,
+   * slack slack_blocks, wechat and plain plain.
+   */
+  dialect?: ChannelDialect | null;
+  /**
+   * The bot's own ids on the platform: a mention of one of them mentions the bot, and a
+   * message sent by one of them is the bot's own (ignored).
+   */
+  botUserIds?: string[];
+  /** Provider and model of the sessions this channel creates (default: provider:setDefault). */
+  providerId?: string | null;
+  modelId?: string | null;
+  systemPrompt?: string | null;
+  limits?: ChannelLimits | null;
+  rate?: ChannelRate | null;
+  delivery?: ChannelDeliveryPolicy | null;
+}
+
+/** Acknowledgements and retries of ``channel:reply`` deliveries. */
+export interface ChannelDeliveryPolicy {
+  /** A delivery not acknowledged within this is sent again; 100..600,000 (default 30 s). */
+  ackTimeoutMs?: number | null;
+  /** Sends of one delivery before it is marked failed; 1..20 (default 4). */
+  maxAttempts?: number | null;
+  /**
+   * Wait before the second attempt, doubled for each further one (capped at 5 min);
+   * 0..600,000 (default 2 s).
+   */
+  retryBackoffMs?: number | null;
+}
+
+/**
+ * Sizes; an omitted field takes the platform's default (``channel:config:get`` shows the
+ * effective values).
+ */
+export interface ChannelLimits {
+  /** The largest chunk (one platform message), in ``sizeUnit``; 256..1,000,000. */
+  maxMessageSize?: number | null;
+  sizeUnit?: SizeUnit | null;
+  /** slack_blocks: the largest section block (Slack: 3,000); 256..maxMessageSize. */
+  maxSectionChars?: number | null;
+  /** slack_blocks: section blocks per message (Slack: 50); 1..50. */
+  maxBlocks?: number | null;
+  /** The longest incoming text accepted (longer is invalid params); 1..1,000,000. */
+  maxInboundChars?: number | null;
+  /**
+   * How long a received message id is remembered (redeliveries inside it are dropped);
+   * 24 h..30 days, default 48 h.
+   */
+  dedupWindowMs?: number | null;
+}
+
+/**
+ * One mention of the message. ``key`` is the placeholder the text holds for it, when the
+ * platform uses one (Feishu ``@_user_1``).
+ */
+export interface ChannelMention {
+  id: string;
+  name?: string | null;
+  key?: string | null;
+  /** The host knows this mention is the bot (else: ``id`` in the channel's botUserIds). */
+  isSelf?: boolean;
+}
+
+/** ``channel:message``: one incoming IM message, as the host received it. */
+export interface ChannelMessageParams {
+  /** The channel's id (``channel:config:upsert``). */
+  channel: string;
+  chatId: string;
+  chatType: ChatType;
+  /** The group's name (titles of new sessions). */
+  chatName?: string | null;
+  /** The platform's thread (Feishu thread_id/root_id, Slack thread_ts): scope ``thread``. */
+  threadId?: string | null;
+  sender: ChannelSender;
+  /**
+   * The platform's message id: the dedup key (not the event id, which changes on
+   * redelivery). Without it the key is a hash of chat, sender, timestamp and content.
+   */
+  messageId?: string | null;
+  msgType?: InboundType;
+  /**
+   * The text as the platform gave it, markup included (mentions, emoji codes, Slack
+   * ``<@U1>``...).
+   */
+  text?: string;
+  mentions?: ChannelMention[];
+  /** The host saw an @all/@everyone (markup in the text is detected too). */
+  mentionAll?: boolean;
+  attachments?: ChannelAttachment[];
+  replyTo?: ChannelQuote | null;
+  /** When the platform says the message was sent (ms). */
+  timestamp: number;
+  /**
+   * The platform's own message payload (Feishu message object or its content, DingTalk or
+   * WeCom callback body, Slack event); used to read rich text, cards and mentions. At most
+   * 256 KiB as JSON, nesting at most 32 levels.
+   */
+  raw?: Record<string, unknown> | null;
+}
+
+export interface ChannelMessageResult {
+  action: MessageAction;
+  /** The received message's record (the same for a duplicate as for the original). */
+  inboxId: string;
+  /** The session it went (or goes) to; None when ignored. */
+  sessionId?: string | null;
+}
+
+/** The message this one replies to (a quoted reply). */
+export interface ChannelQuote {
+  messageId?: string | null;
+  text?: string | null;
+  senderName?: string | null;
+}
+
+/** Outgoing rate and the loop guard; an omitted field takes the platform's default. */
+export interface ChannelRate {
+  /** Platform messages (chunks, edits) per minute for the whole channel; 0 = unlimited. */
+  messagesPerMinute?: number | null;
+  /** Messages that may go at once (and the most chunks one delivery carries); 1..100. */
+  burst?: number | null;
+  /** stream mode: at least this long between two edits of a streaming reply; 200..60,000. */
+  editIntervalMs?: number | null;
+  /** Loop guard: more replies than this in ``loopWindowMs`` in one chat start a cooldown. */
+  loopMaxEvents?: number | null;
+  loopWindowMs?: number | null;
+  /** While a chat cools down its messages are stored without a reply. */
+  loopCooldownMs?: number | null;
+}
+
+/**
+ * ``channel:reply`` (sidecar -> host): send these chunks, in order, to the chat, then
+ * answer ``channel:ack {deliveryId}``. A delivery not acknowledged in time is sent again
+ * with the same ``deliveryId`` (``attempt`` counts up): the host must treat it as an
+ * idempotency key.
+ */
+export interface ChannelReplyParams {
+  deliveryId: string;
+  channel: string;
+  chatId: string;
+  threadId?: string | null;
+  /** The platform message id this answers (to quote or thread the reply). */
+  replyTo?: string | null;
+  sessionId: string;
+  /** The assistant message in the session (None for a command's confirmation). */
+  messageId?: string | null;
+  /** 1, 2, 3... per reply, in the order the host must deliver them. */
+  seq: number;
+  /** The last delivery of this reply. */
+  final: boolean;
+  kind?: DeliveryKind;
+  /** kind edit/delete: the delivery whose platform message to change. */
+  editOf?: string | null;
+  attempt?: number;
+  /** Platform messages, in order (kind edit: exactly one, the new content; delete: none). */
+  chunks: ReplyChunk[];
+}
+
+export interface ChannelSender {
+  id: string;
+  /** Display name; in group chats it is put into the user turn so the model knows who spoke. */
+  name?: string | null;
+  isBot?: boolean;
 }
 
 /** Engine settings (``settings:get`` / ``settings:update``). */
@@ -518,6 +760,20 @@ export interface MemorySettings {
   entries?: string[];
 }
 
+/** How a reply to an IM message (``channel:message``) is being delivered by the host. */
+export interface MessageDelivery {
+  channel: string;
+  chatId: string;
+  status: DeliveryStatus;
+  /** ``channel:reply`` notifications of this reply so far. */
+  deliveries?: number;
+  delivered?: number;
+  failed?: number;
+  /** The last delivery error (the host's, or a missing acknowledgement). */
+  error?: string | null;
+  updatedAt: number;
+}
+
 export interface MessageIdResult {
   /** The assistant message being generated. */
   messageId: string;
@@ -570,6 +826,8 @@ export interface MessageV2 {
   createdAt: number;
   updatedAt: number;
   seq?: number | null;
+  /** Set on an assistant reply to an IM message: its delivery to the chat. */
+  delivery?: MessageDelivery | null;
 }
 
 export interface MessagesGetParams {
@@ -771,6 +1029,38 @@ export interface RegexRule {
   enabled?: boolean;
 }
 
+/** One Slack message: section blocks plus the same content as ``text`` (notifications). */
+export interface ReplyBlocksChunk {
+  type: "blocks";
+  text: string;
+  blocks: SlackSectionBlock[];
+}
+
+export interface ReplyFileChunk {
+  type: "file";
+  uri: string;
+  name?: string | null;
+  mimeType?: string | null;
+}
+
+/**
+ * An image sent as a message of its own: an ``http(s)`` URL or a ``file://`` URI in the
+ * data dir (the host uploads it).
+ */
+export interface ReplyImageChunk {
+  type: "image";
+  url: string;
+  mimeType?: string | null;
+  alt?: string | null;
+}
+
+/** One platform message of rendered text. */
+export interface ReplyTextChunk {
+  type: "text";
+  text: string;
+  format: ChannelDialect;
+}
+
 /** A session's stored RollingContextSummary (seed 000 section 2). */
 export interface RollingSummaryInfo {
   text: string;
@@ -963,6 +1253,17 @@ export interface SessionV2 {
    * confined to it and an ACP engine gets it as ``cwd``. None: no workspace.
    */
   workspaceDir?: string | null;
+}
+
+/** A Slack ``section`` block, in Slack's own JSON shape (the host passes it through). */
+export interface SlackSectionBlock {
+  type?: "section";
+  text: SlackText;
+}
+
+export interface SlackText {
+  type?: "mrkdwn";
+  text: string;
 }
 
 export interface StepFinishPart {
@@ -1314,6 +1615,18 @@ export interface Methods {
   "assistant:setDefault": { params: AssistantIdParams; result: SuccessResult };
   /** Create or replace an assistant profile (validated). */
   "assistant:upsert": { params: AssistantUpsertParams; result: AssistantProfile };
+  /** The host delivered (or failed to deliver) a channel:reply. */
+  "channel:ack": { params: ChannelAckParams; result: SuccessResult };
+  /** Delete a channel; its open deliveries fail, its sessions stay. */
+  "channel:config:delete": { params: IdParams; result: SuccessResult };
+  /** One channel with its effective limits. */
+  "channel:config:get": { params: IdParams; result: ChannelConfig };
+  /** Configured channels. */
+  "channel:config:list": { params: EmptyParams; result: ChannelConfig[] };
+  /** Create or replace a channel (platform, scope, reply mode, limits). */
+  "channel:config:upsert": { params: ChannelConfigUpsertParams; result: ChannelConfig };
+  /** An incoming IM message: deduplicated, routed to its chat's session, answered by channel:reply. */
+  "channel:message": { params: ChannelMessageParams; result: ChannelMessageResult };
   /** Stop the running generation of a session. */
   "chat:abort": { params: AbortParams; result: SuccessResult };
   /** Summarize the old part of the active branch now (target size, extra instructions). */
@@ -1407,6 +1720,8 @@ export type MethodName = keyof Methods;
 export interface Notifications {
   /** Cancel an in-flight request (LSP convention). */
   "$/cancelRequest": { params: CancelRequestParams; direction: "client->server" };
+  /** Deliver chunks of a reply to an IM chat; answer with channel:ack. */
+  "channel:reply": { params: ChannelReplyParams; direction: "server->client" };
   /** A session changed outside a request of the renderer (title, counters). */
   "chat:session:updated": { params: SessionV2; direction: "server->client" };
   /** One streaming event of a reply. */

@@ -401,3 +401,84 @@ def m012_search_docs_created_at(conn: apsw.Connection) -> None:
         END;
         """
     )
+
+
+@migration
+def m_channels(conn: apsw.Connection) -> None:
+    # IM channels (sidecar/store/channels.py): the configured channels; the link of a chat's
+    # scope (chat, chat + sender, thread) to its session (the real server's ImSession); every
+    # received message, kept for the dedup window (its platform message id, or a content
+    # hash, is unique per channel) and as the durable queue of turns; every channel:reply
+    # delivery with its acknowledgement state; and on messages_v2 the delivery summary of a
+    # reply (JSON of protocol.MessageDelivery, shown by chat:messages:get). Written to be
+    # re-runnable (IF NOT EXISTS, the column checked first): tests that step user_version
+    # back to replay an earlier migration replay this one too.
+    conn.execute(
+        """
+        CREATE TABLE IF NOT EXISTS channel_configs (
+          id         TEXT PRIMARY KEY,
+          platform   TEXT NOT NULL,
+          config     TEXT NOT NULL,
+          created_at INTEGER NOT NULL,
+          updated_at INTEGER NOT NULL
+        );
+        CREATE TABLE IF NOT EXISTS channel_links (
+          channel_id TEXT NOT NULL REFERENCES channel_configs(id) ON DELETE CASCADE,
+          scope_key  TEXT NOT NULL,
+          session_id TEXT NOT NULL REFERENCES sessions_v2(id) ON DELETE CASCADE,
+          chat_id    TEXT NOT NULL,
+          created_at INTEGER NOT NULL,
+          updated_at INTEGER NOT NULL,
+          PRIMARY KEY (channel_id, scope_key)
+        ) WITHOUT ROWID;
+        CREATE INDEX IF NOT EXISTS idx_channel_links_session ON channel_links(session_id);
+        CREATE TABLE IF NOT EXISTS channel_inbox (
+          id                  TEXT PRIMARY KEY,
+          channel_id          TEXT NOT NULL REFERENCES channel_configs(id) ON DELETE CASCADE,
+          dedup_key           TEXT NOT NULL,
+          chat_id             TEXT NOT NULL,
+          thread_id           TEXT,
+          platform_message_id TEXT,
+          session_id          TEXT REFERENCES sessions_v2(id) ON DELETE SET NULL,
+          action              TEXT NOT NULL,
+          state               TEXT NOT NULL,
+          input               TEXT,
+          user_message_id     TEXT,
+          reply_message_id    TEXT,
+          error               TEXT,
+          received_at         INTEGER NOT NULL,
+          updated_at          INTEGER NOT NULL,
+          UNIQUE (channel_id, dedup_key)
+        );
+        CREATE INDEX IF NOT EXISTS idx_channel_inbox_received ON channel_inbox(channel_id, received_at);
+        CREATE INDEX IF NOT EXISTS idx_channel_inbox_open ON channel_inbox(session_id, id)
+          WHERE state IN ('queued', 'running');
+        CREATE INDEX IF NOT EXISTS idx_channel_inbox_platform ON channel_inbox(channel_id, platform_message_id)
+          WHERE platform_message_id IS NOT NULL;
+        CREATE TABLE IF NOT EXISTS channel_deliveries (
+          id                  TEXT PRIMARY KEY,
+          channel_id          TEXT NOT NULL REFERENCES channel_configs(id) ON DELETE CASCADE,
+          chat_id             TEXT NOT NULL,
+          message_id          TEXT REFERENCES messages_v2(id) ON DELETE CASCADE,
+          inbox_id            TEXT,
+          seq                 INTEGER NOT NULL,
+          kind                TEXT NOT NULL,
+          target              INTEGER NOT NULL,
+          payload             TEXT NOT NULL,
+          state               TEXT NOT NULL,
+          attempts            INTEGER NOT NULL DEFAULT 0,
+          error               TEXT,
+          platform_message_id TEXT,
+          created_at          INTEGER NOT NULL,
+          updated_at          INTEGER NOT NULL
+        );
+        CREATE INDEX IF NOT EXISTS idx_channel_deliveries_open ON channel_deliveries(channel_id, chat_id, id)
+          WHERE state IN ('pending', 'sent');
+        CREATE INDEX IF NOT EXISTS idx_channel_deliveries_message ON channel_deliveries(message_id, seq);
+        CREATE INDEX IF NOT EXISTS idx_channel_deliveries_platform ON channel_deliveries(channel_id, platform_message_id)
+          WHERE platform_message_id IS NOT NULL;
+        """
+    )
+    columns = {row[1] for row in conn.execute("PRAGMA table_info(messages_v2)")}
+    if "delivery" not in columns:
+        conn.execute("ALTER TABLE messages_v2 ADD COLUMN delivery TEXT")

@@ -20,7 +20,7 @@ from typing import Any
 import msgspec
 
 from protocol.limits import MAX_JSON_DEPTH
-from protocol.types import CodePart, ContentPart, MessageV2, SessionV2, TextPart, ToolCall, Usage
+from protocol.types import CodePart, ContentPart, MessageDelivery, MessageV2, SessionV2, TextPart, ToolCall, Usage
 from sidecar.errors import StoreError
 from sidecar.jsondepth import json_text_too_deep
 
@@ -49,7 +49,7 @@ SESSION_COLUMNS = (
 MESSAGE_COLUMNS = (
     "id, session_id, parent_id, role, content_type, text_content, parts, tool_calls,"
     " tool_call_id, tool_name, model_id, usage, latency_ms, acp_message_id, acp_parts, status,"
-    " error, created_at, updated_at, seq"
+    " error, created_at, updated_at, seq, delivery"
 )
 
 log = logging.getLogger(__name__)
@@ -69,6 +69,7 @@ _dec_parts = msgspec.json.Decoder(list[ContentPart])
 _dec_calls = msgspec.json.Decoder(list[ToolCall])
 _dec_usage = msgspec.json.Decoder(Usage)
 _dec_any_list = msgspec.json.Decoder(list[Any])
+_dec_delivery = msgspec.json.Decoder(MessageDelivery)
 
 
 def to_json(value: Any) -> str | None:
@@ -194,7 +195,18 @@ def message_from_row(r: MessageRow) -> MessageV2:
         created_at=r[17],
         updated_at=r[18],
         seq=r[19],
+        delivery=None if r[20] is None else _delivery_or_none(r[20], mid),
     )
+
+
+def _delivery_or_none(raw: str, row_id: str) -> MessageDelivery | None:
+    """The delivery summary of an IM reply; one that does not decode (written by a newer
+    build) is read as none: it is a record of the delivery, never needed to read the message."""
+    try:
+        return _dec_delivery.decode(raw)
+    except msgspec.DecodeError as exc:
+        log.warning("stored delivery of %s is not valid: %s", row_id, exc)
+        return None
 
 
 def message_values(m: MessageV2) -> tuple[Any, ...]:
@@ -220,6 +232,7 @@ def message_values(m: MessageV2) -> tuple[Any, ...]:
         m.created_at,
         m.updated_at,
         m.seq,
+        to_json(m.delivery),
     )
 
 

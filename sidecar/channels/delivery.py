@@ -1,0 +1,184 @@
+"""Outbox: ``channel:reply`` deliveries sent to the host, acknowledged, retried, or failed.
+
+Owns: one worker per (channel, chat) that sends the chat's stored deliveries in order, each
+after taking its chunks' worth of tokens from the channel's TokenBucket, then waits for
+``channel:ack``. A delivery not acknowledged within ``ackTimeoutMs`` (or refused with
+``ok: false``) is sent again with the same delivery id after ``retryBackoffMs`` (doubled per
+attempt, at most 5 min), up to ``maxAttempts`` sends; then it is marked failed (a refusal
+with ``retryable: false`` fails it at once) and the chat's next delivery goes.
+
+Must stay true: every state change is stored before the next step (a restart resends what
+was not acknowledged, counting the attempts already made); an acknowledgement that comes
+late (during the backoff, after the failure, after a restart) still marks the delivery
+delivered and is never resent after that; nothing here waits on the host without a bound.
+"""
+
+from __future__ import annotations
+
+import logging
+from collections.abc import Awaitable, Callable
+from typing import Any
+
+import anyio
+import anyio.abc
+import msgspec
+
+from protocol.channels import ChannelAckParams, ChannelConfig
+from sidecar.channels.ratelimit import TokenBucket
+from sidecar.channels.workers import KeyedWorkers
+from sidecar.errors import NotFound
+from sidecar.store.channels import ChannelRepo, DeliveryRow
+
+__all__ = ["Outbox", "REPLY_METHOD", "MAX_BACKOFF_S"]
+
+log = logging.getLogger(__name__)
+
+REPLY_METHOD = "channel:reply"
+MAX_BACKOFF_S = 300.0
+Notify = Callable[[str, Any], Awaitable[None]]
+
+
+class _Waiter:
+    __slots__ = ("event", "ack")
+
+    def __init__(self) -> None:
+        self.event = anyio.Event()
+        self.ack: ChannelAckParams | None = None
+
+
+class Outbox:
+    def __init__(
+        self,
+        repo: ChannelRepo,
+        notify: Notify,
+        task_group: anyio.abc.TaskGroup,
+        config_of: Callable[[str], ChannelConfig | None],
+    ) -> None:
+        self._repo = repo
+        self._notify = notify
+        self._config_of = config_of
+        self._workers: KeyedWorkers[tuple[str, str]] = KeyedWorkers(task_group, self._drain, "delivery")
+        self._waiting: dict[str, _Waiter] = {}
+        self._resolved: dict[str, anyio.Event] = {}
+        self._buckets: dict[str, TokenBucket] = {}
+
+    async def _db(self, fn: Callable[..., Any], *args: Any) -> Any:
+        return await anyio.to_thread.run_sync(fn, *args)
+
+    def kick(self, channel_id: str, chat_id: str) -> None:
+        self._workers.kick((channel_id, chat_id))
+
+    def bucket(self, config: ChannelConfig) -> TokenBucket:
+        rate = config.rate
+        assert rate.messages_per_minute is not None and rate.burst is not None
+        bucket = self._buckets.get(config.id)
+        if bucket is None:
+            bucket = self._buckets[config.id] = TokenBucket(rate.messages_per_minute, rate.burst)
+        elif (bucket.per_minute, bucket.burst) != (rate.messages_per_minute, rate.burst):
+            bucket.configure(rate.messages_per_minute, rate.burst)
+        return bucket
+
+    def forget(self, channel_id: str) -> None:
+        self._buckets.pop(channel_id, None)
+
+    async def wait_resolved(self, delivery_ids: list[str]) -> None:
+        """Until each of these deliveries is acknowledged or failed (stream mode paces its
+        edits on this; each wait is bounded by the delivery's own timeouts)."""
+        for delivery_id in delivery_ids:
+            event = self._resolved.setdefault(delivery_id, anyio.Event())
+            row = await self._db(self._repo.get_delivery, delivery_id)
+            if row is None or row.state in ("acked", "failed"):
+                self._resolved.pop(delivery_id, None)
+                continue
+            await event.wait()
+            self._resolved.pop(delivery_id, None)
+
+    def _resolve(self, delivery_id: str) -> None:
+        event = self._resolved.get(delivery_id)
+        if event is not None:
+            event.set()
+
+    # ---- acknowledgements ---------------------------------------------------------
+
+    async def ack(self, params: ChannelAckParams) -> None:
+        waiter = self._waiting.get(params.delivery_id)
+        if waiter is not None:
+            waiter.ack = params
+            waiter.event.set()
+            return
+        row = await self._db(self._repo.get_delivery, params.delivery_id)
+        if row is None:
+            raise NotFound(f"no delivery {params.delivery_id!r}")
+        if params.ok:
+            platform_id = params.platform_message_id or row.platform_message_id
+            if row.state != "acked" or platform_id != row.platform_message_id:
+                await self._db(self._repo.mark_acked, row.id, platform_id)
+                self._resolve(row.id)
+        elif row.state in ("pending", "sent"):
+            await self._db(self._repo.note_error, row.id, _host_error(params))
+
+    # ---- sending --------------------------------------------------------------------
+
+    async def _drain(self, key: tuple[str, str]) -> None:
+        channel_id, chat_id = key
+        while True:
+            row = await self._db(self._repo.next_delivery, channel_id, chat_id)
+            if row is None:
+                return
+            await self._deliver(row)
+
+    async def _deliver(self, row: DeliveryRow) -> None:
+        config = self._config_of(row.channel_id)
+        if config is None:
+            await self._db(self._repo.mark_failed, row.id, "the channel was deleted")
+            self._resolve(row.id)
+            return
+        policy = config.delivery
+        assert policy.max_attempts is not None and policy.ack_timeout_ms is not None
+        assert policy.retry_backoff_ms is not None
+        attempts = row.attempts
+        error = row.error or "not acknowledged"
+        try:
+            while True:
+                if attempts >= policy.max_attempts:
+                    await self._db(self._repo.mark_failed, row.id, error)
+                    log.warning("delivery %s failed after %d attempts: %s", row.id, attempts, error)
+                    return
+                await self.bucket(config).acquire(max(1, len(row.payload.chunks)))
+                attempts += 1
+                ack = await self._send_once(row, attempts, policy.ack_timeout_ms / 1000.0)
+                if ack is not None and ack.ok:
+                    await self._db(self._repo.mark_acked, row.id, ack.platform_message_id)
+                    return
+                if ack is None:
+                    error = f"no acknowledgement within {policy.ack_timeout_ms} ms (attempt {attempts})"
+                else:
+                    error = _host_error(ack)
+                    if not ack.retryable:
+                        await self._db(self._repo.mark_failed, row.id, error)
+                        return
+                if attempts >= policy.max_attempts:
+                    continue
+                await self._db(self._repo.note_error, row.id, error)
+                await anyio.sleep(min(MAX_BACKOFF_S, policy.retry_backoff_ms / 1000.0 * 2 ** (attempts - 1)))
+                fresh = await self._db(self._repo.get_delivery, row.id)
+                if fresh is None or fresh.state in ("acked", "failed"):
+                    return  # acknowledged late, or the reply went away
+        finally:
+            self._resolve(row.id)
+
+    async def _send_once(self, row: DeliveryRow, attempt: int, timeout_s: float) -> ChannelAckParams | None:
+        waiter = _Waiter()
+        self._waiting[row.id] = waiter
+        try:
+            await self._db(self._repo.mark_sent, row.id, attempt)
+            await self._notify(REPLY_METHOD, msgspec.structs.replace(row.payload, attempt=attempt))
+            with anyio.move_on_after(timeout_s):
+                await waiter.event.wait()
+        finally:
+            self._waiting.pop(row.id, None)
+        return waiter.ack
+
+
+def _host_error(ack: ChannelAckParams) -> str:
+    return f"the host could not deliver it: {ack.error or 'no reason given'}"[:2000]

@@ -1,0 +1,139 @@
+"""Input adaptation (seed 004 §4.1 PreProcessor 6): an IM message -> the user turn.
+
+Owns: ``adapt``: the platform's markup (mentions, @all, emoji codes, quoted replies,
+rich-text posts and cards, Slack blocks) becomes clean text by the platform's adapter (one
+module per platform), then the turn is written so that it says who spoke and what was
+quoted:
+
+    > Bob: the quoted message            (a quoted reply, at most 500 characters of it)
+
+    Alice: the message text              (groups: the sender's display name first,
+                                          "(bot)" after it for a bot; "@all" when the host
+                                          saw one the text does not show)
+
+and the attachments become parts (``data``: stored in the data dir by the engine's
+AttachmentStore; ``url``: an image/file part). Must stay true: any input the protocol
+accepts adapts without raising, except attachments that are not usable (InvalidParams
+naming the field).
+"""
+
+from __future__ import annotations
+
+import mimetypes
+from collections.abc import Callable
+from dataclasses import dataclass
+
+from protocol.chat import Attachment, UserInput
+from protocol.channels import ChannelConfig, ChannelMessageParams
+from protocol.types import ContentPart, FilePart, ImagePart, TextPart
+from sidecar.channels.inbound.common import Mentions, PlatformText, resolve_plain_mentions
+from sidecar.channels.inbound.dingtalk import dingtalk_text
+from sidecar.channels.inbound.feishu import feishu_text
+from sidecar.channels.inbound.slack import slack_text
+from sidecar.channels.inbound.wechat import wechat_text
+from sidecar.channels.inbound.wecom import wecom_text
+from sidecar.errors import InvalidParams
+
+__all__ = ["Adapted", "adapt", "QUOTE_CHARS"]
+
+QUOTE_CHARS = 500
+_DEFAULT_MIME = {"image": "image/png", "audio": "audio/mpeg", "video": "video/mp4", "file": "application/octet-stream"}
+
+
+def _plain_text(params: ChannelMessageParams, mentions: Mentions) -> PlatformText:
+    return PlatformText(text=resolve_plain_mentions(params.text, mentions).strip())
+
+
+_ADAPTERS: dict[str, Callable[[ChannelMessageParams, Mentions], PlatformText]] = {
+    "feishu": feishu_text,
+    "lark": feishu_text,
+    "dingtalk": dingtalk_text,
+    "wecom": wecom_text,
+    "wechat": wechat_text,
+    "slack": slack_text,
+    "plain": _plain_text,
+}
+
+
+@dataclass(slots=True)
+class Adapted:
+    body: str
+    """The clean text alone (commands such as ``/new`` are read from it)."""
+    turn: UserInput
+    """The user turn: speaker and quote written in, attachments as parts."""
+    mentions_bot: bool
+    mentions_all: bool
+
+    @property
+    def empty(self) -> bool:
+        return not self.body.strip() and not _has_media(self.turn)
+
+
+def _has_media(turn: UserInput) -> bool:
+    if turn.attachments:
+        return True
+    return isinstance(turn.content, list) and any(not isinstance(p, TextPart) for p in turn.content)
+
+
+def adapt(params: ChannelMessageParams, config: ChannelConfig, quoted: str | None = None) -> Adapted:
+    """``quoted``: the text of the message ``replyTo.messageId`` names, when the host gave no
+    text for it and the sidecar knows it (a message of this chat it received or sent)."""
+    mentions = Mentions(params.mentions, config.bot_user_ids)
+    platform = _ADAPTERS[config.platform](params, mentions)
+    body = "\n".join(line.rstrip() for line in platform.text.split("\n")).strip()
+    quote_text = params.reply_to.text if params.reply_to and params.reply_to.text else platform.quote or quoted
+    quote_sender = (params.reply_to.sender_name if params.reply_to else None) or platform.quote_sender
+    lines: list[str] = []
+    if quote_text and quote_text.strip():
+        quoted = quote_text.strip()
+        if len(quoted) > QUOTE_CHARS:
+            quoted = quoted[:QUOTE_CHARS].rstrip() + "…"
+        first = f"{quote_sender}: " if quote_sender else ""
+        lines.append("\n".join("> " + line for line in (first + quoted).split("\n")))
+        lines.append("")
+    said = body
+    if params.mention_all and "@all" not in said.lower():
+        said = f"@all {said}".strip()  # the host saw an @all the text does not show
+    if params.chat_type == "group":
+        speaker = (params.sender.name or params.sender.id).strip() or params.sender.id
+        if params.sender.is_bot:
+            speaker += " (bot)"
+        lines.append(f"{speaker}: {said}" if said else f"{speaker}:")
+    else:
+        lines.append(said)
+    text = "\n".join(lines).strip()
+    parts, attachments = _attachments(params)
+    content: str | list[ContentPart] = text
+    if parts:
+        content = [TextPart(text=text), *parts] if text else parts
+    return Adapted(
+        body=body,
+        turn=UserInput(content=content, attachments=attachments or None),
+        mentions_bot=mentions.bot,
+        mentions_all=mentions.all or params.mention_all,
+    )
+
+
+def _attachments(params: ChannelMessageParams) -> tuple[list[ContentPart], list[Attachment]]:
+    parts: list[ContentPart] = []
+    stored: list[Attachment] = []
+    for index, att in enumerate(params.attachments):
+        field = f"$.attachments[{index}]"
+        if (att.data is None) == (att.url is None):
+            raise InvalidParams(f"invalid params: an attachment needs exactly one of data and url - at `{field}`")
+        guessed = mimetypes.guess_type(att.name or (att.url or "").split("?")[0])[0] if att.name or att.url else None
+        mime = att.mime_type or guessed or _DEFAULT_MIME[att.kind]
+        if att.data is not None:
+            name = att.name or f"{att.kind}{mimetypes.guess_extension(mime) or ''}"
+            if att.kind == "image" and not mime.startswith("image/"):
+                mime = _DEFAULT_MIME["image"]
+            stored.append(Attachment(name=name, data=att.data, mime_type=mime))
+            continue
+        url = att.url or ""
+        if not url.lower().startswith(("http://", "https://")) or len(url) > 8192:
+            raise InvalidParams(f"invalid params: url must be an http(s) URL - at `{field}.url`")
+        if att.kind == "image":
+            parts.append(ImagePart(mime_type=mime if mime.startswith("image/") else "image/png", url=url))
+        else:
+            parts.append(FilePart(uri=url, mime_type=mime, name=att.name))
+    return parts, stored

@@ -1,0 +1,177 @@
+"""What each IM platform allows, and a channel's configuration with every default filled in.
+
+Owns: the per-platform defaults (dialect, message size and its unit, Slack block limits,
+rate, whether sent messages can be edited) and ``resolve_config``, which checks an upsert and
+returns the ChannelConfig in effect. Must stay true: every value the delivery path reads is
+set on the stored config (nothing is looked up from the platform table later), and a value
+outside its range is an InvalidParams naming the field, never clamped silently.
+
+Defaults, from the platforms' documented limits:
+- Slack: 40,000 characters per message, 3,000 per section block, 50 blocks per message;
+  about one message per second per channel (60/min, bursts of 3).
+- WeCom (group robot Markdown): 4,096 UTF-8 bytes; 20 messages per minute per robot.
+- DingTalk (robot Markdown): 20,000 UTF-8 bytes; 20 messages per minute per robot, after
+  which the robot is blocked for minutes.
+- Feishu/Lark: a card or post request body up to 30 KB (a text message up to 150 KB), so
+  28,000 bytes of JSON-escaped text for cards and posts, 148,000 for plain text; 5 messages
+  per second per chat (300/min, bursts of 5).
+- WeChat: 2,048 UTF-8 bytes of plain text; 60/min, bursts of 5.
+- plain: 4,000 characters, no rate limit.
+Platforms that can edit a sent message (reply mode ``stream``): Feishu/Lark (message and card
+update), Slack (chat.update), DingTalk (AI card streaming update), plain (the host decides).
+"""
+
+from __future__ import annotations
+
+import re
+
+import msgspec
+
+from protocol.channels import (
+    ChannelConfig,
+    ChannelConfigUpsertParams,
+    ChannelDeliveryPolicy,
+    ChannelDialect,
+    ChannelLimits,
+    ChannelPlatform,
+    ChannelRate,
+    SizeUnit,
+)
+from sidecar.errors import InvalidParams
+
+__all__ = ["PlatformDefaults", "PLATFORMS", "resolve_config", "CHANNEL_ID_RE", "DAY_MS"]
+
+DAY_MS = 24 * 3600 * 1000
+CHANNEL_ID_RE = re.compile(r"^[A-Za-z0-9._:-]{1,64}$")
+
+
+class PlatformDefaults(msgspec.Struct, frozen=True, kw_only=True):
+    dialect: ChannelDialect
+    can_edit: bool
+    messages_per_minute: int
+    burst: int
+
+
+PLATFORMS: dict[ChannelPlatform, PlatformDefaults] = {
+    "feishu": PlatformDefaults(dialect="feishu_card", can_edit=True, messages_per_minute=300, burst=5),
+    "lark": PlatformDefaults(dialect="feishu_card", can_edit=True, messages_per_minute=300, burst=5),
+    "dingtalk": PlatformDefaults(dialect="dingtalk_md", can_edit=True, messages_per_minute=20, burst=20),
+    "wecom": PlatformDefaults(dialect="wecom_md", can_edit=False, messages_per_minute=20, burst=20),
+    "wechat": PlatformDefaults(dialect="plain", can_edit=False, messages_per_minute=60, burst=5),
+    "slack": PlatformDefaults(dialect="slack_blocks", can_edit=True, messages_per_minute=60, burst=3),
+    "plain": PlatformDefaults(dialect="plain", can_edit=True, messages_per_minute=0, burst=10),
+}
+
+# (platform, dialect) -> (size, unit); a pair not listed uses the dialect's own default.
+_SIZES: dict[tuple[str, str], tuple[int, SizeUnit]] = {
+    ("feishu", "plain"): (148_000, "json_bytes"),
+    ("lark", "plain"): (148_000, "json_bytes"),
+    ("wechat", "plain"): (2_048, "utf8_bytes"),
+}
+_DIALECT_SIZES: dict[str, tuple[int, SizeUnit]] = {
+    "feishu_card": (28_000, "json_bytes"),
+    "feishu_post": (28_000, "json_bytes"),
+    "dingtalk_md": (20_000, "utf8_bytes"),
+    "wecom_md": (4_096, "utf8_bytes"),
+    "slack_mrkdwn": (40_000, "chars"),
+    "slack_blocks": (40_000, "chars"),
+    "plain": (4_000, "chars"),
+}
+
+DEFAULT_INBOUND_CHARS = 64_000
+DEFAULT_DEDUP_WINDOW_MS = 2 * DAY_MS
+DEFAULT_EDIT_INTERVAL_MS = 1_000
+DEFAULT_LOOP_MAX_EVENTS = 20
+DEFAULT_LOOP_WINDOW_MS = 60_000
+DEFAULT_LOOP_COOLDOWN_MS = 300_000
+DEFAULT_ACK_TIMEOUT_MS = 30_000
+DEFAULT_MAX_ATTEMPTS = 4
+DEFAULT_RETRY_BACKOFF_MS = 2_000
+SLACK_SECTION_CHARS = 3_000
+SLACK_MAX_BLOCKS = 50
+
+
+def _pick(field: str, value: int | None, default: int, low: int, high: int) -> int:
+    chosen = default if value is None else value
+    if isinstance(chosen, bool) or not low <= chosen <= high:
+        raise InvalidParams(f"invalid params: {field} must be {low}..{high} - at `$.{field}`")
+    return chosen
+
+
+def _text(field: str, value: str | None, limit: int) -> str | None:
+    if value is None:
+        return None
+    if len(value) > limit:
+        raise InvalidParams(f"invalid params: {field} is longer than {limit} characters - at `$.{field}`")
+    return value or None
+
+
+def resolve_config(params: ChannelConfigUpsertParams, now: int) -> ChannelConfig:
+    """The ChannelConfig in effect for an upsert (InvalidParams naming the field when not)."""
+    if not CHANNEL_ID_RE.match(params.id):
+        raise InvalidParams("invalid params: id must be 1..64 of A-Za-z0-9._:- - at `$.id`")
+    platform = PLATFORMS[params.platform]
+    dialect: ChannelDialect = params.dialect or platform.dialect
+    if params.reply_mode == "stream" and not platform.can_edit:
+        raise InvalidParams(
+            f"invalid params: replyMode stream needs a platform that can edit sent messages;"
+            f" {params.platform} cannot - at `$.replyMode`"
+        )
+    if len(params.bot_user_ids) > 32 or any(not b or len(b) > 256 for b in params.bot_user_ids):
+        raise InvalidParams("invalid params: botUserIds: at most 32 ids of 1..256 characters - at `$.botUserIds`")
+    lim = params.limits or ChannelLimits()
+    size, unit = _SIZES.get((params.platform, dialect), _DIALECT_SIZES[dialect])
+    max_size = _pick("limits.maxMessageSize", lim.max_message_size, size, 256, 1_000_000)
+    slack = dialect == "slack_blocks"
+    if not slack and (lim.max_section_chars is not None or lim.max_blocks is not None):
+        raise InvalidParams(
+            "invalid params: maxSectionChars and maxBlocks apply to the slack_blocks dialect only"
+            " - at `$.limits`"
+        )
+    limits = ChannelLimits(
+        max_message_size=max_size,
+        size_unit=lim.size_unit or unit,
+        max_section_chars=_pick(
+            "limits.maxSectionChars", lim.max_section_chars, min(SLACK_SECTION_CHARS, max_size), 256, max_size
+        ) if slack else None,
+        max_blocks=_pick("limits.maxBlocks", lim.max_blocks, SLACK_MAX_BLOCKS, 1, SLACK_MAX_BLOCKS) if slack else None,
+        max_inbound_chars=_pick("limits.maxInboundChars", lim.max_inbound_chars, DEFAULT_INBOUND_CHARS, 1, 1_000_000),
+        dedup_window_ms=_pick(
+            "limits.dedupWindowMs", lim.dedup_window_ms, DEFAULT_DEDUP_WINDOW_MS, DAY_MS, 30 * DAY_MS
+        ),
+    )
+    r = params.rate or ChannelRate()
+    rate = ChannelRate(
+        messages_per_minute=_pick("rate.messagesPerMinute", r.messages_per_minute, platform.messages_per_minute, 0, 6_000),
+        burst=_pick("rate.burst", r.burst, platform.burst, 1, 100),
+        edit_interval_ms=_pick("rate.editIntervalMs", r.edit_interval_ms, DEFAULT_EDIT_INTERVAL_MS, 200, 60_000),
+        loop_max_events=_pick("rate.loopMaxEvents", r.loop_max_events, DEFAULT_LOOP_MAX_EVENTS, 1, 10_000),
+        loop_window_ms=_pick("rate.loopWindowMs", r.loop_window_ms, DEFAULT_LOOP_WINDOW_MS, 1_000, DAY_MS),
+        loop_cooldown_ms=_pick("rate.loopCooldownMs", r.loop_cooldown_ms, DEFAULT_LOOP_COOLDOWN_MS, 0, DAY_MS),
+    )
+    d = params.delivery or ChannelDeliveryPolicy()
+    delivery = ChannelDeliveryPolicy(
+        ack_timeout_ms=_pick("delivery.ackTimeoutMs", d.ack_timeout_ms, DEFAULT_ACK_TIMEOUT_MS, 100, 600_000),
+        max_attempts=_pick("delivery.maxAttempts", d.max_attempts, DEFAULT_MAX_ATTEMPTS, 1, 20),
+        retry_backoff_ms=_pick("delivery.retryBackoffMs", d.retry_backoff_ms, DEFAULT_RETRY_BACKOFF_MS, 0, 600_000),
+    )
+    return ChannelConfig(
+        id=params.id,
+        platform=params.platform,
+        name=_text("name", params.name, 200),
+        enabled=params.enabled,
+        scope=params.scope,
+        reply_mode=params.reply_mode,
+        group_trigger=params.group_trigger,
+        dialect=dialect,
+        bot_user_ids=list(params.bot_user_ids),
+        provider_id=_text("providerId", params.provider_id, 200),
+        model_id=_text("modelId", params.model_id, 200),
+        system_prompt=_text("systemPrompt", params.system_prompt, 100_000),
+        limits=limits,
+        rate=rate,
+        delivery=delivery,
+        can_edit=platform.can_edit,
+        created_at=now,
+        updated_at=now,
+    )
