@@ -346,9 +346,28 @@ async def serve(
     """Serve one client over the given streams until EOF, shutdown, a signal, ``stop`` or
     (with a ``supervisor``) the parent's death."""
     stop = stop or anyio.Event()
+    # In-process (tests, embedding) the clock is reset on both sides: the deadline of this
+    # server's shutdown must not bound the waits of whatever runs after it returns. With a
+    # supervisor the process ends with the server (Supervisor.start resets it).
     if supervisor is None:
         SHUTDOWN_CLOCK.reset()
-    else:
+    try:
+        await _serve(config, receive_stream, send_stream, handle_signals=handle_signals, stop=stop, supervisor=supervisor)
+    finally:
+        if supervisor is None:
+            SHUTDOWN_CLOCK.reset()
+
+
+async def _serve(
+    config: Config,
+    receive_stream: ReceiveStream,
+    send_stream: SendStream,
+    *,
+    handle_signals: bool,
+    stop: anyio.Event,
+    supervisor: Supervisor | None,
+) -> None:
+    if supervisor is not None:
         loop = asyncio.get_running_loop()
 
         def parent_died() -> None:  # called from the Supervisor's thread
