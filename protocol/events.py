@@ -42,11 +42,11 @@ FinishReason = Literal[
 ]
 
 ToolDecision = Literal["approved", "denied", "answered"]
-"""What ``chat:tool:approve`` can decide (exported by ``protocol.tools``)."""
+"""What ``chat:tool:approve`` can decide."""
 
 ApprovalSource = Literal["tool", "acp"]
 """Where a call that needs a decision comes from: ``tool`` (a tool of the direct-mode loop)
-or ``acp`` (an agent engine's permission request). Exported by ``protocol.tools``."""
+or ``acp`` (an agent engine's permission request)."""
 
 NoticeCode = Literal["acp_session_replaced", "acp_history_unavailable", "acp_content_not_sent"]
 """``acp_session_replaced``: the agent could not reload the conversation after a restart and
