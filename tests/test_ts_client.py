@@ -74,3 +74,31 @@ async def test_node_client_against_the_real_sidecar(tmp_path: Path) -> None:
     command, args = python_sidecar()
     output = await run_node_client_tests(tmp_path, command, args)
     assert_all_ran(output)
+
+
+def test_the_readme_snippets_compile(tmp_path: Path) -> None:
+    """README's main-process snippet, as an app would have it (the generated folder copied
+    to ./sidecar/), compiles under the same strict settings as the example."""
+    compiler = tsc()
+    readme = (ROOT / "README.md").read_text(encoding="utf-8")
+    section = readme[readme.index("### Main process"):]
+    snippet = section[section.index("```ts\n") + 6: section.index("\n```", section.index("```ts\n"))]
+    source = "declare const logFile: { write(text: string): void };\n" + snippet.replace(
+        '"./sidecar/', '"../../../protocol/generated/'
+    )
+    probe = NODE_TOOLS / "typecheck" / "_readme.ts"
+    probe.write_text(source, encoding="utf-8")
+    try:
+        config = tmp_path / "tsconfig.json"
+        config.write_text(
+            json.dumps({
+                "extends": str(NODE_TOOLS / "tsconfig.json"),
+                "compilerOptions": {"typeRoots": [str(NODE_TOOLS / "node_modules" / "@types")]},
+                "files": [str(NODE_TOOLS / "stubs" / "electron.d.ts"), str(probe)],
+            }),
+            encoding="utf-8",
+        )
+        done = run([*compiler, "-p", str(config), *STRICT_FLAGS])
+    finally:
+        probe.unlink()
+    assert done.returncode == 0, f"README's snippet does not compile:\n{done.stdout}{done.stderr}"

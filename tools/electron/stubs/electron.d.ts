@@ -54,6 +54,7 @@ declare module "electron" {
         | "documents" | "downloads" | "music" | "pictures" | "videos" | "recent" | "logs" | "crashDumps",
     ): string;
     getAppPath(): string;
+    getVersion(): string;
     whenReady(): Promise<void>;
     quit(): void;
     exit(exitCode?: number): void;
