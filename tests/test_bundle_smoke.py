@@ -11,10 +11,16 @@ tested by accident.
 from __future__ import annotations
 
 import base64
+import datetime
+import ipaddress
 import json
 import os
 import sys
+from collections.abc import AsyncIterator
+from contextlib import asynccontextmanager
 from pathlib import Path
+
+import anyio
 
 import pytest
 from chat_helpers import configure_provider, wait_final
@@ -112,6 +118,94 @@ async def test_the_launcher_serves_a_reply_with_documents_templates_and_mcp(tmp_
         await proc.close()
     proc.assert_all_jsonrpc()
     assert "Traceback" not in proc.stderr_text()
+
+
+TLS_PROVIDER = """
+import ssl, sys
+sys.path.insert(0, sys.argv[1])
+import scripted_provider
+server, port = scripted_provider.serve(0)
+context = ssl.SSLContext(ssl.PROTOCOL_TLS_SERVER)
+context.load_cert_chain(sys.argv[2], sys.argv[3])
+server.socket = context.wrap_socket(server.socket, server_side=True)
+print("PORT", port, flush=True)
+server.serve_forever(poll_interval=0.2)
+"""
+"""fixtures/scripted_provider.py behind TLS (a self-signed certificate for 127.0.0.1)."""
+
+
+def self_signed(folder: Path) -> tuple[Path, Path]:
+    from cryptography import x509
+    from cryptography.hazmat.primitives import hashes, serialization
+    from cryptography.hazmat.primitives.asymmetric import ec
+    from cryptography.x509.oid import NameOID
+
+    key = ec.generate_private_key(ec.SECP256R1())
+    name = x509.Name([x509.NameAttribute(NameOID.COMMON_NAME, "127.0.0.1")])
+    now = datetime.datetime.now(datetime.timezone.utc)
+    cert = (
+        x509.CertificateBuilder().subject_name(name).issuer_name(name).public_key(key.public_key())
+        .serial_number(x509.random_serial_number())
+        .not_valid_before(now - datetime.timedelta(days=1)).not_valid_after(now + datetime.timedelta(days=1))
+        .add_extension(x509.SubjectAlternativeName([x509.IPAddress(ipaddress.ip_address("127.0.0.1"))]), critical=False)
+        .add_extension(x509.BasicConstraints(ca=True, path_length=None), critical=True)
+        .sign(key, hashes.SHA256())
+    )
+    cert_path, key_path = folder / "cert.pem", folder / "key.pem"
+    cert_path.write_bytes(cert.public_bytes(serialization.Encoding.PEM))
+    key_path.write_bytes(key.private_bytes(
+        serialization.Encoding.PEM, serialization.PrivateFormat.PKCS8, serialization.NoEncryption()
+    ))
+    return cert_path, key_path
+
+
+@asynccontextmanager
+async def tls_provider(cert: Path, key: Path) -> AsyncIterator[str]:
+    process = await anyio.open_process(
+        [sys.executable, "-c", TLS_PROVIDER, str(ROOT / "fixtures"), str(cert), str(key)]
+    )
+    try:
+        assert process.stdout is not None
+        with anyio.fail_after(20):
+            line = b""
+            while not line.endswith(b"\n"):
+                line += await process.stdout.receive(64)
+        yield f"https://127.0.0.1:{int(line.split()[1])}/v1"
+    finally:
+        with anyio.CancelScope(shield=True):
+            process.kill()
+            with anyio.move_on_after(5):
+                await process.wait()
+            await process.aclose()
+
+
+@pytest.mark.anyio
+async def test_the_launcher_speaks_https_and_verifies_certificates(tmp_path: Path, launcher: Path) -> None:
+    """The bundled ssl/OpenSSL stack: a reply over HTTPS when the certificate is trusted
+    (SSL_CERT_FILE, which the HTTP client honours), a certificate error when it is not."""
+    cert, key = self_signed(tmp_path)
+    (tmp_path / "other").mkdir()
+    other, _ = self_signed(tmp_path / "other")  # trusted instead: the server's is unknown
+    async with tls_provider(cert, key) as base_url:
+        for trusted in (True, False):
+            data = tmp_path / f"data-{trusted}"
+            ca = str(cert if trusted else other)
+            async with spawn_sidecar(data, command=[str(launcher), "--data-dir", str(data)], env={"SSL_CERT_FILE": ca}) as proc:
+                await configure_provider(proc, base_url)
+                session = await proc.call("chat:session:create", {})
+                sent = await proc.call("chat:send", {"sessionId": session["id"], "input": {"content": "over TLS"}})
+                final = await wait_final(proc, sent["messageId"], timeout=60)
+                if trusted:
+                    assert final["type"] == "stream_end", final
+                    text = "".join(
+                        p["text"] for p in proc.notifications("chat:stream")
+                        if p["messageId"] == sent["messageId"] and p["type"] == "text_delta"
+                    )
+                    assert "You wrote: “over TLS”" in text
+                else:
+                    assert final["type"] == "error", final
+                    assert "certificate verify failed" in final["error"].lower(), final
+                await proc.close()
 
 
 @pytest.mark.anyio
