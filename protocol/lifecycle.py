@@ -39,6 +39,8 @@ class ServerCapabilities(Struct, omit_defaults=False, kw_only=True):
 
 class InitializeParams(Struct, kw_only=True):
     protocol_version: int | None = None
+    """The contract version the client was built for; another one than the sidecar's is
+    refused with BAD_STATE, data ``{expected, got}``."""
     client_info: ClientInfo | None = None
 
 

@@ -646,7 +646,9 @@ def compile_client(texts: dict[str, str]) -> dict[str, str]:
         for source in CLIENT_SOURCES:
             stem = source.removesuffix(".ts")
             for name in (f"{stem}.js", f"{stem}.d.ts"):
-                produced[name] = (work / name).read_text(encoding="utf-8")
+                text = (work / name).read_text(encoding="utf-8")
+                header = f"// {HEADER}\n"
+                produced[name] = text if text.startswith(header) else header + text  # tsc drops it from .d.ts
         return produced
 
 

@@ -380,6 +380,10 @@ export interface ImagePart {
 }
 
 export interface InitializeParams {
+  /**
+   * The contract version the client was built for; another one than the sidecar's is
+   * refused with BAD_STATE, data ``{expected, got}``.
+   */
   protocolVersion?: number | null;
   clientInfo?: ClientInfo | null;
 }
