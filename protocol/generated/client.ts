@@ -49,7 +49,7 @@ export interface SidecarOptions {
   command: string;
   /** Arguments before the ones the client adds (`--data-dir`, `--log-level`). */
   args?: readonly string[];
-  /** Extra environment variables, on top of this process's environment. */
+  /** Extra environment variables, on top of this process's environment (`undefined` removes one). */
   env?: Readonly<Record<string, string | undefined>>;
   /** `--data-dir`: where chat.db and attachments live (default: the sidecar's platform default). */
   dataDir?: string;
