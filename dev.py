@@ -3,15 +3,19 @@
 
     python3 dev.py demo [args...]   create .venv, install, run the stdio demo client
     python3 dev.py test [pytest args...]   create .venv, install with test extras, run the tests
-    python3 dev.py gen               regenerate protocol/generated/ (JSON Schema + TypeScript)
+    python3 dev.py gen               regenerate protocol/generated/ (JSON Schema, TypeScript, client)
     python3 dev.py bench NAME        run tools/bench/NAME.py
+    python3 dev.py bundle [args...]  build dist/chat-sidecar/, the folder a desktop app ships
 
 The virtual environment lives in ``.venv`` next to this file (``VENV`` overrides it).
+``test`` and ``gen`` also install the pinned TypeScript compiler into
+``tools/electron/node_modules`` (``npm ci``) when npm is on PATH.
 """
 
 from __future__ import annotations
 
 import os
+import shutil
 import subprocess
 import sys
 from pathlib import Path
@@ -46,6 +50,23 @@ def ensure_venv(extras: str = "") -> None:
     stamp.touch()
 
 
+def ensure_node_tools() -> None:
+    """``npm ci`` in tools/electron when its lockfile changed; without npm the TypeScript
+    tests say so and skip."""
+    tools = ROOT / "tools" / "electron"
+    npm = shutil.which("npm")
+    stamp = tools / "node_modules" / ".installed"
+    if npm is None:
+        print("npm is not on PATH: the TypeScript client tests will be skipped", file=sys.stderr)
+        return
+    lock = tools / "package-lock.json"
+    if stamp.exists() and stamp.stat().st_mtime >= lock.stat().st_mtime:
+        return
+    if run(npm, "ci", "--prefix", tools, "--no-audit", "--no-fund", "--loglevel", "error") != 0:
+        sys.exit("npm ci --prefix tools/electron failed")
+    stamp.touch()
+
+
 def main(argv: list[str]) -> int:
     cmd, rest = (argv[0], argv[1:]) if argv else ("test", [])
     if cmd == "demo":
@@ -53,18 +74,22 @@ def main(argv: list[str]) -> int:
         return run(PY, ROOT / "tools" / "demo.py", *rest)
     if cmd == "test":
         ensure_venv("test")
+        ensure_node_tools()
         code = run(PY, "-m", "pytest", *rest)
         if code == 5:  # no tests collected: nothing ran, which is not a pass
             print("pytest collected no tests", file=sys.stderr)
         return code
     if cmd == "gen":
         ensure_venv()
+        ensure_node_tools()
         return run(PY, ROOT / "tools" / "gen_protocol.py", *rest)
     if cmd == "bench":
         ensure_venv("test")
         if not rest:
             sys.exit("usage: dev.py bench NAME [args]  (NAME of tools/bench/NAME.py)")
         return run(PY, ROOT / "tools" / "bench" / f"{rest[0]}.py", *rest[1:])
+    if cmd == "bundle":  # the tool makes its own build venv (runtime dependencies only)
+        return run(sys.executable, ROOT / "tools" / "bundle.py", *rest)
     sys.exit(__doc__)
 
 

@@ -3,13 +3,16 @@
 
 from __future__ import annotations
 
+from typing import Union
+
 from protocol.limits import Id
-from protocol.types import ContentPart, Struct
+from protocol.types import FilePart, ImagePart, Struct, TextPart
 from protocol.common import SuccessResult
 from protocol.common import MethodSpec
 
 __all__ = [
     "Attachment",
+    "InputPart",
     "UserInput",
     "RegenerateOptions",
     "MessageIdResult",
@@ -28,8 +31,13 @@ class Attachment(Struct, kw_only=True):
     mime_type: str
 
 
+InputPart = Union[TextPart, ImagePart, FilePart]
+"""The parts a user message may be sent with (stored messages hold every ContentPart;
+tool, thinking, step and diff parts come from the model or an agent, never from the user)."""
+
+
 class UserInput(Struct, kw_only=True):
-    content: str | list[ContentPart]
+    content: str | list[InputPart]
     attachments: list[Attachment] | None = None
 
 

@@ -13,6 +13,7 @@ from typing import Literal, Union
 import msgspec
 
 from protocol.limits import Int64
+from protocol.errors import ErrorCode
 from protocol.types import Struct, Usage
 
 __all__ = [
@@ -34,12 +35,27 @@ __all__ = [
     "ToolApprovalOption",
     "ToolApprovalRequiredEvent",
     "ChatStreamEvent",
+    "FinalEvent",
     "FinishReason",
+    "NoticeCode",
 ]
 
 FinishReason = Literal[
     "stop", "length", "tool_calls", "content_filter", "refusal", "max_turn_requests", "other"
 ]
+
+ToolDecision = Literal["approved", "denied", "answered"]
+"""What ``chat:tool:approve`` can decide."""
+
+ApprovalSource = Literal["tool", "acp"]
+"""Where a call that needs a decision comes from: ``tool`` (a tool of the direct-mode loop)
+or ``acp`` (an agent engine's permission request)."""
+
+NoticeCode = Literal["acp_session_replaced", "acp_history_unavailable", "acp_content_not_sent"]
+"""``acp_session_replaced``: the agent could not reload the conversation after a restart and
+starts a new agent session without the earlier turns; ``acp_history_unavailable``: the agent
+session of this branch is unknown to the engine; ``acp_content_not_sent``: parts of the user
+message (e.g. images) that the agent does not accept were left out."""
 
 
 class StreamToolCall(Struct, kw_only=True):
@@ -106,7 +122,7 @@ class ErrorEvent(_Event, tag="error", kw_only=True):
     """The message ended with an error; its partial content is stored."""
 
     error: str
-    code: Int64 | None = None
+    code: ErrorCode | None = None
     """An ErrorCode value when one applies (for example PROVIDER_ERROR)."""
 
 
@@ -131,23 +147,21 @@ class ToolApprovalRequiredEvent(_Event, tag="tool_approval_required", kw_only=Tr
 
     tool_call: StreamToolCall
     """The whole call: id, name and the complete arguments JSON text."""
-    decisions: list[str] = msgspec.field(default_factory=lambda: ["approved", "denied", "answered"])
+    decisions: list[ToolDecision] = msgspec.field(default_factory=lambda: ["approved", "denied", "answered"])
     """The decisions chat:tool:approve accepts for this call."""
     options: list[ToolApprovalOption] | None = None
     """ACP permission options, when the call comes from an agent engine."""
-    source: str = "tool"
+    source: ApprovalSource = "tool"
     """``tool`` (a tool of the direct-mode loop) or ``acp`` (an agent engine's request)."""
 
 
 class NoticeEvent(_Event, tag="notice", kw_only=True):
     """Something the user should know about this reply that is not an error (it goes on).
 
-    Codes: ``acp_session_replaced`` (the agent could not reload the conversation after a
-    restart: it starts a new agent session without the earlier turns),
-    ``acp_history_unavailable`` (the agent session of this branch is unknown to the engine)."""
+    ``code`` says which notice it is (see NoticeCode)."""
 
     notice: str
-    code: str | None = None
+    code: NoticeCode | None = None
 
 
 class PlanEntry(Struct, kw_only=True):
@@ -182,3 +196,6 @@ ChatStreamEvent = Union[
     NoticeEvent,
     PlanEvent,
 ]
+
+FinalEvent = Union[StreamEndEvent, ErrorEvent, AbortedEvent]
+"""The events that end a message's stream: exactly one of them is its last event."""

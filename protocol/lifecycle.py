@@ -45,6 +45,8 @@ class ServerCapabilities(Struct, omit_defaults=False, kw_only=True):
 
 class InitializeParams(Struct, kw_only=True):
     protocol_version: Int64 | None = None
+    """The contract version the client was built for; another one than the sidecar's is
+    refused with BAD_STATE, data ``{expected, got}``."""
     client_info: ClientInfo | None = None
     secret_key: str | None = None
     """The host's key for secrets at rest: base64 of 32 random bytes, generated once by the

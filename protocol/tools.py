@@ -8,13 +8,17 @@ from typing import Literal
 import msgspec
 
 from protocol.limits import AuditPageLimit, Id, Int64, JsonObject, Offset, Title
-from protocol.events import ToolApprovalOption
+from protocol.events import ApprovalSource, ToolApprovalOption, ToolDecision
 from protocol.types import Struct
 from protocol.common import EmptyParams
 from protocol.common import MethodSpec
 
 __all__ = [
     "ToolDecision",
+    "ApprovalSource",
+    "ToolSource",
+    "AuditDecision",
+    "AuditActor",
     "ToolPolicyValue",
     "ToolApproveParams",
     "ToolApproveResult",
@@ -32,7 +36,18 @@ __all__ = [
 ]
 
 
-ToolDecision = Literal["approved", "denied", "answered"]
+ToolSource = Literal["web", "local", "conversation", "workspace", "skill", "mcp", "system"]
+"""Where a tool comes from (``tool:list``)."""
+
+AuditDecision = Literal[
+    "requested", "approved", "denied", "answered", "cancelled",
+    "policy:auto", "policy:deny", "remember:auto", "remember:deny",
+]
+"""``requested``: the call waits for a decision; approved/denied/answered: the user's
+decision; ``cancelled``: the reply ended first; ``policy:*``: a stored policy decided
+without asking; ``remember:*``: the decision also stored a policy (``note`` names its key)."""
+
+AuditActor = Literal["user", "policy", "system"]
 
 
 ToolPolicyValue = Literal["auto", "ask", "deny"]
@@ -70,7 +85,7 @@ class PendingToolCall(Struct, omit_defaults=False, kw_only=True):
     tool_call_id: str
     tool_name: str
     arguments: str
-    source: str = "tool"
+    source: ApprovalSource = "tool"
     options: list[ToolApprovalOption] | None = None
     created_at: Int64
 
@@ -103,11 +118,9 @@ class ToolAuditEntry(Struct, omit_defaults=False, kw_only=True):
     tool_call_id: str
     tool_name: str
     arguments: str
-    decision: str
-    """requested | approved | denied | answered | cancelled | policy:auto | policy:deny"""
-    actor: str
-    """user | policy | system"""
-    source: str = "tool"
+    decision: AuditDecision
+    actor: AuditActor
+    source: ApprovalSource = "tool"
     answer: str | None = None
     note: str | None = None
 
@@ -125,8 +138,7 @@ class ToolInfo(Struct, omit_defaults=False, kw_only=True):
 
     name: str
     description: str
-    source: str
-    """web | local | conversation | workspace | skill | mcp | system"""
+    source: ToolSource
     policy: ToolPolicyValue
     """The effective policy (stored policy, else the default)."""
     default_policy: ToolPolicyValue

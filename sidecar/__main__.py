@@ -28,7 +28,9 @@ def _parser() -> argparse.ArgumentParser:
     parser.add_argument(
         "--data-dir", help="data directory (env CHAT_SIDECAR_DATA_DIR; default: the platform's user data dir)"
     )
-    parser.add_argument("--log-level", help="DEBUG, INFO, WARNING, ERROR (env CHAT_SIDECAR_LOG_LEVEL; default INFO)")
+    parser.add_argument(
+        "--log-level", help="DEBUG, INFO, WARNING, ERROR, CRITICAL (env CHAT_SIDECAR_LOG_LEVEL; default WARNING)"
+    )
     parser.add_argument(
         "--max-line-bytes",
         type=int,

@@ -25,6 +25,9 @@ MIN_MAX_LINE_BYTES = 1024
 """Smaller limits would reject ordinary requests (an initialize alone is ~100 bytes)."""
 
 LOG_LEVELS = ("DEBUG", "INFO", "WARNING", "ERROR", "CRITICAL")
+DEFAULT_LOG_LEVEL = "WARNING"
+"""Quiet by default: a desktop app keeps the sidecar's stderr in its own log, where
+problems (WARNING and up) matter; INFO (lifecycle, one line per step) and DEBUG are asked for."""
 
 ENV_VARS: dict[str, str] = {
     "data_dir": "CHAT_SIDECAR_DATA_DIR",
@@ -41,7 +44,7 @@ class Config(msgspec.Struct, kw_only=True, frozen=True):
 
     data_dir: str
     """Absolute path of the data directory (database, logs, stored attachments)."""
-    log_level: str = "INFO"
+    log_level: str = DEFAULT_LOG_LEVEL
     max_line_bytes: int = DEFAULT_MAX_LINE_BYTES
     """Input lines longer than this are discarded and answered with MESSAGE_TOO_LARGE."""
     bench: bool = False
@@ -80,7 +83,7 @@ def build_config(overrides: Mapping[str, Any] | None = None, env: Mapping[str, s
     if "data_dir" not in values:
         values["data_dir"] = default_data_dir()
     values["data_dir"] = os.path.abspath(os.path.expanduser(str(values["data_dir"])))
-    level = str(values.get("log_level", "INFO")).upper()
+    level = str(values.get("log_level", DEFAULT_LOG_LEVEL)).upper()
     if level not in LOG_LEVELS:
         raise InvalidParams(f"log level must be one of {', '.join(LOG_LEVELS)}, got {level!r}")
     values["log_level"] = level

@@ -277,8 +277,14 @@ class Server:
             params.protocol_version,
         )
         if params.protocol_version is not None and params.protocol_version != PROTOCOL_VERSION:
-            # The client decides what to do with a mismatch; we answer with our version.
-            logger.warning("client speaks protocol %s, we speak %s", params.protocol_version, PROTOCOL_VERSION)
+            # A client built for another version would misread this wire: refuse the
+            # handshake (the client shows the error); the process keeps serving.
+            raise SidecarError(
+                f"protocol version mismatch: the client speaks protocol {params.protocol_version},"
+                f" this sidecar speaks protocol {PROTOCOL_VERSION}",
+                code=ErrorCode.BAD_STATE,
+                data={"expected": PROTOCOL_VERSION, "got": params.protocol_version},
+            )
         return InitializeResult(
             protocol_version=PROTOCOL_VERSION,
             server_info=ServerInfo(name=sidecar.SERVER_NAME, version=sidecar.__version__),

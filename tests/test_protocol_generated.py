@@ -1,15 +1,19 @@
-"""protocol/generated/ (JSON Schema + TypeScript) must match protocol/: run `python3 dev.py gen`."""
+"""protocol/generated/ (JSON Schema, TypeScript types and client) must match protocol/: run
+`python3 dev.py gen`; and the types must say what the wire really carries."""
 
 from __future__ import annotations
 
 import importlib.util
 import json
+import re
 import subprocess
 import sys
 from pathlib import Path
 from types import ModuleType
 from typing import Any
 
+import msgspec
+import msgspec.inspect as mi
 import pytest
 
 from protocol import METHODS, NOTIFICATIONS, ErrorCode
@@ -40,14 +44,21 @@ def test_check_flag_exits_0_when_fresh() -> None:
 def test_check_flag_exits_1_and_names_the_fix_when_stale(
     gen: ModuleType, tmp_path: Path, monkeypatch: pytest.MonkeyPatch, capsys: pytest.CaptureFixture[str]
 ) -> None:
-    schema, ts = tmp_path / "schema.json", tmp_path / "protocol.d.ts"
-    monkeypatch.setattr(gen, "SCHEMA_FILE", schema)
-    monkeypatch.setattr(gen, "TS_FILE", ts)
     monkeypatch.setattr(gen, "OUT_DIR", tmp_path)
-    assert gen.main([]) == 0 and gen.main(["--check"]) == 0
-    ts.write_text(ts.read_text() + "// edited by hand\n")
-    assert gen.main(["--check"]) == 1
-    assert "python3 dev.py gen" in capsys.readouterr().err
+    for name, attr in (("schema.json", "SCHEMA_FILE"), ("protocol.d.ts", "TS_FILE"), ("protocol.js", "JS_FILE"),
+                       ("package.json", "PACKAGE_FILE")):
+        monkeypatch.setattr(gen, attr, tmp_path / name)
+    assert gen.main(["--no-compile"]) == 0 and gen.main(["--check", "--no-compile"]) == 0
+    assert {p.name for p in tmp_path.iterdir()} == {
+        "schema.json", "protocol.d.ts", "protocol.js", "package.json", "client.ts", "errors.ts"
+    }
+    for name in ("protocol.d.ts", "protocol.js", "client.ts"):
+        path = tmp_path / name
+        original = path.read_text()
+        path.write_text(original + "// edited by hand\n")
+        assert gen.main(["--check", "--no-compile"]) == 1
+        assert "python3 dev.py gen" in capsys.readouterr().err
+        path.write_text(original)
 
 
 def test_output_is_deterministic(gen: ModuleType) -> None:
@@ -86,6 +97,8 @@ def test_schema_covers_every_method_and_every_ref_resolves(gen: ModuleType) -> N
 def test_typescript_declares_every_struct_union_and_method(gen: ModuleType) -> None:
     ts = gen.build_ts()
     for cls in gen.all_structs():
+        if cls.__name__ == "EmptyParams":
+            continue
         assert f"export interface {cls.__name__} {{" in ts
     for name in gen.exported_aliases():
         assert f"export type {name} = " in ts
@@ -93,4 +106,128 @@ def test_typescript_declares_every_struct_union_and_method(gen: ModuleType) -> N
         assert f'  "{name}": {{ params: ' in ts
     assert 'export interface TextDeltaEvent {\n  type: "text_delta";' in ts
     assert "  sessionId: string;" in ts and "session_id" not in ts
-    assert "export declare const enum ErrorCode {" in ts and "  NOT_FOUND = -32001," in ts
+
+
+# ---- the types tell the truth about the wire --------------------------------------------
+
+
+def ts_fields(ts: str, interface: str) -> dict[str, tuple[bool, str]]:
+    """Field name -> (required, type) of ``export interface <interface>`` in the .d.ts text."""
+    match = re.search(rf"^export interface {interface} {{\n(.*?)^}}", ts, flags=re.MULTILINE | re.DOTALL)
+    assert match, f"no interface {interface}"
+    fields = {}
+    for line in match.group(1).splitlines():
+        field = re.match(r"^  (\w+)(\??): (.*);$", line)
+        if field:
+            fields[field.group(1)] = (field.group(2) == "", field.group(3))
+    return fields
+
+
+def minimal(info: Any) -> Any:
+    """A valid value of a msgspec type: required fields only, defaults everywhere else."""
+    if isinstance(info, mi.StructType):
+        value = {f.encode_name: minimal(f.type) for f in info.fields if f.required}
+        if info.tag_field is not None:
+            value[info.tag_field] = info.tag
+        return value
+    if isinstance(info, mi.UnionType):
+        return minimal(next(t for t in info.types if not isinstance(t, mi.NoneType)))
+    if isinstance(info, mi.LiteralType):
+        return info.values[0]
+    if isinstance(info, mi.EnumType):
+        return next(iter(info.cls)).value
+    if isinstance(info, (mi.ListType, mi.SetType, mi.FrozenSetType, mi.VarTupleType)):
+        return []
+    if isinstance(info, mi.DictType):
+        return {}
+    simple = {mi.StrType: "x", mi.IntType: 0, mi.FloatType: 0.0, mi.BoolType: False, mi.NoneType: None}
+    for kind, value in simple.items():
+        if isinstance(info, kind):
+            return value
+    return None
+
+
+def test_what_the_sidecar_sends_is_required_exactly_when_msgspec_writes_it(gen: ModuleType) -> None:
+    """For every Struct in results and server notifications: encode one built from its
+    required fields only (every other field at its default) and compare the keys msgspec
+    writes with the fields the .d.ts marks required."""
+    ts = gen.build_ts()
+    server_side = gen.sent_by_server()
+    checked = 0
+    for cls in gen.all_structs():
+        if cls.__name__ not in server_side:
+            continue
+        value = msgspec.convert(minimal(mi.type_info(cls)), cls)
+        written = set(json.loads(msgspec.json.encode(value)))
+        fields = ts_fields(ts, cls.__name__)
+        required = {name for name, (req, _) in fields.items() if req}
+        if mi.type_info(cls).tag_field is not None:
+            required.add(mi.type_info(cls).tag_field)
+        assert written == required, cls.__name__
+        checked += 1
+    assert checked >= 30
+    session = ts_fields(ts, "SessionV2")
+    assert session["title"] == (True, "string") and session["tags"] == (True, "string[]")
+    assert session["summary"] == (True, "string | null")
+    assert ts_fields(ts, "MessageTreeNode")["children"] == (True, "MessageTreeNode[]")
+    assert ts_fields(ts, "SuccessResult")["success"] == (True, "boolean")
+    # a factory default msgspec cannot compare is always written
+    assert ts_fields(ts, "ToolApprovalRequiredEvent")["decisions"] == (True, "ToolDecision[]")
+
+
+def test_params_mark_what_may_be_left_out_and_have_lenient_forms_of_stored_shapes(gen: ModuleType) -> None:
+    ts = gen.build_ts()
+    assert ts_fields(ts, "SessionFilter")["limit"] == (False, "number")
+    assert ts_fields(ts, "SendParams")["input"] == (True, "UserInput")
+    # chat:session:import takes a SessionV2 whose defaulted fields may be missing
+    assert ts_fields(ts, "SessionImportParams")["session"] == (True, "SessionV2Input")
+    assert ts_fields(ts, "SessionV2Input")["title"] == (False, "string")
+    assert ts_fields(ts, "SessionV2Input")["id"] == (True, "string")
+    assert ts_fields(ts, "AssistantUpsertParams")["transformers"] == (False, "TransformerOptionsInput")
+    assert "export type EmptyParams = Record<string, never>;" in ts
+    assert '"provider:list": { params: EmptyParams;' in ts
+
+
+def test_error_codes_are_a_runtime_object_and_a_union_type(gen: ModuleType) -> None:
+    ts, js = gen.build_ts(), gen.build_js()
+    assert "const enum" not in ts
+    assert "export declare const ErrorCode: {" in ts
+    assert "export type ErrorCode = (typeof ErrorCode)[keyof typeof ErrorCode];" in ts
+    for code in ErrorCode:
+        assert f"  readonly {code.name}: {int(code)};" in ts
+        assert f"  {code.name}: {int(code)}," in js
+    assert ts_fields(ts, "ErrorEvent")["code"] == (False, "ErrorCode | null")
+    assert "code: ErrorCode;" in ts  # JsonRpcError
+
+
+def test_enumerated_fields_are_literal_unions(gen: ModuleType) -> None:
+    ts = gen.build_ts()
+    assert ts_fields(ts, "ToolInfo")["source"] == (True, "ToolSource")
+    assert ts_fields(ts, "ToolAuditEntry")["decision"] == (True, "AuditDecision")
+    assert ts_fields(ts, "ToolAuditEntry")["actor"] == (True, "AuditActor")
+    assert ts_fields(ts, "ToolAuditEntry")["source"] == (True, "ApprovalSource")
+    assert ts_fields(ts, "PendingToolCall")["source"] == (True, "ApprovalSource")
+    assert ts_fields(ts, "ToolApproveParams")["decision"] == (True, "ToolDecision")
+    assert ts_fields(ts, "ToolApprovalRequiredEvent")["source"] == (False, "ApprovalSource")
+    assert ts_fields(ts, "NoticeEvent")["code"] == (False, "NoticeCode | null")
+    assert 'export type AuditDecision = "answered" | "approved" | "cancelled" | "denied" | "policy:auto"' in ts
+
+
+def test_user_input_takes_input_parts_and_final_events_have_a_union(gen: ModuleType) -> None:
+    ts, js = gen.build_ts(), gen.build_js()
+    assert ts_fields(ts, "UserInput")["content"] == (True, "string | InputPart[]")
+    assert "export type InputPart = TextPart | ImagePart | FilePart;" in ts
+    assert "export type FinalEvent = StreamEndEvent | ErrorEvent | AbortedEvent;" in ts
+    assert 'export const FINAL_EVENT_TYPES = Object.freeze(["stream_end", "error", "aborted"]);' in js
+    for envelope in ("JsonRpcRequest", "JsonRpcNotification", "JsonRpcSuccess", "JsonRpcFailure", "JsonRpcError"):
+        assert f"export interface {envelope}" in ts
+    assert "export type ServerMessage = " in ts
+
+
+def test_the_generated_package_is_an_es_module_with_every_entry(gen: ModuleType) -> None:
+    package = json.loads(gen.build_package())
+    assert package["type"] == "module" and "dependencies" not in package
+    for entry in package["exports"].values():
+        targets = [entry] if isinstance(entry, str) else list(entry.values())
+        for target in targets:
+            assert (gen.OUT_DIR / target).exists(), target

@@ -53,6 +53,8 @@ def build(info: mi.Type, label: str, depth: int = 0, avoid: Any = msgspec.NODEFA
         return build(members[-1] if depth > 1 else members[0], label, depth, avoid)
     if isinstance(info, mi.LiteralType):
         return ([v for v in info.values if v != avoid] or list(info.values))[-1]
+    if isinstance(info, mi.EnumType):
+        return ([m.value for m in info.cls if m.value != avoid] or [m.value for m in info.cls])[-1]
     if isinstance(info, mi.ListType):
         if depth > 1:
             return []

@@ -201,4 +201,4 @@ def test_empty_cli_values_count_as_not_given(tmp_path: Path, monkeypatch: pytest
     assert build_config({"data_dir": "", "log_level": ""}, env).data_dir == str(tmp_path / "env")
     default = build_config({"data_dir": ""}, {})
     assert default.data_dir == build_config({}, {}).data_dir != str(tmp_path)
-    assert default.log_level == "INFO"
+    assert default.log_level == "WARNING"
