@@ -125,6 +125,8 @@ def ts_fields(ts: str, interface: str) -> dict[str, tuple[bool, str]]:
 
 def minimal(info: Any) -> Any:
     """A valid value of a msgspec type: required fields only, defaults everywhere else."""
+    if isinstance(info, mi.Metadata):  # a bounded type (protocol/limits.py)
+        return minimal(info.type)
     if isinstance(info, mi.StructType):
         value = {f.encode_name: minimal(f.type) for f in info.fields if f.required}
         if info.tag_field is not None:

@@ -47,7 +47,6 @@ def test_the_free_form_fields_found_include_the_known_ones() -> None:
         "chat:session:create:$.channelMeta",
         "chat:session:update:$.updates.channelMeta",
         "provider:upsert:$.body",
-        "chat:send:$.input.content[0].input",
         "chat:session:import:$.session.channelMeta",
         "chat:session:import:$.messages[0].acpParts",
         "chat:session:import:$.messages[0].parts[0].input",
