@@ -225,11 +225,10 @@ def _open_context(app: App) -> None:
     from sidecar.engine.assistants import AssistantService
     from sidecar.engine.context import ContextService
     from sidecar.pipeline.builder import RequestBuilder
-    from sidecar.store.assistants import AssistantRepo
     from sidecar.store.attachments import AttachmentStore
 
     builder = RequestBuilder.shared(
         app.store.sync, AttachmentStore(app.data_dir), providers=getattr(app, "providers", None)
     )
-    app.assistants = AssistantService(AssistantRepo.of(app.store.sync))
+    app.assistants = AssistantService(app.store.sync.assistants)
     app.context = ContextService(app.store, builder)

@@ -627,18 +627,18 @@ def test_acp_turns_record_and_raw_columns(tmp_path: Path) -> None:
 
     store = Store(tmp_path)
     try:
-        session = store.create_session(CreateSessionOptions(mode="acp", provider_id="e", model_id="m"))
-        user = store.append_message(session.id, role="user", text_content="hi")
-        reply = store.append_message(session.id, role="assistant", status="pending")
+        session = store.sessions.create(CreateSessionOptions(mode="acp", provider_id="e", model_id="m"))
+        user = store.messages.append(session.id, role="user", text_content="hi")
+        reply = store.messages.append(session.id, role="assistant", status="pending")
         store.acp.record_turn(reply.id, session.id, "e", "agent-1")
-        assert store.get_session(session.id).acp_session_id == "agent-1"
+        assert store.sessions.get(session.id).acp_session_id == "agent-1"
         turn = store.acp.turn(reply.id)
         assert turn is not None and turn.agent_session_id == "agent-1" and store.acp.turn(user.id) is None
         store.acp.write_raw(reply.id, "m-1", [msgspec.Raw(b'{"sessionUpdate":"x","y":[1]}')])
-        got = store.get_message(reply.id)
+        got = store.messages.get(reply.id)
         assert got.acp_message_id == "m-1" and got.acp_parts == [{"sessionUpdate": "x", "y": [1]}]
         assert store.acp.agent_sessions(session.id) == [("e", "agent-1")]
-        store.delete_session(session.id)
+        store.sessions.delete(session.id)
         assert store.acp.turn(reply.id) is None  # cascades with the message
     finally:
         store.close()

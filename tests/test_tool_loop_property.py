@@ -250,7 +250,7 @@ def test_the_rig_runs_an_approved_call() -> None:
 
         store = Store(tmp)
         try:
-            reply = store.get_path(store.list_sessions(SessionFilter()).sessions[0].id)[-1]
+            reply = store.messages.path(store.sessions.query(SessionFilter()).sessions[0].id)[-1]
             assert reply.status == "completed" and reply.text_content == "done"
         finally:
             store.close()

@@ -586,7 +586,7 @@ class AcpTurnHandler:
         store = self._store.sync
 
         def write() -> None:
-            store.update_partial(
+            store.messages.update_partial(
                 job.message_id, text_content=snap.text_content, parts=snap.parts, status="streaming", seq=turn.relay.seq
             )
             store.acp.write_raw(job.message_id, acp_id, raw)
@@ -646,7 +646,7 @@ class AcpTurnHandler:
         seq = relay.seq + 1
 
         def write() -> None:
-            store.finish_message(
+            store.messages.finish(
                 job.message_id,
                 status=status,
                 text_content=snap.text_content,

@@ -32,7 +32,7 @@ Must stay true (seed 000 section 9 and its invariants, DESIGN.md section 4):
   job; a failed partial write is logged and retried at the next tick;
 - nothing already received from the provider is lost: partial text stays in the message.
 
-The paused state and restarts: crash recovery (Store.recover_interrupted) only touches
+The paused state and restarts: crash recovery (Messages.recover_interrupted) only touches
 ``pending``/``streaming`` rows, so a ``paused`` reply and its pending calls survive a
 restart and can be approved afterwards. A reply that was *running* tools when the process
 died is ``aborted`` by recovery; at the next start ToolStore.complete_interrupted gives its

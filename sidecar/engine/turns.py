@@ -96,7 +96,7 @@ class TurnWriter:
         with self._store.transaction():  # both messages or neither
             if turn.user_input is not None:
                 stored = turn.user_input
-                user = self._store.append_message(
+                user = self._store.messages.append(
                     turn.session.id,
                     role="user",
                     **({} if after_active_leaf else {"parent_id": parent}),
@@ -105,7 +105,7 @@ class TurnWriter:
                     parts=stored.parts,
                 )
                 parent = user.id
-            reply = self._store.append_message(
+            reply = self._store.messages.append(
                 turn.session.id,
                 role="assistant",
                 parent_id=parent,
@@ -119,11 +119,11 @@ class TurnWriter:
     def _session(self, session_id: str) -> SessionV2:
         # both modes store their turns the same way; ChatEngine picks the handler (and
         # checks what ACP needs, e.g. session/fork for a new branch) by session.mode
-        return self._store.get_session(session_id)
+        return self._store.sessions.get(session_id)
 
     def _message_of(self, session_id: str, message_id: str, field: str) -> MessageV2:
         try:
-            message = self._store.get_message(message_id)
+            message = self._store.messages.get(message_id)
         except NotFound:
             raise NotFound(f"{field}: no message {message_id!r}") from None
         if message.session_id != session_id:
@@ -138,7 +138,7 @@ class TurnWriter:
                     "invalid params: messageId must be an assistant message - at `$.messageId`"
                 )
             return target
-        for message in reversed(self._store.get_path(session.id)):
+        for message in reversed(self._store.messages.path(session.id)):
             if message.role == "assistant":
                 return message
         raise EngineError("there is no assistant reply to regenerate in this session")

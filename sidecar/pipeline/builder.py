@@ -49,9 +49,7 @@ from sidecar.pipeline.transformers.retrieval import (
     NoMemory,
 )
 from sidecar.providers.types import ChatRequest, GenerationParams, ModelInfo, ToolSpec
-from sidecar.store.assistants import AssistantRepo
 from sidecar.store.attachments import AttachmentStore
-from sidecar.store.context import ContextRepo
 
 __all__ = ["RequestBuilder", "BuildInfo"]
 
@@ -110,8 +108,8 @@ class RequestBuilder:
         """``store``: the synchronous Store. ``providers``: the engine's ProviderService (its
         ``resolve``), used for summary and OCR calls unless ``call_model`` is given."""
         self._attachments = attachments
-        context_repo = ContextRepo.of(store)
-        self.profiles = ProfileResolver(AssistantRepo.of(store), context_repo)
+        context_repo = store.context
+        self.profiles = ProfileResolver(store.assistants, context_repo)
         call = call_model or (ProviderModelCall(providers) if providers is not None else None)
         self._call_model = call
         self.ledger = TokenLedger(context_repo, file_size=self._file_size)

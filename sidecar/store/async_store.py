@@ -63,62 +63,62 @@ class AsyncStore:
 
     # sessions
     async def create_session(self, opts: CreateSessionOptions) -> SessionV2:
-        return await self._run(self.sync.create_session, opts)
+        return await self._run(self.sync.sessions.create, opts)
 
     async def get_session(self, session_id: str) -> SessionV2:
-        return await self._run(self.sync.get_session, session_id)
+        return await self._run(self.sync.sessions.get, session_id)
 
     async def list_sessions(self, flt: SessionFilter) -> SessionListResult:
-        return await self._run(self.sync.list_sessions, flt)
+        return await self._run(self.sync.sessions.query, flt)
 
     async def update_session(self, session_id: str, updates: SessionUpdates) -> SessionV2:
-        return await self._run(self.sync.update_session, session_id, updates)
+        return await self._run(self.sync.sessions.update, session_id, updates)
 
     async def delete_session(self, session_id: str) -> None:
-        await self._run(self.sync.delete_session, session_id)
+        await self._run(self.sync.sessions.delete, session_id)
 
     async def archive_session(self, session_id: str, archived: bool = True) -> None:
-        await self._run(self.sync.archive_session, session_id, archived)
+        await self._run(self.sync.sessions.archive, session_id, archived)
 
     async def pin_session(self, session_id: str, pinned: bool) -> None:
-        await self._run(self.sync.pin_session, session_id, pinned)
+        await self._run(self.sync.sessions.pin, session_id, pinned)
 
     async def fork_session(self, session_id: str, message_id: str) -> SessionV2:
-        return await self._run(self.sync.fork_session, session_id, message_id)
+        return await self._run(self.sync.sessions.fork, session_id, message_id)
 
     async def export_session(self, session_id: str) -> SessionExport:
-        return await self._run(self.sync.export_session, session_id)
+        return await self._run(self.sync.sessions.export, session_id)
 
     async def import_session(
         self, session: SessionV2, messages: list[MessageV2], replace: bool = False
     ) -> SessionV2:
-        return await self._run(self.sync.import_session, session, messages, replace)
+        return await self._run(self.sync.sessions.import_, session, messages, replace)
 
     async def add_session_usage(self, session_id: str, tokens: int, cost: float) -> SessionV2:
-        return await self._run(self.sync.add_session_usage, session_id, tokens, cost)
+        return await self._run(self.sync.sessions.add_usage, session_id, tokens, cost)
 
     # messages
     async def get_message(self, message_id: str) -> MessageV2:
-        return await self._run(self.sync.get_message, message_id)
+        return await self._run(self.sync.messages.get, message_id)
 
     async def get_path(self, session_id: str, leaf_id: str | None = None) -> list[MessageV2]:
-        return await self._run(self.sync.get_path, session_id, leaf_id)
+        return await self._run(self.sync.messages.path, session_id, leaf_id)
 
     async def get_messages(
         self, session_id: str, options: MessageQueryOptions | None = None
     ) -> list[MessageV2]:
-        return await self._run(self.sync.get_messages, session_id, options)
+        return await self._run(self.sync.messages.query, session_id, options)
 
     async def get_tree(self, session_id: str) -> list[MessageTreeNode]:
-        return await self._run(self.sync.get_tree, session_id)
+        return await self._run(self.sync.messages.tree, session_id)
 
     async def select_branch(self, session_id: str, leaf_id: str) -> list[MessageV2]:
-        return await self._run(self.sync.select_branch, session_id, leaf_id)
+        return await self._run(self.sync.messages.select_branch, session_id, leaf_id)
 
     async def search_messages(
         self, query: str, options: SearchOptions | None = None
     ) -> list[SearchResult]:
-        return await self._run(self.sync.search_messages, query, options)
+        return await self._run(self.sync.search.messages, query, options)
 
     async def append_message(
         self,
@@ -144,7 +144,7 @@ class AsyncStore:
     ) -> MessageV2:
         """See Store.append_message (``parent_id`` defaults to the active leaf)."""
         return await self._run(
-            self.sync.append_message,
+            self.sync.messages.append,
             session_id,
             role=role,
             parent_id=parent_id,
@@ -175,7 +175,7 @@ class AsyncStore:
         seq: int | None = None,
     ) -> None:
         await self._run(
-            self.sync.update_partial,
+            self.sync.messages.update_partial,
             message_id,
             text_content=text_content,
             parts=parts,
@@ -198,7 +198,7 @@ class AsyncStore:
         seq: int | None = None,
     ) -> MessageV2:
         return await self._run(
-            self.sync.finish_message,
+            self.sync.messages.finish,
             message_id,
             status=status,
             text_content=text_content,
@@ -212,14 +212,14 @@ class AsyncStore:
         )
 
     async def delete_branch(self, message_id: str) -> int:
-        return await self._run(self.sync.delete_branch, message_id)
+        return await self._run(self.sync.messages.delete_branch, message_id)
 
     # settings and maintenance
     async def get_setting(self, key: str) -> str | None:
-        return await self._run(self.sync.get_setting, key)
+        return await self._run(self.sync.settings.get, key)
 
     async def set_setting(self, key: str, value: str | None) -> None:
-        await self._run(self.sync.set_setting, key, value)
+        await self._run(self.sync.settings.set, key, value)
 
     async def recover_interrupted(self) -> int:
-        return await self._run(self.sync.recover_interrupted)
+        return await self._run(self.sync.messages.recover_interrupted)

@@ -48,11 +48,6 @@ class ContextRepo:
     def __init__(self, db: Database) -> None:
         self._db = db
 
-    @classmethod
-    def of(cls, store: Any) -> ContextRepo:
-        """The repository on a Store's database (package-internal access to its Database)."""
-        return cls(store._db)
-
     # ---- branch reads -----------------------------------------------------------------
 
     def walk(
