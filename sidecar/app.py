@@ -17,11 +17,13 @@ Attributes:
     config:   the finished Config.
     data_dir: Path of the data directory (created if missing).
     notify:   ``await notify(method, params_struct)`` sends a notification to the client.
-    store:    AsyncStore of ``<data_dir>/chat.db`` (sidecar/store), closed on exit.
+    store:    AsyncStore of ``<data_dir>/chat.db`` (sidecar/store), closed on exit: the one way
+              into the database (``await store.run(lambda s: s.<repository>.<method>(...))``).
     sessions: SessionService (sidecar/engine/sessions.py): chat:session:* and chat:messages:*.
     assistants: AssistantService (sidecar/engine/assistants.py): assistant:*.
-    context:  ContextService (sidecar/engine/context.py): chat:context:* (the generation loop's
-              RequestBuilder, shared).
+    requests: RequestBuilder (sidecar/pipeline/builder.py), built once: the generation loop and
+              chat:context:* share it (token cache, summary checks, summary locks).
+    context:  ContextService (sidecar/engine/context.py): chat:context:* on ``requests``.
     approvals: ApprovalService (sidecar/engine/approvals.py): chat:tool:approve, tool:policy:*,
               tool:audit:list, tool:pending:list; also the ACP permission flow.
     tools:    ToolService (sidecar/tools/service.py): tool:list, tool:settings:*.
@@ -42,6 +44,8 @@ from sidecar.config import Config
 from sidecar.errors import SidecarError
 
 if TYPE_CHECKING:
+    from protocol.messages import SearchOptions
+    from protocol.types import SearchResult, SessionV2
     from sidecar.engine.sessions import SessionService
     from sidecar.store import AsyncStore
 
@@ -125,42 +129,59 @@ async def _open_chat(app: App, stack: AsyncExitStack) -> None:
     from sidecar.engine.generation import INTERRUPTED_NOTE
     from sidecar.engine.providers import ProviderService
     from sidecar.engine.settings import SettingsService
+    from sidecar.pipeline.builder import RequestBuilder
     from sidecar.store.attachments import AttachmentStore
     from sidecar.tools.mcp import McpManager
     from sidecar.tools.service import ToolService
 
     store = app.store
-    app.settings = SettingsService(get_setting=store.get_setting, set_setting=store.set_setting)
+
+    async def get_setting(key: str) -> str | None:
+        return await store.run(lambda s: s.settings.get(key))
+
+    async def set_setting(key: str, value: str | None) -> None:
+        await store.run(lambda s: s.settings.set(key, value))
+
+    async def search(query: str, options: SearchOptions) -> list[SearchResult]:
+        return await store.run(lambda s: s.search.messages(query, options))
+
+    async def get_session(session_id: str) -> SessionV2:
+        return await store.run(lambda s: s.sessions.get(session_id))
+
+    app.settings = SettingsService(get_setting=get_setting, set_setting=set_setting)
     await app.settings.load()
-    app.providers = ProviderService(
-        store.sync.providers, get_setting=store.get_setting, set_setting=store.set_setting
-    )
+    app.providers = ProviderService(store)
     stack.push_async_callback(app.providers.aclose)
+    attachments = AttachmentStore(app.data_dir)
+    # one builder: the generation loop and chat:context:* share its token cache, summary
+    # checks and per-session summary locks
+    app.requests = RequestBuilder(store, attachments, providers=app.providers)
     # before the engine's task group: cancelling that group must not reach the engines
     app.acp = await _open_acp(app, stack)
     task_group = await stack.enter_async_context(anyio.create_task_group())
     # Tool calls left running by a dead process get a "cancelled" result before any send.
-    await anyio.to_thread.run_sync(store.sync.tools.complete_interrupted, INTERRUPTED_NOTE)
-    app.approvals = ApprovalService(store.sync.tools)
-    app.mcp = McpManager(store.sync.tools, task_group)
+    await store.run(lambda s: s.tools.complete_interrupted(INTERRUPTED_NOTE))
+    app.approvals = ApprovalService(store)
+    app.mcp = McpManager(store, task_group)
     await app.mcp.load()
     stack.push_async_callback(app.mcp.aclose)
     app.tools = ToolService(
         data_dir=app.data_dir,
-        get_setting=store.get_setting,
-        set_setting=store.set_setting,
-        search=store.search_messages,
+        get_setting=get_setting,
+        set_setting=set_setting,
+        search=search,
         policies=app.approvals.policies_for,
         mcp=app.mcp,
     )
     await app.tools.load()
-    app.tools.set_session_lookup(store.get_session)
+    app.tools.set_session_lookup(get_session)
     stack.push_async_callback(app.tools.aclose)
     app.chat = ChatEngine(
         store=store,
         notify=app.notify,
         providers=app.providers,
-        attachments=AttachmentStore(app.data_dir),
+        attachments=attachments,
+        requests=app.requests,
         settings=app.settings,
         task_group=task_group,
         tools=app.tools,
@@ -199,12 +220,10 @@ async def _open_acp(app: App, stack: AsyncExitStack) -> Any:
         )
     )
     app.acp_engines = engines
-    tool_store = getattr(app.store.sync, "tools", None)
+    store = app.store
 
     async def mcp_servers(features: Any) -> list[Any]:
-        if tool_store is None:
-            return []
-        rows = await anyio.to_thread.run_sync(tool_store.mcp_servers)
+        rows = await store.run(lambda s: s.tools.mcp_servers())
         return acp_mcp_servers(rows, features)
 
     return AcpTurnHandler(
@@ -224,11 +243,6 @@ def _open_context(app: App) -> None:
     """Assistant profiles and chat:context:* on the RequestBuilder the generation loop uses."""
     from sidecar.engine.assistants import AssistantService
     from sidecar.engine.context import ContextService
-    from sidecar.pipeline.builder import RequestBuilder
-    from sidecar.store.attachments import AttachmentStore
 
-    builder = RequestBuilder.shared(
-        app.store.sync, AttachmentStore(app.data_dir), providers=getattr(app, "providers", None)
-    )
-    app.assistants = AssistantService(app.store.sync.assistants)
-    app.context = ContextService(app.store, builder)
+    app.assistants = AssistantService(app.store)
+    app.context = ContextService(app.store, app.requests)

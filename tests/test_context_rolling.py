@@ -16,7 +16,7 @@ from sidecar.errors import ProviderError
 from sidecar.pipeline import planner
 from sidecar.pipeline.builder import RequestBuilder
 from sidecar.providers.types import GenerationParams, ModelInfo, RequestMessage
-from sidecar.store import Store
+from sidecar.store import AsyncStore, Store
 from sidecar.store.attachments import AttachmentStore
 
 pytestmark = pytest.mark.anyio
@@ -44,7 +44,7 @@ class World:
     def __init__(self, tmp: Path, threshold: int = 1000) -> None:
         self.store = Store(tmp)
         self.model = FakeModel()
-        self.builder = RequestBuilder(self.store, AttachmentStore(tmp), call_model=self.model)
+        self.builder = RequestBuilder(AsyncStore(self.store), AttachmentStore(tmp), call_model=self.model)
         self.store.assistants.upsert(
             AssistantUpsertParams(id="default", name="Default", context=ContextOptions(compress_threshold=threshold)),
             now=1,
@@ -262,7 +262,7 @@ async def test_token_counts_are_cached(tmp_path: Path) -> None:
     assert counted == 30
     await w.build(msgs[-1].id)
     assert w.builder.ledger.counted == counted  # memory cache
-    fresh = RequestBuilder(w.store, AttachmentStore(tmp_path), call_model=w.model)
+    fresh = RequestBuilder(AsyncStore(w.store), AttachmentStore(tmp_path), call_model=w.model)
     await fresh.build_detailed(session=w.store.sessions.get(w.session.id), leaf_id=msgs[-1].id, model=MODEL,
                                params=GenerationParams())
     assert fresh.ledger.counted == 0  # the database cache

@@ -28,7 +28,7 @@ from sidecar.pipeline.builder import RequestBuilder
 from sidecar.pipeline.transformers import TRANSFORMER_ORDER
 from sidecar.pipeline.transformers.retrieval import KnowledgeChunk
 from sidecar.providers.types import GenerationParams, ModelInfo, RequestMessage
-from sidecar.store import Store
+from sidecar.store import AsyncStore, Store
 from sidecar.store.attachments import AttachmentStore
 
 pytestmark = pytest.mark.anyio
@@ -58,7 +58,7 @@ async def vision(provider_id: str, model_id: str, messages: list[RequestMessage]
 
 def setup(tmp: Path, **profile: Any) -> tuple[Store, RequestBuilder, str]:
     store = Store(tmp)
-    builder = RequestBuilder(store, AttachmentStore(tmp), call_model=vision, knowledge=Knowledge(), memory=Memory(),
+    builder = RequestBuilder(AsyncStore(store), AttachmentStore(tmp), call_model=vision, knowledge=Knowledge(), memory=Memory(),
                              now=lambda: NOW)
     store.assistants.upsert(AssistantUpsertParams(id="default", name="Helper", **profile), now=1)
     session = store.sessions.create(CreateSessionOptions(provider_id="p", model_id="m", system_prompt="Session prompt."))

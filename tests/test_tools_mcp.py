@@ -17,7 +17,7 @@ from chat_helpers import configure_provider, events_of, wait_final
 from protocol.common import NameParams
 from protocol.mcp import McpServerUpsertParams
 from scripted_server import scripted_provider
-from sidecar.store import Store
+from sidecar.store import AsyncStore, Store
 from sidecar.tools.base import ToolError
 from sidecar.tools.mcp import McpManager, McpServerConfig, mcp_tool_name, sanitize
 from sidecar_proc import CallError, spawn_sidecar
@@ -44,7 +44,7 @@ async def test_list_call_crash_hang_reconnect(tmp_path: Path) -> None:
     store = Store(tmp_path)
     try:
         async with anyio.create_task_group() as tg:
-            manager = McpManager(store.tools, tg)
+            manager = McpManager(AsyncStore(store), tg)
             await manager.load()
             info = await manager.upsert_server(server_params("my fx", tool_timeout_s=2.0, args=["--stderr-lines", "5000"]))
             assert info.name == "my_fx" and info.status == "idle"
@@ -95,7 +95,7 @@ async def test_a_server_that_cannot_start_gives_no_tools_and_an_error(tmp_path: 
     store = Store(tmp_path)
     try:
         async with anyio.create_task_group() as tg:
-            manager = McpManager(store.tools, tg)
+            manager = McpManager(AsyncStore(store), tg)
             await manager.upsert_server(McpServerUpsertParams(name="ghost", command="/nonexistent/bin/mcp", connect_timeout_s=3))
             await manager.upsert_server(
                 McpServerUpsertParams(name="mute", command=sys.executable, args=["-c", "import time; time.sleep(60)"], connect_timeout_s=0.5)
@@ -118,7 +118,7 @@ async def test_bad_server_configs_are_refused(tmp_path: Path) -> None:
     store = Store(tmp_path)
     try:
         async with anyio.create_task_group() as tg:
-            manager = McpManager(store.tools, tg)
+            manager = McpManager(AsyncStore(store), tg)
             for params in (
                 McpServerUpsertParams(name="///", command="x"),
                 McpServerUpsertParams(name="a", transport="stdio"),
@@ -212,7 +212,7 @@ async def test_an_http_mcp_server(tmp_path: Path) -> None:
     store = Store(tmp_path)
     try:
         async with anyio.create_task_group() as tg:
-            manager = McpManager(store.tools, tg)
+            manager = McpManager(AsyncStore(store), tg)
             await manager.upsert_server(
                 McpServerUpsertParams(name="web", transport="http", url=f"http://127.0.0.1:{port}/mcp", connect_timeout_s=5)
             )
@@ -248,7 +248,7 @@ async def test_what_a_server_writes_while_shutting_down_is_still_drained(
     store = Store(tmp_path)
     try:
         async with anyio.create_task_group() as tg:
-            manager = McpManager(store.tools, tg)
+            manager = McpManager(AsyncStore(store), tg)
             await manager.upsert_server(McpServerUpsertParams(name="fx", command=sys.executable, args=["-c", wrapper]))
             with anyio.fail_after(30):
                 out = await manager.call("fx", "add", {"a": 1, "b": 2})

@@ -97,6 +97,7 @@ from sidecar.engine.generation import internal_failure
 from sidecar.engine.relay import StreamRelay
 from sidecar.engine.reply import ReplyBuilder
 from sidecar.errors import EngineError, ProviderError, SidecarError
+from sidecar.store.store import Store
 
 log = logging.getLogger(__name__)
 
@@ -292,7 +293,7 @@ class AcpTurnHandler:
             job.stop_grace = config.cancel_timeout_ms / 1000 + 1  # _cancel's bound, see below
             turn.engine_id = record.id
             conn = await self._engines.connect(record.id, record.name, record.updated_at, config)
-            user = await self._store.get_message(job.parent_id)
+            user = await self._store.run(lambda s: s.messages.get(job.parent_id))
             agent_sid, notices = await self._open_agent_session(conn, job, user)
             prompt, dropped = await self._prompt_blocks(conn, user)
             await conn.wait_prompt_slot(agent_sid, config.cancel_timeout_ms / 1000)
@@ -369,10 +370,10 @@ class AcpTurnHandler:
     ) -> tuple[str, list[tuple[str, str]]]:
         cwd = await self._workspace(job.session)
         mcp = await self._mcp_servers(conn.features) if self._mcp_servers is not None else []
-        acp = self._store.sync.acp
         base = None
         if user.parent_id is not None:
-            base = await anyio.to_thread.run_sync(acp.turn, user.parent_id)
+            parent_id = user.parent_id
+            base = await self._store.run(lambda s: s.acp.turn(parent_id))
         notices: list[tuple[str, str]] = []
         if base is not None and base.engine_id != conn.engine_id:
             notices.append((
@@ -393,7 +394,7 @@ class AcpTurnHandler:
                 agent_sid = base.agent_session_id
         if agent_sid is None:
             agent_sid = await conn.new_session(cwd, mcp)
-        await anyio.to_thread.run_sync(acp.record_turn, job.message_id, job.session.id, conn.engine_id, agent_sid)
+        await self._store.run(lambda s: s.acp.record_turn(job.message_id, job.session.id, conn.engine_id, agent_sid))
         return agent_sid, notices
 
     async def _ensure_open(
@@ -446,7 +447,7 @@ class AcpTurnHandler:
 
     async def close_session(self, session_id: str) -> None:
         """Close the agent sessions of a chat session that is being deleted (where supported)."""
-        pairs = await anyio.to_thread.run_sync(self._store.sync.acp.agent_sessions, session_id)
+        pairs = await self._store.run(lambda s: s.acp.agent_sessions(session_id))
         for engine_id, agent_sid in pairs:
             conn = self._engines.live(engine_id)
             if conn is None or not conn.features.close_session or agent_sid not in conn.opened:
@@ -560,9 +561,10 @@ class AcpTurnHandler:
         while True:
             try:
                 if unwritten:
-                    await self._store.update_partial(
-                        job.message_id, text_content="", parts=None, status="streaming", seq=turn.relay.seq
-                    )
+                    seq = turn.relay.seq
+                    await self._store.run(lambda s: s.messages.update_partial(
+                        job.message_id, text_content="", parts=None, status="streaming", seq=seq
+                    ))
                     unwritten = False
                 elif turn.reply.dirty or turn.mapper.raw_dirty:
                     await self._write_partial(turn)
@@ -583,15 +585,15 @@ class AcpTurnHandler:
         turn.mapper.raw_dirty = False
         job = turn.job
         acp_id = turn.mapper.acp_message_id
-        store = self._store.sync
+        seq = turn.relay.seq
 
-        def write() -> None:
+        def write(store: Store) -> None:
             store.messages.update_partial(
-                job.message_id, text_content=snap.text_content, parts=snap.parts, status="streaming", seq=turn.relay.seq
+                job.message_id, text_content=snap.text_content, parts=snap.parts, status="streaming", seq=seq
             )
             store.acp.write_raw(job.message_id, acp_id, raw)
 
-        await anyio.to_thread.run_sync(write)
+        await self._store.run(write)
 
     async def _end(
         self,
@@ -641,11 +643,10 @@ class AcpTurnHandler:
             await relay.emit(UsageEvent, usage=reply.usage)
         snap = reply.snapshot()
         raw = list(turn.mapper.raw)
-        store = self._store.sync
         status = outcome
         seq = relay.seq + 1
 
-        def write() -> None:
+        def write(store: Store) -> None:
             store.messages.finish(
                 job.message_id,
                 status=status,
@@ -660,11 +661,11 @@ class AcpTurnHandler:
             store.acp.write_raw(job.message_id, turn.mapper.acp_message_id, raw)
 
         try:
-            await anyio.to_thread.run_sync(write)
+            await self._store.run(write)
             if outcome == "completed" and reply.usage is not None:
                 tokens = reply.usage.input_tokens + reply.usage.output_tokens
                 if tokens:
-                    await self._store.add_session_usage(job.session.id, tokens, 0.0)
+                    await self._store.run(lambda s: s.sessions.add_usage(job.session.id, tokens, 0.0))
         except Exception:  # the final event still goes out (restart recovery ends the row)
             log.exception("could not store the %s state of %s", outcome, job.message_id)
         job.outcome = outcome

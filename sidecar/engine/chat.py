@@ -54,6 +54,8 @@ from sidecar.engine.titles import TitleGenerator
 from sidecar.engine.turns import Turn, TurnWriter
 from sidecar.errors import NotFound, SidecarError
 from sidecar.pipeline.locks import KeyedLocks
+from sidecar.store.store import Store
+from sidecar.store.tools import ToolRun
 
 log = logging.getLogger(__name__)
 
@@ -78,6 +80,7 @@ class ChatEngine:
         notify: Notify,
         providers: Any,
         attachments: Any,
+        requests: Any,
         settings: Any,
         task_group: anyio.abc.TaskGroup,
         tools: Any = None,
@@ -93,7 +96,7 @@ class ChatEngine:
             store=store,
             notify=notify,
             providers=providers,
-            attachments=attachments,
+            requests=requests,
             settings=settings.current,
             tools=tools,
             approvals=approvals,
@@ -103,7 +106,7 @@ class ChatEngine:
             approvals.on_settled["tool"] = self.resume
         self._acp = acp
         """AcpTurnHandler (sidecar/engine/acp_turn.py): runs the replies of mode 'acp' sessions."""
-        self._turns = TurnWriter(store.sync, attachments)
+        self._turns = TurnWriter(attachments)
         self._titles = TitleGenerator(store=store, providers=providers, settings=settings.current)
         self._jobs: dict[str, _RunningJob] = {}
         self._locks = KeyedLocks()
@@ -118,7 +121,7 @@ class ChatEngine:
         fast = await self._send_idle(params)
         if fast is not None:
             return fast
-        turn = await anyio.to_thread.run_sync(self._turns.check_send, params)
+        turn = await self._store.run(lambda s: self._turns.check_send(s, params))
         await self._check_acp(turn, branching=False)
         user, reply = await self._begin(turn, "superseded by a new message", after_active_leaf=True)
         assert user is not None
@@ -137,37 +140,37 @@ class ChatEngine:
                 return None
             acp_ok = self._acp is not None
 
-            def check_and_write() -> tuple[Turn, MessageV2 | None, MessageV2, Any]:
-                turn = self._turns.check_send(params)
+            def check_and_write(s: Store) -> tuple[Turn, MessageV2 | None, MessageV2, Any]:
+                turn = self._turns.check_send(s, params)
                 if turn.session.mode == "acp" and not acp_ok:
                     raise SidecarError("ACP mode is not available in this process", code=ErrorCode.NOT_IMPLEMENTED)
-                user, reply = self._turns.write(turn, after_active_leaf=True)
+                user, reply = self._turns.write(s, turn, after_active_leaf=True)
                 # the first request's reads in the same hop (the job reads again if they fail
                 # or do not fit the model it resolves)
                 prepared = self._handler.prepare_first(turn.session, reply.parent_id, turn.model_id)
                 return turn, user, reply, prepared
 
-            turn, user, reply, prepared = await anyio.to_thread.run_sync(check_and_write)
+            turn, user, reply, prepared = await self._store.run(check_and_write)
             self._start_turn(turn, reply, prepared)
         assert user is not None
         return SendResult(message_id=reply.id, user_message_id=user.id)
 
     async def abort(self, params: AbortParams) -> SuccessResult:
-        await self._store.get_session(params.session_id)  # NotFound for unknown ids
+        await self._store.run(lambda s: s.sessions.get(params.session_id))  # NotFound for unknown ids
         async with self._locks.hold(params.session_id):
             stopped = await self._stop(params.session_id, "aborted by the user")
         return SuccessResult(success=stopped)
 
     async def regenerate(self, params: RegenerateParams) -> MessageIdResult:
         self._check_open()
-        turn = await anyio.to_thread.run_sync(self._turns.check_regenerate, params)
+        turn = await self._store.run(lambda s: self._turns.check_regenerate(s, params))
         await self._check_acp(turn, branching=True)
         _, reply = await self._begin(turn, "superseded by regenerate", after_active_leaf=False)
         return MessageIdResult(message_id=reply.id)
 
     async def edit_resend(self, params: EditResendParams) -> MessageIdResult:
         self._check_open()
-        turn = await anyio.to_thread.run_sync(self._turns.check_edit, params)
+        turn = await self._store.run(lambda s: self._turns.check_edit(s, params))
         await self._check_acp(turn, branching=True)
         _, reply = await self._begin(turn, "superseded by edit and resend", after_active_leaf=False)
         return MessageIdResult(message_id=reply.id)
@@ -190,17 +193,21 @@ class ChatEngine:
                     await running.done.wait()
                 if self._jobs.get(session_id) is not None:
                     return False
-            tools = self._store.sync.tools
-            run = await anyio.to_thread.run_sync(tools.get_run, message_id)
-            if run is None or run.state != "paused" or run.session_id != session_id:
+
+            def reopen(s: Store) -> tuple[SessionV2, MessageV2, ToolRun] | None:
+                run = s.tools.get_run(message_id)
+                if run is None or run.state != "paused" or run.session_id != session_id:
+                    return None
+                if any(c.state == "pending" for c in s.tools.calls(message_id)):
+                    return None
+                session = s.sessions.get(session_id)
+                message = s.tools.reopen_message(message_id)
+                return None if message is None else (session, message, run)
+
+            reopened = await self._store.run(reopen)
+            if reopened is None:
                 return False
-            calls = await anyio.to_thread.run_sync(tools.calls, message_id)
-            if any(c.state == "pending" for c in calls):
-                return False
-            session = await self._store.get_session(session_id)
-            message = await anyio.to_thread.run_sync(tools.reopen_message, message_id)
-            if message is None:
-                return False
+            session, message, run = reopened
             self._start(
                 GenerationJob(
                     session=session,
@@ -296,9 +303,7 @@ class ChatEngine:
         async with self._locks.hold(session_id):
             self._check_not_deleting(session_id)
             await self._stop(session_id, reason)
-            user, reply = await anyio.to_thread.run_sync(
-                lambda: self._turns.write(turn, after_active_leaf=after_active_leaf)
-            )
+            user, reply = await self._store.run(lambda s: self._turns.write(s, turn, after_active_leaf=after_active_leaf))
             self._start_turn(turn, reply)
         return user, reply
 
@@ -348,7 +353,7 @@ class ChatEngine:
         if job.outcome is None or job.outcome == "paused" or self._closing:
             return
         try:
-            session = await self._store.get_session(job.session.id)
+            session = await self._store.run(lambda s: s.sessions.get(job.session.id))
             if job.outcome == "completed" and await self._titles.wants_title(session, job):
                 self._tg.start_soon(self._title, session, job)
             await self._notify("chat:session:updated", session)

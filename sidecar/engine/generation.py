@@ -140,7 +140,7 @@ class GenerationHandler:
         store: Any,
         notify: Callable[[str, Any], Awaitable[None]],
         providers: Any,
-        attachments: Any,
+        requests: RequestBuilder,
         settings: Callable[[], ChatSettings],
         tools: Any = None,
         approvals: ApprovalService | None = None,
@@ -149,7 +149,7 @@ class GenerationHandler:
         self._store = store
         self._notify = notify
         self._providers = providers
-        self._requests = RequestBuilder.shared(store.sync, attachments, providers=providers)
+        self._requests = requests
         self._settings = settings
         self._tools = tools
         self._approvals = approvals
@@ -533,7 +533,7 @@ class GenerationHandler:
         job.has_run = True
 
     async def _db(self, fn: Callable[..., Any], *args: Any) -> Any:
-        return await anyio.to_thread.run_sync(lambda: fn(*args))
+        return await self._store.run(lambda _: fn(*args))
 
     # -- paused replies ----------------------------------------------------------------
 
@@ -603,16 +603,16 @@ class GenerationHandler:
         relay = StreamRelay(self._notify, session_id, run.message_id, coalesce_s=0)
         relay.seq = message.seq or 0
         job = GenerationJob(
-            session=await self._store.get_session(session_id), message_id=run.message_id,
+            session=await self._store.run(lambda s: s.sessions.get(session_id)), message_id=run.message_id,
             parent_id=message.parent_id or "", provider_id=run.provider_id, model_id=run.model_id,
             has_run=True,
         )
         await self._close_calls(job, reply, SUPERSEDED_NOTE)
         snap = reply.snapshot()
-        await self._store.finish_message(
+        await self._store.run(lambda s: s.messages.finish(
             run.message_id, status="aborted", text_content=snap.text_content, parts=snap.parts,
             tool_calls=snap.tool_calls, usage=reply.usage, seq=relay.seq + 1,
-        )
+        ))
         await self._db(lambda: self._tool_store.set_run(run.message_id, state="done"))
         job.outcome = ABORTED
         await relay.emit(AbortedEvent, reason=reason)
@@ -634,13 +634,14 @@ class GenerationHandler:
             if reply.dirty or unwritten:
                 snap = reply.snapshot()
                 try:
-                    await self._store.update_partial(
+                    seq = relay.seq
+                    await self._store.run(lambda s: s.messages.update_partial(
                         job.message_id,
                         text_content=snap.text_content,
                         parts=snap.parts,
                         status="streaming",
-                        seq=relay.seq,
-                    )
+                        seq=seq,
+                    ))
                 except SidecarError as exc:
                     # a busy or failing database must not end the reply: the content stays in
                     # memory, the next tick tries again and the final row is written anyway
@@ -779,22 +780,26 @@ class GenerationHandler:
     ) -> None:
         """The reply's final row (its last event, the final one, is ``relay.seq + 1``);
         with ``cost``, the session's token and cost counters right after it."""
-        await self._store.finish_message(
+        latency = _elapsed_ms(started)
+        seq = relay.seq + 1
+        await self._store.run(lambda s: s.messages.finish(
             job.message_id,
             status=status,
             text_content=snap.text_content,
             parts=snap.parts,
             tool_calls=snap.tool_calls,
             usage=reply.usage,
-            latency_ms=_elapsed_ms(started),
+            latency_ms=latency,
             model_id=model_id,
             error=error,
-            seq=relay.seq + 1,
-        )
+            seq=seq,
+        ))
         if cost is not None:
             usage = reply.usage or Usage()
             try:
-                await self._store.add_session_usage(job.session.id, usage.input_tokens + usage.output_tokens, cost)
+                await self._store.run(
+                    lambda s: s.sessions.add_usage(job.session.id, usage.input_tokens + usage.output_tokens, cost)
+                )
             except SidecarError:  # the reply is stored: only the session's counters miss it
                 log.exception("could not add the usage of %s to its session", job.message_id)
         await self._end_run(job)

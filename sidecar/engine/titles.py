@@ -18,6 +18,7 @@ from protocol.settings import ChatSettings
 from protocol.types import SessionV2, TextPart
 from sidecar.errors import SidecarError
 from sidecar.providers.types import ChatRequest, GenerationParams, RequestMessage, TextDelta
+from sidecar.store.store import Store
 
 log = logging.getLogger(__name__)
 
@@ -39,7 +40,7 @@ class TitleGenerator:
     async def wants_title(self, session: SessionV2, job: Any) -> bool:
         if not self._settings().generate_titles or session.title not in DEFAULT_TITLES:
             return False
-        path = await self._store.get_path(session.id, job.message_id)
+        path = await self._store.run(lambda s: s.messages.path(session.id, job.message_id))
         return len(path) == 2 and path[0].role == "user"
 
     async def generate(self, session: SessionV2, job: Any) -> SessionV2 | None:
@@ -53,7 +54,7 @@ class TitleGenerator:
         return None
 
     async def _generate(self, session: SessionV2, job: Any) -> SessionV2 | None:
-        path = await self._store.get_path(session.id, job.message_id)
+        path = await self._store.run(lambda s: s.messages.path(session.id, job.message_id))
         user_text = (path[0].text_content or "")[:1000]
         reply_text = (path[-1].text_content or "")[:1000]
         chosen = self._settings().title_model
@@ -76,10 +77,15 @@ class TitleGenerator:
         title = clean_title("".join(p.text for p in parts if isinstance(p, TextDelta)))
         if not title:
             return None
-        current = await self._store.get_session(session.id)
-        if current.title not in DEFAULT_TITLES:
-            return None  # the user named it meanwhile
-        return await self._store.update_session(session.id, SessionUpdates(title=title))
+
+        def write(s: Store) -> SessionV2 | None:
+            # read and write in one transaction: a title the user sets meanwhile is never overwritten
+            with s.transaction():
+                if s.sessions.get(session.id).title not in DEFAULT_TITLES:
+                    return None  # the user named it meanwhile
+                return s.sessions.update(session.id, SessionUpdates(title=title))
+
+        return await self._store.run(write)
 
 
 def clean_title(raw: str) -> str:

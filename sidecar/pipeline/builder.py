@@ -17,9 +17,8 @@ snapshot through ``await output.finish(session, snapshot)``.
 from __future__ import annotations
 
 import datetime as dt
-import weakref
 from collections.abc import Callable, Sequence
-from typing import Any
+from typing import Any, TypeVar
 
 import anyio
 import msgspec
@@ -49,9 +48,12 @@ from sidecar.pipeline.transformers.retrieval import (
     NoMemory,
 )
 from sidecar.providers.types import ChatRequest, GenerationParams, ModelInfo, ToolSpec
+from sidecar.store.async_store import AsyncStore
 from sidecar.store.attachments import AttachmentStore
 
 __all__ = ["RequestBuilder", "BuildInfo"]
+
+T = TypeVar("T")
 
 
 def local_now() -> dt.datetime:
@@ -82,20 +84,12 @@ class Prepared(msgspec.Struct, kw_only=True):
 
 
 class RequestBuilder:
-    _shared: weakref.WeakKeyDictionary[Any, RequestBuilder] = weakref.WeakKeyDictionary()
-
-    @classmethod
-    def shared(cls, store: Any, attachments: AttachmentStore, *, providers: Any = None) -> RequestBuilder:
-        """The one builder of a Store: the generation loop and chat:context:* share its token
-        cache, summary checks and per-session summary locks."""
-        builder = cls._shared.get(store)
-        if builder is None:
-            builder = cls._shared[store] = cls(store, attachments, providers=providers)
-        return builder
+    """One per process (sidecar/app.py builds it and hands it to the generation loop and
+    chat:context:*, which share its token cache, summary checks and summary locks)."""
 
     def __init__(
         self,
-        store: Any,
+        store: AsyncStore,
         attachments: AttachmentStore,
         *,
         providers: Any = None,
@@ -105,15 +99,16 @@ class RequestBuilder:
         transformers: Sequence[InputTransformer] | None = None,
         now: Callable[[], dt.datetime] = local_now,
     ) -> None:
-        """``store``: the synchronous Store. ``providers``: the engine's ProviderService (its
-        ``resolve``), used for summary and OCR calls unless ``call_model`` is given."""
+        """``providers``: the engine's ProviderService (its ``resolve``), used for summary and
+        OCR calls unless ``call_model`` is given."""
+        self._store = store
         self._attachments = attachments
-        context_repo = store.context
-        self.profiles = ProfileResolver(store.assistants, context_repo)
+        repos = store.sync
+        self.profiles = ProfileResolver(repos.assistants, repos.context)
         call = call_model or (ProviderModelCall(providers) if providers is not None else None)
         self._call_model = call
-        self.ledger = TokenLedger(context_repo, file_size=self._file_size)
-        self.context = RollingContext(context_repo, self.ledger, Summarizer(call) if call is not None else None)
+        self.ledger = TokenLedger(repos.context, file_size=self._file_size)
+        self.context = RollingContext(store, self.ledger, Summarizer(call) if call is not None else None)
         self._souls = SoulFiles(attachments.root.parent)
         self._knowledge = knowledge or NoKnowledge()
         self._memory = memory or NoMemory()
@@ -122,6 +117,7 @@ class RequestBuilder:
         self.output = OutputProcessor(
             assistant_for=lambda session: self.profiles.for_session(session.id).assistant,
             image_dir=attachments.root,
+            offload=self._in_store_thread,
         )
 
     async def build(
@@ -195,7 +191,8 @@ class RequestBuilder:
         )
         drafts = await run_transformers(drafts, ctx, self._transformers)
         if any(isinstance(p, (ImagePart, FilePart)) for d in drafts for p in d.parts):
-            # stored images and files are read from disk: a worker thread
+            # stored images and files are read from disk: a worker thread (file work, no
+            # database: anyio's own limiter, not the store's)
             messages = await anyio.to_thread.run_sync(
                 lambda: finalize(drafts, model=model, attachments=self._attachments)
             )
@@ -218,7 +215,7 @@ class RequestBuilder:
         """Every database and file read a build starts with, in one worker-thread hop: the
         session's profile, its Soul.md and the branch with its token counts. The generation
         loop runs it beside the tool assembly and hands it to ``build_detailed``."""
-        return await anyio.to_thread.run_sync(lambda: self.prepare_blocking(session, leaf_id, model.id))
+        return await self._store.run(lambda _: self.prepare_blocking(session, leaf_id, model.id))
 
     def prepare_blocking(self, session: SessionV2, leaf_id: str, model_id: str) -> Prepared:
         """``prepare`` for a caller already in a worker thread (a send stores its turn and
@@ -232,6 +229,9 @@ class RequestBuilder:
         )
 
     # ---- internals --------------------------------------------------------------------
+
+    async def _in_store_thread(self, fn: Callable[[], T]) -> T:
+        return await self._store.run(lambda _: fn())
 
     def _file_size(self, uri: str) -> int | None:
         path = self._attachments.local_path(uri)

@@ -38,8 +38,10 @@ from sidecar.pipeline import tokens as tk
 from sidecar.pipeline.locks import KeyedLocks
 from sidecar.pipeline.summary import Summarizer
 from sidecar.pipeline.token_cache import TokenLedger
+from sidecar.store.async_store import AsyncStore
 from sidecar.store.context import ContextRepo, StoredSummary
 from sidecar.store.ids import now_ms
+from sidecar.store.store import Store
 
 __all__ = ["RollingContext", "ContextWindow", "CompactOutcome"]
 
@@ -81,13 +83,14 @@ class _Read(msgspec.Struct, kw_only=True):
 class RollingContext:
     def __init__(
         self,
-        repo: ContextRepo,
+        store: AsyncStore,
         ledger: TokenLedger,
         summarizer: Summarizer | None,
         *,
         clock: Callable[[], int] = now_ms,
     ) -> None:
-        self._repo = repo
+        self._store = store
+        self._repo: ContextRepo = store.sync.context
         self._ledger = ledger
         self._summarizer = summarizer
         self._clock = clock
@@ -111,7 +114,7 @@ class RollingContext:
         made it (in the same worker-thread hop as its own reads)."""
         threshold = planner.effective_threshold(assistant.context.compress_threshold)
         if read is None:
-            read = await anyio.to_thread.run_sync(self.read_branch, session.id, leaf_id, encoding, strategy)
+            read = await self._store.run(lambda _: self.read_branch(session.id, leaf_id, encoding, strategy))
         if strategy not in ("sliding-window", "smart-select"):
             return await self._prepare_summarized(session, leaf_id, assistant, strategy, encoding, read, threshold)
         length = read.covered_count + len(read.tail)
@@ -144,7 +147,7 @@ class RollingContext:
         async with self._locks.hold(session.id):
             # the branch was read before the lock: a compaction may have written a summary
             # since, and merging the old one with these messages would cover ids twice
-            read = await anyio.to_thread.run_sync(self.read_branch, session.id, leaf_id, encoding, strategy)
+            read = await self._store.run(lambda _: self.read_branch(session.id, leaf_id, encoding, strategy))
             plan, window = _plan_summarize(read, strategy, threshold)
             if not plan.refresh:
                 return window
@@ -178,7 +181,7 @@ class RollingContext:
         """Run the summarize-old planner now with ``target_tokens`` as the threshold (forced).
         A failure of the summary call raises (the caller asked for it explicitly)."""
         async with self._locks.hold(session.id):
-            read = await anyio.to_thread.run_sync(self._read, session.id, leaf_id, encoding, True)
+            read = await self._store.run(lambda _: self._read(session.id, leaf_id, encoding, True))
             target = target_tokens if target_tokens is not None else assistant.context.compress_threshold
             plan = planner.plan_summarize(
                 read.tokens,
@@ -205,14 +208,14 @@ class RollingContext:
     async def valid_summary(self, session_id: str, leaf_id: str | None) -> tuple[StoredSummary | None, bool]:
         """The stored summary and whether it is valid for the branch ending at ``leaf_id``."""
 
-        def check() -> tuple[StoredSummary | None, bool]:
+        def check(_: Store) -> tuple[StoredSummary | None, bool]:
             summary = self._repo.get_summary(session_id)
             if summary is None or leaf_id is None:
                 return summary, False
             rows = self._repo.walk(session_id, leaf_id, stop_id=summary.last_covered_id)
             return summary, bool(rows) and self._is_prefix(summary, rows)
 
-        return await anyio.to_thread.run_sync(check)
+        return await self._store.run(check)
 
     # ---- internals --------------------------------------------------------------------
 
@@ -278,7 +281,7 @@ class RollingContext:
             instructions=instructions,
         )
 
-        def store() -> StoredSummary:
+        def store(_: Store) -> StoredSummary:
             before = (self._repo.summary_ids(session.id) or []) if previous is not None else []
             if previous is not None and (
                 len(before) != previous.covered_count or not before or before[-1] != previous.last_covered_id
@@ -294,7 +297,7 @@ class RollingContext:
             self._verified[saved.session_id] = (saved.updated_at, saved.last_covered_id)
             return saved
 
-        return await anyio.to_thread.run_sync(store)
+        return await self._store.run(store)
 
 
 def _plan_summarize(read: _Read, strategy: TruncationStrategy, threshold: int) -> tuple[planner.RollingPlan, ContextWindow]:

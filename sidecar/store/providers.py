@@ -12,7 +12,7 @@ update that sends a masked value back keeps the stored one. Custom headers likew
 secret-looking header shown as ``***`` and sent back unchanged keeps its stored value.
 Which names look secret is decided by ``sidecar.providers.redact.is_secret_name`` (one list).
 
-Synchronous; call through ``anyio.to_thread.run_sync``.
+Synchronous; async code calls it through ``AsyncStore.run`` (``s.providers``).
 """
 
 from __future__ import annotations

@@ -18,8 +18,8 @@ Must stay true (the "Pending never runs" invariant rests on these):
 - a decision, its audit row and a remembered policy are one transaction;
 - pausing a reply writes its content, status ``paused`` and the run state together.
 
-Synchronous and thread-safe (``db.Database``); the engine calls it through
-``anyio.to_thread.run_sync``. Errors: StoreError / NotFound / InvalidParams.
+Synchronous and thread-safe (``db.Database``); async code calls it through
+``AsyncStore.run`` (``s.tools``). Errors: StoreError / NotFound / InvalidParams.
 """
 
 from __future__ import annotations

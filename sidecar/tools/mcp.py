@@ -40,6 +40,7 @@ from protocol.common import NameParams, SuccessResult
 from protocol.mcp import McpServerInfo, McpServerUpsertParams
 from sidecar.errors import InvalidParams, NotFound
 from sidecar.providers.redact import safe_url
+from sidecar.store.async_store import AsyncStore
 from sidecar.tools.base import Tool, ToolContext, ToolError, ToolOutput
 
 __all__ = ["McpManager", "McpTool", "sanitize", "mcp_tool_name"]
@@ -141,8 +142,8 @@ class McpTool(Tool):
 
 
 class McpManager:
-    def __init__(self, store: Any, task_group: anyio.abc.TaskGroup) -> None:
-        self._store = store  # ToolStore (sync; called through worker threads)
+    def __init__(self, store: AsyncStore, task_group: anyio.abc.TaskGroup) -> None:
+        self._store = store
         self._tg = task_group
         self._configs: dict[str, McpServerConfig] = {}
         self._conns: dict[str, _Connection] = {}
@@ -150,7 +151,7 @@ class McpManager:
         self._closing = False
 
     async def load(self) -> None:
-        rows = await anyio.to_thread.run_sync(self._store.mcp_servers)
+        rows = await self._store.run(lambda s: s.tools.mcp_servers())
         for name, raw in rows:
             try:
                 self._configs[name] = msgspec.json.decode(raw, type=McpServerConfig)
@@ -184,7 +185,7 @@ class McpManager:
             connect_timeout_s=params.connect_timeout_s,
         )
         raw = msgspec.json.encode(config).decode()
-        await anyio.to_thread.run_sync(self._store.put_mcp_server, name, raw)
+        await self._store.run(lambda s: s.tools.put_mcp_server(name, raw))
         self._configs[name] = config
         await self._disconnect(name)
         return self._info(name)
@@ -196,7 +197,7 @@ class McpManager:
         name = sanitize(params.name)
         if name not in self._configs:
             raise NotFound(f"no MCP server named {params.name!r}")
-        await anyio.to_thread.run_sync(self._store.delete_mcp_server, name)
+        await self._store.run(lambda s: s.tools.delete_mcp_server(name))
         del self._configs[name]
         await self._disconnect(name)
         return SuccessResult()

@@ -41,7 +41,7 @@ from sidecar.pipeline import tokens as tk  # noqa: E402
 from sidecar.pipeline.builder import RequestBuilder  # noqa: E402
 from sidecar.pipeline.token_cache import TokenLedger  # noqa: E402
 from sidecar.providers.types import GenerationParams, ModelInfo, RequestMessage  # noqa: E402
-from sidecar.store import Store  # noqa: E402
+from sidecar.store import AsyncStore, Store  # noqa: E402
 from sidecar.store.attachments import AttachmentStore  # noqa: E402
 from sidecar.store.ids import new_id  # noqa: E402
 
@@ -118,7 +118,7 @@ async def main(args: argparse.Namespace) -> None:
         print(f"  TokenLedger (cached)  {cached_s * 1000:.1f} ms for the same branch")
 
         # -- request building ---------------------------------------------------------------
-        builder = RequestBuilder(store, AttachmentStore(Path(tmp)), call_model=stand_in_model)
+        builder = RequestBuilder(AsyncStore(store), AttachmentStore(Path(tmp)), call_model=stand_in_model)
         leaf = messages[-1].id
 
         async def build_once(leaf_id: str) -> Any:
