@@ -126,7 +126,7 @@ async def _open_chat(app: App, stack: AsyncExitStack) -> None:
 
     from sidecar.engine.approvals import ApprovalService
     from sidecar.engine.chat import ChatEngine
-    from sidecar.engine.generation import INTERRUPTED_NOTE
+    from sidecar.engine.tool_loop import INTERRUPTED_NOTE
     from sidecar.engine.providers import ProviderService
     from sidecar.engine.settings import SettingsService
     from sidecar.pipeline.builder import RequestBuilder
@@ -204,8 +204,6 @@ async def _open_acp(app: App, stack: AsyncExitStack) -> Any:
     stopped (stdin closed, SIGTERM, SIGKILL) only after the ChatEngine has aborted the
     running turns, and cancelling the ChatEngine's group (its aclose) does not reach them.
     """
-    import anyio
-
     import sidecar
     from sidecar.acp.engines import AcpEngines
     from sidecar.acp.mcp import acp_mcp_servers
@@ -228,11 +226,9 @@ async def _open_acp(app: App, stack: AsyncExitStack) -> Any:
 
     return AcpTurnHandler(
         store=app.store,
-        notify=app.notify,
         providers=app.providers,
         engines=engines,
         attachments=AttachmentStore(app.data_dir),
-        settings=app.settings.current,
         data_dir=app.data_dir,
         approvals=lambda: getattr(app, "approvals", None),
         mcp_servers=mcp_servers,

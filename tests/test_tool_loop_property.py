@@ -30,7 +30,7 @@ from protocol.tools import ToolApproveParams
 from protocol.types import ToolResultPart
 from sidecar.engine.approvals import ApprovalService
 from sidecar.engine.chat import ChatEngine
-from sidecar.engine.generation import INTERRUPTED_NOTE
+from sidecar.engine.tool_loop import INTERRUPTED_NOTE
 from sidecar.errors import SidecarError
 from sidecar.providers.types import (
     ChatRequest,

@@ -1,4 +1,4 @@
-"""ChatEngine: chat:send / chat:abort / chat:regenerate / chat:editResend (direct mode).
+"""ChatEngine: chat:send / chat:abort / chat:regenerate / chat:editResend.
 
 Owns the one-generation-job-per-session rule (seed 000 sections 1 and 9): a new send,
 regenerate or edit on a session cancels the running job and waits for it to end before it
@@ -9,9 +9,11 @@ Branch rules: regenerate adds a sibling assistant reply under the same user mess
 editResend adds a sibling user message under the same parent and a reply under it. Old
 branches are never rewritten; the active branch moves to the new one.
 
-After a successful first exchange the session is titled by a side call (settings
-``generateTitles``); every finished job sends ``chat:session:updated`` with the fresh
-session (counters, title) so session lists stay current.
+A job is one ReplyLifecycle (lifecycle.py: the row, events, persistence, ending, counters
+and ``chat:session:updated``) run with the driver of the session's mode: the step loop
+(generation.py) for ``direct``, the agent turn (acp_turn.py) for ``acp``. After a
+successful first exchange the session is titled by a side call (settings
+``generateTitles``), which sends ``chat:session:updated`` again with the title.
 
 Stopping is bounded: a job that does not end within STOP_TIMEOUT_S (plus an ACP agent's
 cancel timeout) makes the request that needed it fail with BUSY (nothing is written), so a
@@ -20,7 +22,7 @@ Deleting a session: the delete hook (``stop_session``) stops its job and marks t
 as being deleted until the delete is over; sends, regenerates, edits and resumes on it are
 refused meanwhile (NOT_FOUND). Per-session locks exist only while in use.
 
-Paused replies (tool calls waiting for approval, see generation.py): a paused reply holds
+Paused replies (tool calls waiting for approval, see tool_loop.py): a paused reply holds
 no job slot. ``resume`` (called by the ApprovalService when the last pending call of a
 reply is decided) starts a job that continues it. A new send, regenerate or edit on the
 session, ``chat:abort``, and deleting the session end every paused reply of the session
@@ -36,7 +38,6 @@ from typing import Any
 
 import anyio
 import anyio.abc
-import msgspec
 
 from protocol.errors import ErrorCode
 from protocol.chat import (
@@ -49,10 +50,12 @@ from protocol.chat import (
 )
 from protocol.common import SuccessResult
 from protocol.types import MessageV2, SessionV2
-from sidecar.engine.generation import GenerationHandler, GenerationJob
+from sidecar.engine.generation import GenerationHandler
+from sidecar.engine.lifecycle import COMPLETED, PAUSED, ReplyJob, ReplyLifecycle, ReplyServices
 from sidecar.engine.titles import TitleGenerator
 from sidecar.engine.turns import Turn, TurnWriter
 from sidecar.errors import NotFound, SidecarError
+from sidecar.pipeline.builder import Prepared
 from sidecar.pipeline.locks import KeyedLocks
 from sidecar.store.store import Store
 from sidecar.store.tools import ToolRun
@@ -66,7 +69,7 @@ STOP_TIMEOUT_S = 15.0
 class _RunningJob:
     __slots__ = ("job", "scope", "done")
 
-    def __init__(self, job: GenerationJob) -> None:
+    def __init__(self, job: ReplyJob) -> None:
         self.job = job
         self.scope = anyio.CancelScope()
         self.done = anyio.Event()
@@ -92,11 +95,12 @@ class ChatEngine:
         self._notify = notify
         self._settings = settings
         self._tg = task_group
+        self._services = ReplyServices(store=store, notify=notify, pricing=providers)
         self._handler = GenerationHandler(
             store=store,
-            notify=notify,
             providers=providers,
             requests=requests,
+            services=self._services,
             settings=settings.current,
             tools=tools,
             approvals=approvals,
@@ -105,7 +109,7 @@ class ChatEngine:
         if approvals is not None:
             approvals.on_settled["tool"] = self.resume
         self._acp = acp
-        """AcpTurnHandler (sidecar/engine/acp_turn.py): runs the replies of mode 'acp' sessions."""
+        """AcpTurnHandler (sidecar/engine/acp_turn.py): the drivers of mode 'acp' replies."""
         self._turns = TurnWriter(attachments)
         self._titles = TitleGenerator(store=store, providers=providers, settings=settings.current)
         self._jobs: dict[str, _RunningJob] = {}
@@ -209,7 +213,7 @@ class ChatEngine:
                 return False
             session, message, run = reopened
             self._start(
-                GenerationJob(
+                ReplyJob(
                     session=session,
                     message_id=message_id,
                     parent_id=message.parent_id or "",
@@ -236,17 +240,7 @@ class ChatEngine:
         running = self._jobs.get(message.session_id)
         if running is None or running.job.message_id != message.id or running.job.live is None:
             return message
-        reply, relay = running.job.live
-        snap = reply.snapshot(mark_clean=False)
-        return msgspec.structs.replace(
-            message,
-            status="streaming" if relay.seq else message.status,
-            content_type=snap.content_type,
-            text_content=snap.text_content,
-            parts=snap.parts,
-            tool_calls=snap.tool_calls,
-            seq=relay.seq,
-        )
+        return running.job.live.overlay(message)
 
     async def stop_session(self, session_id: str, reason: str) -> Callable[[], None]:
         """The delete hook: stop the session's job and refuse new ones until the returned
@@ -276,6 +270,7 @@ class ChatEngine:
         running = list(self._jobs.values())
         for job in running:
             job.job.abort_reason = "the sidecar is shutting down"
+            job.job.publish = False
             job.scope.cancel()
         with anyio.move_on_after(STOP_TIMEOUT_S + max((job.job.stop_grace for job in running), default=0.0)):
             for job in running:
@@ -307,9 +302,9 @@ class ChatEngine:
             self._start_turn(turn, reply)
         return user, reply
 
-    def _start_turn(self, turn: Turn, reply: MessageV2, prepared: Any = None) -> None:
+    def _start_turn(self, turn: Turn, reply: MessageV2, prepared: Prepared | None = None) -> None:
         self._start(
-            GenerationJob(
+            ReplyJob(
                 session=turn.session,
                 message_id=reply.id,
                 parent_id=reply.parent_id or "",
@@ -320,7 +315,7 @@ class ChatEngine:
             )
         )
 
-    def _start(self, job: GenerationJob) -> None:
+    def _start(self, job: ReplyJob) -> None:
         running = _RunningJob(job)
         self._jobs[job.session.id] = running
         self._tg.start_soon(self._run, running)
@@ -337,10 +332,12 @@ class ChatEngine:
         job = running.job
         try:
             with running.scope:
-                if job.session.mode == "acp" and self._acp is not None:
-                    await self._acp.run(job)
-                else:
-                    await self._handler.run(job)
+                settings = self._settings.current()
+                acp = job.session.mode == "acp" and self._acp is not None
+                driver = self._acp.driver(job, settings) if acp else self._handler.driver(job, settings)
+                await ReplyLifecycle(job, self._services, settings).run(driver)
+                if job.outcome == PAUSED:  # before the slot is free: a send must see it
+                    self._handler.note_paused(job.session.id)
         except Exception:  # never let one reply take the engine down
             log.exception("generation %s failed unexpectedly", job.message_id)
         finally:
@@ -349,18 +346,18 @@ class ChatEngine:
             running.done.set()
         await self._after(job)
 
-    async def _after(self, job: GenerationJob) -> None:
-        if job.outcome is None or job.outcome == "paused" or self._closing:
+    async def _after(self, job: ReplyJob) -> None:
+        """Side tasks of a finished reply (its lifecycle sent chat:session:updated)."""
+        session = job.ended_session
+        if job.outcome != COMPLETED or session is None or self._closing:
             return
         try:
-            session = await self._store.run(lambda s: s.sessions.get(job.session.id))
-            if job.outcome == "completed" and await self._titles.wants_title(session, job):
+            if await self._titles.wants_title(session, job):
                 self._tg.start_soon(self._title, session, job)
-            await self._notify("chat:session:updated", session)
         except SidecarError:
             log.debug("session %s vanished after its generation", job.session.id)
 
-    async def _title(self, session: SessionV2, job: GenerationJob) -> None:
+    async def _title(self, session: SessionV2, job: ReplyJob) -> None:
         updated = await self._titles.generate(session, job)
         if updated is not None and not self._closing:
             await self._notify("chat:session:updated", updated)

@@ -21,7 +21,6 @@ summary costs the length of that part, not of the branch.
 from __future__ import annotations
 
 from collections.abc import Iterable
-from typing import Any
 
 import msgspec
 

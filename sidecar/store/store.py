@@ -61,7 +61,7 @@ from protocol.types import (
     ToolCall,
     Usage,
 )
-from sidecar.errors import InvalidParams, StoreError
+from sidecar.errors import InvalidParams, NotFound, StoreError
 from sidecar.store import transfer
 from sidecar.store.checks import (
     CONTENT_TYPES,
@@ -437,6 +437,34 @@ class Messages:
                   searchable_text(message.text_content, message.parts))],
             )
         return message
+
+    def pause(
+        self,
+        message_id: str,
+        *,
+        text_content: str | None,
+        parts: list[ContentPart] | None,
+        tool_calls: list[ToolCall] | None,
+        seq: int,
+        usage: Usage | None = None,
+    ) -> None:
+        """A streaming reply waits for something outside it (tool approvals): its content,
+        usage so far and seq, status ``paused``. Not indexed: it is not final. Whoever paused
+        it records why in the same transaction (``Store.transaction``)."""
+        _check_list("parts", parts)
+        _check_list("toolCalls", tool_calls)
+        with self._db.write() as conn:
+            conn.execute(
+                "UPDATE messages_v2 SET status = 'paused', text_content = ?, parts = ?,"
+                " content_type = CASE WHEN ? IS NOT NULL THEN 'multipart' ELSE content_type END,"
+                " tool_calls = ?, seq = ?, usage = COALESCE(?, usage), updated_at = ?"
+                " WHERE id = ? AND status IN ('pending', 'streaming')",
+                (text_content, to_json(parts) if parts else None, to_json(parts) if parts else None,
+                 to_json(tool_calls), seq, to_json(usage) if usage is not None else None, self._clock(),
+                 message_id),
+            )
+            if conn.changes() == 0:
+                raise NotFound(f"message {message_id!r} is not being generated")
 
     def delete_branch(self, message_id: str) -> int:
         """Delete a message and everything below it; returns how many messages went.
