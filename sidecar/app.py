@@ -46,15 +46,40 @@ from sidecar.errors import SidecarError
 if TYPE_CHECKING:
     from protocol.messages import SearchOptions
     from protocol.types import SearchResult, SessionV2
+    from sidecar.acp.engines import AcpEngines
+    from sidecar.acp.types import AgentFeatures
+    from sidecar.engine.acp_turn import AcpTurnHandler
+    from sidecar.engine.approvals import ApprovalService
+    from sidecar.engine.assistants import AssistantService
+    from sidecar.engine.chat import ChatEngine
+    from sidecar.engine.context import ContextService
+    from sidecar.engine.providers import ProviderService
     from sidecar.engine.sessions import SessionService
+    from sidecar.engine.settings import SettingsService
+    from sidecar.pipeline.builder import RequestBuilder
     from sidecar.store import AsyncStore
+    from sidecar.tools.mcp import McpManager
+    from sidecar.tools.service import ToolService
 
 Notify = Callable[[str, Any], Awaitable[None]]
 
 
 class App:
+    # attached by open_app as each service opens (absent until then: its methods answer
+    # NOT_IMPLEMENTED, see sidecar/server.py)
     store: AsyncStore
     sessions: SessionService
+    settings: SettingsService
+    providers: ProviderService
+    requests: RequestBuilder
+    acp_engines: AcpEngines
+    acp: AcpTurnHandler
+    approvals: ApprovalService
+    mcp: McpManager
+    tools: ToolService
+    chat: ChatEngine
+    assistants: AssistantService
+    context: ContextService
 
     def __init__(self, config: Config, data_dir: Path, notify: Notify) -> None:
         self.config = config
@@ -197,7 +222,7 @@ async def _open_chat(app: App, stack: AsyncExitStack) -> None:
     app.sessions.on_delete.append(app.acp.close_session)  # after its turn has stopped
 
 
-async def _open_acp(app: App, stack: AsyncExitStack) -> Any:
+async def _open_acp(app: App, stack: AsyncExitStack) -> AcpTurnHandler:
     """ACP mode (issue 7): the engine processes and the handler of mode 'acp' replies.
 
     The engines are entered on the stack before the ChatEngine's task group: they are
@@ -220,7 +245,7 @@ async def _open_acp(app: App, stack: AsyncExitStack) -> Any:
     app.acp_engines = engines
     store = app.store
 
-    async def mcp_servers(features: Any) -> list[Any]:
+    async def mcp_servers(features: AgentFeatures) -> list[Any]:
         rows = await store.run(lambda s: s.tools.mcp_servers())
         return acp_mcp_servers(rows, features)
 

@@ -42,7 +42,7 @@ import logging
 from collections import deque
 from collections.abc import Awaitable, Callable
 from pathlib import Path
-from typing import Any
+from typing import Any, Protocol
 
 import anyio
 import msgspec
@@ -93,6 +93,7 @@ from sidecar.engine.lifecycle import (
 from sidecar.errors import EngineError, ProviderError, SidecarError
 from sidecar.store.async_store import AsyncStore
 from sidecar.store.attachments import AttachmentStore
+from sidecar.store.providers import ProviderRecord
 
 log = logging.getLogger(__name__)
 
@@ -137,7 +138,9 @@ class _AcpTurn(ReplyDriver):
         job = self.job
         try:
             record = await handler._providers.engine(job.provider_id)
-            config: AcpEngineConfig = record.engine
+            config = record.engine
+            if config is None:  # engine() only returns acp-engine records, which have one
+                raise EngineError(f"provider {record.name!r} has no engine configuration")
             self.config = config
             job.stop_grace = config.cancel_timeout_ms / 1000 + 1  # _cancel's bound, see below
             self.engine_id = record.id
@@ -263,6 +266,12 @@ class _AcpTurn(ReplyDriver):
                 await self._changed.wait()
 
 
+class EngineSource(Protocol):
+    """The stored agent engines (sidecar.engine.providers.ProviderService)."""
+
+    async def engine(self, provider_id: str) -> ProviderRecord: ...
+
+
 class AcpTurnHandler:
     """The drivers of ACP replies, and what they share: the engines, prompts, permissions."""
 
@@ -270,7 +279,7 @@ class AcpTurnHandler:
         self,
         *,
         store: AsyncStore,
-        providers: Any,
+        providers: EngineSource,
         engines: AcpEngines,
         attachments: AttachmentStore,
         data_dir: Path,
@@ -362,6 +371,8 @@ class AcpTurnHandler:
     async def require_fork(self, session: SessionV2) -> None:
         """Regenerate / edit-and-resend need ``session/fork``: EngineError if the engine lacks it."""
         record = await self._providers.engine(session.provider_id)
+        if record.engine is None:  # engine() only returns acp-engine records, which have one
+            raise EngineError(f"provider {record.name!r} has no engine configuration")
         conn = await self._engines.connect(record.id, record.name, record.updated_at, record.engine)
         if not conn.features.fork_session:
             raise SidecarError(

@@ -33,8 +33,9 @@ as ``aborted``: its pending calls become ``cancelled`` (audited, actor system) a
 from __future__ import annotations
 
 import logging
-from collections.abc import Awaitable, Callable
-from typing import Any
+from collections.abc import Callable
+from pathlib import Path
+from typing import Protocol
 
 import anyio
 import anyio.abc
@@ -49,20 +50,33 @@ from protocol.chat import (
     SendResult,
 )
 from protocol.common import SuccessResult
+from protocol.settings import ChatSettings
 from protocol.types import MessageV2, SessionV2
-from sidecar.engine.generation import GenerationHandler
-from sidecar.engine.lifecycle import COMPLETED, PAUSED, ReplyJob, ReplyLifecycle, ReplyServices
+from sidecar.engine.approvals import ApprovalService
+from sidecar.engine.generation import GenerationHandler, ToolAssembler
+from sidecar.engine.relay import Notify
+from sidecar.engine.lifecycle import (
+    COMPLETED,
+    PAUSED,
+    Pricing,
+    ReplyDriver,
+    ReplyJob,
+    ReplyLifecycle,
+    ReplyServices,
+)
 from sidecar.engine.titles import TitleGenerator
 from sidecar.engine.turns import Turn, TurnWriter
 from sidecar.errors import NotFound, SidecarError
-from sidecar.pipeline.builder import Prepared
+from sidecar.pipeline.builder import Prepared, RequestBuilder
+from sidecar.pipeline.calls import ModelResolver
 from sidecar.pipeline.locks import KeyedLocks
+from sidecar.store.async_store import AsyncStore
+from sidecar.store.attachments import AttachmentStore
 from sidecar.store.store import Store
 from sidecar.store.tools import ToolRun
 
 log = logging.getLogger(__name__)
 
-Notify = Callable[[str, Any], Awaitable[None]]
 STOP_TIMEOUT_S = 15.0
 
 
@@ -75,21 +89,38 @@ class _RunningJob:
         self.done = anyio.Event()
 
 
+class ChatProviders(ModelResolver, Pricing, Protocol):
+    """The engine's ProviderService as the chat engine uses it."""
+
+
+class SettingsSource(Protocol):
+    def current(self) -> ChatSettings: ...
+
+
+class AgentTurns(Protocol):
+    """The drivers of mode 'acp' replies (sidecar/engine/acp_turn.py AcpTurnHandler)."""
+
+    def driver(self, job: ReplyJob, settings: ChatSettings) -> ReplyDriver: ...
+
+    async def require_fork(self, session: SessionV2) -> None:
+        """EngineError-like SidecarError when the session's engine cannot branch."""
+
+
 class ChatEngine:
     def __init__(
         self,
         *,
-        store: Any,
+        store: AsyncStore,
         notify: Notify,
-        providers: Any,
-        attachments: Any,
-        requests: Any,
-        settings: Any,
+        providers: ChatProviders,
+        attachments: AttachmentStore,
+        requests: RequestBuilder,
+        settings: SettingsSource,
         task_group: anyio.abc.TaskGroup,
-        tools: Any = None,
-        approvals: Any = None,
-        data_dir: Any = None,
-        acp: Any = None,
+        tools: ToolAssembler | None = None,
+        approvals: ApprovalService | None = None,
+        data_dir: Path | None = None,
+        acp: AgentTurns | None = None,
     ) -> None:
         self._store = store
         self._notify = notify
@@ -144,7 +175,7 @@ class ChatEngine:
                 return None
             acp_ok = self._acp is not None
 
-            def check_and_write(s: Store) -> tuple[Turn, MessageV2 | None, MessageV2, Any]:
+            def check_and_write(s: Store) -> tuple[Turn, MessageV2 | None, MessageV2, Prepared | None]:
                 turn = self._turns.check_send(s, params)
                 if turn.session.mode == "acp" and not acp_ok:
                     raise SidecarError("ACP mode is not available in this process", code=ErrorCode.NOT_IMPLEMENTED)
@@ -333,8 +364,10 @@ class ChatEngine:
         try:
             with running.scope:
                 settings = self._settings.current()
-                acp = job.session.mode == "acp" and self._acp is not None
-                driver = self._acp.driver(job, settings) if acp else self._handler.driver(job, settings)
+                if job.session.mode == "acp" and self._acp is not None:
+                    driver = self._acp.driver(job, settings)
+                else:
+                    driver = self._handler.driver(job, settings)
                 await ReplyLifecycle(job, self._services, settings).run(driver)
                 if job.outcome == PAUSED:  # before the slot is free: a send must see it
                     self._handler.note_paused(job.session.id)

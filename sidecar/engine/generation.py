@@ -21,10 +21,10 @@ Must stay true (seed 000 section 9 and its invariants, DESIGN.md section 4):
 from __future__ import annotations
 
 import logging
-from collections.abc import Callable
+from collections.abc import AsyncGenerator, Callable
 from contextlib import aclosing
 from pathlib import Path
-from typing import Any
+from typing import Protocol
 
 import anyio
 
@@ -49,10 +49,13 @@ from sidecar.engine.reply import ReplySnapshot
 from sidecar.engine.tool_loop import ToolLoop
 from sidecar.errors import SidecarError
 from sidecar.pipeline.builder import Prepared, RequestBuilder
+from sidecar.pipeline.calls import ModelResolver, ResolvedModel
 from sidecar.providers.types import (
     Finish,
     GenerationParams,
+    ModelInfo,
     RequestMessage,
+    StreamPart,
     TextDelta,
     ThinkingDelta,
     ToolCallDelta,
@@ -71,6 +74,12 @@ MAX_STEPS = 256
 LIMIT_NOTE = f"not run: the generation reached its limit of {MAX_STEPS} model/tool steps"
 
 
+class ToolAssembler(Protocol):
+    """The tools of one request (sidecar.tools.service.ToolService)."""
+
+    async def assemble(self, session: SessionV2, model: ModelInfo) -> ToolRegistry: ...
+
+
 class GenerationHandler:
     """The drivers of direct-mode replies, and what they share across replies."""
 
@@ -78,11 +87,11 @@ class GenerationHandler:
         self,
         *,
         store: AsyncStore,
-        providers: Any,
+        providers: ModelResolver,
         requests: RequestBuilder,
         services: ReplyServices,
         settings: Callable[[], ChatSettings],
-        tools: Any = None,
+        tools: ToolAssembler | None = None,
         approvals: ApprovalService | None = None,
         data_dir: Path | None = None,
     ) -> None:
@@ -125,12 +134,11 @@ class GenerationHandler:
         """End the session's paused replies as ``aborted`` (see ToolLoop.close_paused)."""
         return await self.tool_loop.close_paused(session_id, reason)
 
-    async def _assemble(self, session: SessionV2, model: Any) -> ToolRegistry:
+    async def _assemble(self, session: SessionV2, model: ModelInfo) -> ToolRegistry:
         if self._tools is None:
             return ToolRegistry()
         try:
-            registry: ToolRegistry = await self._tools.assemble(session, model)
-            return registry
+            return await self._tools.assemble(session, model)
         except anyio.get_cancelled_exc_class():
             raise
         except Exception:  # tools are an addition: a broken tool source must not stop the reply
@@ -163,7 +171,7 @@ class _StepLoop(ReplyDriver):
                 nonlocal registry
                 registry = await handler._assemble(job.session, resolved.model)
 
-            prepared: Prepared | None = job.prepared
+            prepared = job.prepared if isinstance(job.prepared, Prepared) else None
             if prepared is not None and (prepared.leaf_id, prepared.model_id) != (job.parent_id, resolved.model.id):
                 prepared = None  # made for another leaf or model: read again
             job.prepared = None
@@ -212,7 +220,7 @@ class _StepLoop(ReplyDriver):
                 return Paused()
 
     async def _model_step(
-        self, reply: ReplyFeed, resolved: Any, registry: ToolRegistry, prepared: Prepared | None
+        self, reply: ReplyFeed, resolved: ResolvedModel, registry: ToolRegistry, prepared: Prepared | None
     ) -> SidecarError | None:
         """One provider step; returns the failure that ended it, if any."""
         job = self._job
@@ -253,7 +261,7 @@ class _StepLoop(ReplyDriver):
             return _internal("streaming", exc)
         return None
 
-    async def _consume(self, parts: Any, reply: ReplyFeed) -> None:
+    async def _consume(self, parts: AsyncGenerator[StreamPart, None], reply: ReplyFeed) -> None:
         tool_names: dict[str, str] = {}
         base = reply.content.usage  # usage of earlier steps: a step's updates are cumulative within it
         used = {c.id for c in reply.content.tool_calls}

@@ -232,8 +232,9 @@ class ReplyJob(msgspec.Struct, kw_only=True):
     """A paused reply to continue (its stored content, usage and seq), instead of a new one."""
     steps: int = 0
     """Model steps taken so far (direct mode; a resumed reply keeps counting)."""
-    prepared: Any = None
-    """Reads the turn made ahead for its driver (direct mode: the first request's), or None."""
+    prepared: object | None = None
+    """Reads the turn made ahead for its driver (direct mode: the first request's
+    RequestBuilder.Prepared), or None; a driver checks the type it expects."""
     abort_reason: str | None = None
     """Set by whoever cancels the job (abort, a newer send, shutdown)."""
     stop_grace: float = 0.0

@@ -27,7 +27,7 @@ from protocol.providers import ProviderInfo, ProviderSetDefaultParams, ProviderU
 from protocol.types import Usage
 from sidecar.errors import EngineError, InvalidParams, NotFound
 from sidecar.providers import Provider, create_provider
-from sidecar.providers.types import ModelInfo, ProviderSettings
+from sidecar.providers.types import ChatRequest, ModelInfo, ProviderSettings, StreamPart
 from sidecar.store.async_store import AsyncStore
 from sidecar.store.providers import ProviderRecord
 from sidecar.store.settings import DEFAULT_MODEL_KEY, DEFAULT_PROVIDER_KEY
@@ -50,7 +50,7 @@ class _CountedStream:
 
     __slots__ = ("_parts", "_on_close", "_closed")
 
-    def __init__(self, parts: AsyncGenerator[Any, None], on_close: Callable[[], Awaitable[None]]) -> None:
+    def __init__(self, parts: AsyncGenerator[StreamPart, None], on_close: Callable[[], Awaitable[None]]) -> None:
         self._parts = parts
         self._on_close = on_close
         self._closed = False
@@ -58,7 +58,7 @@ class _CountedStream:
     def __aiter__(self) -> _CountedStream:
         return self
 
-    def __anext__(self) -> Awaitable[Any]:
+    def __anext__(self) -> Awaitable[StreamPart]:
         return self._parts.__anext__()
 
     async def aclose(self) -> None:
@@ -80,7 +80,7 @@ class _Live:
         self.retired_at: float | None = None
         self._service = service
 
-    def stream(self, request: Any) -> _CountedStream:
+    def stream(self, request: ChatRequest) -> _CountedStream:
         self.busy += 1
         return _CountedStream(self.provider.stream(request), self._stream_closed)
 
@@ -88,7 +88,7 @@ class _Live:
         self.busy -= 1
         await self._service._close_retired()
 
-    async def generate(self, request: Any) -> Any:
+    async def generate(self, request: ChatRequest) -> list[StreamPart]:
         self.busy += 1
         try:
             return await self.provider.generate(request)
@@ -101,7 +101,7 @@ class _Live:
 
 
 class ResolvedModel(msgspec.Struct, kw_only=True):
-    provider: Any
+    provider: _Live
     model: ModelInfo
     record: ProviderRecord
 
@@ -265,6 +265,8 @@ class ProviderService:
         if live is not None:
             # a running stream may still use the old client: closed once unused
             self._retire(live)
+        if record.type == "acp-engine":  # resolve() refuses these before
+            raise EngineError(f"provider {record.name!r} is an ACP agent engine")
         api_key = record.api_key or (os.environ.get(record.api_key_env) if record.api_key_env else None)
         settings = ProviderSettings(
             type=record.type,

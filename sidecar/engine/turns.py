@@ -18,7 +18,7 @@ from protocol.chat import EditResendParams, RegenerateParams, SendParams, UserIn
 from protocol.types import FilePart, ImagePart, MessageV2, SessionV2, TextPart
 from sidecar.errors import EngineError, InvalidParams, NotFound
 from sidecar.store.attachments import AttachmentStore, StoredInput
-from sidecar.store.store import Store
+from sidecar.store.store import ACTIVE_LEAF, Store
 
 
 class Turn(msgspec.Struct, kw_only=True):
@@ -100,7 +100,7 @@ class TurnWriter:
                 user = store.messages.append(
                     turn.session.id,
                     role="user",
-                    **({} if after_active_leaf else {"parent_id": parent}),
+                    parent_id=ACTIVE_LEAF if after_active_leaf else parent,
                     content_type=stored.content_type,
                     text_content=stored.text_content,
                     parts=stored.parts,

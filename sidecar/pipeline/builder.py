@@ -26,8 +26,8 @@ import msgspec
 from protocol.context import AssistantProfile
 from protocol.types import FilePart, ImagePart, SessionV2, TextPart
 from sidecar.pipeline import tokens as tk
-from sidecar.pipeline.calls import ProviderModelCall
-from sidecar.pipeline.context import ContextWindow, RollingContext
+from sidecar.pipeline.calls import ModelResolver, ProviderModelCall
+from sidecar.pipeline.context import BranchRead, ContextWindow, RollingContext
 from sidecar.pipeline.output import OutputProcessor
 from sidecar.pipeline.profiles import ProfileResolver, SessionProfile
 from sidecar.pipeline.request import build_drafts, finalize
@@ -79,7 +79,7 @@ class Prepared(msgspec.Struct, kw_only=True):
     model_id: str = ""
     profile: SessionProfile
     soul: str | None
-    read: Any
+    read: BranchRead
     """The branch as RollingContext.read_branch returned it."""
 
 
@@ -92,7 +92,7 @@ class RequestBuilder:
         store: AsyncStore,
         attachments: AttachmentStore,
         *,
-        providers: Any = None,
+        providers: ModelResolver | None = None,
         call_model: ModelCall | None = None,
         knowledge: KnowledgeRetriever | None = None,
         memory: MemoryRetriever | None = None,

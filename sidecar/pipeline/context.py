@@ -43,7 +43,7 @@ from sidecar.store.context import ContextRepo, StoredSummary
 from sidecar.store.ids import now_ms
 from sidecar.store.store import Store
 
-__all__ = ["RollingContext", "ContextWindow", "CompactOutcome"]
+__all__ = ["RollingContext", "ContextWindow", "CompactOutcome", "BranchRead"]
 
 log = logging.getLogger(__name__)
 
@@ -72,7 +72,10 @@ class CompactOutcome(msgspec.Struct, kw_only=True):
     tokens_after: int
 
 
-class _Read(msgspec.Struct, kw_only=True):
+class BranchRead(msgspec.Struct, kw_only=True):
+    """What planning a request reads of a branch: the summary that still holds, the
+    messages after it with their token counts."""
+
     summary: StoredSummary | None
     tail: list[MessageV2]
     tokens: list[int]
@@ -108,7 +111,7 @@ class RollingContext:
         assistant: AssistantProfile,
         strategy: TruncationStrategy,
         encoding: str,
-        read: _Read | None = None,
+        read: BranchRead | None = None,
     ) -> ContextWindow:
         """``read``: the result of ``read_branch`` for these arguments when the caller already
         made it (in the same worker-thread hop as its own reads)."""
@@ -138,7 +141,7 @@ class RollingContext:
         assistant: AssistantProfile,
         strategy: TruncationStrategy,
         encoding: str,
-        read: _Read,
+        read: BranchRead,
         threshold: int,
     ) -> ContextWindow:
         plan, window = _plan_summarize(read, strategy, threshold)
@@ -223,17 +226,17 @@ class RollingContext:
         """Drop what is remembered about a session (it was deleted)."""
         self._verified.pop(session_id, None)
 
-    def read_branch(self, session_id: str, leaf_id: str, encoding: str, strategy: TruncationStrategy) -> _Read:
+    def read_branch(self, session_id: str, leaf_id: str, encoding: str, strategy: TruncationStrategy) -> BranchRead:
         """What ``prepare`` plans on (blocking: call it from a worker thread)."""
         return self._read(session_id, leaf_id, encoding, strategy == "summarize-old")
 
-    def _read(self, session_id: str, leaf_id: str, encoding: str, use_summary: bool) -> _Read:
+    def _read(self, session_id: str, leaf_id: str, encoding: str, use_summary: bool) -> BranchRead:
         summary = self._repo.get_summary(session_id) if use_summary else None
         if summary is not None:
             rows = self._repo.walk(session_id, leaf_id, stop_id=summary.last_covered_id)
             if rows and self._is_prefix(summary, rows):
                 tail = rows[1:]
-                return _Read(
+                return BranchRead(
                     summary=summary, tail=tail, tokens=self._ledger.counts(tail, encoding),
                     summary_tokens=tk.count_text(summary.text, encoding) + tk.MESSAGE_OVERHEAD,
                     covered_count=summary.covered_count,
@@ -243,7 +246,7 @@ class RollingContext:
             full = self._repo.walk(session_id, leaf_id)
         if not full and leaf_id:
             raise NotFound(f"message {leaf_id!r} is not in session {session_id!r}")
-        return _Read(summary=None, tail=full, tokens=self._ledger.counts(full, encoding), summary_tokens=0,
+        return BranchRead(summary=None, tail=full, tokens=self._ledger.counts(full, encoding), summary_tokens=0,
                      covered_count=0)
 
     def _is_prefix(self, summary: StoredSummary, rows: list[MessageV2]) -> bool:
@@ -300,7 +303,7 @@ class RollingContext:
         return await self._store.run(store)
 
 
-def _plan_summarize(read: _Read, strategy: TruncationStrategy, threshold: int) -> tuple[planner.RollingPlan, ContextWindow]:
+def _plan_summarize(read: BranchRead, strategy: TruncationStrategy, threshold: int) -> tuple[planner.RollingPlan, ContextWindow]:
     plan = planner.plan_summarize(
         read.tokens,
         [m.role for m in read.tail],
