@@ -8,6 +8,7 @@
     ├── StoreError               database failures and bad references (sidecar/store)
     │   └── NotFound             unknown session / message / provider id
     ├── ProviderError            LLM provider failures (sidecar/providers)
+    │   └── ProviderCallError    an adapter's failed call: kind, status, retryable (providers/errors.py)
     └── EngineError              state errors of the chat engine (sidecar/engine)
 
 Each layer raises its own type, wrapping lower errors with ``raise ... from exc``.
@@ -23,9 +24,11 @@ from protocol.errors import ErrorCode
 
 
 class SidecarError(Exception):
-    code: ErrorCode = ErrorCode.INTERNAL_ERROR
+    code: int = ErrorCode.INTERNAL_ERROR
+    """An ErrorCode; only an error answered to a peer in that peer's protocol carries the
+    peer's own number (ACP's AcpErrorCode), and a RemoteError the number the peer sent."""
 
-    def __init__(self, message: str, *, code: ErrorCode | None = None, data: Any = None) -> None:
+    def __init__(self, message: str, *, code: int | None = None, data: Any = None) -> None:
         super().__init__(message)
         self.message = message
         if code is not None:
