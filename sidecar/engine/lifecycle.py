@@ -21,7 +21,9 @@ shim), the life of the reply is the same, and it is owned here, once:
 - the ending: shielded (a stop that arrives meanwhile waits for it) and bounded
   (FINALIZE_TIMEOUT_S); the last throttled state is flushed, then one final row and exactly
   one final event (``stream_end`` | ``error`` | ``aborted``); an ending that fails or runs
-  out of time falls back to ``error`` with the content so far (FALLBACK_TIMEOUT_S).
+  out of time falls back to ``error`` with the content so far (FALLBACK_TIMEOUT_S); if that
+  cannot store its row in time either, the ``error`` event is still sent (the row is left
+  to restart recovery).
 
 The driver interface
 --------------------
@@ -536,12 +538,23 @@ class ReplyLifecycle:
                     await self._finish(driver, ending)
                 except Exception:
                     log.exception("ending the reply %s failed", job.message_id)
+            failure = SidecarError("internal error while ending the reply")
             if job.outcome is None:
                 with anyio.move_on_after(FALLBACK_TIMEOUT_S):
                     try:
-                        await self._finish(driver, Failed(SidecarError("internal error while ending the reply")))
+                        await self._finish(driver, Failed(failure))
                     except Exception:
                         log.exception("the fallback ending of %s failed too", job.message_id)
+            if job.outcome is None:
+                # neither ending got as far as its final event: the renderer still gets one
+                # (the row is left to restart recovery, which ends it aborted)
+                log.error("the reply %s ended without storing its final state", job.message_id)
+                with anyio.move_on_after(FALLBACK_TIMEOUT_S):
+                    job.outcome = ERROR
+                    try:
+                        await self._relay.emit(ErrorEvent, error=failure.message)
+                    except Exception:
+                        log.exception("the final event of %s could not be sent", job.message_id)
             if job.outcome not in (None, PAUSED) and job.publish:
                 with anyio.move_on_after(PUBLISH_TIMEOUT_S):
                     await self._publish()
