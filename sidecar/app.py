@@ -21,6 +21,7 @@ Attributes:
               into the database (``await store.run(lambda s: s.<repository>.<method>(...))``).
     sessions: SessionService (sidecar/engine/sessions.py): chat:session:* and chat:messages:*.
     assistants: AssistantService (sidecar/engine/assistants.py): assistant:*.
+    attachments: AttachmentStore (sidecar/store/attachments.py): stored attachment files.
     requests: RequestBuilder (sidecar/pipeline/builder.py), built once: the generation loop and
               chat:context:* share it (token cache, summary checks, summary locks).
     context:  ContextService (sidecar/engine/context.py): chat:context:* on ``requests``.
@@ -58,6 +59,7 @@ if TYPE_CHECKING:
     from sidecar.engine.settings import SettingsService
     from sidecar.pipeline.builder import RequestBuilder
     from sidecar.store import AsyncStore
+    from sidecar.store.attachments import AttachmentStore
     from sidecar.tools.mcp import McpManager
     from sidecar.tools.service import ToolService
 
@@ -71,6 +73,7 @@ class App:
     sessions: SessionService
     settings: SettingsService
     providers: ProviderService
+    attachments: AttachmentStore
     requests: RequestBuilder
     acp_engines: AcpEngines
     acp: AcpTurnHandler
@@ -177,16 +180,16 @@ async def _open_chat(app: App, stack: AsyncExitStack) -> None:
     await app.settings.load()
     app.providers = ProviderService(store)
     stack.push_async_callback(app.providers.aclose)
-    attachments = AttachmentStore(app.data_dir)
+    app.attachments = AttachmentStore(app.data_dir)
     # one builder: the generation loop and chat:context:* share its token cache, summary
     # checks and per-session summary locks
-    app.requests = RequestBuilder(store, attachments, providers=app.providers)
+    app.requests = RequestBuilder(store, app.attachments, providers=app.providers)
+    app.approvals = ApprovalService(store)
     # before the engine's task group: cancelling that group must not reach the engines
     app.acp = await _open_acp(app, stack)
     task_group = await stack.enter_async_context(anyio.create_task_group())
     # Tool calls left running by a dead process get a "cancelled" result before any send.
     await store.run(lambda s: s.tools.complete_interrupted(INTERRUPTED_NOTE))
-    app.approvals = ApprovalService(store)
     app.mcp = McpManager(store, task_group)
     await app.mcp.load()
     stack.push_async_callback(app.mcp.aclose)
@@ -205,7 +208,7 @@ async def _open_chat(app: App, stack: AsyncExitStack) -> None:
         store=store,
         notify=app.notify,
         providers=app.providers,
-        attachments=attachments,
+        attachments=app.attachments,
         requests=app.requests,
         settings=app.settings,
         task_group=task_group,
@@ -233,7 +236,6 @@ async def _open_acp(app: App, stack: AsyncExitStack) -> AcpTurnHandler:
     from sidecar.acp.engines import AcpEngines
     from sidecar.acp.mcp import acp_mcp_servers
     from sidecar.engine.acp_turn import AcpTurnHandler
-    from sidecar.store.attachments import AttachmentStore
 
     engines = await stack.enter_async_context(
         AcpEngines(
@@ -253,9 +255,9 @@ async def _open_acp(app: App, stack: AsyncExitStack) -> AcpTurnHandler:
         store=app.store,
         providers=app.providers,
         engines=engines,
-        attachments=AttachmentStore(app.data_dir),
+        attachments=app.attachments,
         data_dir=app.data_dir,
-        approvals=lambda: getattr(app, "approvals", None),
+        approvals=app.approvals,
         mcp_servers=mcp_servers,
     )
 

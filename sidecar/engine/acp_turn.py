@@ -283,7 +283,7 @@ class AcpTurnHandler:
         engines: AcpEngines,
         attachments: AttachmentStore,
         data_dir: Path,
-        approvals: Callable[[], ApprovalService | None] = lambda: None,
+        approvals: ApprovalService | None = None,
         mcp_servers: Callable[[AgentFeatures], Awaitable[list[Any]]] | None = None,
     ) -> None:
         self._store = store
@@ -441,7 +441,7 @@ class AcpTurnHandler:
     # -- permissions -------------------------------------------------------------------
 
     async def _permission(self, turn: _AcpTurn, params: RequestPermissionParams) -> RequestPermissionResult:
-        approvals = self._approvals()
+        approvals = self._approvals
         call = params.tool_call
         kind = call.kind if isinstance(call.kind, str) and call.kind else "other"
         options = [ToolApprovalOption(option_id=o.option_id, name=o.name, kind=o.kind) for o in params.options]
