@@ -590,3 +590,13 @@ async def test_no_session_update_when_the_job_does_not_publish(tmp_path: Path) -
         await ReplyLifecycle(job, r.services, SETTINGS).run(Script(says("quiet")))
         assert job.outcome == "completed" and r.events.updates() == []
         assert job.ended_session is not None and job.ended_session.id == r.session.id
+
+
+def test_a_whole_ending_fits_in_the_time_a_stop_waits() -> None:
+    from sidecar.engine.chat import STOP_TIMEOUT_S
+
+    ending = (
+        lifecycle_module.FINALIZE_TIMEOUT_S + lifecycle_module.FALLBACK_TIMEOUT_S
+        + lifecycle_module.LAST_EVENT_TIMEOUT_S + lifecycle_module.PUBLISH_TIMEOUT_S
+    )
+    assert ending < STOP_TIMEOUT_S

@@ -78,6 +78,8 @@ from sidecar.store.tools import ToolRun
 log = logging.getLogger(__name__)
 
 STOP_TIMEOUT_S = 15.0
+"""Longer than a reply's whole ending may take (lifecycle.py's timeouts), so a stop that
+arrives while a reply ends waits for it."""
 
 
 class _RunningJob:

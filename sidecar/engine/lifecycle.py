@@ -102,17 +102,23 @@ set, whose driver continues from ``reply.content`` (the restored message). A dri
 approvals are answered while it waits (ACP's permission requests) simply awaits them
 inside ``drive``.
 
+Where the events go is ``ReplyServices.notify`` (``chat:stream`` notifications through the
+server's writer, for ChatEngine's jobs); whoever runs a lifecycle may give it its own, e.g. a
+shim that also streams the events to an HTTP client. Whoever runs it also keeps the one
+job per message rule (ChatEngine does for its jobs).
+
 Must stay true: the lifecycle is the only writer of the reply's row and the only sender of
-its events while it runs; ``job.outcome`` is set exactly when the final row was attempted
-and right before the final event (or when the paused row is stored); one job per message
-at a time (ChatEngine's rule).
+its events while it runs; ``job.outcome`` is set right before the final event, once the
+final row was attempted (or when the paused row is stored); the timeouts of an ending add
+up to less than ChatEngine's STOP_TIMEOUT_S.
 """
 
 from __future__ import annotations
 
 import logging
 import time
-from collections.abc import Callable
+import functools
+from collections.abc import Callable, Coroutine
 from typing import TYPE_CHECKING, Any, Protocol
 
 import anyio
@@ -168,11 +174,13 @@ __all__ = [
 log = logging.getLogger(__name__)
 
 FINALIZE_TIMEOUT_S = 10.0
-FALLBACK_TIMEOUT_S = 3.0
-"""What is left for the fallback ending when the first one failed (both stay under
-ChatEngine's STOP_TIMEOUT_S, so a stop waits for the ending instead of giving up)."""
-PUBLISH_TIMEOUT_S = 2.0
-"""For ``chat:session:updated`` after the final event (a stop waits for it too)."""
+FALLBACK_TIMEOUT_S = 2.0
+"""For the fallback ending when the first one failed."""
+LAST_EVENT_TIMEOUT_S = 1.0
+"""For the final event alone when the fallback could not send it either."""
+PUBLISH_TIMEOUT_S = 1.0
+"""For ``chat:session:updated`` after the final event. A stop waits for all of these: their
+sum stays under ChatEngine's STOP_TIMEOUT_S, so it waits for the ending instead of giving up."""
 
 COMPLETED = "completed"
 ERROR = "error"
@@ -336,6 +344,10 @@ class ReplyDriver:
 
 
 class ReplyLifecycle:
+    text: Callable[[str], Coroutine[Any, Any, None]]
+    """ReplyFeed.text: the relay's own delta (no frame of ours per chunk: the hot path); the
+    content follows through the relay's on_delta, when the delta's event takes its seq."""
+
     def __init__(self, job: ReplyJob, services: ReplyServices, settings: ChatSettings) -> None:
         self.job = job
         self._store = services.store
@@ -350,6 +362,7 @@ class ReplyLifecycle:
             coalesce_s=max(0, settings.delta_coalesce_ms) / 1000,
             on_delta=self._content.add_delta,
         )
+        self.text = functools.partial(self._relay.delta, "text")
         if job.resume is not None:
             self._content.restore(job.resume)  # its usage too: stored when the reply paused
             self._relay.seq = job.resume.seq or 0
@@ -411,10 +424,6 @@ class ReplyLifecycle:
         )
 
     # -- ReplyFeed -----------------------------------------------------------------------
-
-    async def text(self, delta: str) -> None:
-        # the content follows through the relay's on_delta, when its event takes its seq
-        await self._relay.delta("text", delta)
 
     async def thinking(self, delta: str, signature: str | None = None) -> None:
         await self._relay.delta("thinking", delta)
@@ -549,7 +558,7 @@ class ReplyLifecycle:
                 # neither ending got as far as its final event: the renderer still gets one
                 # (the row is left to restart recovery, which ends it aborted)
                 log.error("the reply %s ended without storing its final state", job.message_id)
-                with anyio.move_on_after(FALLBACK_TIMEOUT_S):
+                with anyio.move_on_after(LAST_EVENT_TIMEOUT_S):
                     job.outcome = ERROR
                     try:
                         await self._relay.emit(ErrorEvent, error=failure.message)
