@@ -115,9 +115,9 @@ up to less than ChatEngine's STOP_TIMEOUT_S.
 
 from __future__ import annotations
 
+import functools
 import logging
 import time
-import functools
 from collections.abc import Callable, Coroutine
 from typing import TYPE_CHECKING, Any, Protocol
 
