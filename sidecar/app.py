@@ -20,21 +20,25 @@ Attributes:
               (``events.publish``).
     events:   EventHub (sidecar/engine/events.py): the same notifications, with in-process
               subscribers to the ``chat:stream`` events of a session (V1 shim, channels).
-    store:    AsyncStore of ``<data_dir>/chat.db`` (sidecar/store), closed on exit.
+    store:    AsyncStore of ``<data_dir>/chat.db`` (sidecar/store), closed on exit: the one way
+              into the database (``await store.run(lambda s: s.<repository>.<method>(...))``).
     secrets:  SecretsService (sidecar/engine/secrets.py): settles the key of secrets at rest.
     sessions: SessionService (sidecar/engine/sessions.py): chat:session:* and chat:messages:*.
     assistants: AssistantService (sidecar/engine/assistants.py): assistant:*.
-    context:  ContextService (sidecar/engine/context.py): chat:context:* (the generation loop's
-              RequestBuilder, shared).
+    attachments: AttachmentStore (sidecar/store/attachments.py): stored attachment files.
+    requests: RequestBuilder (sidecar/pipeline/builder.py), built once: the generation loop and
+              chat:context:* share it (token cache, summary checks, summary locks).
+    context:  ContextService (sidecar/engine/context.py): chat:context:* on ``requests``.
     approvals: ApprovalService (sidecar/engine/approvals.py): chat:tool:approve, tool:policy:*,
               tool:audit:list, tool:pending:list; also the ACP permission flow.
     tools:    ToolService (sidecar/tools/service.py): tool:list, tool:settings:*.
     mcp:      McpManager (sidecar/tools/mcp.py): mcp:server:*; its servers stop on exit.
+    chat:     ChatEngine (sidecar/engine/chat.py): chat:send, abort, regenerate, editResend.
     compat:   CompatService (sidecar/compat/service.py): compat:*, the V1 /computer/chat
               endpoint (off until compat:start; stopped first on exit).
     channels: ChannelService (sidecar/channels/service.py): channel:*; its workers stop on
               exit before the chat engine does (their turns and deliveries resume on restart).
-    (later)   chat, ... attached by the services that own them.
+    (later)   ... attached by the services that own them.
 """
 
 from __future__ import annotations
@@ -51,15 +55,50 @@ from sidecar.engine.events import EventHub
 from sidecar.errors import SidecarError
 
 if TYPE_CHECKING:
+    from protocol.messages import SearchOptions
+    from protocol.types import SearchResult, SessionV2
+    from sidecar.acp.engines import AcpEngines
+    from sidecar.acp.types import AgentFeatures
+    from sidecar.channels.service import ChannelService
+    from sidecar.compat.service import CompatService
+    from sidecar.engine.acp_turn import AcpTurnHandler
+    from sidecar.engine.approvals import ApprovalService
+    from sidecar.engine.assistants import AssistantService
+    from sidecar.engine.chat import ChatEngine
+    from sidecar.engine.context import ContextService
+    from sidecar.engine.providers import ProviderService
+    from sidecar.engine.secrets import SecretsService
     from sidecar.engine.sessions import SessionService
+    from sidecar.engine.settings import SettingsService
+    from sidecar.pipeline.builder import RequestBuilder
     from sidecar.store import AsyncStore
+    from sidecar.store.attachments import AttachmentStore
+    from sidecar.tools.mcp import McpManager
+    from sidecar.tools.service import ToolService
 
 Notify = Callable[[str, Any], Awaitable[None]]
 
 
 class App:
+    # attached by open_app as each service opens (absent until then: its methods answer
+    # NOT_IMPLEMENTED, see sidecar/server.py)
     store: AsyncStore
+    secrets: SecretsService
     sessions: SessionService
+    settings: SettingsService
+    providers: ProviderService
+    attachments: AttachmentStore
+    requests: RequestBuilder
+    acp_engines: AcpEngines
+    acp: AcpTurnHandler
+    approvals: ApprovalService
+    mcp: McpManager
+    tools: ToolService
+    chat: ChatEngine
+    assistants: AssistantService
+    context: ContextService
+    compat: CompatService
+    channels: ChannelService
 
     def __init__(self, config: Config, data_dir: Path, notify: Notify) -> None:
         self.config = config
@@ -92,7 +131,7 @@ async def open_app(config: Config, notify: Notify) -> AsyncIterator[App]:
         box = SecretBox(data_dir, host_key=_host_key_from_fd(config), use_keychain=config.keychain)
         app.store = await AsyncStore.open(data_dir, secrets=box)
         stack.push_async_callback(app.store.close)
-        app.secrets = SecretsService(app.store.sync.secrets)
+        app.secrets = SecretsService(app.store)
         if config.secret_key_fd is not None:  # the host's key is known now: settle at once
             await app.secrets.settle()
         app.sessions = SessionService(app.store, app.notify)
@@ -153,45 +192,62 @@ async def _open_chat(app: App, stack: AsyncExitStack) -> None:
 
     from sidecar.engine.approvals import ApprovalService
     from sidecar.engine.chat import ChatEngine
-    from sidecar.engine.generation import INTERRUPTED_NOTE
+    from sidecar.engine.tool_loop import INTERRUPTED_NOTE
     from sidecar.engine.providers import ProviderService
     from sidecar.engine.settings import SettingsService
+    from sidecar.pipeline.builder import RequestBuilder
     from sidecar.store.attachments import AttachmentStore
     from sidecar.tools.mcp import McpManager
     from sidecar.tools.service import ToolService
 
     store = app.store
-    app.settings = SettingsService(get_setting=store.get_setting, set_setting=store.set_setting)
+
+    async def get_setting(key: str) -> str | None:
+        return await store.run(lambda s: s.settings.get(key))
+
+    async def set_setting(key: str, value: str | None) -> None:
+        await store.run(lambda s: s.settings.set(key, value))
+
+    async def search(query: str, options: SearchOptions) -> list[SearchResult]:
+        return await store.run(lambda s: s.search.messages(query, options))
+
+    async def get_session(session_id: str) -> SessionV2:
+        return await store.run(lambda s: s.sessions.get(session_id))
+
+    app.settings = SettingsService(get_setting=get_setting, set_setting=set_setting)
     await app.settings.load()
-    app.providers = ProviderService(
-        store.sync.providers, get_setting=store.get_setting, set_setting=store.set_setting
-    )
+    app.providers = ProviderService(store)
     stack.push_async_callback(app.providers.aclose)
+    app.attachments = AttachmentStore(app.data_dir)
+    # one builder: the generation loop and chat:context:* share its token cache, summary
+    # checks and per-session summary locks
+    app.requests = RequestBuilder(store, app.attachments, providers=app.providers)
+    app.approvals = ApprovalService(store)
     # before the engine's task group: cancelling that group must not reach the engines
     app.acp = await _open_acp(app, stack)
     # MCP servers run in the manager's own task group, also entered before the engine's:
     # they are stopped (bounded) after the engine has aborted the replies that use them
-    app.mcp = await stack.enter_async_context(McpManager.open(store.sync.tools))
+    app.mcp = await stack.enter_async_context(McpManager.open(store))
     task_group = await stack.enter_async_context(anyio.create_task_group())
     # Tool calls left running by a dead process get a "cancelled" result before any send.
-    await anyio.to_thread.run_sync(store.sync.tools.complete_interrupted, INTERRUPTED_NOTE)
-    app.approvals = ApprovalService(store.sync.tools)
+    await store.run(lambda s: s.tools.complete_interrupted(INTERRUPTED_NOTE))
     app.tools = ToolService(
         data_dir=app.data_dir,
-        get_setting=store.get_setting,
-        set_setting=store.set_setting,
-        search=store.search_messages,
+        get_setting=get_setting,
+        set_setting=set_setting,
+        search=search,
         policies=app.approvals.policies_for,
         mcp=app.mcp,
     )
     await app.tools.load()
-    app.tools.set_session_lookup(store.get_session)
+    app.tools.set_session_lookup(get_session)
     stack.push_async_callback(app.tools.aclose)
     app.chat = ChatEngine(
         store=store,
         notify=app.notify,
         providers=app.providers,
-        attachments=AttachmentStore(app.data_dir),
+        attachments=app.attachments,
+        requests=app.requests,
         settings=app.settings,
         task_group=task_group,
         tools=app.tools,
@@ -207,20 +263,17 @@ async def _open_chat(app: App, stack: AsyncExitStack) -> None:
     app.sessions.on_delete.append(app.acp.close_session)  # after its turn has stopped
 
 
-async def _open_acp(app: App, stack: AsyncExitStack) -> Any:
+async def _open_acp(app: App, stack: AsyncExitStack) -> AcpTurnHandler:
     """ACP mode (issue 7): the engine processes and the handler of mode 'acp' replies.
 
     The engines are entered on the stack before the ChatEngine's task group: they are
     stopped (stdin closed, SIGTERM, SIGKILL) only after the ChatEngine has aborted the
     running turns, and cancelling the ChatEngine's group (its aclose) does not reach them.
     """
-    import anyio
-
     import sidecar
     from sidecar.acp.engines import AcpEngines
     from sidecar.acp.mcp import acp_mcp_servers
     from sidecar.engine.acp_turn import AcpTurnHandler
-    from sidecar.store.attachments import AttachmentStore
 
     engines = await stack.enter_async_context(
         AcpEngines(
@@ -230,25 +283,30 @@ async def _open_acp(app: App, stack: AsyncExitStack) -> Any:
         )
     )
     app.acp_engines = engines
-    tool_store = getattr(app.store.sync, "tools", None)
+    store = app.store
 
-    async def mcp_servers(features: Any) -> list[Any]:
-        if tool_store is None:
-            return []
-        rows = await anyio.to_thread.run_sync(tool_store.mcp_servers)
+    async def mcp_servers(features: AgentFeatures) -> list[Any]:
+        rows = await store.run(lambda s: s.tools.mcp_servers())
         return acp_mcp_servers(rows, features)
 
     return AcpTurnHandler(
         store=app.store,
-        notify=app.notify,
         providers=app.providers,
         engines=engines,
-        attachments=AttachmentStore(app.data_dir),
-        settings=app.settings.current,
+        attachments=app.attachments,
         data_dir=app.data_dir,
-        approvals=lambda: getattr(app, "approvals", None),
+        approvals=app.approvals,
         mcp_servers=mcp_servers,
     )
+
+
+def _open_context(app: App) -> None:
+    """Assistant profiles and chat:context:* on the RequestBuilder the generation loop uses."""
+    from sidecar.engine.assistants import AssistantService
+    from sidecar.engine.context import ContextService
+
+    app.assistants = AssistantService(app.store)
+    app.context = ContextService(app.store, app.requests)
 
 
 async def _open_compat(app: App, stack: AsyncExitStack) -> None:
@@ -259,39 +317,21 @@ async def _open_compat(app: App, stack: AsyncExitStack) -> None:
     app.compat = await stack.enter_async_context(CompatService.for_app(app))
 
 
-def _open_context(app: App) -> None:
-    """Assistant profiles and chat:context:* on the RequestBuilder the generation loop uses."""
-    from sidecar.engine.assistants import AssistantService
-    from sidecar.engine.context import ContextService
-    from sidecar.pipeline.builder import RequestBuilder
-    from sidecar.store.assistants import AssistantRepo
-    from sidecar.store.attachments import AttachmentStore
-
-    builder = RequestBuilder.shared(
-        app.store.sync, AttachmentStore(app.data_dir), providers=getattr(app, "providers", None)
-    )
-    app.assistants = AssistantService(AssistantRepo.of(app.store.sync))
-    app.context = ContextService(app.store, builder)
-
-
 async def _open_channels(app: App, stack: AsyncExitStack) -> None:
     """IM channels: their workers run in a task group of their own, cancelled on exit before
     the chat engine closes (an interrupted wait or delivery resumes at the next start)."""
     import anyio
 
     from sidecar.channels.service import ChannelService
-    from sidecar.store.attachments import AttachmentStore
-    from sidecar.store.channels import ChannelRepo
 
     task_group = await stack.enter_async_context(anyio.create_task_group())
     stack.callback(task_group.cancel_scope.cancel)
     app.channels = ChannelService(
-        repo=ChannelRepo.of(app.store.sync),
         store=app.store,
         chat=app.chat,
         events=app.events,
         notify=app.notify,
-        attachments=AttachmentStore(app.data_dir),
+        attachments=app.attachments,
         task_group=task_group,
     )
     await app.channels.load()

@@ -9,6 +9,7 @@
     │   └── NotFound             unknown session / message / provider id
     ├── SecretsLocked            a stored secret sealed with a key we were not given (sidecar/secrets)
     ├── ProviderError            LLM provider failures (sidecar/providers)
+    │   └── ProviderCallError    an adapter's failed call: kind, status, retryable (providers/errors.py)
     └── EngineError              state errors of the chat engine (sidecar/engine)
 
 Each layer raises its own type, wrapping lower errors with ``raise ... from exc``.
@@ -44,9 +45,11 @@ def excerpt(text: str, limit: int = EXCERPT_CHARS) -> str:
 
 
 class SidecarError(Exception):
-    code: ErrorCode = ErrorCode.INTERNAL_ERROR
+    code: int = ErrorCode.INTERNAL_ERROR
+    """An ErrorCode; only an error answered to a peer in that peer's protocol carries the
+    peer's own number (ACP's AcpErrorCode), and a RemoteError the number the peer sent."""
 
-    def __init__(self, message: str, *, code: ErrorCode | None = None, data: Any = None) -> None:
+    def __init__(self, message: str, *, code: int | None = None, data: Any = None) -> None:
         super().__init__(message)
         self.message = message
         if code is not None:

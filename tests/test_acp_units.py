@@ -16,9 +16,9 @@ import pytest
 from hypothesis import HealthCheck, given, settings
 from hypothesis import strategies as st
 
-from protocol.events import ToolCallStartEvent, ToolResultEvent, UsageEvent
+from protocol.events import StreamToolCall, StreamToolResult, ToolCallStartEvent, ToolResultEvent, UsageEvent
 from protocol.providers import AcpEngineConfig, ProviderUpsertParams
-from protocol.types import ContentPart, DiffPart, Usage
+from protocol.types import ContentPart, DiffPart, ToolResultPart, Usage
 from sidecar.acp import fs, mapping
 from sidecar.acp.client import AcpConnection, PromptCall
 from sidecar.acp.lines import JsonLineFilter
@@ -175,27 +175,48 @@ def test_capabilities_absent_null_or_odd_are_false() -> None:
 
 
 class RecordingOutput:
+    """The mapper's Output: parts as they are, deltas and events by kind and name."""
+
     def __init__(self) -> None:
         self.parts: list[ContentPart] = []
         self.events: list[tuple[str, dict[str, Any]]] = []
         self.deltas: list[tuple[str, str]] = []
         self._usage: Usage | None = None
 
-    async def delta(self, kind: str, text: str) -> None:
-        self.deltas.append((kind, text))
+    async def text(self, delta: str) -> None:
+        self.deltas.append(("text", delta))
 
-    async def emit(self, event_type: type, **fields: Any) -> None:
-        self.events.append((event_type.__name__, fields))
+    async def thinking(self, delta: str, signature: str | None = None) -> None:
+        self.deltas.append(("thinking", delta))
 
-    async def add_part(self, part: ContentPart) -> int:
+    async def part(self, part: ContentPart) -> int:
         self.parts.append(part)
         return len(self.parts) - 1
 
-    def set_part(self, index: int, part: ContentPart) -> None:
+    def replace_part(self, index: int, part: ContentPart) -> None:
         self.parts[index] = part
 
-    def set_usage(self, usage: Usage) -> None:
-        self._usage = usage
+    async def tool_call_started(self, call_id: str, name: str, arguments: str = "") -> None:
+        self.events.append((ToolCallStartEvent.__name__, {"tool_call": StreamToolCall(id=call_id, name=name, arguments=arguments)}))
+
+    async def tool_result(
+        self, call_id: str, output: str, is_error: bool, *, replace: int | None = None, announce: bool = True
+    ) -> int:
+        part = ToolResultPart(tool_use_id=call_id, content=output, is_error=is_error)
+        if replace is None:
+            index = await self.part(part)
+        else:
+            self.replace_part(replace, part)
+            index = replace
+        if announce:
+            result = StreamToolResult(tool_call_id=call_id, output=output, is_error=is_error)
+            self.events.append((ToolResultEvent.__name__, {"tool_result": result}))
+        return index
+
+    async def report_usage(self, total: Usage, *, announce: bool = False) -> None:
+        self._usage = total
+        if announce:
+            self.events.append((UsageEvent.__name__, {"usage": total}))
 
     def usage(self) -> Usage | None:
         return self._usage
@@ -627,18 +648,18 @@ def test_acp_turns_record_and_raw_columns(tmp_path: Path) -> None:
 
     store = Store(tmp_path)
     try:
-        session = store.create_session(CreateSessionOptions(mode="acp", provider_id="e", model_id="m"))
-        user = store.append_message(session.id, role="user", text_content="hi")
-        reply = store.append_message(session.id, role="assistant", status="pending")
+        session = store.sessions.create(CreateSessionOptions(mode="acp", provider_id="e", model_id="m"))
+        user = store.messages.append(session.id, role="user", text_content="hi")
+        reply = store.messages.append(session.id, role="assistant", status="pending")
         store.acp.record_turn(reply.id, session.id, "e", "agent-1")
-        assert store.get_session(session.id).acp_session_id == "agent-1"
+        assert store.sessions.get(session.id).acp_session_id == "agent-1"
         turn = store.acp.turn(reply.id)
         assert turn is not None and turn.agent_session_id == "agent-1" and store.acp.turn(user.id) is None
         store.acp.write_raw(reply.id, "m-1", [msgspec.Raw(b'{"sessionUpdate":"x","y":[1]}')])
-        got = store.get_message(reply.id)
+        got = store.messages.get(reply.id)
         assert got.acp_message_id == "m-1" and got.acp_parts == [{"sessionUpdate": "x", "y": [1]}]
         assert store.acp.agent_sessions(session.id) == [("e", "agent-1")]
-        store.delete_session(session.id)
+        store.sessions.delete(session.id)
         assert store.acp.turn(reply.id) is None  # cascades with the message
     finally:
         store.close()

@@ -16,8 +16,7 @@ from sidecar.errors import ProviderError
 from sidecar.pipeline import planner
 from sidecar.pipeline.builder import RequestBuilder
 from sidecar.providers.types import GenerationParams, ModelInfo, RequestMessage
-from sidecar.store import Store
-from sidecar.store.assistants import AssistantRepo
+from sidecar.store import AsyncStore, Store
 from sidecar.store.attachments import AttachmentStore
 
 pytestmark = pytest.mark.anyio
@@ -45,23 +44,23 @@ class World:
     def __init__(self, tmp: Path, threshold: int = 1000) -> None:
         self.store = Store(tmp)
         self.model = FakeModel()
-        self.builder = RequestBuilder(self.store, AttachmentStore(tmp), call_model=self.model)
-        AssistantRepo.of(self.store).upsert(
+        self.builder = RequestBuilder(AsyncStore(self.store), AttachmentStore(tmp), call_model=self.model)
+        self.store.assistants.upsert(
             AssistantUpsertParams(id="default", name="Default", context=ContextOptions(compress_threshold=threshold)),
             now=1,
         )
-        self.session = self.store.create_session(CreateSessionOptions(provider_id="p", model_id="m"))
+        self.session = self.store.sessions.create(CreateSessionOptions(provider_id="p", model_id="m"))
 
     def add(self, role: str, words: int, parent: Any = None, label: str = "") -> MessageV2:
         text = (label + " " if label else "") + "word " * words
         kw = {} if parent is None else {"parent_id": parent}
-        return self.store.append_message(self.session.id, role=role, text_content=text.strip(), **kw)
+        return self.store.messages.append(self.session.id, role=role, text_content=text.strip(), **kw)
 
     def chain(self, n: int, words: int = 100) -> list[MessageV2]:
         return [self.add("user" if i % 2 == 0 else "assistant", words, label=f"m{i}") for i in range(n)]
 
     async def build(self, leaf: str) -> Any:
-        session = self.store.get_session(self.session.id)
+        session = self.store.sessions.get(self.session.id)
         with anyio.fail_after(10):
             return await self.builder.build_detailed(
                 session=session, leaf_id=leaf, model=MODEL, params=GenerationParams()
@@ -70,7 +69,7 @@ class World:
     def stored(self) -> list[bytes]:
         import msgspec
 
-        return [msgspec.json.encode(m) for m in self.store.get_messages(self.session.id, None)]
+        return [msgspec.json.encode(m) for m in self.store.messages.query(self.session.id, None)]
 
 
 def texts(request: Any) -> list[str]:
@@ -190,7 +189,7 @@ async def test_edit_delete_and_branch_switch_invalidate(tmp_path: Path) -> None:
     assert info.window.summary is None and [m.id for m in info.window.messages][:2] == [msgs[0].id, msgs[1].id]
 
     # branch switch back to the original branch: valid again (same ids)
-    w.store.select_branch(w.session.id, msgs[-1].id)
+    w.store.messages.select_branch(w.session.id, msgs[-1].id)
     assert (await w.build(msgs[-1].id))[1].window.summary is not None
 
     # a branch that diverges after the summary's end keeps it
@@ -198,7 +197,7 @@ async def test_edit_delete_and_branch_switch_invalidate(tmp_path: Path) -> None:
     assert (await w.build(fork.id))[1].window.summary is not None
 
     # delete a covered message: its whole subtree goes, the summary no longer matches
-    w.store.delete_branch(msgs[covered - 1].id)
+    w.store.messages.delete_branch(msgs[covered - 1].id)
     _, info = await w.build(msgs[covered - 2].id)
     assert info.window.summary is None  # the old one is not used (and the new attempt fails)
     remaining = [m.id for m in msgs[: covered - 1]]
@@ -223,7 +222,7 @@ async def test_failed_summary_sends_only_the_recent_window(tmp_path: Path) -> No
 async def test_manual_compaction_with_instructions(tmp_path: Path) -> None:
     w = World(tmp_path, threshold=100_000)
     msgs = w.chain(12, words=50)
-    session = w.store.get_session(w.session.id)
+    session = w.store.sessions.get(w.session.id)
     profile = w.builder.profiles.for_session(session.id)
     outcome = await w.builder.context.compact(
         session=session, leaf_id=msgs[-1].id, assistant=profile.assistant, encoding="o200k_base",
@@ -238,7 +237,7 @@ async def test_manual_compaction_with_instructions(tmp_path: Path) -> None:
     # too few messages: nothing to compact
     other = World(tmp_path / "other")
     few = other.chain(3)
-    sess = other.store.get_session(other.session.id)
+    sess = other.store.sessions.get(other.session.id)
     none = await other.builder.context.compact(
         session=sess, leaf_id=few[-1].id, assistant=profile.assistant, encoding="o200k_base",
         target_tokens=10, instructions=None,
@@ -263,8 +262,8 @@ async def test_token_counts_are_cached(tmp_path: Path) -> None:
     assert counted == 30
     await w.build(msgs[-1].id)
     assert w.builder.ledger.counted == counted  # memory cache
-    fresh = RequestBuilder(w.store, AttachmentStore(tmp_path), call_model=w.model)
-    await fresh.build_detailed(session=w.store.get_session(w.session.id), leaf_id=msgs[-1].id, model=MODEL,
+    fresh = RequestBuilder(AsyncStore(w.store), AttachmentStore(tmp_path), call_model=w.model)
+    await fresh.build_detailed(session=w.store.sessions.get(w.session.id), leaf_id=msgs[-1].id, model=MODEL,
                                params=GenerationParams())
     assert fresh.ledger.counted == 0  # the database cache
 
@@ -296,7 +295,7 @@ async def test_a_compaction_between_the_read_and_the_refresh_is_seen(tmp_path: P
     await w.build(msgs[-1].id)  # S1
     more = [w.add("user" if i % 2 == 0 else "assistant", 100, label=f"n{i}") for i in range(10)]
     ctx = w.builder.context
-    session = w.store.get_session(w.session.id)
+    session = w.store.sessions.get(w.session.id)
     profile = w.builder.profiles.for_session(session.id)
     stale = ctx.read_branch(session.id, more[-1].id, "o200k_base", "summarize-old")
     assert stale.summary is not None

@@ -12,6 +12,7 @@ from pathlib import Path
 from typing import Any
 
 import anyio
+import anyio.from_thread
 import anyio.lowlevel
 import msgspec
 import pytest
@@ -47,6 +48,7 @@ from sidecar.providers.types import (
     ToolCallStart,
     UsageUpdate,
 )
+from sidecar.pipeline.builder import RequestBuilder
 from sidecar.store import AsyncStore
 from sidecar.store.attachments import AttachmentStore
 from sidecar.tools.base import Tool, ToolContext, ToolOutput
@@ -163,15 +165,17 @@ class Rig(msgspec.Struct, kw_only=True):
 async def rig(tmp_path: Path, provider: Any, providers: Providers | None = None) -> AsyncIterator[Rig]:
     store = await AsyncStore.open(tmp_path)
     events = Events()
-    approvals = ApprovalService(store.sync.tools)
+    approvals = ApprovalService(store)
+    providers = providers or Providers(provider)
+    attachments = AttachmentStore(tmp_path)
     try:
         async with anyio.create_task_group() as tg:
             engine = ChatEngine(
-                store=store, notify=events.notify, providers=providers or Providers(provider),
-                attachments=AttachmentStore(tmp_path), settings=Settings(), task_group=tg, tools=Tools(),
+                store=store, notify=events.notify, providers=providers, attachments=attachments,
+                requests=RequestBuilder(store, attachments, providers=providers), settings=Settings(), task_group=tg, tools=Tools(),
                 approvals=approvals, data_dir=tmp_path,
             )
-            session = await store.create_session(CreateSessionOptions(provider_id="p", model_id="m"))
+            session = await store.run(lambda db: db.sessions.create(CreateSessionOptions(provider_id="p", model_id="m")))
             yield Rig(engine=engine, store=store, events=events, approvals=approvals, session_id=session.id)
             await engine.aclose()
     finally:
@@ -221,7 +225,7 @@ async def test_abort_during_output_finish_still_ends_the_reply_once(tmp_path: Pa
         with anyio.fail_after(10):
             await finishing.wait()
             await r.engine.abort(AbortParams(session_id=r.session_id))
-        stored = await r.store.get_message(message_id)
+        stored = await r.store.run(lambda db: db.messages.get(message_id))
         assert stored.status == "completed" and stored.text_content == "hello"
         assert_one_final_last(r.events.of(message_id))
         assert not r.engine.is_generating(r.session_id)
@@ -230,18 +234,21 @@ async def test_abort_during_output_finish_still_ends_the_reply_once(tmp_path: Pa
 async def test_cost_comes_before_the_final_row_and_the_counters_right_after(tmp_path: Path, monkeypatch: Any) -> None:
     providers = Providers(Hello())
     async with rig(tmp_path, None, providers) as r:
-        for name in ("finish_message", "add_session_usage"):
-            method = getattr(r.store, name)
+        for repo, method_name, name in (
+            (r.store.sync.messages, "finish", "finish_message"),
+            (r.store.sync.sessions, "add_usage", "add_session_usage"),
+        ):
+            method = getattr(repo, method_name)
 
-            async def logged(*args: Any, _m: Any = method, _n: str = name, **kw: Any) -> Any:
+            def logged(*args: Any, _m: Any = method, _n: str = name, **kw: Any) -> Any:
                 providers.calls.append(_n)
-                return await _m(*args, **kw)
+                return _m(*args, **kw)
 
-            monkeypatch.setattr(r.store, name, logged)
+            monkeypatch.setattr(repo, method_name, logged)
         message_id = await send(r)
         assert await r.events.final(message_id) == "StreamEndEvent"
         assert providers.calls == ["cost", "finish_message", "add_session_usage"]
-        session = await r.store.get_session(r.session_id)
+        session = await r.store.run(lambda db: db.sessions.get(r.session_id))
         assert session.total_tokens == 5 and session.total_cost == 0.5
 
 
@@ -260,20 +267,20 @@ async def test_a_failing_partial_write_does_not_end_the_reply(tmp_path: Path, mo
 
     async with rig(tmp_path, Slow()) as r:
         failures = 0
-        original = r.store.update_partial
+        original = r.store.sync.messages.update_partial
 
-        async def flaky(*args: Any, **kw: Any) -> None:
+        def flaky(*args: Any, **kw: Any) -> None:  # runs in the store's worker thread
             nonlocal failures
             if failures == 0:
                 failures += 1
                 raise SidecarError("database is locked")
-            await original(*args, **kw)
-            gate.set()  # the write after the failure went through
+            original(*args, **kw)
+            anyio.from_thread.run_sync(gate.set)  # the write after the failure went through
 
-        monkeypatch.setattr(r.store, "update_partial", flaky)
+        monkeypatch.setattr(r.store.sync.messages, "update_partial", flaky)
         message_id = await send(r)
         assert await r.events.final(message_id) == "StreamEndEvent"
-        stored = await r.store.get_message(message_id)
+        stored = await r.store.run(lambda db: db.messages.get(message_id))
         assert stored.status == "completed" and stored.text_content == "one two" and failures == 1
 
 
@@ -288,7 +295,7 @@ async def test_a_store_error_in_the_tool_loop_ends_the_reply_as_error(tmp_path: 
         message_id = await send(r)
         assert await r.events.final(message_id) == "ErrorEvent"
         assert_one_final_last(r.events.of(message_id))
-        stored = await r.store.get_message(message_id)
+        stored = await r.store.run(lambda db: db.messages.get(message_id))
         assert stored.status == "error" and stored.text_content == "let me look"
         assert "database is locked" in (stored.error or "")
         await until(lambda: not r.engine.is_generating(r.session_id))
@@ -303,7 +310,7 @@ async def test_a_bug_in_the_ending_falls_back_to_error_with_the_text(tmp_path: P
         message_id = await send(r)
         assert await r.events.final(message_id) == "ErrorEvent"
         assert_one_final_last(r.events.of(message_id))
-        stored = await r.store.get_message(message_id)
+        stored = await r.store.run(lambda db: db.messages.get(message_id))
         assert stored.status == "error" and stored.text_content == "hello"
 
 
@@ -315,7 +322,7 @@ async def test_usage_of_the_steps_before_a_pause_is_kept(tmp_path: Path) -> None
         message_id = await send(r)
         await r.events.wait(message_id, "ToolApprovalRequiredEvent")
         with anyio.fail_after(10):  # the paused row holds the usage so far (a restart keeps it)
-            while (paused := await r.store.get_message(message_id)).status != "paused":
+            while (paused := await r.store.run(lambda db: db.messages.get(message_id))).status != "paused":
                 await anyio.sleep(0.01)
         assert paused.usage is not None and (paused.usage.input_tokens, paused.usage.output_tokens) == (100, 10)
         with anyio.fail_after(10):
@@ -323,7 +330,7 @@ async def test_usage_of_the_steps_before_a_pause_is_kept(tmp_path: Path) -> None
                 ToolApproveParams(session_id=r.session_id, tool_call_id="c1", decision="approved")
             )
         assert await r.events.final(message_id) == "StreamEndEvent"
-        stored = await r.store.get_message(message_id)
+        stored = await r.store.run(lambda db: db.messages.get(message_id))
         assert stored.status == "completed"
         assert stored.usage is not None and (stored.usage.input_tokens, stored.usage.output_tokens) == (200, 20)
 
@@ -349,11 +356,11 @@ async def test_a_job_that_does_not_stop_makes_the_next_send_busy(tmp_path: Path,
             first = await send(r)
             with anyio.fail_after(10):
                 await streaming.wait()
-            count = len(await r.store.get_messages(r.session_id, None))
+            count = len(await r.store.run(lambda db: db.messages.query(r.session_id, None)))
             with pytest.raises(SidecarError) as caught:
                 await send(r, "second")
             assert caught.value.code == ErrorCode.BUSY
-            assert len(await r.store.get_messages(r.session_id, None)) == count  # nothing written
+            assert len(await r.store.run(lambda db: db.messages.query(r.session_id, None))) == count  # nothing written
             assert r.engine._jobs[r.session_id].job.message_id == first  # still the one job
         finally:
             release.set()  # whatever happened, the rig can shut down
@@ -378,15 +385,7 @@ async def test_retired_provider_clients_are_closed_once_unused(tmp_path: Path, m
     monkeypatch.setattr(providers_module, "RETIRE_GRACE_S", 0.0)
     store = await AsyncStore.open(tmp_path)
     try:
-        db: dict[str, str | None] = {}
-
-        async def get(key: str) -> str | None:
-            return db.get(key)
-
-        async def put(key: str, value: str | None) -> None:
-            db[key] = value
-
-        service = ProviderService(store.sync.providers, get_setting=get, set_setting=put)
+        service = ProviderService(store)
         params = ProviderUpsertParams(name="P", type="openai-compat", base_url="http://127.0.0.1:9/v1", api_key="k")
         info = await service.upsert_provider(params)
         old = (await service.resolve(info.id, "m")).provider
@@ -435,7 +434,7 @@ async def test_a_paused_reply_that_fails_to_close_keeps_the_session_busy(tmp_pat
         message_id = await send(r)
         await r.events.wait(message_id, "ToolApprovalRequiredEvent")
         await until(lambda: not r.engine.is_generating(r.session_id))
-        assert (await r.store.get_message(message_id)).status == "paused"
+        assert (await r.store.run(lambda db: db.messages.get(message_id))).status == "paused"
         handler = r.engine._handler
         original = r.approvals.cancel
 
@@ -449,7 +448,7 @@ async def test_a_paused_reply_that_fails_to_close_keeps_the_session_busy(tmp_pat
         monkeypatch.setattr(r.approvals, "cancel", original)
         assert await handler.close_paused(r.session_id, "test") is True
         assert handler.is_idle(r.session_id)
-        assert (await r.store.get_message(message_id)).status == "aborted"
+        assert (await r.store.run(lambda db: db.messages.get(message_id))).status == "aborted"
 
 
 # ---- 12. a delete racing a send ------------------------------------------------------------
@@ -469,20 +468,20 @@ async def test_sends_are_refused_while_the_session_is_being_deleted(tmp_path: Pa
             return release
 
         sessions.on_delete.append(hook)
-        original = r.store.delete_session
+        original = r.store.sync.sessions.delete
 
-        async def failing_delete(session_id: str) -> None:
+        def failing_delete(session_id: str) -> None:
             raise SidecarError("disk full")
 
-        monkeypatch.setattr(r.store, "delete_session", failing_delete)
+        monkeypatch.setattr(r.store.sync.sessions, "delete", failing_delete)
         with pytest.raises(SidecarError, match="disk full"):
             await sessions.delete_session(IdParams(id=r.session_id))
         assert len(raced) == 1 and isinstance(raced[0], NotFound)
-        assert await r.store.get_messages(r.session_id, None) == []
+        assert await r.store.run(lambda db: db.messages.query(r.session_id, None)) == []
         # the delete failed: the session takes sends again
         message_id = await send(r)
         assert await r.events.final(message_id) == "StreamEndEvent"
-        monkeypatch.setattr(r.store, "delete_session", original)
+        monkeypatch.setattr(r.store.sync.sessions, "delete", original)
         raced.clear()
         await sessions.delete_session(IdParams(id=r.session_id))
         assert len(raced) == 1 and isinstance(raced[0], NotFound)

@@ -28,8 +28,7 @@ from sidecar.pipeline.builder import RequestBuilder
 from sidecar.pipeline.transformers import TRANSFORMER_ORDER
 from sidecar.pipeline.transformers.retrieval import KnowledgeChunk
 from sidecar.providers.types import GenerationParams, ModelInfo, RequestMessage
-from sidecar.store import Store
-from sidecar.store.assistants import AssistantRepo
+from sidecar.store import AsyncStore, Store
 from sidecar.store.attachments import AttachmentStore
 
 pytestmark = pytest.mark.anyio
@@ -59,15 +58,15 @@ async def vision(provider_id: str, model_id: str, messages: list[RequestMessage]
 
 def setup(tmp: Path, **profile: Any) -> tuple[Store, RequestBuilder, str]:
     store = Store(tmp)
-    builder = RequestBuilder(store, AttachmentStore(tmp), call_model=vision, knowledge=Knowledge(), memory=Memory(),
+    builder = RequestBuilder(AsyncStore(store), AttachmentStore(tmp), call_model=vision, knowledge=Knowledge(), memory=Memory(),
                              now=lambda: NOW)
-    AssistantRepo.of(store).upsert(AssistantUpsertParams(id="default", name="Helper", **profile), now=1)
-    session = store.create_session(CreateSessionOptions(provider_id="p", model_id="m", system_prompt="Session prompt."))
+    store.assistants.upsert(AssistantUpsertParams(id="default", name="Helper", **profile), now=1)
+    session = store.sessions.create(CreateSessionOptions(provider_id="p", model_id="m", system_prompt="Session prompt."))
     return store, builder, session.id
 
 
 async def build(store: Store, builder: RequestBuilder, session_id: str, model: str = "gpt-4o", **kw: Any) -> Any:
-    session = store.get_session(session_id)
+    session = store.sessions.get(session_id)
     with anyio.fail_after(10):
         return await builder.build_detailed(
             session=session, leaf_id=session.active_leaf_id or "", model=ModelInfo(id=model, supports_images=True),
@@ -94,13 +93,13 @@ async def test_all_transformers_run_in_the_seeds_order(tmp_path: Path) -> None:
             template=TemplateOptions(enabled=True, template="<<{{ message }}>>"),
         ),
     )
-    store.update_session(sid, __import__("protocol.sessions", fromlist=["SessionUpdates"]).SessionUpdates(
+    store.sessions.update(sid, __import__("protocol.sessions", fromlist=["SessionUpdates"]).SessionUpdates(
         workspace_dir=str(workspace)))
     stored = AttachmentStore(tmp_path).store_input(UserInput(content=[
         TextPart(text="Where?"), ImagePart(mime_type="image/png", base64=PNG_B64)],
         attachments=[Attachment(name="notes.md", mime_type="text/markdown", data="IyBOb3Rlcwo=")]))
-    store.append_message(sid, role="user", content_type="multipart", text_content="Where?", parts=stored.parts)
-    before = [msgspec.json.encode(m) for m in store.get_path(sid)]
+    store.messages.append(sid, role="user", content_type="multipart", text_content="Where?", parts=stored.parts)
+    before = [msgspec.json.encode(m) for m in store.messages.path(sid)]
     request, info = await build(store, builder, sid)
     assert info.applied == list(TRANSFORMER_ORDER)  # every one changed the request, in this order
     system, user = texts(request)
@@ -110,19 +109,19 @@ async def test_all_transformers_run_in_the_seeds_order(tmp_path: Path) -> None:
     assert "likes tea" in system and "not instructions" in system
     assert user.startswith("<<Where?\n\n<image_ocr>\nSIGN: EXIT\n</image_ocr>\n\n<document name=\"notes.md\" type=\"text/markdown\">\n# Notes\n\n</document>\n\n<time_reminder>Current time: 2026-03-09 14:05 (Monday), UTC+08:00</time_reminder>>>")
     assert user.endswith("</workspace>") and "(empty)" in user
-    assert [msgspec.json.encode(m) for m in store.get_path(sid)] == before
+    assert [msgspec.json.encode(m) for m in store.messages.path(sid)] == before
 
 
 async def test_lorebook_sees_only_what_came_before_it(tmp_path: Path) -> None:
     lore = [LorebookEntry(keywords=["EXIT"], content="lore: exits", position="bottom_of_chat", role="system")]
     store, builder, sid = setup(tmp_path, lorebook=lore, transformers=TransformerOptions(ocr=OcrOptions(enabled=True)))
-    store.append_message(sid, role="user", content_type="multipart", text_content="Where?",
+    store.messages.append(sid, role="user", content_type="multipart", text_content="Where?",
                          parts=[TextPart(text="Where?"), ImagePart(mime_type="image/png", base64=PNG_B64)])
     request, info = await build(store, builder, sid)
     assert "lore: exits" not in "".join(texts(request))  # OCR (5) runs after PromptInjection (2)
     assert info.applied == ["Ocr"]
-    store.append_message(sid, role="assistant", text_content="The sign says EXIT.")
-    store.append_message(sid, role="user", text_content="ok")
+    store.messages.append(sid, role="assistant", text_content="The sign says EXIT.")
+    store.messages.append(sid, role="user", text_content="ok")
     request, _ = await build(store, builder, sid)
     assert texts(request)[-1] == "lore: exits" and request.messages[-1].role == "system"
 
@@ -136,7 +135,7 @@ async def test_injection_positions_and_placeholders(tmp_path: Path) -> None:
     ]
     store, builder, sid = setup(tmp_path, modes=modes, transformers=TransformerOptions(user_name="Bo"))
     for i in range(4):
-        store.append_message(sid, role="user" if i % 2 == 0 else "assistant", text_content=f"m{i} {{cur_time}}")
+        store.messages.append(sid, role="user" if i % 2 == 0 else "assistant", text_content=f"m{i} {{cur_time}}")
     request, _ = await build(store, builder, sid)
     got = texts(request)
     assert got[0] == "Session prompt."
@@ -151,7 +150,7 @@ async def test_template_is_sandboxed(tmp_path: Path) -> None:
     evil = "{{ message.__class__.__mro__[1].__subclasses__() }}"
     store, builder, sid = setup(tmp_path, transformers=TransformerOptions(
         template=TemplateOptions(enabled=True, template=evil)))
-    store.append_message(sid, role="user", text_content="hello")
+    store.messages.append(sid, role="user", text_content="hello")
     request, info = await build(store, builder, sid)
     assert texts(request)[-1] == "hello" and "Template" not in info.applied  # refused, unchanged
 
@@ -160,7 +159,7 @@ async def test_system_prompt_order_soul_memory_and_tool_prompts(tmp_path: Path) 
     store, builder, sid = setup(tmp_path, system_prompt="Assistant prompt.",
                                 memory=MemorySettings(enabled=True, entries=["prefers metric units"]))
     (tmp_path / "Soul.md").write_text("# Soul\nI am curious.")
-    store.append_message(sid, role="user", text_content="hi")
+    store.messages.append(sid, role="user", text_content="hi")
     _, info = await build(store, builder, sid, capability_note="You cannot call tools.", tool_prompts=["Tool A rules."])
     prompt = info.system_prompt
     order = ["Session prompt.", "# Soul\nI am curious.", "You cannot call tools.", "prefers metric units", "Tool A rules."]

@@ -24,7 +24,7 @@ from sidecar.providers import (
     GenerationParams,
     ModelInfo,
     OllamaProvider,
-    ProviderError,
+    ProviderCallError,
     ProviderSettings,
     RequestMessage,
     TextDelta,
@@ -235,7 +235,7 @@ async def test_url_image_is_a_bad_request_and_file_image_is_inlined(tmp_path: Pa
     assert transport.json()["messages"][0]["images"] == ["iVBORw0K"]
 
     missing = request(messages=[RequestMessage(role="user", parts=[ImagePart(mime_type="image/png", url=(tmp_path / "gone.png").as_uri())])])
-    with anyio.fail_after(5), pytest.raises(ProviderError) as info:
+    with anyio.fail_after(5), pytest.raises(ProviderCallError) as info:
         await provider.generate(missing)
     assert info.value.kind == "bad_request" and "gone.png" in info.value.message
     await provider.aclose()

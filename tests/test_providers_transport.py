@@ -20,7 +20,7 @@ from protocol.types import TextPart
 from sidecar.providers import (
     ChatRequest,
     ModelInfo,
-    ProviderError,
+    ProviderCallError,
     ProviderSettings,
     RequestMessage,
     TextDelta,
@@ -57,7 +57,7 @@ def settings(type_: str = "openai-compat", **kw: Any) -> ProviderSettings:
 REQUEST = ChatRequest(model=ModelInfo(id="gpt-4o-mini"), messages=[RequestMessage(role="user", parts=[TextPart(text="hi")])])
 
 
-async def stream_with(transport: ScriptedTransport, **kw: Any) -> tuple[list[Any], ProviderError | None]:
+async def stream_with(transport: ScriptedTransport, **kw: Any) -> tuple[list[Any], ProviderCallError | None]:
     provider = create_provider(settings(**kw), transport=transport)
     try:
         with anyio.fail_after(5):
@@ -349,6 +349,6 @@ async def test_a_non_stream_answer_is_read_only_up_to_the_error_body_cap() -> No
 
 def test_bad_base_url_is_a_bad_request() -> None:
     for url in ("ftp://example.test", "not a url", "http://[::1"):
-        with pytest.raises(ProviderError) as info:
+        with pytest.raises(ProviderCallError) as info:
             create_provider(settings(base_url=url))
         assert info.value.kind == "bad_request"

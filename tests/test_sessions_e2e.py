@@ -21,9 +21,9 @@ def _seed_messages(data_dir: Path, session_id: str) -> dict[str, str]:
     directly (same data dir, no sidecar running) so this test does not depend on a provider."""
     store = Store(data_dir)
     try:
-        u1 = store.append_message(session_id, role="user", text_content="我们今天讨论全文搜索功能")
-        a1 = store.append_message(session_id, role="assistant", text_content="Search works in English too")
-        a2 = store.append_message(session_id, role="assistant", text_content="另一个回答", parent_id=u1.id)
+        u1 = store.messages.append(session_id, role="user", text_content="我们今天讨论全文搜索功能")
+        a1 = store.messages.append(session_id, role="assistant", text_content="Search works in English too")
+        a2 = store.messages.append(session_id, role="assistant", text_content="另一个回答", parent_id=u1.id)
         return {"u1": u1.id, "a1": a1.id, "a2": a2.id}
     finally:
         store.close()

@@ -50,20 +50,20 @@ async def astore(tmp_path: Path) -> AsyncStore:
 
 @pytest.mark.anyio
 async def test_concurrent_writers_and_readers_keep_counters_true(astore: AsyncStore) -> None:
-    sessions = [await astore.create_session(CreateSessionOptions(title=f"s{i}")) for i in range(4)]
+    sessions = [await astore.run(lambda db: db.sessions.create(CreateSessionOptions(title=f"s{i}"))) for i in range(4)]
     per_session = 25
 
     async def writer(s: SessionV2) -> None:
         for i in range(per_session):
-            await astore.append_message(s.id, role="user", text_content=f"消息 {i}")
+            await astore.run(lambda db: db.messages.append(s.id, role="user", text_content=f"消息 {i}"))
 
     async def reader(s: SessionV2) -> None:
         for _ in range(per_session):
-            msgs = await astore.get_messages(s.id)
+            msgs = await astore.run(lambda db: db.messages.query(s.id))
             # A reader sees a consistent branch: a chain root -> leaf.
             for prev, cur in zip(msgs, msgs[1:]):
                 assert cur.parent_id == prev.id
-            await astore.search_messages("消息")
+            await astore.run(lambda db: db.search.messages("消息"))
 
     with anyio.fail_after(30):
         async with anyio.create_task_group() as tg:
@@ -71,24 +71,24 @@ async def test_concurrent_writers_and_readers_keep_counters_true(astore: AsyncSt
                 tg.start_soon(writer, s)
                 tg.start_soon(reader, s)
     for s in sessions:
-        got = await astore.get_session(s.id)
+        got = await astore.run(lambda db: db.sessions.get(s.id))
         assert got.message_count == per_session
-        assert len(await astore.get_messages(s.id)) == per_session
-    assert len(await astore.search_messages("消息", None)) == 20  # default page
+        assert len(await astore.run(lambda db: db.messages.query(s.id))) == per_session
+    assert len(await astore.run(lambda db: db.search.messages("消息", None))) == 20  # default page
 
 
 @pytest.mark.anyio
 async def test_streaming_through_async_store(astore: AsyncStore) -> None:
-    s = await astore.create_session(CreateSessionOptions())
-    m = await astore.append_message(s.id, role="assistant", status="streaming")
-    await astore.update_partial(m.id, text_content="par", parts=None, seq=2)
-    assert (await astore.get_message(m.id)).text_content == "par"
-    done = await astore.finish_message(m.id, status="completed", text_content="full", parts=None)
+    s = await astore.run(lambda db: db.sessions.create(CreateSessionOptions()))
+    m = await astore.run(lambda db: db.messages.append(s.id, role="assistant", status="streaming"))
+    await astore.run(lambda db: db.messages.update_partial(m.id, text_content="par", parts=None, seq=2))
+    assert (await astore.run(lambda db: db.messages.get(m.id))).text_content == "par"
+    done = await astore.run(lambda db: db.messages.finish(m.id, status="completed", text_content="full", parts=None))
     assert done.status == "completed"
-    assert [x.id for x in await astore.get_path(s.id)] == [m.id]
-    assert await astore.recover_interrupted() == 0
-    await astore.set_setting("k", "v")
-    assert await astore.get_setting("k") == "v"
+    assert [x.id for x in await astore.run(lambda db: db.messages.path(s.id))] == [m.id]
+    assert await astore.run(lambda db: db.messages.recover_interrupted()) == 0
+    await astore.run(lambda db: db.settings.set("k", "v"))
+    assert await astore.run(lambda db: db.settings.get("k")) == "v"
 
 
 @pytest.mark.anyio
@@ -103,9 +103,9 @@ async def test_session_service_methods(astore: AsyncStore) -> None:
     assert await svc.archive_session(IdParams(id=s.id)) == SuccessResult(success=True)
     listed = await svc.list_sessions(SessionFilter(is_pinned=True, is_archived=True))
     assert [x.id for x in listed.sessions] == [s.id] and listed.total == 1
-    u1 = await astore.append_message(s.id, role="user", text_content="全文搜索 question")
-    a1 = await astore.append_message(s.id, role="assistant", text_content="answer")
-    a2 = await astore.append_message(s.id, role="assistant", text_content="other", parent_id=u1.id)
+    u1 = await astore.run(lambda db: db.messages.append(s.id, role="user", text_content="全文搜索 question"))
+    a1 = await astore.run(lambda db: db.messages.append(s.id, role="assistant", text_content="answer"))
+    a2 = await astore.run(lambda db: db.messages.append(s.id, role="assistant", text_content="other", parent_id=u1.id))
     got = await svc.get_messages(MessagesGetParams(session_id=s.id, options=MessageQueryOptions(leaf_id=a1.id)))
     assert [m.id for m in got] == [u1.id, a1.id]
     selected = await svc.select_branch(MessagesSelectParams(session_id=s.id, leaf_id=a1.id))
@@ -113,7 +113,7 @@ async def test_session_service_methods(astore: AsyncStore) -> None:
     tree = await svc.get_tree(MessagesTreeParams(session_id=s.id))
     assert isinstance(tree, msgspec.Raw)
     decoded = msgspec.json.decode(tree, type=list[MessageTreeNode])
-    assert decoded == await astore.get_tree(s.id)
+    assert decoded == await astore.run(lambda db: db.messages.tree(s.id))
     assert [c.message.id for c in decoded[0].children] == [a1.id, a2.id]
     hits = await svc.search_messages(MessagesSearchParams(query="搜索"))
     assert [h.message_id for h in hits] == [u1.id]
@@ -137,7 +137,7 @@ async def test_delete_hooks_run_before_the_delete(astore: AsyncStore) -> None:
 
     async def hook(session_id: str) -> None:
         # The session still exists while the hook runs (e.g. to stop its generation).
-        await astore.get_session(session_id)
+        await astore.run(lambda db: db.sessions.get(session_id))
         seen.append((session_id, True))
 
     svc.on_delete.append(hook)

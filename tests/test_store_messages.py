@@ -46,8 +46,8 @@ class Conv:
     """
 
     def __init__(self, store: Store) -> None:
-        self.sid = store.create_session(CreateSessionOptions(title="conv", tags=["k"])).id
-        add = store.append_message
+        self.sid = store.sessions.create(CreateSessionOptions(title="conv", tags=["k"])).id
+        add = store.messages.append
         self.u1 = add(self.sid, role="user", text_content="你好 hello")
         self.a1 = add(self.sid, role="assistant", text_content="first answer",
                       parts=[ThinkingPart(text="hmm"), TextPart(text="first answer")],
@@ -67,35 +67,35 @@ class Conv:
 
 def test_active_branch_follows_appends(store: Store) -> None:
     c = Conv(store)
-    assert c.ids(store.get_messages(c.sid)) == [c.u1.id, c.a1b.id, c.u3.id]
-    assert c.ids(store.get_path(c.sid)) == [c.u1.id, c.a1b.id, c.u3.id]
-    assert c.ids(store.get_path(c.sid, c.a2.id)) == [c.u1.id, c.a1.id, c.u2.id, c.a2.id]
-    s = store.get_session(c.sid)
+    assert c.ids(store.messages.query(c.sid)) == [c.u1.id, c.a1b.id, c.u3.id]
+    assert c.ids(store.messages.path(c.sid)) == [c.u1.id, c.a1b.id, c.u3.id]
+    assert c.ids(store.messages.path(c.sid, c.a2.id)) == [c.u1.id, c.a1.id, c.u2.id, c.a2.id]
+    s = store.sessions.get(c.sid)
     assert s.active_leaf_id == c.u3.id and s.message_count == 6
     # make_active=False keeps the branch; parent_id=None starts a new root.
-    side = store.append_message(c.sid, role="assistant", text_content="side", parent_id=c.u2.id,
+    side = store.messages.append(c.sid, role="assistant", text_content="side", parent_id=c.u2.id,
                                 make_active=False)
-    assert store.get_session(c.sid).active_leaf_id == c.u3.id
-    root2 = store.append_message(c.sid, role="system", text_content="new root", parent_id=None)
-    assert root2.parent_id is None and store.get_path(c.sid) == [root2]
+    assert store.sessions.get(c.sid).active_leaf_id == c.u3.id
+    root2 = store.messages.append(c.sid, role="system", text_content="new root", parent_id=None)
+    assert root2.parent_id is None and store.messages.path(c.sid) == [root2]
     assert side.parent_id == c.u2.id
 
 
 def test_parts_and_json_columns_round_trip(store: Store) -> None:
     c = Conv(store)
-    a1 = store.get_message(c.a1.id)
+    a1 = store.messages.get(c.a1.id)
     assert a1 == c.a1 and a1.content_type == "multipart"
     assert a1.parts == [ThinkingPart(text="hmm"), TextPart(text="first answer")]
     assert a1.usage == Usage(input_tokens=3, output_tokens=4)
-    a2 = store.get_message(c.a2.id)
+    a2 = store.messages.get(c.a2.id)
     assert a2.tool_calls == [ToolCall(id="c1", name="search", arguments='{"q":1}')]
     assert a2.parts == c.a2.parts
-    assert store.get_message(c.u1.id).content_type == "text"
+    assert store.messages.get(c.u1.id).content_type == "text"
 
 
 def test_tree_siblings_in_creation_order_and_active_path_marked(store: Store) -> None:
     c = Conv(store)
-    roots = store.get_tree(c.sid)
+    roots = store.messages.tree(c.sid)
     assert [n.message.id for n in roots] == [c.u1.id]
     u1 = roots[0]
     assert [n.message.id for n in u1.children] == [c.a1.id, c.a1b.id]
@@ -113,33 +113,33 @@ def test_tree_siblings_in_creation_order_and_active_path_marked(store: Store) ->
         return out
 
     assert active(roots) == {c.u1.id, c.a1b.id, c.u3.id}
-    store.select_branch(c.sid, c.a2.id)
-    assert active(store.get_tree(c.sid)) == {c.u1.id, c.a1.id, c.u2.id, c.a2.id}
-    empty = store.create_session(CreateSessionOptions()).id
-    assert store.get_tree(empty) == [] and store.get_messages(empty) == []
+    store.messages.select_branch(c.sid, c.a2.id)
+    assert active(store.messages.tree(c.sid)) == {c.u1.id, c.a1.id, c.u2.id, c.a2.id}
+    empty = store.sessions.create(CreateSessionOptions()).id
+    assert store.messages.tree(empty) == [] and store.messages.query(empty) == []
 
 
 def test_select_branch(store: Store) -> None:
     c = Conv(store)
-    path = store.select_branch(c.sid, c.a2.id)
+    path = store.messages.select_branch(c.sid, c.a2.id)
     assert c.ids(path) == [c.u1.id, c.a1.id, c.u2.id, c.a2.id]
-    assert c.ids(store.get_messages(c.sid)) == c.ids(path)
-    assert store.get_session(c.sid).active_leaf_id == c.a2.id
+    assert c.ids(store.messages.query(c.sid)) == c.ids(path)
+    assert store.sessions.get(c.sid).active_leaf_id == c.a2.id
     # A non-leaf selects the newest leaf below it.
-    assert c.ids(store.select_branch(c.sid, c.a1b.id)) == [c.u1.id, c.a1b.id, c.u3.id]
-    assert c.ids(store.select_branch(c.sid, c.a1.id))[-1] == c.a2.id
-    newer = store.append_message(c.sid, role="assistant", text_content="x", parent_id=c.u2.id,
+    assert c.ids(store.messages.select_branch(c.sid, c.a1b.id)) == [c.u1.id, c.a1b.id, c.u3.id]
+    assert c.ids(store.messages.select_branch(c.sid, c.a1.id))[-1] == c.a2.id
+    newer = store.messages.append(c.sid, role="assistant", text_content="x", parent_id=c.u2.id,
                                  make_active=False)
-    assert c.ids(store.select_branch(c.sid, c.u1.id))[-1] == newer.id
+    assert c.ids(store.messages.select_branch(c.sid, c.u1.id))[-1] == newer.id
     # Appending after a switch continues the selected branch.
-    store.select_branch(c.sid, c.u3.id)
-    nxt = store.append_message(c.sid, role="assistant", text_content="continues")
+    store.messages.select_branch(c.sid, c.u3.id)
+    nxt = store.messages.append(c.sid, role="assistant", text_content="continues")
     assert nxt.parent_id == c.u3.id
 
 
 def test_get_messages_options(store: Store) -> None:
     c = Conv(store)
-    get = lambda **kw: c.ids(store.get_messages(c.sid, MessageQueryOptions(**kw)))  # noqa: E731
+    get = lambda **kw: c.ids(store.messages.query(c.sid, MessageQueryOptions(**kw)))  # noqa: E731
     assert get(leaf_id=c.a2.id) == [c.u1.id, c.a1.id, c.u2.id, c.a2.id]
     assert get(leaf_id=c.u2.id) == [c.u1.id, c.a1.id, c.u2.id]
     assert get(leaf_id=c.a2.id, limit=2) == [c.u2.id, c.a2.id]
@@ -168,7 +168,7 @@ def test_get_messages_bad_options(tmp_path: Path) -> None:
             (MessageQueryOptions(leaf_id="nope"), NotFound, "nope"),
         ):
             with pytest.raises(exc, match=field):
-                store.get_messages(c.sid, opts)
+                store.messages.query(c.sid, opts)
         assert db_digest(store) == before
     finally:
         store.close()
@@ -179,10 +179,10 @@ def test_message_from_another_session_is_refused_everywhere(store: Store) -> Non
     other = Conv(store)
     before = db_digest(store)
     for call in (
-        lambda: store.fork_session(c.sid, other.a1.id),
-        lambda: store.select_branch(c.sid, other.a1.id),
-        lambda: store.get_path(c.sid, other.a1.id),
-        lambda: store.append_message(c.sid, role="user", text_content="x", parent_id=other.u1.id),
+        lambda: store.sessions.fork(c.sid, other.a1.id),
+        lambda: store.messages.select_branch(c.sid, other.a1.id),
+        lambda: store.messages.path(c.sid, other.a1.id),
+        lambda: store.messages.append(c.sid, role="user", text_content="x", parent_id=other.u1.id),
     ):
         with pytest.raises(NotFound, match="is not in session"):
             call()
@@ -200,50 +200,50 @@ def test_bad_append_arguments_change_nothing(store: Store) -> None:
         ({"role": "user", "text_content": 5}, "textContent"),
     ):
         with pytest.raises(InvalidParams, match=field):
-            store.append_message(c.sid, **kw)  # type: ignore[arg-type]
+            store.messages.append(c.sid, **kw)  # type: ignore[arg-type]
     assert db_digest(store) == before
 
 
 def test_streaming_writes(store: Store, clock: FakeClock) -> None:
     c = Conv(store)
-    m = store.append_message(c.sid, role="assistant", status="streaming", text_content="",
+    m = store.messages.append(c.sid, role="assistant", status="streaming", text_content="",
                              model_id="m", seq=1)
-    assert store.get_session(c.sid).message_count == 7
-    store.update_partial(m.id, text_content="部分", parts=[TextPart(text="部分")], seq=5)
-    got = store.get_messages(c.sid)[-1]
+    assert store.sessions.get(c.sid).message_count == 7
+    store.messages.update_partial(m.id, text_content="部分", parts=[TextPart(text="部分")], seq=5)
+    got = store.messages.query(c.sid)[-1]
     assert (got.id, got.status, got.text_content, got.seq) == (m.id, "streaming", "部分", 5)
     assert got.parts == [TextPart(text="部分")]
-    done = store.finish_message(
+    done = store.messages.finish(
         m.id, status="completed", text_content="完整回答", parts=None,
         usage=Usage(input_tokens=1, output_tokens=2), latency_ms=42, seq=9,
     )
     assert (done.status, done.text_content, done.usage, done.latency_ms, done.seq, done.model_id) == (
         "completed", "完整回答", Usage(input_tokens=1, output_tokens=2), 42, 9, "m")
-    assert store.get_message(m.id) == done
+    assert store.messages.get(m.id) == done
     # A finished message cannot be updated or finished again.
     before = db_digest(store)
     with pytest.raises(StoreError) as err:
-        store.update_partial(m.id, text_content="late", parts=None)
+        store.messages.update_partial(m.id, text_content="late", parts=None)
     assert err.value.code == ErrorCode.BAD_STATE
     with pytest.raises(StoreError):
-        store.finish_message(m.id, status="completed", text_content="again", parts=None)
+        store.messages.finish(m.id, status="completed", text_content="again", parts=None)
     with pytest.raises(InvalidParams, match="status"):
-        store.finish_message(m.id, status="streaming", text_content="x", parts=None)
+        store.messages.finish(m.id, status="streaming", text_content="x", parts=None)
     with pytest.raises(InvalidParams, match="status"):
-        store.update_partial(m.id, text_content="x", parts=None, status="completed")
+        store.messages.update_partial(m.id, text_content="x", parts=None, status="completed")
     assert db_digest(store) == before
     # error/aborted keep their partial content.
-    e = store.append_message(c.sid, role="assistant", status="pending")
-    e_done = store.finish_message(e.id, status="error", text_content="半截", parts=None, error="boom")
+    e = store.messages.append(c.sid, role="assistant", status="pending")
+    e_done = store.messages.finish(e.id, status="error", text_content="半截", parts=None, error="boom")
     assert (e_done.status, e_done.error, e_done.text_content) == ("error", "boom", "半截")
 
 
 def test_fork_copies_the_path(store: Store) -> None:
     c = Conv(store)
-    original = store.export_session(c.sid)
-    forked = store.fork_session(c.sid, c.a2.id)
+    original = store.sessions.export(c.sid)
+    forked = store.sessions.fork(c.sid, c.a2.id)
     assert forked.id != c.sid and forked.title == "conv (fork)" and forked.tags == ["k"]
-    copies = store.get_messages(forked.id)
+    copies = store.messages.query(forked.id)
     assert len(copies) == 4 and forked.message_count == 4
     assert forked.active_leaf_id == copies[-1].id
     assert forked.last_message_at == c.a2.created_at
@@ -257,28 +257,28 @@ def test_fork_copies_the_path(store: Store) -> None:
         strip = dict(id="", session_id="", parent_id=None)
         assert msgspec.structs.replace(copy, **strip) == msgspec.structs.replace(orig, **strip)
     # The original is untouched, and the copies are searchable in their own session.
-    assert store.export_session(c.sid) == original
-    hits = {r.session_id for r in store.search_messages("second answer")}
+    assert store.sessions.export(c.sid) == original
+    hits = {r.session_id for r in store.search.messages("second answer")}
     assert hits == {c.sid, forked.id}
     # Fork of a message in the middle copies only root -> it.
-    mid = store.fork_session(c.sid, c.a1b.id)
-    assert [m.text_content for m in store.get_messages(mid.id)] == ["你好 hello", "regenerated answer"]
+    mid = store.sessions.fork(c.sid, c.a1b.id)
+    assert [m.text_content for m in store.messages.query(mid.id)] == ["你好 hello", "regenerated answer"]
 
 
 def test_fork_of_a_streaming_message_is_aborted_copy(store: Store) -> None:
     c = Conv(store)
-    m = store.append_message(c.sid, role="assistant", status="streaming", text_content="half")
-    forked = store.fork_session(c.sid, m.id)
-    last = store.get_messages(forked.id)[-1]
+    m = store.messages.append(c.sid, role="assistant", status="streaming", text_content="half")
+    forked = store.sessions.fork(c.sid, m.id)
+    last = store.messages.query(forked.id)[-1]
     assert (last.status, last.text_content) == ("aborted", "half")
-    assert store.get_message(m.id).status == "streaming"
+    assert store.messages.get(m.id).status == "streaming"
 
 
 def test_export_import_reproduces_the_session(tmp_path: Path, store: Store) -> None:
     c = Conv(store)
-    store.select_branch(c.sid, c.a2.id)
-    store.add_session_usage(c.sid, 10, 0.01)
-    exported = store.export_session(c.sid)
+    store.messages.select_branch(c.sid, c.a2.id)
+    store.sessions.add_usage(c.sid, 10, 0.01)
+    exported = store.sessions.export(c.sid)
     assert len(exported.messages) == 6 and exported.format == "chat-sidecar.session"
     wire = msgspec.json.encode(exported)
 
@@ -286,35 +286,35 @@ def test_export_import_reproduces_the_session(tmp_path: Path, store: Store) -> N
     other = open_store(tmp_path / "other")
     try:
         doc = msgspec.json.decode(wire, type=type(exported))
-        imported = other.import_session(doc.session, doc.messages)
+        imported = other.sessions.import_(doc.session, doc.messages)
         assert imported == exported.session
-        assert other.export_session(c.sid) == exported
-        assert other.get_tree(c.sid) == store.get_tree(c.sid)
-        assert [r.message_id for r in other.search_messages("regenerated")] == [c.a1b.id]
+        assert other.sessions.export(c.sid) == exported
+        assert other.messages.tree(c.sid) == store.messages.tree(c.sid)
+        assert [r.message_id for r in other.search.messages("regenerated")] == [c.a1b.id]
         # Again without replace: refused, nothing changed.
         before = db_digest(other)
         with pytest.raises(StoreError) as err:
-            other.import_session(doc.session, doc.messages)
+            other.sessions.import_(doc.session, doc.messages)
         assert err.value.code == ErrorCode.BAD_STATE
         assert db_digest(other) == before
         # With replace: same result.
-        assert other.import_session(doc.session, doc.messages, replace=True) == exported.session
-        assert other.export_session(c.sid) == exported
+        assert other.sessions.import_(doc.session, doc.messages, replace=True) == exported.session
+        assert other.sessions.export(c.sid) == exported
         assert count(other, "SELECT count(*) FROM search_docs") == 6
     finally:
         other.close()
 
     # Same database: delete then import.
-    store.delete_session(c.sid)
-    store.import_session(exported.session, exported.messages)
-    assert store.export_session(c.sid) == exported
+    store.sessions.delete(c.sid)
+    store.sessions.import_(exported.session, exported.messages)
+    assert store.sessions.export(c.sid) == exported
 
 
 def test_import_validation(store: Store) -> None:
     c = Conv(store)
-    doc = store.export_session(c.sid)
+    doc = store.sessions.export(c.sid)
     replace = msgspec.structs.replace
-    store.delete_session(c.sid)
+    store.sessions.delete(c.sid)
     before = db_digest(store)
     msgs = doc.messages
     cases = [
@@ -329,42 +329,42 @@ def test_import_validation(store: Store) -> None:
     ]
     for session, messages, field in cases:
         with pytest.raises(InvalidParams, match=field):
-            store.import_session(session, messages)
+            store.sessions.import_(session, messages)
     assert db_digest(store) == before
     # A message id used by another session is refused.
     keep = Conv(store)
     clash = replace(doc.session, id="new-session", active_leaf_id=None)
     with pytest.raises(StoreError, match="already exists"):
-        store.import_session(clash, [replace(keep.u1, session_id="new-session")])
+        store.sessions.import_(clash, [replace(keep.u1, session_id="new-session")])
     # Counters are recomputed from the messages; in-flight rows arrive aborted.
     lying = replace(doc.session, message_count=99, last_message_at=1)
     streaming = [*msgs[:-1], replace(msgs[-1], status="streaming")]
-    s = store.import_session(lying, streaming)
+    s = store.sessions.import_(lying, streaming)
     assert s.message_count == 6 and s.last_message_at == max(m.created_at for m in msgs)
-    assert store.get_message(msgs[-1].id).status == "aborted"
+    assert store.messages.get(msgs[-1].id).status == "aborted"
 
 
 def test_delete_branch_moves_active_leaf(store: Store) -> None:
     c = Conv(store)
-    assert store.delete_branch(c.a1b.id) == 2
-    s = store.get_session(c.sid)
+    assert store.messages.delete_branch(c.a1b.id) == 2
+    s = store.sessions.get(c.sid)
     assert s.active_leaf_id == c.a2.id and s.message_count == 4
-    assert store.delete_branch(c.u1.id) == 4
-    s = store.get_session(c.sid)
+    assert store.messages.delete_branch(c.u1.id) == 4
+    s = store.sessions.get(c.sid)
     assert (s.active_leaf_id, s.message_count, s.last_message_at) == (None, 0, None)
-    assert store.get_messages(c.sid) == []
+    assert store.messages.query(c.sid) == []
 
 
 def test_content_type_is_multipart_whenever_streamed_parts_are_stored(store: Store) -> None:
     c = Conv(store)
-    m = store.append_message(c.sid, role="assistant", status="pending")
-    assert store.get_message(m.id).content_type == "text"
-    store.update_partial(m.id, text_content="部分", parts=None)
-    assert store.get_message(m.id).content_type == "text"  # no parts, nothing changes
-    store.update_partial(m.id, text_content="hi", parts=[ThinkingPart(text="hmm"), TextPart(text="hi")])
-    got = store.get_message(m.id)
+    m = store.messages.append(c.sid, role="assistant", status="pending")
+    assert store.messages.get(m.id).content_type == "text"
+    store.messages.update_partial(m.id, text_content="部分", parts=None)
+    assert store.messages.get(m.id).content_type == "text"  # no parts, nothing changes
+    store.messages.update_partial(m.id, text_content="hi", parts=[ThinkingPart(text="hmm"), TextPart(text="hi")])
+    got = store.messages.get(m.id)
     assert (got.content_type, got.parts) == ("multipart", [ThinkingPart(text="hmm"), TextPart(text="hi")])
     # An empty parts list is stored as no parts, as finish_message does.
-    e = store.append_message(c.sid, role="assistant", status="streaming")
-    store.update_partial(e.id, text_content="x", parts=[])
-    assert (store.get_message(e.id).content_type, store.get_message(e.id).parts) == ("text", None)
+    e = store.messages.append(c.sid, role="assistant", status="streaming")
+    store.messages.update_partial(e.id, text_content="x", parts=[])
+    assert (store.messages.get(e.id).content_type, store.messages.get(e.id).parts) == ("text", None)

@@ -60,8 +60,8 @@ def test_migrates_an_empty_file(tmp_path: Path) -> None:
 
 def test_reopen_is_idempotent_and_keeps_data(tmp_path: Path) -> None:
     store = Store(tmp_path)
-    sid = store.create_session(CreateSessionOptions(title="persist", tags=["a"])).id
-    store.append_message(sid, role="user", text_content="保存的内容")
+    sid = store.sessions.create(CreateSessionOptions(title="persist", tags=["a"])).id
+    store.messages.append(sid, role="user", text_content="保存的内容")
     digest = db_digest(store)
     store.close()
     for _ in range(2):
@@ -70,8 +70,8 @@ def test_reopen_is_idempotent_and_keeps_data(tmp_path: Path) -> None:
             assert store.schema_version == len(migrations.MIGRATIONS)
             assert store.recovered == 0
             assert db_digest(store) == digest
-            assert store.get_session(sid).title == "persist"
-            assert len(store.search_messages("内容")) == 1
+            assert store.sessions.get(sid).title == "persist"
+            assert len(store.search.messages("内容")) == 1
         finally:
             store.close()
 
@@ -122,13 +122,13 @@ def test_migration_backfills_tags_and_search_for_old_rows(tmp_path: Path, monkey
     monkeypatch.undo()
     store = Store(tmp_path)
     try:
-        assert [s.id for s in store.list_sessions(_filter(tags=["x", "y"])).sessions] == ["s1"]
-        assert [r.message_id for r in store.search_messages("旧的")] == ["m1"]
-        assert [r.message_id for r in store.search_messages("LEGACY")] == ["m1"]
+        assert [s.id for s in store.sessions.query(_filter(tags=["x", "y"])).sessions] == ["s1"]
+        assert [r.message_id for r in store.search.messages("旧的")] == ["m1"]
+        assert [r.message_id for r in store.search.messages("LEGACY")] == ["m1"]
         # Migration 12 copied created_at into search_docs for the date filter.
-        dated = store.search_messages("旧的", _search(date_range=_dates(0, 5)))
+        dated = store.search.messages("旧的", _search(date_range=_dates(0, 5)))
         assert [r.message_id for r in dated] == ["m1"]
-        assert store.search_messages("旧的", _search(date_range=_dates(2, 5))) == []
+        assert store.search.messages("旧的", _search(date_range=_dates(2, 5))) == []
     finally:
         store.close()
 
@@ -138,8 +138,8 @@ def test_the_search_date_copy_is_filled_on_every_kind_of_insert(tmp_path: Path) 
     # (Later migrations are replayed too: they must be re-runnable.)
     good = migrations.MIGRATIONS.index(migrations.m012_search_docs_created_at) + 1
     store = Store(tmp_path)
-    sid = store.create_session(CreateSessionOptions(title="s")).id
-    old = store.append_message(sid, role="user", text_content="dated words")
+    sid = store.sessions.create(CreateSessionOptions(title="s")).id
+    old = store.messages.append(sid, role="user", text_content="dated words")
     store.close()
     conn = apsw.Connection(str(tmp_path / "chat.db"))
     conn.execute("DROP TRIGGER search_docs_created_at; ALTER TABLE search_docs DROP COLUMN created_at;"
@@ -147,13 +147,13 @@ def test_the_search_date_copy_is_filled_on_every_kind_of_insert(tmp_path: Path) 
     conn.close()
     store = Store(tmp_path)  # migration 12 again: backfill + trigger
     try:
-        new = store.append_message(sid, role="user", text_content="dated words again")
-        streamed = store.append_message(sid, role="assistant", status="streaming")
-        store.finish_message(streamed.id, status="completed", text_content="dated reply", parts=None)
-        forked = store.fork_session(sid, new.id)
-        exported = store.export_session(sid)
-        store.delete_session(sid)
-        store.import_session(exported.session, exported.messages)
+        new = store.messages.append(sid, role="user", text_content="dated words again")
+        streamed = store.messages.append(sid, role="assistant", status="streaming")
+        store.messages.finish(streamed.id, status="completed", text_content="dated reply", parts=None)
+        forked = store.sessions.fork(sid, new.id)
+        exported = store.sessions.export(sid)
+        store.sessions.delete(sid)
+        store.sessions.import_(exported.session, exported.messages)
         assert count(store, "SELECT count(*) FROM search_docs WHERE created_at IS NULL") == 0
         mismatched = count(
             store,
@@ -162,9 +162,9 @@ def test_the_search_date_copy_is_filled_on_every_kind_of_insert(tmp_path: Path) 
         )
         assert mismatched == 0
         assert count(store, "SELECT count(*) FROM search_docs") == 3 + 2  # session + fork copies
-        only_old = store.search_messages("dated", _search(date_range=_dates(old.created_at, old.created_at)))
+        only_old = store.search.messages("dated", _search(date_range=_dates(old.created_at, old.created_at)))
         assert {r.message_id for r in only_old} == {old.id} | {
-            m.id for m in store.get_messages(forked.id) if m.created_at == old.created_at
+            m.id for m in store.messages.query(forked.id) if m.created_at == old.created_at
         }
     finally:
         store.close()
@@ -201,7 +201,7 @@ def test_connection_pragmas(tmp_path: Path) -> None:
     finally:
         store.close()
     with pytest.raises(StoreError, match="closed"):
-        store.get_session("x")
+        store.sessions.get("x")
 
 
 _CRASHING_CHILD = """
@@ -210,12 +210,12 @@ from protocol.sessions import CreateSessionOptions
 from protocol.types import TextPart
 from sidecar.store import Store
 store = Store(sys.argv[1])
-sid = store.create_session(CreateSessionOptions(title="crash")).id
-user = store.append_message(sid, role="user", text_content="问题")
-pending = store.append_message(sid, role="assistant", status="pending", parent_id=user.id,
+sid = store.sessions.create(CreateSessionOptions(title="crash")).id
+user = store.messages.append(sid, role="user", text_content="问题")
+pending = store.messages.append(sid, role="assistant", status="pending", parent_id=user.id,
                                make_active=False)
-m = store.append_message(sid, role="assistant", status="streaming", text_content="")
-store.update_partial(m.id, text_content="写到一半的回答", parts=[TextPart(text="写到一半的回答")], seq=7)
+m = store.messages.append(sid, role="assistant", status="streaming", text_content="")
+store.messages.update_partial(m.id, text_content="写到一半的回答", parts=[TextPart(text="写到一半的回答")], seq=7)
 print(json.dumps({"session": sid, "streaming": m.id, "pending": pending.id}), flush=True)
 os.kill(os.getpid(), signal.SIGKILL)
 """
@@ -231,13 +231,13 @@ def test_crash_recovery_after_sigkill(tmp_path: Path) -> None:
     store = Store(tmp_path)
     try:
         assert store.recovered == 2
-        m = store.get_message(ids["streaming"])
+        m = store.messages.get(ids["streaming"])
         assert (m.status, m.text_content, m.seq) == ("aborted", "写到一半的回答", 7)
-        assert store.get_message(ids["pending"]).status == "aborted"
+        assert store.messages.get(ids["pending"]).status == "aborted"
         # Recovered messages are final now: searchable, and nothing left in flight.
-        assert [r.message_id for r in store.search_messages("一半")] == [ids["streaming"]]
+        assert [r.message_id for r in store.search.messages("一半")] == [ids["streaming"]]
         assert count(store, "SELECT count(*) FROM messages_v2 WHERE status IN ('pending','streaming')") == 0
-        assert store.get_session(ids["session"]).message_count == 3
+        assert store.sessions.get(ids["session"]).message_count == 3
     finally:
         store.close()
     store = Store(tmp_path)
@@ -260,9 +260,9 @@ def test_unwritable_data_dir_is_a_store_error(tmp_path: Path) -> None:
 
 def test_recovery_survives_unreadable_parts_and_marks_parts_multipart(tmp_path: Path) -> None:
     store = Store(tmp_path)
-    sid = store.create_session(CreateSessionOptions(title="a")).id
-    odd = store.append_message(sid, role="assistant", status="streaming", text_content="partial odd")
-    old = store.append_message(sid, role="assistant", status="streaming", text_content="partial old")
+    sid = store.sessions.create(CreateSessionOptions(title="a")).id
+    odd = store.messages.append(sid, role="assistant", status="streaming", text_content="partial odd")
+    old = store.messages.append(sid, role="assistant", status="streaming", text_content="partial old")
     store.close()
     conn = apsw.Connection(str(tmp_path / "chat.db"))
     try:
@@ -277,9 +277,9 @@ def test_recovery_survives_unreadable_parts_and_marks_parts_multipart(tmp_path: 
     for _ in range(2):  # every start succeeds, not only the first
         store = Store(tmp_path)
         try:
-            assert store.get_message(old.id).content_type == "multipart"
-            assert store.get_message(old.id).status == "aborted"
-            assert {r.message_id for r in store.search_messages("partial")} == {odd.id, old.id}
+            assert store.messages.get(old.id).content_type == "multipart"
+            assert store.messages.get(old.id).status == "aborted"
+            assert {r.message_id for r in store.search.messages("partial")} == {odd.id, old.id}
         finally:
             store.close()
 
@@ -289,9 +289,9 @@ def test_one_store_per_data_dir(tmp_path: Path) -> None:
     try:
         with pytest.raises(StoreError, match="another chat-sidecar is using"):
             Store(tmp_path)
-        sid = first.create_session(CreateSessionOptions(title="still mine")).id  # untouched
-        streaming = first.append_message(sid, role="assistant", status="streaming")
-        first.update_partial(streaming.id, text_content="more", parts=None)
+        sid = first.sessions.create(CreateSessionOptions(title="still mine")).id  # untouched
+        streaming = first.messages.append(sid, role="assistant", status="streaming")
+        first.messages.update_partial(streaming.id, text_content="more", parts=None)
     finally:
         first.close()
     second = Store(tmp_path)  # closing released the lock

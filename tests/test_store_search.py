@@ -28,14 +28,14 @@ def _ids(results: list) -> set[str]:
 
 
 def _session(store: Store, title: str = "chat") -> str:
-    return store.create_session(CreateSessionOptions(title=title)).id
+    return store.sessions.create(CreateSessionOptions(title=title)).id
 
 
 def test_two_char_chinese_word_inside_a_sentence(store: Store) -> None:
     sid = _session(store)
-    hit = store.append_message(sid, role="user", text_content="我们今天讨论全文搜索功能")
-    store.append_message(sid, role="assistant", text_content="好的，我们先看索引的结构")
-    results = store.search_messages("搜索")
+    hit = store.messages.append(sid, role="user", text_content="我们今天讨论全文搜索功能")
+    store.messages.append(sid, role="assistant", text_content="好的，我们先看索引的结构")
+    results = store.search.messages("搜索")
     assert _ids(results) == {hit.id}
     assert results[0].snippet == "我们今天讨论全文<mark>搜索</mark>功能"
     assert results[0].session_id == sid and results[0].session_title == "chat"
@@ -44,47 +44,47 @@ def test_two_char_chinese_word_inside_a_sentence(store: Store) -> None:
 
 def test_three_and_four_char_words_and_single_chars(store: Store) -> None:
     sid = _session(store)
-    a = store.append_message(sid, role="user", text_content="我们的数据库很快")
-    b = store.append_message(sid, role="user", text_content="全文搜索需要分词")
-    assert _ids(store.search_messages("数据库")) == {a.id}
-    assert _ids(store.search_messages("全文搜索")) == {b.id}
+    a = store.messages.append(sid, role="user", text_content="我们的数据库很快")
+    b = store.messages.append(sid, role="user", text_content="全文搜索需要分词")
+    assert _ids(store.search.messages("数据库")) == {a.id}
+    assert _ids(store.search.messages("全文搜索")) == {b.id}
     # A single character matches anywhere in a run, including its last character.
-    assert _ids(store.search_messages("快")) == {a.id}
-    assert _ids(store.search_messages("数")) == {a.id}
+    assert _ids(store.search.messages("快")) == {a.id}
+    assert _ids(store.search.messages("数")) == {a.id}
     # Characters that occur but not next to each other are not a match (phrase of bigrams).
-    assert _ids(store.search_messages("数快")) == set()
-    assert _ids(store.search_messages("搜分")) == set()
+    assert _ids(store.search.messages("数快")) == set()
+    assert _ids(store.search.messages("搜分")) == set()
 
 
 def test_english_word_regardless_of_case(store: Store) -> None:
     sid = _session(store)
-    m = store.append_message(sid, role="assistant", text_content="Use Python for scripting.")
+    m = store.messages.append(sid, role="assistant", text_content="Use Python for scripting.")
     for q in ("python", "PYTHON", "Python", "pYtHoN"):
-        results = store.search_messages(q)
+        results = store.search.messages(q)
         assert _ids(results) == {m.id}, q
-    assert "<mark>Python</mark>" in store.search_messages("PYTHON")[0].snippet
+    assert "<mark>Python</mark>" in store.search.messages("PYTHON")[0].snippet
     # Whole words: a prefix is not a word match.
-    assert store.search_messages("pyth") == []
+    assert store.search.messages("pyth") == []
 
 
 def test_mixed_cjk_and_latin_query(store: Store) -> None:
     sid = _session(store)
-    both = store.append_message(sid, role="user", text_content="这是一个Python教程，适合初学者")
-    only_py = store.append_message(sid, role="user", text_content="Python is fun")
-    only_zh = store.append_message(sid, role="user", text_content="一个很好的教程")
-    assert _ids(store.search_messages("Python 教程")) == {both.id}
-    assert _ids(store.search_messages("python教程")) == {both.id}
-    assert _ids(store.search_messages("教程")) == {both.id, only_zh.id}
-    assert _ids(store.search_messages("python")) == {both.id, only_py.id}
-    snip = store.search_messages("Python 教程")[0].snippet
+    both = store.messages.append(sid, role="user", text_content="这是一个Python教程，适合初学者")
+    only_py = store.messages.append(sid, role="user", text_content="Python is fun")
+    only_zh = store.messages.append(sid, role="user", text_content="一个很好的教程")
+    assert _ids(store.search.messages("Python 教程")) == {both.id}
+    assert _ids(store.search.messages("python教程")) == {both.id}
+    assert _ids(store.search.messages("教程")) == {both.id, only_zh.id}
+    assert _ids(store.search.messages("python")) == {both.id, only_py.id}
+    snip = store.search.messages("Python 教程")[0].snippet
     assert "<mark>Python</mark>" in snip and "<mark>教程</mark>" in snip
 
 
 def test_absent_words_find_nothing(store: Store) -> None:
     sid = _session(store)
-    store.append_message(sid, role="user", text_content="我们今天讨论全文搜索功能 with English")
+    store.messages.append(sid, role="user", text_content="我们今天讨论全文搜索功能 with English")
     for q in ("数据", "javascript", "搜索 javascript", "功效", "englishman"):
-        assert store.search_messages(q) == [], q
+        assert store.search.messages(q) == [], q
 
 
 @pytest.mark.parametrize(
@@ -117,10 +117,10 @@ def test_absent_words_find_nothing(store: Store) -> None:
 )
 def test_fts_syntax_in_user_input_is_plain_text(store: Store, query: str) -> None:
     sid = _session(store)
-    py = store.append_message(sid, role="user", text_content="python and rust, say hello")
-    store.append_message(sid, role="user", text_content="全文搜索")
+    py = store.messages.append(sid, role="user", text_content="python and rust, say hello")
+    store.messages.append(sid, role="user", text_content="全文搜索")
     before = db_digest(store)
-    results = store.search_messages(query)  # never an FTS syntax error
+    results = store.search.messages(query)  # never an FTS syntax error
     pieces = fts.parse_query(query)
     words = {p.text.casefold() for p in pieces if not p.cjk}
     if words and words <= {"python", "rust", "and", "say", "hello"}:
@@ -134,45 +134,45 @@ def test_fts_syntax_in_user_input_is_plain_text(store: Store, query: str) -> Non
 
 def test_operator_words_are_searched_as_words(store: Store) -> None:
     sid = _session(store)
-    a = store.append_message(sid, role="user", text_content="python or rust")
-    b = store.append_message(sid, role="user", text_content="python rust")
+    a = store.messages.append(sid, role="user", text_content="python or rust")
+    b = store.messages.append(sid, role="user", text_content="python rust")
     # "OR" is not an operator: it is a word that must appear.
-    assert _ids(store.search_messages("python OR rust")) == {a.id}
+    assert _ids(store.search.messages("python OR rust")) == {a.id}
     # "-" does not exclude.
-    assert _ids(store.search_messages("python -rust")) == {a.id, b.id}
+    assert _ids(store.search.messages("python -rust")) == {a.id, b.id}
     # NEAR is a word too.
-    assert store.search_messages("NEAR(python rust)") == []
+    assert store.search.messages("NEAR(python rust)") == []
 
 
 def test_query_too_long_is_invalid(store: Store) -> None:
     with pytest.raises(InvalidParams, match="longer than"):
-        store.search_messages("x" * (fts.MAX_QUERY_CHARS + 1))
+        store.search.messages("x" * (fts.MAX_QUERY_CHARS + 1))
 
 
 def test_snippet_escapes_html_and_cuts_long_text(store: Store) -> None:
     sid = _session(store)
     long = "前言" * 100 + " <b>Python</b> & co " + "结尾" * 100
-    store.append_message(sid, role="user", text_content=long)
-    snip = store.search_messages("python")[0].snippet
+    store.messages.append(sid, role="user", text_content=long)
+    snip = store.search.messages("python")[0].snippet
     assert "<mark>Python</mark>" in snip
     assert "&lt;b&gt;" in snip and "&amp;" in snip and "<b>" not in snip
     assert snip.startswith("…") and snip.endswith("…")
     assert len(snip) < 150
     # Hits in text parts are found and highlighted too.
-    m = store.append_message(
+    m = store.messages.append(
         sid, role="assistant", parts=[TextPart(text="多部件消息里的关键词")]
     )
-    res = store.search_messages("关键词")
+    res = store.search.messages("关键词")
     assert _ids(res) == {m.id} and "<mark>关键词</mark>" in res[0].snippet
 
 
 def test_ranking_prefers_more_relevant_messages(store: Store) -> None:
     sid = _session(store)
-    weak = store.append_message(sid, role="user", text_content="database " + "filler words here " * 20)
-    strong = store.append_message(sid, role="user", text_content="database database database")
+    weak = store.messages.append(sid, role="user", text_content="database " + "filler words here " * 20)
+    strong = store.messages.append(sid, role="user", text_content="database database database")
     for i in range(10):
-        store.append_message(sid, role="user", text_content=f"unrelated message {i}")
-    results = store.search_messages("database")
+        store.messages.append(sid, role="user", text_content=f"unrelated message {i}")
+    results = store.search.messages("database")
     assert [r.message_id for r in results] == [strong.id, weak.id]
     assert results[0].score > results[1].score > 0
 
@@ -183,30 +183,30 @@ def test_filters_and_paging(tmp_path: Path) -> None:
     try:
         s1 = _session(store, "one")
         s2 = _session(store, "two")
-        u1 = store.append_message(s1, role="user", text_content="关键词 alpha")
-        a1 = store.append_message(s1, role="assistant", text_content="关键词 beta")
+        u1 = store.messages.append(s1, role="user", text_content="关键词 alpha")
+        a1 = store.messages.append(s1, role="assistant", text_content="关键词 beta")
         clock.jump(10_000)
-        u2 = store.append_message(s2, role="user", text_content="关键词 gamma")
+        u2 = store.messages.append(s2, role="user", text_content="关键词 gamma")
         q = "关键词"
-        assert _ids(store.search_messages(q)) == {u1.id, a1.id, u2.id}
-        assert _ids(store.search_messages(q, SearchOptions(session_id=s1))) == {u1.id, a1.id}
-        assert _ids(store.search_messages(q, SearchOptions(session_id="nope"))) == set()
-        assert _ids(store.search_messages(q, SearchOptions(role="user"))) == {u1.id, u2.id}
+        assert _ids(store.search.messages(q)) == {u1.id, a1.id, u2.id}
+        assert _ids(store.search.messages(q, SearchOptions(session_id=s1))) == {u1.id, a1.id}
+        assert _ids(store.search.messages(q, SearchOptions(session_id="nope"))) == set()
+        assert _ids(store.search.messages(q, SearchOptions(role="user"))) == {u1.id, u2.id}
         assert _ids(
-            store.search_messages(q, SearchOptions(role="assistant", session_id=s1))
+            store.search.messages(q, SearchOptions(role="assistant", session_id=s1))
         ) == {a1.id}
         window = DateRange(from_=u2.created_at - 5, to=u2.created_at + 5)
-        assert _ids(store.search_messages(q, SearchOptions(date_range=window))) == {u2.id}
-        store.archive_session(s2)
-        assert _ids(store.search_messages(q, SearchOptions(include_archived=False))) == {u1.id, a1.id}
-        assert _ids(store.search_messages(q, SearchOptions(include_archived=True))) == {u1.id, a1.id, u2.id}
+        assert _ids(store.search.messages(q, SearchOptions(date_range=window))) == {u2.id}
+        store.sessions.archive(s2)
+        assert _ids(store.search.messages(q, SearchOptions(include_archived=False))) == {u1.id, a1.id}
+        assert _ids(store.search.messages(q, SearchOptions(include_archived=True))) == {u1.id, a1.id, u2.id}
         pages = [
-            store.search_messages(q, SearchOptions(limit=1, offset=i)) for i in range(4)
+            store.search.messages(q, SearchOptions(limit=1, offset=i)) for i in range(4)
         ]
         assert [len(p) for p in pages] == [1, 1, 1, 0]
         assert {p[0].message_id for p in pages[:3]} == {u1.id, a1.id, u2.id}
         filtered_pages = [
-            store.search_messages(q, SearchOptions(limit=1, offset=i, include_archived=False))
+            store.search.messages(q, SearchOptions(limit=1, offset=i, include_archived=False))
             for i in range(3)
         ]
         assert [len(p) for p in filtered_pages] == [1, 1, 0]
@@ -226,27 +226,27 @@ def test_filters_and_paging(tmp_path: Path) -> None:
 )
 def test_bad_search_options(store: Store, options: SearchOptions, field: str) -> None:
     sid = _session(store)
-    store.append_message(sid, role="user", text_content="关键词")
+    store.messages.append(sid, role="user", text_content="关键词")
     before = db_digest(store)
     with pytest.raises(InvalidParams, match=field.replace(".", r"\.")):
-        store.search_messages("关键词", options)
+        store.search.messages("关键词", options)
     assert db_digest(store) == before
 
 
 def test_index_follows_message_lifecycle(store: Store) -> None:
     sid = _session(store)
-    m = store.append_message(sid, role="assistant", status="streaming", text_content="")
-    store.update_partial(m.id, text_content="正在生成的回答 partial", parts=None, seq=3)
+    m = store.messages.append(sid, role="assistant", status="streaming", text_content="")
+    store.messages.update_partial(m.id, text_content="正在生成的回答 partial", parts=None, seq=3)
     # Partial content is not searchable: streaming updates never touch the index.
-    assert store.search_messages("回答") == []
+    assert store.search.messages("回答") == []
     assert count(store, "SELECT count(*) FROM search_docs") == 0
-    store.finish_message(m.id, status="completed", text_content="最终的回答 final", parts=None)
-    assert _ids(store.search_messages("回答")) == {m.id}
-    assert store.search_messages("partial") == []  # the index holds the final text only
+    store.messages.finish(m.id, status="completed", text_content="最终的回答 final", parts=None)
+    assert _ids(store.search.messages("回答")) == {m.id}
+    assert store.search.messages("partial") == []  # the index holds the final text only
     assert count(store, "SELECT count(*) FROM search_docs") == 1
     # Deleting removes the index rows (search_docs and the FTS row via the trigger).
-    store.delete_branch(m.id)
-    assert store.search_messages("回答") == []
+    store.messages.delete_branch(m.id)
+    assert store.search.messages("回答") == []
     assert count(store, "SELECT count(*) FROM search_docs") == 0
     assert count(store, "SELECT count(*) FROM messages_fts_docsize") == 0
 
@@ -269,28 +269,28 @@ def test_ranking_window_covers_the_newest_matches(store: Store, monkeypatch: pyt
 
     monkeypatch.setattr(search, "SEARCH_WINDOW", 3)
     sid = _session(store)
-    oldest_best = store.append_message(sid, role="user", text_content="apple apple apple apple")
+    oldest_best = store.messages.append(sid, role="user", text_content="apple apple apple apple")
     newer = [
-        store.append_message(sid, role="user", text_content=f"apple and {w} filler text")
+        store.messages.append(sid, role="user", text_content=f"apple and {w} filler text")
         for w in ("one", "two", "three")
     ]
     # Four matches, window of three: the best bm25 match outside the newest three is not ranked.
-    assert _ids(store.search_messages("apple", SearchOptions(limit=3))) == {m.id for m in newer}
+    assert _ids(store.search.messages("apple", SearchOptions(limit=3))) == {m.id for m in newer}
     # A page beyond the window widens it, so paging still reaches every match.
-    deep = store.search_messages("apple", SearchOptions(limit=2, offset=2))
+    deep = store.search.messages("apple", SearchOptions(limit=2, offset=2))
     assert len(deep) == 2
     # Fewer matches than the window: all ranked, best first.
     monkeypatch.setattr(search, "SEARCH_WINDOW", 10)
-    assert store.search_messages("apple")[0].message_id == oldest_best.id
+    assert store.search.messages("apple")[0].message_id == oldest_best.id
 
 
 def test_rarer_words_weigh_more_in_multi_word_queries(store: Store) -> None:
     sid = _session(store)
     for i in range(12):
-        store.append_message(sid, role="user", text_content=f"apple filler number {i}")
-    rare_heavy = store.append_message(sid, role="user", text_content="zebra zebra apple")
-    common_heavy = store.append_message(sid, role="user", text_content="zebra apple apple")
-    results = store.search_messages("zebra apple")
+        store.messages.append(sid, role="user", text_content=f"apple filler number {i}")
+    rare_heavy = store.messages.append(sid, role="user", text_content="zebra zebra apple")
+    common_heavy = store.messages.append(sid, role="user", text_content="zebra apple apple")
+    results = store.search.messages("zebra apple")
     assert [r.message_id for r in results] == [rare_heavy.id, common_heavy.id]
     assert results[0].score > results[1].score
 
@@ -305,27 +305,27 @@ def test_filters_apply_before_the_ranking_window_is_cut(
     store = open_store(tmp_path, clock)
     try:
         old_sid = _session(store, "old")
-        old = store.append_message(old_sid, role="user", text_content="budget for 2023")
+        old = store.messages.append(old_sid, role="user", text_content="budget for 2023")
         clock.jump(10_000_000)
         live_sid = _session(store, "live")
         newer = [
-            store.append_message(live_sid, role="user", text_content=f"budget talk {i}")
+            store.messages.append(live_sid, role="user", text_content=f"budget talk {i}")
             for i in range(8)
         ]
-        store.archive_session(live_sid)
+        store.sessions.archive(live_sid)
         # Eight newer matches fill the window (5, as the page is smaller); the old one is
         # still found by its filters.
         dated = SearchOptions(date_range=DateRange(from_=0, to=old.created_at), limit=2)
-        assert _ids(store.search_messages("budget", dated)) == {old.id}
+        assert _ids(store.search.messages("budget", dated)) == {old.id}
         not_archived = SearchOptions(include_archived=False, limit=2)
-        assert _ids(store.search_messages("budget", not_archived)) == {old.id}
+        assert _ids(store.search.messages("budget", not_archived)) == {old.id}
         in_session = SearchOptions(session_id=old_sid, limit=2)
-        assert _ids(store.search_messages("budget", in_session)) == {old.id}
+        assert _ids(store.search.messages("budget", in_session)) == {old.id}
         # Without filters the window is still the newest five (the bounded common case).
-        assert _ids(store.search_messages("budget", SearchOptions(limit=3))) <= {m.id for m in newer[-5:]}
+        assert _ids(store.search.messages("budget", SearchOptions(limit=3))) <= {m.id for m in newer[-5:]}
         # Paging over filtered results reaches every match and stops.
         pages = [
-            store.search_messages("budget", SearchOptions(session_id=live_sid, limit=3, offset=o))
+            store.search.messages("budget", SearchOptions(session_id=live_sid, limit=3, offset=o))
             for o in (0, 3, 6, 9)
         ]
         assert [len(p) for p in pages] == [3, 3, 2, 0]
@@ -340,8 +340,8 @@ def test_a_row_with_unreadable_parts_does_not_fail_search_or_reindex(store: Stor
     from sidecar.store.search import MessageSearch
 
     sid = _session(store)
-    good = store.append_message(sid, role="user", text_content="needle in good row")
-    odd = store.append_message(
+    good = store.messages.append(sid, role="user", text_content="needle in good row")
+    odd = store.messages.append(
         sid, role="assistant", text_content="needle in odd row", parts=[TextPart(text="needle part")]
     )
     raw = apsw.Connection(str(store.path))
@@ -352,10 +352,10 @@ def test_a_row_with_unreadable_parts_does_not_fail_search_or_reindex(store: Stor
         )
     finally:
         raw.close()
-    results = store.search_messages("needle")
+    results = store.search.messages("needle")
     assert _ids(results) == {good.id, odd.id}
     assert {r.message_id: r.snippet for r in results}[odd.id] == "<mark>needle</mark> in odd row"
     # The migration's full re-index reads every row the same way (text kept, parts skipped).
     with store._db.write() as conn:
         assert MessageSearch.reindex_all(conn) == 2
-    assert _ids(store.search_messages("odd")) == {odd.id}
+    assert _ids(store.search.messages("odd")) == {odd.id}

@@ -29,24 +29,24 @@ def store(tmp_path: Path, clock: FakeClock) -> Store:
 
 
 def _create(store: Store, **kw: object) -> str:
-    return store.create_session(CreateSessionOptions(**kw)).id  # type: ignore[arg-type]
+    return store.sessions.create(CreateSessionOptions(**kw)).id  # type: ignore[arg-type]
 
 
 def test_create_uses_defaults_from_settings(store: Store) -> None:
-    bare = store.create_session(CreateSessionOptions())
+    bare = store.sessions.create(CreateSessionOptions())
     assert (bare.title, bare.provider_id, bare.model_id, bare.mode) == ("New Chat", "", "", "direct")
     assert bare.tags == [] and bare.message_count == 0 and bare.active_leaf_id is None
     assert bare.created_at == bare.updated_at and bare.last_message_at is None
-    store.set_setting("default_provider_id", "openai")
-    store.set_setting("default_model_id", "gpt-4o")
-    s = store.create_session(CreateSessionOptions(title="T", tags=["x", "y", "x"], folder="f"))
+    store.settings.set("default_provider_id", "openai")
+    store.settings.set("default_model_id", "gpt-4o")
+    s = store.sessions.create(CreateSessionOptions(title="T", tags=["x", "y", "x"], folder="f"))
     assert (s.provider_id, s.model_id, s.tags, s.folder) == ("openai", "gpt-4o", ["x", "y"], "f")
-    explicit = store.create_session(CreateSessionOptions(provider_id="p", model_id="m", mode="acp"))
+    explicit = store.sessions.create(CreateSessionOptions(provider_id="p", model_id="m", mode="acp"))
     assert (explicit.provider_id, explicit.model_id, explicit.mode) == ("p", "m", "acp")
-    assert store.get_session(s.id) == s
-    store.set_setting("default_model_id", None)
-    assert store.get_setting("default_model_id") is None
-    assert store.create_session(CreateSessionOptions()).model_id == ""
+    assert store.sessions.get(s.id) == s
+    store.settings.set("default_model_id", None)
+    assert store.settings.get("default_model_id") is None
+    assert store.sessions.create(CreateSessionOptions()).model_id == ""
 
 
 def test_ids_are_time_ordered(store: Store) -> None:
@@ -57,13 +57,13 @@ def test_ids_are_time_ordered(store: Store) -> None:
 
 def test_update_only_given_fields_and_clearing(store: Store, clock: FakeClock) -> None:
     sid = _create(store, title="old", folder="f", system_prompt="p", tags=["a"])
-    before = store.get_session(sid)
-    s = store.update_session(sid, SessionUpdates(title="new", tags=["b", "c"]))
+    before = store.sessions.get(sid)
+    s = store.sessions.update(sid, SessionUpdates(title="new", tags=["b", "c"]))
     assert (s.title, s.tags, s.folder, s.system_prompt) == ("new", ["b", "c"], "f", "p")
     assert s.updated_at > before.updated_at and s.created_at == before.created_at
-    s = store.update_session(sid, SessionUpdates(folder="", system_prompt="", summary="sum"))
+    s = store.sessions.update(sid, SessionUpdates(folder="", system_prompt="", summary="sum"))
     assert (s.folder, s.system_prompt, s.summary) == (None, None, "sum")
-    s = store.update_session(
+    s = store.sessions.update(
         sid,
         SessionUpdates(
             is_pinned=True, is_archived=True, provider_id="p2", model_id="m2",
@@ -72,11 +72,11 @@ def test_update_only_given_fields_and_clearing(store: Store, clock: FakeClock) -
     )
     assert (s.is_pinned, s.is_archived, s.provider_id, s.model_id) == (True, True, "p2", "m2")
     assert (s.channel_id, s.channel_meta) == ("feishu", {"chat": 1})
-    s = store.update_session(sid, SessionUpdates(channel_meta={}, tags=[]))
+    s = store.sessions.update(sid, SessionUpdates(channel_meta={}, tags=[]))
     assert s.channel_meta is None and s.tags == []
     assert count(store, "SELECT count(*) FROM session_tags WHERE session_id = ?", sid) == 0
     # Nothing given: nothing changes, not even updated_at.
-    assert store.update_session(sid, SessionUpdates()) == s
+    assert store.sessions.update(sid, SessionUpdates()) == s
 
 
 def test_update_rejects_unknown_and_read_only_fields_at_decoding() -> None:
@@ -87,16 +87,16 @@ def test_update_rejects_unknown_and_read_only_fields_at_decoding() -> None:
 
 def test_pin_archive(store: Store) -> None:
     sid = _create(store)
-    store.pin_session(sid, True)
-    store.archive_session(sid)
-    s = store.get_session(sid)
+    store.sessions.pin(sid, True)
+    store.sessions.archive(sid)
+    s = store.sessions.get(sid)
     assert s.is_pinned and s.is_archived
-    store.pin_session(sid, False)
-    assert not store.get_session(sid).is_pinned
+    store.sessions.pin(sid, False)
+    assert not store.sessions.get(sid).is_pinned
 
 
 def _list(store: Store, **kw: object) -> tuple[list[str], int]:
-    r = store.list_sessions(SessionFilter(**kw))  # type: ignore[arg-type]
+    r = store.sessions.query(SessionFilter(**kw))  # type: ignore[arg-type]
     return [s.title for s in r.sessions], r.total
 
 
@@ -106,7 +106,7 @@ def test_list_every_filter_field(store: Store, clock: FakeClock) -> None:
     _create(store, title="Gamma", folder="home", tags=["b", "c"], channel_id="feishu")
     _create(store, title="delta 100% done_x", tags=["a", "b", "c"])
     e = _create(store, title="Epsilon")
-    store.update_session(e, SessionUpdates(summary="mentions ALPHA in the summary"))
+    store.sessions.update(e, SessionUpdates(summary="mentions ALPHA in the summary"))
     # Default: newest first by updated_at.
     assert _list(store) == (["Epsilon", "delta 100% done_x", "Gamma", "beta notes", "Alpha project"], 5)
     # search: title and summary, case-insensitive, LIKE wildcards are literal.
@@ -123,12 +123,12 @@ def test_list_every_filter_field(store: Store, clock: FakeClock) -> None:
     assert _list(store, folder="work", tags=["b"]) == (["Alpha project"], 1)
     assert _list(store, channel_id="feishu") == (["Gamma"], 1)
     # isArchived / isPinned.
-    gamma = store.list_sessions(SessionFilter(search="Gamma")).sessions[0].id
-    store.archive_session(gamma)
+    gamma = store.sessions.query(SessionFilter(search="Gamma")).sessions[0].id
+    store.sessions.archive(gamma)
     assert _list(store, is_archived=True) == (["Gamma"], 1)
     assert _list(store, is_archived=False)[1] == 4
-    alpha = store.list_sessions(SessionFilter(search="Alpha project")).sessions[0].id
-    store.pin_session(alpha, True)
+    alpha = store.sessions.query(SessionFilter(search="Alpha project")).sessions[0].id
+    store.sessions.pin(alpha, True)
     assert _list(store, is_pinned=True) == (["Alpha project"], 1)
     # Pinned first, whatever the sort.
     titles, total = _list(store)
@@ -151,16 +151,16 @@ def test_list_sort_by_and_date_range(store: Store, clock: FakeClock) -> None:
     c = _create(store, title="C")
     clock.jump(1000)
     # Touch A (updated_at) and give B and C messages in the order C, B (last_message_at).
-    store.update_session(a, SessionUpdates(summary="touched"))
+    store.sessions.update(a, SessionUpdates(summary="touched"))
     clock.jump(1000)
-    store.append_message(c, role="user", text_content="x")
+    store.messages.append(c, role="user", text_content="x")
     clock.jump(1000)
-    store.append_message(b, role="user", text_content="y")
+    store.messages.append(b, role="user", text_content="y")
     assert _list(store, sort_by="created_at")[0] == ["C", "B", "A"]
     assert _list(store, sort_by="updated_at")[0] == ["B", "C", "A"]
     # Sessions without messages (NULL last_message_at) come last.
     assert _list(store, sort_by="last_message_at")[0] == ["B", "C", "A"]
-    sa, sb = store.get_session(a), store.get_session(b)
+    sa, sb = store.sessions.get(a), store.sessions.get(b)
     # dateRange bounds (inclusive) the sort field.
     rng = DateRange(from_=sa.created_at, to=sb.created_at)
     assert _list(store, sort_by="created_at", date_range=rng) == (["B", "A"], 2)
@@ -185,7 +185,7 @@ def test_list_bad_filters(store: Store, flt: SessionFilter, field: str) -> None:
     _create(store, tags=["a"])
     before = db_digest(store)
     with pytest.raises(InvalidParams, match=field) as err:
-        store.list_sessions(flt)
+        store.sessions.query(flt)
     assert err.value.code == ErrorCode.INVALID_PARAMS
     assert db_digest(store) == before
 
@@ -199,27 +199,27 @@ def test_wire_decoding_rejects_bad_filters() -> None:
 @pytest.mark.parametrize(
     "call",
     [
-        lambda s: s.get_session("missing"),
-        lambda s: s.update_session("missing", SessionUpdates(title="x")),
-        lambda s: s.delete_session("missing"),
-        lambda s: s.archive_session("missing"),
-        lambda s: s.pin_session("missing", True),
-        lambda s: s.fork_session("missing", "m"),
-        lambda s: s.export_session("missing"),
-        lambda s: s.add_session_usage("missing", 1, 0.1),
-        lambda s: s.append_message("missing", role="user", text_content="x"),
-        lambda s: s.get_messages("missing"),
-        lambda s: s.get_tree("missing"),
-        lambda s: s.select_branch("missing", "m"),
-        lambda s: s.get_message("missing"),
-        lambda s: s.update_partial("missing", text_content="x", parts=None),
-        lambda s: s.finish_message("missing", status="completed", text_content="x", parts=None),
-        lambda s: s.delete_branch("missing"),
+        lambda s: s.sessions.get("missing"),
+        lambda s: s.sessions.update("missing", SessionUpdates(title="x")),
+        lambda s: s.sessions.delete("missing"),
+        lambda s: s.sessions.archive("missing"),
+        lambda s: s.sessions.pin("missing", True),
+        lambda s: s.sessions.fork("missing", "m"),
+        lambda s: s.sessions.export("missing"),
+        lambda s: s.sessions.add_usage("missing", 1, 0.1),
+        lambda s: s.messages.append("missing", role="user", text_content="x"),
+        lambda s: s.messages.query("missing"),
+        lambda s: s.messages.tree("missing"),
+        lambda s: s.messages.select_branch("missing", "m"),
+        lambda s: s.messages.get("missing"),
+        lambda s: s.messages.update_partial("missing", text_content="x", parts=None),
+        lambda s: s.messages.finish("missing", status="completed", text_content="x", parts=None),
+        lambda s: s.messages.delete_branch("missing"),
     ],
 )
 def test_unknown_ids_are_not_found_and_change_nothing(store: Store, call) -> None:  # type: ignore[no-untyped-def]
     sid = _create(store, tags=["a"])
-    store.append_message(sid, role="user", text_content="hello")
+    store.messages.append(sid, role="user", text_content="hello")
     before = db_digest(store)
     with pytest.raises(NotFound) as err:
         call(store)
@@ -244,7 +244,7 @@ def test_bad_updates_change_nothing(store: Store, updates: SessionUpdates, field
     sid = _create(store, title="keep", tags=["a"])
     before = db_digest(store)
     with pytest.raises(InvalidParams, match=field):
-        store.update_session(sid, updates)
+        store.sessions.update(sid, updates)
     assert db_digest(store) == before
 
 
@@ -256,26 +256,26 @@ def test_bad_create_changes_nothing(store: Store) -> None:
         (CreateSessionOptions(folder=3), "folder"),  # type: ignore[arg-type]
     ):
         with pytest.raises(InvalidParams, match=field):
-            store.create_session(opts)
+            store.sessions.create(opts)
     assert db_digest(store) == before
 
 
 def test_counters_stay_true(store: Store, clock: FakeClock) -> None:
     sid = _create(store)
-    m1 = store.append_message(sid, role="user", text_content="1")
-    m2 = store.append_message(sid, role="assistant", text_content="2")
-    alt = store.append_message(sid, role="assistant", text_content="2b", parent_id=m1.id)
-    m3 = store.append_message(sid, role="user", text_content="3", parent_id=m2.id)
-    s = store.get_session(sid)
+    m1 = store.messages.append(sid, role="user", text_content="1")
+    m2 = store.messages.append(sid, role="assistant", text_content="2")
+    alt = store.messages.append(sid, role="assistant", text_content="2b", parent_id=m1.id)
+    m3 = store.messages.append(sid, role="user", text_content="3", parent_id=m2.id)
+    s = store.sessions.get(sid)
     assert s.message_count == 4 and s.last_message_at == m3.created_at
     assert s.updated_at >= m3.created_at
     # Deleting a branch recounts.
-    assert store.delete_branch(m2.id) == 2
-    s = store.get_session(sid)
+    assert store.messages.delete_branch(m2.id) == 2
+    s = store.sessions.get(sid)
     assert s.message_count == 2 and s.last_message_at == alt.created_at
     assert s.active_leaf_id == alt.id
-    store.add_session_usage(sid, 120, 0.5)
-    s = store.add_session_usage(sid, 30, 0.25)
+    store.sessions.add_usage(sid, 120, 0.5)
+    s = store.sessions.add_usage(sid, 30, 0.25)
     assert (s.total_tokens, s.total_cost) == (150, 0.75)
     # Everywhere: message_count equals the rows, last_message_at their newest created_at.
     bad = count(
@@ -286,31 +286,31 @@ def test_counters_stay_true(store: Store, clock: FakeClock) -> None:
     )
     assert bad == 0
     with pytest.raises(InvalidParams):
-        store.add_session_usage(sid, -1, 0.0)
+        store.sessions.add_usage(sid, -1, 0.0)
 
 
 def test_delete_cascades_everywhere(store: Store) -> None:
     keep = _create(store, title="keep", tags=["t"])
-    kept = store.append_message(keep, role="user", text_content="保留的消息 keep")
+    kept = store.messages.append(keep, role="user", text_content="保留的消息 keep")
     sid = _create(store, title="gone", tags=["t", "u"])
-    root = store.append_message(sid, role="user", text_content="要删除的消息 remove")
-    store.append_message(sid, role="assistant", text_content="回答 answer")
-    store.append_message(sid, role="assistant", text_content="另一个分支 branch", parent_id=root.id)
-    store.append_message(sid, role="assistant", status="streaming", text_content="partial")
+    root = store.messages.append(sid, role="user", text_content="要删除的消息 remove")
+    store.messages.append(sid, role="assistant", text_content="回答 answer")
+    store.messages.append(sid, role="assistant", text_content="另一个分支 branch", parent_id=root.id)
+    store.messages.append(sid, role="assistant", status="streaming", text_content="partial")
     assert count(store, "SELECT count(*) FROM search_docs") == 4
-    store.delete_session(sid)
+    store.sessions.delete(sid)
     with pytest.raises(NotFound):
-        store.get_session(sid)
+        store.sessions.get(sid)
     assert count(store, "SELECT count(*) FROM messages_v2 WHERE session_id = ?", sid) == 0
     assert count(store, "SELECT count(*) FROM session_tags WHERE session_id = ?", sid) == 0
     assert count(store, "SELECT count(*) FROM search_docs") == 1
     assert count(store, "SELECT count(*) FROM messages_fts_docsize") == 1
     assert count(store, "SELECT count(*) FROM search_docs d LEFT JOIN messages_v2 m"
                  " ON m.id = d.message_id WHERE m.id IS NULL") == 0
-    assert store.search_messages("删除") == [] and store.search_messages("answer") == []
-    assert [r.message_id for r in store.search_messages("keep")] == [kept.id]
+    assert store.search.messages("删除") == [] and store.search.messages("answer") == []
+    assert [r.message_id for r in store.search.messages("keep")] == [kept.id]
     assert count(store, "SELECT count(*) FROM pragma_foreign_key_check") == 0
-    assert store.get_session(keep).message_count == 1
+    assert store.sessions.get(keep).message_count == 1
 
 
 @pytest.mark.parametrize("few", [0, 1, 2000])
@@ -325,8 +325,8 @@ def test_tag_filter_plans_agree(store: Store, clock: FakeClock, few: int, monkey
         tags = [t for t, every in (("a", 2), ("b", 3), ("c", 5)) if i % every == 0]
         sid = _create(store, title=f"s{i:02}", folder="f" if i % 4 == 0 else None, tags=tags)
         if i % 7 == 0:
-            store.pin_session(sid, True)
-    newest_first = store.list_sessions(SessionFilter(limit=500)).sessions
+            store.sessions.pin(sid, True)
+    newest_first = store.sessions.query(SessionFilter(limit=500)).sessions
     for folder in (None, "f"):
         for tags in (["a"], ["a", "b"], ["b", "c"], ["a", "b", "c"], ["zzz"]):
             want = [
@@ -353,11 +353,11 @@ def test_tag_lists_are_capped_with_invalid_params(store: Store) -> None:
         assert _list(store, tags=many, folder=folder) == ((["full"], 1) if folder is None else ([], 0))
     before = db_digest(store)
     for call in (
-        lambda: store.list_sessions(SessionFilter(tags=[f"t{i}" for i in range(MAX_TAGS + 1)])),
-        lambda: store.list_sessions(SessionFilter(tags=[f"t{i}" for i in range(10_000)])),
-        lambda: store.list_sessions(SessionFilter(tags=["x" * (MAX_TAG_CHARS + 1)])),
+        lambda: store.sessions.query(SessionFilter(tags=[f"t{i}" for i in range(MAX_TAGS + 1)])),
+        lambda: store.sessions.query(SessionFilter(tags=[f"t{i}" for i in range(10_000)])),
+        lambda: store.sessions.query(SessionFilter(tags=["x" * (MAX_TAG_CHARS + 1)])),
         lambda: _create(store, tags=[f"t{i}" for i in range(MAX_TAGS + 1)]),
-        lambda: store.update_session(sid, SessionUpdates(tags=["y" * (MAX_TAG_CHARS + 1)])),
+        lambda: store.sessions.update(sid, SessionUpdates(tags=["y" * (MAX_TAG_CHARS + 1)])),
     ):
         with pytest.raises(InvalidParams, match="tags") as err:
             call()

@@ -30,7 +30,7 @@ from protocol.tools import ToolApproveParams
 from protocol.types import ToolResultPart
 from sidecar.engine.approvals import ApprovalService
 from sidecar.engine.chat import ChatEngine
-from sidecar.engine.generation import INTERRUPTED_NOTE
+from sidecar.engine.tool_loop import INTERRUPTED_NOTE
 from sidecar.errors import SidecarError
 from sidecar.providers.types import (
     ChatRequest,
@@ -41,6 +41,7 @@ from sidecar.providers.types import (
     ToolCallEnd,
     ToolCallStart,
 )
+from sidecar.pipeline.builder import RequestBuilder
 from sidecar.store import AsyncStore
 from sidecar.store.attachments import AttachmentStore
 from sidecar.tools.base import Tool, ToolContext, ToolOutput
@@ -142,13 +143,15 @@ class Rig:
     async def __aenter__(self) -> Rig:
         self.store = await AsyncStore.open(self.data_dir)
         self.world.store = self.store
-        await anyio.to_thread.run_sync(self.store.sync.tools.complete_interrupted, INTERRUPTED_NOTE)
-        self.approvals = ApprovalService(self.store.sync.tools)
+        await self.store.run(lambda db: db.tools.complete_interrupted(INTERRUPTED_NOTE))
+        self.approvals = ApprovalService(self.store)
         self._tg = anyio.create_task_group()
         await self._tg.__aenter__()
+        providers = Providers(self.world)
+        attachments = AttachmentStore(self.data_dir)
         self.engine = ChatEngine(
-            store=self.store, notify=self._notify, providers=Providers(self.world),
-            attachments=AttachmentStore(self.data_dir), settings=Settings(), task_group=self._tg,
+            store=self.store, notify=self._notify, providers=providers, attachments=attachments,
+            requests=RequestBuilder(self.store, attachments, providers=providers), settings=Settings(), task_group=self._tg,
             tools=Tools(self.world), approvals=self.approvals, data_dir=self.data_dir,
         )
         return self
@@ -185,7 +188,7 @@ async def _scenario(ops: list[tuple[str, int]], data_dir: Path) -> World:
     world = World()
     rig = await Rig(world, data_dir).__aenter__()
     try:
-        session = await rig.store.create_session(CreateSessionOptions(provider_id="p", model_id="m"))
+        session = await rig.store.run(lambda db: db.sessions.create(CreateSessionOptions(provider_id="p", model_id="m")))
         for op, n in ops:
             if op == "send":
                 await rig.engine.send(SendParams(session_id=session.id, input=UserInput(content="go")))
@@ -197,9 +200,7 @@ async def _scenario(ops: list[tuple[str, int]], data_dir: Path) -> World:
             elif op == "settle":
                 await _settle(rig, session.id)
             else:
-                pending = await anyio.to_thread.run_sync(
-                    lambda: rig.store.sync.tools.list_open(session_id=session.id, states=("pending",))
-                )
+                pending = await rig.store.run(lambda db: db.tools.list_open(session_id=session.id, states=("pending",)))
                 if not pending:
                     continue
                 call = pending[n % len(pending)]
@@ -250,7 +251,7 @@ def test_the_rig_runs_an_approved_call() -> None:
 
         store = Store(tmp)
         try:
-            reply = store.get_path(store.list_sessions(SessionFilter()).sessions[0].id)[-1]
+            reply = store.messages.path(store.sessions.query(SessionFilter()).sessions[0].id)[-1]
             assert reply.status == "completed" and reply.text_content == "done"
         finally:
             store.close()

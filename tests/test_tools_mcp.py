@@ -21,7 +21,7 @@ from chat_helpers import configure_provider, events_of, wait_final
 from protocol.common import NameParams
 from protocol.mcp import McpServerUpsertParams
 from scripted_server import scripted_provider
-from sidecar.store import Store
+from sidecar.store import AsyncStore, Store
 from sidecar.tools.base import ToolError
 from sidecar.tools.mcp import McpManager, McpServerConfig, mcp_tool_name, sanitize
 from mcp_helpers import FIXTURE, HUNG, http_fixture, spawns, wait_state, wait_status
@@ -46,7 +46,7 @@ def test_names_are_sanitised() -> None:
 async def test_list_call_crash_hang_reconnect(tmp_path: Path) -> None:
     store = Store(tmp_path)
     try:
-        async with McpManager.open(store.tools) as manager:
+        async with McpManager.open(AsyncStore(store)) as manager:
             info = await manager.upsert_server(server_params("my fx", tool_timeout_s=6.0, args=["--stderr-lines", "5000"]))
             assert info.name == "my_fx" and info.status == "connecting"  # connects in the background
             listed = await wait_state(manager, "my_fx", {"ready"})
@@ -100,7 +100,7 @@ async def test_list_call_crash_hang_reconnect(tmp_path: Path) -> None:
 async def test_a_server_that_cannot_start_fails_and_backs_off(tmp_path: Path) -> None:
     store = Store(tmp_path)
     try:
-        async with McpManager.open(store.tools) as manager:
+        async with McpManager.open(AsyncStore(store)) as manager:
             await manager.upsert_server(McpServerUpsertParams(name="ghost", command="/nonexistent/bin/mcp", connect_timeout_s=3))
             await manager.upsert_server(
                 McpServerUpsertParams(name="mute", command=sys.executable, args=["-c", "import time; time.sleep(60)"], connect_timeout_s=0.5)
@@ -127,7 +127,7 @@ async def test_a_server_that_cannot_start_fails_and_backs_off(tmp_path: Path) ->
 async def test_disabled_servers_run_nothing_and_a_disable_stops_the_process(tmp_path: Path) -> None:
     store = Store(tmp_path)
     try:
-        async with McpManager.open(store.tools) as manager:
+        async with McpManager.open(AsyncStore(store)) as manager:
             info = await manager.upsert_server(server_params("fx", enabled=False))
             assert info.status == "disabled" and not manager.configured
             await manager.upsert_server(server_params("fx"))
@@ -145,10 +145,10 @@ async def test_disabled_servers_run_nothing_and_a_disable_stops_the_process(tmp_
 async def test_stored_enabled_servers_connect_when_the_manager_opens(tmp_path: Path) -> None:
     store = Store(tmp_path)
     try:
-        async with McpManager.open(store.tools) as manager:
+        async with McpManager.open(AsyncStore(store)) as manager:
             await manager.upsert_server(server_params("fx"))
             await manager.upsert_server(server_params("off", enabled=False))
-        async with McpManager.open(store.tools) as manager:
+        async with McpManager.open(AsyncStore(store)) as manager:
             states = {s.name: s.status for s in await manager.list_servers()}
             assert states == {"fx": "connecting", "off": "disabled"}
             await wait_state(manager, "fx", {"ready"})
@@ -163,7 +163,7 @@ async def test_the_close_deadline_kills_the_whole_process_group(tmp_path: Path) 
     store = Store(tmp_path)
     try:
         with anyio.fail_after(20):
-            async with McpManager.open(store.tools, close_deadline_s=0.2) as manager:
+            async with McpManager.open(AsyncStore(store), close_deadline_s=0.2) as manager:
                 await manager.upsert_server(
                     McpServerUpsertParams(
                         name="stuck", command=sys.executable, connect_timeout_s=60,
@@ -190,7 +190,7 @@ async def test_an_outside_cancellation_does_not_hang_the_teardown(tmp_path: Path
     try:
         with anyio.fail_after(20):
             with anyio.CancelScope() as outer:
-                async with McpManager.open(store.tools) as manager:
+                async with McpManager.open(AsyncStore(store)) as manager:
                     await manager.upsert_server(server_params("fx"))
                     await wait_state(manager, "fx", {"ready"})
                     pid = int((await manager.call("fx", "pid.of server", {})).text)
@@ -207,7 +207,7 @@ async def test_bad_server_configs_are_refused(tmp_path: Path) -> None:
 
     store = Store(tmp_path)
     try:
-        async with McpManager.open(store.tools) as manager:
+        async with McpManager.open(AsyncStore(store)) as manager:
             for params in (
                 McpServerUpsertParams(name="///", command="x"),
                 McpServerUpsertParams(name="a", transport="stdio"),
@@ -303,7 +303,7 @@ def test_opening_the_app_imports_neither_mcp_nor_jsonschema(tmp_path: Path) -> N
 async def test_an_http_mcp_server(tmp_path: Path) -> None:
     store = Store(tmp_path)
     try:
-        async with http_fixture() as (url, process), McpManager.open(store.tools) as manager:
+        async with http_fixture() as (url, process), McpManager.open(AsyncStore(store)) as manager:
             await manager.upsert_server(
                 McpServerUpsertParams(name="web", transport="http", url=url, connect_timeout_s=5, tool_timeout_s=5)
             )
@@ -337,7 +337,7 @@ async def test_what_a_server_writes_while_shutting_down_is_still_drained(
     )
     store = Store(tmp_path)
     try:
-        async with McpManager.open(store.tools) as manager:
+        async with McpManager.open(AsyncStore(store)) as manager:
             await manager.upsert_server(McpServerUpsertParams(name="fx", command=sys.executable, args=["-c", wrapper]))
             await wait_state(manager, "fx", {"ready"})
             with anyio.fail_after(30):

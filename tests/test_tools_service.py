@@ -92,13 +92,16 @@ async def test_an_endless_search_answer_is_cut_off_at_the_byte_budget() -> None:
 
 async def make(tmp_path: Path) -> tuple[AsyncStore, ApprovalService, ToolService]:
     store = await AsyncStore.open(tmp_path / "data")
-    approvals = ApprovalService(store.sync.tools)
+    approvals = ApprovalService(store)
     service = ToolService(
-        data_dir=tmp_path / "data", get_setting=store.get_setting, set_setting=store.set_setting,
-        search=store.search_messages, policies=approvals.policies_for,
+        data_dir=tmp_path / "data",
+        get_setting=lambda key: store.run(lambda db: db.settings.get(key)),
+        set_setting=lambda key, value: store.run(lambda db: db.settings.set(key, value)),
+        search=lambda query, options: store.run(lambda db: db.search.messages(query, options)),
+        policies=approvals.policies_for,
     )
     await service.load()
-    service.set_session_lookup(store.get_session)
+    service.set_session_lookup(lambda session_id: store.run(lambda db: db.sessions.get(session_id)))
     return store, approvals, service
 
 
@@ -121,7 +124,7 @@ async def test_assembly_order_and_models_without_tools(tmp_path: Path, search_ur
         ))
         ws = tmp_path / "ws"
         ws.mkdir()
-        session = await store.create_session(CreateSessionOptions(provider_id="p", model_id="m", workspace_dir=str(ws)))
+        session = await store.run(lambda db: db.sessions.create(CreateSessionOptions(provider_id="p", model_id="m", workspace_dir=str(ws))))
         registry = await service.assemble(session, ModelInfo(id="m", supports_tools=True))
         assert [t.name for t in registry.tools] == [
             "web_search", "get_current_time", "search_conversations",
@@ -148,7 +151,7 @@ async def test_assembly_order_and_models_without_tools(tmp_path: Path, search_ur
 
         no_tools = await service.assemble(session, ModelInfo(id="m", supports_tools=False))
         assert len(no_tools) == 0 and no_tools.specs() == [] and no_tools.capability_note == NO_TOOLS_NOTE
-        plain = await store.create_session(CreateSessionOptions(provider_id="p", model_id="m"))
+        plain = await store.run(lambda db: db.sessions.create(CreateSessionOptions(provider_id="p", model_id="m")))
         names = [t.name for t in (await service.assemble(plain, ModelInfo(id="m"))).tools]
         assert not any(n.startswith("workspace_") for n in names)
 
@@ -170,7 +173,7 @@ async def test_settings_persist_and_tool_list_shows_policies(tmp_path: Path) -> 
         await service.update_settings(ToolSettingsUpdate(conversation_search=False, tool_timeout_s=5))
         ws = tmp_path / "ws"
         ws.mkdir()
-        session = await store.create_session(CreateSessionOptions(provider_id="p", model_id="m", workspace_dir=str(ws)))
+        session = await store.run(lambda db: db.sessions.create(CreateSessionOptions(provider_id="p", model_id="m", workspace_dir=str(ws))))
         await approvals.set_policy(ToolPolicySetParams(key="workspace_write_file", policy="auto"))
         listed = {t.name: t for t in await service.list_tools(ToolListParams(session_id=session.id))}
         assert "search_conversations" not in listed
@@ -188,8 +191,8 @@ async def test_settings_persist_and_tool_list_shows_policies(tmp_path: Path) -> 
 async def test_conversation_search_finds_chinese_and_english(tmp_path: Path) -> None:
     store, approvals, service = await make(tmp_path)
     try:
-        session = await store.create_session(CreateSessionOptions(provider_id="p", model_id="m", title="旅行"))
-        await store.append_message(session.id, role="user", text_content="我们今天讨论全文搜索功能 and Kubernetes")
+        session = await store.run(lambda db: db.sessions.create(CreateSessionOptions(provider_id="p", model_id="m", title="旅行")))
+        await store.run(lambda db: db.messages.append(session.id, role="user", text_content="我们今天讨论全文搜索功能 and Kubernetes"))
         registry = await service.assemble(session, ModelInfo(id="m"))
         tool = registry.get("search_conversations")
         assert "全文搜索" in (await tool.run({"query": "搜索"}, ctx(session, tmp_path))).text
@@ -202,8 +205,8 @@ async def test_conversation_search_finds_chinese_and_english(tmp_path: Path) -> 
 async def test_approvals_policies_remember_and_audit(tmp_path: Path) -> None:
     store, approvals, service = await make(tmp_path)
     try:
-        session = await store.create_session(CreateSessionOptions(provider_id="p", model_id="m"))
-        msg = await store.append_message(session.id, role="assistant", status="streaming")
+        session = await store.run(lambda db: db.sessions.create(CreateSessionOptions(provider_id="p", model_id="m")))
+        msg = await store.run(lambda db: db.messages.append(session.id, role="assistant", status="streaming"))
         assert await approvals.policy("t", "ask") == "ask"
         assert await approvals.policy("mcp__s__x", "ask", "mcp:s") == "ask"
         await approvals.set_policy(ToolPolicySetParams(key="mcp:s", policy="auto"))
@@ -238,8 +241,8 @@ async def test_approvals_policies_remember_and_audit(tmp_path: Path) -> None:
 async def test_ask_for_an_in_process_caller_acp_style(tmp_path: Path) -> None:
     store, approvals, service = await make(tmp_path)
     try:
-        session = await store.create_session(CreateSessionOptions(provider_id="p", model_id="m"))
-        msg = await store.append_message(session.id, role="assistant", status="streaming")
+        session = await store.run(lambda db: db.sessions.create(CreateSessionOptions(provider_id="p", model_id="m")))
+        msg = await store.run(lambda db: db.messages.append(session.id, role="assistant", status="streaming"))
         options = [
             ToolApprovalOption(option_id="a1", name="Allow", kind="allow_once"),
             ToolApprovalOption(option_id="a2", name="Always", kind="allow_always"),

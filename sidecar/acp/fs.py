@@ -4,7 +4,8 @@ Owns the confinement rule for an agent's file requests: a path must be absolute 
 after every symlink is resolved (``os.path.realpath``), lie inside the real path of the
 session's working directory. ``..``, absolute paths elsewhere, symlinks pointing out, NUL
 bytes and absurdly long paths are refused with INVALID_PARAMS and a message naming the
-rule; a missing file is ACP's "resource not found" (-32002).
+rule; a missing file is ACP's "resource not found" (AcpErrorCode.RESOURCE_NOT_FOUND, -32002:
+these errors are answers to the agent, in ACP's numbering, not our protocol's).
 
 Blocking file work runs in a worker thread (``anyio.to_thread``). Writes go to a
 temporary file in the same directory, then replace the target, so a failed write never
@@ -21,13 +22,11 @@ from pathlib import Path
 
 import anyio.to_thread
 
-from protocol.errors import ErrorCode
+from sidecar.acp.types import AcpErrorCode
 from sidecar.errors import InvalidParams, SidecarError
 
 MAX_PATH_CHARS = 4096
 MAX_READ_BYTES = 32 * 1024 * 1024
-RESOURCE_NOT_FOUND = ErrorCode(-32002)
-"""ACP's "resource not found" (the same number as our BUSY; on the ACP side it means this)."""
 
 
 def _read_umask() -> int:
@@ -76,7 +75,7 @@ def confine(root: str | os.PathLike[str], path: str) -> Path:
 def _read(root: str, path: str, line: int | None, limit: int | None) -> str:
     target = confine(root, path)
     if not target.is_file():
-        raise SidecarError(f"resource not found: {path}", code=RESOURCE_NOT_FOUND)
+        raise SidecarError(f"resource not found: {path}", code=AcpErrorCode.RESOURCE_NOT_FOUND)
     size = target.stat().st_size
     if size > MAX_READ_BYTES:
         raise InvalidParams(f"invalid params: {path} is {size} bytes, over the {MAX_READ_BYTES} byte limit")

@@ -18,8 +18,9 @@ Owns the meaning of every update kind for the chat (issue 7 item 4):
 
 Must stay true: every update is appended to ``raw`` verbatim before it is interpreted, and
 ``apply`` never raises for anything the agent sends (a malformed update of a known kind
-is treated as unknown). The mapper talks to an ``Output`` (deltas, events, parts), so it
-knows nothing of relays or the database; the engine's ACP turn implements Output.
+is treated as unknown). The mapper feeds an ``Output`` (content; each piece's event goes
+with it), so it knows nothing of relays or the database; the engine's reply lifecycle
+(sidecar/engine/lifecycle.py, its ReplyFeed) is the Output.
 """
 
 from __future__ import annotations
@@ -31,15 +32,7 @@ from typing import Any, Protocol
 import anyio
 import msgspec
 
-from protocol.events import (
-    PlanEntry,
-    PlanEvent,
-    StreamToolCall,
-    StreamToolResult,
-    ToolCallStartEvent,
-    ToolResultEvent,
-    UsageEvent,
-)
+from protocol.events import PlanEntry
 from protocol.types import (
     ContentPart,
     DiffPart,
@@ -47,7 +40,6 @@ from protocol.types import (
     ImagePart,
     StepFinishPart,
     StepStartPart,
-    ToolResultPart,
     ToolUsePart,
     Usage,
 )
@@ -79,24 +71,35 @@ _json = msgspec.json.Encoder()
 
 
 class Output(Protocol):
-    """Where mapped content goes (implemented by the engine's ACP turn)."""
+    """Where mapped content goes (the subset of the engine's ReplyFeed the mapper uses)."""
 
-    async def delta(self, kind: str, text: str) -> None:
-        """A ``text`` or ``thinking`` delta (the part and the event move together)."""
+    async def text(self, delta: str) -> None:
+        """A text delta (the content and its event move together)."""
 
-    async def emit(self, event_type: type, **fields: Any) -> None:
-        """A non-delta ChatStreamEvent (after pending deltas)."""
+    async def thinking(self, delta: str, signature: str | None = None) -> None:
+        """A thinking delta."""
 
-    async def add_part(self, part: ContentPart) -> int:
+    async def part(self, part: ContentPart) -> int:
         """Append a part after any pending deltas; returns its index."""
         ...
 
-    def set_part(self, index: int, part: ContentPart) -> None:
+    def replace_part(self, index: int, part: ContentPart) -> None:
         """Replace the part at ``index``."""
 
-    def set_usage(self, usage: Usage) -> None: ...
+    async def tool_call_started(self, call_id: str, name: str, arguments: str = "") -> None:
+        """A ``tool_call_start`` event."""
 
-    def usage(self) -> Usage | None: ...
+    async def tool_result(
+        self, call_id: str, output: str, is_error: bool, *, replace: int | None = None, announce: bool = True
+    ) -> int:
+        """A ToolResultPart (appended, or replacing the one at ``replace``) and its event."""
+        ...
+
+    async def report_usage(self, total: Usage, *, announce: bool = False) -> None:
+        """The usage so far (``announce``: a ``usage`` event)."""
+
+    async def plan(self, entries: list[PlanEntry]) -> None:
+        """A ``plan`` event with the agent's whole plan."""
 
 
 class _Tool:
@@ -140,6 +143,8 @@ class UpdateMapper:
         """How many updates of each kind arrived (unknown kinds included)."""
         self._tools: dict[str, _Tool] = {}
         self._steps: dict[str, tuple[str, bool]] = {}
+        self._total: Usage | None = None
+        """The usage reported so far (context fields merged into it)."""
 
     async def apply(self, raw: msgspec.Raw) -> None:
         self.raw.append(raw)
@@ -180,17 +185,20 @@ class UpdateMapper:
     async def _content(self, block: ContentIn, delta_kind: str) -> None:
         if block.type == "text":
             if block.text:
-                await self._out.delta(delta_kind, block.text)
+                if delta_kind == "text":
+                    await self._out.text(block.text)
+                else:
+                    await self._out.thinking(block.text)
         elif delta_kind == "thinking":
             return  # only text is meaningful as thinking; the rest stays raw
         elif block.type == "image" and (block.data or block.uri):
-            await self._out.add_part(ImagePart(mime_type=block.mime_type or "image/png", base64=block.data, url=block.uri))
+            await self._out.part(ImagePart(mime_type=block.mime_type or "image/png", base64=block.data, url=block.uri))
         elif block.type == "resource_link" and block.uri:
-            await self._out.add_part(FilePart(uri=block.uri, mime_type=block.mime_type, name=block.name))
+            await self._out.part(FilePart(uri=block.uri, mime_type=block.mime_type, name=block.name))
         elif block.type == "resource" and isinstance(block.resource, dict) and isinstance(block.resource.get("uri"), str):
             res = block.resource
             mime = res.get("mimeType") if isinstance(res.get("mimeType"), str) else None
-            await self._out.add_part(FilePart(uri=res["uri"], mime_type=mime))
+            await self._out.part(FilePart(uri=res["uri"], mime_type=mime))
 
     # -- tool calls ------------------------------------------------------------------
 
@@ -213,13 +221,10 @@ class UpdateMapper:
             changed = True
         use = ToolUsePart(id=tool.id, name=tool.name, input=tool.input)
         if created:
-            tool.use_index = await self._out.add_part(use)
-            await self._out.emit(
-                ToolCallStartEvent,
-                tool_call=StreamToolCall(id=tool.id, name=tool.name, arguments=_json.encode(tool.input).decode()),
-            )
+            tool.use_index = await self._out.part(use)
+            await self._out.tool_call_started(tool.id, tool.name, _json.encode(tool.input).decode())
         elif changed:
-            self._out.set_part(tool.use_index, use)
+            self._out.replace_part(tool.use_index, use)
         touched = False
         if isinstance(update.content, list):
             tool.content = update.content  # an update's content replaces the whole collection
@@ -246,9 +251,9 @@ class UpdateMapper:
             tool.diff_texts[item["path"]] = (old, new)
             part = DiffPart(file_path=item["path"], hunks=await diff_hunks_async(old, new))
             if index is None:
-                tool.diffs[item["path"]] = await self._out.add_part(part)
+                tool.diffs[item["path"]] = await self._out.part(part)
             else:
-                self._out.set_part(index, part)
+                self._out.replace_part(index, part)
 
     async def _result(self, tool: _Tool) -> None:
         texts: list[str] = []
@@ -268,13 +273,8 @@ class UpdateMapper:
             raw = tool.raw_output
             output = raw if isinstance(raw, str) else _json.encode(raw).decode()
         is_error = tool.status == "failed"
-        part = ToolResultPart(tool_use_id=tool.id, content=output, is_error=is_error)
-        if tool.result_index < 0:
-            tool.result_index = await self._out.add_part(part)
-        else:
-            self._out.set_part(tool.result_index, part)
-        await self._out.emit(
-            ToolResultEvent, tool_result=StreamToolResult(tool_call_id=tool.id, output=output, is_error=is_error)
+        tool.result_index = await self._out.tool_result(
+            tool.id, output, is_error, replace=tool.result_index if tool.result_index >= 0 else None
         )
 
     # -- plan and usage --------------------------------------------------------------
@@ -285,25 +285,21 @@ class UpdateMapper:
             if known is None:
                 step_id = f"plan-{len(self._steps) + 1}"
                 self._steps[entry.content] = (step_id, False)
-                await self._out.add_part(StepStartPart(step_id=step_id, title=entry.content))
+                await self._out.part(StepStartPart(step_id=step_id, title=entry.content))
                 known = (step_id, False)
             if entry.status == "completed" and not known[1]:
                 self._steps[entry.content] = (known[0], True)
-                await self._out.add_part(StepFinishPart(step_id=known[0], result="completed"))
-        await self._out.emit(
-            PlanEvent,
-            entries=[PlanEntry(content=e.content, priority=e.priority, status=e.status) for e in update.entries],
-        )
+                await self._out.part(StepFinishPart(step_id=known[0], result="completed"))
+        await self._out.plan([PlanEntry(content=e.content, priority=e.priority, status=e.status) for e in update.entries])
 
     async def _usage(self, update: ContextUsageUpdate) -> None:
-        current = self._out.usage() or Usage()
-        usage = msgspec.structs.replace(
+        current = self._total or Usage()
+        self._total = usage = msgspec.structs.replace(
             current,
             context_used=update.used if update.used is not None else current.context_used,
             context_size=update.size if update.size is not None else current.context_size,
         )
-        self._out.set_usage(usage)
-        await self._out.emit(UsageEvent, usage=usage)
+        await self._out.report_usage(usage, announce=True)
 
 
 async def diff_hunks_async(old: str, new: str) -> list[dict[str, Any]]:

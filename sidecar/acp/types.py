@@ -17,11 +17,19 @@ Must stay true (tolerance, see ../shared/reference/acp-notes.md):
 
 from __future__ import annotations
 
+import enum
 from typing import Any
 
 import msgspec
 
 PROTOCOL_VERSION = 1
+
+
+class AcpErrorCode(enum.IntEnum):
+    """ACP's own error codes, in the answers we give an agent. ACP numbers them on its own:
+    the same number may mean something else in our protocol's ErrorCode (-32002 is our BUSY)."""
+
+    RESOURCE_NOT_FOUND = -32002
 
 
 class AcpStruct(msgspec.Struct, rename="camel", kw_only=True, omit_defaults=True):

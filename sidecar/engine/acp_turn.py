@@ -1,10 +1,10 @@
-"""AcpTurnHandler: one assistant reply of a ``mode: "acp"`` session, delegated to an agent engine.
+"""AcpTurnHandler: the replies of ``mode: "acp"`` sessions, delegated to an agent engine.
 
-The ACP counterpart of GenerationHandler, driven by ChatEngine with the same
-GenerationJob (the user message is ``job.parent_id``). A turn:
+The agent turn is a ReplyLifecycle driver (sidecar/engine/lifecycle.py: the row, seq,
+events, persistence and the ending are the lifecycle's); ChatEngine runs it for the
+replies of ACP sessions (the user message is ``job.parent_id``). A turn:
 
-1. ``stream_start``; the engine (an ``acp-engine`` provider) is started or reused
-   (sidecar.acp.engines);
+1. the engine (an ``acp-engine`` provider) is started or reused (sidecar.acp.engines);
 2. the agent session is chosen (``_open_agent_session``): the reply that the user message
    follows names, in ``acp_turns``, the agent session holding the conversation up to it.
    With ``session/fork`` advertised every turn runs on a fork of it (so each reply's agent
@@ -15,10 +15,12 @@ GenerationJob (the user message is ``job.parent_id``). A turn:
    working directory is the session's ``workspaceDir``, else ``<dataDir>/acp/<sessionId>``;
 3. ``session/prompt`` with the user message: text, images (when the agent accepts them),
    files as resource links (embedded text when the agent accepts embedded context);
-4. every ``session/update`` goes through UpdateMapper into events and parts, and is kept
-   verbatim for ``acp_parts``; ``session/request_permission`` goes through the approval
+4. every ``session/update`` goes through UpdateMapper into the reply (its parts and their
+   events), and is kept verbatim for ``acp_parts`` (stored with the reply's row: the
+   driver's ``persisted`` hook); ``session/request_permission`` goes through the approval
    flow (ApprovalService.ask: policy ``acp:<engineId>:<kind>``, the engine's autoAllow
-   kinds default to auto; ``tool_approval_required`` event; always-options remembered);
+   kinds default to auto; ``tool_approval_required`` event; always-options remembered)
+   while the turn waits for it;
 5. the stop reason ends the reply: end_turn / max_tokens / max_turn_requests / refusal
    -> ``stream_end`` (finish reason stop / length / max_turn_requests / refusal);
    cancelled -> ``aborted``; the agent's failure or exit -> ``error`` with the partial
@@ -26,43 +28,27 @@ GenerationJob (the user message is ``job.parent_id``). A turn:
 
 Cancellation (chat:abort, a newer send, shutdown) sends ``session/cancel``, answers waiting
 permission requests ``cancelled``, keeps mapping updates until the agent ends the prompt,
-and after ``cancelTimeoutMs`` ends the turn itself. The next prompt of that agent session
-waits (bounded) for the abandoned one: prompts on one agent session are serialised.
+and after ``cancelTimeoutMs`` ends the turn itself (``job.stop_grace`` lets a stop wait that
+long). The next prompt of that agent session waits (bounded) for the abandoned one:
+prompts on one agent session are serialised.
 
-Must stay true (as GenerationHandler): ``stream_start`` is the first event; the last
-throttled state is flushed before the final event; the partial content and raw updates
-are persisted at the settings' interval (a failed write is logged and retried) and at the
-end; every ending runs shielded and bounded (``_end``) and gives exactly one final event
-(an ending that fails falls back to ``error``); cancellation is re-raised after the
-aborted state is written; the ``session/cancel`` cleanup is bounded too (a wedged agent
-cannot hold the stop); nothing from the agent fails the turn except the agent's own
-failure, and a bug or store failure ends it as ``error``, never escaping the job.
+Must stay true: the ``session/cancel`` cleanup is bounded (a wedged agent cannot hold the
+stop); nothing from the agent fails the turn except the agent's own failure.
 """
 
 from __future__ import annotations
 
 import logging
-import time
 from collections import deque
 from collections.abc import Awaitable, Callable
 from pathlib import Path
-from typing import Any
+from typing import Any, Protocol
 
 import anyio
 import msgspec
 
 from protocol.errors import ErrorCode
-from protocol.events import (
-    AbortedEvent,
-    ErrorEvent,
-    NoticeEvent,
-    StreamEndEvent,
-    StreamStartEvent,
-    StreamToolCall,
-    ToolApprovalOption,
-    ToolApprovalRequiredEvent,
-    UsageEvent,
-)
+from protocol.events import FinishReason, StreamToolCall, ToolApprovalOption
 from protocol.providers import AcpEngineConfig
 from protocol.settings import ChatSettings
 from protocol.tools import ToolPolicySetParams
@@ -72,6 +58,7 @@ from protocol.types import (
     FilePart,
     ImagePart,
     MessageV2,
+    SessionV2,
     TextPart,
     Usage,
 )
@@ -92,19 +79,27 @@ from sidecar.acp.types import (
     TextResource,
     prompt_usage,
 )
-from sidecar.engine.approvals import ApprovalRequest, pick_option
-from sidecar.engine.generation import internal_failure
-from sidecar.engine.relay import StreamRelay
-from sidecar.engine.reply import ReplyBuilder
+from sidecar.engine.approvals import ApprovalRequest, ApprovalService, Policy, pick_option
+from sidecar.engine.lifecycle import (
+    Aborted,
+    Completed,
+    Ending,
+    Failed,
+    ReplyDriver,
+    ReplyFeed,
+    ReplyJob,
+    StoreWrite,
+)
 from sidecar.errors import EngineError, ProviderError, SidecarError
+from sidecar.store.async_store import AsyncStore
+from sidecar.store.attachments import AttachmentStore
+from sidecar.store.providers import ProviderRecord
 
 log = logging.getLogger(__name__)
 
-FINALIZE_TIMEOUT_S = 10.0
-FALLBACK_TIMEOUT_S = 3.0
 EMBED_MAX_BYTES = 256 * 1024
 """Text files up to this size are embedded in the prompt when the agent accepts embedded context."""
-FINISH_REASONS = {
+FINISH_REASONS: dict[str, FinishReason] = {
     "end_turn": "stop",
     "max_tokens": "length",
     "max_turn_requests": "max_turn_requests",
@@ -113,72 +108,120 @@ FINISH_REASONS = {
 _json = msgspec.json.Encoder()
 
 
-class AcpReply(ReplyBuilder):
-    """ReplyBuilder plus in-place part changes (ACP tool calls are updated after they start)."""
+class _AcpTurn(ReplyDriver):
+    """The driver of one ACP reply, and the TurnSink of its agent session while it runs."""
 
-    def put(self, part: ContentPart) -> int:
-        self.parts.append(part)
-        self.dirty = True
-        return len(self.parts) - 1
+    doing = "running the agent turn"
 
-    def replace(self, index: int, part: ContentPart) -> None:
-        self.parts[index] = part
-        self.dirty = True
-
-
-class _Output:
-    """UpdateMapper's Output over a reply and its relay."""
-
-    def __init__(self, reply: AcpReply, relay: StreamRelay) -> None:
-        self._reply = reply
-        self._relay = relay
-
-    async def delta(self, kind: str, text: str) -> None:
-        await self._relay.delta(kind, text)
-
-    async def emit(self, event_type: type, **fields: Any) -> None:
-        await self._relay.emit(event_type, **fields)
-
-    async def add_part(self, part: ContentPart) -> int:
-        await self._relay.flush()  # deltas that came first stay first in the parts
-        return self._reply.put(part)
-
-    def set_part(self, index: int, part: ContentPart) -> None:
-        self._reply.replace(index, part)
-
-    def set_usage(self, usage: Usage) -> None:
-        self._reply.usage = usage
-        self._reply.dirty = True
-
-    def usage(self) -> Usage | None:
-        return self._reply.usage
-
-
-class _Turn:
-    """The TurnSink of one reply: queued updates, permission requests, the prompt call."""
-
-    def __init__(
-        self,
-        handler: AcpTurnHandler,
-        job: Any,
-        reply: AcpReply,
-        relay: StreamRelay,
-        engine_id: str,
-        config: AcpEngineConfig | None,
-    ) -> None:
+    def __init__(self, handler: AcpTurnHandler, job: ReplyJob) -> None:
         self._handler = handler
         self.job = job
-        self.relay = relay
-        self.reply = reply
-        self.mapper = UpdateMapper(_Output(reply, relay))
-        self.engine_id = engine_id
-        self.config = config
+        self.engine_id = job.provider_id
+        self.config: AcpEngineConfig | None = None
+        self.reply: ReplyFeed | None = None
+        self.mapper: UpdateMapper | None = None
         self.call: PromptCall | None = None
         self._queue: deque[msgspec.Raw] = deque()
         self._changed = anyio.Event()
         self._permission_scopes: set[anyio.CancelScope] = set()
         self._asked: dict[str, int] = {}
         self.cancelled = False
+
+    # -- the driver ----------------------------------------------------------------------
+
+    async def drive(self, reply: ReplyFeed) -> Ending:
+        """Prepare the agent session, run the prompt, map its updates; cancellation
+        propagates after session/cancel (bounded)."""
+        self.reply = reply
+        self.mapper = UpdateMapper(reply)
+        handler = self._handler
+        job = self.job
+        try:
+            record = await handler._providers.engine(job.provider_id)
+            config = record.engine
+            if config is None:  # engine() only returns acp-engine records, which have one
+                raise EngineError(f"provider {record.name!r} has no engine configuration")
+            self.config = config
+            job.stop_grace = config.cancel_timeout_ms / 1000 + 1  # _cancel's bound, see below
+            self.engine_id = record.id
+            conn = await handler._engines.connect(record.id, record.name, record.updated_at, config)
+            user = await handler._store.run(lambda s: s.messages.get(job.parent_id))
+            agent_sid, notices = await handler._open_agent_session(conn, job, user)
+            prompt, dropped = await handler._prompt_blocks(conn, user)
+            await conn.wait_prompt_slot(agent_sid, config.cancel_timeout_ms / 1000)
+        except SidecarError as exc:
+            return Failed(exc, close_open=False)
+        except Exception as exc:  # a bug: keep serving, report it as internal
+            log.exception("preparing ACP turn %s failed", job.message_id)
+            return Failed(
+                SidecarError(f"internal error while preparing the agent turn: {type(exc).__name__}"), close_open=False
+            )
+        for code, text in notices:
+            await reply.notice(text, code)
+        if dropped:
+            await reply.notice(dropped, "acp_content_not_sent")
+        conn.attach(agent_sid, self)
+        try:
+            self.call = conn.start_prompt(agent_sid, prompt, self.wake)
+            await self.consume()
+        except anyio.get_cancelled_exc_class():
+            grace = config.cancel_timeout_ms / 1000
+            # bounded: session/cancel itself can wait on a wedged agent's full write queue
+            with anyio.CancelScope(shield=True), anyio.move_on_after(grace + 1):
+                await self._cancel(conn, agent_sid, grace)
+            raise
+        finally:
+            self.cancel_permissions()  # a question of a turn that is over has no answer
+            conn.detach(agent_sid, self)
+        call = self.call
+        assert call is not None
+        if call.error is not None:
+            return Failed(call.error, close_open=False)
+        assert call.result is not None
+        usage = prompt_usage(call.result)
+        if usage is not None:
+            current = reply.content.usage or Usage()
+            await reply.report_usage(msgspec.structs.replace(
+                current,
+                input_tokens=usage.input_tokens or current.input_tokens,
+                output_tokens=usage.output_tokens or current.output_tokens,
+                reasoning_tokens=usage.thought_tokens if usage.thought_tokens is not None else current.reasoning_tokens,
+                cache_read_tokens=usage.cached_read_tokens if usage.cached_read_tokens is not None else current.cache_read_tokens,
+                cache_write_tokens=usage.cached_write_tokens if usage.cached_write_tokens is not None else current.cache_write_tokens,
+            ))
+        stop = call.result.stop_reason
+        if stop == "cancelled":
+            return Aborted("the agent cancelled the turn")
+        return Completed(FINISH_REASONS.get(stop, "other"))
+
+    def persisted(self) -> StoreWrite | None:
+        """The raw session/update log (acp_parts), whole, when it grew."""
+        mapper = self.mapper
+        if mapper is None or not mapper.raw_dirty:
+            return None
+        mapper.raw_dirty = False
+        message_id, acp_id, raw = self.job.message_id, mapper.acp_message_id, list(mapper.raw)
+        return lambda s: s.acp.write_raw(message_id, acp_id, raw)
+
+    async def _cancel(self, conn: AcpConnection, agent_sid: str, grace: float) -> None:
+        """session/cancel, then map updates until the agent ends the prompt or ``grace`` passes."""
+        call = self.call
+        try:
+            await conn.cancel(agent_sid)
+        except Exception:
+            log.exception("session/cancel to %s failed", conn.name)
+        if call is None:
+            return
+        with anyio.move_on_after(grace):
+            await self.consume()
+        if not call.done.is_set():
+            log.warning(
+                "engine %s did not end the prompt of %s within %.1f s after session/cancel; ending the turn",
+                conn.name, agent_sid, grace,
+            )
+            self.job.abort_reason = (self.job.abort_reason or "aborted") + (
+                f" (the agent did not stop within {grace:g} s; the turn was ended without it)"
+            )
 
     # -- TurnSink --------------------------------------------------------------------
 
@@ -210,11 +253,9 @@ class _Turn:
         self._asked[tool_call_id] = count
         return tool_call_id if count == 1 else f"{tool_call_id}#{count}"
 
-    # -- consuming -------------------------------------------------------------------
-
     async def consume(self) -> None:
         """Map queued updates until the prompt call has ended and the queue is empty."""
-        assert self.call is not None
+        assert self.call is not None and self.mapper is not None
         while True:
             self._changed = anyio.Event()
             while self._queue:
@@ -225,154 +266,48 @@ class _Turn:
                 await self._changed.wait()
 
 
+class EngineSource(Protocol):
+    """The stored agent engines (sidecar.engine.providers.ProviderService)."""
+
+    async def engine(self, provider_id: str) -> ProviderRecord: ...
+
+
 class AcpTurnHandler:
+    """The drivers of ACP replies, and what they share: the engines, prompts, permissions."""
+
     def __init__(
         self,
         *,
-        store: Any,
-        notify: Callable[[str, Any], Awaitable[None]],
-        providers: Any,
+        store: AsyncStore,
+        providers: EngineSource,
         engines: AcpEngines,
-        attachments: Any,
-        settings: Callable[[], ChatSettings],
+        attachments: AttachmentStore,
         data_dir: Path,
-        approvals: Callable[[], Any] = lambda: None,
+        approvals: ApprovalService | None = None,
         mcp_servers: Callable[[AgentFeatures], Awaitable[list[Any]]] | None = None,
     ) -> None:
         self._store = store
-        self._notify = notify
         self._providers = providers
         self._engines = engines
         self._attachments = attachments
-        self._settings = settings
         self._data_dir = data_dir
         self._approvals = approvals
         self._mcp_servers = mcp_servers
 
-    # -- the job -----------------------------------------------------------------------
-
-    async def run(self, job: Any) -> None:
-        settings = self._settings()
-        reply = AcpReply()
-        relay = StreamRelay(
-            self._notify,
-            job.session.id,
-            job.message_id,
-            coalesce_s=max(0, settings.delta_coalesce_ms) / 1000,
-            on_delta=reply.add_delta,
-        )
-        job.live = (reply, relay)
-        started = time.monotonic()
-        turn = _Turn(self, job, reply, relay, job.provider_id, None)
-        try:
-            await relay.emit(
-                StreamStartEvent, parent_id=job.parent_id, model_id=job.model_id, provider_id=job.provider_id
-            )
-            failure, stop = await self._drive(turn, settings)
-        except anyio.get_cancelled_exc_class():
-            await self._end(turn, started, "aborted", reason=job.abort_reason)
-            raise
-        except Exception as exc:  # a store failure or a bug (the task group wraps it)
-            log.exception("ACP turn %s failed", job.message_id)
-            failure, stop = internal_failure(exc, "running the agent turn"), ""
-        if failure is not None:
-            await self._end(turn, started, "error", failure=failure)
-        elif stop == "cancelled":
-            await self._end(turn, started, "aborted", reason="the agent cancelled the turn")
-        else:
-            await self._end(turn, started, "completed", stop=stop)
-
-    async def _drive(self, turn: _Turn, settings: ChatSettings) -> tuple[SidecarError | None, str]:
-        """Run the prompt; returns (failure, stop reason). Cancellation propagates."""
-        job = turn.job
-        try:
-            record = await self._providers.engine(job.provider_id)
-            config: AcpEngineConfig = record.engine
-            turn.config = config
-            job.stop_grace = config.cancel_timeout_ms / 1000 + 1  # _cancel's bound, see below
-            turn.engine_id = record.id
-            conn = await self._engines.connect(record.id, record.name, record.updated_at, config)
-            user = await self._store.get_message(job.parent_id)
-            agent_sid, notices = await self._open_agent_session(conn, job, user)
-            prompt, dropped = await self._prompt_blocks(conn, user)
-            await conn.wait_prompt_slot(agent_sid, config.cancel_timeout_ms / 1000)
-        except SidecarError as exc:
-            return exc, ""
-        except Exception as exc:  # a bug: keep serving, report it as internal
-            log.exception("preparing ACP turn %s failed", job.message_id)
-            return SidecarError(f"internal error while preparing the agent turn: {type(exc).__name__}"), ""
-        for code, text in notices:
-            await turn.relay.emit(NoticeEvent, notice=text, code=code)
-        if dropped:
-            await turn.relay.emit(NoticeEvent, notice=dropped, code="acp_content_not_sent")
-        conn.attach(agent_sid, turn)
-        try:
-            async with anyio.create_task_group() as tg:
-                tg.start_soon(turn.relay.run_flusher)
-                tg.start_soon(self._persist_loop, turn, settings)
-                turn.call = conn.start_prompt(agent_sid, prompt, turn.wake)
-                try:
-                    await turn.consume()
-                finally:
-                    tg.cancel_scope.cancel()
-        except anyio.get_cancelled_exc_class():
-            grace = config.cancel_timeout_ms / 1000
-            # bounded: session/cancel itself can wait on a wedged agent's full write queue
-            with anyio.CancelScope(shield=True), anyio.move_on_after(grace + 1):
-                await self._cancel(conn, agent_sid, turn, grace)
-            raise
-        finally:
-            turn.cancel_permissions()  # a question of a turn that is over has no answer
-            conn.detach(agent_sid, turn)
-        call = turn.call
-        assert call is not None
-        if call.error is not None:
-            return call.error, ""
-        assert call.result is not None
-        usage = prompt_usage(call.result)
-        if usage is not None:
-            current = turn.reply.usage or Usage()
-            turn.reply.usage = msgspec.structs.replace(
-                current,
-                input_tokens=usage.input_tokens or current.input_tokens,
-                output_tokens=usage.output_tokens or current.output_tokens,
-                reasoning_tokens=usage.thought_tokens if usage.thought_tokens is not None else current.reasoning_tokens,
-                cache_read_tokens=usage.cached_read_tokens if usage.cached_read_tokens is not None else current.cache_read_tokens,
-                cache_write_tokens=usage.cached_write_tokens if usage.cached_write_tokens is not None else current.cache_write_tokens,
-            )
-        return None, call.result.stop_reason
-
-    async def _cancel(self, conn: AcpConnection, agent_sid: str, turn: _Turn, grace: float) -> None:
-        """session/cancel, then map updates until the agent ends the prompt or ``grace`` passes."""
-        call = turn.call
-        try:
-            await conn.cancel(agent_sid)
-        except Exception:
-            log.exception("session/cancel to %s failed", conn.name)
-        if call is None:
-            return
-        with anyio.move_on_after(grace):
-            await turn.consume()
-        if not call.done.is_set():
-            log.warning(
-                "engine %s did not end the prompt of %s within %.1f s after session/cancel; ending the turn",
-                conn.name, agent_sid, grace,
-            )
-            turn.job.abort_reason = (turn.job.abort_reason or "aborted") + (
-                f" (the agent did not stop within {grace:g} s; the turn was ended without it)"
-            )
+    def driver(self, job: ReplyJob, settings: ChatSettings) -> ReplyDriver:
+        return _AcpTurn(self, job)
 
     # -- agent sessions ----------------------------------------------------------------
 
     async def _open_agent_session(
-        self, conn: AcpConnection, job: Any, user: MessageV2
+        self, conn: AcpConnection, job: ReplyJob, user: MessageV2
     ) -> tuple[str, list[tuple[str, str]]]:
         cwd = await self._workspace(job.session)
         mcp = await self._mcp_servers(conn.features) if self._mcp_servers is not None else []
-        acp = self._store.sync.acp
         base = None
         if user.parent_id is not None:
-            base = await anyio.to_thread.run_sync(acp.turn, user.parent_id)
+            parent_id = user.parent_id
+            base = await self._store.run(lambda s: s.acp.turn(parent_id))
         notices: list[tuple[str, str]] = []
         if base is not None and base.engine_id != conn.engine_id:
             notices.append((
@@ -393,7 +328,7 @@ class AcpTurnHandler:
                 agent_sid = base.agent_session_id
         if agent_sid is None:
             agent_sid = await conn.new_session(cwd, mcp)
-        await anyio.to_thread.run_sync(acp.record_turn, job.message_id, job.session.id, conn.engine_id, agent_sid)
+        await self._store.run(lambda s: s.acp.record_turn(job.message_id, job.session.id, conn.engine_id, agent_sid))
         return agent_sid, notices
 
     async def _ensure_open(
@@ -420,8 +355,8 @@ class AcpTurnHandler:
         ))
         return False
 
-    async def _workspace(self, session: Any) -> str:
-        configured = getattr(session, "workspace_dir", None)
+    async def _workspace(self, session: SessionV2) -> str:
+        configured = session.workspace_dir
         path = Path(configured) if configured else self._data_dir / "acp" / session.id
 
         def make() -> str:
@@ -433,9 +368,11 @@ class AcpTurnHandler:
         except OSError as exc:
             raise EngineError(f"the session's working directory {str(path)!r} is not usable: {exc.strerror or exc}") from exc
 
-    async def require_fork(self, session: Any) -> None:
+    async def require_fork(self, session: SessionV2) -> None:
         """Regenerate / edit-and-resend need ``session/fork``: EngineError if the engine lacks it."""
         record = await self._providers.engine(session.provider_id)
+        if record.engine is None:  # engine() only returns acp-engine records, which have one
+            raise EngineError(f"provider {record.name!r} has no engine configuration")
         conn = await self._engines.connect(record.id, record.name, record.updated_at, record.engine)
         if not conn.features.fork_session:
             raise SidecarError(
@@ -446,7 +383,7 @@ class AcpTurnHandler:
 
     async def close_session(self, session_id: str) -> None:
         """Close the agent sessions of a chat session that is being deleted (where supported)."""
-        pairs = await anyio.to_thread.run_sync(self._store.sync.acp.agent_sessions, session_id)
+        pairs = await self._store.run(lambda s: s.acp.agent_sessions(session_id))
         for engine_id, agent_sid in pairs:
             conn = self._engines.live(engine_id)
             if conn is None or not conn.features.close_session or agent_sid not in conn.opened:
@@ -503,8 +440,8 @@ class AcpTurnHandler:
 
     # -- permissions -------------------------------------------------------------------
 
-    async def _permission(self, turn: _Turn, params: RequestPermissionParams) -> RequestPermissionResult:
-        approvals = self._approvals()
+    async def _permission(self, turn: _AcpTurn, params: RequestPermissionParams) -> RequestPermissionResult:
+        approvals = self._approvals
         call = params.tool_call
         kind = call.kind if isinstance(call.kind, str) and call.kind else "other"
         options = [ToolApprovalOption(option_id=o.option_id, name=o.name, kind=o.kind) for o in params.options]
@@ -528,10 +465,12 @@ class AcpTurnHandler:
             options=options,
         )
 
-        async def announce(req: Any) -> None:
-            await turn.relay.emit(
-                ToolApprovalRequiredEvent,
-                tool_call=StreamToolCall(id=req.tool_call_id, name=req.tool_name, arguments=req.arguments),
+        reply = turn.reply
+        assert reply is not None  # asked only while the turn's prompt runs
+
+        async def announce(req: ApprovalRequest) -> None:
+            await reply.approval_required(
+                StreamToolCall(id=req.tool_call_id, name=req.tool_name, arguments=req.arguments),
                 decisions=["approved", "denied"],
                 options=options,
                 source="acp",
@@ -546,133 +485,6 @@ class AcpTurnHandler:
             return RequestPermissionResult(outcome=CancelledOutcome())
         if chosen.kind in ("allow_always", "reject_always") and not decision.remember and decision.actor == "user":
             # the user picked an "always" option by id: remember it per engine and tool kind
-            policy = "auto" if chosen.kind == "allow_always" else "deny"
+            policy: Policy = "auto" if chosen.kind == "allow_always" else "deny"
             await approvals.set_policy(ToolPolicySetParams(key=policy_key, policy=policy))
         return RequestPermissionResult(outcome=SelectedOutcome(option_id=chosen.option_id))
-
-    # -- persistence and endings ---------------------------------------------------------
-
-    async def _persist_loop(self, turn: _Turn, settings: ChatSettings) -> None:
-        job = turn.job
-        interval = max(20, settings.persist_interval_ms) / 1000
-        unwritten = True  # the status becomes streaming at once, before the agent answers
-        failures = 0
-        while True:
-            try:
-                if unwritten:
-                    await self._store.update_partial(
-                        job.message_id, text_content="", parts=None, status="streaming", seq=turn.relay.seq
-                    )
-                    unwritten = False
-                elif turn.reply.dirty or turn.mapper.raw_dirty:
-                    await self._write_partial(turn)
-            except SidecarError as exc:
-                # the content stays in memory: the next tick and the final row write it
-                failures += 1
-                log.log(
-                    logging.WARNING if failures == 1 else logging.DEBUG,
-                    "could not store the partial reply %s (%d times): %s", job.message_id, failures, exc.message,
-                )
-                turn.reply.dirty = True
-                turn.mapper.raw_dirty = True
-            await anyio.sleep(interval)
-
-    async def _write_partial(self, turn: _Turn) -> None:
-        snap = turn.reply.snapshot()
-        raw = list(turn.mapper.raw)
-        turn.mapper.raw_dirty = False
-        job = turn.job
-        acp_id = turn.mapper.acp_message_id
-        store = self._store.sync
-
-        def write() -> None:
-            store.update_partial(
-                job.message_id, text_content=snap.text_content, parts=snap.parts, status="streaming", seq=turn.relay.seq
-            )
-            store.acp.write_raw(job.message_id, acp_id, raw)
-
-        await anyio.to_thread.run_sync(write)
-
-    async def _end(
-        self,
-        turn: _Turn,
-        started: float,
-        outcome: str,
-        *,
-        stop: str = "",
-        reason: str | None = None,
-        failure: SidecarError | None = None,
-    ) -> None:
-        """The turn's one ending, shielded (a stop arriving meanwhile waits for it) and
-        bounded; if it fails or runs out of time before its final event, ``error``."""
-        job = turn.job
-        with anyio.CancelScope(shield=True):
-            with anyio.move_on_after(FINALIZE_TIMEOUT_S):
-                try:
-                    await self._finish(turn, started, outcome, stop=stop, reason=reason, failure=failure)
-                except Exception:
-                    log.exception("ending the ACP turn %s failed", job.message_id)
-            if job.outcome is not None:
-                return
-            with anyio.move_on_after(FALLBACK_TIMEOUT_S):
-                try:
-                    await self._finish(
-                        turn, started, "error", failure=SidecarError("internal error while ending the agent turn")
-                    )
-                except Exception:
-                    log.exception("the fallback ending of %s failed too", job.message_id)
-
-    async def _finish(
-        self,
-        turn: _Turn,
-        started: float,
-        outcome: str,
-        *,
-        stop: str = "",
-        reason: str | None = None,
-        failure: SidecarError | None = None,
-    ) -> None:
-        job = turn.job
-        relay = turn.relay
-        relay.close()
-        await relay.flush()
-        reply = turn.reply
-        if outcome == "completed" and reply.usage is not None:
-            await relay.emit(UsageEvent, usage=reply.usage)
-        snap = reply.snapshot()
-        raw = list(turn.mapper.raw)
-        store = self._store.sync
-        status = outcome
-        seq = relay.seq + 1
-
-        def write() -> None:
-            store.finish_message(
-                job.message_id,
-                status=status,
-                text_content=snap.text_content,
-                parts=snap.parts,
-                usage=reply.usage,
-                latency_ms=int((time.monotonic() - started) * 1000),
-                model_id=job.model_id or None,
-                error=failure.message if failure is not None else None,
-                seq=seq,
-            )
-            store.acp.write_raw(job.message_id, turn.mapper.acp_message_id, raw)
-
-        try:
-            await anyio.to_thread.run_sync(write)
-            if outcome == "completed" and reply.usage is not None:
-                tokens = reply.usage.input_tokens + reply.usage.output_tokens
-                if tokens:
-                    await self._store.add_session_usage(job.session.id, tokens, 0.0)
-        except Exception:  # the final event still goes out (restart recovery ends the row)
-            log.exception("could not store the %s state of %s", outcome, job.message_id)
-        job.outcome = outcome
-        if outcome == "completed":
-            await relay.emit(StreamEndEvent, finish_reason=FINISH_REASONS.get(stop, "other"), usage=reply.usage)
-        elif outcome == "aborted":
-            await relay.emit(AbortedEvent, reason=reason)
-        else:
-            assert failure is not None
-            code = int(failure.code) if failure.code != ErrorCode.INTERNAL_ERROR else None
-            await relay.emit(ErrorEvent, error=failure.message, code=code)

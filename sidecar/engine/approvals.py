@@ -6,7 +6,7 @@ remembered "always allow" decisions and the audit trail of every decision.
 
 Public API (``app.approvals``; helper E's ACP bridge builds on it, keep it stable)::
 
-    approvals = ApprovalService(tool_store)            # sidecar.store.tools.ToolStore
+    approvals = ApprovalService(store)                 # the AsyncStore (its ``tools`` repository)
 
     await approvals.policy(key, default="ask", server_key=None) -> "auto" | "ask" | "deny"
         # a stored policy for ``key`` wins, then one for ``server_key``, else ``default``
@@ -65,7 +65,8 @@ from protocol.tools import (
     ToolPolicySetParams,
 )
 from sidecar.errors import InvalidParams, NotFound, SidecarError
-from sidecar.store.tools import ToolCallRecord, ToolStore, audit_entry
+from sidecar.store.async_store import AsyncStore
+from sidecar.store.tools import ToolCallRecord, audit_entry
 
 __all__ = ["ApprovalService", "ApprovalRequest", "Decision", "Policy", "pick_option"]
 
@@ -116,7 +117,7 @@ class _Waiter:
 
 
 class ApprovalService:
-    def __init__(self, store: ToolStore) -> None:
+    def __init__(self, store: AsyncStore) -> None:
         self._store = store
         self._waiters: dict[tuple[str, str], _Waiter] = {}
         self.on_settled: dict[str, Settled] = {}
@@ -126,14 +127,15 @@ class ApprovalService:
 
     async def policy(self, key: str, default: Policy = "ask", server_key: str | None = None) -> Policy:
         keys = [key] + ([server_key] if server_key else [])
-        stored = await anyio.to_thread.run_sync(self._store.policies, keys)
+        stored = await self._store.run(lambda s: s.tools.policies(keys))
         for k in keys:
             if k in stored:
                 return stored[k].policy
         return default
 
     async def policies_for(self, keys: Iterable[str]) -> dict[str, ToolPolicy]:
-        return await anyio.to_thread.run_sync(self._store.policies, list(keys))
+        wanted = list(keys)
+        return await self._store.run(lambda s: s.tools.policies(wanted))
 
     # ---- in-process waiting (ACP) -------------------------------------------------------
 
@@ -153,9 +155,8 @@ class ApprovalService:
                 option_id=pick_option(request.options, policy == "auto", False),
             )
             call.state = "done"
-            await anyio.to_thread.run_sync(
-                lambda: self._store.add_calls([call], [audit_entry(call, f"policy:{policy}", "policy")])
-            )
+            audit = [audit_entry(call, f"policy:{policy}", "policy")]
+            await self._store.run(lambda s: s.tools.add_calls([call], audit))
             return decision
         waiter = _Waiter()
         self._waiters[(request.message_id, request.tool_call_id)] = waiter
@@ -172,8 +173,8 @@ class ApprovalService:
             self._waiters.pop((request.message_id, request.tool_call_id), None)
         assert waiter.decision is not None
         if waiter.decision.decision != "cancelled":
-            await anyio.to_thread.run_sync(
-                lambda: self._store.transition(
+            await self._store.run(
+                lambda s: s.tools.transition(
                     request.message_id, request.tool_call_id,
                     from_states={"approved", "denied", "answered"}, to_state="done",
                 )
@@ -185,17 +186,14 @@ class ApprovalService:
     async def open(self, requests: list[ApprovalRequest]) -> None:
         """Store ``requests`` as pending calls (audit "requested")."""
         calls = [_record(r, "pending") for r in requests]
-        await anyio.to_thread.run_sync(
-            lambda: self._store.add_calls(calls, [audit_entry(c, "requested", "system") for c in calls])
-        )
+        audit = [audit_entry(c, "requested", "system") for c in calls]
+        await self._store.run(lambda s: s.tools.add_calls(calls, audit))
 
     async def cancel(
         self, session_id: str, message_id: str | None = None, *, note: str
     ) -> list[ToolCallRecord]:
         """Pending calls of the session (or of one message) -> cancelled; waiters woken."""
-        calls = await anyio.to_thread.run_sync(
-            lambda: self._store.list_open(session_id=session_id, states=("pending",))
-        )
+        calls = await self._store.run(lambda s: s.tools.list_open(session_id=session_id, states=("pending",)))
         if message_id is not None:
             calls = [c for c in calls if c.message_id == message_id]
         return await self._cancel_calls(calls, note)
@@ -203,10 +201,10 @@ class ApprovalService:
     async def _cancel_calls(self, calls: list[ToolCallRecord], note: str) -> list[ToolCallRecord]:
         done: list[ToolCallRecord] = []
         for call in calls:
-            moved = await anyio.to_thread.run_sync(
-                lambda c=call: self._store.transition(
-                    c.message_id, c.tool_call_id, from_states={"pending"}, to_state="cancelled",
-                    audit=audit_entry(c, "cancelled", "system", note=note),
+            audit = audit_entry(call, "cancelled", "system", note=note)
+            moved = await self._store.run(
+                lambda s: s.tools.transition(
+                    call.message_id, call.tool_call_id, from_states={"pending"}, to_state="cancelled", audit=audit,
                 )
             )
             if moved:
@@ -230,8 +228,8 @@ class ApprovalService:
                 raise InvalidParams("invalid params: answer is required when decision is 'answered' - at `$.answer`")
             if len(params.answer) > MAX_ANSWER_CHARS:
                 raise InvalidParams(f"invalid params: answer is longer than {MAX_ANSWER_CHARS} characters - at `$.answer`")
-        found = await anyio.to_thread.run_sync(
-            lambda: self._store.find_pending(params.session_id, params.tool_call_id, params.message_id)
+        found = await self._store.run(
+            lambda s: s.tools.find_pending(params.session_id, params.tool_call_id, params.message_id)
         )
         if not found:
             raise NotFound(f"no tool call {params.tool_call_id!r} in session {params.session_id!r}")
@@ -255,8 +253,8 @@ class ApprovalService:
         audit = [audit_entry(call, params.decision, "user", answer=params.answer)]
         if remember is not None:
             audit.append(audit_entry(call, f"remember:{remember[1]}", "user", note=f"policy of {remember[0]}"))
-        remaining = await anyio.to_thread.run_sync(
-            lambda: self._store.decide(
+        remaining = await self._store.run(
+            lambda s: s.tools.decide(
                 call, state=params.decision, answer=params.answer, option_id=option_id,
                 audit=audit, remember=remember,
             )
@@ -279,9 +277,7 @@ class ApprovalService:
         return ToolApproveResult(resumed=resumed)
 
     async def list_pending(self, params: ToolPendingListParams) -> list[PendingToolCall]:
-        calls = await anyio.to_thread.run_sync(
-            lambda: self._store.list_open(session_id=params.session_id, states=("pending",))
-        )
+        calls = await self._store.run(lambda s: s.tools.list_open(session_id=params.session_id, states=("pending",)))
         return [
             PendingToolCall(
                 session_id=c.session_id, message_id=c.message_id, tool_call_id=c.tool_call_id,
@@ -292,16 +288,16 @@ class ApprovalService:
         ]
 
     async def get_policies(self, params: EmptyParams | None = None) -> list[ToolPolicy]:
-        stored = await anyio.to_thread.run_sync(self._store.policies, None)
+        stored = await self._store.run(lambda s: s.tools.policies(None))
         return list(stored.values())
 
     async def set_policy(self, params: ToolPolicySetParams) -> list[ToolPolicy]:
-        await anyio.to_thread.run_sync(self._store.set_policy, params.key, params.policy)
+        await self._store.run(lambda s: s.tools.set_policy(params.key, params.policy))
         return await self.get_policies()
 
     async def list_audit(self, params: ToolAuditListParams) -> list[ToolAuditEntry]:
-        return await anyio.to_thread.run_sync(
-            lambda: self._store.list_audit(
+        return await self._store.run(
+            lambda s: s.tools.list_audit(
                 session_id=params.session_id, tool_call_id=params.tool_call_id,
                 limit=params.limit, offset=params.offset,
             )

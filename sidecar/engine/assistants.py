@@ -8,7 +8,7 @@ invalid-params error naming the field; nothing is stored.
 
 from __future__ import annotations
 
-from typing import Any
+from collections.abc import Callable
 
 import anyio
 
@@ -17,7 +17,7 @@ from protocol.common import EmptyParams, SuccessResult
 from sidecar.errors import InvalidParams
 from sidecar.pipeline.transformers.regex import compile_rules
 from sidecar.pipeline.transformers.template import check_template
-from sidecar.store.assistants import AssistantRepo
+from sidecar.store.async_store import AsyncStore
 from sidecar.store.ids import now_ms
 
 __all__ = ["AssistantService", "validate_profile"]
@@ -71,24 +71,25 @@ def validate_profile(p: AssistantUpsertParams) -> None:
 
 
 class AssistantService:
-    def __init__(self, repo: AssistantRepo, *, clock: Any = now_ms) -> None:
-        self._repo = repo
+    def __init__(self, store: AsyncStore, *, clock: Callable[[], int] = now_ms) -> None:
+        self._store = store
         self._clock = clock
 
     async def list_assistants(self, params: EmptyParams | None = None) -> list[AssistantProfile]:
-        return await anyio.to_thread.run_sync(self._repo.list)
+        return await self._store.run(lambda s: s.assistants.list())
 
     async def get_assistant(self, params: AssistantIdParams) -> AssistantProfile:
-        return await anyio.to_thread.run_sync(self._repo.get, params.id)
+        return await self._store.run(lambda s: s.assistants.get(params.id))
 
     async def upsert_assistant(self, params: AssistantUpsertParams) -> AssistantProfile:
-        await anyio.to_thread.run_sync(validate_profile, params)
-        return await anyio.to_thread.run_sync(self._repo.upsert, params, self._clock())
+        await anyio.to_thread.run_sync(validate_profile, params)  # compiles regexes and the template: CPU only
+        now = self._clock()
+        return await self._store.run(lambda s: s.assistants.upsert(params, now))
 
     async def delete_assistant(self, params: AssistantIdParams) -> SuccessResult:
-        await anyio.to_thread.run_sync(self._repo.delete, params.id)
+        await self._store.run(lambda s: s.assistants.delete(params.id))
         return SuccessResult()
 
     async def set_default_assistant(self, params: AssistantIdParams) -> SuccessResult:
-        await anyio.to_thread.run_sync(self._repo.set_default, params.id)
+        await self._store.run(lambda s: s.assistants.set_default(params.id))
         return SuccessResult()

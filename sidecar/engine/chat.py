@@ -1,4 +1,4 @@
-"""ChatEngine: chat:send / chat:abort / chat:regenerate / chat:editResend (direct mode).
+"""ChatEngine: chat:send / chat:abort / chat:regenerate / chat:editResend.
 
 Owns the one-generation-job-per-session rule (seed 000 sections 1 and 9): a new send,
 regenerate or edit on a session cancels the running job and waits for it to end before it
@@ -9,9 +9,11 @@ Branch rules: regenerate adds a sibling assistant reply under the same user mess
 editResend adds a sibling user message under the same parent and a reply under it. Old
 branches are never rewritten; the active branch moves to the new one.
 
-After a successful first exchange the session is titled by a side call (settings
-``generateTitles``); every finished job sends ``chat:session:updated`` with the fresh
-session (counters, title) so session lists stay current.
+A job is one ReplyLifecycle (lifecycle.py: the row, events, persistence, ending, counters
+and ``chat:session:updated``) run with the driver of the session's mode: the step loop
+(generation.py) for ``direct``, the agent turn (acp_turn.py) for ``acp``. After a
+successful first exchange the session is titled by a side call (settings
+``generateTitles``), which sends ``chat:session:updated`` again with the title.
 
 Stopping is bounded: a job that does not end within STOP_TIMEOUT_S (plus an ACP agent's
 cancel timeout) makes the request that needed it fail with BUSY (nothing is written), so a
@@ -20,7 +22,7 @@ Deleting a session: the delete hook (``stop_session``) stops its job and marks t
 as being deleted until the delete is over; sends, regenerates, edits and resumes on it are
 refused meanwhile (NOT_FOUND). Per-session locks exist only while in use.
 
-Paused replies (tool calls waiting for approval, see generation.py): a paused reply holds
+Paused replies (tool calls waiting for approval, see tool_loop.py): a paused reply holds
 no job slot. ``resume`` (called by the ApprovalService when the last pending call of a
 reply is decided) starts a job that continues it. A new send, regenerate or edit on the
 session, ``chat:abort``, and deleting the session end every paused reply of the session
@@ -31,12 +33,12 @@ as ``aborted``: its pending calls become ``cancelled`` (audited, actor system) a
 from __future__ import annotations
 
 import logging
-from collections.abc import Awaitable, Callable
-from typing import Any
+from collections.abc import Callable
+from pathlib import Path
+from typing import Protocol
 
 import anyio
 import anyio.abc
-import msgspec
 
 from protocol.errors import ErrorCode
 from protocol.chat import (
@@ -48,52 +50,90 @@ from protocol.chat import (
     SendResult,
 )
 from protocol.common import SuccessResult
+from protocol.settings import ChatSettings
 from protocol.types import MessageV2, SessionV2
-from sidecar.engine.generation import GenerationHandler, GenerationJob
+from sidecar.engine.approvals import ApprovalService
+from sidecar.engine.generation import GenerationHandler, ToolAssembler
+from sidecar.engine.relay import Notify
+from sidecar.engine.lifecycle import (
+    COMPLETED,
+    PAUSED,
+    Pricing,
+    ReplyDriver,
+    ReplyJob,
+    ReplyLifecycle,
+    ReplyServices,
+)
 from sidecar.engine.titles import TitleGenerator
 from sidecar.engine.turns import Turn, TurnWriter
 from sidecar.errors import NotFound, SidecarError
+from sidecar.pipeline.builder import Prepared, RequestBuilder
+from sidecar.pipeline.calls import ModelResolver
 from sidecar.pipeline.locks import KeyedLocks
+from sidecar.store.async_store import AsyncStore
+from sidecar.store.attachments import AttachmentStore
+from sidecar.store.store import Store
+from sidecar.store.tools import ToolRun
 
 log = logging.getLogger(__name__)
 
-Notify = Callable[[str, Any], Awaitable[None]]
 STOP_TIMEOUT_S = 15.0
+"""Longer than a reply's whole ending may take (lifecycle.py's timeouts), so a stop that
+arrives while a reply ends waits for it."""
 
 
 class _RunningJob:
     __slots__ = ("job", "scope", "done")
 
-    def __init__(self, job: GenerationJob) -> None:
+    def __init__(self, job: ReplyJob) -> None:
         self.job = job
         self.scope = anyio.CancelScope()
         self.done = anyio.Event()
+
+
+class ChatProviders(ModelResolver, Pricing, Protocol):
+    """The engine's ProviderService as the chat engine uses it."""
+
+
+class SettingsSource(Protocol):
+    def current(self) -> ChatSettings: ...
+
+
+class AgentTurns(Protocol):
+    """The drivers of mode 'acp' replies (sidecar/engine/acp_turn.py AcpTurnHandler)."""
+
+    def driver(self, job: ReplyJob, settings: ChatSettings) -> ReplyDriver: ...
+
+    async def require_fork(self, session: SessionV2) -> None:
+        """EngineError-like SidecarError when the session's engine cannot branch."""
 
 
 class ChatEngine:
     def __init__(
         self,
         *,
-        store: Any,
+        store: AsyncStore,
         notify: Notify,
-        providers: Any,
-        attachments: Any,
-        settings: Any,
+        providers: ChatProviders,
+        attachments: AttachmentStore,
+        requests: RequestBuilder,
+        settings: SettingsSource,
         task_group: anyio.abc.TaskGroup,
-        tools: Any = None,
-        approvals: Any = None,
-        data_dir: Any = None,
-        acp: Any = None,
+        tools: ToolAssembler | None = None,
+        approvals: ApprovalService | None = None,
+        data_dir: Path | None = None,
+        acp: AgentTurns | None = None,
     ) -> None:
         self._store = store
         self._notify = notify
         self._settings = settings
         self._tg = task_group
+        self._services = ReplyServices(store=store, notify=notify, pricing=providers)
         self._handler = GenerationHandler(
             store=store,
-            notify=notify,
             providers=providers,
-            attachments=attachments,
+            requests=requests,
+            services=self._services,
             settings=settings.current,
             tools=tools,
             approvals=approvals,
@@ -102,8 +142,8 @@ class ChatEngine:
         if approvals is not None:
             approvals.on_settled["tool"] = self.resume
         self._acp = acp
-        """AcpTurnHandler (sidecar/engine/acp_turn.py): runs the replies of mode 'acp' sessions."""
-        self._turns = TurnWriter(store.sync, attachments)
+        """AcpTurnHandler (sidecar/engine/acp_turn.py): the drivers of mode 'acp' replies."""
+        self._turns = TurnWriter(attachments)
         self._titles = TitleGenerator(store=store, providers=providers, settings=settings.current)
         self._jobs: dict[str, _RunningJob] = {}
         self._locks = KeyedLocks()
@@ -118,7 +158,7 @@ class ChatEngine:
         fast = await self._send_idle(params)
         if fast is not None:
             return fast
-        turn = await anyio.to_thread.run_sync(self._turns.check_send, params)
+        turn = await self._store.run(lambda s: self._turns.check_send(s, params))
         await self._check_acp(turn, branching=False)
         user, reply = await self._begin(turn, "superseded by a new message", after_active_leaf=True)
         assert user is not None
@@ -137,37 +177,37 @@ class ChatEngine:
                 return None
             acp_ok = self._acp is not None
 
-            def check_and_write() -> tuple[Turn, MessageV2 | None, MessageV2, Any]:
-                turn = self._turns.check_send(params)
+            def check_and_write(s: Store) -> tuple[Turn, MessageV2 | None, MessageV2, Prepared | None]:
+                turn = self._turns.check_send(s, params)
                 if turn.session.mode == "acp" and not acp_ok:
                     raise SidecarError("ACP mode is not available in this process", code=ErrorCode.NOT_IMPLEMENTED)
-                user, reply = self._turns.write(turn, after_active_leaf=True)
+                user, reply = self._turns.write(s, turn, after_active_leaf=True)
                 # the first request's reads in the same hop (the job reads again if they fail
                 # or do not fit the model it resolves)
                 prepared = self._handler.prepare_first(turn.session, reply.parent_id, turn.model_id)
                 return turn, user, reply, prepared
 
-            turn, user, reply, prepared = await anyio.to_thread.run_sync(check_and_write)
+            turn, user, reply, prepared = await self._store.run(check_and_write)
             self._start_turn(turn, reply, prepared)
         assert user is not None
         return SendResult(message_id=reply.id, user_message_id=user.id)
 
     async def abort(self, params: AbortParams) -> SuccessResult:
-        await self._store.get_session(params.session_id)  # NotFound for unknown ids
+        await self._store.run(lambda s: s.sessions.get(params.session_id))  # NotFound for unknown ids
         async with self._locks.hold(params.session_id):
             stopped = await self._stop(params.session_id, "aborted by the user")
         return SuccessResult(success=stopped)
 
     async def regenerate(self, params: RegenerateParams) -> MessageIdResult:
         self._check_open()
-        turn = await anyio.to_thread.run_sync(self._turns.check_regenerate, params)
+        turn = await self._store.run(lambda s: self._turns.check_regenerate(s, params))
         await self._check_acp(turn, branching=True)
         _, reply = await self._begin(turn, "superseded by regenerate", after_active_leaf=False)
         return MessageIdResult(message_id=reply.id)
 
     async def edit_resend(self, params: EditResendParams) -> MessageIdResult:
         self._check_open()
-        turn = await anyio.to_thread.run_sync(self._turns.check_edit, params)
+        turn = await self._store.run(lambda s: self._turns.check_edit(s, params))
         await self._check_acp(turn, branching=True)
         _, reply = await self._begin(turn, "superseded by edit and resend", after_active_leaf=False)
         return MessageIdResult(message_id=reply.id)
@@ -190,19 +230,23 @@ class ChatEngine:
                     await running.done.wait()
                 if self._jobs.get(session_id) is not None:
                     return False
-            tools = self._store.sync.tools
-            run = await anyio.to_thread.run_sync(tools.get_run, message_id)
-            if run is None or run.state != "paused" or run.session_id != session_id:
+
+            def reopen(s: Store) -> tuple[SessionV2, MessageV2, ToolRun] | None:
+                run = s.tools.get_run(message_id)
+                if run is None or run.state != "paused" or run.session_id != session_id:
+                    return None
+                if any(c.state == "pending" for c in s.tools.calls(message_id)):
+                    return None
+                session = s.sessions.get(session_id)
+                message = s.tools.reopen_message(message_id)
+                return None if message is None else (session, message, run)
+
+            reopened = await self._store.run(reopen)
+            if reopened is None:
                 return False
-            calls = await anyio.to_thread.run_sync(tools.calls, message_id)
-            if any(c.state == "pending" for c in calls):
-                return False
-            session = await self._store.get_session(session_id)
-            message = await anyio.to_thread.run_sync(tools.reopen_message, message_id)
-            if message is None:
-                return False
+            session, message, run = reopened
             self._start(
-                GenerationJob(
+                ReplyJob(
                     session=session,
                     message_id=message_id,
                     parent_id=message.parent_id or "",
@@ -229,17 +273,7 @@ class ChatEngine:
         running = self._jobs.get(message.session_id)
         if running is None or running.job.message_id != message.id or running.job.live is None:
             return message
-        reply, relay = running.job.live
-        snap = reply.snapshot(mark_clean=False)
-        return msgspec.structs.replace(
-            message,
-            status="streaming" if relay.seq else message.status,
-            content_type=snap.content_type,
-            text_content=snap.text_content,
-            parts=snap.parts,
-            tool_calls=snap.tool_calls,
-            seq=relay.seq,
-        )
+        return running.job.live.overlay(message)
 
     async def stop_session(self, session_id: str, reason: str) -> Callable[[], None]:
         """The delete hook: stop the session's job and refuse new ones until the returned
@@ -269,6 +303,7 @@ class ChatEngine:
         running = list(self._jobs.values())
         for job in running:
             job.job.abort_reason = "the sidecar is shutting down"
+            job.job.publish = False
             job.scope.cancel()
         with anyio.move_on_after(STOP_TIMEOUT_S + max((job.job.stop_grace for job in running), default=0.0)):
             for job in running:
@@ -296,15 +331,13 @@ class ChatEngine:
         async with self._locks.hold(session_id):
             self._check_not_deleting(session_id)
             await self._stop(session_id, reason)
-            user, reply = await anyio.to_thread.run_sync(
-                lambda: self._turns.write(turn, after_active_leaf=after_active_leaf)
-            )
+            user, reply = await self._store.run(lambda s: self._turns.write(s, turn, after_active_leaf=after_active_leaf))
             self._start_turn(turn, reply)
         return user, reply
 
-    def _start_turn(self, turn: Turn, reply: MessageV2, prepared: Any = None) -> None:
+    def _start_turn(self, turn: Turn, reply: MessageV2, prepared: Prepared | None = None) -> None:
         self._start(
-            GenerationJob(
+            ReplyJob(
                 session=turn.session,
                 message_id=reply.id,
                 parent_id=reply.parent_id or "",
@@ -315,7 +348,7 @@ class ChatEngine:
             )
         )
 
-    def _start(self, job: GenerationJob) -> None:
+    def _start(self, job: ReplyJob) -> None:
         running = _RunningJob(job)
         self._jobs[job.session.id] = running
         self._tg.start_soon(self._run, running)
@@ -332,10 +365,14 @@ class ChatEngine:
         job = running.job
         try:
             with running.scope:
+                settings = self._settings.current()
                 if job.session.mode == "acp" and self._acp is not None:
-                    await self._acp.run(job)
+                    driver = self._acp.driver(job, settings)
                 else:
-                    await self._handler.run(job)
+                    driver = self._handler.driver(job, settings)
+                await ReplyLifecycle(job, self._services, settings).run(driver)
+                if job.outcome == PAUSED:  # before the slot is free: a send must see it
+                    self._handler.note_paused(job.session.id)
         except Exception:  # never let one reply take the engine down
             log.exception("generation %s failed unexpectedly", job.message_id)
         finally:
@@ -344,18 +381,18 @@ class ChatEngine:
             running.done.set()
         await self._after(job)
 
-    async def _after(self, job: GenerationJob) -> None:
-        if job.outcome is None or job.outcome == "paused" or self._closing:
+    async def _after(self, job: ReplyJob) -> None:
+        """Side tasks of a finished reply (its lifecycle sent chat:session:updated)."""
+        session = job.ended_session
+        if job.outcome != COMPLETED or session is None or self._closing:
             return
         try:
-            session = await self._store.get_session(job.session.id)
-            if job.outcome == "completed" and await self._titles.wants_title(session, job):
+            if await self._titles.wants_title(session, job):
                 self._tg.start_soon(self._title, session, job)
-            await self._notify("chat:session:updated", session)
         except SidecarError:
             log.debug("session %s vanished after its generation", job.session.id)
 
-    async def _title(self, session: SessionV2, job: GenerationJob) -> None:
+    async def _title(self, session: SessionV2, job: ReplyJob) -> None:
         updated = await self._titles.generate(session, job)
         if updated is not None and not self._closing:
             await self._notify("chat:session:updated", updated)

@@ -8,10 +8,6 @@ the user's extra requirements), through the same RequestBuilder the generation l
 
 from __future__ import annotations
 
-from typing import Any
-
-import anyio
-
 from protocol.context import (
     ContextCompactParams,
     ContextCompactResult,
@@ -24,7 +20,9 @@ from sidecar.errors import EngineError, InvalidParams, NotFound
 from sidecar.pipeline import planner
 from sidecar.pipeline import tokens as tk
 from sidecar.pipeline.builder import RequestBuilder
+from sidecar.store.async_store import AsyncStore
 from sidecar.store.context import StoredSummary
+from sidecar.store.store import Store
 
 __all__ = ["ContextService"]
 
@@ -41,13 +39,15 @@ def _info(summary: StoredSummary | None, valid: bool) -> RollingSummaryInfo | No
 
 
 class ContextService:
-    def __init__(self, store: Any, builder: RequestBuilder) -> None:
-        self._store = store  # AsyncStore
+    def __init__(self, store: AsyncStore, builder: RequestBuilder) -> None:
+        self._store = store
         self._builder = builder
 
     async def get_context(self, params: ContextGetParams) -> SessionContextInfo:
-        session = await self._store.get_session(params.session_id)
-        profile = await anyio.to_thread.run_sync(self._builder.profiles.for_session, session.id)
+        profiles = self._builder.profiles
+        session, profile = await self._store.run(
+            lambda s: (s.sessions.get(params.session_id), profiles.for_session(params.session_id))
+        )
         summary, valid = await self._builder.context.valid_summary(session.id, session.active_leaf_id)
         return SessionContextInfo(
             session_id=session.id,
@@ -60,22 +60,21 @@ class ContextService:
         )
 
     async def update_context(self, params: ContextUpdateParams) -> SessionContextInfo:
-        session = await self._store.get_session(params.session_id)
-        profiles = self._builder.profiles
+        session = await self._store.run(lambda s: s.sessions.get(params.session_id))
 
-        def write() -> None:
-            assistant_id, strategy = profiles.context.get_session_settings(session.id)
+        def write(s: Store) -> None:
+            assistant_id, strategy = s.context.get_session_settings(session.id)
             if params.assistant_id is not None:
-                if params.assistant_id and not profiles.assistants.exists(params.assistant_id):
+                if params.assistant_id and not s.assistants.exists(params.assistant_id):
                     raise InvalidParams(
                         f"invalid params: no assistant {params.assistant_id!r} - at `$.assistantId`"
                     )
                 assistant_id = params.assistant_id or None
             if params.truncation_strategy is not None:
                 strategy = params.truncation_strategy or None
-            profiles.context.set_session_settings(session.id, assistant_id=assistant_id, truncation_strategy=strategy)
+            s.context.set_session_settings(session.id, assistant_id=assistant_id, truncation_strategy=strategy)
 
-        await anyio.to_thread.run_sync(write)
+        await self._store.run(write)
         return await self.get_context(ContextGetParams(session_id=session.id))
 
     async def compact(self, params: ContextCompactParams) -> ContextCompactResult:
@@ -85,10 +84,11 @@ class ContextService:
             raise InvalidParams(
                 f"invalid params: instructions is longer than {MAX_INSTRUCTIONS} characters - at `$.instructions`"
             )
-        session = await self._store.get_session(params.session_id)
+        session = await self._store.run(lambda s: s.sessions.get(params.session_id))
         if session.mode != "direct":
             raise EngineError("only direct-mode sessions have a rolling context (ACP engines keep their own)")
-        profile = await anyio.to_thread.run_sync(self._builder.profiles.for_session, session.id)
+        profiles = self._builder.profiles
+        profile = await self._store.run(lambda _: profiles.for_session(session.id))
         leaf = session.active_leaf_id
         if leaf is None:
             raise EngineError("the session has no messages to compact")

@@ -17,7 +17,7 @@ import logging
 import os
 import time
 from collections.abc import AsyncGenerator, Awaitable, Callable
-from typing import Any
+from typing import TYPE_CHECKING, Any
 
 import anyio
 import msgspec
@@ -27,9 +27,13 @@ from protocol.providers import ProviderInfo, ProviderSetDefaultParams, ProviderU
 from protocol.types import Usage
 from sidecar.errors import EngineError, InvalidParams, NotFound, SecretsLocked
 from sidecar.providers import Provider, create_provider
-from sidecar.providers.types import ModelInfo, ProviderSettings
-from sidecar.store.providers import ProviderRecord, ProviderRepo
+from sidecar.providers.types import ChatRequest, ModelInfo, ProviderSettings, StreamPart
+from sidecar.store.async_store import AsyncStore
+from sidecar.store.providers import ProviderRecord
 from sidecar.store.settings import DEFAULT_MODEL_KEY, DEFAULT_PROVIDER_KEY
+
+if TYPE_CHECKING:
+    import httpx2
 
 log = logging.getLogger(__name__)
 
@@ -46,7 +50,7 @@ class _CountedStream:
 
     __slots__ = ("_parts", "_on_close", "_closed")
 
-    def __init__(self, parts: AsyncGenerator[Any, None], on_close: Callable[[], Awaitable[None]]) -> None:
+    def __init__(self, parts: AsyncGenerator[StreamPart, None], on_close: Callable[[], Awaitable[None]]) -> None:
         self._parts = parts
         self._on_close = on_close
         self._closed = False
@@ -54,7 +58,7 @@ class _CountedStream:
     def __aiter__(self) -> _CountedStream:
         return self
 
-    def __anext__(self) -> Awaitable[Any]:
+    def __anext__(self) -> Awaitable[StreamPart]:
         return self._parts.__anext__()
 
     async def aclose(self) -> None:
@@ -76,7 +80,7 @@ class _Live:
         self.retired_at: float | None = None
         self._service = service
 
-    def stream(self, request: Any) -> _CountedStream:
+    def stream(self, request: ChatRequest) -> _CountedStream:
         self.busy += 1
         return _CountedStream(self.provider.stream(request), self._stream_closed)
 
@@ -84,7 +88,7 @@ class _Live:
         self.busy -= 1
         await self._service._close_retired()
 
-    async def generate(self, request: Any) -> Any:
+    async def generate(self, request: ChatRequest) -> list[StreamPart]:
         self.busy += 1
         try:
             return await self.provider.generate(request)
@@ -97,23 +101,14 @@ class _Live:
 
 
 class ResolvedModel(msgspec.Struct, kw_only=True):
-    provider: Any
+    provider: _Live
     model: ModelInfo
     record: ProviderRecord
 
 
 class ProviderService:
-    def __init__(
-        self,
-        repo: ProviderRepo,
-        *,
-        get_setting: Callable[[str], Awaitable[str | None]],
-        set_setting: Callable[[str, str | None], Awaitable[None]],
-        transport: Any = None,
-    ) -> None:
-        self._repo = repo
-        self._get_setting = get_setting
-        self._set_setting = set_setting
+    def __init__(self, store: AsyncStore, *, transport: httpx2.AsyncBaseTransport | None = None) -> None:
+        self._store = store
         self._transport = transport  # tests and benchmarks inject an httpx2 transport
         self._records: dict[str, ProviderRecord] = {}
         """Records read for generation, dropped on upsert/delete (this process is the only writer)."""
@@ -123,52 +118,52 @@ class ProviderService:
     # -- provider:* methods ----------------------------------------------------------
 
     async def list_providers(self, params: EmptyParams | None = None) -> list[ProviderInfo]:
-        records = await anyio.to_thread.run_sync(self._repo.list)
-        default = await self._get_setting(DEFAULT_PROVIDER_KEY)
+        records = await self._store.run(lambda s: s.providers.list())
+        default = await self._setting(DEFAULT_PROVIDER_KEY)
         return [r.to_info(is_default=r.id == default) for r in records]
 
     async def upsert_provider(self, params: ProviderUpsertParams) -> ProviderInfo:
-        record = await anyio.to_thread.run_sync(self._repo.upsert, params)
+        record = await self._store.run(lambda s: s.providers.upsert(params))
         self._records.pop(record.id, None)
         # retired here, not by comparing updated_at (two upserts in one millisecond share it)
         live = self._live.pop(record.id, None)
         if live is not None:
             self._retire(live)
             await self._close_retired()
-        default = await self._get_setting(DEFAULT_PROVIDER_KEY)
+        default = await self._setting(DEFAULT_PROVIDER_KEY)
         return record.to_info(is_default=record.id == default)
 
     async def delete_provider(self, params: IdParams) -> SuccessResult:
-        await anyio.to_thread.run_sync(self._repo.delete, params.id)
+        await self._store.run(lambda s: s.providers.delete(params.id))
         self._records.pop(params.id, None)
         live = self._live.pop(params.id, None)
         if live is not None:
             self._retire(live)
             await self._close_retired()
-        if await self._get_setting(DEFAULT_PROVIDER_KEY) == params.id:
-            await self._set_setting(DEFAULT_PROVIDER_KEY, None)
-            await self._set_setting(DEFAULT_MODEL_KEY, None)
+        if await self._setting(DEFAULT_PROVIDER_KEY) == params.id:
+            await self._set(DEFAULT_PROVIDER_KEY, None)
+            await self._set(DEFAULT_MODEL_KEY, None)
         return SuccessResult()
 
     async def set_default(self, params: ProviderSetDefaultParams) -> SuccessResult:
         try:
-            record = await anyio.to_thread.run_sync(self._repo.get, params.provider_id)
+            record = await self._store.run(lambda s: s.providers.get(params.provider_id))
         except NotFound as exc:
             raise InvalidParams(f"invalid params: {exc.message} - at `$.providerId`") from exc
         if record.models and record.model(params.model_id) is None:
             raise InvalidParams(
                 f"invalid params: provider {record.name!r} has no model {params.model_id!r} - at `$.modelId`"
             )
-        await self._set_setting(DEFAULT_PROVIDER_KEY, record.id)
-        await self._set_setting(DEFAULT_MODEL_KEY, params.model_id)
+        await self._set(DEFAULT_PROVIDER_KEY, record.id)
+        await self._set(DEFAULT_MODEL_KEY, params.model_id)
         return SuccessResult()
 
     # -- for the engine --------------------------------------------------------------
 
     async def resolve(self, provider_id: str, model_id: str) -> ResolvedModel:
         if not provider_id:
-            provider_id = await self._get_setting(DEFAULT_PROVIDER_KEY) or ""
-            model_id = model_id or await self._get_setting(DEFAULT_MODEL_KEY) or ""
+            provider_id = await self._setting(DEFAULT_PROVIDER_KEY) or ""
+            model_id = model_id or await self._setting(DEFAULT_MODEL_KEY) or ""
         if not provider_id:
             raise EngineError(
                 "no provider is configured: add one with provider:upsert and choose it with "
@@ -233,11 +228,17 @@ class ProviderService:
         record = self._records.get(provider_id)
         if record is None:
             try:
-                record = await anyio.to_thread.run_sync(self._repo.get, provider_id)
+                record = await self._store.run(lambda s: s.providers.get(provider_id))
             except NotFound:
                 raise EngineError(f"{what} {provider_id!r} does not exist") from None
             self._records[provider_id] = record
         return record
+
+    async def _setting(self, key: str) -> str | None:
+        return await self._store.run(lambda s: s.settings.get(key))
+
+    async def _set(self, key: str, value: str | None) -> None:
+        await self._store.run(lambda s: s.settings.set(key, value))
 
     def _retire(self, live: _Live) -> None:
         live.retired_at = time.monotonic()
@@ -268,6 +269,8 @@ class ProviderService:
         if live is not None:
             # a running stream may still use the old client: closed once unused
             self._retire(live)
+        if record.type == "acp-engine":  # resolve() refuses these before
+            raise EngineError(f"provider {record.name!r} is an ACP agent engine")
         api_key = record.api_key or (os.environ.get(record.api_key_env) if record.api_key_env else None)
         settings = ProviderSettings(
             type=record.type,

@@ -94,6 +94,17 @@ class ReplyBuilder:
         self.parts.append(ToolResultPart(tool_use_id=call_id, content=content, is_error=is_error))
         self.dirty = True
 
+    def add_part(self, part: ContentPart) -> int:
+        """Append any part (a diff, a step, an image...); returns its index."""
+        self.parts.append(part)
+        self.dirty = True
+        return len(self.parts) - 1
+
+    def replace_part(self, index: int, part: ContentPart) -> None:
+        """A part that changed after it was added (an agent's tool call, updated in place)."""
+        self.parts[index] = part
+        self.dirty = True
+
     def unanswered_calls(self) -> list[ToolCall]:
         """Tool calls of this reply that have no ToolResultPart yet, in order."""
         answered = {p.tool_use_id for p in self.parts if isinstance(p, ToolResultPart)}

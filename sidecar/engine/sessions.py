@@ -1,6 +1,6 @@
 """SessionService: the chat:session:* and chat:messages:* methods (seed 004 sections 5-6).
 
-Owns: turning the method params (protocol Structs) into AsyncStore calls and shaping the
+Owns: turning the method params (protocol Structs) into store calls and shaping the
 results the server sends. The store does the validation and the work; this layer adds
 what is not storage:
 - ``on_delete``: async hooks run before a session is deleted (the chat engine registers
@@ -68,61 +68,61 @@ class SessionService:
     # ---- sessions -------------------------------------------------------------------
 
     async def create_session(self, params: CreateSessionOptions) -> SessionV2:
-        return await self.store.create_session(params)
+        return await self.store.run(lambda s: s.sessions.create(params))
 
     async def list_sessions(self, params: SessionFilter) -> SessionListResult:
-        return await self.store.list_sessions(params)
+        return await self.store.run(lambda s: s.sessions.query(params))
 
     async def get_session(self, params: IdParams) -> SessionV2:
-        return await self.store.get_session(params.id)
+        return await self.store.run(lambda s: s.sessions.get(params.id))
 
     async def update_session(self, params: SessionUpdateParams) -> SessionV2:
-        return await self.store.update_session(params.id, params.updates)
+        return await self.store.run(lambda s: s.sessions.update(params.id, params.updates))
 
     async def delete_session(self, params: IdParams) -> SuccessResult:
-        await self.store.get_session(params.id)  # NotFound before any hook runs
+        await self.store.run(lambda s: s.sessions.get(params.id))  # NotFound before any hook runs
         after: list[Callable[[], None]] = []
         try:
             for hook in list(self.on_delete):
                 done = await hook(params.id)
                 if done is not None:
                     after.append(done)
-            await self.store.delete_session(params.id)
+            await self.store.run(lambda s: s.sessions.delete(params.id))
         finally:
             for done in after:
                 done()
         return SuccessResult(success=True)
 
     async def archive_session(self, params: IdParams) -> SuccessResult:
-        await self.store.archive_session(params.id)
+        await self.store.run(lambda s: s.sessions.archive(params.id))
         return SuccessResult(success=True)
 
     async def pin_session(self, params: SessionPinParams) -> SuccessResult:
-        await self.store.pin_session(params.id, params.pinned)
+        await self.store.run(lambda s: s.sessions.pin(params.id, params.pinned))
         return SuccessResult(success=True)
 
     async def fork_session(self, params: SessionForkParams) -> SessionV2:
-        return await self.store.fork_session(params.id, params.message_id)
+        return await self.store.run(lambda s: s.sessions.fork(params.id, params.message_id))
 
     async def export_session(self, params: IdParams) -> SessionExport:
-        return await self.store.export_session(params.id)
+        return await self.store.run(lambda s: s.sessions.export(params.id))
 
     async def import_session(self, params: SessionImportParams) -> SessionV2:
-        return await self.store.import_session(params.session, params.messages, params.replace)
+        return await self.store.run(lambda s: s.sessions.import_(params.session, params.messages, params.replace))
 
     # ---- messages -------------------------------------------------------------------
 
     async def get_messages(self, params: MessagesGetParams) -> list[MessageV2]:
-        return self._live(await self.store.get_messages(params.session_id, params.options))
+        return self._live(await self.store.run(lambda s: s.messages.query(params.session_id, params.options)))
 
     async def get_tree(self, params: MessagesTreeParams) -> msgspec.Raw:
-        return msgspec.Raw(encode_tree(await self.store.get_tree(params.session_id)))
+        return msgspec.Raw(encode_tree(await self.store.run(lambda s: s.messages.tree(params.session_id))))
 
     async def search_messages(self, params: MessagesSearchParams) -> list[SearchResult]:
-        return await self.store.search_messages(params.query, params.options)
+        return await self.store.run(lambda s: s.search.messages(params.query, params.options))
 
     async def select_branch(self, params: MessagesSelectParams) -> list[MessageV2]:
-        return self._live(await self.store.select_branch(params.session_id, params.leaf_id))
+        return self._live(await self.store.run(lambda s: s.messages.select_branch(params.session_id, params.leaf_id)))
 
     def _live(self, messages: list[MessageV2]) -> list[MessageV2]:
         overlay = self.overlay_live
@@ -134,7 +134,7 @@ class SessionService:
 
     async def publish(self, session_id: str) -> SessionV2:
         """Send ``chat:session:updated`` with the session as stored now; returns it."""
-        session = await self.store.get_session(session_id)
+        session = await self.store.run(lambda s: s.sessions.get(session_id))
         await self._notify("chat:session:updated", session)
         return session
 

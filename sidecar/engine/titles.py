@@ -9,15 +9,18 @@ from __future__ import annotations
 
 import logging
 from collections.abc import Callable
-from typing import Any
 
 import anyio
 
 from protocol.sessions import SessionUpdates
 from protocol.settings import ChatSettings
 from protocol.types import SessionV2, TextPart
+from sidecar.engine.lifecycle import ReplyJob
 from sidecar.errors import SidecarError
+from sidecar.pipeline.calls import ModelResolver
 from sidecar.providers.types import ChatRequest, GenerationParams, RequestMessage, TextDelta
+from sidecar.store.async_store import AsyncStore
+from sidecar.store.store import Store
 
 log = logging.getLogger(__name__)
 
@@ -31,18 +34,18 @@ _PROMPT = (
 
 
 class TitleGenerator:
-    def __init__(self, *, store: Any, providers: Any, settings: Callable[[], ChatSettings]) -> None:
+    def __init__(self, *, store: AsyncStore, providers: ModelResolver, settings: Callable[[], ChatSettings]) -> None:
         self._store = store
         self._providers = providers
         self._settings = settings
 
-    async def wants_title(self, session: SessionV2, job: Any) -> bool:
+    async def wants_title(self, session: SessionV2, job: ReplyJob) -> bool:
         if not self._settings().generate_titles or session.title not in DEFAULT_TITLES:
             return False
-        path = await self._store.get_path(session.id, job.message_id)
+        path = await self._store.run(lambda s: s.messages.path(session.id, job.message_id))
         return len(path) == 2 and path[0].role == "user"
 
-    async def generate(self, session: SessionV2, job: Any) -> SessionV2 | None:
+    async def generate(self, session: SessionV2, job: ReplyJob) -> SessionV2 | None:
         try:
             with anyio.fail_after(TITLE_TIMEOUT_S):
                 return await self._generate(session, job)
@@ -52,8 +55,8 @@ class TitleGenerator:
             log.exception("title generation for session %s failed", session.id)
         return None
 
-    async def _generate(self, session: SessionV2, job: Any) -> SessionV2 | None:
-        path = await self._store.get_path(session.id, job.message_id)
+    async def _generate(self, session: SessionV2, job: ReplyJob) -> SessionV2 | None:
+        path = await self._store.run(lambda s: s.messages.path(session.id, job.message_id))
         user_text = (path[0].text_content or "")[:1000]
         reply_text = (path[-1].text_content or "")[:1000]
         chosen = self._settings().title_model
@@ -76,10 +79,15 @@ class TitleGenerator:
         title = clean_title("".join(p.text for p in parts if isinstance(p, TextDelta)))
         if not title:
             return None
-        current = await self._store.get_session(session.id)
-        if current.title not in DEFAULT_TITLES:
-            return None  # the user named it meanwhile
-        return await self._store.update_session(session.id, SessionUpdates(title=title))
+
+        def write(s: Store) -> SessionV2 | None:
+            # read and write in one transaction: a title the user sets meanwhile is never overwritten
+            with s.transaction():
+                if s.sessions.get(session.id).title not in DEFAULT_TITLES:
+                    return None  # the user named it meanwhile
+                return s.sessions.update(session.id, SessionUpdates(title=title))
+
+        return await self._store.run(write)
 
 
 def clean_title(raw: str) -> str:

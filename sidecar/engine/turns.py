@@ -3,8 +3,9 @@
 Each method is split in two so a request costs two worker-thread hops, not one per
 query: ``check_*`` validates everything (session, mode, input, target message) and
 writes attachment files, touching no rows, so bad input never disturbs a running
-generation; ``write_*`` then stores the new messages once the engine has stopped the
-session's running job. Both run in a worker thread (``anyio.to_thread.run_sync``).
+generation; ``write`` then stores the new messages once the engine has stopped the
+session's running job. Both take the Store and run inside ``AsyncStore.run`` (a send on
+an idle session makes both in one hop).
 """
 
 from __future__ import annotations
@@ -17,6 +18,7 @@ from protocol.chat import EditResendParams, RegenerateParams, SendParams, UserIn
 from protocol.types import FilePart, ImagePart, MessageV2, SessionV2, TextPart
 from sidecar.errors import EngineError, InvalidParams, NotFound
 from sidecar.store.attachments import AttachmentStore, StoredInput
+from sidecar.store.store import ACTIVE_LEAF, Store
 
 
 class Turn(msgspec.Struct, kw_only=True):
@@ -33,14 +35,13 @@ class Turn(msgspec.Struct, kw_only=True):
 
 
 class TurnWriter:
-    def __init__(self, store: Any, attachments: AttachmentStore) -> None:
-        self._store = store  # the synchronous Store
+    def __init__(self, attachments: AttachmentStore) -> None:
         self._attachments = attachments
 
     # -- checks (no rows written) -------------------------------------------------------
 
-    def check_send(self, params: SendParams) -> Turn:
-        session = self._session(params.session_id)
+    def check_send(self, store: Store, params: SendParams) -> Turn:
+        session = store.sessions.get(params.session_id)
         stored = self._attachments.store_input(params.input)
         return Turn(
             session=session,
@@ -50,9 +51,9 @@ class TurnWriter:
             model_id=session.model_id,
         )
 
-    def check_regenerate(self, params: RegenerateParams) -> Turn:
-        session = self._session(params.session_id)
-        target = self._regenerate_target(session, params.message_id)
+    def check_regenerate(self, store: Store, params: RegenerateParams) -> Turn:
+        session = store.sessions.get(params.session_id)
+        target = self._regenerate_target(store, session, params.message_id)
         if target.parent_id is None:
             raise EngineError("this assistant message has no user message to answer")
         options = params.options
@@ -64,9 +65,9 @@ class TurnWriter:
             temperature=options.temperature if options else None,
         )
 
-    def check_edit(self, params: EditResendParams) -> Turn:
-        session = self._session(params.session_id)
-        original = self._message_of(session.id, params.message_id, "messageId")
+    def check_edit(self, store: Store, params: EditResendParams) -> Turn:
+        session = store.sessions.get(params.session_id)
+        original = _message_of(store, session.id, params.message_id, "messageId")
         if original.role != "user":
             raise InvalidParams("invalid params: messageId must be a user message - at `$.messageId`")
         # the original's images and files stay; only the text is replaced
@@ -84,7 +85,7 @@ class TurnWriter:
 
     # -- writes ---------------------------------------------------------------------------
 
-    def write(self, turn: Turn, *, after_active_leaf: bool) -> tuple[MessageV2 | None, MessageV2]:
+    def write(self, store: Store, turn: Turn, *, after_active_leaf: bool) -> tuple[MessageV2 | None, MessageV2]:
         """Store the turn's user message (if any) and a pending reply; both become active.
 
         ``after_active_leaf``: a send continues the branch as it is *now* (a stopped job may
@@ -93,19 +94,19 @@ class TurnWriter:
         """
         user = None
         parent = turn.parent_id
-        with self._store.transaction():  # both messages or neither
+        with store.transaction():  # both messages or neither
             if turn.user_input is not None:
                 stored = turn.user_input
-                user = self._store.append_message(
+                user = store.messages.append(
                     turn.session.id,
                     role="user",
-                    **({} if after_active_leaf else {"parent_id": parent}),
+                    parent_id=ACTIVE_LEAF if after_active_leaf else parent,
                     content_type=stored.content_type,
                     text_content=stored.text_content,
                     parts=stored.parts,
                 )
                 parent = user.id
-            reply = self._store.append_message(
+            reply = store.messages.append(
                 turn.session.id,
                 role="assistant",
                 parent_id=parent,
@@ -116,29 +117,28 @@ class TurnWriter:
 
     # -- internals ------------------------------------------------------------------------
 
-    def _session(self, session_id: str) -> SessionV2:
-        # both modes store their turns the same way; ChatEngine picks the handler (and
-        # checks what ACP needs, e.g. session/fork for a new branch) by session.mode
-        return self._store.get_session(session_id)
+    # both modes store their turns the same way; ChatEngine picks the driver (and checks
+    # what ACP needs, e.g. session/fork for a new branch) by session.mode
 
-    def _message_of(self, session_id: str, message_id: str, field: str) -> MessageV2:
-        try:
-            message = self._store.get_message(message_id)
-        except NotFound:
-            raise NotFound(f"{field}: no message {message_id!r}") from None
-        if message.session_id != session_id:
-            raise NotFound(f"{field}: message {message_id!r} is not in session {session_id!r}")
-        return message
-
-    def _regenerate_target(self, session: SessionV2, message_id: str | None) -> MessageV2:
+    def _regenerate_target(self, store: Store, session: SessionV2, message_id: str | None) -> MessageV2:
         if message_id is not None:
-            target = self._message_of(session.id, message_id, "messageId")
+            target = _message_of(store, session.id, message_id, "messageId")
             if target.role != "assistant":
                 raise InvalidParams(
                     "invalid params: messageId must be an assistant message - at `$.messageId`"
                 )
             return target
-        for message in reversed(self._store.get_path(session.id)):
+        for message in reversed(store.messages.path(session.id)):
             if message.role == "assistant":
                 return message
         raise EngineError("there is no assistant reply to regenerate in this session")
+
+
+def _message_of(store: Store, session_id: str, message_id: str, field: str) -> MessageV2:
+    try:
+        message = store.messages.get(message_id)
+    except NotFound:
+        raise NotFound(f"{field}: no message {message_id!r}") from None
+    if message.session_id != session_id:
+        raise NotFound(f"{field}: message {message_id!r} is not in session {session_id!r}")
+    return message

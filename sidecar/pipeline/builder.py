@@ -17,9 +17,8 @@ snapshot through ``await output.finish(session, snapshot)``.
 from __future__ import annotations
 
 import datetime as dt
-import weakref
 from collections.abc import Callable, Sequence
-from typing import Any
+from typing import Any, TypeVar
 
 import anyio
 import msgspec
@@ -27,8 +26,8 @@ import msgspec
 from protocol.context import AssistantProfile
 from protocol.types import FilePart, ImagePart, SessionV2, TextPart
 from sidecar.pipeline import tokens as tk
-from sidecar.pipeline.calls import ProviderModelCall
-from sidecar.pipeline.context import ContextWindow, RollingContext
+from sidecar.pipeline.calls import ModelResolver, ProviderModelCall
+from sidecar.pipeline.context import BranchRead, ContextWindow, RollingContext
 from sidecar.pipeline.output import OutputProcessor
 from sidecar.pipeline.profiles import ProfileResolver, SessionProfile
 from sidecar.pipeline.request import build_drafts, finalize
@@ -49,11 +48,12 @@ from sidecar.pipeline.transformers.retrieval import (
     NoMemory,
 )
 from sidecar.providers.types import ChatRequest, GenerationParams, ModelInfo, ToolSpec
-from sidecar.store.assistants import AssistantRepo
+from sidecar.store.async_store import AsyncStore
 from sidecar.store.attachments import AttachmentStore
-from sidecar.store.context import ContextRepo
 
 __all__ = ["RequestBuilder", "BuildInfo"]
+
+T = TypeVar("T")
 
 
 def local_now() -> dt.datetime:
@@ -79,43 +79,36 @@ class Prepared(msgspec.Struct, kw_only=True):
     model_id: str = ""
     profile: SessionProfile
     soul: str | None
-    read: Any
+    read: BranchRead
     """The branch as RollingContext.read_branch returned it."""
 
 
 class RequestBuilder:
-    _shared: weakref.WeakKeyDictionary[Any, RequestBuilder] = weakref.WeakKeyDictionary()
-
-    @classmethod
-    def shared(cls, store: Any, attachments: AttachmentStore, *, providers: Any = None) -> RequestBuilder:
-        """The one builder of a Store: the generation loop and chat:context:* share its token
-        cache, summary checks and per-session summary locks."""
-        builder = cls._shared.get(store)
-        if builder is None:
-            builder = cls._shared[store] = cls(store, attachments, providers=providers)
-        return builder
+    """One per process (sidecar/app.py builds it and hands it to the generation loop and
+    chat:context:*, which share its token cache, summary checks and summary locks)."""
 
     def __init__(
         self,
-        store: Any,
+        store: AsyncStore,
         attachments: AttachmentStore,
         *,
-        providers: Any = None,
+        providers: ModelResolver | None = None,
         call_model: ModelCall | None = None,
         knowledge: KnowledgeRetriever | None = None,
         memory: MemoryRetriever | None = None,
         transformers: Sequence[InputTransformer] | None = None,
         now: Callable[[], dt.datetime] = local_now,
     ) -> None:
-        """``store``: the synchronous Store. ``providers``: the engine's ProviderService (its
-        ``resolve``), used for summary and OCR calls unless ``call_model`` is given."""
+        """``providers``: the engine's ProviderService (its ``resolve``), used for summary and
+        OCR calls unless ``call_model`` is given."""
+        self._store = store
         self._attachments = attachments
-        context_repo = ContextRepo.of(store)
-        self.profiles = ProfileResolver(AssistantRepo.of(store), context_repo)
+        repos = store.sync
+        self.profiles = ProfileResolver(repos.assistants, repos.context)
         call = call_model or (ProviderModelCall(providers) if providers is not None else None)
         self._call_model = call
-        self.ledger = TokenLedger(context_repo, file_size=self._file_size)
-        self.context = RollingContext(context_repo, self.ledger, Summarizer(call) if call is not None else None)
+        self.ledger = TokenLedger(repos.context, file_size=self._file_size)
+        self.context = RollingContext(store, self.ledger, Summarizer(call) if call is not None else None)
         self._souls = SoulFiles(attachments.root.parent)
         self._knowledge = knowledge or NoKnowledge()
         self._memory = memory or NoMemory()
@@ -124,6 +117,7 @@ class RequestBuilder:
         self.output = OutputProcessor(
             assistant_for=lambda session: self.profiles.for_session(session.id).assistant,
             image_dir=attachments.root,
+            offload=self._in_store_thread,
         )
 
     async def build(
@@ -197,7 +191,8 @@ class RequestBuilder:
         )
         drafts = await run_transformers(drafts, ctx, self._transformers)
         if any(isinstance(p, (ImagePart, FilePart)) for d in drafts for p in d.parts):
-            # stored images and files are read from disk: a worker thread
+            # stored images and files are read from disk: a worker thread (file work, no
+            # database: anyio's own limiter, not the store's)
             messages = await anyio.to_thread.run_sync(
                 lambda: finalize(drafts, model=model, attachments=self._attachments)
             )
@@ -220,7 +215,7 @@ class RequestBuilder:
         """Every database and file read a build starts with, in one worker-thread hop: the
         session's profile, its Soul.md and the branch with its token counts. The generation
         loop runs it beside the tool assembly and hands it to ``build_detailed``."""
-        return await anyio.to_thread.run_sync(lambda: self.prepare_blocking(session, leaf_id, model.id))
+        return await self._store.run(lambda _: self.prepare_blocking(session, leaf_id, model.id))
 
     def prepare_blocking(self, session: SessionV2, leaf_id: str, model_id: str) -> Prepared:
         """``prepare`` for a caller already in a worker thread (a send stores its turn and
@@ -234,6 +229,9 @@ class RequestBuilder:
         )
 
     # ---- internals --------------------------------------------------------------------
+
+    async def _in_store_thread(self, fn: Callable[[], T]) -> T:
+        return await self._store.run(lambda _: fn())
 
     def _file_size(self, uri: str) -> int | None:
         path = self._attachments.local_path(uri)

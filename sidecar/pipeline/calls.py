@@ -1,7 +1,8 @@
-"""ProviderModelCall: one non-streaming model call for the pipeline's side jobs.
+"""ProviderModelCall: one non-streaming model call for the pipeline's side jobs; and what a
+model source looks like to the pipeline and the engine (ModelResolver).
 
 Rolling summaries and OCR each ask a model for text. This wraps the engine's provider
-service (anything with ``await resolve(provider_id, model_id) -> .provider, .model``) into
+service (a ModelResolver: ``await resolve(provider_id, model_id) -> .provider, .model``) into
 ``await call(provider_id, model_id, messages, max_tokens=...) -> str``.
 
 Must stay true: a failure is a SidecarError (ProviderError from the adapter, EngineError for
@@ -10,7 +11,8 @@ an unknown model, ProviderError for an empty answer or a timeout); never a bare 
 
 from __future__ import annotations
 
-from typing import Any
+from collections.abc import AsyncIterator
+from typing import Protocol
 
 import anyio
 
@@ -18,15 +20,39 @@ from sidecar.errors import ProviderError
 from sidecar.providers.types import (
     ChatRequest,
     GenerationParams,
+    ModelInfo,
     RequestMessage,
+    StreamPart,
     TextDelta,
 )
 
-__all__ = ["ProviderModelCall"]
+__all__ = ["ProviderModelCall", "ModelResolver", "ResolvedModel", "LiveProvider"]
+
+
+class LiveProvider(Protocol):
+    """A provider ready for requests (sidecar.providers.Provider, or the engine's counted one)."""
+
+    def stream(self, request: ChatRequest) -> AsyncIterator[StreamPart]: ...
+
+    async def generate(self, request: ChatRequest) -> list[StreamPart]: ...
+
+
+class ResolvedModel(Protocol):
+    @property
+    def provider(self) -> LiveProvider: ...
+
+    @property
+    def model(self) -> ModelInfo: ...
+
+
+class ModelResolver(Protocol):
+    """Turns a (provider id, model id) pair into a live provider and the model's facts."""
+
+    async def resolve(self, provider_id: str, model_id: str) -> ResolvedModel: ...
 
 
 class ProviderModelCall:
-    def __init__(self, providers: Any, *, timeout_s: float = 120.0) -> None:
+    def __init__(self, providers: ModelResolver, *, timeout_s: float = 120.0) -> None:
         self._providers = providers
         self._timeout_s = timeout_s
 

@@ -38,10 +38,12 @@ from sidecar.pipeline import tokens as tk
 from sidecar.pipeline.locks import KeyedLocks
 from sidecar.pipeline.summary import Summarizer
 from sidecar.pipeline.token_cache import TokenLedger
+from sidecar.store.async_store import AsyncStore
 from sidecar.store.context import ContextRepo, StoredSummary
 from sidecar.store.ids import now_ms
+from sidecar.store.store import Store
 
-__all__ = ["RollingContext", "ContextWindow", "CompactOutcome"]
+__all__ = ["RollingContext", "ContextWindow", "CompactOutcome", "BranchRead"]
 
 log = logging.getLogger(__name__)
 
@@ -70,7 +72,10 @@ class CompactOutcome(msgspec.Struct, kw_only=True):
     tokens_after: int
 
 
-class _Read(msgspec.Struct, kw_only=True):
+class BranchRead(msgspec.Struct, kw_only=True):
+    """What planning a request reads of a branch: the summary that still holds, the
+    messages after it with their token counts."""
+
     summary: StoredSummary | None
     tail: list[MessageV2]
     tokens: list[int]
@@ -81,13 +86,14 @@ class _Read(msgspec.Struct, kw_only=True):
 class RollingContext:
     def __init__(
         self,
-        repo: ContextRepo,
+        store: AsyncStore,
         ledger: TokenLedger,
         summarizer: Summarizer | None,
         *,
         clock: Callable[[], int] = now_ms,
     ) -> None:
-        self._repo = repo
+        self._store = store
+        self._repo: ContextRepo = store.sync.context
         self._ledger = ledger
         self._summarizer = summarizer
         self._clock = clock
@@ -105,13 +111,13 @@ class RollingContext:
         assistant: AssistantProfile,
         strategy: TruncationStrategy,
         encoding: str,
-        read: _Read | None = None,
+        read: BranchRead | None = None,
     ) -> ContextWindow:
         """``read``: the result of ``read_branch`` for these arguments when the caller already
         made it (in the same worker-thread hop as its own reads)."""
         threshold = planner.effective_threshold(assistant.context.compress_threshold)
         if read is None:
-            read = await anyio.to_thread.run_sync(self.read_branch, session.id, leaf_id, encoding, strategy)
+            read = await self._store.run(lambda _: self.read_branch(session.id, leaf_id, encoding, strategy))
         if strategy not in ("sliding-window", "smart-select"):
             return await self._prepare_summarized(session, leaf_id, assistant, strategy, encoding, read, threshold)
         length = read.covered_count + len(read.tail)
@@ -135,7 +141,7 @@ class RollingContext:
         assistant: AssistantProfile,
         strategy: TruncationStrategy,
         encoding: str,
-        read: _Read,
+        read: BranchRead,
         threshold: int,
     ) -> ContextWindow:
         plan, window = _plan_summarize(read, strategy, threshold)
@@ -144,7 +150,7 @@ class RollingContext:
         async with self._locks.hold(session.id):
             # the branch was read before the lock: a compaction may have written a summary
             # since, and merging the old one with these messages would cover ids twice
-            read = await anyio.to_thread.run_sync(self.read_branch, session.id, leaf_id, encoding, strategy)
+            read = await self._store.run(lambda _: self.read_branch(session.id, leaf_id, encoding, strategy))
             plan, window = _plan_summarize(read, strategy, threshold)
             if not plan.refresh:
                 return window
@@ -178,7 +184,7 @@ class RollingContext:
         """Run the summarize-old planner now with ``target_tokens`` as the threshold (forced).
         A failure of the summary call raises (the caller asked for it explicitly)."""
         async with self._locks.hold(session.id):
-            read = await anyio.to_thread.run_sync(self._read, session.id, leaf_id, encoding, True)
+            read = await self._store.run(lambda _: self._read(session.id, leaf_id, encoding, True))
             target = target_tokens if target_tokens is not None else assistant.context.compress_threshold
             plan = planner.plan_summarize(
                 read.tokens,
@@ -205,14 +211,14 @@ class RollingContext:
     async def valid_summary(self, session_id: str, leaf_id: str | None) -> tuple[StoredSummary | None, bool]:
         """The stored summary and whether it is valid for the branch ending at ``leaf_id``."""
 
-        def check() -> tuple[StoredSummary | None, bool]:
+        def check(_: Store) -> tuple[StoredSummary | None, bool]:
             summary = self._repo.get_summary(session_id)
             if summary is None or leaf_id is None:
                 return summary, False
             rows = self._repo.walk(session_id, leaf_id, stop_id=summary.last_covered_id)
             return summary, bool(rows) and self._is_prefix(summary, rows)
 
-        return await anyio.to_thread.run_sync(check)
+        return await self._store.run(check)
 
     # ---- internals --------------------------------------------------------------------
 
@@ -220,17 +226,17 @@ class RollingContext:
         """Drop what is remembered about a session (it was deleted)."""
         self._verified.pop(session_id, None)
 
-    def read_branch(self, session_id: str, leaf_id: str, encoding: str, strategy: TruncationStrategy) -> _Read:
+    def read_branch(self, session_id: str, leaf_id: str, encoding: str, strategy: TruncationStrategy) -> BranchRead:
         """What ``prepare`` plans on (blocking: call it from a worker thread)."""
         return self._read(session_id, leaf_id, encoding, strategy == "summarize-old")
 
-    def _read(self, session_id: str, leaf_id: str, encoding: str, use_summary: bool) -> _Read:
+    def _read(self, session_id: str, leaf_id: str, encoding: str, use_summary: bool) -> BranchRead:
         summary = self._repo.get_summary(session_id) if use_summary else None
         if summary is not None:
             rows = self._repo.walk(session_id, leaf_id, stop_id=summary.last_covered_id)
             if rows and self._is_prefix(summary, rows):
                 tail = rows[1:]
-                return _Read(
+                return BranchRead(
                     summary=summary, tail=tail, tokens=self._ledger.counts(tail, encoding),
                     summary_tokens=tk.count_text(summary.text, encoding) + tk.MESSAGE_OVERHEAD,
                     covered_count=summary.covered_count,
@@ -240,7 +246,7 @@ class RollingContext:
             full = self._repo.walk(session_id, leaf_id)
         if not full and leaf_id:
             raise NotFound(f"message {leaf_id!r} is not in session {session_id!r}")
-        return _Read(summary=None, tail=full, tokens=self._ledger.counts(full, encoding), summary_tokens=0,
+        return BranchRead(summary=None, tail=full, tokens=self._ledger.counts(full, encoding), summary_tokens=0,
                      covered_count=0)
 
     def _is_prefix(self, summary: StoredSummary, rows: list[MessageV2]) -> bool:
@@ -278,7 +284,7 @@ class RollingContext:
             instructions=instructions,
         )
 
-        def store() -> StoredSummary:
+        def store(_: Store) -> StoredSummary:
             before = (self._repo.summary_ids(session.id) or []) if previous is not None else []
             if previous is not None and (
                 len(before) != previous.covered_count or not before or before[-1] != previous.last_covered_id
@@ -294,10 +300,10 @@ class RollingContext:
             self._verified[saved.session_id] = (saved.updated_at, saved.last_covered_id)
             return saved
 
-        return await anyio.to_thread.run_sync(store)
+        return await self._store.run(store)
 
 
-def _plan_summarize(read: _Read, strategy: TruncationStrategy, threshold: int) -> tuple[planner.RollingPlan, ContextWindow]:
+def _plan_summarize(read: BranchRead, strategy: TruncationStrategy, threshold: int) -> tuple[planner.RollingPlan, ContextWindow]:
     plan = planner.plan_summarize(
         read.tokens,
         [m.role for m in read.tail],

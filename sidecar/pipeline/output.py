@@ -30,7 +30,7 @@ import re
 from collections.abc import AsyncGenerator, AsyncIterator, Callable
 from contextlib import aclosing
 from pathlib import Path
-from typing import Any, TypeVar
+from typing import Any, Protocol, TypeVar
 
 import anyio
 import msgspec
@@ -56,6 +56,13 @@ CLOSE = "</think>"
 MAX_IMAGE_BYTES = 32 * 1024 * 1024
 _DATA_IMAGE = re.compile(r"!\[([^\]\n]*)\]\(\s*data:(image/[A-Za-z0-9.+-]+);base64,([A-Za-z0-9+/=\s]+?)\s*\)")
 S = TypeVar("S")
+T = TypeVar("T")
+
+
+class Offload(Protocol):
+    """Runs a blocking function in a worker thread."""
+
+    async def __call__(self, fn: Callable[[], T], /) -> T: ...
 
 
 class ThinkTagSplitter:
@@ -226,9 +233,19 @@ class OutputProcessor:
     """The finish stage for a GenerationHandler: ``stream()`` wraps the provider stream,
     ``await finish(session, snapshot)`` returns the snapshot to store."""
 
-    def __init__(self, *, assistant_for: Callable[[SessionV2], AssistantProfile | None], image_dir: Path) -> None:
+    def __init__(
+        self,
+        *,
+        assistant_for: Callable[[SessionV2], AssistantProfile | None],
+        image_dir: Path,
+        offload: Offload | None = None,
+    ) -> None:
+        """``assistant_for`` is blocking and runs with the finish work in one worker-thread
+        hop: ``offload`` makes it (the request builder passes its store's ``run``, since the
+        profile is a database read); without it, anyio's own thread pool."""
         self._assistant_for = assistant_for
         self._image_dir = image_dir
+        self._offload = offload
 
     def stream(self, parts: AsyncIterator[StreamPart]) -> AsyncGenerator[StreamPart, None]:
         return split_think_tags(parts)
@@ -257,6 +274,8 @@ class OutputProcessor:
             )
 
         try:
+            if self._offload is not None:
+                return await self._offload(work)
             return await anyio.to_thread.run_sync(work)
         except OSError as exc:  # a full disk must not lose the reply: store it unprocessed
             log.error("finishing the reply of session %s failed: %s", session.id, exc)

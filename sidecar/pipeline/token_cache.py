@@ -13,10 +13,10 @@ from __future__ import annotations
 import threading
 from collections import OrderedDict
 from collections.abc import Callable, Sequence
-from typing import Any
 
 from protocol.types import MessageV2
 from sidecar.pipeline import tokens as tk
+from sidecar.store.context import ContextRepo
 
 __all__ = ["TokenLedger"]
 
@@ -26,12 +26,12 @@ _FINAL = ("completed", "error", "aborted")
 class TokenLedger:
     def __init__(
         self,
-        repo: Any | None = None,
+        repo: ContextRepo | None = None,
         *,
         file_size: Callable[[str], int | None] = lambda uri: None,
         max_entries: int = 200_000,
     ) -> None:
-        self._repo = repo  # ContextRepo (or None: memory only)
+        self._repo = repo  # None: memory only
         self._file_size = file_size
         self._max = max_entries
         self._memory: OrderedDict[tuple[str, str], tuple[str, int]] = OrderedDict()

@@ -10,7 +10,7 @@ is an async generator of StreamPart (types.py); consume it inside
 ``contextlib.aclosing`` so that stopping early closes the HTTP response at once.
 ``generate`` sends ``stream: false`` and returns the same parts as a list;
 ``list_models`` asks the endpoint which model ids it offers.
-Failures are ``ProviderError`` (errors.py: ``kind``/``status``/``retryable``).
+Failures are ``ProviderCallError`` (errors.py: ``kind``/``status``/``retryable``).
 Retries happen inside the adapter only before the first byte of a response body.
 
 Layout: types (request, settings, parts) · errors · redact (secrets) · transport
@@ -23,7 +23,7 @@ from __future__ import annotations
 from collections.abc import AsyncGenerator
 from typing import TYPE_CHECKING, Any, Protocol
 
-from sidecar.providers.errors import ErrorKind, ProviderError
+from sidecar.providers.errors import ErrorKind, ProviderCallError
 from sidecar.providers.types import (
     ChatRequest,
     Finish,
@@ -46,7 +46,7 @@ from sidecar.providers.types import (
 __all__ = [
     "Provider",
     "create_provider",
-    "ProviderError",
+    "ProviderCallError",
     "ErrorKind",
     "HttpProvider",
     "OpenAICompatProvider",
@@ -118,6 +118,6 @@ _ADAPTERS: dict[str, str] = {
 def create_provider(settings: ProviderSettings, *, transport: httpx2.AsyncBaseTransport | None = None) -> Provider:
     adapter = _ADAPTERS.get(settings.type)
     if adapter is None:
-        raise ProviderError(f"unknown provider type {settings.type!r}", kind="bad_request")
+        raise ProviderCallError(f"unknown provider type {settings.type!r}", kind="bad_request")
     cls: type[HttpProvider] = __getattr__(adapter)
     return cls(settings, transport)

@@ -18,7 +18,7 @@ signature deltas map to Text/ThinkingDelta; ``input_json_delta`` fragments accum
 per content block index into ToolCallDelta and a ToolCallEnd at ``content_block_stop``
 (or at the end of the message for a block cut by ``max_tokens``); usage from
 ``message_start`` is merged with the cumulative ``message_delta`` usage; ``event: error``
--> ProviderError(in_stream); a stream without ``message_stop`` is TRUNCATED.
+-> ProviderCallError(in_stream); a stream without ``message_stop`` is TRUNCATED.
 """
 
 from __future__ import annotations

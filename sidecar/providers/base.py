@@ -2,13 +2,13 @@
 
 Owns: ``HttpProvider`` (one httpx2.AsyncClient per instance; ``stream`` /
 ``generate`` / ``aclose``; headers, custom headers and the custom body merge;
-mapping transport failures after the first byte to ProviderError) and
+mapping transport failures after the first byte to ProviderCallError) and
 ``deep_merge``. Each wire format subclasses it with ``endpoint``,
 ``auth_headers``, ``build_body``, ``parse_stream`` and ``parse_response``.
 
 Must stay true:
 - After ``open_response`` hands over a 2xx response nothing is retried; a
-  failure ends the step with a ProviderError after every part already parsed
+  failure ends the step with a ProviderCallError after every part already parsed
   was yielded.
 - The custom body is merged LAST, so it may override anything we set; a ``null``
   value in it removes that key (for servers that reject a field we send).
@@ -25,7 +25,7 @@ from typing import Any, ClassVar, cast
 import httpx2
 import msgspec
 
-from sidecar.providers.errors import ErrorKind, ProviderError, error_detail
+from sidecar.providers.errors import ErrorKind, ProviderCallError, error_detail
 from sidecar.providers.history import resolve_images
 from sidecar.providers.redact import Redactor, safe_url
 from sidecar.providers.transport import make_client, open_response, read_error_body
@@ -113,8 +113,8 @@ class HttpProvider(abc.ABC):
         """A full message naming this provider, with every secret masked."""
         return self._redactor.redact(f"{self._label}: {detail}")
 
-    def error(self, detail: str, *, kind: ErrorKind, status: int | None = None, retryable: bool = False) -> ProviderError:
-        return ProviderError(
+    def error(self, detail: str, *, kind: ErrorKind, status: int | None = None, retryable: bool = False) -> ProviderCallError:
+        return ProviderCallError(
             self.describe(detail), kind=kind, status=status, retryable=retryable, provider=self.settings.type
         )
 

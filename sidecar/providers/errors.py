@@ -1,7 +1,7 @@
-"""ProviderError: how a provider step fails, and reading a provider's error body.
+"""ProviderCallError: how a provider call fails, and reading a provider's error body.
 
-    sidecar.errors.ProviderError
-    └── sidecar.providers.errors.ProviderError   kind / status / retryable / provider
+    sidecar.errors.ProviderError                  the provider layer's error (any failure)
+    └── sidecar.providers.errors.ProviderCallError  an adapter's call: kind / status / retryable / provider
 
 ``kind`` says what happened:
 
@@ -30,9 +30,9 @@ from typing import Any, Literal
 
 import msgspec
 
-from sidecar.errors import ProviderError as _BaseProviderError
+from sidecar.errors import ProviderError
 
-__all__ = ["ErrorKind", "ProviderError", "error_detail"]
+__all__ = ["ErrorKind", "ProviderCallError", "error_detail"]
 
 ErrorKind = Literal[
     "connect", "timeout", "http", "in_stream", "malformed", "truncated", "disconnect", "stall", "bad_request"
@@ -42,7 +42,7 @@ ErrorKind = Literal[
 _MAX_DETAIL = 500
 
 
-class ProviderError(_BaseProviderError):
+class ProviderCallError(ProviderError):
     def __init__(
         self,
         message: str,
@@ -59,7 +59,7 @@ class ProviderError(_BaseProviderError):
         self.provider = provider
 
     def __repr__(self) -> str:
-        return f"ProviderError(kind={self.kind!r}, status={self.status!r}, message={self.message!r})"
+        return f"ProviderCallError(kind={self.kind!r}, status={self.status!r}, message={self.message!r})"
 
 
 class _ErrorObject(msgspec.Struct):

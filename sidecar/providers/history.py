@@ -39,7 +39,7 @@ from protocol.types import (
     ToolResultPart,
     ToolUsePart,
 )
-from sidecar.providers.errors import ProviderError
+from sidecar.providers.errors import ProviderCallError
 from sidecar.providers.types import ChatRequest, RequestMessage
 
 __all__ = [
@@ -207,7 +207,7 @@ async def _load(part: ImagePart, url: str, describe: Callable[[str], str]) -> Im
     try:
         data = await path.read_bytes()
     except OSError as exc:
-        raise ProviderError(
+        raise ProviderCallError(
             describe(f"cannot read the image {path.name!r} for the request: {exc.strerror}"),
             kind="bad_request",
         ) from exc

@@ -5,7 +5,7 @@ already ends in ``/api``); no auth unless an API key is set (then Bearer, for
 Ollama behind a proxy or ollama.com).
 
 Request: system messages as ``role: system``; images as base64 in ``images`` (Ollama
-takes no URLs: an http(s) image is a ProviderError(bad_request)); tool calls as
+takes no URLs: an http(s) image is a ProviderCallError(bad_request)); tool calls as
 ``tool_calls[{function:{name, arguments:<object>}}]`` on the assistant message, each
 result a ``role: tool`` message with ``tool_name``; ``options.temperature/top_p/
 num_predict``; ``think`` per ``reasoning.ollama_think``.
@@ -15,7 +15,7 @@ ThinkingDelta, ``message.content`` -> TextDelta, ``message.tool_calls`` arrive w
 each -> ToolCallStart/Delta/End at once, arguments (an object) re-encoded as JSON
 text, id taken from the call when the server sends one, else synthesized
 (``call_<n>``). ``done: true`` carries ``done_reason`` and ``prompt_eval_count`` /
-``eval_count`` -> UsageUpdate then Finish. ``{"error": ...}`` -> ProviderError(in_stream);
+``eval_count`` -> UsageUpdate then Finish. ``{"error": ...}`` -> ProviderCallError(in_stream);
 a stream without ``done: true`` is TRUNCATED.
 """
 

@@ -18,7 +18,7 @@ Stream decisions (documented here because servers differ):
 - ``[DONE]`` without a finish_reason ends as ``stop`` (``tool_calls`` if calls were made).
 - The usage-only final chunk (``choices: []``, from ``stream_options.include_usage``) and
   any chunk with ``usage`` -> UsageUpdate (cached and reasoning tokens included).
-- ``{"error": ...}`` in a chunk (or an ``event: error``) -> ProviderError(in_stream).
+- ``{"error": ...}`` in a chunk (or an ``event: error``) -> ProviderCallError(in_stream).
 """
 
 from __future__ import annotations
@@ -33,7 +33,7 @@ import msgspec
 from protocol.events import FinishReason
 from protocol.types import ImagePart, ToolResultPart, ToolUsePart, Usage
 from sidecar.providers.base import HttpProvider
-from sidecar.providers.errors import ProviderError, describe_error_object
+from sidecar.providers.errors import ProviderCallError, describe_error_object
 from sidecar.providers.history import image_data, part_text, split_messages, tool_input_json
 from sidecar.providers.reasoning import openai_effort, openai_family
 from sidecar.providers.types import (
@@ -346,7 +346,7 @@ class OpenAICompatProvider(HttpProvider):
             yield part
         yield Finish(map_finish_reason(finish, has_tool_calls=bool(tools.calls), refused=refused), finish)
 
-    def _in_stream(self, data: str) -> ProviderError:
+    def _in_stream(self, data: str) -> ProviderCallError:
         try:
             value: Any = msgspec.json.decode(data)
         except msgspec.DecodeError:

@@ -23,7 +23,7 @@ import anyio
 import httpx2
 import msgspec
 
-from sidecar.providers.errors import ProviderError
+from sidecar.providers.errors import ProviderCallError
 from sidecar.providers.types import StreamPart
 
 __all__ = [
@@ -96,14 +96,14 @@ def json_reply(value: Any, status: int = 200, headers: dict[str, str] | None = N
     )
 
 
-async def drain(parts: AsyncGenerator[StreamPart, None]) -> tuple[list[StreamPart], ProviderError | None]:
-    """Every part a stream yields, and the ProviderError that ended it (if one did)."""
+async def drain(parts: AsyncGenerator[StreamPart, None]) -> tuple[list[StreamPart], ProviderCallError | None]:
+    """Every part a stream yields, and the ProviderCallError that ended it (if one did)."""
     out: list[StreamPart] = []
     async with aclosing(parts) as stream:
         try:
             async for part in stream:
                 out.append(part)
-        except ProviderError as exc:
+        except ProviderCallError as exc:
             return out, exc
     return out, None
 

@@ -29,7 +29,7 @@ from typing import Any
 import anyio
 import httpx2
 
-from sidecar.providers.errors import ErrorKind, ProviderError, error_detail
+from sidecar.providers.errors import ErrorKind, ProviderCallError, error_detail
 from sidecar.providers.redact import install_http_log_filter, safe_url
 from sidecar.providers.types import ProviderSettings
 
@@ -252,14 +252,14 @@ async def open_response(
                 method, url, content=body, headers=headers, timeout=timeout or client.timeout
             )
         except httpx2.InvalidURL as exc:
-            raise ProviderError(describe(f"invalid URL ({exc})"), kind="bad_request", provider=settings.type) from exc
-        failure: ProviderError
+            raise ProviderCallError(describe(f"invalid URL ({exc})"), kind="bad_request", provider=settings.type) from exc
+        failure: ProviderCallError
         delay_headers: httpx2.Headers | None = None
         try:
             response = await client.send(request, stream=True)
         except httpx2.TransportError as exc:
             kind, what = _transport_failure(exc)
-            failure = ProviderError(
+            failure = ProviderCallError(
                 describe(f"{what} ({type(exc).__name__}: {exc})"),
                 kind=kind,
                 retryable=kind != "bad_request",
@@ -285,7 +285,7 @@ async def open_response(
             if 300 <= status < 400 and location:
                 # Redirects are not followed (a POST would be replayed elsewhere): say where.
                 detail = f"redirected to {safe_url(location)}; check the base URL"
-            failure = ProviderError(
+            failure = ProviderCallError(
                 describe(f"HTTP {status} {response.reason_phrase}: {detail}"),
                 kind="http",
                 status=status,

@@ -6,14 +6,14 @@ Layout (each module says what it owns):
     ids.py         UUIDv7 ids and the ms clock
     rows.py        row <-> protocol Struct mapping
     checks.py      argument checks -> InvalidParams
-    sessions.py    SessionRepo      (sessions_v2, session_tags, counters)
+    sessions.py    SessionRepo      (sessions_v2, session_tags, counters: SQL on a connection)
     messages.py    MessageStore     (messages_v2, the message tree, streaming updates)
     search.py      MessageSearch    (FTS5 index and queries)
     fts.py         CJK-bigram text for the index, quoted MATCH expressions, snippets
     settings.py    SettingsRepo     (key/value settings)
     transfer.py    fork, export, import
-    store.py       Store            (the synchronous facade: one call = one transaction)
-    async_store.py AsyncStore       (the same calls off the event loop)
+    store.py       Store            (its repositories as attributes: one call = one transaction)
+    async_store.py AsyncStore       (the gateway: ``await run(fn)`` calls fn(store) in a worker thread)
 
 Errors: StoreError / NotFound (sidecar.errors) for database and reference failures,
 InvalidParams for bad arguments; a failed call changes nothing.

@@ -9,7 +9,7 @@ Owns:
 - ``messages_v2.acp_message_id`` / ``acp_parts``: the agent's message id and every
   ``session/update`` of the reply, verbatim (JSON array of the raw update objects).
 
-Synchronous; call through ``anyio.to_thread.run_sync``. Each method is one transaction.
+Synchronous; async code calls it through ``AsyncStore.run`` (``s.acp``). Each method is one transaction.
 """
 
 from __future__ import annotations

@@ -34,11 +34,6 @@ class AssistantRepo:
     def __init__(self, db: Database) -> None:
         self._db = db
 
-    @classmethod
-    def of(cls, store: Any) -> AssistantRepo:
-        """The repository on a Store's database (package-internal access to its Database)."""
-        return cls(store._db)
-
     def list(self) -> list[AssistantProfile]:
         with self._db.read() as conn:
             default = self._default_id(conn)

@@ -1,11 +1,26 @@
-"""AsyncStore: the Store for async code; every call runs in a worker thread.
+"""AsyncStore: the one way async code reaches the database (the store gateway).
 
-Owns: keeping database work off the event loop. Each method has the name and arguments of
-its Store method and runs it with ``anyio.to_thread.run_sync`` under one CapacityLimiter
-shared by all calls of this store (sized to the connections: one writer plus the
-readers, so threads never queue inside the store). Cancellation waits for the running
-call to finish (it is one short transaction), so a cancelled caller never leaves a
-transaction half-done.
+Owns: keeping database work off the event loop, and bounding it. ``await store.run(fn)``
+calls ``fn(store.sync)`` in a worker thread under one CapacityLimiter shared by every
+caller of this store; the limiter is sized to the connections (one writer plus the
+readers), so threads never queue inside the store and a burst of reads cannot take every
+thread anyio has. ``fn`` reaches any repository as an attribute of the Store::
+
+    session = await store.run(lambda s: s.sessions.get(session_id))
+    run, calls = await store.run(lambda s: (s.tools.get_run(mid), s.tools.calls(mid)))
+
+A function may make several calls in one hop (a fast path: one thread switch instead of
+one per read) and may join them into one transaction with ``s.transaction()``.
+Collaborators whose blocking methods read through repositories they hold (the request
+builder's context reads, the turn writer) are built from ``store.sync`` and run those
+methods through ``run`` too; nothing else calls the Store from async code.
+
+Must stay true:
+- no database call runs on the event loop, and none runs in a worker thread that did not
+  come through ``run`` (file and CPU work, which holds no connection, uses anyio's own
+  thread limiter instead, so it never takes a slot a database call waits for);
+- cancellation waits for the running call to finish (it is short, and one transaction at
+  most per repository call), so a cancelled caller never leaves a transaction half-done.
 """
 
 from __future__ import annotations
@@ -13,26 +28,14 @@ from __future__ import annotations
 from collections.abc import Callable
 from functools import partial
 from pathlib import Path
-from typing import Any, TypeVar
+from typing import TypeVar
 
 import anyio
 import anyio.to_thread
 
-from protocol.messages import MessageQueryOptions, SearchOptions
-from protocol.sessions import CreateSessionOptions, SessionFilter, SessionListResult, SessionUpdates
-from protocol.types import (
-    ContentPart,
-    MessageTreeNode,
-    MessageV2,
-    SearchResult,
-    SessionExport,
-    SessionV2,
-    ToolCall,
-    Usage,
-)
 from sidecar.secrets.box import SecretBox
 from sidecar.store.ids import now_ms
-from sidecar.store.store import ACTIVE_LEAF, Store
+from sidecar.store.store import Store
 
 __all__ = ["AsyncStore"]
 
@@ -40,10 +43,11 @@ T = TypeVar("T")
 
 
 class AsyncStore:
-    """Async facade of a Store (same method names)."""
+    """The gateway of one Store: ``run`` is its only way in from async code."""
 
     def __init__(self, store: Store, *, limiter: anyio.CapacityLimiter | None = None) -> None:
         self.sync = store
+        """The Store itself: for wiring collaborators whose blocking methods ``run`` calls."""
         self._limiter = limiter if limiter is not None else anyio.CapacityLimiter(3)
 
     @classmethod
@@ -55,179 +59,17 @@ class AsyncStore:
         readers: int = 2,
         secrets: SecretBox | None = None,
     ) -> AsyncStore:
-        """Open (migrate, recover) a Store in a worker thread."""
+        """Open (migrate, recover) a Store in a worker thread; ``secrets`` as for Store."""
         store = await anyio.to_thread.run_sync(
             partial(Store, data_dir, clock=clock, readers=readers, secrets=secrets)
         )
         return cls(store, limiter=anyio.CapacityLimiter(readers + 1))
 
-    async def _run(self, fn: Callable[..., T], *args: Any, **kwargs: Any) -> T:
-        return await anyio.to_thread.run_sync(partial(fn, *args, **kwargs), limiter=self._limiter)
+    async def run(self, fn: Callable[[Store], T]) -> T:
+        """``fn(store)`` in a worker thread, through this store's limiter."""
+        return await anyio.to_thread.run_sync(fn, self.sync, limiter=self._limiter)
 
     async def close(self) -> None:
         """Close the database; shielded, so it also runs while the caller is cancelled."""
         with anyio.CancelScope(shield=True):
-            await self._run(self.sync.close)
-
-    # sessions
-    async def create_session(self, opts: CreateSessionOptions) -> SessionV2:
-        return await self._run(self.sync.create_session, opts)
-
-    async def get_session(self, session_id: str) -> SessionV2:
-        return await self._run(self.sync.get_session, session_id)
-
-    async def list_sessions(self, flt: SessionFilter) -> SessionListResult:
-        return await self._run(self.sync.list_sessions, flt)
-
-    async def update_session(self, session_id: str, updates: SessionUpdates) -> SessionV2:
-        return await self._run(self.sync.update_session, session_id, updates)
-
-    async def delete_session(self, session_id: str) -> None:
-        await self._run(self.sync.delete_session, session_id)
-
-    async def archive_session(self, session_id: str, archived: bool = True) -> None:
-        await self._run(self.sync.archive_session, session_id, archived)
-
-    async def pin_session(self, session_id: str, pinned: bool) -> None:
-        await self._run(self.sync.pin_session, session_id, pinned)
-
-    async def fork_session(self, session_id: str, message_id: str) -> SessionV2:
-        return await self._run(self.sync.fork_session, session_id, message_id)
-
-    async def export_session(self, session_id: str) -> SessionExport:
-        return await self._run(self.sync.export_session, session_id)
-
-    async def import_session(
-        self, session: SessionV2, messages: list[MessageV2], replace: bool = False
-    ) -> SessionV2:
-        return await self._run(self.sync.import_session, session, messages, replace)
-
-    async def add_session_usage(self, session_id: str, tokens: int, cost: float) -> SessionV2:
-        return await self._run(self.sync.add_session_usage, session_id, tokens, cost)
-
-    # messages
-    async def get_message(self, message_id: str) -> MessageV2:
-        return await self._run(self.sync.get_message, message_id)
-
-    async def get_path(self, session_id: str, leaf_id: str | None = None) -> list[MessageV2]:
-        return await self._run(self.sync.get_path, session_id, leaf_id)
-
-    async def get_messages(
-        self, session_id: str, options: MessageQueryOptions | None = None
-    ) -> list[MessageV2]:
-        return await self._run(self.sync.get_messages, session_id, options)
-
-    async def get_tree(self, session_id: str) -> list[MessageTreeNode]:
-        return await self._run(self.sync.get_tree, session_id)
-
-    async def select_branch(self, session_id: str, leaf_id: str) -> list[MessageV2]:
-        return await self._run(self.sync.select_branch, session_id, leaf_id)
-
-    async def search_messages(
-        self, query: str, options: SearchOptions | None = None
-    ) -> list[SearchResult]:
-        return await self._run(self.sync.search_messages, query, options)
-
-    async def append_message(
-        self,
-        session_id: str,
-        *,
-        role: str,
-        parent_id: Any = ACTIVE_LEAF,
-        content_type: str = "text",
-        text_content: str | None = None,
-        parts: list[ContentPart] | None = None,
-        tool_calls: list[ToolCall] | None = None,
-        tool_call_id: str | None = None,
-        tool_name: str | None = None,
-        model_id: str | None = None,
-        status: str = "completed",
-        error: str | None = None,
-        usage: Usage | None = None,
-        latency_ms: int | None = None,
-        acp_message_id: str | None = None,
-        acp_parts: list[Any] | None = None,
-        make_active: bool = True,
-        seq: int | None = None,
-    ) -> MessageV2:
-        """See Store.append_message (``parent_id`` defaults to the active leaf)."""
-        return await self._run(
-            self.sync.append_message,
-            session_id,
-            role=role,
-            parent_id=parent_id,
-            content_type=content_type,
-            text_content=text_content,
-            parts=parts,
-            tool_calls=tool_calls,
-            tool_call_id=tool_call_id,
-            tool_name=tool_name,
-            model_id=model_id,
-            status=status,
-            error=error,
-            usage=usage,
-            latency_ms=latency_ms,
-            acp_message_id=acp_message_id,
-            acp_parts=acp_parts,
-            make_active=make_active,
-            seq=seq,
-        )
-
-    async def update_partial(
-        self,
-        message_id: str,
-        *,
-        text_content: str | None,
-        parts: list[ContentPart] | None,
-        status: str = "streaming",
-        seq: int | None = None,
-    ) -> None:
-        await self._run(
-            self.sync.update_partial,
-            message_id,
-            text_content=text_content,
-            parts=parts,
-            status=status,
-            seq=seq,
-        )
-
-    async def finish_message(
-        self,
-        message_id: str,
-        *,
-        status: str,
-        text_content: str | None,
-        parts: list[ContentPart] | None,
-        tool_calls: list[ToolCall] | None = None,
-        usage: Usage | None = None,
-        latency_ms: int | None = None,
-        model_id: str | None = None,
-        error: str | None = None,
-        seq: int | None = None,
-    ) -> MessageV2:
-        return await self._run(
-            self.sync.finish_message,
-            message_id,
-            status=status,
-            text_content=text_content,
-            parts=parts,
-            tool_calls=tool_calls,
-            usage=usage,
-            latency_ms=latency_ms,
-            model_id=model_id,
-            error=error,
-            seq=seq,
-        )
-
-    async def delete_branch(self, message_id: str) -> int:
-        return await self._run(self.sync.delete_branch, message_id)
-
-    # settings and maintenance
-    async def get_setting(self, key: str) -> str | None:
-        return await self._run(self.sync.get_setting, key)
-
-    async def set_setting(self, key: str, value: str | None) -> None:
-        await self._run(self.sync.set_setting, key, value)
-
-    async def recover_interrupted(self) -> int:
-        return await self._run(self.sync.recover_interrupted)
+            await self.run(Store.close)

@@ -21,7 +21,6 @@ summary costs the length of that part, not of the branch.
 from __future__ import annotations
 
 from collections.abc import Iterable
-from typing import Any
 
 import msgspec
 
@@ -47,11 +46,6 @@ class StoredSummary(msgspec.Struct, kw_only=True):
 class ContextRepo:
     def __init__(self, db: Database) -> None:
         self._db = db
-
-    @classmethod
-    def of(cls, store: Any) -> ContextRepo:
-        """The repository on a Store's database (package-internal access to its Database)."""
-        return cls(store._db)
 
     # ---- branch reads -----------------------------------------------------------------
 

@@ -18,7 +18,7 @@ be opened (sealed with a key this process was not given) has ``secrets_locked`` 
 those values left out, and stays listable and editable: a new key sent with upsert
 replaces the locked one.
 
-Synchronous; call through ``anyio.to_thread.run_sync``.
+Synchronous; async code calls it through ``AsyncStore.run`` (``s.providers``).
 """
 
 from __future__ import annotations

@@ -1,18 +1,37 @@
-"""Store: the one synchronous facade over the database (sessions, messages, search, settings).
+"""Store: the database of one data dir, and its repositories (one attribute each).
 
-Owns: transaction boundaries. Each public method is one transaction (``Database.write`` or
-``Database.read``), composed from the stateless repositories (SessionRepo, MessageStore,
-MessageSearch, SettingsRepo); validation runs before anything is written, and any error
-rolls the whole call back, so a failed call leaves the database as it was.
+Owns: opening (migrations, crash recovery, the data dir lock), closing, and which
+repositories exist. Every repository is an attribute built here on the one Database:
+
+    sessions    Sessions       sessions_v2, tags, counters (below)
+    messages    Messages       messages_v2, the message tree, streaming and final rows (below)
+    search      Search         full-text search of messages (below)
+    settings    Settings       the key/value settings (below)
+    secrets     SecretsRepo    secrets at rest: settling the key, re-sealing (secrets.py)
+    providers   ProviderRepo   provider:* configuration, keys sealed (sidecar/store/providers.py)
+    acp         AcpRepo        ACP agent sessions per reply, raw ACP columns (acp.py)
+    tools       ToolStore      tool loop runs and calls, approvals, policies, audit, MCP (tools.py)
+    assistants  AssistantRepo  assistant profiles and the default one (assistants.py)
+    context     ContextRepo    rolling summaries, session context settings, token counts (context.py)
+    channels    ChannelRepo    IM channels: configs, chat links, the inbox, deliveries (channels.py)
+
+A new repository takes the Database in its constructor and is attached here; nothing
+outside the store package sees the Database. Each repository method is one transaction
+(``Database.write`` or ``Database.read``); ``Store.transaction()`` joins several calls, of
+any repositories, into one. Sessions, Messages, Search and Settings compose the stateless
+table helpers (SessionRepo, MessageStore, MessageSearch, SettingsRepo); validation runs
+before anything is written, and any error rolls the whole call back, so a failed call
+leaves the database as it was.
 
 Thread-safe (see ``db.Database``): any thread may call any method; writes are serialized,
-reads run on pooled reader connections. ``AsyncStore`` runs these off the event loop.
+reads run on pooled reader connections. Async code reaches the Store only through
+``AsyncStore`` (async_store.py), which runs the calls in worker threads.
 
 Conventions:
 - Timestamps come from ``clock`` (ms); ids from ``ids.new_id`` (UUIDv7).
 - A session's provider/model default to the settings default_provider_id/default_model_id,
   or '' ("unset") when none is configured.
-- ``append_message(parent_id=ACTIVE_LEAF)`` (the default) appends below the active leaf;
+- ``messages.append(parent_id=ACTIVE_LEAF)`` (the default) appends below the active leaf;
   ``parent_id=None`` starts a new root.
 - ``content_type`` is stored as 'multipart' whenever parts are stored.
 - One process per data dir: opening a Store runs crash recovery, which turns every row
@@ -20,8 +39,8 @@ Conventions:
   abort the first one's in-flight replies), so a Store holds ``dirlock.DirLock`` from open
   to close and a second Store on the same dir fails with StoreError ("another
   chat-sidecar is using <dir>") before touching the database.
-- ``delete_branch`` (not on the wire yet) removes a message and its subtree with counters,
-  search index and active leaf kept true.
+- ``messages.delete_branch`` (not on the wire yet) removes a message and its subtree with
+  counters, search index and active leaf kept true.
 """
 
 from __future__ import annotations
@@ -45,7 +64,7 @@ from protocol.types import (
     ToolCall,
     Usage,
 )
-from sidecar.errors import InvalidParams, StoreError
+from sidecar.errors import InvalidParams, NotFound, StoreError
 from sidecar.store import transfer
 from sidecar.store.checks import (
     CONTENT_TYPES,
@@ -65,6 +84,9 @@ from sidecar.store.ids import new_id, now_ms
 from sidecar.store.messages import MessageStore
 from sidecar.store.migrations import migrate
 from sidecar.store.acp import AcpRepo
+from sidecar.store.assistants import AssistantRepo
+from sidecar.store.channels import ChannelRepo
+from sidecar.store.context import ContextRepo
 from sidecar.store.providers import ProviderRepo
 from sidecar.store.rows import parts_or_none, searchable_text, to_json
 from sidecar.store.search import MessageSearch
@@ -74,7 +96,7 @@ from sidecar.store.sessions import SessionRepo
 from sidecar.store.tools import ToolStore
 from sidecar.store.settings import DEFAULT_MODEL_KEY, DEFAULT_PROVIDER_KEY, SettingsRepo
 
-__all__ = ["Store", "ACTIVE_LEAF", "MAX_MESSAGES_LIMIT"]
+__all__ = ["Store", "Sessions", "Messages", "Search", "Settings", "ACTIVE_LEAF", "MAX_MESSAGES_LIMIT"]
 
 MAX_MESSAGES_LIMIT = limits.MAX_MESSAGES_PAGE
 
@@ -84,66 +106,18 @@ class _Default(enum.Enum):
 
 
 ACTIVE_LEAF: Final = _Default.ACTIVE_LEAF
-"""Default ``parent_id`` of append_message: the session's active leaf."""
+"""Default ``parent_id`` of Messages.append: the session's active leaf."""
 
 
-class Store:
-    """The database of one data dir. Open = migrate + recover interrupted messages."""
+class Sessions:
+    """``sessions_v2`` (and its tags and counters): one transaction per call."""
 
-    def __init__(
-        self,
-        data_dir: str | Path,
-        *,
-        clock: Callable[[], int] = now_ms,
-        readers: int = 2,
-        secrets: SecretBox | None = None,
-    ) -> None:
-        """``secrets`` seals the stored secrets (default: a box with the data dir's key file)."""
-        path = Path(data_dir)
-        try:
-            path.mkdir(parents=True, exist_ok=True)
-        except OSError as exc:
-            raise StoreError(f"cannot create the data dir {path}: {exc}") from exc
-        self._lock = DirLock(path)
-        self.path = path / DB_FILENAME
+    def __init__(self, db: Database, clock: Callable[[], int]) -> None:
+        self._db = db
         self._clock = clock
-        try:
-            self._db = Database(self.path, readers=readers)
-        except BaseException:
-            self._lock.release()
-            raise
-        sealer = Sealer(secrets if secrets is not None else SecretBox(path, use_keychain=False))
-        self.secrets = SecretsRepo(self._db, sealer, path)
-        """Secrets at rest: settling the key, re-sealing stored secrets (sidecar/store/secrets.py)."""
-        self.providers = ProviderRepo(self._db, sealer)
-        """provider:* configuration (its own repository: keys stay inside it, sealed)."""
-        self.acp = AcpRepo(self._db)
-        """ACP agent sessions per reply and the raw ACP columns (sidecar/store/acp.py)."""
-        self.tools = ToolStore(self._db, clock, sealer)
-        """Tool loop state, approvals, policies, audit trail, MCP configs (sidecar/store/tools.py)."""
-        try:
-            self.schema_version = migrate(self._db)
-            self.recovered = self.recover_interrupted()
-        except BaseException:
-            self._db.close()
-            self._lock.release()
-            raise
 
-    @contextmanager
-    def transaction(self) -> Iterator[None]:
-        """Several Store calls as one write transaction (they join it; all or nothing)."""
-        with self._db.write():
-            yield
 
-    def close(self) -> None:
-        try:
-            self._db.close()
-        finally:
-            self._lock.release()
-
-    # ---- sessions -------------------------------------------------------------------
-
-    def create_session(self, opts: CreateSessionOptions) -> SessionV2:
+    def create(self, opts: CreateSessionOptions) -> SessionV2:
         if not isinstance(opts, CreateSessionOptions):
             raise InvalidParams("params must be CreateSessionOptions")
         check_choice("mode", opts.mode, MODES)
@@ -188,50 +162,50 @@ class Store:
             SessionRepo.insert(conn, session)
         return session
 
-    def get_session(self, session_id: str) -> SessionV2:
+    def get(self, session_id: str) -> SessionV2:
         with self._db.read() as conn:
             return SessionRepo.get(conn, session_id)
 
-    def list_sessions(self, flt: SessionFilter) -> SessionListResult:
+    def query(self, flt: SessionFilter) -> SessionListResult:
         if not isinstance(flt, SessionFilter):
             raise InvalidParams("params must be a SessionFilter")
         with self._db.read() as conn:
             return SessionRepo.list(conn, flt)
 
-    def update_session(self, session_id: str, updates: SessionUpdates) -> SessionV2:
+    def update(self, session_id: str, updates: SessionUpdates) -> SessionV2:
         """Change the given (not None) fields. "" clears summary, systemPrompt, folder and
         channelId; {} clears channelMeta; [] clears tags; an empty title is invalid."""
         with self._db.write() as conn:
             SessionRepo.update(conn, session_id, updates, self._clock())
             return SessionRepo.get(conn, session_id)
 
-    def delete_session(self, session_id: str) -> None:
+    def delete(self, session_id: str) -> None:
         with self._db.write() as conn:
             SessionRepo.delete(conn, session_id)
 
-    def archive_session(self, session_id: str, archived: bool = True) -> None:
+    def archive(self, session_id: str, archived: bool = True) -> None:
         with self._db.write() as conn:
             SessionRepo.set_flag(conn, session_id, "is_archived", archived, self._clock())
 
-    def pin_session(self, session_id: str, pinned: bool) -> None:
+    def pin(self, session_id: str, pinned: bool) -> None:
         with self._db.write() as conn:
             SessionRepo.set_flag(conn, session_id, "is_pinned", pinned, self._clock())
 
-    def fork_session(self, session_id: str, message_id: str) -> SessionV2:
+    def fork(self, session_id: str, message_id: str) -> SessionV2:
         with self._db.write() as conn:
             return transfer.fork_session(conn, session_id, message_id, self._clock())
 
-    def export_session(self, session_id: str) -> SessionExport:
+    def export(self, session_id: str) -> SessionExport:
         with self._db.read() as conn:
             return transfer.export_session(conn, session_id)
 
-    def import_session(
+    def import_(
         self, session: SessionV2, messages: list[MessageV2], replace: bool = False
     ) -> SessionV2:
         with self._db.write() as conn:
             return transfer.import_session(conn, session, messages, replace=replace)
 
-    def add_session_usage(self, session_id: str, tokens: int, cost: float) -> SessionV2:
+    def add_usage(self, session_id: str, tokens: int, cost: float) -> SessionV2:
         check_range("tokens", tokens, 0, 2**62)
         if isinstance(cost, bool) or not isinstance(cost, (int, float)) or cost < 0:
             raise InvalidParams("cost must be a non-negative number")
@@ -239,18 +213,25 @@ class Store:
             SessionRepo.add_usage(conn, session_id, tokens, float(cost))
             return SessionRepo.get(conn, session_id)
 
-    # ---- messages -------------------------------------------------------------------
 
-    def get_message(self, message_id: str) -> MessageV2:
+class Messages:
+    """``messages_v2``, the message tree and streaming updates: one transaction per call."""
+
+    def __init__(self, db: Database, clock: Callable[[], int]) -> None:
+        self._db = db
+        self._clock = clock
+
+
+    def get(self, message_id: str) -> MessageV2:
         with self._db.read() as conn:
             return MessageStore.get(conn, message_id)
 
-    def get_path(self, session_id: str, leaf_id: str | None = None) -> list[MessageV2]:
+    def path(self, session_id: str, leaf_id: str | None = None) -> list[MessageV2]:
         """Root -> ``leaf_id`` (default: the active leaf); [] for a session without messages."""
         with self._db.read() as conn:
             return self._path(conn, session_id, leaf_id)
 
-    def get_messages(
+    def query(
         self, session_id: str, options: MessageQueryOptions | None = None
     ) -> list[MessageV2]:
         o = options if options is not None else MessageQueryOptions()
@@ -282,7 +263,7 @@ class Store:
                 leaf = before.parent_id
             return MessageStore.path(conn, session_id, leaf, limit)
 
-    def get_tree(self, session_id: str) -> list[MessageTreeNode]:
+    def tree(self, session_id: str) -> list[MessageTreeNode]:
         """Every message as a forest; siblings in creation order, the active path marked."""
         with self._db.read() as conn:
             rows = conn.execute(
@@ -315,16 +296,7 @@ class Store:
             SessionRepo.set_active_leaf(conn, session_id, leaf)
             return MessageStore.path(conn, session_id, leaf)
 
-    def search_messages(
-        self, query: str, options: SearchOptions | None = None
-    ) -> list[SearchResult]:
-        o = options if options is not None else SearchOptions()
-        if not isinstance(o, SearchOptions):
-            raise InvalidParams("options must be SearchOptions")
-        with self._db.read() as conn:
-            return MessageSearch.search(conn, query, o)
-
-    def append_message(
+    def append(
         self,
         session_id: str,
         *,
@@ -428,7 +400,7 @@ class Store:
                 now=self._clock(),
             )
 
-    def finish_message(
+    def finish(
         self,
         message_id: str,
         *,
@@ -472,6 +444,34 @@ class Store:
             )
         return message
 
+    def pause(
+        self,
+        message_id: str,
+        *,
+        text_content: str | None,
+        parts: list[ContentPart] | None,
+        tool_calls: list[ToolCall] | None,
+        seq: int,
+        usage: Usage | None = None,
+    ) -> None:
+        """A streaming reply waits for something outside it (tool approvals): its content,
+        usage so far and seq, status ``paused``. Not indexed: it is not final. Whoever paused
+        it records why in the same transaction (``Store.transaction``)."""
+        _check_list("parts", parts)
+        _check_list("toolCalls", tool_calls)
+        with self._db.write() as conn:
+            conn.execute(
+                "UPDATE messages_v2 SET status = 'paused', text_content = ?, parts = ?,"
+                " content_type = CASE WHEN ? IS NOT NULL THEN 'multipart' ELSE content_type END,"
+                " tool_calls = ?, seq = ?, usage = COALESCE(?, usage), updated_at = ?"
+                " WHERE id = ? AND status IN ('pending', 'streaming')",
+                (text_content, to_json(parts) if parts else None, to_json(parts) if parts else None,
+                 to_json(tool_calls), seq, to_json(usage) if usage is not None else None, self._clock(),
+                 message_id),
+            )
+            if conn.changes() == 0:
+                raise NotFound(f"message {message_id!r} is not being generated")
+
     def delete_branch(self, message_id: str) -> int:
         """Delete a message and everything below it; returns how many messages went.
 
@@ -496,18 +496,6 @@ class Store:
             SessionRepo.touch(conn, root.session_id, self._clock())
             return len(ids)
 
-    # ---- settings and maintenance ---------------------------------------------------
-
-    def get_setting(self, key: str) -> str | None:
-        with self._db.read() as conn:
-            return SettingsRepo.get(conn, key)
-
-    def set_setting(self, key: str, value: str | None) -> None:
-        check_text("key", key, optional=False)
-        check_text("value", value)
-        with self._db.write() as conn:
-            SettingsRepo.set(conn, key, value)
-
     def recover_interrupted(self) -> int:
         """Rows left 'pending'/'streaming' by a dead process become 'aborted' (content kept,
         then indexed like any finished message). Returns how many."""
@@ -526,7 +514,9 @@ class Store:
             )
         return len(rows)
 
+
     # ---- internals ------------------------------------------------------------------
+
 
     def _leaf(self, conn: Any, session_id: str, leaf_id: str | None) -> str | None:
         """The given leaf (checked to be in the session), else the active leaf, else the
@@ -548,6 +538,99 @@ class Store:
     def _path(self, conn: Any, session_id: str, leaf_id: str | None) -> list[MessageV2]:
         leaf = self._leaf(conn, session_id, leaf_id)
         return [] if leaf is None else MessageStore.path(conn, session_id, leaf)
+
+
+class Search:
+    """Full-text search of messages (the index is written by Messages)."""
+
+    def __init__(self, db: Database) -> None:
+        self._db = db
+
+    def messages(
+        self, query: str, options: SearchOptions | None = None
+    ) -> list[SearchResult]:
+        o = options if options is not None else SearchOptions()
+        if not isinstance(o, SearchOptions):
+            raise InvalidParams("options must be SearchOptions")
+        with self._db.read() as conn:
+            return MessageSearch.search(conn, query, o)
+
+
+class Settings:
+    """The ``settings`` key/value table."""
+
+    def __init__(self, db: Database) -> None:
+        self._db = db
+
+
+    def get(self, key: str) -> str | None:
+        with self._db.read() as conn:
+            return SettingsRepo.get(conn, key)
+
+    def set(self, key: str, value: str | None) -> None:
+        check_text("key", key, optional=False)
+        check_text("value", value)
+        with self._db.write() as conn:
+            SettingsRepo.set(conn, key, value)
+
+
+class Store:
+    """The database of one data dir. Open = migrate + recover interrupted messages."""
+
+    def __init__(
+        self,
+        data_dir: str | Path,
+        *,
+        clock: Callable[[], int] = now_ms,
+        readers: int = 2,
+        secrets: SecretBox | None = None,
+    ) -> None:
+        """``secrets`` seals the stored secrets (default: a box with the data dir's key file)."""
+        path = Path(data_dir)
+        try:
+            path.mkdir(parents=True, exist_ok=True)
+        except OSError as exc:
+            raise StoreError(f"cannot create the data dir {path}: {exc}") from exc
+        self._lock = DirLock(path)
+        self.path = path / DB_FILENAME
+        self._clock = clock
+        try:
+            self._db = Database(self.path, readers=readers)
+        except BaseException:
+            self._lock.release()
+            raise
+        db = self._db
+        self.sessions = Sessions(db, clock)
+        self.messages = Messages(db, clock)
+        self.search = Search(db)
+        self.settings = Settings(db)
+        sealer = Sealer(secrets if secrets is not None else SecretBox(path, use_keychain=False))
+        self.secrets = SecretsRepo(db, sealer, path)
+        self.providers = ProviderRepo(db, sealer)
+        self.acp = AcpRepo(db)
+        self.tools = ToolStore(db, clock, sealer)
+        self.assistants = AssistantRepo(db)
+        self.context = ContextRepo(db)
+        self.channels = ChannelRepo(db, clock)
+        try:
+            self.schema_version = migrate(db)
+            self.recovered = self.messages.recover_interrupted()
+        except BaseException:
+            self._db.close()
+            self._lock.release()
+            raise
+
+    @contextmanager
+    def transaction(self) -> Iterator[None]:
+        """Several repository calls as one write transaction (they join it; all or nothing)."""
+        with self._db.write():
+            yield
+
+    def close(self) -> None:
+        try:
+            self._db.close()
+        finally:
+            self._lock.release()
 
 
 def _check_list(field: str, value: Any) -> None:

@@ -16,10 +16,11 @@ Must stay true (the "Pending never runs" invariant rests on these):
 - state changes are conditional updates (``transition`` names the states it leaves), so a
   call becomes ``running`` only from ``approved``, never from ``pending``;
 - a decision, its audit row and a remembered policy are one transaction;
-- pausing a reply writes its content, status ``paused`` and the run state together.
+- pausing a reply writes its content, status ``paused`` and the run state together (the
+  engine joins Messages.pause and ``set_run`` in one transaction).
 
-Synchronous and thread-safe (``db.Database``); the engine calls it through
-``anyio.to_thread.run_sync``. Errors: StoreError / NotFound / InvalidParams.
+Synchronous and thread-safe (``db.Database``); async code calls it through
+``AsyncStore.run`` (``s.tools``). Errors: StoreError / NotFound / InvalidParams.
 """
 
 from __future__ import annotations
@@ -34,7 +35,7 @@ import msgspec
 from protocol import limits
 from protocol.events import ToolApprovalOption
 from protocol.tools import ToolAuditEntry, ToolPolicy
-from protocol.types import ContentPart, MessageV2, ToolCall, ToolResultPart, Usage
+from protocol.types import MessageV2, ToolResultPart
 from sidecar.errors import InvalidParams, NotFound
 from sidecar.store.db import Database
 from sidecar.store.ids import now_ms
@@ -302,36 +303,7 @@ class ToolStore:
             return [_call(r) for r in conn.execute(sql + " ORDER BY created_at", args).fetchall()]
 
     # ---- the reply row while paused -----------------------------------------------------
-
-    def pause_message(
-        self,
-        message_id: str,
-        *,
-        text_content: str | None,
-        parts: list[ContentPart] | None,
-        tool_calls: list[ToolCall] | None,
-        seq: int,
-        steps: int,
-        usage: Usage | None = None,
-    ) -> None:
-        """The reply waits for approvals: content, usage so far, status ``paused`` and the
-        run, together (a resumed reply, even after a restart, adds its steps' usage to it)."""
-        with self._db.write() as conn:
-            now = self._clock()
-            conn.execute(
-                "UPDATE messages_v2 SET status = 'paused', text_content = ?, parts = ?,"
-                " content_type = CASE WHEN ? IS NOT NULL THEN 'multipart' ELSE content_type END,"
-                " tool_calls = ?, seq = ?, usage = COALESCE(?, usage), updated_at = ?"
-                " WHERE id = ? AND status IN ('pending', 'streaming')",
-                (text_content, to_json(parts) if parts else None, to_json(parts) if parts else None,
-                 to_json(tool_calls), seq, to_json(usage) if usage is not None else None, now, message_id),
-            )
-            if conn.changes() == 0:
-                raise NotFound(f"message {message_id!r} is not being generated")
-            conn.execute(
-                "UPDATE tool_runs SET state = 'paused', steps = ?, updated_at = ? WHERE message_id = ?",
-                (steps, now, message_id),
-            )
+    # (pausing: Messages.pause and set_run(state="paused") in one Store.transaction)
 
     def reopen_message(self, message_id: str) -> MessageV2 | None:
         """paused -> streaming (a resumed reply); None when it is no longer paused."""

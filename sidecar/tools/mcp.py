@@ -4,7 +4,8 @@ The ``mcp`` package is imported only when a server is actually connected (start-
 it pulls in pydantic, starlette...), in a worker thread, never at module import.
 
 Servers are configured by method (``mcp:server:upsert|list|delete``) and stored in the
-``mcp_servers`` table. ``McpManager.open(store)`` is an async context manager owning one
+``mcp_servers`` table (reached through the store gateway, ``store.run``).
+``McpManager.open(store)`` is an async context manager owning one
 task group: every enabled server gets a ServerSupervisor (sidecar/tools/mcp_supervisor.py)
 running in it, started when the manager opens and when a server is upserted, so servers
 connect in the background, back off when they fail and reconnect when they crash.
@@ -30,7 +31,7 @@ from __future__ import annotations
 import logging
 from collections.abc import AsyncIterator
 from contextlib import asynccontextmanager
-from typing import Any, Protocol
+from typing import Any
 
 import anyio
 import anyio.abc
@@ -39,6 +40,7 @@ import msgspec
 from protocol.common import NameParams, SuccessResult
 from protocol.mcp import McpServerInfo, McpServerUpsertParams
 from sidecar.errors import InvalidParams, NotFound
+from sidecar.store.async_store import AsyncStore
 from sidecar.tools.base import Tool, ToolContext, ToolError, ToolOutput
 from sidecar.tools.mcp_config import McpServerConfig, RemoteTool, mcp_tool_name, sanitize
 from sidecar.tools.mcp_supervisor import ServerSupervisor, describe
@@ -53,14 +55,6 @@ STOP_DEADLINE_S = 3 * STOP_STEP_S
 """How long a server's stop may take (close stdin, SIGTERM, SIGKILL); then its group is killed."""
 KILL_REAP_S = 1.0
 """After the deadline's SIGKILL: how long to wait for the teardown to see the process gone."""
-
-
-class McpStore(Protocol):
-    """The part of the ToolStore the manager uses (synchronous: called in worker threads)."""
-
-    def mcp_servers(self) -> list[tuple[str, str]]: ...
-    def put_mcp_server(self, name: str, config: str) -> None: ...
-    def delete_mcp_server(self, name: str) -> None: ...
 
 
 class McpTool(Tool):
@@ -85,7 +79,7 @@ class McpTool(Tool):
 
 
 class McpManager:
-    def __init__(self, store: McpStore, task_group: anyio.abc.TaskGroup) -> None:
+    def __init__(self, store: AsyncStore, task_group: anyio.abc.TaskGroup) -> None:
         """Use ``McpManager.open(store)``: it owns the task group."""
         self._store = store
         self._tg = task_group
@@ -97,7 +91,7 @@ class McpManager:
 
     @classmethod
     @asynccontextmanager
-    async def open(cls, store: McpStore, *, close_deadline_s: float = STOP_DEADLINE_S) -> AsyncIterator[McpManager]:
+    async def open(cls, store: AsyncStore, *, close_deadline_s: float = STOP_DEADLINE_S) -> AsyncIterator[McpManager]:
         """Load the stored servers, start the enabled ones; on exit stop them all, bounded."""
         async with anyio.create_task_group() as tg:
             manager = cls(store, tg)
@@ -110,7 +104,7 @@ class McpManager:
                 tg.cancel_scope.cancel()
 
     async def _load(self) -> None:
-        rows = await anyio.to_thread.run_sync(self._store.mcp_servers)
+        rows = await self._store.run(lambda s: s.tools.mcp_servers())
         for name, raw in rows:
             try:
                 self._configs[name] = msgspec.json.decode(raw, type=McpServerConfig)
@@ -148,7 +142,7 @@ class McpManager:
         async with self._lock:
             if name not in self._configs and len(self._configs) >= MAX_SERVERS:
                 raise InvalidParams(f"at most {MAX_SERVERS} MCP servers can be configured")
-            await anyio.to_thread.run_sync(self._store.put_mcp_server, name, raw)
+            await self._store.run(lambda s: s.tools.put_mcp_server(name, raw))
             self._configs[name] = config
             await self._stop(name)
             if config.enabled and not self._closing:
@@ -163,7 +157,7 @@ class McpManager:
         async with self._lock:
             if name not in self._configs:
                 raise NotFound(f"no MCP server named {params.name!r}")
-            await anyio.to_thread.run_sync(self._store.delete_mcp_server, name)
+            await self._store.run(lambda s: s.tools.delete_mcp_server(name))
             del self._configs[name]
             await self._stop(name)
         return SuccessResult()

@@ -13,7 +13,7 @@ In one run, on a temporary database holding one session whose active branch has 
 - warm builds with a valid summary: the median (and p90) of ``rounds`` builds of the same
   branch (target: median < 20 ms), and of builds where each round first appends a new
   exchange (user + assistant) as a real conversation does;
-- baseline: Store.get_path of the whole branch (what reading the branch alone costs).
+- baseline: Store.messages.path of the whole branch (what reading the branch alone costs).
 The summary model is an in-process stand-in that answers at once: model latency is not
 the pipeline's cost.
 """
@@ -41,8 +41,7 @@ from sidecar.pipeline import tokens as tk  # noqa: E402
 from sidecar.pipeline.builder import RequestBuilder  # noqa: E402
 from sidecar.pipeline.token_cache import TokenLedger  # noqa: E402
 from sidecar.providers.types import GenerationParams, ModelInfo, RequestMessage  # noqa: E402
-from sidecar.store import Store  # noqa: E402
-from sidecar.store.assistants import AssistantRepo  # noqa: E402
+from sidecar.store import AsyncStore, Store  # noqa: E402
 from sidecar.store.attachments import AttachmentStore  # noqa: E402
 from sidecar.store.ids import new_id  # noqa: E402
 
@@ -65,7 +64,7 @@ async def stand_in_model(provider_id: str, model_id: str, messages: list[Request
 
 
 def make_branch(store: Store, n: int) -> tuple[str, list[MessageV2]]:
-    session = store.create_session(CreateSessionOptions(provider_id="p", model_id="m", title="bench"))
+    session = store.sessions.create(CreateSessionOptions(provider_id="p", model_id="m", title="bench"))
     rng = random.Random(6)
     messages: list[MessageV2] = []
     parent = None
@@ -76,9 +75,9 @@ def make_branch(store: Store, n: int) -> tuple[str, list[MessageV2]]:
             text_content=text_for(rng, i), created_at=1_700_000_000_000 + i, updated_at=1_700_000_000_000 + i,
         ))
         parent = mid
-    exported = store.export_session(session.id)
+    exported = store.sessions.export(session.id)
     exported.session.active_leaf_id = parent
-    store.import_session(exported.session, messages, replace=True)
+    store.sessions.import_(exported.session, messages, replace=True)
     return session.id, messages
 
 
@@ -90,7 +89,7 @@ def pct(values: list[float], q: float) -> float:
 async def main(args: argparse.Namespace) -> None:
     with tempfile.TemporaryDirectory() as tmp:
         store = Store(tmp)
-        AssistantRepo.of(store).upsert(
+        store.assistants.upsert(
             AssistantUpsertParams(id="default", name="Default", context=ContextOptions(compress_threshold=32_000)), now=1
         )
         t0 = time.perf_counter()
@@ -119,11 +118,11 @@ async def main(args: argparse.Namespace) -> None:
         print(f"  TokenLedger (cached)  {cached_s * 1000:.1f} ms for the same branch")
 
         # -- request building ---------------------------------------------------------------
-        builder = RequestBuilder(store, AttachmentStore(Path(tmp)), call_model=stand_in_model)
+        builder = RequestBuilder(AsyncStore(store), AttachmentStore(Path(tmp)), call_model=stand_in_model)
         leaf = messages[-1].id
 
         async def build_once(leaf_id: str) -> Any:
-            session = store.get_session(session_id)
+            session = store.sessions.get(session_id)
             return await builder.build_detailed(session=session, leaf_id=leaf_id, model=MODEL, params=GenerationParams())
 
         started = time.perf_counter()
@@ -142,8 +141,8 @@ async def main(args: argparse.Namespace) -> None:
         growing: list[float] = []
         refreshes = 0
         for i in range(args.rounds):
-            user = store.append_message(session_id, role="user", text_content=text_for(random.Random(i), i))
-            reply = store.append_message(session_id, role="assistant", text_content=text_for(random.Random(-i), i))
+            user = store.messages.append(session_id, role="user", text_content=text_for(random.Random(i), i))
+            reply = store.messages.append(session_id, role="assistant", text_content=text_for(random.Random(-i), i))
             started = time.perf_counter()
             _, info = await build_once(reply.id)
             growing.append((time.perf_counter() - started) * 1000)
@@ -151,7 +150,7 @@ async def main(args: argparse.Namespace) -> None:
             assert user.id
         started = time.perf_counter()
         for _ in range(5):
-            store.get_path(session_id, leaf)
+            store.messages.path(session_id, leaf)
         path_ms = (time.perf_counter() - started) * 1000 / 5
 
         print(f"\nwarm builds with a valid summary ({args.rounds} rounds each):")
@@ -159,7 +158,7 @@ async def main(args: argparse.Namespace) -> None:
               f"   (target: median < 20 ms)")
         print(f"  +1 exchange per round median {statistics.median(growing):6.2f} ms   p90 {pct(growing, 0.9):6.2f} ms"
               f"   ({refreshes} summary refreshes)")
-        print(f"  baseline: Store.get_path of the whole branch {path_ms:.1f} ms"
+        print(f"  baseline: Store.messages.path of the whole branch {path_ms:.1f} ms"
               f" -> warm build / full read = {statistics.median(same) / path_ms:.2f}")
         store.close()
 

@@ -247,7 +247,7 @@ def measure(store_dir: Path, facts: dict[str, Any], runs: int) -> dict[str, floa
         combos = [("folder-3", ["tag-1"]), ("folder-7", ["tag-0", "tag-2"]), ("folder-11", ["tag-30"])]
         for folder, tags in combos:
             flt = SessionFilter(folder=folder, tags=tags, limit=50)
-            t, res = median_ms(lambda: store.list_sessions(flt), runs)
+            t, res = median_ms(lambda: store.sessions.query(flt), runs)
             base, _ = median_ms(
                 lambda: raw.execute(
                     "SELECT * FROM sessions_v2 WHERE folder = ? ORDER BY is_pinned DESC,"
@@ -264,10 +264,10 @@ def measure(store_dir: Path, facts: dict[str, Any], runs: int) -> dict[str, floa
             ("title/summary search 'function'", SessionFilter(search="function", limit=50)),
             ("not archived, by last_message_at", SessionFilter(is_archived=False, sort_by="last_message_at")),
         ):
-            t, res = median_ms(lambda: store.list_sessions(flt), runs)
+            t, res = median_ms(lambda: store.sessions.query(flt), runs)
             row(f"{label} (total {res.total})", t, "ms")
         flt = SessionFilter(limit=50)
-        t, res = median_ms(lambda: store.list_sessions(flt), runs)
+        t, res = median_ms(lambda: store.sessions.query(flt), runs)
         row(f"no filter (total {res.total})", t, "ms")
         out["list unfiltered"] = t
 
@@ -286,7 +286,7 @@ def measure(store_dir: Path, facts: dict[str, Any], runs: int) -> dict[str, floa
             df = raw.execute(
                 "SELECT count(*) FROM messages_fts WHERE messages_fts MATCH ?", (expr,)
             ).fetchall()[0][0]
-            t, res = median_ms(lambda: store.search_messages(query, SearchOptions(limit=20)), runs)
+            t, res = median_ms(lambda: store.search.messages(query, SearchOptions(limit=20)), runs)
             # Baseline: the raw walk over the same window of newest matches (bare rowids,
             # no scoring): what the ranking costs on top of FTS5 itself.
             base, _ = median_ms(
@@ -309,17 +309,17 @@ def measure(store_dir: Path, facts: dict[str, Any], runs: int) -> dict[str, floa
             out[f"search {label}"] = t
         sid_scope = facts["long_session"]
         t, res = median_ms(
-            lambda: store.search_messages("function", SearchOptions(session_id=sid_scope)), runs
+            lambda: store.search.messages("function", SearchOptions(session_id=sid_scope)), runs
         )
         row("'function' scoped to one session", t, "ms", note=f"{len(res)} results")
         out["search scoped"] = t
         t, res = median_ms(
-            lambda: store.search_messages("问题", SearchOptions(include_archived=False)), runs
+            lambda: store.search.messages("问题", SearchOptions(include_archived=False)), runs
         )
         row("'问题' excluding archived sessions", t, "ms", note=f"{len(res)} results")
         out["search not archived"] = t
         t, res = median_ms(
-            lambda: store.search_messages(
+            lambda: store.search.messages(
                 "function", SearchOptions(role="assistant", date_range=DateRange(
                     from_=1_700_000_000_000, to=1_700_000_000_000 + 90 * 86_400_000))),
             runs,
@@ -329,7 +329,7 @@ def measure(store_dir: Path, facts: dict[str, Any], runs: int) -> dict[str, floa
 
         print(f"chat:messages:get  {LONG_BRANCH}-message branch")
         long_sid = facts["long_session"]
-        t, res = median_ms(lambda: store.get_messages(long_sid), runs)
+        t, res = median_ms(lambda: store.messages.query(long_sid), runs)
         base, _ = median_ms(
             lambda: raw.execute(
                 "SELECT * FROM messages_v2 WHERE session_id = ? ORDER BY created_at", (long_sid,)
@@ -339,18 +339,18 @@ def measure(store_dir: Path, facts: dict[str, Any], runs: int) -> dict[str, floa
         row(f"active branch ({len(res)} messages)", t, "ms", base)
         out["messages get 2000"] = t
         t, res = median_ms(
-            lambda: store.get_messages(long_sid, MessageQueryOptions(limit=50)), runs
+            lambda: store.messages.query(long_sid, MessageQueryOptions(limit=50)), runs
         )
         row(f"last 50 of it ({len(res)} messages)", t, "ms")
-        t, res = median_ms(lambda: store.get_tree(long_sid), max(5, runs // 4))
+        t, res = median_ms(lambda: store.messages.tree(long_sid), max(5, runs // 4))
         row("chat:messages:tree of that session", t, "ms")
 
         print("append_message  one transaction each")
         n = 2000
-        target = store.create_session(__import__("protocol").CreateSessionOptions(title="bench"))
+        target = store.sessions.create(__import__("protocol").CreateSessionOptions(title="bench"))
         t0 = time.perf_counter()
         for i in range(n):
-            store.append_message(
+            store.messages.append(
                 target.id, role="user" if i % 2 == 0 else "assistant",
                 text_content=f"benchmark message {i} 这是一条测试消息，包含中文和 English words.",
             )
@@ -370,10 +370,10 @@ def measure(store_dir: Path, facts: dict[str, Any], runs: int) -> dict[str, floa
         print(f"  {'append_message (row + counters + FTS)':<46} {api_rate:9.0f} msg/s"
               f"  x{raw_rate / api_rate:5.1f} slower than raw single-row INSERT {raw_rate:7.0f} msg/s")
         out["append rate"] = api_rate
-        m = store.append_message(target.id, role="assistant", status="streaming")
+        m = store.messages.append(target.id, role="assistant", status="streaming")
         t0 = time.perf_counter()
         for i in range(n):
-            store.update_partial(m.id, text_content="x" * (i % 500), parts=None, seq=i)
+            store.messages.update_partial(m.id, text_content="x" * (i % 500), parts=None, seq=i)
         part_rate = n / (time.perf_counter() - t0)
         print(f"  {'update_partial (streaming flush)':<46} {part_rate:9.0f} upd/s")
         out["update_partial rate"] = part_rate

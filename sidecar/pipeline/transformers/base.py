@@ -17,13 +17,17 @@ from __future__ import annotations
 
 import datetime as dt
 from collections.abc import Awaitable, Callable
-from typing import Any, Literal, Protocol
+from typing import TYPE_CHECKING, Any, Literal, Protocol
 
 import msgspec
 
 from protocol.context import AssistantProfile
 from protocol.types import ContentPart, SessionV2, TextPart
 from sidecar.providers.types import ModelInfo, RequestMessage
+from sidecar.store.attachments import AttachmentStore
+
+if TYPE_CHECKING:
+    from sidecar.pipeline.transformers.retrieval import KnowledgeRetriever, MemoryRetriever
 
 __all__ = ["Draft", "TransformContext", "InputTransformer", "ModelCall", "last_index", "text_of", "with_system_text"]
 
@@ -50,13 +54,13 @@ class TransformContext(msgspec.Struct, kw_only=True):
     model: ModelInfo
     now: dt.datetime
     """Timezone-aware local time of this request."""
-    attachments: Any
-    """The AttachmentStore (reads stored files; blocking: use a worker thread)."""
+    attachments: AttachmentStore
+    """Reads stored files (blocking: use a worker thread)."""
     call_model: ModelCall | None = None
-    knowledge: Any = None
-    """KnowledgeRetriever (see retrieval.py)."""
-    memory: Any = None
-    """MemoryRetriever (see retrieval.py)."""
+    knowledge: KnowledgeRetriever | None = None
+    """See retrieval.py."""
+    memory: MemoryRetriever | None = None
+    """See retrieval.py."""
     citations: list[Any] = []
     """KnowledgeChunks actually retrieved for this request (copied to the reply by the caller)."""
     applied: list[str] = []
