@@ -30,7 +30,7 @@ from sidecar.engine.events import EventHub
 from sidecar.errors import EngineError, InvalidParams
 from sidecar.store import AsyncStore, Store
 from sidecar.store.attachments import AttachmentStore
-from sidecar.store.channels import ChannelRepo, DeliveryRow, InboxRow
+from sidecar.store.channels import DeliveryRow, InboxRow
 
 pytestmark = pytest.mark.anyio
 
@@ -66,7 +66,7 @@ def test_dedup_window_and_pruning(tmp_path: Path) -> None:
     clock = Clock()
     store = Store(tmp_path, clock=clock)
     try:
-        repo = ChannelRepo.of(store)
+        repo = store.channels
         repo.upsert_config(cfg())
         window = 24 * HOUR
         first, fresh = repo.receive(inbox("id:m1", clock.now), window)
@@ -91,28 +91,28 @@ def test_dedup_window_and_pruning(tmp_path: Path) -> None:
 def test_delivery_summary_follows_every_state(tmp_path: Path) -> None:
     store = Store(tmp_path)
     try:
-        repo = ChannelRepo.of(store)
+        repo = store.channels
         repo.upsert_config(cfg())
-        session = store.create_session(CreateSessionOptions())
-        reply = store.append_message(session.id, role="assistant", text_content="hi")
+        session = store.sessions.create(CreateSessionOptions())
+        reply = store.messages.append(session.id, role="assistant", text_content="hi")
         repo.mark_pending(reply.id, "c", "chat")
-        assert store.get_message(reply.id).delivery.status == "pending"  # type: ignore[union-attr]
+        assert store.messages.get(reply.id).delivery.status == "pending"  # type: ignore[union-attr]
         rows = repo.add_deliveries([(payload(1, reply.id), 0), (payload(2, reply.id), 1)])
-        assert store.get_message(reply.id).delivery.status == "pending"  # type: ignore[union-attr]
+        assert store.messages.get(reply.id).delivery.status == "pending"  # type: ignore[union-attr]
         repo.mark_sent(rows[0].id, 1)
-        assert store.get_message(reply.id).delivery.status == "sending"  # type: ignore[union-attr]
+        assert store.messages.get(reply.id).delivery.status == "sending"  # type: ignore[union-attr]
         repo.mark_acked(rows[0].id, "pm1")
         repo.mark_failed(rows[1].id, "no acknowledgement")
-        summary = store.get_message(reply.id).delivery
+        summary = store.messages.get(reply.id).delivery
         assert summary is not None and (summary.status, summary.delivered, summary.failed, summary.error) == (
             "failed", 1, 1, "no acknowledgement"
         )
         assert repo.mark_acked(rows[1].id, None)  # late
-        summary = store.get_message(reply.id).delivery
+        summary = store.messages.get(reply.id).delivery
         assert summary is not None and (summary.status, summary.error, summary.deliveries) == ("delivered", None, 2)
         assert not repo.mark_acked("unknown", None)
         # the summary travels with export/import
-        exported = store.export_session(session.id)
+        exported = store.sessions.export(session.id)
         assert exported.messages[0].delivery == summary
     finally:
         store.close()
@@ -121,15 +121,15 @@ def test_delivery_summary_follows_every_state(tmp_path: Path) -> None:
 def test_deleting_a_channel_fails_its_open_deliveries_and_keeps_sessions(tmp_path: Path) -> None:
     store = Store(tmp_path)
     try:
-        repo = ChannelRepo.of(store)
+        repo = store.channels
         repo.upsert_config(cfg())
-        session = store.create_session(CreateSessionOptions(channel_id="c"))
-        reply = store.append_message(session.id, role="assistant", text_content="hi")
+        session = store.sessions.create(CreateSessionOptions(channel_id="c"))
+        reply = store.messages.append(session.id, role="assistant", text_content="hi")
         repo.link("c", '["chat","chat"]', session.id, "chat")
         repo.add_deliveries([(payload(1, reply.id), 0)])
         assert repo.delete_config("c") and not repo.delete_config("c")
-        assert store.get_message(reply.id).delivery.status == "failed"  # type: ignore[union-attr]
-        assert store.get_session(session.id).channel_id == "c"
+        assert store.messages.get(reply.id).delivery.status == "failed"  # type: ignore[union-attr]
+        assert store.sessions.get(session.id).channel_id == "c"
         assert repo.open_chats() == [] and repo.linked_session("c", '["chat","chat"]') is None
     finally:
         store.close()
@@ -138,13 +138,13 @@ def test_deleting_a_channel_fails_its_open_deliveries_and_keeps_sessions(tmp_pat
 def test_open_rows_of_a_deleted_session_fail_at_start(tmp_path: Path) -> None:
     store = Store(tmp_path)
     try:
-        repo = ChannelRepo.of(store)
+        repo = store.channels
         repo.upsert_config(cfg())
-        gone = store.create_session(CreateSessionOptions())
-        kept = store.create_session(CreateSessionOptions())
+        gone = store.sessions.create(CreateSessionOptions())
+        kept = store.sessions.create(CreateSessionOptions())
         repo.receive(inbox("a", 1, state="queued", session_id=gone.id), HOUR)
         repo.receive(inbox("b", 1, state="running", session_id=kept.id), HOUR)
-        store.delete_session(gone.id)
+        store.sessions.delete(gone.id)
         assert repo.open_sessions() == [kept.id]
         assert repo.next_open(kept.id) is not None
     finally:
@@ -251,7 +251,7 @@ async def test_a_refused_turn_is_stored_and_the_chat_told(tmp_path: Path) -> Non
     try:
         async with anyio.create_task_group() as tg:
             service = ChannelService(
-                repo=ChannelRepo.of(store.sync), store=store, chat=RefusingEngine(), events=hub,
+                store=store, chat=RefusingEngine(), events=hub,
                 notify=hub.publish, attachments=AttachmentStore(tmp_path), task_group=tg,
             )
             await service.load()
@@ -266,7 +266,7 @@ async def test_a_refused_turn_is_stored_and_the_chat_told(tmp_path: Path) -> Non
                 await got.wait()
             (reply,) = [p for m, p in sent if m == "channel:reply"]
             assert reply.message_id is None and reply.chunks[0].text.startswith("(Could not answer: the engine refuses")
-            messages = await store.get_messages(result.session_id)  # type: ignore[arg-type]
+            messages = await store.run(lambda s: s.messages.query(result.session_id))  # type: ignore[arg-type]
             assert [(m.role, m.text_content) for m in messages] == [("user", "hello")]
             tg.cancel_scope.cancel()
     finally:

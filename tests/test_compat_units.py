@@ -350,7 +350,7 @@ async def test_a_pump_that_falls_behind_ends_the_progress_with_an_error_and_stil
 
     async with anyio.create_task_group() as tg:
         runner = TurnRunner(
-            chat=FakeChat(), events=hub, approvals=None, tool_calls=None, audit_entry=None,  # type: ignore[arg-type]
+            chat=FakeChat(), events=hub, approvals=None, store=None, audit_entry=None,  # type: ignore[arg-type]
             get_message=get_message, publish=lambda sid, frame: published.append(frame), task_group=tg,
             trust_agent_mode=False, subscription_buffer=4,
         )

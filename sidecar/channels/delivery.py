@@ -17,7 +17,7 @@ from __future__ import annotations
 
 import logging
 from collections.abc import Awaitable, Callable
-from typing import Any
+from typing import Any, TypeVar
 
 import anyio
 import anyio.abc
@@ -27,11 +27,14 @@ from protocol.channels import ChannelAckParams, ChannelConfig
 from sidecar.channels.ratelimit import TokenBucket
 from sidecar.channels.workers import KeyedWorkers
 from sidecar.errors import NotFound
+from sidecar.store.async_store import AsyncStore
 from sidecar.store.channels import ChannelRepo, DeliveryRow
 
 __all__ = ["Outbox", "REPLY_METHOD", "MAX_BACKOFF_S"]
 
 log = logging.getLogger(__name__)
+
+T = TypeVar("T")
 
 REPLY_METHOD = "channel:reply"
 MAX_BACKOFF_S = 300.0
@@ -49,12 +52,12 @@ class _Waiter:
 class Outbox:
     def __init__(
         self,
-        repo: ChannelRepo,
+        store: AsyncStore,
         notify: Notify,
         task_group: anyio.abc.TaskGroup,
         config_of: Callable[[str], ChannelConfig | None],
     ) -> None:
-        self._repo = repo
+        self._store = store
         self._notify = notify
         self._config_of = config_of
         self._workers: KeyedWorkers[tuple[str, str]] = KeyedWorkers(task_group, self._drain, "delivery")
@@ -62,8 +65,8 @@ class Outbox:
         self._resolved: dict[str, anyio.Event] = {}
         self._buckets: dict[str, TokenBucket] = {}
 
-    async def _db(self, fn: Callable[..., Any], *args: Any) -> Any:
-        return await anyio.to_thread.run_sync(fn, *args)
+    async def _db(self, fn: Callable[[ChannelRepo], T]) -> T:
+        return await self._store.run(lambda s: fn(s.channels))
 
     def kick(self, channel_id: str, chat_id: str) -> None:
         self._workers.kick((channel_id, chat_id))
@@ -86,7 +89,7 @@ class Outbox:
         edits on this; each wait is bounded by the delivery's own timeouts)."""
         for delivery_id in delivery_ids:
             event = self._resolved.setdefault(delivery_id, anyio.Event())
-            row = await self._db(self._repo.get_delivery, delivery_id)
+            row = await self._db(lambda r: r.get_delivery(delivery_id))
             if row is None or row.state in ("acked", "failed"):
                 self._resolved.pop(delivery_id, None)
                 continue
@@ -106,23 +109,23 @@ class Outbox:
             waiter.ack = params
             waiter.event.set()
             return
-        row = await self._db(self._repo.get_delivery, params.delivery_id)
+        row = await self._db(lambda r: r.get_delivery(params.delivery_id))
         if row is None:
             raise NotFound(f"no delivery {params.delivery_id!r}")
         if params.ok:
             platform_id = params.platform_message_id or row.platform_message_id
             if row.state != "acked" or platform_id != row.platform_message_id:
-                await self._db(self._repo.mark_acked, row.id, platform_id)
+                await self._db(lambda r: r.mark_acked(row.id, platform_id))
                 self._resolve(row.id)
         elif row.state in ("pending", "sent"):
-            await self._db(self._repo.note_error, row.id, _host_error(params))
+            await self._db(lambda r: r.note_error(row.id, _host_error(params)))
 
     # ---- sending --------------------------------------------------------------------
 
     async def _drain(self, key: tuple[str, str]) -> None:
         channel_id, chat_id = key
         while True:
-            row = await self._db(self._repo.next_delivery, channel_id, chat_id)
+            row = await self._db(lambda r: r.next_delivery(channel_id, chat_id))
             if row is None:
                 return
             await self._deliver(row)
@@ -130,7 +133,7 @@ class Outbox:
     async def _deliver(self, row: DeliveryRow) -> None:
         config = self._config_of(row.channel_id)
         if config is None:
-            await self._db(self._repo.mark_failed, row.id, "the channel was deleted")
+            await self._db(lambda r: r.mark_failed(row.id, "the channel was deleted"))
             self._resolve(row.id)
             return
         policy = config.delivery
@@ -141,27 +144,27 @@ class Outbox:
         try:
             while True:
                 if attempts >= policy.max_attempts:
-                    await self._db(self._repo.mark_failed, row.id, error)
+                    await self._db(lambda r: r.mark_failed(row.id, error))
                     log.warning("delivery %s failed after %d attempts: %s", row.id, attempts, error)
                     return
                 await self.bucket(config).acquire(max(1, len(row.payload.chunks)))
                 attempts += 1
                 ack = await self._send_once(row, attempts, policy.ack_timeout_ms / 1000.0)
                 if ack is not None and ack.ok:
-                    await self._db(self._repo.mark_acked, row.id, ack.platform_message_id)
+                    await self._db(lambda r: r.mark_acked(row.id, ack.platform_message_id))
                     return
                 if ack is None:
                     error = f"no acknowledgement within {policy.ack_timeout_ms} ms (attempt {attempts})"
                 else:
                     error = _host_error(ack)
                     if not ack.retryable:
-                        await self._db(self._repo.mark_failed, row.id, error)
+                        await self._db(lambda r: r.mark_failed(row.id, error))
                         return
                 if attempts >= policy.max_attempts:
                     continue
-                await self._db(self._repo.note_error, row.id, error)
+                await self._db(lambda r: r.note_error(row.id, error))
                 await anyio.sleep(min(MAX_BACKOFF_S, policy.retry_backoff_ms / 1000.0 * 2 ** (attempts - 1)))
-                fresh = await self._db(self._repo.get_delivery, row.id)
+                fresh = await self._db(lambda r: r.get_delivery(row.id))
                 if fresh is None or fresh.state in ("acked", "failed"):
                     return  # acknowledged late, or the reply went away
         finally:
@@ -171,7 +174,7 @@ class Outbox:
         waiter = _Waiter()
         self._waiting[row.id] = waiter
         try:
-            await self._db(self._repo.mark_sent, row.id, attempt)
+            await self._db(lambda r: r.mark_sent(row.id, attempt))
             await self._notify(REPLY_METHOD, msgspec.structs.replace(row.payload, attempt=attempt))
             with anyio.move_on_after(timeout_s):
                 await waiter.event.wait()

@@ -14,22 +14,16 @@ link.
 
 from __future__ import annotations
 
-from typing import Any, Protocol
+from typing import Any
 
-import anyio
 import msgspec
 
 from protocol.channels import ChannelConfig, ChannelMessageParams
 from protocol.sessions import CreateSessionOptions
-from protocol.types import SessionV2
 from sidecar.pipeline.locks import KeyedLocks
-from sidecar.store.channels import ChannelRepo
+from sidecar.store.async_store import AsyncStore
 
-__all__ = ["scope_key", "SessionRouter", "SessionCreator"]
-
-
-class SessionCreator(Protocol):
-    async def create_session(self, opts: CreateSessionOptions) -> SessionV2: ...
+__all__ = ["scope_key", "SessionRouter"]
 
 
 def scope_key(config: ChannelConfig, params: ChannelMessageParams) -> str:
@@ -73,27 +67,25 @@ def _meta(config: ChannelConfig, params: ChannelMessageParams, key: str) -> dict
 
 
 class SessionRouter:
-    def __init__(self, repo: ChannelRepo, sessions: SessionCreator) -> None:
-        self._repo = repo
-        self._sessions = sessions
+    def __init__(self, store: AsyncStore) -> None:
+        self._store = store
         self._locks = KeyedLocks()
 
     async def route(self, config: ChannelConfig, params: ChannelMessageParams, *, fresh: bool = False) -> str:
         key = scope_key(config, params)
         async with self._locks.hold(f"{config.id}\n{key}"):
             if not fresh:
-                linked = await anyio.to_thread.run_sync(self._repo.linked_session, config.id, key)
+                linked = await self._store.run(lambda s: s.channels.linked_session(config.id, key))
                 if linked is not None:
                     return linked
-            session = await self._sessions.create_session(
-                CreateSessionOptions(
-                    title=_title(config, params),
-                    provider_id=config.provider_id,
-                    model_id=config.model_id,
-                    system_prompt=config.system_prompt,
-                    channel_id=config.id,
-                    channel_meta=_meta(config, params, key),
-                )
+            opts = CreateSessionOptions(
+                title=_title(config, params),
+                provider_id=config.provider_id,
+                model_id=config.model_id,
+                system_prompt=config.system_prompt,
+                channel_id=config.id,
+                channel_meta=_meta(config, params, key),
             )
-            await anyio.to_thread.run_sync(self._repo.link, config.id, key, session.id, params.chat_id)
+            session = await self._store.run(lambda s: s.sessions.create(opts))
+            await self._store.run(lambda s: s.channels.link(config.id, key, session.id, params.chat_id))
             return session.id

@@ -34,7 +34,7 @@ import hashlib
 import logging
 import time
 from collections.abc import Awaitable, Callable
-from typing import Any, Protocol
+from typing import Any, TypeVar
 
 import anyio
 import anyio.abc
@@ -58,12 +58,13 @@ from sidecar.channels.delivery import Outbox
 from sidecar.channels.inbound import Adapted, adapt
 from sidecar.channels.platforms import resolve_config
 from sidecar.channels.ratelimit import LoopGuard
-from sidecar.channels.routing import SessionCreator, SessionRouter
+from sidecar.channels.routing import SessionRouter
 from sidecar.channels.stream import ReplyAddress, StreamReply
 from sidecar.channels.watch import ChatTurns, ReplyWatcher
 from sidecar.channels.workers import KeyedWorkers
 from sidecar.engine.events import EventHub
 from sidecar.errors import EngineError, InvalidParams, NotFound, SidecarError
+from sidecar.store.async_store import AsyncStore
 from sidecar.store.attachments import AttachmentStore
 from sidecar.store.channels import ChannelRepo, InboxRow
 from sidecar.store.ids import new_id
@@ -71,6 +72,8 @@ from sidecar.store.ids import new_id
 __all__ = ["ChannelService", "QueuedTurn", "NEW_SESSION_TEXT", "MAX_RAW_BYTES", "MAX_RAW_DEPTH"]
 
 log = logging.getLogger(__name__)
+
+T = TypeVar("T")
 
 NEW_SESSION_COMMAND = "/new"
 NEW_SESSION_TEXT = "New conversation started."
@@ -100,50 +103,42 @@ class QueuedTurn(msgspec.Struct, kw_only=True):
 _dec_turn = msgspec.json.Decoder(QueuedTurn)
 
 
-class SessionStore(SessionCreator, Protocol):
-    """What the service needs of the AsyncStore (its public methods)."""
-
-    async def get_message(self, message_id: str) -> MessageV2: ...
-
-    async def append_message(self, session_id: str, **fields: Any) -> MessageV2: ...
-
-
 class ChannelService:
     """The methods the server binds as ``channels.<name>``."""
 
     def __init__(
         self,
         *,
-        repo: ChannelRepo,
-        store: SessionStore,
+        store: AsyncStore,
         chat: ChatTurns,
         events: EventHub,
         notify: Callable[[str, Any], Awaitable[None]],
         attachments: AttachmentStore,
         task_group: anyio.abc.TaskGroup,
     ) -> None:
-        self._repo = repo
         self._store = store
+        self._now = store.sync.channels.now
+        """The store's clock (no database call)."""
         self._attachments = attachments
         self._configs: dict[str, ChannelConfig] = {}
-        self._router = SessionRouter(repo, store)
+        self._router = SessionRouter(store)
         self._watcher = ReplyWatcher(events, store, chat)
         self._guard = LoopGuard()
-        self._outbox = Outbox(repo, notify, task_group, self._configs.get)
+        self._outbox = Outbox(store, notify, task_group, self._configs.get)
         self._sessions: KeyedWorkers[str] = KeyedWorkers(task_group, self._drain_session, "channel turn")
         self._tg = task_group
         self._pruned: dict[str, float] = {}
 
-    async def _db(self, fn: Callable[..., Any], *args: Any, **kwargs: Any) -> Any:
-        return await anyio.to_thread.run_sync(lambda: fn(*args, **kwargs))
+    async def _db(self, fn: Callable[[ChannelRepo], T]) -> T:
+        return await self._store.run(lambda s: fn(s.channels))
 
     async def load(self) -> None:
         """Read the configs and resume what a previous run left open (turns, deliveries)."""
-        for config in await self._db(self._repo.list_configs):
+        for config in await self._db(lambda r: r.list_configs()):
             self._configs[config.id] = config
-        for session_id in await self._db(self._repo.open_sessions):
+        for session_id in await self._db(lambda r: r.open_sessions()):
             self._sessions.kick(session_id)
-        for channel_id, chat_id in await self._db(self._repo.open_chats):
+        for channel_id, chat_id in await self._db(lambda r: r.open_chats()):
             self._outbox.kick(channel_id, chat_id)
         for config in self._configs.values():
             await self._prune(config, force=True)
@@ -151,7 +146,7 @@ class ChannelService:
     # ---- channel:config:* -----------------------------------------------------------
 
     async def list_configs(self, params: EmptyParams) -> list[ChannelConfig]:
-        return list(await self._db(self._repo.list_configs))
+        return list(await self._db(lambda r: r.list_configs()))
 
     async def get_config(self, params: IdParams) -> ChannelConfig:
         config = self._configs.get(params.id)
@@ -160,13 +155,13 @@ class ChannelService:
         return config
 
     async def upsert_config(self, params: ChannelConfigUpsertParams) -> ChannelConfig:
-        config = resolve_config(params, self._repo.now())
-        stored: ChannelConfig = await self._db(self._repo.upsert_config, config)
+        config = resolve_config(params, self._now())
+        stored: ChannelConfig = await self._db(lambda r: r.upsert_config(config))
         self._configs[stored.id] = stored
         return stored
 
     async def delete_config(self, params: IdParams) -> SuccessResult:
-        deleted = await self._db(self._repo.delete_config, params.id)
+        deleted = await self._db(lambda r: r.delete_config(params.id))
         if not deleted:
             raise NotFound(f"no channel {params.id!r}")
         self._configs.pop(params.id, None)
@@ -184,19 +179,22 @@ class ChannelService:
         _check_sizes(params, config)
         quoted = None
         quote = params.reply_to
-        if quote is not None and quote.message_id and not quote.text:
-            quoted = await self._db(self._repo.known_text, config.id, params.chat_id, quote.message_id)
+        quoted_id = quote.message_id if quote is not None and not quote.text else None
+        if quoted_id:
+            quoted = await self._db(lambda r: r.known_text(config.id, params.chat_id, quoted_id))
         adapted = adapt(params, config, quoted)
         key = _dedup_key(params)
         chat = (config.id, params.chat_id)
         action = self._action(params, config, adapted, chat)
         await self._prune(config)
 
-        now = self._repo.now()
+        window = config.limits.dedup_window_ms
+        assert window is not None  # resolved with the config
+        now = self._now()
         session_id: str | None = None
         queued: QueuedTurn | None = None
         if action != "ignored":
-            existing = await self._db(self._repo.find_received, config.id, key, config.limits.dedup_window_ms)
+            existing = await self._db(lambda r: r.find_received(config.id, key, window))
             if existing is not None:
                 return ChannelMessageResult(action="duplicate", inbox_id=existing.id, session_id=existing.session_id)
             session_id = await self._router.route(config, params, fresh=action == "new_session")
@@ -222,6 +220,8 @@ class ChannelService:
         queued: QueuedTurn | None,
         chat: tuple[str, str],
     ) -> ChannelMessageResult:
+        window = config.limits.dedup_window_ms
+        assert window is not None  # resolved with the config
         row = InboxRow(
             id=new_id(), channel_id=config.id, dedup_key=key, chat_id=params.chat_id,
             thread_id=params.thread_id, platform_message_id=params.message_id, session_id=session_id,
@@ -229,7 +229,7 @@ class ChannelService:
             input=_enc.encode(queued).decode() if queued is not None else None,
             received_at=now, updated_at=now,
         )
-        row, fresh = await self._db(self._repo.receive, row, config.limits.dedup_window_ms)
+        row, fresh = await self._db(lambda r: r.receive(row, window))
         if not fresh:
             return ChannelMessageResult(action="duplicate", inbox_id=row.id, session_id=row.session_id)
         if action == "reply":
@@ -240,7 +240,7 @@ class ChannelService:
                 log.warning("channel %s chat %s: more than %d replies in %d ms; cooling down",
                             config.id, params.chat_id, rate.loop_max_events, rate.loop_window_ms)
                 action = "throttled"
-                await self._db(self._repo.update_inbox, row.id, action="throttled")
+                await self._db(lambda r: r.update_inbox(row.id, action="throttled"))
         if session_id is not None:
             self._sessions.kick(session_id)
         return ChannelMessageResult(action=action, inbox_id=row.id, session_id=session_id)
@@ -264,8 +264,9 @@ class ChannelService:
         if not force and now - self._pruned.get(config.id, float("-inf")) < PRUNE_EVERY_S:
             return
         self._pruned[config.id] = now
-        assert config.limits.dedup_window_ms is not None
-        gone = await self._db(self._repo.prune_inbox, config.id, config.limits.dedup_window_ms)
+        window = config.limits.dedup_window_ms
+        assert window is not None
+        gone = await self._db(lambda r: r.prune_inbox(config.id, window))
         if gone:
             log.info("channel %s: forgot %d messages older than the dedup window", config.id, gone)
 
@@ -279,7 +280,7 @@ class ChannelService:
 
     async def _drain_session(self, session_id: str) -> None:
         while True:
-            row = await self._db(self._repo.next_open, session_id)
+            row = await self._db(lambda r: r.next_open(session_id))
             if row is None:
                 return
             try:
@@ -289,30 +290,32 @@ class ChannelService:
             except Exception as exc:
                 log.exception("channel message %s could not be processed", row.id)
                 message = exc.message if isinstance(exc, SidecarError) else "internal error"
-                await self._db(self._repo.update_inbox, row.id, state="failed", error=message[:2000])
+                await self._db(lambda r: r.update_inbox(row.id, state="failed", error=message[:2000]))
 
     async def _process(self, row: InboxRow) -> None:
         config = self._configs.get(row.channel_id)
         assert row.session_id is not None
         if config is None:
-            await self._db(self._repo.update_inbox, row.id, state="failed", error="the channel was deleted")
+            await self._db(lambda r: r.update_inbox(row.id, state="failed", error="the channel was deleted"))
             return
         turn = _dec_turn.decode(row.input) if row.input else None
         if row.action in ("store", "throttled") and turn is not None:
             user = await self._append_user(row.session_id, turn)
-            await self._db(self._repo.update_inbox, row.id, state="done", user_message_id=user.id)
+            await self._db(lambda r: r.update_inbox(row.id, state="done", user_message_id=user.id))
         elif row.action == "new_session":
             chunks, _ = await anyio.to_thread.run_sync(text_chunks, NEW_SESSION_TEXT, config)
             await self._deliver(config, _address(row, None), chunks)
         elif row.action == "reply" and turn is not None:
             await self._reply(row, config, turn)
         else:
-            await self._db(self._repo.update_inbox, row.id, state="failed", error="nothing to do")
+            await self._db(lambda r: r.update_inbox(row.id, state="failed", error="nothing to do"))
 
     async def _append_user(self, session_id: str, turn: QueuedTurn) -> MessageV2:
-        return await self._store.append_message(
-            session_id, role="user", content_type=turn.content_type, text_content=turn.text_content,
-            parts=turn.parts,
+        return await self._store.run(
+            lambda s: s.messages.append(
+                session_id, role="user", content_type=turn.content_type, text_content=turn.text_content,
+                parts=turn.parts,
+            )
         )
 
     async def _reply(self, row: InboxRow, config: ChannelConfig, turn: QueuedTurn) -> None:
@@ -327,7 +330,7 @@ class ChannelService:
                 address.message_id = message_id
                 if config.reply_mode == "stream":
                     live = StreamReply(
-                        address, config, self._repo, lambda: self._outbox.kick(config.id, row.chat_id),
+                        address, config, self._store, lambda: self._outbox.kick(config.id, row.chat_id),
                         self._outbox.wait_resolved,
                     )
                     tg.start_soon(live.run)
@@ -338,10 +341,11 @@ class ChannelService:
 
             async def started(sent: SendResult) -> None:
                 await self._db(
-                    self._repo.update_inbox, row.id, state="running",
-                    user_message_id=sent.user_message_id, reply_message_id=sent.message_id,
+                    lambda r: r.update_inbox(
+                        row.id, state="running", user_message_id=sent.user_message_id, reply_message_id=sent.message_id,
+                    )
                 )
-                await self._db(self._repo.mark_pending, sent.message_id, config.id, row.chat_id)
+                await self._db(lambda r: r.mark_pending(sent.message_id, config.id, row.chat_id))
                 begin(sent.message_id)
 
             if row.reply_message_id is not None:
@@ -382,7 +386,7 @@ class ChannelService:
             user_id: str | None = user.id
         except SidecarError:
             user_id = None
-        await self._db(self._repo.update_inbox, row.id, error=exc.message[:2000], user_message_id=user_id)
+        await self._db(lambda r: r.update_inbox(row.id, error=exc.message[:2000], user_message_id=user_id))
         chunks, _ = await anyio.to_thread.run_sync(
             text_chunks, f"(Could not answer: {exc.message[:NOTICE_CHARS]})", config
         )
@@ -407,9 +411,10 @@ class ChannelService:
             )
             for number, batch in enumerate(batches, 1)
         ]
-        await self._db(self._repo.add_deliveries, payloads, finish_inbox=address.inbox_id)
-        if state != "done" and address.inbox_id is not None:
-            await self._db(self._repo.update_inbox, address.inbox_id, state=state)
+        await self._db(lambda r: r.add_deliveries(payloads, finish_inbox=address.inbox_id))
+        inbox_id = address.inbox_id
+        if state != "done" and inbox_id is not None:
+            await self._db(lambda r: r.update_inbox(inbox_id, state=state))
         self._outbox.kick(address.channel, address.chat_id)
 
 

@@ -21,16 +21,19 @@ from __future__ import annotations
 import time
 from collections.abc import Awaitable, Callable
 from dataclasses import dataclass
-from typing import Any
+from typing import TypeVar
 
 import anyio
 
 from protocol.channels import ChannelConfig, ChannelReplyParams, ReplyBlocksChunk, ReplyChunk, ReplyTextChunk
 from sidecar.channels.compose import text_chunks
+from sidecar.store.async_store import AsyncStore
 from sidecar.store.channels import OPEN_DELIVERY_STATES, ChannelRepo, DeliveryRow
 from sidecar.store.ids import new_id
 
 __all__ = ["StreamReply", "ReplyAddress", "acked_messages", "plan"]
+
+T = TypeVar("T")
 
 _TEXT_CHUNKS = (ReplyTextChunk, ReplyBlocksChunk)
 
@@ -117,14 +120,14 @@ class StreamReply:
         self,
         address: ReplyAddress,
         config: ChannelConfig,
-        repo: ChannelRepo,
+        store: AsyncStore,
         kick: Callable[[], None],
         wait_resolved: Callable[[list[str]], Awaitable[None]],
         clock: Callable[[], float] = time.monotonic,
     ) -> None:
         self.address = address
         self._config = config
-        self._repo = repo
+        self._store = store
         self._kick = kick
         self._wait_resolved = wait_resolved
         self._clock = clock
@@ -137,14 +140,14 @@ class StreamReply:
         self._text = text
         self._changed.set()
 
-    async def _db(self, fn: Callable[..., Any], *args: Any, **kwargs: Any) -> Any:
-        return await anyio.to_thread.run_sync(lambda: fn(*args, **kwargs))
+    async def _db(self, fn: Callable[[ChannelRepo], T]) -> T:
+        return await self._store.run(lambda s: fn(s.channels))
 
     async def _rows(self) -> list[DeliveryRow]:
-        if self.address.message_id is None:
+        message_id = self.address.message_id
+        if message_id is None:
             return []
-        rows: list[DeliveryRow] = await self._db(self._repo.deliveries_of, self.address.message_id)
-        return rows
+        return await self._db(lambda r: r.deliveries_of(message_id))
 
     async def run(self) -> None:
         """Steps until cancelled (the caller cancels it once the reply is final)."""
@@ -180,8 +183,8 @@ class StreamReply:
         finish = self.address.inbox_id if final else None
         if not payloads:
             if finish is not None:
-                await self._db(self._repo.update_inbox, finish, state="done")
+                await self._db(lambda r: r.update_inbox(finish, state="done"))
             return []
-        stored = await self._db(self._repo.add_deliveries, payloads, finish_inbox=finish)
+        stored = await self._db(lambda r: r.add_deliveries(payloads, finish_inbox=finish))
         self._kick()
         return [row.id for row in stored]

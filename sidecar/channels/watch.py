@@ -29,8 +29,9 @@ from protocol.events import AbortedEvent, ErrorEvent, StreamEndEvent, TextDeltaE
 from protocol.types import MessageV2
 from sidecar.channels.compose import reply_text
 from sidecar.engine.events import EventHub, Subscription
+from sidecar.store.async_store import AsyncStore
 
-__all__ = ["ReplyWatcher", "ChatTurns", "MessageReader", "FINAL_STATUSES", "CHECK_S"]
+__all__ = ["ReplyWatcher", "ChatTurns", "FINAL_STATUSES", "CHECK_S"]
 
 log = logging.getLogger(__name__)
 
@@ -49,15 +50,11 @@ class ChatTurns(Protocol):
     def overlay_live(self, message: MessageV2) -> MessageV2: ...
 
 
-class MessageReader(Protocol):
-    async def get_message(self, message_id: str) -> MessageV2: ...
-
-
 OnText = Callable[[str], None]
 
 
 class ReplyWatcher:
-    def __init__(self, events: EventHub, store: MessageReader, chat: ChatTurns) -> None:
+    def __init__(self, events: EventHub, store: AsyncStore, chat: ChatTurns) -> None:
         self._events = events
         self._store = store
         self._chat = chat
@@ -81,7 +78,7 @@ class ReplyWatcher:
         """The final state of a reply that is already running, paused or finished."""
         while True:
             with self._events.subscribe(session_id) as sub:
-                message = self._chat.overlay_live(await self._store.get_message(message_id))
+                message = self._chat.overlay_live(await self._message(message_id))
                 if message.status in FINAL_STATUSES:
                     return message
                 text = reply_text(message.text_content, message.parts)
@@ -90,7 +87,7 @@ class ReplyWatcher:
                 final = await self._follow(sub, session_id, message_id, on_text, text=text, seq=message.seq or 0)
                 if final is not None:
                     return final
-            message = await self._store.get_message(message_id)
+            message = await self._message(message_id)
             if message.status in FINAL_STATUSES:
                 return message
             if message.status in ("pending", "streaming") and not self._chat.is_generating(session_id):
@@ -119,5 +116,8 @@ class ReplyWatcher:
                     on_text(text)
             elif isinstance(event, _FINAL_EVENTS):
                 break
-        message = await self._store.get_message(message_id)
+        message = await self._message(message_id)
         return message if message.status in FINAL_STATUSES else None
+
+    async def _message(self, message_id: str) -> MessageV2:
+        return await self._store.run(lambda s: s.messages.get(message_id))

@@ -33,9 +33,10 @@ from protocol.errors import ErrorCode
 from sidecar.compat.endpoint import Endpoint, Engines
 from sidecar.compat.progress import ProgressHub
 from sidecar.compat.projects import Projects, Providers, Sessions
-from sidecar.compat.turns import Approvals, AuditEntry, Chat, Events, GetMessage, ToolCalls, TurnRunner
+from sidecar.compat.turns import Approvals, AuditEntry, Chat, Events, GetMessage, TurnRunner
 from sidecar.compat.validate import TOKEN
 from sidecar.errors import InvalidParams, SidecarError
+from sidecar.store.async_store import AsyncStore
 
 log = logging.getLogger(__name__)
 
@@ -71,7 +72,7 @@ class CompatService:
         approvals: Approvals,
         sessions: Sessions,
         providers: Providers,
-        tool_calls: ToolCalls,
+        store: AsyncStore,
         audit_entry: AuditEntry,
         get_message: GetMessage,
         engines: Engines | None,
@@ -82,7 +83,7 @@ class CompatService:
         self._approvals = approvals
         self._sessions = sessions
         self._providers = providers
-        self._tool_calls = tool_calls
+        self._store = store
         self._audit_entry = audit_entry
         self._get_message = get_message
         self._engines = engines
@@ -102,9 +103,9 @@ class CompatService:
             approvals=app.approvals,
             sessions=app.sessions,
             providers=app.providers,
-            tool_calls=app.store.sync.tools,
+            store=app.store,
             audit_entry=audit_entry,
-            get_message=app.store.get_message,
+            get_message=lambda message_id: app.store.run(lambda s: s.messages.get(message_id)),
             engines=getattr(app, "acp_engines", None),
             data_dir=app.data_dir,
         )
@@ -192,7 +193,7 @@ class CompatService:
                         chat=self._chat,
                         events=self._events,
                         approvals=self._approvals,
-                        tool_calls=self._tool_calls,
+                        store=self._store,
                         audit_entry=self._audit_entry,
                         get_message=self._get_message,
                         publish=hub.publish,

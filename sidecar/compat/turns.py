@@ -44,6 +44,7 @@ from protocol.types import MessageV2
 from sidecar.compat.frames import Frame, FrameBuilder, Frames, is_final
 from sidecar.compat.rules import Rule, decide
 from sidecar.errors import SidecarError
+from sidecar.store.async_store import AsyncStore
 
 log = logging.getLogger(__name__)
 
@@ -70,14 +71,6 @@ class Events(Protocol):
 
 class Approvals(Protocol):
     async def approve(self, params: ToolApproveParams) -> ToolApproveResult: ...
-
-
-class ToolCalls(Protocol):
-    """The store's tool-call records (blocking; called from worker threads)."""
-
-    def get_call(self, message_id: str, tool_call_id: str) -> Any: ...
-
-    def add_audit(self, entries: Any) -> None: ...
 
 
 AuditEntry = Callable[..., Any]
@@ -122,7 +115,7 @@ class TurnRunner:
         chat: Chat,
         events: Events,
         approvals: Approvals,
-        tool_calls: ToolCalls,
+        store: AsyncStore,
         audit_entry: AuditEntry,
         get_message: GetMessage,
         publish: Callable[[str, Frame], None],
@@ -133,7 +126,7 @@ class TurnRunner:
         self._chat = chat
         self._events = events
         self._approvals = approvals
-        self._tool_calls = tool_calls
+        self._store = store
         self._audit_entry = audit_entry
         self._get_message = get_message
         self._publish = publish
@@ -276,7 +269,7 @@ class TurnRunner:
         call = event.tool_call
         message_id = event.message_id
         try:
-            record = await anyio.to_thread.run_sync(self._tool_calls.get_call, message_id, call.id)
+            record = await self._store.run(lambda s: s.tools.get_call(message_id, call.id))
             if record is None or record.state != "pending":
                 return
             kind = None
@@ -305,7 +298,7 @@ class TurnRunner:
                 log.info("V1 rule could not decide tool call %s: %s", call.id, exc.message)
                 return
             note = self._audit_entry(record, f"rule:{action}", "compat", note=f"decided by {why}")
-            await anyio.to_thread.run_sync(self._tool_calls.add_audit, [note])
+            await self._store.run(lambda s: s.tools.add_audit([note]))
         except anyio.get_cancelled_exc_class():
             raise
         except Exception:  # a rule must never take the endpoint down

@@ -3,7 +3,7 @@
 The key is settled once the store is open: with the host's key when it comes (an
 inherited fd at start, or ``sidecar:initialize {secretKey}``), else at the handshake with
 the sidecar's own key (OS keychain or key file). Settling re-seals stored secrets
-(sidecar/store/secrets.py) in a worker thread.
+(sidecar/store/secrets.py) through the store gateway.
 """
 
 from __future__ import annotations
@@ -12,17 +12,17 @@ import anyio
 
 from protocol.lifecycle import SecretsInfo
 from sidecar.secrets.box import SecretsStatus
-from sidecar.store.secrets import SecretsRepo
+from sidecar.store.async_store import AsyncStore
 
 
 class SecretsService:
-    def __init__(self, repo: SecretsRepo) -> None:
-        self._repo = repo
+    def __init__(self, store: AsyncStore) -> None:
+        self._store = store
         self._lock = anyio.Lock()
 
     async def settle(self, host_key: bytes | None = None) -> SecretsInfo:
         async with self._lock:  # two handshakes must not re-seal at once
-            status = await anyio.to_thread.run_sync(self._repo.settle, host_key)
+            status = await self._store.run(lambda s: s.secrets.settle(host_key))
         return _info(status)
 
 

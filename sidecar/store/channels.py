@@ -109,11 +109,6 @@ class ChannelRepo:
         self._db = db
         self._clock = clock
 
-    @classmethod
-    def of(cls, store: Any) -> ChannelRepo:
-        """The repository on a Store's database (package-internal access to its Database)."""
-        return cls(store._db, getattr(store, "_clock", now_ms))
-
     def now(self) -> int:
         return self._clock()
 
