@@ -10,7 +10,8 @@ with ``retryable: false`` fails it at once) and the chat's next delivery goes.
 Must stay true: every state change is stored before the next step (a restart resends what
 was not acknowledged, counting the attempts already made); an acknowledgement that comes
 late (during the backoff, after the failure, after a restart) still marks the delivery
-delivered and is never resent after that; nothing here waits on the host without a bound.
+delivered and is never resent after that; ``channel:ack`` is answered once what it changed
+is stored (a read after the answer sees it); nothing here waits on the host without a bound.
 """
 
 from __future__ import annotations
@@ -38,15 +39,19 @@ T = TypeVar("T")
 
 REPLY_METHOD = "channel:reply"
 MAX_BACKOFF_S = 300.0
+ACK_STORE_WAIT_S = 5.0
+"""How long ``channel:ack`` waits for the worker to store the acknowledgement it hands over."""
 Notify = Callable[[str, Any], Awaitable[None]]
 
 
 class _Waiter:
-    __slots__ = ("event", "ack")
+    __slots__ = ("event", "ack", "stored")
 
     def __init__(self) -> None:
         self.event = anyio.Event()
         self.ack: ChannelAckParams | None = None
+        self.stored = anyio.Event()
+        """Set by the worker once the outcome of this send is stored."""
 
 
 class Outbox:
@@ -108,6 +113,8 @@ class Outbox:
         if waiter is not None:
             waiter.ack = params
             waiter.event.set()
+            with anyio.move_on_after(ACK_STORE_WAIT_S):
+                await waiter.stored.wait()
             return
         row = await self._db(lambda r: r.get_delivery(params.delivery_id))
         if row is None:
@@ -149,20 +156,26 @@ class Outbox:
                     return
                 await self.bucket(config).acquire(max(1, len(row.payload.chunks)))
                 attempts += 1
-                ack = await self._send_once(row, attempts, policy.ack_timeout_ms / 1000.0)
-                if ack is not None and ack.ok:
-                    await self._db(lambda r: r.mark_acked(row.id, ack.platform_message_id))
-                    return
-                if ack is None:
-                    error = f"no acknowledgement within {policy.ack_timeout_ms} ms (attempt {attempts})"
-                else:
-                    error = _host_error(ack)
-                    if not ack.retryable:
-                        await self._db(lambda r: r.mark_failed(row.id, error))
+                waiter = await self._send_once(row, attempts, policy.ack_timeout_ms / 1000.0)
+                ack = waiter.ack
+                try:
+                    if ack is not None and ack.ok:
+                        await self._db(lambda r: r.mark_acked(row.id, ack.platform_message_id))
                         return
-                if attempts >= policy.max_attempts:
-                    continue
-                await self._db(lambda r: r.note_error(row.id, error))
+                    if ack is None:
+                        error = f"no acknowledgement within {policy.ack_timeout_ms} ms (attempt {attempts})"
+                    else:
+                        error = _host_error(ack)
+                        if not ack.retryable:
+                            await self._db(lambda r: r.mark_failed(row.id, error))
+                            return
+                    if attempts >= policy.max_attempts:
+                        await self._db(lambda r: r.mark_failed(row.id, error))
+                        log.warning("delivery %s failed after %d attempts: %s", row.id, attempts, error)
+                        return
+                    await self._db(lambda r: r.note_error(row.id, error))
+                finally:
+                    waiter.stored.set()
                 await anyio.sleep(min(MAX_BACKOFF_S, policy.retry_backoff_ms / 1000.0 * 2 ** (attempts - 1)))
                 fresh = await self._db(lambda r: r.get_delivery(row.id))
                 if fresh is None or fresh.state in ("acked", "failed"):
@@ -170,7 +183,8 @@ class Outbox:
         finally:
             self._resolve(row.id)
 
-    async def _send_once(self, row: DeliveryRow, attempt: int, timeout_s: float) -> ChannelAckParams | None:
+    async def _send_once(self, row: DeliveryRow, attempt: int, timeout_s: float) -> _Waiter:
+        """Send once and wait for the acknowledgement (``waiter.ack``, None when none came)."""
         waiter = _Waiter()
         self._waiting[row.id] = waiter
         try:
@@ -178,9 +192,12 @@ class Outbox:
             await self._notify(REPLY_METHOD, msgspec.structs.replace(row.payload, attempt=attempt))
             with anyio.move_on_after(timeout_s):
                 await waiter.event.wait()
+        except BaseException:
+            waiter.stored.set()  # nothing more will be stored for it: its ack need not wait
+            raise
         finally:
             self._waiting.pop(row.id, None)
-        return waiter.ack
+        return waiter
 
 
 def _host_error(ack: ChannelAckParams) -> str:
