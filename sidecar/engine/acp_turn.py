@@ -29,8 +29,10 @@ replies of ACP sessions (the user message is ``job.parent_id``). A turn:
 Cancellation (chat:abort, a newer send, shutdown) sends ``session/cancel``, answers waiting
 permission requests ``cancelled``, keeps mapping updates until the agent ends the prompt,
 and after ``cancelTimeoutMs`` ends the turn itself (``job.stop_grace`` lets a stop wait that
-long). The next prompt of that agent session waits (bounded) for the abandoned one:
-prompts on one agent session are serialised.
+long). At shutdown the wait is shorter: a share of what is left of the shutdown deadline
+(``cancel_grace``), so the turn still ends ``aborted``, its row stored and its final event
+sent, before the process must exit. The next prompt of that agent session waits (bounded)
+for the abandoned one: prompts on one agent session are serialised.
 
 Must stay true: the ``session/cancel`` cleanup is bounded (a wedged agent cannot hold the
 stop); nothing from the agent fails the turn except the agent's own failure.
@@ -94,6 +96,7 @@ from sidecar.errors import EngineError, ProviderError, SidecarError
 from sidecar.store.async_store import AsyncStore
 from sidecar.store.attachments import AttachmentStore
 from sidecar.store.providers import ProviderRecord
+from sidecar.supervision import SHUTDOWN_CLOCK
 
 log = logging.getLogger(__name__)
 
@@ -105,7 +108,18 @@ FINISH_REASONS: dict[str, FinishReason] = {
     "max_turn_requests": "max_turn_requests",
     "refusal": "refusal",
 }
+SHUTDOWN_CANCEL_SHARES = 4
+"""At shutdown the cancel wait is one of this many shares of the deadline left: the rest is
+for the reply's ending, the engines' stop (stdin, SIGTERM, SIGKILL) and the exit."""
 _json = msgspec.json.Encoder()
+
+
+def cancel_grace(cancel_timeout_s: float) -> float:
+    """How long a cancelled turn waits for the agent to end its prompt: the engine's
+    ``cancelTimeoutMs``, or at shutdown at most its share of the shutdown deadline left."""
+    if SHUTDOWN_CLOCK.started:
+        return SHUTDOWN_CLOCK.share(cancel_timeout_s, SHUTDOWN_CANCEL_SHARES)
+    return cancel_timeout_s
 
 
 class _AcpTurn(ReplyDriver):
@@ -165,9 +179,9 @@ class _AcpTurn(ReplyDriver):
             self.call = conn.start_prompt(agent_sid, prompt, self.wake)
             await self.consume()
         except anyio.get_cancelled_exc_class():
-            grace = config.cancel_timeout_ms / 1000
+            grace = cancel_grace(config.cancel_timeout_ms / 1000)
             # bounded: session/cancel itself can wait on a wedged agent's full write queue
-            with anyio.CancelScope(shield=True), anyio.move_on_after(grace + 1):
+            with anyio.CancelScope(shield=True), anyio.move_on_after(SHUTDOWN_CLOCK.bound(grace + 1)):
                 await self._cancel(conn, agent_sid, grace)
             raise
         finally:
