@@ -52,7 +52,7 @@ import anyio
 import msgspec
 
 from protocol.errors import ErrorCode
-from protocol.events import ToolApprovalOption
+from protocol.events import ApprovalSource, ToolApprovalOption
 from protocol.common import EmptyParams
 from protocol.tools import (
     PendingToolCall,
@@ -87,7 +87,7 @@ class ApprovalRequest(msgspec.Struct, kw_only=True):
     tool_name: str
     arguments: str
     """The arguments as JSON text (shown to the user, stored in the audit trail)."""
-    source: str = "tool"
+    source: ApprovalSource = "tool"
     """``tool`` (direct-mode tool loop) or ``acp``."""
     policy_key: str | None = None
     """Key of the policy that decides it and that ``remember`` sets (default: tool_name)."""

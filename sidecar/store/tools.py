@@ -33,7 +33,7 @@ import apsw
 import msgspec
 
 from protocol import limits
-from protocol.events import ToolApprovalOption
+from protocol.events import ApprovalSource, ToolApprovalOption
 from protocol.tools import ToolAuditEntry, ToolPolicy
 from protocol.types import MessageV2, ToolResultPart
 from sidecar.errors import InvalidParams, NotFound
@@ -70,7 +70,7 @@ class ToolCallRecord(msgspec.Struct, kw_only=True):
     session_id: str
     tool_name: str
     arguments: str
-    source: str = "tool"
+    source: ApprovalSource = "tool"
     policy_key: str | None = None
     options: list[ToolApprovalOption] | None = None
     state: str = "pending"
