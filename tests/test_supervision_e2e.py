@@ -82,6 +82,32 @@ async def test_exit_with_a_stubborn_acp_agent_mid_turn(tmp_path: Path, how: str)
         await _stop_and_check(proc, pid, how, before)
 
 
+async def test_a_stubborn_agent_turn_ends_aborted_before_the_shutdown_answer(tmp_path: Path) -> None:
+    # the agent never answers session/cancel (its cancelTimeoutMs is the default 5 s, longer
+    # than the whole shutdown deadline): the turn waits only its share of the deadline, then
+    # ends aborted, row and final event, before sidecar:shutdown is answered
+    async with spawn_sidecar_under(tmp_path / "data", via_parent=False) as (proc, pid):
+        message_id = await make_stubborn_agent(proc, tmp_path / "agent-pids")
+        shutdown_id = await proc.request("sidecar:shutdown", {})
+        answer = await proc.response(shutdown_id)
+        assert answer["result"] == {"success": True}
+        answer_at = proc.messages.index(answer)
+        final = await wait_final(proc, message_id, timeout=1)  # already received
+        assert final["type"] == "aborted" and "did not stop within" in (final.get("reason") or ""), final
+        final_at = next(
+            i for i, m in enumerate(proc.messages)
+            if isinstance(m, dict) and m.get("method") == "chat:stream" and m["params"] is final
+        )
+        assert final_at < answer_at
+        await proc.close_stdin()
+        assert await proc.wait_exit() == 0
+    async with spawn_sidecar_under(tmp_path / "data", via_parent=False) as (proc, _):
+        session = (await proc.call("chat:session:list", {}))["sessions"][0]
+        messages = await proc.call("chat:messages:get", {"sessionId": session["id"]})
+        assert messages[-1]["id"] == message_id and messages[-1]["status"] == "aborted"
+        await proc.close()
+
+
 async def test_requests_after_shutdown_are_refused_busy(tmp_path: Path) -> None:
     async with spawn_sidecar_under(tmp_path / "data", via_parent=False) as (proc, pid):
         await proc.call("sidecar:initialize", {})
