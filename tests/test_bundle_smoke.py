@@ -24,6 +24,7 @@ import anyio
 
 import pytest
 from chat_helpers import configure_provider, wait_final
+from mcp_helpers import wait_status
 from node_client import assert_all_ran, run_node_client_tests
 from scripted_server import scripted_provider
 from sidecar_proc import spawn_sidecar
@@ -86,6 +87,7 @@ async def test_the_launcher_serves_a_reply_with_documents_templates_and_mcp(tmp_
         })
         await proc.call("mcp:server:upsert", {"name": "fx", "command": sys.executable, "args": [MCP_FIXTURE]})
         await proc.call("tool:policy:set", {"key": "mcp:fx", "policy": "auto"})
+        await wait_status(proc, "fx", {"ready"})  # it connects in the background; a reply never waits for it
         session = await proc.call("chat:session:create", {})
         await server.script(
             {"tool_calls": [{"id": "b1", "name": "mcp__fx__echo", "arguments": {"text": "hi from the bundle"}}]},
