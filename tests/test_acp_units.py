@@ -21,7 +21,8 @@ from protocol.providers import AcpEngineConfig, ProviderUpsertParams
 from protocol.types import ContentPart, DiffPart, ToolResultPart, Usage
 from sidecar.acp import fs, mapping
 from sidecar.acp.client import AcpConnection, PromptCall
-from sidecar.acp.lines import JsonLineFilter
+from sidecar.acp.lines import JsonLines
+from sidecar.rpc.framing import LineReader
 from sidecar.acp.mapping import UpdateMapper, diff_hunks
 from sidecar.acp.types import (
     AgentFeatures,
@@ -40,7 +41,7 @@ pytestmark = pytest.mark.anyio
 enc = msgspec.json.encode
 
 
-# ---- JsonLineFilter -------------------------------------------------------------------
+# ---- JsonLines: the filter stage of the one line reader --------------------------------
 
 
 class _Chunks(anyio.abc.ByteReceiveStream):
@@ -56,13 +57,25 @@ class _Chunks(anyio.abc.ByteReceiveStream):
         self._chunks = []
 
 
-async def _drain(stream: JsonLineFilter) -> bytes:
+class _Filtered:
+    """What the reader hands on through a JsonLines stage, joined back as NDJSON."""
+
+    def __init__(self, chunks: list[bytes], *, max_line_bytes: int, fast: dict | None = None, stage: JsonLines | None = None) -> None:
+        self.stage = stage or JsonLines(max_line_bytes=max_line_bytes)
+        self.stage.fast.update(fast or {})
+        self.reader = LineReader(_Chunks(chunks), max_line_bytes, line_filter=self.stage)
+
+    @property
+    def junk_lines(self) -> int:
+        return self.stage.junk_lines
+
+
+async def _drain(stream: _Filtered) -> bytes:
     out = b""
-    while True:
-        try:
-            out += await stream.receive()
-        except anyio.EndOfStream:
-            return out
+    async for line in stream.reader:
+        assert isinstance(line, bytes)
+        out += line + b"\n"
+    return out
 
 
 WIRE = (
@@ -86,7 +99,7 @@ EXPECTED = (
 @pytest.mark.parametrize("size", [1, 2, 7, 64, len(WIRE)])
 async def test_filter_drops_junk_lines_whatever_the_chunking(size: int) -> None:
     chunks = [WIRE[i : i + size] for i in range(0, len(WIRE), size)]
-    stream = JsonLineFilter(_Chunks(chunks), max_line_bytes=1000)
+    stream = _Filtered(chunks, max_line_bytes=1000)
     assert await _drain(stream) == EXPECTED
     assert stream.junk_lines == 3  # banner, truncated JSON, a bare number
 
@@ -95,10 +108,10 @@ async def test_filter_drops_oversized_lines_with_bounded_memory() -> None:
     big = b'{"x":"' + b"a" * 5000 + b'"}\n'
     ok = b'{"jsonrpc":"2.0","id":3,"result":1}\n'
     chunks = [big[i : i + 100] for i in range(0, len(big), 100)] + [ok]
-    stream = JsonLineFilter(_Chunks(chunks), max_line_bytes=1000)
+    stream = _Filtered(chunks, max_line_bytes=1000)
     assert await _drain(stream) == ok
     assert stream.junk_lines == 1
-    assert len(stream._partial) == 0
+    assert len(stream.reader._partial) == 0
 
 
 async def test_filter_fast_path_hands_updates_over_in_order() -> None:
@@ -106,8 +119,8 @@ async def test_filter_fast_path_hands_updates_over_in_order() -> None:
     lines = [
         enc({"jsonrpc": "2.0", "method": "session/update", "params": {"n": i}}) + b"\n" for i in range(5)
     ] + [enc({"jsonrpc": "2.0", "id": 7, "method": "session/update", "params": {}}) + b"\n"]
-    stream = JsonLineFilter(
-        _Chunks([b"".join(lines)]), max_line_bytes=1000, fast={"session/update": lambda p: seen.append(bytes(p))}
+    stream = _Filtered(
+        [b"".join(lines)], max_line_bytes=1000, fast={"session/update": lambda p: seen.append(bytes(p))}
     )
     # a request with the same method name is not a notification: it goes to the peer
     assert await _drain(stream) == lines[-1]
@@ -119,8 +132,8 @@ async def test_filter_survives_methods_of_odd_types_and_failing_lines(caplog: py
     odd = [b'{"method":[1]}\n', b'{"method":{"a":1}}\n', b'{"method":null,"params":1}\n']
     after = enc({"jsonrpc": "2.0", "method": "session/update", "params": {"n": 1}}) + b"\n"
     ok = b'{"jsonrpc":"2.0","id":4,"result":1}\n'
-    stream = JsonLineFilter(
-        _Chunks([b"".join(odd) + after + ok]), max_line_bytes=1000,
+    stream = _Filtered(
+        [b"".join(odd) + after + ok], max_line_bytes=1000,
         fast={"session/update": lambda p: seen.append(bytes(p))},
     )
     # an unhashable method is no fast-path notification: the peer gets it and answers it
@@ -129,13 +142,13 @@ async def test_filter_survives_methods_of_odd_types_and_failing_lines(caplog: py
     assert seen == [b'{"n":1}']
 
     # whatever else goes wrong with one line is logged and that line alone is skipped
-    class Boom(JsonLineFilter):
-        def _check_line(self, line: bytes, good: list[bytes]) -> None:
+    class Boom(JsonLines):
+        def _check(self, line: bytes) -> bytes | None:
             if b"boom" in line:
                 raise KeyError("boom")
-            super()._check_line(line, good)
+            return super()._check(line)
 
-    stream = Boom(_Chunks([b'{"boom":1}\n' + ok]), max_line_bytes=1000)
+    stream = _Filtered([b'{"boom":1}\n' + ok], max_line_bytes=1000, stage=Boom(max_line_bytes=1000))
     with anyio.fail_after(5):
         assert await _drain(stream) == ok
     assert stream.junk_lines == 1 and "could not be handled" in caplog.text

@@ -155,7 +155,7 @@ class AcpConnection:
         dispatcher.add("session/update", Handler(SessionNotification, self._on_update))
         if agent is not None:
             # the hot path: updates go from the line filter straight to the sink (lines.py)
-            agent.stdout.fast["session/update"] = self._on_update_params
+            agent.json_lines.fast["session/update"] = self._on_update_params
         dispatcher.add("session/request_permission", Handler(RequestPermissionParams, self._on_permission))
         dispatcher.add("fs/read_text_file", Handler(ReadTextFileParams, self._on_read))
         dispatcher.add("fs/write_text_file", Handler(WriteTextFileParams, self._on_write))

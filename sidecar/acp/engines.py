@@ -162,6 +162,7 @@ class AcpEngines:
                     agent.stdin,
                     name=f"acp:{name}",
                     max_line_bytes=MAX_LINE_BYTES,
+                    line_filter=agent.json_lines,
                     autostart=False,
                     cancel_method=None,  # ACP has no $/cancelRequest
                     shutdown_grace=1.0,

@@ -1,10 +1,10 @@
 """fs/read_text_file and fs/write_text_file, served inside one session's working directory.
 
-Owns the confinement rule for an agent's file requests: a path must be absolute and,
-after every symlink is resolved (``os.path.realpath``), lie inside the real path of the
-session's working directory. ``..``, absolute paths elsewhere, symlinks pointing out, NUL
-bytes and absurdly long paths are refused with INVALID_PARAMS and a message naming the
-rule; a missing file is ACP's "resource not found" (AcpErrorCode.RESOURCE_NOT_FOUND, -32002:
+An agent's path must be absolute (ACP's rule) and pass the project's confinement rule
+(``sidecar/confine.py``): after every symlink is resolved it lies inside the real path of
+the session's working directory. ``..`` leading out, absolute paths elsewhere, symlinks
+pointing out, NUL bytes and absurdly long paths are refused with INVALID_PARAMS and a
+message naming the rule; a missing file is ACP's "resource not found" (AcpErrorCode.RESOURCE_NOT_FOUND, -32002:
 these errors are answers to the agent, in ACP's numbering, not our protocol's).
 
 Blocking file work runs in a worker thread (``anyio.to_thread``). Writes go to a
@@ -23,9 +23,9 @@ from pathlib import Path
 import anyio.to_thread
 
 from sidecar.acp.types import AcpErrorCode
+from sidecar.confine import PathRefused, resolve_in
 from sidecar.errors import InvalidParams, SidecarError
 
-MAX_PATH_CHARS = 4096
 MAX_READ_BYTES = 32 * 1024 * 1024
 
 
@@ -53,23 +53,12 @@ def confine(root: str | os.PathLike[str], path: str) -> Path:
     """The real path of ``path`` if it lies inside ``root``; FsRefused otherwise."""
     if not isinstance(path, str) or not path:
         raise FsRefused("invalid params: path must be a non-empty string - at `$.path`")
-    if "\0" in path:
-        raise FsRefused("invalid params: path contains a NUL byte - at `$.path`")
-    if len(path) > MAX_PATH_CHARS:
-        raise FsRefused(f"invalid params: path is longer than {MAX_PATH_CHARS} characters - at `$.path`")
-    if not os.path.isabs(path):
+    if "\0" not in path and not os.path.isabs(path):
         raise FsRefused("invalid params: path must be absolute - at `$.path`")
-    real_root = os.path.realpath(root)
     try:
-        real = os.path.realpath(path)
-    except (OSError, ValueError) as exc:
-        raise FsRefused(f"invalid params: path cannot be resolved ({exc}) - at `$.path`") from None
-    if real != real_root and os.path.commonpath([real_root, real]) != real_root:
-        raise FsRefused(
-            "invalid params: path is outside the session's working directory "
-            f"{str(root)!r} - at `$.path`"
-        )
-    return Path(real)
+        return resolve_in(root, path, relative=False, what="the session's working directory")
+    except PathRefused as exc:
+        raise FsRefused(f"invalid params: {exc} - at `$.path`") from None
 
 
 def _read(root: str, path: str, line: int | None, limit: int | None) -> str:

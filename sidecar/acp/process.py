@@ -36,7 +36,7 @@ import anyio
 import anyio.abc
 import msgspec
 
-from sidecar.acp.lines import JsonLineFilter
+from sidecar.acp.lines import JsonLines
 from sidecar.errors import ProviderError
 from sidecar.supervision import CHILDREN, SHUTDOWN_CLOCK
 
@@ -86,14 +86,17 @@ def child_env(configured: dict[str, str]) -> dict[str, str]:
 
 
 class AgentProcess:
-    """A running engine: ``stdin`` / ``stdout`` (junk lines filtered) for the JSON-RPC peer."""
+    """A running child: ``stdin`` / ``stdout`` for the JSON-RPC peer, and ``json_lines``, the
+    filter stage its stdout must be read through (``LineReader(stdout, MAX_LINE_BYTES,
+    line_filter=json_lines)``: junk lines dropped, fast-path notifications handed over)."""
 
     def __init__(self, process: anyio.abc.Process, spec: EngineSpec) -> None:
         self.process = process
         self.spec = spec
         assert process.stdin is not None and process.stdout is not None
         self.stdin: anyio.abc.ByteSendStream = process.stdin
-        self.stdout = JsonLineFilter(process.stdout, max_line_bytes=MAX_LINE_BYTES, name=spec.name)
+        self.stdout: anyio.abc.ByteReceiveStream = process.stdout
+        self.json_lines = JsonLines(spec.name, max_line_bytes=MAX_LINE_BYTES)
         self.exited = anyio.Event()
         self.stderr_tail = bytearray()
         self._group = sys.platform != "win32"

@@ -1,6 +1,10 @@
 """NDJSON framing: bytes -> lines (with a size limit) and lines -> bytes (one writer).
 
-``LineReader`` splits a byte stream on ``\\n``. What must stay true:
+``LineReader`` splits a byte stream on ``\\n``: the one NDJSON splitter of the process
+(our stdin, ACP agents, MCP stdio servers). An optional filter stage (``line_filter``)
+sees every line, oversized ones included, and passes it on, replaces it, or drops it
+(``None``): a peer that is not our client uses it to drop junk (sidecar/acp/lines.py).
+What must stay true:
 - memory is bounded by ``max_line_bytes`` plus one chunk: a line that grows past the
   limit is dropped as it streams (never buffered whole) and reported once, when its end
   is reached, as an ``OversizedLine`` with its total size and its first
@@ -51,10 +55,22 @@ class OversizedLine:
     head: bytes = field(default=b"", compare=False)
 
 
+Line = bytes | OversizedLine
+LineFilter = Callable[[Line], Line | None]
+"""A filter stage: the line to pass on (the same or another), or None to drop it."""
+
+
 class LineReader:
-    def __init__(self, stream: ReceiveStream, max_line_bytes: int = DEFAULT_MAX_LINE_BYTES) -> None:
+    def __init__(
+        self,
+        stream: ReceiveStream,
+        max_line_bytes: int = DEFAULT_MAX_LINE_BYTES,
+        *,
+        line_filter: LineFilter | None = None,
+    ) -> None:
         self._stream = stream
         self._max = max_line_bytes
+        self._filter = line_filter
         self._partial = bytearray()
         self._discarding = False
         self._discarded = 0
@@ -62,18 +78,34 @@ class LineReader:
         self._ready: deque[bytes | OversizedLine] = deque()
         self._eof = False
 
-    async def receive(self) -> bytes | OversizedLine:
-        """The next line without its ``\\n``; raises anyio.EndOfStream at end of input."""
-        while not self._ready:
-            if self._eof:
-                raise anyio.EndOfStream
-            try:
-                chunk = await self._stream.receive()
-            except (anyio.EndOfStream, anyio.ClosedResourceError, anyio.BrokenResourceError):
-                self._finish()
-                continue
-            self.feed(chunk)
-        return self._ready.popleft()
+    async def receive(self) -> Line:
+        """The next line without its ``\\n`` (after the filter); raises anyio.EndOfStream
+        at end of input."""
+        while True:
+            while not self._ready:
+                if self._eof:
+                    raise anyio.EndOfStream
+                try:
+                    chunk = await self._stream.receive()
+                except (anyio.EndOfStream, anyio.ClosedResourceError, anyio.BrokenResourceError):
+                    self._finish()
+                    continue
+                self.feed(chunk)
+            line = self._ready.popleft()
+            if self._filter is None:
+                return line
+            passed = self._filter(line)
+            if passed is not None:
+                return passed
+
+    def __aiter__(self) -> LineReader:
+        return self
+
+    async def __anext__(self) -> Line:
+        try:
+            return await self.receive()
+        except anyio.EndOfStream:
+            raise StopAsyncIteration from None
 
     def feed(self, chunk: bytes) -> None:
         """Split ``chunk`` into the ready queue (public for tests and benchmarks)."""

@@ -56,6 +56,7 @@ from sidecar.rpc.dispatch import Dispatcher, Handlers
 from sidecar.rpc.framing import (
     DEFAULT_MAX_LINE_BYTES,
     OVERSIZED_HEAD_BYTES,
+    LineFilter,
     LineReader,
     LineWriter,
     OversizedLine,
@@ -139,11 +140,13 @@ class JsonRpcPeer:
         shutdown_grace: float = 5.0,
         cancel_method: str | None = CANCEL_METHOD,
         max_concurrent: int = 64,
+        line_filter: LineFilter | None = None,
     ) -> None:
         """``autostart=False`` delays reading until ``start_reading()`` (so handlers can be
         added once the services they call exist); ``cancel_method`` is the notification
         sent when one of our requests is cancelled or times out (None: send nothing);
-        ``max_concurrent`` bounds the tasks running incoming requests (more wait in order)."""
+        ``max_concurrent`` bounds the tasks running incoming requests (more wait in order);
+        ``line_filter`` is a stage every input line passes first (framing.LineReader)."""
         self.name = name
         self.max_line_bytes = max_line_bytes
         self.dispatcher = Dispatcher(handlers)
@@ -153,7 +156,7 @@ class JsonRpcPeer:
         """Set when the other side is gone: our input ended (EOF, read error,
         ``stop_reading``) or our output broke."""
         self._receive_stream = receive_stream
-        self._reader = LineReader(receive_stream, max_line_bytes)
+        self._reader = LineReader(receive_stream, max_line_bytes, line_filter=line_filter)
         self._writer = LineWriter(send_stream, max_queue, on_broken=self._on_output_broken)
         self._autostart = autostart
         self._next_id = 0

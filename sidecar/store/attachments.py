@@ -27,6 +27,7 @@ from urllib.request import url2pathname
 from protocol.chat import UserInput
 from protocol.types import ContentPart, FilePart, ImagePart, TextPart
 from sidecar.config import DEFAULT_MAX_LINE_BYTES
+from sidecar.confine import inside
 from sidecar.errors import InvalidParams
 from sidecar.store.ids import new_id
 
@@ -107,8 +108,8 @@ class AttachmentStore:
         local = uri_to_path(uri)
         if local is None:
             return None
-        path = Path(local).resolve()
-        if not path.is_relative_to(self.root) or not path.is_file():
+        path = inside(self.root, local)  # the confinement rule (sidecar/confine.py)
+        if path is None or not path.is_file():
             return None
         return path
 

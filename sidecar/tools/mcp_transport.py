@@ -34,8 +34,9 @@ from typing import TYPE_CHECKING, Any
 
 import anyio
 
-from sidecar.acp.process import EngineSpec, spawn_agent
+from sidecar.acp.process import MAX_LINE_BYTES, EngineSpec, spawn_agent
 from sidecar.errors import ProviderError
+from sidecar.rpc.framing import LineReader
 from sidecar.tools.mcp_config import McpServerConfig
 
 if TYPE_CHECKING:
@@ -114,19 +115,17 @@ async def _stdio_link(config: McpServerConfig) -> AsyncIterator[Link]:
                 # after the session is gone (read_recv closed) the rest is read and dropped
                 try:
                     async with read_send:
-                        async for chunk in agent.stdout:
-                            for line in chunk.split(b"\n"):
-                                if not line:
-                                    continue
-                                item: SessionMessage | Exception
-                                try:
-                                    item = SessionMessage(jsonrpc_message_adapter.validate_json(line, by_name=False))
-                                except ValueError as exc:  # valid JSON, not JSON-RPC: the session logs it
-                                    item = exc
-                                try:
-                                    await read_send.send(item)
-                                except (anyio.BrokenResourceError, anyio.ClosedResourceError):
-                                    pass
+                        async for line in LineReader(agent.stdout, MAX_LINE_BYTES, line_filter=agent.json_lines):
+                            assert isinstance(line, bytes)  # the stage drops oversized lines
+                            item: SessionMessage | Exception
+                            try:
+                                item = SessionMessage(jsonrpc_message_adapter.validate_json(line, by_name=False))
+                            except ValueError as exc:  # valid JSON, not JSON-RPC: the session logs it
+                                item = exc
+                            try:
+                                await read_send.send(item)
+                            except (anyio.BrokenResourceError, anyio.ClosedResourceError):
+                                pass
                 except (anyio.EndOfStream, anyio.BrokenResourceError, anyio.ClosedResourceError, OSError):
                     pass
                 finally:

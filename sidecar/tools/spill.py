@@ -8,9 +8,9 @@ that reads it. The file name comes from the tool call id, which is untrusted: an
 outside ``[A-Za-z0-9_-]`` (or a name too long) is replaced by a hash of the id.
 
 In a workspace the model controls the files, so the spill path is checked with the
-workspace confinement (``resolve_in``: a symlinked ``tool_outputs`` folder or ``<id>.txt``
-leading out is refused) and the file is opened with O_NOFOLLOW (a symlink at the file's
-name is never written or read through), when writing and when reading.
+project's confinement rule (``sidecar/confine.py`` through the workspace's ``resolve_in``:
+a symlinked ``tool_outputs`` folder or ``<id>.txt`` leading out is refused) and the file is
+opened without following a symlink at its name, when writing and when reading.
 """
 
 from __future__ import annotations
@@ -20,6 +20,7 @@ import os
 import re
 from pathlib import Path
 
+from sidecar.confine import open_nofollow
 from sidecar.tools.workspace import resolve_in
 
 __all__ = ["SPILL_BYTES", "PREVIEW_BYTES", "OUTPUT_DIR", "spill_name", "maybe_spill", "spill_dir", "spill_path",
@@ -29,8 +30,6 @@ SPILL_BYTES = 32 * 1024
 PREVIEW_BYTES = 4 * 1024
 OUTPUT_DIR = "tool_outputs"
 _SAFE = re.compile(r"^[A-Za-z0-9_-]{1,100}$")
-# O_NONBLOCK: a FIFO planted at the name must not hang the open (no effect on a regular file)
-_NOFOLLOW = getattr(os, "O_NOFOLLOW", 0) | getattr(os, "O_NONBLOCK", 0)
 
 
 def spill_name(tool_call_id: str) -> str:
@@ -53,8 +52,7 @@ def spill_path(workspace: Path | None, data_dir: Path, name: str) -> Path:
 
 def open_spill(path: Path, *, write: bool) -> int:
     """A file descriptor on ``path``; OSError (ELOOP) when its last component is a symlink."""
-    flags = (os.O_WRONLY | os.O_CREAT | os.O_TRUNC if write else os.O_RDONLY) | _NOFOLLOW
-    return os.open(path, flags | getattr(os, "O_BINARY", 0), 0o666)
+    return open_nofollow(path, write=write)
 
 
 def preview(data: bytes, limit: int = PREVIEW_BYTES) -> str:

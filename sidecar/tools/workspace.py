@@ -1,15 +1,11 @@
 """Workspace tools: read, write, list and run a command inside the session's workspace dir.
 
-Confinement (``resolve_in``), checked on every call before any file is touched:
-- the path must be relative: absolute paths (``/etc/passwd``, ``C:\\x``, ``\\\\server``) are refused;
-- no ``..`` component at all, even one that would stay inside (clear error, no guessing);
-- at most MAX_PATH_CHARS characters and MAX_COMPONENT_CHARS per component, no NUL;
-- the real path (symlinks resolved) must lie inside the real workspace root, so a symlink
-  pointing outside is refused whether it is the file itself or a directory on the way.
+Confinement: every path is checked with the project's one rule (``sidecar/confine.py``,
+relative paths only, no ``..``, symlinks that lead out refused) before any file is touched,
+and files are opened without following a symlink at their name.
 What is NOT promised: a shell command run with ``workspace_run_command`` starts in the
 workspace but is not sandboxed (it can ``cd /``); that is why it asks for approval by
-default. A race where a directory is swapped for a symlink between the check and the open
-is not defended against (single-user desktop threat model).
+default.
 
 Commands: ``/bin/sh -c`` (``cmd /c`` on Windows) in its own process group, stdin closed,
 stdout+stderr captured up to MAX_CAPTURE_BYTES (the rest counted, not kept), a timeout,
@@ -23,19 +19,19 @@ import os
 import signal
 import subprocess
 import sys
-from pathlib import Path, PurePosixPath, PureWindowsPath
+from pathlib import Path
 from typing import Any
 
 import anyio
 import anyio.abc
 
+from sidecar import confine
 from sidecar.supervision import CHILDREN, SHUTDOWN_CLOCK
 from sidecar.tools.base import Tool, ToolContext, ToolError, ToolOutput, obj
 
 __all__ = ["resolve_in", "workspace_tools", "MAX_PATH_CHARS", "MAX_READ_BYTES"]
 
-MAX_PATH_CHARS = 1024
-MAX_COMPONENT_CHARS = 255
+MAX_PATH_CHARS = confine.MAX_PATH_CHARS
 MAX_READ_BYTES = 256 * 1024
 MAX_WRITE_CHARS = 4 * 1024 * 1024
 MAX_LIST_ENTRIES = 1000
@@ -54,29 +50,10 @@ def workspace_root(ctx: ToolContext) -> Path:
 
 def resolve_in(root: Path, path: str) -> Path:
     """``path`` (relative, as the model gave it) as a real path inside ``root``, or ToolError."""
-    if not isinstance(path, str):
-        raise ToolError("path must be a string")
-    if "\x00" in path:
-        raise ToolError("path must not contain NUL characters")
-    if len(path) > MAX_PATH_CHARS:
-        raise ToolError(f"path is too long ({len(path)} characters, at most {MAX_PATH_CHARS})")
-    text = path.strip() or "."
-    if PurePosixPath(text).is_absolute() or PureWindowsPath(text).is_absolute() or PureWindowsPath(text).drive:
-        raise ToolError(f"path {path!r} is absolute: give a path relative to the workspace root")
-    parts = text.replace("\\", "/").split("/")
-    if any(p == ".." for p in parts):
-        raise ToolError(f"path {path!r} contains '..': paths must stay inside the workspace")
-    if any(len(p) > MAX_COMPONENT_CHARS for p in parts):
-        raise ToolError(f"path {path!r} has a component longer than {MAX_COMPONENT_CHARS} characters")
-    real_root = root.resolve()
-    candidate = real_root.joinpath(*[p for p in parts if p not in ("", ".")])
     try:
-        real = candidate.resolve()  # follows every symlink on the way
-    except (OSError, RuntimeError) as exc:  # a symlink loop
-        raise ToolError(f"path {path!r} cannot be resolved: {exc}") from None
-    if real != real_root and real_root not in real.parents:
-        raise ToolError(f"path {path!r} leads outside the workspace (through a symbolic link)")
-    return real
+        return confine.resolve_in(root, path, relative=True, what="the workspace")
+    except confine.PathRefused as exc:
+        raise ToolError(str(exc)) from None
 
 
 def _rel(root: Path, path: Path) -> str:
@@ -112,8 +89,8 @@ def read_slice(target: Path, offset: int, length: int, shown: str) -> str:
         raise ToolError(f"no file {shown!r} in the workspace")
     if target.is_dir():
         raise ToolError(f"{shown!r} is a directory: use workspace_list")
-    size = target.stat().st_size
-    with open(target, "rb") as f:
+    with os.fdopen(confine.open_nofollow(target), "rb") as f:
+        size = os.fstat(f.fileno()).st_size
         f.seek(offset)
         data = f.read(length)
     if b"\x00" in data[:8192]:
@@ -158,7 +135,7 @@ class WriteFile(Tool):
             # re-check after mkdir: the parent chain is now real and must still be inside
             resolve_in(root, _rel(root, target))
             data = content.encode("utf-8")
-            with open(target, "ab" if args.get("append") else "wb") as f:
+            with os.fdopen(confine.open_nofollow(target, write=True, append=bool(args.get("append"))), "wb") as f:
                 f.write(data)
             return len(data)
 
