@@ -6,11 +6,20 @@ everything it opened on exit (in reverse order, even when the server is cancelle
 ``"sessions.create_session"``); a service that is not attached yet makes its methods
 answer NOT_IMPLEMENTED instead of failing at start-up.
 
-How to add a service: open it inside ``open_app`` (use ``stack`` so it is closed on
-exit), attach it as an attribute, document the attribute below. Must stay true:
+Cold start: the store opens first, with only the modules that read it (store, protocol,
+sessions, secrets); the server answers the methods that need nothing else (listing
+sessions, reading messages) from then on, while every other service's modules are
+imported in a worker thread and opened once the server asks for them (``load_services``:
+the first request that needs them, the first answers, or a short idle delay).
+
+How to add a service: open it inside ``open_app`` after the store step (use ``stack`` so
+it is closed on exit), attach it as an attribute, document the attribute below. Must
+stay true:
 - ``open_app`` does no slow work on the event loop (blocking I/O goes through
   ``anyio.to_thread``), and heavy imports happen inside it, not at module import, to
-  keep start-up fast;
+  keep start-up fast: this module and everything the store step imports must not import
+  providers, pipeline, tools, acp, mcp, jsonschema, jinja2, pypdf or numpy
+  (tests/test_cold_start.py checks it);
 - ``notify`` is the only way a service talks to the client outside a reply.
 
 Attributes:
@@ -108,21 +117,34 @@ class App:
 
 
 @asynccontextmanager
-async def open_app(config: Config, notify: Notify) -> AsyncIterator[App]:
+async def open_app(
+    config: Config,
+    notify: Notify,
+    *,
+    on_store: Callable[[App], Awaitable[None]] | None = None,
+    services_wanted: Callable[[], Awaitable[bool]] | None = None,
+) -> AsyncIterator[App]:
+    """Open the App in two steps: the store (and what reads it alone: sessions, secrets),
+    then every other service once ``services_wanted()`` returns True (default: at once;
+    False, when the server stops before it needed them: the App is yielded without them).
+
+    ``on_store(app)`` is awaited between the two: from then on the methods that need only
+    the store can be served (the first session list of a cold start needs nothing else),
+    while the services' modules (providers, pipeline, tools, ACP, MCP...) are imported in
+    a worker thread and opened."""
     data_dir = Path(config.data_dir)
     try:
         # One mkdir: provably short, no need for a worker thread.
         data_dir.mkdir(parents=True, exist_ok=True)
     except OSError as exc:
         raise SidecarError(f"cannot create the data directory {data_dir}: {exc.strerror or exc}") from exc
-    # The services' modules take most of start-up to import: import them in a worker
-    # thread so the event loop keeps answering (the handshake is served meanwhile).
-    await anyio.to_thread.run_sync(_import_services)
     async with AsyncExitStack() as stack:
         app = App(config, data_dir, notify)
         # Services open here and register their cleanup on ``stack`` (closed in reverse
         # order), e.g. ``app.store = await stack.enter_async_context(open_store(data_dir))``.
-        # The store: migrations and crash recovery run in a worker thread (AsyncStore.open).
+        # The store: its modules are imported, and migrations and crash recovery run, in a
+        # worker thread (the loop answers the handshake meanwhile).
+        await anyio.to_thread.run_sync(_import_store_modules)
         from sidecar.engine.secrets import SecretsService
         from sidecar.engine.sessions import SessionService
         from sidecar.secrets.box import SecretBox
@@ -131,10 +153,21 @@ async def open_app(config: Config, notify: Notify) -> AsyncIterator[App]:
         box = SecretBox(data_dir, host_key=_host_key_from_fd(config), use_keychain=config.keychain)
         app.store = await AsyncStore.open(data_dir, secrets=box)
         stack.push_async_callback(app.store.close)
+        # crash recovery of tool calls left running by a dead process (a "cancelled"
+        # result), before anything reads those messages
+        await app.store.run(lambda s: s.tools.complete_interrupted())
         app.secrets = SecretsService(app.store)
         if config.secret_key_fd is not None:  # the host's key is known now: settle at once
             await app.secrets.settle()
         app.sessions = SessionService(app.store, app.notify)
+        if on_store is not None:
+            await on_store(app)
+        if services_wanted is not None and not await services_wanted():
+            yield app
+            return
+        # The services' modules take most of start-up to import: import them in a worker
+        # thread so the event loop keeps answering meanwhile.
+        await anyio.to_thread.run_sync(_import_services)
         await _open_chat(app, stack)
         _open_context(app)
         await _open_compat(app, stack)
@@ -174,6 +207,13 @@ _SERVICE_MODULES = (
 )
 
 
+def _import_store_modules() -> None:
+    import importlib
+
+    for name in ("sidecar.store", "sidecar.engine.sessions", "sidecar.engine.secrets", "sidecar.secrets.box"):
+        importlib.import_module(name)
+
+
 def _import_services() -> None:
     import importlib
 
@@ -192,7 +232,6 @@ async def _open_chat(app: App, stack: AsyncExitStack) -> None:
 
     from sidecar.engine.approvals import ApprovalService
     from sidecar.engine.chat import ChatEngine
-    from sidecar.engine.tool_loop import INTERRUPTED_NOTE
     from sidecar.engine.providers import ProviderService
     from sidecar.engine.settings import SettingsService
     from sidecar.pipeline.builder import RequestBuilder
@@ -229,8 +268,6 @@ async def _open_chat(app: App, stack: AsyncExitStack) -> None:
     # they are stopped (bounded) after the engine has aborted the replies that use them
     app.mcp = await stack.enter_async_context(McpManager.open(store))
     task_group = await stack.enter_async_context(anyio.create_task_group())
-    # Tool calls left running by a dead process get a "cancelled" result before any send.
-    await store.run(lambda s: s.tools.complete_interrupted(INTERRUPTED_NOTE))
     app.tools = ToolService(
         data_dir=app.data_dir,
         get_setting=get_setting,

@@ -35,6 +35,7 @@ ENV_VARS: dict[str, str] = {
     "max_line_bytes": "CHAT_SIDECAR_MAX_LINE_BYTES",
     "secret_key_fd": "CHAT_SIDECAR_SECRET_KEY_FD",
     "keychain": "CHAT_SIDECAR_KEYCHAIN",
+    "warmup_ms": "CHAT_SIDECAR_WARMUP_MS",
 }
 """Config field -> environment variable that sets it."""
 
@@ -52,6 +53,10 @@ class Config(msgspec.Struct, kw_only=True, frozen=True):
     secret_key_fd: int | None = None
     """An inherited file descriptor to read the host's secrets key from (base64 of 32 bytes),
     instead of passing it in ``sidecar:initialize {secretKey}``."""
+    warmup_ms: int = 250
+    """Once the store is open, the other services (providers, pipeline, tools, ACP, MCP...)
+    load at the first request that needs them, after the first store answers, or after
+    this idle delay, whichever comes first."""
     keychain: bool = True
     """Without a host key, keep the secrets key in the OS keychain (``keyring``) when one
     works; False: only the key file in the data dir."""
@@ -105,7 +110,7 @@ def _from_env(name: str, raw: str) -> Any:
         if lowered not in ("0", "1", "true", "false", "on", "off", "yes", "no"):
             raise InvalidParams(f"{ENV_VARS[name]} must be on or off, got {raw!r}")
         return lowered in ("1", "true", "on", "yes")
-    if name in ("max_line_bytes", "secret_key_fd"):
+    if name in ("max_line_bytes", "secret_key_fd", "warmup_ms"):
         try:
             return int(raw)
         except ValueError:

@@ -114,8 +114,29 @@ BINDINGS: dict[str, str] = {
 }
 """Method name -> attribute path on the App of the ``async def f(params) -> result`` that answers it."""
 
+STORE_METHODS = frozenset(
+    {"chat:session:list", "chat:session:get", "chat:messages:get", "chat:messages:tree", "chat:messages:search"}
+)
+"""Answered as soon as the store is open (they read it and nothing else): a cold start's
+first screen needs no provider, pipeline or tool module."""
+HEAVY_MODULES = (
+    "sidecar.providers", "sidecar.pipeline", "sidecar.tools", "sidecar.acp", "sidecar.retrieval",
+    "sidecar.channels", "sidecar.compat", "sidecar.sync", "sidecar.engine.chat", "mcp", "jsonschema",
+    "jinja2", "pypdf", "numpy", "tiktoken", "httpx2", "uvicorn", "selectolax", "markdown_it",
+)
+"""What the store step must not import (``sidecar:bench:modules`` reports which are loaded)."""
+
+
+
+def loaded_heavy_modules() -> list[str]:
+    import sys
+
+    return sorted(m for m in HEAVY_MODULES if m in sys.modules)
+
+
 BENCH_NOTIFY = "sidecar:bench:notify"
 BENCH_PING = "sidecar:bench:ping"
+BENCH_MODULES = "sidecar:bench:modules"
 """Benchmark methods: registered only with ``--bench``, not part of the contract (not in protocol.METHODS)."""
 
 BoundFunc = Callable[[Any], Awaitable[Any]]
@@ -177,6 +198,14 @@ class Server:
         self.initialized = False
         """The handshake came: the secrets key is settled as soon as the store is open."""
         self._replies_stopped = False
+        self.store_ready = anyio.Event()
+        """The store is open: STORE_METHODS are served."""
+        self.stopping = anyio.Event()
+        """Set when shutdown begins (an App still waiting to load its services stops without)."""
+        self.modules_at_first_answer: list[str] | None = None
+        self.want_services = anyio.Event()
+        """Set by the first request that needs the other services, by the first answer of
+        a store method, or after an idle delay (``serve``): the App then loads them."""
         self.ready = anyio.Event()
         self.implemented: list[str] = sorted([*LIFECYCLE_METHODS, *BINDINGS])
         """Before ``attach``: every bound method (``open_app`` attaches a service for each,
@@ -184,6 +213,32 @@ class Server:
         self._funcs: dict[str, Callable[[Any], Awaitable[Any]]] = {}
         if app is not None:
             self.attach(app)
+
+    async def attach_store(self, app: App) -> None:
+        """The store step of the App is open: settle the secrets key if the handshake
+        already came, then serve STORE_METHODS."""
+        if self.initialized:
+            await app.secrets.settle()
+        self.app = app
+        for method in STORE_METHODS:
+            func = resolve_binding(app, BINDINGS[method])
+            if func is not None:
+                self._funcs[method] = func
+        self.store_ready.set()
+
+    async def services_wanted(self) -> bool:
+        """Wait until the other services are needed (True) or the server stops before
+        anything asked for them (False: a request that arrived before the stop still
+        asked, and is served)."""
+        async with anyio.create_task_group() as tg:
+
+            async def first(event: anyio.Event) -> None:
+                await event.wait()
+                tg.cancel_scope.cancel()
+
+            tg.start_soon(first, self.want_services)
+            tg.start_soon(first, self.stopping)
+        return self.want_services.is_set()
 
     def attach(self, app: App) -> None:
         """Resolve the bindings on the now open App and release the waiting requests."""
@@ -194,6 +249,7 @@ class Server:
             if func is not None:
                 self._funcs[method] = func
         self.implemented = sorted([*LIFECYCLE_METHODS, *self._funcs])
+        self.store_ready.set()
         self.ready.set()
 
     def handlers(self) -> dict[str, Handler[Any]]:
@@ -208,6 +264,7 @@ class Server:
         if self.config.bench:
             table[BENCH_NOTIFY] = Handler(BenchNotifyParams, self._open_only(self.bench_notify))
             table[BENCH_PING] = Handler(EmptyParams, self._open_only(self.bench_ping))
+            table[BENCH_MODULES] = Handler(EmptyParams, self.bench_modules)
         missing = set(METHODS) - set(table)
         if missing:  # guarded by a test too; this keeps a partial deployment honest
             logger.error("methods of the contract without a handler: %s", ", ".join(sorted(missing)))
@@ -247,8 +304,26 @@ class Server:
         params = Handler(METHODS[method].params, _unused)
         unimplemented = not_implemented(method)
 
+        if method in STORE_METHODS:
+
+            async def call_store(raw: msgspec.Raw) -> Any:
+                if not self.store_ready.is_set():
+                    await self.store_ready.wait()
+                func = self._funcs.get(method)
+                if func is None:
+                    return await unimplemented(raw)
+                try:
+                    return await func(await params.decode(raw))
+                finally:
+                    if not self.want_services.is_set():  # the first answers are out: load the rest
+                        self.modules_at_first_answer = loaded_heavy_modules()
+                        self.want_services.set()
+
+            return call_store
+
         async def call(raw: msgspec.Raw) -> Any:
             if not self.ready.is_set():
+                self.want_services.set()
                 await self.ready.wait()
             func = self._funcs.get(method)
             if func is None:
@@ -264,10 +339,10 @@ class Server:
                 host_key = parse_key(params.secret_key)
             except ValueError as exc:
                 raise InvalidParams(f"invalid params: {exc} - at `$.secretKey`") from None
-            await self.ready.wait()  # the key is applied to the store before the answer
+            await self.store_ready.wait()  # the key is applied to the store before the answer
         self.initialized = True
         secrets = None
-        if self.ready.is_set() and self.app is not None:
+        if self.store_ready.is_set() and self.app is not None:
             secrets = await self.app.secrets.settle(host_key)
         client = params.client_info
         logger.info(
@@ -308,6 +383,11 @@ class Server:
             await self.stop_replies()
         self.stop.set()  # serve() waits for this reply to be queued before it stops writing
         return SuccessResult(success=True)
+
+    async def bench_modules(self, params: EmptyParams) -> dict[str, list[str] | None]:
+        """The HEAVY_MODULES loaded now, and when the first store method was answered
+        before anything asked for the other services (benchmarks and the cold-start test)."""
+        return {"now": loaded_heavy_modules(), "atFirstAnswer": self.modules_at_first_answer}
 
     async def bench_ping(self, params: EmptyParams) -> str:
         """The smallest possible request: measures the RPC path alone (benchmarks only)."""
@@ -399,10 +479,11 @@ async def _serve(
             peer.start_reading()  # the handshake is answered while the App opens
             watchers.start_soon(_set_when, peer.closed, stop)
             watchers.start_soon(_on_stop, stop, server, supervisor, app_scope)
+            watchers.start_soon(_warm_up, server, config.warmup_ms / 1000)
             with app_scope:  # its deadline is set when shutdown begins (_on_stop)
-                async with open_app(config, peer.notify) as app:
-                    if server.initialized:  # the handshake came first: settle before serving
-                        await app.secrets.settle()
+                async with open_app(
+                    config, peer.notify, on_store=server.attach_store, services_wanted=server.services_wanted
+                ) as app:
                     server.attach(app)
                     logger.info("serving (data dir %s, pid %s)", app.data_dir, os.getpid())
                     await stop.wait()
@@ -423,9 +504,19 @@ async def _on_stop(
     """Once stopping: start the deadline, and bound the App (also while it is still opening)."""
     await stop.wait()
     server.begin_shutdown()
+    server.stopping.set()  # an App still waiting to load its services stops without them
     if supervisor is not None:
         supervisor.begin_shutdown()
     app_scope.deadline = anyio.current_time() + SHUTDOWN_CLOCK.bound(SHUTDOWN_DEADLINE_S)
+
+
+async def _warm_up(server: Server, delay: float) -> None:
+    """Load the services ``delay`` seconds after the store opened if nothing asked yet
+    (a client that only shook hands then idles gets them loaded before its first send)."""
+    await server.store_ready.wait()
+    with anyio.move_on_after(delay):
+        await server.want_services.wait()
+    server.want_services.set()
 
 
 def _call_soon(loop: asyncio.AbstractEventLoop, func: Callable[[], Any]) -> None:

@@ -259,7 +259,10 @@ async def test_arbitrary_lines_over_the_pipe(tmp_path: Path, lines: list[bytes])
     async with spawn_sidecar(tmp_path) as proc:
         for line in lines:
             await proc.send_line(line)
-        await proc.call("sidecar:initialize", {})  # still serving
+        # still serving (an id the generated lines cannot hold: one of them may still be in
+        # flight, e.g. waiting for the services to load, and ids must be unique)
+        answer = await proc.response(await proc.request("sidecar:initialize", {}, request_id="still-serving"))
+        assert "result" in answer
         await proc.close_stdin()
         await proc.assert_exit(0)
     proc.assert_all_jsonrpc()

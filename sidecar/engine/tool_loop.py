@@ -59,7 +59,7 @@ from sidecar.engine.lifecycle import (
 )
 from sidecar.store.async_store import AsyncStore
 from sidecar.store.store import Store
-from sidecar.store.tools import OPEN_STATES, ToolCallRecord, ToolRun, audit_entry
+from sidecar.store.tools import INTERRUPTED_NOTE, OPEN_STATES, ToolCallRecord, ToolRun, audit_entry
 from sidecar.tools.base import ToolContext, ToolOutput
 from sidecar.tools.registry import CheckedCall, ToolRegistry
 
@@ -76,7 +76,6 @@ __all__ = [
 log = logging.getLogger(__name__)
 
 CANCELLED_NOTE = "cancelled: the generation was stopped before this tool call finished"
-INTERRUPTED_NOTE = "cancelled: the sidecar stopped while this tool call was running; it may or may not have completed"
 SUPERSEDED_NOTE = "not run: the user moved on before deciding (superseded by a newer message or aborted)"
 DENIED_RESULT = json.dumps({"error": "denied", "message": "The user denied this tool call. Do not retry it; continue without it."})
 POLICY_DENIED_RESULT = json.dumps({"error": "denied", "message": "This tool is disabled by the user's policy."})

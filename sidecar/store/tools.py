@@ -53,6 +53,9 @@ CALL_STATES = OPEN_STATES | {"done", "cancelled"}
 POLICIES = frozenset({"auto", "ask", "deny"})
 
 
+INTERRUPTED_NOTE = "cancelled: the sidecar stopped while this tool call was running; it may or may not have completed"
+"""The result of a tool call that was running when the process died (crash recovery)."""
+
 class ToolRun(msgspec.Struct, kw_only=True):
     message_id: str
     session_id: str
@@ -322,7 +325,7 @@ class ToolStore:
             )
             return MessageStore.get(conn, message_id)
 
-    def complete_interrupted(self, note: str) -> list[str]:
+    def complete_interrupted(self, note: str = INTERRUPTED_NOTE) -> list[str]:
         """Runs left ``running`` by a dead process: every open call of them gets an error
         result ``note`` in its message (if it has none yet) and becomes ``cancelled``; ACP
         requests left pending are cancelled too. Returns the message ids touched."""
