@@ -8,12 +8,12 @@ domain adds its module to ``_DOMAIN_TABLES``.
 
 from __future__ import annotations
 
-from protocol import chat, context, lifecycle, mcp, messages, providers, sessions, settings, tools
-from protocol.common import CancelRequestParams, MethodSpec
+from protocol import chat, context, kb, lifecycle, mcp, messages, providers, sessions, settings, tools
+from protocol.common import CancelRequestParams, MethodSpec, ProgressParams
 from protocol.events import ChatStreamEvent
 from protocol.types import SessionV2
 
-_DOMAIN_TABLES = (lifecycle, sessions, messages, chat, providers, settings, tools, mcp, context)
+_DOMAIN_TABLES = (lifecycle, sessions, messages, chat, providers, settings, tools, mcp, context, kb)
 
 METHODS: dict[str, MethodSpec] = {}
 for _domain in _DOMAIN_TABLES:
@@ -27,6 +27,10 @@ NOTIFICATIONS: dict[str, MethodSpec] = {
     ),
     "chat:session:updated": MethodSpec(
         SessionV2, None, "A session changed outside a request of the renderer (title, counters).",
+        direction="server->client",
+    ),
+    "sidecar:progress": MethodSpec(
+        ProgressParams, None, "Progress of long work started by a request that gave a progressToken.",
         direction="server->client",
     ),
     "$/cancelRequest": MethodSpec(

@@ -26,6 +26,8 @@ Attributes:
               tool:audit:list, tool:pending:list; also the ACP permission flow.
     tools:    ToolService (sidecar/tools/service.py): tool:list, tool:settings:*.
     mcp:      McpManager (sidecar/tools/mcp.py): mcp:server:*; its servers stop on exit.
+    knowledge: KnowledgeService (sidecar/retrieval/service.py): kb:*, background ingestion,
+              the retriever of the KnowledgeRetrieval transformer and the knowledge_search tool.
     (later)   chat, ... attached by the services that own them.
 """
 
@@ -80,8 +82,11 @@ async def open_app(config: Config, notify: Notify) -> AsyncIterator[App]:
         app.store = await AsyncStore.open(data_dir)
         stack.push_async_callback(app.store.close)
         app.sessions = SessionService(app.store, notify)
+        # before the chat engine: it closes after the engine has stopped the replies using it
+        app.knowledge = await _open_knowledge(app, stack)
         await _open_chat(app, stack)
         _open_context(app)
+        await _start_knowledge(app)
         yield app
 
 
@@ -101,6 +106,7 @@ _SERVICE_MODULES = (
     "sidecar.engine.context",
     "sidecar.pipeline.builder",
     "sidecar.store.assistants",
+    "sidecar.retrieval.service",
 )
 
 
@@ -233,3 +239,45 @@ def _open_context(app: App) -> None:
     )
     app.assistants = AssistantService(AssistantRepo.of(app.store.sync))
     app.context = ContextService(app.store, builder)
+
+
+async def _open_knowledge(app: App, stack: AsyncExitStack) -> Any:
+    """Knowledge bases (issue 14): the service runs its ingestion task group until exit."""
+    import anyio
+
+    from sidecar.pipeline.profiles import ProfileResolver
+    from sidecar.retrieval.service import KnowledgeService
+    from sidecar.store.assistants import AssistantRepo
+    from sidecar.store.context import ContextRepo
+    from sidecar.store.knowledge import KnowledgeRepo
+
+    store = app.store
+    profiles = ProfileResolver(AssistantRepo.of(store.sync), ContextRepo.of(store.sync))
+
+    async def assistant_for(session_id: str | None) -> Any:
+        if session_id is None:
+            return await anyio.to_thread.run_sync(profiles.assistants.default)
+        return await anyio.to_thread.run_sync(lambda: profiles.for_session(session_id).assistant)
+
+    service = KnowledgeService(
+        repo=KnowledgeRepo.of(store.sync),
+        get_setting=store.get_setting,
+        set_setting=store.set_setting,
+        notify=app.notify,
+        connections=None,
+        assistant_for=assistant_for,
+    )
+    return await stack.enter_async_context(service)
+
+
+async def _start_knowledge(app: App) -> None:
+    """Hand the knowledge service to the request builder and the tools, then resume ingestion."""
+    from sidecar.pipeline.builder import RequestBuilder
+    from sidecar.store.attachments import AttachmentStore
+
+    builder = RequestBuilder.shared(
+        app.store.sync, AttachmentStore(app.data_dir), providers=getattr(app, "providers", None)
+    )
+    builder.use_knowledge(app.knowledge)
+    app.tools.knowledge = app.knowledge
+    await app.knowledge.start(connections=app.providers)

@@ -92,6 +92,19 @@ BINDINGS: dict[str, str] = {
     "chat:context:get": "context.get_context",
     "chat:context:update": "context.update_context",
     "chat:context:compact": "context.compact",
+    "kb:create": "knowledge.create_kb",
+    "kb:list": "knowledge.list_kbs",
+    "kb:get": "knowledge.get_kb",
+    "kb:update": "knowledge.update_kb",
+    "kb:delete": "knowledge.delete_kb",
+    "kb:document:add": "knowledge.add_document",
+    "kb:document:list": "knowledge.list_documents",
+    "kb:document:get": "knowledge.get_document",
+    "kb:document:delete": "knowledge.delete_document",
+    "kb:document:reindex": "knowledge.reindex_document",
+    "kb:search": "knowledge.search",
+    "kb:settings:get": "knowledge.get_settings",
+    "kb:settings:update": "knowledge.update_settings",
 }
 """Method name -> attribute path on the App of the ``async def f(params) -> result`` that answers it."""
 

@@ -126,6 +126,10 @@ class RequestBuilder:
             image_dir=attachments.root,
         )
 
+    def use_knowledge(self, knowledge: KnowledgeRetriever) -> None:
+        """The retriever of the KnowledgeRetrieval transformer (the app's KnowledgeService)."""
+        self._knowledge = knowledge
+
     async def build(
         self,
         *,
