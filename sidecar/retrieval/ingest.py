@@ -178,9 +178,8 @@ class Indexer:
         if model is None or model == kb.vector_model and not (await self._db(self._repo.missing_vectors, kb_id, model, 1)):
             return True
         embedder = await self._embedder_for(model)
-        total, done = await self._db(self._repo.count_vectors, kb_id, model)
-        await progress(done, total, f"re-embedding {total} chunks with {model}")
-        dims: int | None = None
+        total, done, dims = await self._db(self._repo.count_vectors, kb_id, model)
+        await progress(done, total + 1, f"re-embedding {total} chunks with {model}")
         while True:
             rows = await self._db(self._repo.missing_vectors, kb_id, model, REEMBED_BATCH)
             if not rows:
@@ -194,18 +193,12 @@ class Indexer:
             blobs = [(rowid, ehash, row.astype("<f4").tobytes()) for (rowid, ehash, _), row in zip(rows, vectors)]
             await self._db(self._repo.write_vectors, kb_id, model, dims, blobs)
             done = min(total, done + len(rows))
-            await progress(done, total, f"{done} of {total} chunks re-embedded")
-        if dims is None:
-            existing = await self._db(self._repo.get_kb, kb_id)
-            dims = existing.vector_dims if existing.vector_model == model else None
-        if dims is None:
-            total, _ = await self._db(self._repo.count_vectors, kb_id, model)
-            if total:
-                return False
-            # a base without chunks: its next vectors are of the new model (dims set then)
+            await progress(done, total + 1, f"{done} of {total} chunks re-embedded")
+        if dims is None and total:
+            return False  # chunks but no vector: cannot happen unless they changed meanwhile
+        # (a base without chunks switches at once: its next vectors set the dimensions)
         switched = await self._db(self._repo.switch_vector_model, kb_id, model, dims)
         if switched:
             self._indexes.drop(kb_id, keep_model=model)
-        total, _ = await self._db(self._repo.count_vectors, kb_id, model)
-        await progress(total, total, "ready" if switched else "superseded")
+        await progress(total + 1, total + 1, "ready" if switched else "superseded")
         return switched

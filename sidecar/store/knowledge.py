@@ -585,16 +585,16 @@ class KnowledgeRepo:
                 )
             ]
 
-    def count_vectors(self, kb_id: str, model: str) -> tuple[int, int]:
-        """(chunks of the base, those with a current ``model`` vector)."""
+    def count_vectors(self, kb_id: str, model: str) -> tuple[int, int, int | None]:
+        """(chunks of the base, those with a current ``model`` vector, their dimensions)."""
         with self._db.read() as conn:
             total = conn.execute("SELECT count(*) FROM kb_chunks WHERE kb_id = ?", (kb_id,)).fetchall()[0][0]
-            done = conn.execute(
-                "SELECT count(*) FROM kb_chunks c JOIN kb_vectors v ON v.kb_id = c.kb_id AND v.model = ?"
+            done, dims = conn.execute(
+                "SELECT count(*), max(v.dims) FROM kb_chunks c JOIN kb_vectors v ON v.kb_id = c.kb_id AND v.model = ?"
                 " AND v.chunk_rowid = c.rowid AND v.embed_hash = c.embed_hash WHERE c.kb_id = ?",
                 (model, kb_id),
-            ).fetchall()[0][0]
-        return total, done
+            ).fetchall()[0]
+        return total, done, dims
 
     def write_vectors(self, kb_id: str, model: str, dims: int, rows: list[tuple[int, str, bytes]]) -> int:
         """Store vectors (rowid, embed hash, bytes) of chunks that still exist with that hash."""
