@@ -88,10 +88,14 @@ def read_bounded(real: Path, limit: int) -> ReadResult:
         raise InvalidParams(f"invalid params: no file {str(real)!r} - at `$.path`") from None
     except OSError as exc:
         raise InvalidParams(f"invalid params: {str(real)!r} cannot be opened: {exc.strerror} - at `$.path`") from None
-    with os.fdopen(fd, "rb") as f:
-        info = os.fstat(f.fileno())
+    try:
+        info = os.fstat(fd)
         if not stat.S_ISREG(info.st_mode):
             raise InvalidParams(f"invalid params: {str(real)!r} is not a regular file - at `$.path`")
+    except BaseException:
+        os.close(fd)
+        raise
+    with os.fdopen(fd, "rb") as f:
         if info.st_size > limit:
             return ReadResult(path=str(real), size=info.st_size, data=None, sha256=None)
         digest = hashlib.sha256()
