@@ -198,9 +198,9 @@ class HttpEmbedder:
         dims = {len(r) for r in rows}
         if len(dims) != 1 or 0 in dims:
             raise self._error(f"vectors of sizes {sorted(dims)[:5]} in one answer", "malformed")
-        matrix = np.asarray(rows, dtype=np.float32)
-        if not np.isfinite(matrix).all():
-            raise self._error("the answer holds non-finite numbers", "malformed")
+        matrix = np.asarray(rows, dtype=np.float64)
+        if not np.isfinite(matrix).all() or (np.abs(matrix) > np.finfo(np.float32).max).any():
+            raise self._error("the answer holds numbers that are not finite float32 values", "malformed")
         return normalize_rows(matrix)
 
     async def aclose(self) -> None:
