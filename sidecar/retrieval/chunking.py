@@ -299,16 +299,33 @@ class _Packer:
             yield s, end
 
     def _hard_split(self, start: int, end: int) -> Iterator[tuple[int, int, int]]:
-        enc = tk.get_encoding(ENCODING)
-        piece = self.text[start:end]
-        ids = enc.encode_ordinary(piece)
-        _, offsets = enc.decode_with_offsets(ids)
-        step = self.size
-        for i in range(0, len(ids), step):
-            s = start + offsets[i]
-            e = start + (offsets[i + step] if i + step < len(ids) else len(piece))
-            if e > s:
-                yield s, e, min(step, len(ids) - i)
+        """Windows of at most ``size`` tokens, cut at a space when there is one near the end.
+        The window's length in characters is estimated from the tokens per character of the
+        whole piece and shrunk until it fits (each try is one encode of a window)."""
+        total = self.count(start, end)
+        per_char = total / max(1, end - start)
+        pos = start
+        while pos < end:
+            guess = max(1, int(self.size / max(per_char, 1e-6)))
+            e = min(end, pos + guess)
+            while True:
+                cut = e
+                if e < end:
+                    space = self.text.rfind(" ", pos + (e - pos) * 4 // 5, e)
+                    if space > pos:
+                        cut = space + 1
+                n = self.count(pos, cut)
+                if n <= self.size or cut - pos <= 1:
+                    break
+                e = pos + max(1, (e - pos) * 9 // 10)
+            if self.text[pos:cut].strip():
+                s, t = pos, cut
+                while t > s and self.text[t - 1].isspace():
+                    t -= 1
+                yield s, t, self.count(s, t) if t != cut else n
+            pos = cut
+            while pos < end and self.text[pos].isspace():
+                pos += 1
 
 
 def chunk_document(
@@ -318,10 +335,8 @@ def chunk_document(
     size = max(16, size)
     overlap = max(0, min(overlap, size // 2))
     blocks, csv_header = _blocks(kind, text, pages)
-    enc = tk.get_encoding(ENCODING)
-    content = [b for b in blocks if b.kind in ("para", "code")]
-    lengths = enc.encode_ordinary_batch([text[b.start : b.end] for b in content], num_threads=2) if content else []
-    counts = {(b.start, b.end): len(ids) for b, ids in zip(content, lengths)}
+    encode = tk.get_encoding(ENCODING).encode_ordinary
+    counts = {(b.start, b.end): len(encode(text[b.start : b.end])) for b in blocks if b.kind in ("para", "code")}
     packer = _Packer(text, size, overlap, counts)
     headings: list[tuple[int, str]] = []
     if csv_header:

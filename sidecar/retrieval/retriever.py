@@ -123,7 +123,8 @@ class KnowledgeRetriever:
                 tg.start_soon(vector_leg, model, members)
 
         legs = [[rowid for rowid, _ in lexical], *[[rowid for rowid, _ in leg] for leg in vector_legs]]
-        fused = fusion.fused_floor(fusion.fuse(legs))
+        weights = [1.0, *[fusion.VECTOR_WEIGHT] * len(vector_legs)]
+        fused = fusion.fused_floor(fusion.fuse(legs, weights))
         if not fused:
             return RetrievalResult(mode="hybrid" if hybrid_kbs else "lexical", chunks=[], notes=notes)
         lexical_rank = {rowid: i for i, (rowid, _) in enumerate(lexical, start=1)}

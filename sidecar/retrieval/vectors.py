@@ -12,17 +12,40 @@ Must stay true:
 - removed rows are tombstoned (zeroed and masked) and compacted away when they exceed a
   quarter of the rows, so memory stays about the raw size of the live vectors (growth by
   a quarter at a time);
-- not thread-safe by itself: the owner serializes ``load``/``apply``/``search``
-  (KnowledgeIndexes holds a lock per index).
+- not thread-safe by itself: the owner keeps ``load``/``apply`` exclusive of searches
+  (KnowledgeIndexes: a readers-writer lock per index); several searches may read at once,
+  ``search(lo=, hi=)`` over disjoint row ranges, so one query can use several cores.
+
+BLAS threads: OpenBLAS's own worker threads spin-wait, and on a busy machine a
+matrix-vector product of 5,000 x 384 took 24 ms with them instead of 0.35 ms without
+(measured here, load 8 on 2 cores). So BLAS is limited to one thread when this module
+loads (threadpoolctl), and a large index is split into row ranges searched in parallel by
+the caller's worker threads instead.
 """
 
 from __future__ import annotations
 
+import logging
+
 import numpy as np
 
-__all__ = ["VectorIndex"]
+__all__ = ["VectorIndex", "limit_blas_threads"]
+
+log = logging.getLogger(__name__)
 
 _GROWTH = 1.25
+
+
+def limit_blas_threads() -> None:
+    try:
+        from threadpoolctl import threadpool_limits
+    except ImportError:  # a dependency; without it BLAS keeps its own threads
+        log.warning("threadpoolctl is missing: BLAS keeps its own threads")
+        return
+    threadpool_limits(limits=1, user_api="blas")
+
+
+limit_blas_threads()
 
 
 class VectorIndex:
@@ -157,20 +180,25 @@ class VectorIndex:
 
     # ---- search -----------------------------------------------------------------------
 
-    def search(self, query: np.ndarray, k: int) -> list[tuple[int, float]]:
-        """The ``k`` rows most similar to ``query`` (a unit vector): (rowid, cosine), best first."""
-        n = self._size
-        if n == 0 or k <= 0 or query.shape[0] != self.dims:
+    @property
+    def rows(self) -> int:
+        """Rows of the matrix (live and tombstoned): the range ``search`` takes."""
+        return self._size
+
+    def search(self, query: np.ndarray, k: int, lo: int = 0, hi: int | None = None) -> list[tuple[int, float]]:
+        """The ``k`` rows of ``lo:hi`` most similar to ``query`` (a unit vector):
+        (rowid, cosine), best first."""
+        hi = self._size if hi is None else min(hi, self._size)
+        n = hi - lo
+        if n <= 0 or k <= 0 or query.shape[0] != self.dims:
             return []
-        scores = self._matrix[:n] @ query.astype(np.float32, copy=False)
+        scores = self._matrix[lo:hi] @ query.astype(np.float32, copy=False)
         if self._dead:
-            scores[~self._live[:n]] = -np.inf
-        k = min(k, n - self._dead)
-        if k <= 0:
-            return []
+            scores[~self._live[lo:hi]] = -np.inf
+        k = min(k, n)
         if k < n:
             top = np.argpartition(scores, n - k)[n - k :]
         else:
             top = np.arange(n)
         order = top[np.argsort(-scores[top], kind="stable")]
-        return [(int(self._rowids[i]), float(scores[i])) for i in order if np.isfinite(scores[i])]
+        return [(int(self._rowids[lo + i]), float(scores[i])) for i in order if np.isfinite(scores[i])]

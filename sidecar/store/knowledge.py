@@ -476,43 +476,48 @@ class KnowledgeRepo:
             removed = [rowid for cid, (rowid, _) in old.items() if cid not in keep]
             if removed:
                 conn.executemany("DELETE FROM kb_chunks WHERE rowid = ?", [(r,) for r in removed])
-            upserted: list[tuple[int, bytes]] = []
+            fresh = [c for c in chunks if c.id not in old]
+            conn.executemany(
+                "INSERT INTO kb_chunks(id, kb_id, document_id, ordinal, heading, char_start, char_end,"
+                " page, tokens, embed_hash, text) VALUES (?, ?, ?, ?, ?, ?, ?, ?, ?, ?, ?)",
+                [(c.id, kb_id, doc.id, c.ordinal, _encode(c.heading).decode(), c.start, c.end, c.page, c.tokens,
+                  c.embed_hash, c.text) for c in fresh],
+            )
+            rowid_of = {cid: rowid for cid, (rowid, _) in old.items()}
+            if fresh:
+                rowid_of.update(
+                    (cid, rowid) for rowid, cid in conn.execute(
+                        "SELECT rowid, id FROM kb_chunks WHERE document_id = ?", (doc.id,)
+                    )
+                )
+            reindexed: list[NewChunk] = list(fresh)
             for c in chunks:
                 previous = old.get(c.id)
-                heading = _encode(c.heading).decode()
                 if previous is None:
-                    conn.execute(
-                        "INSERT INTO kb_chunks(id, kb_id, document_id, ordinal, heading, char_start, char_end,"
-                        " page, tokens, embed_hash, text) VALUES (?, ?, ?, ?, ?, ?, ?, ?, ?, ?, ?)",
-                        (c.id, kb_id, doc.id, c.ordinal, heading, c.start, c.end, c.page, c.tokens,
-                         c.embed_hash, c.text),
-                    )
-                    rowid = conn.last_insert_rowid()
-                    conn.execute(
-                        "INSERT INTO kb_chunks_fts(rowid, body, kb) VALUES (?, ?, ?)",
-                        (rowid, fts.index_text(c.embed_text), token),
-                    )
-                else:
-                    rowid, old_hash = previous
-                    conn.execute(
-                        "UPDATE kb_chunks SET ordinal = ?, heading = ?, char_start = ?, char_end = ?, page = ?,"
-                        " tokens = ?, embed_hash = ?, text = ? WHERE rowid = ?",
-                        (c.ordinal, heading, c.start, c.end, c.page, c.tokens, c.embed_hash, c.text, rowid),
-                    )
-                    if old_hash != c.embed_hash:
-                        conn.execute("DELETE FROM kb_chunks_fts WHERE rowid = ?", (rowid,))
-                        conn.execute(
-                            "INSERT INTO kb_chunks_fts(rowid, body, kb) VALUES (?, ?, ?)",
-                            (rowid, fts.index_text(c.embed_text), token),
-                        )
-                        conn.execute("DELETE FROM kb_vectors WHERE chunk_rowid = ?", (rowid,))
-                if c.vector is not None and model is not None and dims is not None:
-                    conn.execute(
-                        "INSERT OR REPLACE INTO kb_vectors(kb_id, model, chunk_rowid, embed_hash, dims, vector)"
-                        " VALUES (?, ?, ?, ?, ?, ?)",
-                        (kb_id, model, rowid, c.embed_hash, dims, c.vector),
-                    )
-                    upserted.append((rowid, c.vector))
+                    continue
+                rowid, old_hash = previous
+                conn.execute(
+                    "UPDATE kb_chunks SET ordinal = ?, heading = ?, char_start = ?, char_end = ?, page = ?,"
+                    " tokens = ?, embed_hash = ?, text = ? WHERE rowid = ?",
+                    (c.ordinal, _encode(c.heading).decode(), c.start, c.end, c.page, c.tokens, c.embed_hash,
+                     c.text, rowid),
+                )
+                if old_hash != c.embed_hash:
+                    conn.execute("DELETE FROM kb_chunks_fts WHERE rowid = ?", (rowid,))
+                    conn.execute("DELETE FROM kb_vectors WHERE chunk_rowid = ?", (rowid,))
+                    reindexed.append(c)
+            conn.executemany(
+                "INSERT INTO kb_chunks_fts(rowid, body, kb) VALUES (?, ?, ?)",
+                [(rowid_of[c.id], fts.index_text(c.embed_text), token) for c in reindexed],
+            )
+            upserted: list[tuple[int, bytes]] = []
+            if model is not None and dims is not None:
+                upserted = [(rowid_of[c.id], c.vector) for c in chunks if c.vector is not None]
+                conn.executemany(
+                    "INSERT OR REPLACE INTO kb_vectors(kb_id, model, chunk_rowid, embed_hash, dims, vector)"
+                    " VALUES (?, ?, ?, ?, ?, ?)",
+                    [(kb_id, model, rowid_of[c.id], c.embed_hash, dims, c.vector) for c in chunks if c.vector is not None],
+                )
             conn.execute(
                 "UPDATE kb_documents SET status = 'ready', error = NULL, error_code = NULL, kind = ?, body = ?,"
                 " pages = ?, chunk_count = ?, indexed_at = ?, updated_at = ? WHERE id = ?",
