@@ -125,7 +125,7 @@ class ToolInfo(Struct, omit_defaults=False, kw_only=True):
     name: str
     description: str
     source: str
-    """web | local | conversation | workspace | skill | mcp | system"""
+    """knowledge | web | local | conversation | workspace | skill | mcp | system"""
     policy: ToolPolicyValue
     """The effective policy (stored policy, else the default)."""
     default_policy: ToolPolicyValue

@@ -280,4 +280,5 @@ async def _start_knowledge(app: App) -> None:
     )
     builder.use_knowledge(app.knowledge)
     app.tools.knowledge = app.knowledge
+    app.sessions.on_delete.append(app.knowledge.forget_session)
     await app.knowledge.start(connections=app.providers)

@@ -1270,7 +1270,7 @@ export interface ToolCallStartEvent {
 export interface ToolInfo {
   name: string;
   description: string;
-  /** web | local | conversation | workspace | skill | mcp | system */
+  /** knowledge | web | local | conversation | workspace | skill | mcp | system */
   source: string;
   /** The effective policy (stored policy, else the default). */
   policy: ToolPolicyValue;

@@ -561,6 +561,10 @@ class KnowledgeService:
         citations = self.ledgers.current(session.id).cite(result.chunks)
         return render_results(citations, query), citations
 
+    async def forget_session(self, session_id: str) -> None:
+        """A deleted session's citation ledger goes with it."""
+        self.ledgers.forget(session_id)
+
     async def offer(self, session: SessionV2 | None) -> KnowledgeOffer:
         assistant = await self._assistant_for(session.id if session is not None else None)
         ids = list(assistant.knowledge_base_ids)

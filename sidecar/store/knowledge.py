@@ -25,6 +25,7 @@ Synchronous; call through ``anyio.to_thread.run_sync``.
 from __future__ import annotations
 
 import hashlib
+import threading
 from collections.abc import Sequence
 from typing import Any, Protocol
 
@@ -45,6 +46,7 @@ __all__ = [
     "ChunkHit",
     "VectorSink",
     "kb_token",
+    "lexical_terms",
     "lexical_match",
 ]
 
@@ -165,11 +167,10 @@ def kb_token(kb_id: str) -> str:
     return "k" + hashlib.blake2b(kb_id.encode(), digest_size=10).hexdigest()
 
 
-def lexical_match(query: str, kb_ids: Sequence[str]) -> str | None:
-    """The MATCH expression of a retrieval query: any of its pieces (OR, ranked by BM25),
-    within the given bases. A CJK run counts as its bigrams, each a term of its own (a
-    question rarely contains a passage's exact phrase); a single CJK character is a prefix
-    term; a Latin word is a quoted term. None when nothing is searchable."""
+def lexical_terms(query: str) -> list[str]:
+    """The MATCH terms of a retrieval query: a CJK run counts as its bigrams, each a term of
+    its own (a question rarely contains a passage's exact phrase); a single CJK character is
+    a prefix term; a Latin word is a quoted term (all built by ``fts.build_match``)."""
     terms: list[str] = []
     seen: set[str] = set()
     for piece in fts.parse_query(query[: fts.MAX_QUERY_CHARS]):
@@ -182,10 +183,20 @@ def lexical_match(query: str, kb_ids: Sequence[str]) -> str | None:
             if expr is not None and expr not in seen:
                 seen.add(expr)
                 terms.append(expr)
-    if not terms or not kb_ids:
+    return terms
+
+
+def lexical_match(query: str, kb_ids: Sequence[str], terms: Sequence[str] | None = None) -> str | None:
+    """The MATCH expression of a retrieval query (any of its terms, ranked by BM25) within the
+    given bases (an empty ``kb_ids``: no filter). None when nothing is searchable."""
+    terms = lexical_terms(query) if terms is None else list(terms)
+    if not terms:
         return None
+    expr = "(" + " OR ".join(terms) + ")"
+    if not kb_ids:
+        return expr
     bases = " OR ".join('"' + kb_token(k) + '"' for k in dict.fromkeys(kb_ids))
-    return "{kb} : (" + bases + ") AND (" + " OR ".join(terms) + ")"
+    return "{kb} : (" + bases + ") AND " + expr
 
 
 def _doc(row: tuple[Any, ...]) -> DocRecord:
@@ -214,10 +225,17 @@ _KB_COLUMNS = (
 )
 
 
+COMMON_SHARE = 0.3
+COMMON_MIN = 5000
+DF_CACHE_ENTRIES = 50_000
+
+
 class KnowledgeRepo:
     def __init__(self, db: Database, clock: Any = now_ms) -> None:
         self._db = db
         self._clock = clock
+        self._df: dict[str, tuple[int, int]] = {}
+        self._df_lock = threading.Lock()
 
     @classmethod
     def of(cls, store: Any) -> KnowledgeRepo:
@@ -630,17 +648,62 @@ class KnowledgeRepo:
     # ---- search -------------------------------------------------------------------
 
     def lexical(self, kb_ids: Sequence[str], query: str, limit: int) -> list[tuple[int, float]]:
-        """(rowid, BM25 score, higher is better) of the best ``limit`` chunks."""
-        expr = lexical_match(query, kb_ids)
-        if expr is None:
+        """(rowid, BM25 score, higher is better) of the best ``limit`` chunks of the bases.
+
+        What keeps it fast at 10^5 chunks (measured in tools/bench/bench_retrieval.py):
+        - terms in more than COMMON_SHARE of all chunks (and at least COMMON_MIN: small bases
+          keep every term) are left out when the query has rarer ones: ranking every match of a common term costs as much as it is
+          common, and its BM25 weight is small anyway. Document frequencies come from a
+          capped count, cached (they change slowly; only this decision uses them);
+        - the base filter is left out when the bases hold every chunk there is (a single
+          base: the usual case), applied after the match when they hold most of them, and
+          as the ``kb`` column's token otherwise (its doclist costs as much as the bases are
+          large: 10 ms at 10^5 chunks)."""
+        terms = lexical_terms(query)
+        if not terms:
             return []
+        ids = list(dict.fromkeys(kb_ids))
         with self._db.read() as conn:
+            sizes = dict(conn.execute("SELECT kb_id, sum(chunk_count) FROM kb_documents GROUP BY kb_id").fetchall())
+            total = sum(v or 0 for v in sizes.values())
+            mine = sum(sizes.get(k) or 0 for k in ids)
+            if not mine:
+                return []
+            if len(terms) > 1:
+                cap = max(COMMON_MIN, int(total * COMMON_SHARE))
+                rare = [t for t in terms if self._doc_freq(conn, t, cap, total) < cap]
+                terms = rare or terms
+            if mine >= total:
+                expr, join, where, args = lexical_match("", [], terms), "", "", []
+            elif mine * 2 >= total:
+                expr = lexical_match("", [], terms)
+                join = " JOIN kb_chunks c ON c.rowid = kb_chunks_fts.rowid"
+                where = f" AND c.kb_id IN ({','.join('?' * len(ids))})"
+                args = ids
+            else:
+                expr, join, where, args = lexical_match("", ids, terms), "", "", []
             rows = conn.execute(
-                "SELECT rowid, bm25(kb_chunks_fts, 1.0, 0.0) AS r FROM kb_chunks_fts"
-                " WHERE kb_chunks_fts MATCH ? ORDER BY r LIMIT ?",
-                (expr, limit),
+                f"SELECT kb_chunks_fts.rowid, bm25(kb_chunks_fts, 1.0, 0.0) AS r FROM kb_chunks_fts{join}"
+                f" WHERE kb_chunks_fts MATCH ?{where} ORDER BY r LIMIT ?",
+                [expr, *args, limit],
             ).fetchall()
         return [(rowid, -score) for rowid, score in rows]
+
+    def _doc_freq(self, conn: Any, term: str, cap: int, total: int) -> int:
+        """How many chunks hold ``term``, counted up to ``cap`` (cached while the number of
+        chunks stays within a fifth of what it was)."""
+        with self._df_lock:
+            known = self._df.get(term)
+        if known is not None and abs(known[1] - total) <= total // 5:
+            return known[0]
+        count = conn.execute(
+            "SELECT count(*) FROM (SELECT 1 FROM kb_chunks_fts WHERE kb_chunks_fts MATCH ? LIMIT ?)", (term, cap)
+        ).fetchall()[0][0]
+        with self._df_lock:
+            if len(self._df) >= DF_CACHE_ENTRIES:
+                self._df.clear()
+            self._df[term] = (count, total)
+        return int(count)
 
     def hits(self, rowids: Sequence[int]) -> dict[int, ChunkHit]:
         if not rowids:

@@ -411,10 +411,11 @@ def m_knowledge(conn: apsw.Connection) -> None:
     # with it, chunks with their document, documents with their base. ``vector_model`` is the
     # model whose vectors answer searches; ``embed_model`` the one new vectors are made with
     # (they differ while a change of model is re-embedded). The document's extracted text is
-    # kept: chunk offsets refer to it and a re-chunk needs no file.
+    # kept: chunk offsets refer to it and a re-chunk needs no file. IF NOT EXISTS: a database
+    # whose version was set back (tests re-run an earlier migration) passes through unchanged.
     conn.execute(
         """
-        CREATE TABLE kb_bases (
+        CREATE TABLE IF NOT EXISTS kb_bases (
           id                TEXT PRIMARY KEY,
           name              TEXT NOT NULL,
           description       TEXT NOT NULL DEFAULT '',
@@ -427,7 +428,7 @@ def m_knowledge(conn: apsw.Connection) -> None:
           created_at        INTEGER NOT NULL,
           updated_at        INTEGER NOT NULL
         );
-        CREATE TABLE kb_documents (
+        CREATE TABLE IF NOT EXISTS kb_documents (
           id           TEXT PRIMARY KEY,
           kb_id        TEXT NOT NULL REFERENCES kb_bases(id) ON DELETE CASCADE,
           name         TEXT NOT NULL,
@@ -447,11 +448,11 @@ def m_knowledge(conn: apsw.Connection) -> None:
           updated_at   INTEGER NOT NULL,
           indexed_at   INTEGER
         );
-        CREATE UNIQUE INDEX idx_kb_documents_hash ON kb_documents(kb_id, content_hash);
-        CREATE INDEX idx_kb_documents_kb ON kb_documents(kb_id, created_at, id);
-        CREATE INDEX idx_kb_documents_open ON kb_documents(status)
+        CREATE UNIQUE INDEX IF NOT EXISTS idx_kb_documents_hash ON kb_documents(kb_id, content_hash);
+        CREATE INDEX IF NOT EXISTS idx_kb_documents_kb ON kb_documents(kb_id, created_at, id);
+        CREATE INDEX IF NOT EXISTS idx_kb_documents_open ON kb_documents(status)
           WHERE status IN ('pending', 'indexing');
-        CREATE TABLE kb_chunks (
+        CREATE TABLE IF NOT EXISTS kb_chunks (
           rowid       INTEGER PRIMARY KEY AUTOINCREMENT,
           id          TEXT NOT NULL UNIQUE,
           kb_id       TEXT NOT NULL,
@@ -465,9 +466,9 @@ def m_knowledge(conn: apsw.Connection) -> None:
           embed_hash  TEXT NOT NULL,
           text        TEXT NOT NULL
         );
-        CREATE INDEX idx_kb_chunks_document ON kb_chunks(document_id, ordinal);
-        CREATE INDEX idx_kb_chunks_kb ON kb_chunks(kb_id);
-        CREATE TABLE kb_vectors (
+        CREATE INDEX IF NOT EXISTS idx_kb_chunks_document ON kb_chunks(document_id, ordinal);
+        CREATE INDEX IF NOT EXISTS idx_kb_chunks_kb ON kb_chunks(kb_id);
+        CREATE TABLE IF NOT EXISTS kb_vectors (
           kb_id       TEXT NOT NULL,
           model       TEXT NOT NULL,
           chunk_rowid INTEGER NOT NULL REFERENCES kb_chunks(rowid) ON DELETE CASCADE,
@@ -476,13 +477,13 @@ def m_knowledge(conn: apsw.Connection) -> None:
           vector      BLOB NOT NULL,
           PRIMARY KEY (kb_id, model, chunk_rowid)
         ) WITHOUT ROWID;
-        CREATE INDEX idx_kb_vectors_chunk ON kb_vectors(chunk_rowid);
-        CREATE VIRTUAL TABLE kb_chunks_fts USING fts5(
+        CREATE INDEX IF NOT EXISTS idx_kb_vectors_chunk ON kb_vectors(chunk_rowid);
+        CREATE VIRTUAL TABLE IF NOT EXISTS kb_chunks_fts USING fts5(
           body, kb,
           content = '', contentless_delete = 1,
           tokenize = 'porter unicode61 remove_diacritics 2'
         );
-        CREATE TRIGGER kb_chunks_after_delete AFTER DELETE ON kb_chunks BEGIN
+        CREATE TRIGGER IF NOT EXISTS kb_chunks_after_delete AFTER DELETE ON kb_chunks BEGIN
           DELETE FROM kb_chunks_fts WHERE rowid = old.rowid;
         END;
         """
