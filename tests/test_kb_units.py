@@ -282,3 +282,38 @@ async def test_local_embedder_loads_offline_behind_a_socket_guard(monkeypatch: p
     assert attempts == [] and vectors.shape == (3, 256)
     assert np.allclose(np.linalg.norm(vectors, axis=1), 1.0, atol=1e-5)
     assert vectors[0] @ vectors[1] > vectors[0] @ vectors[2]
+
+
+def _fill(repo: KnowledgeRepo, kb_id: str, texts: list[str]) -> None:
+    from sidecar.retrieval.chunking import chunk_document
+
+    for n, text in enumerate(texts):
+        doc, _ = repo.add_document(kb_id=kb_id, name=f"{n}.txt", kind="text", source="text", path=None,
+                                   size_bytes=len(text), content_hash=f"{kb_id}{n}", body=text)
+        claimed = repo.claim(doc.id)
+        assert claimed is not None
+        repo.write_index(claimed, body=text, pages=None, kind="text",
+                         chunks=chunk_document(doc.id, "text", text, None, size=64, overlap=0), model=None, dims=None)
+
+
+def test_lexical_leg_keeps_to_the_bases_whatever_the_filter(tmp_path: Path) -> None:
+    store = Store(tmp_path)
+    try:
+        repo = KnowledgeRepo.of(store)
+        big = repo.create_kb(name="big", description="", embed=None, chunk_size=64, chunk_overlap=0)
+        small = repo.create_kb(name="small", description="", embed=None, chunk_size=64, chunk_overlap=0)
+        _fill(repo, big.id, [f"common words and the lantern number {i}" for i in range(30)])
+        _fill(repo, small.id, ["common words and the lantern in the small base", "网络代理的设置"])
+
+        def kbs_of(rows: list[tuple[int, float]]) -> set[str]:
+            return {h.kb_id for h in repo.hits([r for r, _ in rows]).values()}
+
+        assert kbs_of(repo.lexical([big.id, small.id], "lantern", 50)) == {big.id, small.id}  # no filter
+        assert kbs_of(repo.lexical([big.id], "lantern", 50)) == {big.id}  # most chunks: join filter
+        assert kbs_of(repo.lexical([small.id], "lantern", 50)) == {small.id}  # few chunks: token filter
+        assert kbs_of(repo.lexical([small.id], "代理", 50)) == {small.id}
+        assert repo.lexical([big.id], "代理", 50) == []
+        top = repo.lexical([big.id, small.id], "the lantern small", 3)
+        assert repo.hits([top[0][0]])[top[0][0]].kb_id == small.id  # the rare word decides
+    finally:
+        store.close()
