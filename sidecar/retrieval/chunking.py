@@ -360,6 +360,11 @@ def chunk_document(
         else:
             packer.add(block.start, block.end, n)
     packer.close(carry=False)
+    if not packer.spans and text.strip():
+        # only headings (or a lone fence marker): the whole text is the one chunk
+        start = len(text) - len(text.lstrip())
+        end = len(text.rstrip())
+        packer.spans.append((start, end, packer.count(start, end), (), 1 if pages else None))
     chunks: list[NewChunk] = []
     seen: dict[str, int] = {}
     for ordinal, (start, end, tokens, heading, page) in enumerate(packer.spans):

@@ -1,4 +1,4 @@
-"""KnowledgeRetriever: the one retrieval of knowledge chunks (requests, the knowledge tool,
+"""HybridRetriever: the one retrieval of knowledge chunks (requests, the knowledge tool,
 ``kb:search``).
 
 ``search(kb_ids, query, limit, budget)`` -> RetrievalResult:
@@ -39,7 +39,7 @@ if TYPE_CHECKING:
     from sidecar.retrieval.indexes import KnowledgeIndexes
 
 __all__ = [
-    "KnowledgeRetriever",
+    "HybridRetriever",
     "RetrievedChunk",
     "RetrievalResult",
     "LEG_DEPTH",
@@ -59,7 +59,7 @@ EmbedderFor = Callable[[str], Awaitable[Any]]
 """``await embedder_for(model_key)`` -> an Embedder (sidecar/retrieval/embeddings.py)."""
 
 
-class KnowledgeRetriever:
+class HybridRetriever:
     def __init__(self, repo: KnowledgeRepo, indexes: KnowledgeIndexes, embedder_for: EmbedderFor) -> None:
         self._repo = repo
         self._indexes = indexes

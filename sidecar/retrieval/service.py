@@ -14,7 +14,7 @@ Owns:
   ``progressToken`` (``kb:index`` per document, ``kb:reembed`` per base);
 - embedders: one per model key, built from the provider's stored configuration
   (``ProviderService.connection``) and rebuilt when it changes; the local ``@local`` one;
-- for requests: ``retrieve`` (the KnowledgeRetriever of ``retriever.py``, bases that no
+- for requests: ``retrieve`` (the HybridRetriever of ``retriever.py``, bases that no
   longer exist skipped), ``ledgers`` (the citation markers of each session's current
   reply), ``offer(session)`` (``knowledge_search`` and the retrieval capabilities for
   ToolService) and ``tool_search`` (what the tool runs).
@@ -65,7 +65,7 @@ from sidecar.retrieval.indexes import KnowledgeIndexes
 from sidecar.retrieval.ingest import Indexer
 from sidecar.retrieval.paths import confine, normalize_root, read_bounded
 from sidecar.retrieval.results import RetrievalResult
-from sidecar.retrieval.retriever import DEFAULT_BUDGET_TOKENS, KnowledgeRetriever
+from sidecar.retrieval.retriever import DEFAULT_BUDGET_TOKENS, HybridRetriever
 from sidecar.store.knowledge import IndexDelta, KnowledgeRepo
 from sidecar.tools.knowledge import KnowledgeOffer, KnowledgeSearch
 
@@ -119,7 +119,7 @@ class KnowledgeService:
         self._workers = workers
         self._settings = KbSettings()
         self.indexes = KnowledgeIndexes(repo)
-        self.retriever = KnowledgeRetriever(repo, self.indexes, self.embedder_for)
+        self.retriever = HybridRetriever(repo, self.indexes, self.embedder_for)
         self.ledgers = CitationLedgers()
         self._indexer = Indexer(repo, self.indexes, self.embedder_for, self._limits)
         self._embedders: dict[str, tuple[int, Any]] = {}
@@ -466,7 +466,7 @@ class KnowledgeService:
             real = await _run(confine, params.path, roots)
             read = await _run(read_bounded, real, limit)
             name = self._name(params.name) if params.name is not None else (os.path.basename(read.path) or read.path)
-            kind = params.kind or detect_kind(name, read.data[:1024] if read.data else b"")
+            kind = params.kind or detect_kind(os.path.basename(read.path), read.data[:1024] if read.data else b"")
             source, path, size, digest = "path", read.path, read.size, read.sha256
             if read.data is None:
                 error = ("too_large", f"{name!r} is {read.size} bytes, more than the limit of {limit}")

@@ -6,7 +6,7 @@
 
 Figures (targets from issue 14), each beside a baseline measured in the same run:
 1. query latency, embedding call excluded: hybrid top 6 (lexical leg + vector leg + fusion
-   + fetching the chunks, the KnowledgeRetriever itself) over CHUNKS chunks x DIMS dims,
+   + fetching the chunks, the HybridRetriever itself) over CHUNKS chunks x DIMS dims,
    p50 and p99 (target p50 <= 10 ms, p99 <= 25 ms), against plain numpy brute force
    (cosine computed with the norms per query, full argsort); the vector leg alone and the
    lexical leg alone (FTS5 over the chunks' CJK-bigram text) at the same size;
@@ -55,7 +55,7 @@ from sidecar.retrieval import chunking  # noqa: E402
 from sidecar.retrieval.embeddings import HttpEmbedder, local_embeddings_available  # noqa: E402
 from sidecar.retrieval.extract import extract  # noqa: E402
 from sidecar.retrieval.indexes import KnowledgeIndexes  # noqa: E402
-from sidecar.retrieval.retriever import KnowledgeRetriever  # noqa: E402
+from sidecar.retrieval.retriever import HybridRetriever  # noqa: E402
 from sidecar.store import Store  # noqa: E402
 from sidecar.store.knowledge import KnowledgeRepo, NewChunk  # noqa: E402
 
@@ -162,7 +162,7 @@ def latency(store: Store, kb_id: str, matrix: np.ndarray, corpus: Corpus, n_quer
     async def embedder_for(key: str) -> FixedEmbedder:
         return embedder
 
-    retriever = KnowledgeRetriever(repo, indexes, embedder_for)
+    retriever = HybridRetriever(repo, indexes, embedder_for)
     queries = [corpus.query() for _ in range(n_queries)]
     vectors = unit_rows(corpus.rng, n_queries, matrix.shape[1])
     kbs = repo.kbs([kb_id])
@@ -194,7 +194,7 @@ def latency(store: Store, kb_id: str, matrix: np.ndarray, corpus: Corpus, n_quer
         scores = (matrix @ q) / (np.linalg.norm(matrix, axis=1) * np.linalg.norm(q))
         np.argsort(-scores)[:6]
         brute.append(time.perf_counter() - t)
-    say(f"  hybrid top 6 (KnowledgeRetriever)   {ms(hybrid)}   (chunks returned: median {statistics.median(found):.0f})")
+    say(f"  hybrid top 6 (HybridRetriever)   {ms(hybrid)}   (chunks returned: median {statistics.median(found):.0f})")
     say(f"  vector leg alone (top 50)           {ms(vector)}")
     say(f"  lexical leg alone (FTS5, top 50)    {ms(lexical)}")
     say(f"  baseline: plain numpy brute force   {ms(brute)}")
@@ -434,7 +434,7 @@ def quality(data_dir: Path, limit: int) -> None:
         async def embedder_for(key: str) -> Any:
             return embedder
 
-        retriever = KnowledgeRetriever(repo, indexes, embedder_for)
+        retriever = HybridRetriever(repo, indexes, embedder_for)
         kbs = repo.kbs([kb.id])
 
         async def evaluate() -> dict[tuple[str, str], list[float]]:
