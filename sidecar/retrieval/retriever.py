@@ -133,8 +133,18 @@ class HybridRetriever:
             for i, (rowid, cosine) in enumerate(leg, start=1):
                 if rowid not in vector_rank or vector_rank[rowid][0] > i:
                     vector_rank[rowid] = (i, cosine)
-        hits = await anyio.to_thread.run_sync(self._repo.hits, [rowid for rowid, _ in fused])
-        ranked = [
+        def pick() -> tuple[list[tuple[int, float]], dict[int, Any]]:
+            # rank on the little ranking needs; read whole rows only for the chosen few
+            meta = self._repo.chunk_meta([rowid for rowid, _ in fused])
+            picked = fusion.select(
+                [(rowid, score) for rowid, score in fused if rowid in meta],  # deleted since the legs ran
+                limit=limit, budget=budget,
+                document=lambda item: meta[item[0]][0], tokens=lambda item: meta[item[0]][1],
+            )
+            return picked, self._repo.hits([rowid for rowid, _ in picked])
+
+        picked, hits = await anyio.to_thread.run_sync(pick)
+        chosen = [
             RetrievedChunk(
                 chunk=hits[rowid], score=score,
                 mode="hybrid" if hits[rowid].kb_id in hybrid_kbs else "lexical",
@@ -142,11 +152,7 @@ class HybridRetriever:
                 vector_rank=vector_rank[rowid][0] if rowid in vector_rank else None,
                 cosine=vector_rank[rowid][1] if rowid in vector_rank else None,
             )
-            for rowid, score in fused
-            if rowid in hits  # a chunk deleted since the legs ran
+            for rowid, score in picked
+            if rowid in hits
         ]
-        chosen = fusion.select(
-            ranked, limit=limit, budget=budget,
-            document=lambda r: r.chunk.document_id, tokens=lambda r: r.chunk.tokens,
-        )
         return RetrievalResult(mode="hybrid" if hybrid_kbs else "lexical", chunks=chosen, notes=notes)

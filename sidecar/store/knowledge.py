@@ -705,6 +705,21 @@ class KnowledgeRepo:
             self._df[term] = (count, total)
         return int(count)
 
+    def chunk_meta(self, rowids: Sequence[int]) -> dict[int, tuple[str, int]]:
+        """rowid -> (document id, tokens) of the chunks that exist (what ranking needs)."""
+        out: dict[int, tuple[str, int]] = {}
+        ids = list(rowids)
+        with self._db.read() as conn:
+            for i in range(0, len(ids), 500):
+                part = ids[i : i + 500]
+                out.update(
+                    (rowid, (did, tokens)) for rowid, did, tokens in conn.execute(
+                        f"SELECT rowid, document_id, tokens FROM kb_chunks WHERE rowid IN ({','.join('?' * len(part))})",
+                        part,
+                    )
+                )
+        return out
+
     def hits(self, rowids: Sequence[int]) -> dict[int, ChunkHit]:
         if not rowids:
             return {}
