@@ -259,7 +259,10 @@ async def test_arbitrary_lines_over_the_pipe(tmp_path: Path, lines: list[bytes])
     async with spawn_sidecar(tmp_path) as proc:
         for line in lines:
             await proc.send_line(line)
-        await proc.call("sidecar:initialize", {})  # still serving
+        # still serving; an id no arbitrary line can have (an edge line's numeric id may still
+        # be in flight when this request arrives: a second request with it is refused)
+        await proc.request("sidecar:initialize", {}, request_id="still-serving-check")
+        assert "result" in await proc.response("still-serving-check")
         await proc.close_stdin()
         await proc.assert_exit(0)
     proc.assert_all_jsonrpc()
