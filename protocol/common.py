@@ -17,6 +17,7 @@ __all__ = [
     "IdParams",
     "NameParams",
     "CancelRequestParams",
+    "ProgressParams",
 ]
 
 
@@ -41,6 +42,20 @@ class CancelRequestParams(Struct, kw_only=True):
 
     id: int | float | str
     """The id of the request, as it was sent (JSON-RPC allows strings and numbers)."""
+
+
+class ProgressParams(Struct, omit_defaults=False, kw_only=True):
+    """``sidecar:progress``: how far a long piece of work has come (import, export, knowledge
+    indexing, re-embedding...). ``token`` is the one the caller gave with its request; the
+    last notification of a piece of work has ``done == total`` (its ``message`` says how it
+    ended: ``ready``, or ``error: ...``)."""
+
+    token: int | str
+    kind: str
+    """What the work is, e.g. ``kb:index`` or ``kb:reembed``."""
+    done: int
+    total: int
+    message: str | None = None
 
 
 class MethodSpec(msgspec.Struct, frozen=True):

@@ -11,12 +11,13 @@ from __future__ import annotations
 from protocol import chat, context, lifecycle, mcp, messages, providers, sessions, settings, tools
 from protocol import compat
 from protocol import channels
+from protocol import kb
 from protocol.channels import ChannelReplyParams
-from protocol.common import CancelRequestParams, MethodSpec
+from protocol.common import CancelRequestParams, MethodSpec, ProgressParams
 from protocol.events import ChatStreamEvent
 from protocol.types import SessionV2
 
-_DOMAIN_TABLES = (lifecycle, sessions, messages, chat, providers, settings, tools, mcp, context, compat, channels)
+_DOMAIN_TABLES = (lifecycle, sessions, messages, chat, providers, settings, tools, mcp, context, compat, channels, kb)
 
 METHODS: dict[str, MethodSpec] = {}
 for _domain in _DOMAIN_TABLES:
@@ -34,6 +35,10 @@ NOTIFICATIONS: dict[str, MethodSpec] = {
     ),
     "channel:reply": MethodSpec(
         ChannelReplyParams, None, "Deliver chunks of a reply to an IM chat; answer with channel:ack.",
+        direction="server->client",
+    ),
+    "sidecar:progress": MethodSpec(
+        ProgressParams, None, "Progress of long work started by a request that gave a progressToken.",
         direction="server->client",
     ),
     "$/cancelRequest": MethodSpec(

@@ -47,6 +47,8 @@ Attributes:
               endpoint (off until compat:start; stopped first on exit).
     channels: ChannelService (sidecar/channels/service.py): channel:*; its workers stop on
               exit before the chat engine does (their turns and deliveries resume on restart).
+    knowledge: KnowledgeService (sidecar/retrieval/service.py): kb:*, background ingestion,
+              the retriever of the KnowledgeRetrieval transformer and the knowledge_search tool.
     (later)   ... attached by the services that own them.
 """
 
@@ -64,6 +66,7 @@ from sidecar.engine.events import EventHub
 from sidecar.errors import SidecarError
 
 if TYPE_CHECKING:
+    from protocol.context import AssistantProfile
     from protocol.messages import SearchOptions
     from protocol.types import SearchResult, SessionV2
     from sidecar.acp.engines import AcpEngines
@@ -80,6 +83,7 @@ if TYPE_CHECKING:
     from sidecar.engine.sessions import SessionService
     from sidecar.engine.settings import SettingsService
     from sidecar.pipeline.builder import RequestBuilder
+    from sidecar.retrieval.service import KnowledgeService
     from sidecar.store import AsyncStore
     from sidecar.store.attachments import AttachmentStore
     from sidecar.tools.mcp import McpManager
@@ -108,6 +112,7 @@ class App:
     context: ContextService
     compat: CompatService
     channels: ChannelService
+    knowledge: KnowledgeService
 
     def __init__(self, config: Config, data_dir: Path, notify: Notify) -> None:
         self.config = config
@@ -168,8 +173,11 @@ async def open_app(
         # The services' modules take most of start-up to import: import them in a worker
         # thread so the event loop keeps answering meanwhile.
         await anyio.to_thread.run_sync(_import_services)
+        # before the chat engine: it closes after the engine has stopped the replies using it
+        app.knowledge = await _open_knowledge(app, stack)
         await _open_chat(app, stack)
         _open_context(app)
+        await _start_knowledge(app)
         await _open_compat(app, stack)
         await _open_channels(app, stack)
         yield app
@@ -204,6 +212,7 @@ _SERVICE_MODULES = (
     "sidecar.store.assistants",
     "sidecar.compat.service",
     "sidecar.channels.service",
+    "sidecar.retrieval.service",
 )
 
 
@@ -260,7 +269,7 @@ async def _open_chat(app: App, stack: AsyncExitStack) -> None:
     app.attachments = AttachmentStore(app.data_dir)
     # one builder: the generation loop and chat:context:* share its token cache, summary
     # checks and per-session summary locks
-    app.requests = RequestBuilder(store, app.attachments, providers=app.providers)
+    app.requests = RequestBuilder(store, app.attachments, providers=app.providers, knowledge=app.knowledge)
     app.approvals = ApprovalService(store)
     # before the engine's task group: cancelling that group must not reach the engines
     app.acp = await _open_acp(app, stack)
@@ -275,6 +284,7 @@ async def _open_chat(app: App, stack: AsyncExitStack) -> None:
         search=search,
         policies=app.approvals.policies_for,
         mcp=app.mcp,
+        knowledge=app.knowledge,
     )
     await app.tools.load()
     app.tools.set_session_lookup(get_session)
@@ -372,3 +382,26 @@ async def _open_channels(app: App, stack: AsyncExitStack) -> None:
         task_group=task_group,
     )
     await app.channels.load()
+
+
+async def _open_knowledge(app: App, stack: AsyncExitStack) -> KnowledgeService:
+    """Knowledge bases: the service runs its ingestion task group until exit."""
+    from sidecar.pipeline.profiles import ProfileResolver
+    from sidecar.retrieval.service import KnowledgeService
+
+    store = app.store
+    profiles = ProfileResolver(store.sync.assistants, store.sync.context)
+
+    async def assistant_for(session_id: str | None) -> AssistantProfile:
+        if session_id is None:
+            return await store.run(lambda s: s.assistants.default())
+        return await store.run(lambda _: profiles.for_session(session_id).assistant)
+
+    service = KnowledgeService(store=store, notify=app.notify, connections=None, assistant_for=assistant_for)
+    return await stack.enter_async_context(service)
+
+
+async def _start_knowledge(app: App) -> None:
+    """The providers are there now (embedding calls): resume ingestion."""
+    app.sessions.on_delete.append(app.knowledge.forget_session)
+    await app.knowledge.start(connections=app.providers)

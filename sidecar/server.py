@@ -111,6 +111,19 @@ BINDINGS: dict[str, str] = {
     "channel:config:get": "channels.get_config",
     "channel:config:upsert": "channels.upsert_config",
     "channel:config:delete": "channels.delete_config",
+    "kb:create": "knowledge.create_kb",
+    "kb:list": "knowledge.list_kbs",
+    "kb:get": "knowledge.get_kb",
+    "kb:update": "knowledge.update_kb",
+    "kb:delete": "knowledge.delete_kb",
+    "kb:document:add": "knowledge.add_document",
+    "kb:document:list": "knowledge.list_documents",
+    "kb:document:get": "knowledge.get_document",
+    "kb:document:delete": "knowledge.delete_document",
+    "kb:document:reindex": "knowledge.reindex_document",
+    "kb:search": "knowledge.search",
+    "kb:settings:get": "knowledge.get_settings",
+    "kb:settings:update": "knowledge.update_settings",
 }
 """Method name -> attribute path on the App of the ``async def f(params) -> result`` that answers it."""
 

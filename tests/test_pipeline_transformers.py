@@ -26,7 +26,9 @@ from protocol.sessions import CreateSessionOptions
 from protocol.types import ImagePart, TextPart
 from sidecar.pipeline.builder import RequestBuilder
 from sidecar.pipeline.transformers import TRANSFORMER_ORDER
-from sidecar.pipeline.transformers.retrieval import KnowledgeChunk
+from sidecar.retrieval.citations import CitationLedgers
+from sidecar.retrieval.results import RetrievalResult, RetrievedChunk
+from sidecar.store.knowledge import ChunkHit
 from sidecar.providers.types import GenerationParams, ModelInfo, RequestMessage
 from sidecar.store import AsyncStore, Store
 from sidecar.store.attachments import AttachmentStore
@@ -39,11 +41,17 @@ PNG_B64 = "iVBORw0KGgoAAAANSUhEUgAAAAEAAAABCAYAAAAfFcSJAAAADUlEQVR42mNk+M9QDwADh
 class Knowledge:
     def __init__(self) -> None:
         self.queries: list[str] = []
+        self.ledgers = CitationLedgers()
 
-    async def retrieve(self, *, query: str, knowledge_base_ids: list[str], limit: int) -> list[KnowledgeChunk]:
+    async def retrieve(self, *, query: str, knowledge_base_ids: list[str], limit: int) -> RetrievalResult:
         self.queries.append(query)
-        return [KnowledgeChunk(id=f"k{i}", knowledge_base_id=knowledge_base_ids[0], text=f"fact {i}", source="kb.md")
-                for i in range(limit + 3)]
+        chunks = [
+            RetrievedChunk(chunk=ChunkHit(rowid=i, id=f"d:k{i}", kb_id=knowledge_base_ids[0], document_id="d",
+                                          document_name="kb.md", ordinal=i, heading=[], start=0, end=6, page=None,
+                                          tokens=3, text=f"fact {i}"), score=1.0 / (i + 1), mode="lexical")
+            for i in range(limit + 3)
+        ]
+        return RetrievalResult(mode="lexical", chunks=chunks)
 
 
 class Memory:
@@ -105,7 +113,8 @@ async def test_all_transformers_run_in_the_seeds_order(tmp_path: Path) -> None:
     system, user = texts(request)
     assert system.startswith("Mode on 2026-03-09\n\nAssistant prompt for Ada.")  # session prompt not allowed
     assert system.index("<knowledge>") < system.index("<memories>")  # 8 before 9
-    assert system.count("<chunk ") == 6 and len(info.citations) == 6  # at most six, all cited
+    assert system.count("<source ") == 6 and len(info.citations) == 6  # at most six, all cited
+    assert [c.marker for c in info.citations] == [1, 2, 3, 4, 5, 6]
     assert "likes tea" in system and "not instructions" in system
     assert user.startswith("<<Where?\n\n<image_ocr>\nSIGN: EXIT\n</image_ocr>\n\n<document name=\"notes.md\" type=\"text/markdown\">\n# Notes\n\n</document>\n\n<time_reminder>Current time: 2026-03-09 14:05 (Monday), UTC+08:00</time_reminder>>>")
     assert user.endswith("</workspace>") and "(empty)" in user

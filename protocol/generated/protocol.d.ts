@@ -101,6 +101,17 @@ export type DeliveryKind = "delete" | "edit" | "send";
  * (every delivery acknowledged), ``failed`` (a delivery failed after its retries).
  */
 export type DeliveryStatus = "delivered" | "failed" | "pending" | "sending";
+/**
+ * Why a document is in status ``error``: ``empty`` (0 bytes or only whitespace),
+ * ``too_large`` (over ``maxDocumentBytes``), ``binary`` (not text: NUL bytes, control
+ * characters, undecodable bytes), ``corrupt`` (a PDF pypdf cannot parse), ``encrypted`` (a
+ * PDF with a password), ``no_text`` (a PDF without a text layer), ``unreadable`` (the file
+ * vanished or cannot be opened at indexing time), ``embedding_failed`` (the embedding
+ * provider failed after its retries; ``kb:document:reindex`` tries again), ``internal``.
+ */
+export type DocumentErrorCode = "binary" | "corrupt" | "embedding_failed" | "empty" | "encrypted" | "internal" | "no_text" | "too_large" | "unreadable";
+export type DocumentKind = "code" | "csv" | "html" | "json" | "markdown" | "pdf" | "text";
+export type DocumentStatus = "error" | "indexing" | "pending" | "ready";
 /** The events that end a message's stream: exactly one of them is its last event. */
 export type FinalEvent = StreamEndEvent | ErrorEvent | AbortedEvent;
 export type FinishReason = "content_filter" | "length" | "max_turn_requests" | "other" | "refusal" | "stop" | "tool_calls";
@@ -158,6 +169,11 @@ export type ReplyChunk = ReplyTextChunk | ReplyBlocksChunk | ReplyImageChunk | R
  * edited in place while the reply streams (platforms that can edit messages only).
  */
 export type ReplyMode = "once" | "stream";
+/**
+ * ``hybrid``: vector similarity and the full-text index, fused; ``lexical``: the full-text
+ * index only (no embedding model, or the embedding call failed).
+ */
+export type RetrievalMode = "hybrid" | "lexical";
 export type SecretKeySource = "file" | "host" | "keychain";
 export type SecretsState = "locked" | "ready";
 export type SessionMode = "acp" | "direct";
@@ -172,7 +188,7 @@ export type ToolDecision = "answered" | "approved" | "denied";
 /** auto: run without asking; ask: a pending approval first; deny: never run (denied result). */
 export type ToolPolicyValue = "ask" | "auto" | "deny";
 /** Where a tool comes from (``tool:list``). */
-export type ToolSource = "conversation" | "local" | "mcp" | "skill" | "system" | "web" | "workspace";
+export type ToolSource = "conversation" | "knowledge" | "local" | "mcp" | "skill" | "system" | "web" | "workspace";
 /**
  * How the request copy is cut to the context threshold (seed 004 section 4.3):
  * ``summarize-old`` (default): rolling summary of the old prefix + recent window (seed 000 §2);
@@ -544,6 +560,33 @@ export interface ChatSettingsUpdate {
   topP?: number | null;
 }
 
+/**
+ * One source a reply may cite: a marker ``[n]`` the model saw next to a chunk that this
+ * request retrieved (or an executed ``knowledge_search`` returned).
+ */
+export interface Citation {
+  /** The assistant message it belongs to (set when the reply is stored). */
+  messageId: string | null;
+  marker: number;
+  chunkId: string | null;
+  kbId: string | null;
+  documentId: string | null;
+  documentName: string | null;
+  heading: string[];
+  start: number | null;
+  end: number | null;
+  page: number | null;
+  score: number;
+  mode: RetrievalMode;
+  /** The chunk text as it was sent (readable even after the document is gone). */
+  text: string;
+  documentDeleted: boolean;
+  /** The document was re-indexed and this chunk's text is no longer in it. */
+  documentChanged: boolean;
+  /** The reply used a marker that points at no sent chunk. */
+  dangling: boolean;
+}
+
 export interface ClientInfo {
   name: string;
   version?: string | null;
@@ -731,6 +774,18 @@ export interface EditResendParams {
   newContent: string;
 }
 
+/**
+ * An embedding model on a configured provider (``provider:upsert``): OpenAI-compatible
+ * (``POST {baseUrl}/embeddings``) or Ollama (``POST /api/embed``); or the local embedder
+ * (``providerId: "@local"``, ``modelId: "wordllama"``). The model's ``contextWindow`` in
+ * the provider's model list, when given, is its input limit in tokens (chunks are
+ * clamped to it).
+ */
+export interface EmbeddingModelRef {
+  providerId: string;
+  modelId: string;
+}
+
 /** Methods without params accept an absent or empty object. */
 export type EmptyParams = Record<string, never>;
 
@@ -791,6 +846,207 @@ export interface InitializeResult {
    * it, null when the handshake came first (the key is then settled when the store opens).
    */
   secrets: SecretsInfo | null;
+}
+
+export interface KbChunk {
+  /** Content-addressed: ``{documentId}:{hash of the normalized text}``. */
+  id: string;
+  documentId: string;
+  ordinal: number;
+  /** The Markdown/HTML heading path above the chunk (CSV: the header row). */
+  heading: string[];
+  /** Offset of the chunk in the document's text (code points). */
+  start: number;
+  end: number;
+  /** PDFs: the page (from 1) the chunk is on. */
+  page: number | null;
+  tokens: number;
+  text: string;
+}
+
+/** ``kb:create``. */
+export interface KbCreateParams {
+  name: string;
+  description?: string;
+  embeddingModel?: EmbeddingModelRef | null;
+  /** 64..8192 tokens. */
+  chunkSize?: number;
+  /** 0..chunkSize/2 tokens. */
+  chunkOverlap?: number;
+}
+
+export interface KbDocument {
+  id: string;
+  kbId: string;
+  name: string;
+  kind: DocumentKind;
+  source: "path" | "text";
+  /** The real path it was read from (``source: "path"``). */
+  path: string | null;
+  sizeBytes: number;
+  /**
+   * sha256 of the bytes (file) or of the UTF-8 text; adding the same content to the same
+   * base again is a no-op. None when the file was too large to read.
+   */
+  contentHash: string | null;
+  status: DocumentStatus;
+  error: string | null;
+  errorCode: DocumentErrorCode | null;
+  chunkCount: number;
+  /** PDFs: how many pages. */
+  pageCount: number | null;
+  createdAt: number;
+  updatedAt: number;
+  indexedAt: number | null;
+}
+
+/** ``kb:document:add {kbId, path}`` or ``{kbId, name, text}``. */
+export interface KbDocumentAddParams {
+  kbId: string;
+  /** Absolute path of a file under one of ``allowedRoots`` (symlinks out of them refused). */
+  path?: string | null;
+  /** Shown in citations; default for a path: its file name. Required with ``text``. */
+  name?: string | null;
+  text?: string | null;
+  /** Default: from the file name (and, for files, the content). */
+  kind?: DocumentKind | null;
+  progressToken?: number | string | null;
+}
+
+export interface KbDocumentAddResult {
+  document: KbDocument;
+  /**
+   * True: the base already had this content; ``document`` is the existing one and
+   * nothing was added.
+   */
+  duplicate: boolean;
+}
+
+export interface KbDocumentDetail {
+  document: KbDocument;
+  chunks: KbChunk[] | null;
+}
+
+export interface KbDocumentGetParams {
+  id: string;
+  includeChunks?: boolean;
+}
+
+export interface KbDocumentListParams {
+  kbId: string;
+  status?: DocumentStatus | null;
+  /** 1..1000, oldest first. */
+  limit?: number;
+  offset?: number;
+}
+
+/**
+ * Extract (a path is read again, under the current roots), chunk and embed again;
+ * chunks whose text is unchanged keep their id and their vectors.
+ */
+export interface KbDocumentReindexParams {
+  id: string;
+  progressToken?: number | string | null;
+}
+
+export interface KbSearchHit {
+  chunkId: string;
+  kbId: string;
+  documentId: string;
+  documentName: string;
+  heading: string[];
+  start: number;
+  end: number;
+  page: number | null;
+  text: string;
+  tokens: number;
+  /** The fused score (reciprocal-rank fusion; lexical: of the one leg). */
+  score: number;
+  mode: RetrievalMode;
+  /** 1-based rank in the vector leg (None: not found there). */
+  vectorRank: number | null;
+  lexicalRank: number | null;
+  cosine: number | null;
+}
+
+/** ``kb:search``: exactly the retrieval a request uses (for a search box, for debugging). */
+export interface KbSearchParams {
+  kbIds: string[];
+  query: string;
+  /** 1..50. */
+  limit?: number;
+  /** The chunks' tokens stay within this (default 4,096). */
+  budgetTokens?: number | null;
+}
+
+export interface KbSearchResult {
+  mode: RetrievalMode;
+  hits: KbSearchHit[];
+  /** Why a leg did not run (e.g. the embedding call failed), for debugging. */
+  notes: string[];
+}
+
+/** ``kb:settings:get`` / ``kb:settings:update``. */
+export interface KbSettings {
+  /**
+   * Absolute directories files may be added from (their real paths; symlinks leading out
+   * are refused). Empty: no file may be added, only ``name`` + ``text``.
+   */
+  allowedRoots: string[];
+  /** A file (or a text) larger than this is refused (``too_large``). 1 KiB..256 MiB. */
+  maxDocumentBytes: number;
+}
+
+export interface KbSettingsUpdate {
+  allowedRoots?: string[] | null;
+  maxDocumentBytes?: number | null;
+}
+
+/**
+ * ``kb:update``: the fields given change. A new ``embeddingModel`` re-embeds every chunk
+ * in the background (old vectors serve until it is done); a new chunk size or overlap
+ * re-chunks every document (``progressToken`` reports either).
+ */
+export interface KbUpdateParams {
+  id: string;
+  name?: string | null;
+  description?: string | null;
+  embeddingModel?: EmbeddingModelRef | null;
+  /** True: no embedding model any more (lexical search only; stored vectors are dropped). */
+  clearEmbeddingModel?: boolean;
+  chunkSize?: number | null;
+  chunkOverlap?: number | null;
+  progressToken?: number | string | null;
+}
+
+export interface KnowledgeBase {
+  id: string;
+  name: string;
+  description: string;
+  /** The model new vectors are made with; None: lexical search only. */
+  embeddingModel: EmbeddingModelRef | null;
+  /** Tokens per chunk (clamped to the embedding model's input limit). */
+  chunkSize: number;
+  /** Tokens a chunk shares with the previous one when a section is split. */
+  chunkOverlap: number;
+  /**
+   * The model whose vectors answer searches now (``providerId/modelId``); differs from
+   * ``embeddingModel`` while a change of model is being re-embedded in the background.
+   */
+  vectorModel: string | null;
+  vectorDims: number | null;
+  /**
+   * True while the chunks are being embedded with a new ``embeddingModel`` (the old
+   * vectors serve until it is done).
+   */
+  reembedding: boolean;
+  documentCount: number;
+  chunkCount: number;
+  /** Documents ``pending`` or ``indexing``. */
+  documentsIndexing: number;
+  documentsFailed: number;
+  createdAt: number;
+  updatedAt: number;
 }
 
 /** Text injected when one of its keywords appears in the recent messages. */
@@ -1077,6 +1333,21 @@ export interface PlanEvent {
   timestamp: number;
   seq: number;
   entries: PlanEntry[];
+}
+
+/**
+ * ``sidecar:progress``: how far a long piece of work has come (import, export, knowledge
+ * indexing, re-embedding...). ``token`` is the one the caller gave with its request; the
+ * last notification of a piece of work has ``done == total`` (its ``message`` says how it
+ * ended: ``ready``, or ``error: ...``).
+ */
+export interface ProgressParams {
+  token: number | string;
+  /** What the work is, e.g. ``kb:index`` or ``kb:reembed``. */
+  kind: string;
+  done: number;
+  total: number;
+  message: string | null;
 }
 
 /** A "mode": text injected into every request while it is enabled. */
@@ -1862,6 +2133,32 @@ export interface Methods {
   "compat:status": { params: EmptyParams; result: CompatStatus };
   /** Stop the V1 endpoint (its streams end). */
   "compat:stop": { params: EmptyParams; result: CompatStatus };
+  /** Create a knowledge base. */
+  "kb:create": { params: KbCreateParams; result: KnowledgeBase };
+  /** Delete a knowledge base with its documents, chunks and vectors. */
+  "kb:delete": { params: IdParams; result: SuccessResult };
+  /** Add a file (under the allowed roots) or a text; indexed in the background. */
+  "kb:document:add": { params: KbDocumentAddParams; result: KbDocumentAddResult };
+  /** Delete a document (its indexing stops). */
+  "kb:document:delete": { params: IdParams; result: SuccessResult };
+  /** One document, optionally with its chunks. */
+  "kb:document:get": { params: KbDocumentGetParams; result: KbDocumentDetail };
+  /** The documents of a knowledge base. */
+  "kb:document:list": { params: KbDocumentListParams; result: KbDocument[] };
+  /** Extract, chunk and embed a document again. */
+  "kb:document:reindex": { params: KbDocumentReindexParams; result: KbDocument };
+  /** One knowledge base. */
+  "kb:get": { params: IdParams; result: KnowledgeBase };
+  /** Knowledge bases with their document and chunk counts. */
+  "kb:list": { params: EmptyParams; result: KnowledgeBase[] };
+  /** Search knowledge bases as a request does. */
+  "kb:search": { params: KbSearchParams; result: KbSearchResult };
+  /** Knowledge settings (allowed roots, size limit). */
+  "kb:settings:get": { params: EmptyParams; result: KbSettings };
+  /** Change the knowledge settings. */
+  "kb:settings:update": { params: KbSettingsUpdate; result: KbSettings };
+  /** Rename, describe, change the embedding model (re-embedded in the background) or the chunking. */
+  "kb:update": { params: KbUpdateParams; result: KnowledgeBase };
   /** Delete an MCP server; answered once its process is stopped. */
   "mcp:server:delete": { params: NameParams; result: SuccessResult };
   /** Configured MCP servers and their state. */
@@ -1911,6 +2208,8 @@ export interface Notifications {
   "chat:session:updated": { params: SessionV2; direction: "server->client" };
   /** One streaming event of a reply. */
   "chat:stream": { params: ChatStreamEvent; direction: "server->client" };
+  /** Progress of long work started by a request that gave a progressToken. */
+  "sidecar:progress": { params: ProgressParams; direction: "server->client" };
 }
 export type NotificationName = keyof Notifications;
 

@@ -202,6 +202,16 @@ class ProviderService:
             raise _locked(record)
         return record
 
+    async def connection(self, provider_id: str) -> tuple[ProviderRecord, ProviderSettings]:
+        """The record and connection settings (key included) of an enabled HTTP provider, for
+        the other clients of a provider's endpoint (the knowledge bases' embedding calls)."""
+        record = await self._record(provider_id, "provider")
+        if not record.enabled:
+            raise EngineError(f"provider {record.name!r} is disabled")
+        if record.type == "acp-engine":
+            raise EngineError(f"provider {record.name!r} is an ACP agent engine, not an HTTP provider")
+        return record, provider_settings(record)
+
     async def cost(self, provider_id: str, model_id: str, usage: Usage) -> float:
         """USD cost of ``usage`` from the model's prices (0 when unknown)."""
         try:
@@ -269,17 +279,7 @@ class ProviderService:
         if live is not None:
             # a running stream may still use the old client: closed once unused
             self._retire(live)
-        if record.type == "acp-engine":  # resolve() refuses these before
-            raise EngineError(f"provider {record.name!r} is an ACP agent engine")
-        api_key = record.api_key or (os.environ.get(record.api_key_env) if record.api_key_env else None)
-        settings = ProviderSettings(
-            type=record.type,
-            base_url=record.base_url,
-            api_key=api_key,
-            headers=record.headers,
-            body=record.body,
-        )
-        live = _Live(create_provider(settings, transport=self._transport), record.updated_at, self)
+        live = _Live(create_provider(provider_settings(record), transport=self._transport), record.updated_at, self)
         self._live[record.id] = live
         return live
 
@@ -288,6 +288,23 @@ def _locked(record: ProviderRecord) -> SecretsLocked:
     return SecretsLocked(
         f"the stored secrets of provider {record.name!r} were sealed with another key: start the sidecar "
         "with that key (sidecar:initialize secretKey) or enter them again with provider:upsert"
+    )
+
+
+def provider_settings(record: ProviderRecord) -> ProviderSettings:
+    """The connection settings of a stored HTTP provider (its key, else its key variable's
+    value); EngineError for an ACP agent engine, SecretsLocked when its secrets cannot be read."""
+    if record.secrets_locked:
+        raise _locked(record)
+    if record.type == "acp-engine":  # resolve() and connection() refuse these before
+        raise EngineError(f"provider {record.name!r} is an ACP agent engine")
+    api_key = record.api_key or (os.environ.get(record.api_key_env) if record.api_key_env else None)
+    return ProviderSettings(
+        type=record.type,
+        base_url=record.base_url,
+        api_key=api_key,
+        headers=record.headers,
+        body=record.body,
     )
 
 

@@ -482,3 +482,90 @@ def m_channels(conn: apsw.Connection) -> None:
     columns = {row[1] for row in conn.execute("PRAGMA table_info(messages_v2)")}
     if "delivery" not in columns:
         conn.execute("ALTER TABLE messages_v2 ADD COLUMN delivery TEXT")
+
+
+@migration
+def m_knowledge(conn: apsw.Connection) -> None:
+    # Knowledge bases (sidecar/store/knowledge.py). Chunk rows get AUTOINCREMENT rowids (never
+    # reused) that the contentless FTS table and the in-memory vector index use as their key;
+    # ``kb_chunks.id`` is the content-addressed id citations keep. A chunk's vectors cascade
+    # with it, chunks with their document, documents with their base. ``vector_model`` is the
+    # model whose vectors answer searches; ``embed_model`` the one new vectors are made with
+    # (they differ while a change of model is re-embedded). The document's extracted text is
+    # kept: chunk offsets refer to it and a re-chunk needs no file. IF NOT EXISTS: a database
+    # whose version was set back (tests re-run an earlier migration) passes through unchanged.
+    conn.execute(
+        """
+        CREATE TABLE IF NOT EXISTS kb_bases (
+          id                TEXT PRIMARY KEY,
+          name              TEXT NOT NULL,
+          description       TEXT NOT NULL DEFAULT '',
+          embed_provider_id TEXT,
+          embed_model_id    TEXT,
+          chunk_size        INTEGER NOT NULL,
+          chunk_overlap     INTEGER NOT NULL,
+          vector_model      TEXT,
+          vector_dims       INTEGER,
+          created_at        INTEGER NOT NULL,
+          updated_at        INTEGER NOT NULL
+        );
+        CREATE TABLE IF NOT EXISTS kb_documents (
+          id           TEXT PRIMARY KEY,
+          kb_id        TEXT NOT NULL REFERENCES kb_bases(id) ON DELETE CASCADE,
+          name         TEXT NOT NULL,
+          kind         TEXT NOT NULL,
+          source       TEXT NOT NULL,
+          path         TEXT,
+          size_bytes   INTEGER NOT NULL DEFAULT 0,
+          content_hash TEXT,
+          body         TEXT,
+          pages        TEXT,
+          status       TEXT NOT NULL,
+          error        TEXT,
+          error_code   TEXT,
+          chunk_count  INTEGER NOT NULL DEFAULT 0,
+          revision     INTEGER NOT NULL DEFAULT 0,
+          created_at   INTEGER NOT NULL,
+          updated_at   INTEGER NOT NULL,
+          indexed_at   INTEGER
+        );
+        CREATE UNIQUE INDEX IF NOT EXISTS idx_kb_documents_hash ON kb_documents(kb_id, content_hash);
+        CREATE INDEX IF NOT EXISTS idx_kb_documents_kb ON kb_documents(kb_id, created_at, id);
+        CREATE INDEX IF NOT EXISTS idx_kb_documents_open ON kb_documents(status)
+          WHERE status IN ('pending', 'indexing');
+        CREATE TABLE IF NOT EXISTS kb_chunks (
+          rowid       INTEGER PRIMARY KEY AUTOINCREMENT,
+          id          TEXT NOT NULL UNIQUE,
+          kb_id       TEXT NOT NULL,
+          document_id TEXT NOT NULL REFERENCES kb_documents(id) ON DELETE CASCADE,
+          ordinal     INTEGER NOT NULL,
+          heading     TEXT NOT NULL DEFAULT '[]',
+          char_start  INTEGER NOT NULL,
+          char_end    INTEGER NOT NULL,
+          page        INTEGER,
+          tokens      INTEGER NOT NULL,
+          embed_hash  TEXT NOT NULL,
+          text        TEXT NOT NULL
+        );
+        CREATE INDEX IF NOT EXISTS idx_kb_chunks_document ON kb_chunks(document_id, ordinal);
+        CREATE INDEX IF NOT EXISTS idx_kb_chunks_kb ON kb_chunks(kb_id);
+        CREATE TABLE IF NOT EXISTS kb_vectors (
+          kb_id       TEXT NOT NULL,
+          model       TEXT NOT NULL,
+          chunk_rowid INTEGER NOT NULL REFERENCES kb_chunks(rowid) ON DELETE CASCADE,
+          embed_hash  TEXT NOT NULL,
+          dims        INTEGER NOT NULL,
+          vector      BLOB NOT NULL,
+          PRIMARY KEY (kb_id, model, chunk_rowid)
+        ) WITHOUT ROWID;
+        CREATE INDEX IF NOT EXISTS idx_kb_vectors_chunk ON kb_vectors(chunk_rowid);
+        CREATE VIRTUAL TABLE IF NOT EXISTS kb_chunks_fts USING fts5(
+          body, kb,
+          content = '', contentless_delete = 1,
+          tokenize = 'porter unicode61 remove_diacritics 2'
+        );
+        CREATE TRIGGER IF NOT EXISTS kb_chunks_after_delete AFTER DELETE ON kb_chunks BEGIN
+          DELETE FROM kb_chunks_fts WHERE rowid = old.rowid;
+        END;
+        """
+    )

@@ -14,6 +14,7 @@ repositories exist. Every repository is an attribute built here on the one Datab
     assistants  AssistantRepo  assistant profiles and the default one (assistants.py)
     context     ContextRepo    rolling summaries, session context settings, token counts (context.py)
     channels    ChannelRepo    IM channels: configs, chat links, the inbox, deliveries (channels.py)
+    knowledge   KnowledgeRepo  knowledge bases, documents, chunks, vectors, chunk FTS (knowledge.py)
 
 A new repository takes the Database in its constructor and is attached here; nothing
 outside the store package sees the Database. Each repository method is one transaction
@@ -87,6 +88,7 @@ from sidecar.store.acp import AcpRepo
 from sidecar.store.assistants import AssistantRepo
 from sidecar.store.channels import ChannelRepo
 from sidecar.store.context import ContextRepo
+from sidecar.store.knowledge import KnowledgeRepo
 from sidecar.store.providers import ProviderRepo
 from sidecar.store.rows import parts_or_none, searchable_text, to_json
 from sidecar.store.search import MessageSearch
@@ -612,6 +614,7 @@ class Store:
         self.assistants = AssistantRepo(db)
         self.context = ContextRepo(db)
         self.channels = ChannelRepo(db, clock)
+        self.knowledge = KnowledgeRepo(db, clock)
         try:
             self.schema_version = migrate(db)
             self.recovered = self.messages.recover_interrupted()

@@ -33,6 +33,9 @@ class ToolError(Exception):
 class ToolOutput(msgspec.Struct, kw_only=True):
     text: str
     is_error: bool = False
+    citations: list[Any] = []
+    """Citation records (protocol.kb.Citation) of the knowledge chunks this result showed the
+    model; the reply may cite their markers."""
 
 
 class ToolContext(msgspec.Struct, kw_only=True):

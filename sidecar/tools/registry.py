@@ -118,7 +118,7 @@ class ToolRegistry:
             log.warning("could not save a large output of %s: %s", tool.name, exc)
             why = (exc.strerror if isinstance(exc, OSError) else None) or str(exc)
             text = output.text[: 32 * 1024] + f"\n[output truncated; saving it failed: {why}]"
-        return ToolOutput(text=text, is_error=output.is_error)
+        return ToolOutput(text=text, is_error=output.is_error, citations=output.citations)
 
 
 def schema_problem(schema: dict[str, Any], args: dict[str, Any]) -> str | None:

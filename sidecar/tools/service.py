@@ -1,7 +1,8 @@
 """ToolService: tool settings and the per-request assembly of the ToolRegistry.
 
 ``assemble(session, model)`` builds the registry of one request in seed 000's order
-(section 3): web search (when configured), the enabled local tools, conversation search,
+(section 3): ``knowledge_search`` first when the session's assistant has knowledge bases
+(the knowledge tools come before the others), web search (when configured), the enabled local tools, conversation search,
 workspace tools (when the session has a workspace dir), skill tools (when skills exist),
 MCP tools, then ``read_tool_output`` and ``get_session_capabilities``. A model without
 tool support (ModelInfo.supports_tools false), or tools switched off in the settings,
@@ -31,6 +32,7 @@ from sidecar.errors import InvalidParams
 from sidecar.providers.types import ModelInfo
 from sidecar.tools.base import Tool
 from sidecar.tools.conversation import ConversationSearch
+from sidecar.tools.knowledge import NO_KNOWLEDGE, KnowledgeOffer, KnowledgeSource
 from sidecar.tools.local import LOCAL_TOOLS, ReadToolOutput, SessionCapabilities
 from sidecar.tools.registry import ToolRegistry
 from sidecar.tools.skills import find_skills, skill_roots, skill_tools
@@ -79,6 +81,7 @@ class ToolService:
         mcp: McpSource | None = None,
         extra_tools: Callable[[], list[Tool]] | None = None,
         web_transport: Any = None,
+        knowledge: KnowledgeSource | None = None,
     ) -> None:
         self._data_dir = data_dir
         self._get_setting = get_setting
@@ -89,6 +92,8 @@ class ToolService:
         self._extra = extra_tools
         """Tests add tools here (after MCP tools, before the system tools)."""
         self._web_transport = web_transport
+        self.knowledge = knowledge
+        """The knowledge bases' tools and retrieval capabilities (sidecar/retrieval)."""
         self._settings = ToolSettings()
         self._web: SearxngBackend | None = None
 
@@ -177,6 +182,16 @@ class ToolService:
         if not s.enabled or not model.supports_tools:
             registry.capability_note = NO_TOOLS_NOTE
             return registry
+        knowledge = NO_KNOWLEDGE
+        if self.knowledge is not None:
+            try:
+                knowledge = await self.knowledge.offer(session)
+            except anyio.get_cancelled_exc_class():
+                raise
+            except Exception:  # knowledge is an addition: the other tools still come
+                log.exception("the knowledge tools could not be assembled")
+        for tool in knowledge.tools:
+            registry.add(tool)
         if s.web_search is not None:
             if self._web is None:
                 self._web = SearxngBackend(s.web_search, transport=self._web_transport)
@@ -206,7 +221,7 @@ class ToolService:
             for tool in self._extra():
                 registry.add(tool)
         registry.add(ReadToolOutput())
-        registry.add(SessionCapabilities(lambda: _capabilities(registry, session)))
+        registry.add(SessionCapabilities(lambda: _capabilities(registry, session, knowledge)))
         return registry
 
     async def aclose(self) -> None:
@@ -214,11 +229,11 @@ class ToolService:
             await self._web.aclose()
 
 
-def _capabilities(registry: ToolRegistry, session: SessionV2 | None) -> dict[str, Any]:
+def _capabilities(registry: ToolRegistry, session: SessionV2 | None, knowledge: KnowledgeOffer) -> dict[str, Any]:
     return {
         "tools": [{"name": t.name, "source": t.source, "description": t.description} for t in registry.tools],
         "workspace": session.workspace_dir if session is not None else None,
-        "retrieval": {"knowledge_base": False, "memory": False},
+        "retrieval": {"knowledge_base": knowledge.retrieval, "memory": False},
         "web_search": registry.get("web_search") is not None,
         "conversation_search": registry.get("search_conversations") is not None,
         "max_steps": 256,

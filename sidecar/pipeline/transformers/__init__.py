@@ -14,7 +14,7 @@ enabled one the previous one's output and records which changed the request.
 | 5 | Ocr | ocr.py |
 | 6 | Template | template.py |
 | 7 | WorkspaceReminder | workspace.py |
-| 8 | KnowledgeRetrieval | retrieval.py |
+| 8 | KnowledgeRetrieval | knowledge.py |
 | 9 | MemoryRetrieval | retrieval.py |
 """
 
@@ -28,10 +28,8 @@ from sidecar.pipeline.transformers.ocr import OcrTransformer
 from sidecar.pipeline.transformers.placeholder import PlaceholderTransformer
 from sidecar.pipeline.transformers.prompt_injection import PromptInjectionTransformer
 from sidecar.pipeline.transformers.regex import UserRegexTransformer
-from sidecar.pipeline.transformers.retrieval import (
-    KnowledgeRetrievalTransformer,
-    MemoryRetrievalTransformer,
-)
+from sidecar.pipeline.transformers.knowledge import KnowledgeRetrievalTransformer
+from sidecar.pipeline.transformers.retrieval import MemoryRetrievalTransformer
 from sidecar.pipeline.transformers.template import TemplateTransformer
 from sidecar.pipeline.transformers.time_reminder import TimeReminderTransformer
 from sidecar.pipeline.transformers.workspace import WorkspaceReminderTransformer

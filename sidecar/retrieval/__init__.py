@@ -1,0 +1,21 @@
+"""Knowledge bases: from a document to the chunks a request cites.
+
+    extract.py     document kinds and their text (HTML via selectolax, PDF via pypdf, pages)
+    chunking.py    structure-aware chunks sized in tokens, content-addressed ids
+    embeddings.py  embedding models: OpenAI-compatible / Ollama over the provider transport,
+                   the local wordllama embedder
+    vectors.py     VectorIndex: exact cosine over an in-memory float32 matrix, updated in place
+    indexes.py     the VectorIndex of each (base, model): lazy load, deltas, a search over cores
+    fusion.py      weighted reciprocal-rank fusion, relevance floors, diversity, token budget
+    retriever.py   HybridRetriever: the lexical leg + vector legs -> ranked chunks (results.py)
+    citations.py   citation markers per reply (CitationLedger) and the tagged <knowledge> block
+    paths.py       files under the allowed roots (sidecar/confine.py, the one rule), read bounded
+    ingest.py      Indexer: a document to ``ready``/``error``; re-embedding a base
+    service.py     KnowledgeService: kb:*, the ingestion queue, progress, what requests retrieve
+
+The tables are KnowledgeRepo's (sidecar/store/knowledge.py, ``Store.knowledge``), reached from
+async code only through ``AsyncStore.run``; file and CPU work use anyio's own worker threads. Arrows: the pipeline
+(KnowledgeRetrievalTransformer) and the tools (knowledge_search) call in; this package calls
+the store, the provider transport and the token counter of sidecar/pipeline/tokens.py.
+Heavy imports (numpy, httpx2, selectolax, pypdf) happen on first use, not at start-up.
+"""

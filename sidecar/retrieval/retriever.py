@@ -1,0 +1,160 @@
+"""HybridRetriever: the one retrieval of knowledge chunks (requests, the knowledge tool,
+``kb:search``).
+
+``search(kb_ids, query, limit, budget)`` -> RetrievalResult:
+1. the lexical leg: the chunks' FTS5 index (CJK bigrams, BM25), the best LEG_DEPTH;
+2. the vector leg, for each model whose vectors serve the bases (their ``vector_model``):
+   the query embedded by that model (at most QUERY_EMBED_TIMEOUT_S), cosine over the
+   bases' in-memory indexes, the best LEG_DEPTH above the vector floor;
+3. reciprocal-rank fusion of the legs, the fused floor, at most PER_DOCUMENT chunks of one
+   document unless nothing else passes, at most ``limit`` chunks within ``budget`` tokens
+   (``fusion.py``).
+Without an embedding model, or when embedding the query fails (the failure is logged and
+named in ``notes``), the lexical leg alone answers: the result's ``mode`` and each chunk's
+``mode`` say which ("hybrid" only for chunks of bases whose vector leg ran).
+
+Results are cached briefly per (bases, query, limit, budget) and the index generation, so
+the model steps of one reply (the request is rebuilt for each) see the same chunks and
+embed the query once.
+"""
+
+from __future__ import annotations
+
+import logging
+import time
+from collections import OrderedDict
+from collections.abc import Awaitable, Callable, Sequence
+from typing import Any
+
+from typing import TYPE_CHECKING
+
+import anyio
+
+from sidecar.errors import SidecarError
+from sidecar.retrieval import fusion
+from sidecar.retrieval.results import RetrievalResult, RetrievedChunk
+from sidecar.store.async_store import AsyncStore
+from sidecar.store.knowledge import ChunkHit, KbRecord, KnowledgeRepo
+
+if TYPE_CHECKING:
+    from sidecar.retrieval.indexes import KnowledgeIndexes
+
+__all__ = [
+    "HybridRetriever",
+    "RetrievedChunk",
+    "RetrievalResult",
+    "LEG_DEPTH",
+    "DEFAULT_BUDGET_TOKENS",
+    "QUERY_EMBED_TIMEOUT_S",
+]
+
+log = logging.getLogger(__name__)
+
+LEG_DEPTH = 50
+DEFAULT_BUDGET_TOKENS = 4096
+QUERY_EMBED_TIMEOUT_S = 15.0
+CACHE_TTL_S = 60.0
+CACHE_ENTRIES = 128
+
+EmbedderFor = Callable[[str], Awaitable[Any]]
+"""``await embedder_for(model_key)`` -> an Embedder (sidecar/retrieval/embeddings.py)."""
+
+
+class HybridRetriever:
+    def __init__(self, store: AsyncStore, indexes: KnowledgeIndexes, embedder_for: EmbedderFor) -> None:
+        self._store = store
+        self._indexes = indexes
+        self._embedder_for = embedder_for
+        self._cache: OrderedDict[tuple[Any, ...], tuple[float, int, RetrievalResult]] = OrderedDict()
+
+    async def search(
+        self, kb_ids: Sequence[str], query: str, *, limit: int = 6, budget: int | None = DEFAULT_BUDGET_TOKENS
+    ) -> RetrievalResult:
+        wanted = list(kb_ids)
+        kbs = await self._store.run(lambda s: s.knowledge.kbs(wanted))
+        if not kbs or not query.strip():
+            return RetrievalResult(mode="lexical", chunks=[])
+        key = (tuple(sorted(k.id for k in kbs)), query, limit, budget)
+        cached = self._cache.get(key)
+        now = time.monotonic()
+        if cached is not None and now - cached[0] < CACHE_TTL_S and cached[1] == self._indexes.generation:
+            self._cache.move_to_end(key)
+            return cached[2]
+        generation = self._indexes.generation
+        result = await self._search(kbs, query, limit, budget)
+        self._cache[key] = (now, generation, result)
+        while len(self._cache) > CACHE_ENTRIES:
+            self._cache.popitem(last=False)
+        return result
+
+    async def _search(self, kbs: list[KbRecord], query: str, limit: int, budget: int | None) -> RetrievalResult:
+        notes: list[str] = []
+        kb_ids = [k.id for k in kbs]
+        by_model: dict[str, list[KbRecord]] = {}
+        for kb in kbs:
+            if kb.vector_model:
+                by_model.setdefault(kb.vector_model, []).append(kb)
+        lexical: list[tuple[int, float]] = []
+        vector_legs: list[list[tuple[int, float]]] = []
+        hybrid_kbs: set[str] = set()
+
+        async def lexical_leg() -> None:
+            nonlocal lexical
+            lexical = await self._store.run(lambda s: s.knowledge.lexical(kb_ids, query, LEG_DEPTH))
+
+        async def vector_leg(model: str, members: list[KbRecord]) -> None:
+            try:
+                embedder = await self._embedder_for(model)
+                with anyio.fail_after(QUERY_EMBED_TIMEOUT_S):
+                    vectors = await embedder.embed([query])
+            except TimeoutError:
+                notes.append(f"embedding the query with {model} took longer than {QUERY_EMBED_TIMEOUT_S:g}s")
+                log.warning("query embedding with %s timed out; lexical results only for its bases", model)
+                return
+            except SidecarError as exc:
+                notes.append(f"embedding the query with {model} failed: {exc.message}")
+                log.warning("query embedding with %s failed (%s); lexical results only for its bases", model, exc.message)
+                return
+            hits = await self._indexes.search([(kb.id, model) for kb in members], vectors[0], LEG_DEPTH)
+            vector_legs.append(fusion.vector_floor(hits))
+            hybrid_kbs.update(kb.id for kb in members)
+
+        async with anyio.create_task_group() as tg:
+            tg.start_soon(lexical_leg)
+            for model, members in by_model.items():
+                tg.start_soon(vector_leg, model, members)
+
+        legs = [[rowid for rowid, _ in lexical], *[[rowid for rowid, _ in leg] for leg in vector_legs]]
+        weights = [1.0, *[fusion.VECTOR_WEIGHT] * len(vector_legs)]
+        fused = fusion.fused_floor(fusion.fuse(legs, weights))
+        if not fused:
+            return RetrievalResult(mode="hybrid" if hybrid_kbs else "lexical", chunks=[], notes=notes)
+        lexical_rank = {rowid: i for i, (rowid, _) in enumerate(lexical, start=1)}
+        vector_rank: dict[int, tuple[int, float]] = {}
+        for leg in vector_legs:
+            for i, (rowid, cosine) in enumerate(leg, start=1):
+                if rowid not in vector_rank or vector_rank[rowid][0] > i:
+                    vector_rank[rowid] = (i, cosine)
+        def pick(repo: KnowledgeRepo) -> tuple[list[tuple[int, float]], dict[int, ChunkHit]]:
+            # rank on the little ranking needs; read whole rows only for the chosen few
+            meta = repo.chunk_meta([rowid for rowid, _ in fused])
+            picked = fusion.select(
+                [(rowid, score) for rowid, score in fused if rowid in meta],  # deleted since the legs ran
+                limit=limit, budget=budget,
+                document=lambda item: meta[item[0]][0], tokens=lambda item: meta[item[0]][1],
+            )
+            return picked, repo.hits([rowid for rowid, _ in picked])
+
+        picked, hits = await self._store.run(lambda s: pick(s.knowledge))
+        chosen = [
+            RetrievedChunk(
+                chunk=hits[rowid], score=score,
+                mode="hybrid" if hits[rowid].kb_id in hybrid_kbs else "lexical",
+                lexical_rank=lexical_rank.get(rowid),
+                vector_rank=vector_rank[rowid][0] if rowid in vector_rank else None,
+                cosine=vector_rank[rowid][1] if rowid in vector_rank else None,
+            )
+            for rowid, score in picked
+            if rowid in hits
+        ]
+        return RetrievalResult(mode="hybrid" if hybrid_kbs else "lexical", chunks=chosen, notes=notes)

@@ -1,0 +1,753 @@
+"""KnowledgeRepo: knowledge bases, documents, chunks, vectors and the chunks' full-text index.
+
+Owns the tables of migration ``m_knowledge``: ``kb_bases``, ``kb_documents``, ``kb_chunks``,
+``kb_vectors`` (float32 little-endian BLOBs, L2-normalized, with their model and dims) and
+``kb_chunks_fts`` (contentless FTS5 over each chunk's heading path + text, rewritten by the
+CJK bigram scheme of ``sidecar/store/fts.py``, plus a token naming its base).
+
+Must stay true:
+- Every method is one transaction (``Database.read``/``write``): a crash leaves a document's
+  previous index or its new one, never a mix. A document's chunks, their index rows and
+  their vectors are written in the same transaction as its ``ready`` status
+  (``write_index``), so a kill during embedding leaves no vector of it visible; vectors of
+  a change of model (``write_vectors``) are stored under the new model, which answers no
+  search until ``switch_vector_model`` makes it the base's ``vector_model``.
+- An indexing run works on one ``revision`` of its document; ``write_index`` and
+  ``mark_error`` change nothing when the document is gone or a newer revision was asked
+  for (delete or reindex during indexing), so a stale run never overwrites newer state.
+- A chunk keeps its row (rowid, vectors) across a re-index that keeps its content-addressed
+  id; chunks whose id disappears are deleted with their vectors and index rows (trigger).
+- User text reaches MATCH only through ``fts`` quoting (``lexical_match``).
+
+Synchronous: ``Store.knowledge``, reached from async code through ``AsyncStore.run``.
+"""
+
+from __future__ import annotations
+
+import hashlib
+import threading
+from collections.abc import Callable, Sequence
+from typing import Any, Protocol
+
+import msgspec
+
+from protocol.kb import KbChunk, KbDocument, KnowledgeBase
+from sidecar.errors import NotFound
+from sidecar.store import fts
+from sidecar.store.db import Database
+from sidecar.store.ids import new_id, now_ms
+
+__all__ = [
+    "KnowledgeRepo",
+    "KbRecord",
+    "DocRecord",
+    "NewChunk",
+    "IndexDelta",
+    "ChunkHit",
+    "VectorSink",
+    "kb_token",
+    "lexical_terms",
+    "lexical_match",
+]
+
+_DOC_COLUMNS = (
+    "id, kb_id, name, kind, source, path, size_bytes, content_hash, status, error, error_code, "
+    "chunk_count, pages, revision, created_at, updated_at, indexed_at"
+)
+_CHUNK_COLUMNS = "id, document_id, ordinal, heading, char_start, char_end, page, tokens, text"
+_heading_decoder = msgspec.json.Decoder(list[str])
+_pages_decoder = msgspec.json.Decoder(list[int])
+_encode = msgspec.json.encode
+
+
+class KbRecord(msgspec.Struct, kw_only=True):
+    id: str
+    name: str
+    description: str
+    embed_provider_id: str | None
+    embed_model_id: str | None
+    chunk_size: int
+    chunk_overlap: int
+    vector_model: str | None
+    vector_dims: int | None
+    created_at: int
+    updated_at: int
+
+    @property
+    def embed_model(self) -> str | None:
+        """The model key new vectors are made with (``providerId/modelId``)."""
+        if self.embed_provider_id and self.embed_model_id:
+            return f"{self.embed_provider_id}/{self.embed_model_id}"
+        return None
+
+
+class DocRecord(msgspec.Struct, kw_only=True):
+    id: str
+    kb_id: str
+    name: str
+    kind: str
+    source: str
+    path: str | None
+    size_bytes: int
+    content_hash: str | None
+    status: str
+    error: str | None
+    error_code: str | None
+    chunk_count: int
+    pages: list[int] | None
+    """Start offset of each page in the body (PDFs)."""
+    revision: int
+    created_at: int
+    updated_at: int
+    indexed_at: int | None
+
+    def to_wire(self) -> KbDocument:
+        return KbDocument(
+            id=self.id, kb_id=self.kb_id, name=self.name, kind=self.kind,  # type: ignore[arg-type]
+            source=self.source,  # type: ignore[arg-type]
+            path=self.path, size_bytes=self.size_bytes, content_hash=self.content_hash,
+            status=self.status,  # type: ignore[arg-type]
+            error=self.error, error_code=self.error_code,  # type: ignore[arg-type]
+            chunk_count=self.chunk_count, page_count=len(self.pages) if self.pages is not None else None,
+            created_at=self.created_at, updated_at=self.updated_at, indexed_at=self.indexed_at,
+        )
+
+
+class NewChunk(msgspec.Struct, kw_only=True):
+    """A chunk as an indexing run made it (``vector``: its float32 bytes for ``model``)."""
+
+    id: str
+    ordinal: int
+    heading: list[str]
+    start: int
+    end: int
+    page: int | None
+    tokens: int
+    embed_hash: str
+    text: str
+    embed_text: str
+    """Heading path + text: what is embedded and full-text indexed."""
+    vector: bytes | None = None
+
+
+class IndexDelta(msgspec.Struct, kw_only=True):
+    """What a committed write changed in a base's vectors (for the in-memory index)."""
+
+    kb_id: str
+    model: str | None
+    upserted: list[tuple[int, bytes]] = []
+    removed: list[int] = []
+
+
+class ChunkHit(msgspec.Struct, kw_only=True):
+    rowid: int
+    id: str
+    kb_id: str
+    document_id: str
+    document_name: str
+    ordinal: int
+    heading: list[str]
+    start: int
+    end: int
+    page: int | None
+    tokens: int
+    text: str
+
+
+class VectorSink(Protocol):
+    """Receives a base's vectors in rowid order (``read_vectors``)."""
+
+    def reserve(self, count: int, dims: int) -> None: ...
+
+    def put(self, index: int, rowid: int, vector: bytes) -> None: ...
+
+
+def kb_token(kb_id: str) -> str:
+    """A single unicode61 token standing for a base (the ``kb`` column of the index)."""
+    return "k" + hashlib.blake2b(kb_id.encode(), digest_size=10).hexdigest()
+
+
+def lexical_terms(query: str) -> list[str]:
+    """The MATCH terms of a retrieval query: a CJK run counts as its bigrams, each a term of
+    its own (a question rarely contains a passage's exact phrase); a single CJK character is
+    a prefix term; a Latin word is a quoted term (all built by ``fts.build_match``)."""
+    terms: list[str] = []
+    seen: set[str] = set()
+    for piece in fts.parse_query(query[: fts.MAX_QUERY_CHARS]):
+        if piece.cjk and len(piece.text) > 2:
+            units = [fts.QueryPiece(a + b, True) for a, b in zip(piece.text[:-1], piece.text[1:])]
+        else:
+            units = [piece]
+        for unit in units:
+            expr = fts.build_match([unit])
+            if expr is not None and expr not in seen:
+                seen.add(expr)
+                terms.append(expr)
+    return terms
+
+
+def lexical_match(query: str, kb_ids: Sequence[str], terms: Sequence[str] | None = None) -> str | None:
+    """The MATCH expression of a retrieval query (any of its terms, ranked by BM25) within the
+    given bases (an empty ``kb_ids``: no filter). None when nothing is searchable."""
+    terms = lexical_terms(query) if terms is None else list(terms)
+    if not terms:
+        return None
+    expr = "(" + " OR ".join(terms) + ")"
+    if not kb_ids:
+        return expr
+    bases = " OR ".join('"' + kb_token(k) + '"' for k in dict.fromkeys(kb_ids))
+    return "{kb} : (" + bases + ") AND " + expr
+
+
+def _doc(row: tuple[Any, ...]) -> DocRecord:
+    (doc_id, kb_id, name, kind, source, path, size, chash, status, error, code, count, pages, revision,
+     created, updated, indexed) = row
+    return DocRecord(
+        id=doc_id, kb_id=kb_id, name=name, kind=kind, source=source, path=path, size_bytes=size,
+        content_hash=chash, status=status, error=error, error_code=code, chunk_count=count,
+        pages=_pages_decoder.decode(pages) if pages else None, revision=revision,
+        created_at=created, updated_at=updated, indexed_at=indexed,
+    )
+
+
+def _kb(row: tuple[Any, ...]) -> KbRecord:
+    kb_id, name, desc, provider, model, size, overlap, vmodel, vdims, created, updated = row
+    return KbRecord(
+        id=kb_id, name=name, description=desc, embed_provider_id=provider, embed_model_id=model,
+        chunk_size=size, chunk_overlap=overlap, vector_model=vmodel, vector_dims=vdims,
+        created_at=created, updated_at=updated,
+    )
+
+
+_KB_COLUMNS = (
+    "id, name, description, embed_provider_id, embed_model_id, chunk_size, chunk_overlap, "
+    "vector_model, vector_dims, created_at, updated_at"
+)
+
+
+COMMON_SHARE = 0.3
+COMMON_MIN = 5000
+DF_CACHE_ENTRIES = 50_000
+
+
+class KnowledgeRepo:
+    def __init__(self, db: Database, clock: Callable[[], int] = now_ms) -> None:
+        self._db = db
+        self._clock = clock
+        self._df: dict[str, tuple[int, int]] = {}
+        self._df_lock = threading.Lock()
+
+    # ---- bases --------------------------------------------------------------------
+
+    def create_kb(
+        self, *, name: str, description: str, embed: tuple[str, str] | None, chunk_size: int, chunk_overlap: int
+    ) -> KbRecord:
+        now = self._clock()
+        kb_id = new_id()
+        with self._db.write() as conn:
+            conn.execute(
+                f"INSERT INTO kb_bases({_KB_COLUMNS}) VALUES (?, ?, ?, ?, ?, ?, ?, NULL, NULL, ?, ?)",
+                (kb_id, name, description, embed[0] if embed else None, embed[1] if embed else None,
+                 chunk_size, chunk_overlap, now, now),
+            )
+            return self._kb(conn, kb_id)
+
+    def get_kb(self, kb_id: str) -> KbRecord:
+        with self._db.read() as conn:
+            return self._kb(conn, kb_id)
+
+    def kbs(self, kb_ids: Sequence[str] | None = None) -> list[KbRecord]:
+        """The given bases that exist (all when None), oldest first."""
+        with self._db.read() as conn:
+            if kb_ids is None:
+                rows = conn.execute(f"SELECT {_KB_COLUMNS} FROM kb_bases ORDER BY created_at, id").fetchall()
+            else:
+                ids = list(dict.fromkeys(kb_ids))
+                if not ids:
+                    return []
+                rows = conn.execute(
+                    f"SELECT {_KB_COLUMNS} FROM kb_bases WHERE id IN ({','.join('?' * len(ids))})"
+                    " ORDER BY created_at, id", ids,
+                ).fetchall()
+        return [_kb(r) for r in rows]
+
+    def kb_infos(self, kb_ids: Sequence[str] | None = None, *, reembedding: frozenset[str] = frozenset()) -> list[KnowledgeBase]:
+        records = self.kbs(kb_ids)
+        if not records:
+            return []
+        with self._db.read() as conn:
+            marks = ",".join("?" * len(records))
+            stats = {
+                row[0]: row[1:]
+                for row in conn.execute(
+                    "SELECT kb_id, count(*), coalesce(sum(chunk_count), 0),"
+                    " sum(status IN ('pending', 'indexing')), sum(status = 'error')"
+                    f" FROM kb_documents WHERE kb_id IN ({marks}) GROUP BY kb_id",
+                    [r.id for r in records],
+                )
+            }
+        return [self._info(r, stats.get(r.id, (0, 0, 0, 0)), r.id in reembedding) for r in records]
+
+    @staticmethod
+    def _info(r: KbRecord, stat: tuple[Any, ...], reembedding: bool) -> KnowledgeBase:
+        from protocol.kb import EmbeddingModelRef
+
+        docs, chunks, open_docs, failed = stat
+        embed = (
+            EmbeddingModelRef(provider_id=r.embed_provider_id, model_id=r.embed_model_id)
+            if r.embed_provider_id and r.embed_model_id else None
+        )
+        return KnowledgeBase(
+            id=r.id, name=r.name, description=r.description, embedding_model=embed, chunk_size=r.chunk_size,
+            chunk_overlap=r.chunk_overlap, vector_model=r.vector_model, vector_dims=r.vector_dims,
+            reembedding=reembedding, document_count=docs or 0, chunk_count=chunks or 0,
+            documents_indexing=open_docs or 0, documents_failed=failed or 0,
+            created_at=r.created_at, updated_at=r.updated_at,
+        )
+
+    def update_kb(self, kb_id: str, **changes: Any) -> KbRecord:
+        """Set columns of a base (names of ``kb_bases``); ``embed`` = (provider, model) | None."""
+        allowed = {"name", "description", "chunk_size", "chunk_overlap"}
+        sets: list[str] = []
+        args: list[Any] = []
+        for key, value in changes.items():
+            if key == "embed":
+                sets += ["embed_provider_id = ?", "embed_model_id = ?"]
+                args += [value[0], value[1]] if value else [None, None]
+            elif key in allowed:
+                sets.append(f"{key} = ?")
+                args.append(value)
+            else:
+                raise ValueError(f"not a column of kb_bases: {key}")
+        with self._db.write() as conn:
+            self._kb(conn, kb_id)
+            if sets:
+                conn.execute(
+                    f"UPDATE kb_bases SET {', '.join(sets)}, updated_at = ? WHERE id = ?",
+                    [*args, self._clock(), kb_id],
+                )
+            if "embed" in changes and not changes["embed"]:
+                # no model any more: lexical only, the vectors are dropped
+                conn.execute("DELETE FROM kb_vectors WHERE kb_id = ?", (kb_id,))
+                conn.execute("UPDATE kb_bases SET vector_model = NULL, vector_dims = NULL WHERE id = ?", (kb_id,))
+            return self._kb(conn, kb_id)
+
+    def delete_kb(self, kb_id: str) -> None:
+        with self._db.write() as conn:
+            self._kb(conn, kb_id)
+            conn.execute("DELETE FROM kb_bases WHERE id = ?", (kb_id,))
+
+    # ---- documents ----------------------------------------------------------------
+
+    def add_document(
+        self, *, kb_id: str, name: str, kind: str, source: str, path: str | None, size_bytes: int,
+        content_hash: str | None, body: str | None, error: tuple[str, str] | None = None,
+    ) -> tuple[DocRecord, bool]:
+        """A new ``pending`` document, or (the existing one, True) when the base already has
+        this content. ``body``: the text of a ``text`` document (files are read when indexed)."""
+        now = self._clock()
+        with self._db.write() as conn:
+            self._kb(conn, kb_id)
+            if content_hash is not None:
+                rows = conn.execute(
+                    f"SELECT {_DOC_COLUMNS} FROM kb_documents WHERE kb_id = ? AND content_hash = ?",
+                    (kb_id, content_hash),
+                ).fetchall()
+                if rows:
+                    return _doc(rows[0]), True
+            doc_id = new_id()
+            status, code, message = ("error", *error) if error else ("pending", None, None)
+            conn.execute(
+                "INSERT INTO kb_documents(id, kb_id, name, kind, source, path, size_bytes, content_hash, body,"
+                " status, error_code, error, created_at, updated_at) VALUES (?, ?, ?, ?, ?, ?, ?, ?, ?, ?, ?, ?, ?, ?)",
+                (doc_id, kb_id, name, kind, source, path, size_bytes, content_hash, body, status, code, message,
+                 now, now),
+            )
+            return self._doc(conn, doc_id), False
+
+    def get_document(self, doc_id: str) -> DocRecord:
+        with self._db.read() as conn:
+            return self._doc(conn, doc_id)
+
+    def list_documents(self, kb_id: str, status: str | None, limit: int, offset: int) -> list[DocRecord]:
+        with self._db.read() as conn:
+            self._kb(conn, kb_id)
+            where, args = "kb_id = ?", [kb_id]
+            if status is not None:
+                where += " AND status = ?"
+                args.append(status)
+            rows = conn.execute(
+                f"SELECT {_DOC_COLUMNS} FROM kb_documents WHERE {where} ORDER BY created_at, id LIMIT ? OFFSET ?",
+                [*args, limit, offset],
+            ).fetchall()
+        return [_doc(r) for r in rows]
+
+    def document_body(self, doc_id: str) -> str | None:
+        with self._db.read() as conn:
+            rows = conn.execute("SELECT body FROM kb_documents WHERE id = ?", (doc_id,)).fetchall()
+        if not rows:
+            raise NotFound(f"document {doc_id!r} not found", data={"documentId": doc_id})
+        return rows[0][0]
+
+    def chunks(self, doc_id: str) -> list[KbChunk]:
+        with self._db.read() as conn:
+            self._doc(conn, doc_id)
+            rows = conn.execute(
+                f"SELECT {_CHUNK_COLUMNS} FROM kb_chunks WHERE document_id = ? ORDER BY ordinal", (doc_id,)
+            ).fetchall()
+        return [
+            KbChunk(id=cid, document_id=did, ordinal=o, heading=_heading_decoder.decode(h), start=s, end=e,
+                    page=p, tokens=t, text=text)
+            for cid, did, o, h, s, e, p, t, text in rows
+        ]
+
+    def request_reindex(self, doc_id: str) -> DocRecord:
+        """Queue a document again: status ``pending``, a new revision (a run of an older one
+        that is still going discards its result)."""
+        with self._db.write() as conn:
+            self._doc(conn, doc_id)
+            conn.execute(
+                "UPDATE kb_documents SET status = 'pending', error = NULL, error_code = NULL,"
+                " revision = revision + 1, updated_at = ? WHERE id = ?",
+                (self._clock(), doc_id),
+            )
+            return self._doc(conn, doc_id)
+
+    def request_reindex_all(self, kb_id: str) -> list[str]:
+        """Queue every document of a base again (a new chunk size); their ids."""
+        with self._db.write() as conn:
+            self._kb(conn, kb_id)
+            ids = [r[0] for r in conn.execute("SELECT id FROM kb_documents WHERE kb_id = ? ORDER BY created_at, id", (kb_id,))]
+            conn.execute(
+                "UPDATE kb_documents SET status = 'pending', error = NULL, error_code = NULL,"
+                " revision = revision + 1, updated_at = ? WHERE kb_id = ?",
+                (self._clock(), kb_id),
+            )
+        return ids
+
+    def claim(self, doc_id: str) -> DocRecord | None:
+        """Mark a queued document ``indexing``; None when it is gone or already indexed."""
+        with self._db.write() as conn:
+            rows = conn.execute(
+                f"SELECT {_DOC_COLUMNS} FROM kb_documents WHERE id = ?", (doc_id,)
+            ).fetchall()
+            if not rows:
+                return None
+            doc = _doc(rows[0])
+            if doc.status not in ("pending", "indexing"):
+                return None
+            conn.execute(
+                "UPDATE kb_documents SET status = 'indexing', updated_at = ? WHERE id = ?", (self._clock(), doc_id)
+            )
+            return self._doc(conn, doc_id)
+
+    def open_documents(self) -> list[str]:
+        """Documents left ``pending`` or ``indexing`` (by a restart), oldest first."""
+        with self._db.read() as conn:
+            return [
+                r[0] for r in conn.execute(
+                    "SELECT id FROM kb_documents WHERE status IN ('pending', 'indexing') ORDER BY created_at, id"
+                )
+            ]
+
+    def stored_vectors(self, doc_id: str, model: str) -> dict[str, tuple[str, bytes]]:
+        """chunk id -> (embed hash, vector) of a document's chunks that have a ``model`` vector."""
+        with self._db.read() as conn:
+            return {
+                cid: (ehash, blob)
+                for cid, ehash, blob in conn.execute(
+                    "SELECT c.id, v.embed_hash, v.vector FROM kb_chunks c JOIN kb_vectors v"
+                    " ON v.chunk_rowid = c.rowid AND v.kb_id = c.kb_id AND v.model = ?"
+                    " WHERE c.document_id = ?",
+                    (model, doc_id),
+                )
+            }
+
+    def write_index(
+        self, doc: DocRecord, *, body: str, pages: list[int] | None, kind: str, chunks: list[NewChunk],
+        model: str | None, dims: int | None,
+    ) -> IndexDelta | None:
+        """Replace a document's chunks (and their vectors for ``model``) and mark it ready,
+        in one transaction; None (nothing written) when the document is gone or a newer
+        revision was requested meanwhile."""
+        now = self._clock()
+        with self._db.write() as conn:
+            rows = conn.execute(
+                "SELECT revision, kb_id FROM kb_documents WHERE id = ?", (doc.id,)
+            ).fetchall()
+            if not rows or rows[0][0] != doc.revision:
+                return None
+            kb_id = rows[0][1]
+            token = kb_token(kb_id)
+            old = {
+                cid: (rowid, ehash)
+                for rowid, cid, ehash in conn.execute(
+                    "SELECT rowid, id, embed_hash FROM kb_chunks WHERE document_id = ?", (doc.id,)
+                )
+            }
+            keep = {c.id for c in chunks}
+            removed = [rowid for cid, (rowid, _) in old.items() if cid not in keep]
+            if removed:
+                conn.executemany("DELETE FROM kb_chunks WHERE rowid = ?", [(r,) for r in removed])
+            fresh = [c for c in chunks if c.id not in old]
+            conn.executemany(
+                "INSERT INTO kb_chunks(id, kb_id, document_id, ordinal, heading, char_start, char_end,"
+                " page, tokens, embed_hash, text) VALUES (?, ?, ?, ?, ?, ?, ?, ?, ?, ?, ?)",
+                [(c.id, kb_id, doc.id, c.ordinal, _encode(c.heading).decode(), c.start, c.end, c.page, c.tokens,
+                  c.embed_hash, c.text) for c in fresh],
+            )
+            rowid_of = {cid: rowid for cid, (rowid, _) in old.items()}
+            if fresh:
+                rowid_of.update(
+                    (cid, rowid) for rowid, cid in conn.execute(
+                        "SELECT rowid, id FROM kb_chunks WHERE document_id = ?", (doc.id,)
+                    )
+                )
+            reindexed: list[NewChunk] = list(fresh)
+            for c in chunks:
+                previous = old.get(c.id)
+                if previous is None:
+                    continue
+                rowid, old_hash = previous
+                conn.execute(
+                    "UPDATE kb_chunks SET ordinal = ?, heading = ?, char_start = ?, char_end = ?, page = ?,"
+                    " tokens = ?, embed_hash = ?, text = ? WHERE rowid = ?",
+                    (c.ordinal, _encode(c.heading).decode(), c.start, c.end, c.page, c.tokens, c.embed_hash,
+                     c.text, rowid),
+                )
+                if old_hash != c.embed_hash:
+                    conn.execute("DELETE FROM kb_chunks_fts WHERE rowid = ?", (rowid,))
+                    conn.execute("DELETE FROM kb_vectors WHERE chunk_rowid = ?", (rowid,))
+                    reindexed.append(c)
+            conn.executemany(
+                "INSERT INTO kb_chunks_fts(rowid, body, kb) VALUES (?, ?, ?)",
+                [(rowid_of[c.id], fts.index_text(c.embed_text), token) for c in reindexed],
+            )
+            upserted: list[tuple[int, bytes]] = []
+            if model is not None and dims is not None:
+                upserted = [(rowid_of[c.id], c.vector) for c in chunks if c.vector is not None]
+                conn.executemany(
+                    "INSERT OR REPLACE INTO kb_vectors(kb_id, model, chunk_rowid, embed_hash, dims, vector)"
+                    " VALUES (?, ?, ?, ?, ?, ?)",
+                    [(kb_id, model, rowid_of[c.id], c.embed_hash, dims, c.vector) for c in chunks if c.vector is not None],
+                )
+            conn.execute(
+                "UPDATE kb_documents SET status = 'ready', error = NULL, error_code = NULL, kind = ?, body = ?,"
+                " pages = ?, chunk_count = ?, indexed_at = ?, updated_at = ? WHERE id = ?",
+                (kind, body, _encode(pages).decode() if pages is not None else None, len(chunks), now, now, doc.id),
+            )
+            if model is not None and dims is not None:
+                kb = self._kb(conn, kb_id)
+                if kb.vector_model is None or (kb.vector_model == model and kb.vector_dims is None):
+                    # the first vectors of a base decide what answers its searches
+                    conn.execute(
+                        "UPDATE kb_bases SET vector_model = ?, vector_dims = ? WHERE id = ?", (model, dims, kb_id)
+                    )
+            return IndexDelta(kb_id=kb_id, model=model, upserted=upserted, removed=removed)
+
+    def mark_error(self, doc: DocRecord, code: str, message: str) -> bool:
+        """Status ``error`` for this revision of the document (False: gone or superseded)."""
+        with self._db.write() as conn:
+            changed = conn.execute(
+                "UPDATE kb_documents SET status = 'error', error = ?, error_code = ?, updated_at = ?"
+                " WHERE id = ? AND revision = ? RETURNING id",
+                (message[:2000], code, self._clock(), doc.id, doc.revision),
+            ).fetchall()
+        return bool(changed)
+
+    def delete_document(self, doc_id: str) -> tuple[str, list[int]]:
+        """Delete a document; (its base, the rowids of its chunks that went with it)."""
+        with self._db.write() as conn:
+            doc = self._doc(conn, doc_id)
+            rowids = [r[0] for r in conn.execute("SELECT rowid FROM kb_chunks WHERE document_id = ?", (doc_id,))]
+            conn.execute("DELETE FROM kb_documents WHERE id = ?", (doc_id,))
+            return doc.kb_id, rowids
+
+    # ---- vectors ------------------------------------------------------------------
+
+    def read_vectors(self, kb_id: str, model: str, sink: VectorSink) -> int:
+        """Hand every ``model`` vector of a base to ``sink`` in rowid order; their count.
+        Rows are read one at a time (the cursor is not materialized): at most one BLOB
+        beside the sink's own storage."""
+        with self._db.read() as conn:
+            rows = conn.execute(
+                "SELECT count(*), max(dims) FROM kb_vectors WHERE kb_id = ? AND model = ?", (kb_id, model)
+            ).fetchall()
+            count, dims = rows[0]
+            if not count:
+                return 0
+            sink.reserve(count, dims)
+            i = 0
+            for rowid, blob in conn.execute(
+                "SELECT chunk_rowid, vector FROM kb_vectors WHERE kb_id = ? AND model = ? ORDER BY chunk_rowid",
+                (kb_id, model),
+            ):
+                if i >= count:  # cannot happen inside one snapshot; guards the sink's bounds
+                    break
+                sink.put(i, rowid, blob)
+                i += 1
+            return i
+
+    def missing_vectors(self, kb_id: str, model: str, limit: int) -> list[tuple[int, str, str]]:
+        """Up to ``limit`` chunks of a base without a current ``model`` vector:
+        (rowid, embed hash, heading path JSON + NUL + text)."""
+        with self._db.read() as conn:
+            return [
+                (rowid, ehash, heading + "\x00" + text)
+                for rowid, ehash, heading, text in conn.execute(
+                    "SELECT c.rowid, c.embed_hash, c.heading, c.text FROM kb_chunks c"
+                    " LEFT JOIN kb_vectors v ON v.kb_id = c.kb_id AND v.model = ? AND v.chunk_rowid = c.rowid"
+                    " WHERE c.kb_id = ? AND (v.chunk_rowid IS NULL OR v.embed_hash != c.embed_hash)"
+                    " ORDER BY c.rowid LIMIT ?",
+                    (model, kb_id, limit),
+                )
+            ]
+
+    def count_vectors(self, kb_id: str, model: str) -> tuple[int, int, int | None]:
+        """(chunks of the base, those with a current ``model`` vector, their dimensions)."""
+        with self._db.read() as conn:
+            total = conn.execute("SELECT count(*) FROM kb_chunks WHERE kb_id = ?", (kb_id,)).fetchall()[0][0]
+            done, dims = conn.execute(
+                "SELECT count(*), max(v.dims) FROM kb_chunks c JOIN kb_vectors v ON v.kb_id = c.kb_id AND v.model = ?"
+                " AND v.chunk_rowid = c.rowid AND v.embed_hash = c.embed_hash WHERE c.kb_id = ?",
+                (model, kb_id),
+            ).fetchall()[0]
+        return total, done, dims
+
+    def write_vectors(self, kb_id: str, model: str, dims: int, rows: list[tuple[int, str, bytes]]) -> int:
+        """Store vectors (rowid, embed hash, bytes) of chunks that still exist with that hash."""
+        with self._db.write() as conn:
+            written = 0
+            for rowid, ehash, blob in rows:
+                written += len(conn.execute(
+                    "INSERT OR REPLACE INTO kb_vectors(kb_id, model, chunk_rowid, embed_hash, dims, vector)"
+                    " SELECT ?, ?, rowid, embed_hash, ?, ? FROM kb_chunks WHERE rowid = ? AND embed_hash = ?"
+                    " RETURNING chunk_rowid",
+                    (kb_id, model, dims, blob, rowid, ehash),
+                ).fetchall())
+            return written
+
+    def switch_vector_model(self, kb_id: str, model: str, dims: int | None) -> bool:
+        """Make ``model`` answer the base's searches and drop its other vectors (False: the
+        base is gone or now wants another model)."""
+        with self._db.write() as conn:
+            rows = conn.execute(
+                "SELECT embed_provider_id, embed_model_id FROM kb_bases WHERE id = ?", (kb_id,)
+            ).fetchall()
+            if not rows or f"{rows[0][0]}/{rows[0][1]}" != model:
+                return False
+            conn.execute("UPDATE kb_bases SET vector_model = ?, vector_dims = ? WHERE id = ?", (model, dims, kb_id))
+            conn.execute("DELETE FROM kb_vectors WHERE kb_id = ? AND model != ?", (kb_id, model))
+            return True
+
+    # ---- search -------------------------------------------------------------------
+
+    def lexical(self, kb_ids: Sequence[str], query: str, limit: int) -> list[tuple[int, float]]:
+        """(rowid, BM25 score, higher is better) of the best ``limit`` chunks of the bases.
+
+        What keeps it fast at 10^5 chunks (measured in tools/bench/bench_retrieval.py):
+        - terms in more than COMMON_SHARE of all chunks (and at least COMMON_MIN: small bases
+          keep every term) are left out when the query has rarer ones: ranking every match of a common term costs as much as it is
+          common, and its BM25 weight is small anyway. Document frequencies come from a
+          capped count, cached (they change slowly; only this decision uses them);
+        - the base filter is left out when the bases hold every chunk there is (a single
+          base: the usual case), applied after the match when they hold most of them, and
+          as the ``kb`` column's token otherwise (its doclist costs as much as the bases are
+          large: 10 ms at 10^5 chunks)."""
+        terms = lexical_terms(query)
+        if not terms:
+            return []
+        ids = list(dict.fromkeys(kb_ids))
+        with self._db.read() as conn:
+            sizes = dict(conn.execute("SELECT kb_id, sum(chunk_count) FROM kb_documents GROUP BY kb_id").fetchall())
+            total = sum(v or 0 for v in sizes.values())
+            mine = sum(sizes.get(k) or 0 for k in ids)
+            if not mine:
+                return []
+            if len(terms) > 1:
+                cap = max(COMMON_MIN, int(total * COMMON_SHARE))
+                rare = [t for t in terms if self._doc_freq(conn, t, cap, total) < cap]
+                terms = rare or terms
+            if mine >= total:
+                expr, join, where, args = lexical_match("", [], terms), "", "", []
+            elif mine * 2 >= total:
+                expr = lexical_match("", [], terms)
+                join = " JOIN kb_chunks c ON c.rowid = kb_chunks_fts.rowid"
+                where = f" AND c.kb_id IN ({','.join('?' * len(ids))})"
+                args = ids
+            else:
+                expr, join, where, args = lexical_match("", ids, terms), "", "", []
+            rows = conn.execute(
+                f"SELECT kb_chunks_fts.rowid, bm25(kb_chunks_fts, 1.0, 0.0) AS r FROM kb_chunks_fts{join}"
+                f" WHERE kb_chunks_fts MATCH ?{where} ORDER BY r LIMIT ?",
+                [expr, *args, limit],
+            ).fetchall()
+        return [(rowid, -score) for rowid, score in rows]
+
+    def _doc_freq(self, conn: Any, term: str, cap: int, total: int) -> int:
+        """How many chunks hold ``term``, counted up to ``cap`` (cached while the number of
+        chunks stays within a fifth of what it was)."""
+        with self._df_lock:
+            known = self._df.get(term)
+        if known is not None and abs(known[1] - total) <= total // 5:
+            return known[0]
+        count = conn.execute(
+            "SELECT count(*) FROM (SELECT 1 FROM kb_chunks_fts WHERE kb_chunks_fts MATCH ? LIMIT ?)", (term, cap)
+        ).fetchall()[0][0]
+        with self._df_lock:
+            if len(self._df) >= DF_CACHE_ENTRIES:
+                self._df.clear()
+            self._df[term] = (count, total)
+        return int(count)
+
+    def chunk_meta(self, rowids: Sequence[int]) -> dict[int, tuple[str, int]]:
+        """rowid -> (document id, tokens) of the chunks that exist (what ranking needs)."""
+        out: dict[int, tuple[str, int]] = {}
+        ids = list(rowids)
+        with self._db.read() as conn:
+            for i in range(0, len(ids), 500):
+                part = ids[i : i + 500]
+                out.update(
+                    (rowid, (did, tokens)) for rowid, did, tokens in conn.execute(
+                        f"SELECT rowid, document_id, tokens FROM kb_chunks WHERE rowid IN ({','.join('?' * len(part))})",
+                        part,
+                    )
+                )
+        return out
+
+    def hits(self, rowids: Sequence[int]) -> dict[int, ChunkHit]:
+        if not rowids:
+            return {}
+        with self._db.read() as conn:
+            out: dict[int, ChunkHit] = {}
+            ids = list(rowids)
+            for i in range(0, len(ids), 500):
+                part = ids[i : i + 500]
+                for row in conn.execute(
+                    "SELECT c.rowid, c.id, c.kb_id, c.document_id, d.name, c.ordinal, c.heading, c.char_start,"
+                    " c.char_end, c.page, c.tokens, c.text FROM kb_chunks c JOIN kb_documents d ON d.id = c.document_id"
+                    f" WHERE c.rowid IN ({','.join('?' * len(part))})",
+                    part,
+                ):
+                    rowid, cid, kb_id, did, dname, ordinal, heading, start, end, page, tokens, text = row
+                    out[rowid] = ChunkHit(
+                        rowid=rowid, id=cid, kb_id=kb_id, document_id=did, document_name=dname, ordinal=ordinal,
+                        heading=_heading_decoder.decode(heading), start=start, end=end, page=page,
+                        tokens=tokens, text=text,
+                    )
+            return out
+
+    # ---- internals ----------------------------------------------------------------
+
+    def _kb(self, conn: Any, kb_id: str) -> KbRecord:
+        rows = conn.execute(f"SELECT {_KB_COLUMNS} FROM kb_bases WHERE id = ?", (kb_id,)).fetchall()
+        if not rows:
+            raise NotFound(f"knowledge base {kb_id!r} not found", data={"kbId": kb_id})
+        return _kb(rows[0])
+
+    def _doc(self, conn: Any, doc_id: str) -> DocRecord:
+        rows = conn.execute(f"SELECT {_DOC_COLUMNS} FROM kb_documents WHERE id = ?", (doc_id,)).fetchall()
+        if not rows:
+            raise NotFound(f"document {doc_id!r} not found", data={"documentId": doc_id})
+        return _doc(rows[0])
+

@@ -1,0 +1,76 @@
+"""The ``knowledge_search`` tool and what a session's knowledge bases offer a request.
+
+A session whose assistant has knowledge bases gets ``knowledge_search`` first, before every
+other tool (seed 000 section 3: the knowledge tools come before the app's tools). It runs
+the same retrieval a request does (KnowledgeService.tool_search) and returns the passages
+with citation markers that continue the request's own numbering; its ToolOutput carries the
+Citation records of what it showed, so the reply may cite them.
+
+``KnowledgeOffer`` is what ToolService.assemble asks the knowledge side for: the tools to
+register and the truth about retrieval for ``get_session_capabilities``.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Awaitable, Callable
+from typing import Any, Protocol
+
+import msgspec
+
+from protocol.types import SessionV2
+from sidecar.tools.base import Tool, ToolContext, ToolError, ToolOutput, obj
+
+__all__ = ["KnowledgeSearch", "KnowledgeOffer", "KnowledgeSource", "NO_KNOWLEDGE", "MAX_TOOL_RESULTS"]
+
+MAX_TOOL_RESULTS = 6
+
+Search = Callable[[SessionV2, list[str], str, int], Awaitable[tuple[str, list[Any]]]]
+"""``await search(session, kb_ids, query, limit)`` -> (result text, Citation records)."""
+
+
+class KnowledgeOffer(msgspec.Struct, kw_only=True):
+    tools: list[Any] = []
+    """Tool instances, registered before every other tool."""
+    retrieval: dict[str, Any] = {}
+    """The ``retrieval.knowledge_base`` part of get_session_capabilities."""
+
+
+NO_KNOWLEDGE = KnowledgeOffer(retrieval={"enabled": False})
+
+
+class KnowledgeSource(Protocol):
+    async def offer(self, session: SessionV2 | None) -> KnowledgeOffer: ...
+
+
+class KnowledgeSearch(Tool):
+    name = "knowledge_search"
+    source = "knowledge"
+    default_policy = "auto"
+    parameters = obj(
+        {
+            "query": {
+                "type": "string", "minLength": 1, "maxLength": 2000,
+                "description": "What to look for (words or a question; Chinese and English both work).",
+            },
+            "limit": {"type": "integer", "minimum": 1, "maximum": MAX_TOOL_RESULTS},
+        },
+        ["query"],
+    )
+
+    def __init__(self, search: Search, kb_ids: list[str], names: list[str]) -> None:
+        self._search = search
+        self._kb_ids = kb_ids
+        shown = ", ".join(names[:8]) + (" ..." if len(names) > 8 else "")
+        self.description = (
+            f"Search the user's knowledge bases ({shown}) for passages about a topic. Use it when the "
+            "passages already given for the latest message do not answer it. Returns passages with "
+            "citation markers such as [7]; cite what you use with those markers."
+        )
+
+    async def run(self, args: dict[str, Any], ctx: ToolContext) -> ToolOutput:
+        query = str(args["query"]).strip()
+        if not query:
+            raise ToolError("query must not be empty")
+        limit = int(args.get("limit", MAX_TOOL_RESULTS))
+        text, citations = await self._search(ctx.session, self._kb_ids, query, limit)
+        return ToolOutput(text=text, citations=citations)

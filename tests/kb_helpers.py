@@ -1,0 +1,124 @@
+"""Shared steps of the knowledge-base tests: the loopback embeddings server, a provider on
+it, documents (a PDF with real pages), and waiting for indexing to end."""
+
+from __future__ import annotations
+
+import sys
+from collections.abc import AsyncIterator
+from contextlib import asynccontextmanager
+from pathlib import Path
+from typing import Any
+
+import anyio
+import httpx2
+
+from sidecar_proc import SidecarProcess
+
+ROOT = Path(__file__).resolve().parent.parent
+SERVER = ROOT / "fixtures" / "embedding_server.py"
+DIMS = 16
+
+
+def concept(i: int, dims: int = DIMS) -> list[float]:
+    """A unit vector along axis ``i`` (a "concept" rules can share)."""
+    return [1.0 if j == i else 0.0 for j in range(dims)]
+
+
+class EmbeddingServer:
+    def __init__(self, port: int) -> None:
+        self.port = port
+        self.root = f"http://127.0.0.1:{port}"
+        self.base_url = f"{self.root}/v1"
+
+    async def config(self, **fields: Any) -> None:
+        async with httpx2.AsyncClient() as client:
+            (await client.post(f"{self.root}/_config", json=fields)).raise_for_status()
+
+    async def stats(self) -> dict[str, Any]:
+        async with httpx2.AsyncClient() as client:
+            r = await client.get(f"{self.root}/_stats")
+            r.raise_for_status()
+            return r.json()
+
+    async def requests(self) -> list[dict[str, Any]]:
+        async with httpx2.AsyncClient() as client:
+            r = await client.get(f"{self.root}/_requests")
+            r.raise_for_status()
+            return r.json()
+
+
+@asynccontextmanager
+async def embedding_server() -> AsyncIterator[EmbeddingServer]:
+    process = await anyio.open_process([sys.executable, str(SERVER), "--port", "0"])
+    try:
+        assert process.stdout is not None
+        with anyio.fail_after(10):
+            line = b""
+            while not line.endswith(b"\n"):
+                line += await process.stdout.receive(64)
+        yield EmbeddingServer(int(line.split()[1]))
+    finally:
+        with anyio.CancelScope(shield=True):
+            process.kill()
+            with anyio.move_on_after(5):
+                await process.wait()
+            await process.aclose()
+
+
+async def embedding_provider(proc: SidecarProcess, server: EmbeddingServer, *, kind: str = "openai-compat",
+                             name: str = "Embeddings") -> dict[str, Any]:
+    base = server.base_url if kind == "openai-compat" else server.root
+    return await proc.call("provider:upsert", {
+        "name": name, "type": kind, "baseUrl": base, "apiKey": "sk-embed-SECRET",
+        "models": [{"id": "embed-1", "contextWindow": 8192}, {"id": "embed-2"}],
+    })
+
+
+async def wait_indexed(proc: SidecarProcess, doc_id: str, timeout: float = 30) -> dict[str, Any]:
+    """The document once it is no longer pending/indexing (bounded polling of kb:document:get)."""
+    with anyio.fail_after(timeout):
+        while True:
+            detail = await proc.call("kb:document:get", {"id": doc_id})
+            if detail["document"]["status"] not in ("pending", "indexing"):
+                return detail["document"]
+            await anyio.sleep(0.05)
+
+
+async def progress_end(proc: SidecarProcess, token: str, timeout: float = 30) -> list[dict[str, Any]]:
+    """Every sidecar:progress of ``token`` up to the one with done == total."""
+    _, last = await proc.wait_for(
+        lambda m: isinstance(m, dict) and m.get("method") == "sidecar:progress"
+        and m["params"]["token"] == token and m["params"]["done"] == m["params"]["total"],
+        timeout=timeout,
+    )
+    return [p for p in proc.notifications("sidecar:progress") if p["token"] == token]
+
+
+def pdf_bytes(pages: list[list[str]]) -> bytes:
+    """A PDF with one page per entry, each with a text layer of those lines (stdlib only)."""
+    objects: list[bytes] = [b"<< /Type /Catalog /Pages 2 0 R >>", b""]
+    kids = []
+    font = 3 + 2 * len(pages)
+    for number, lines in enumerate(pages):
+        page_obj, content_obj = 3 + 2 * number, 4 + 2 * number
+        kids.append(f"{page_obj} 0 R".encode())
+        text = "BT /F1 12 Tf 72 720 Td " + " 0 -16 Td ".join(f"({line}) Tj" for line in lines) + " ET"
+        stream = text.encode("latin-1")
+        objects.append(
+            b"<< /Type /Page /Parent 2 0 R /MediaBox [0 0 612 792] /Contents %d 0 R"
+            b" /Resources << /Font << /F1 %d 0 R >> >> >>" % (content_obj, font)
+        )
+        objects.append(b"<< /Length %d >>\nstream\n" % len(stream) + stream + b"\nendstream")
+    objects[1] = b"<< /Type /Pages /Kids [" + b" ".join(kids) + b"] /Count %d >>" % len(pages)
+    objects.append(b"<< /Type /Font /Subtype /Type1 /BaseFont /Helvetica >>")
+    out = bytearray(b"%PDF-1.4\n")
+    offsets = []
+    for number, body in enumerate(objects, start=1):
+        offsets.append(len(out))
+        out += b"%d 0 obj\n" % number + body + b"\nendobj\n"
+    xref = len(out)
+    out += b"xref\n0 %d\n0000000000 65535 f \n" % (len(objects) + 1)
+    for offset in offsets:
+        out += b"%010d 00000 n \n" % offset
+    out += b"trailer\n<< /Size %d /Root 1 0 R >>\nstartxref\n%d\n%%%%EOF\n" % (len(objects) + 1, xref)
+    return bytes(out)
