@@ -4,7 +4,8 @@ Everything the Electron/Tauri side sends or receives is declared here, one modul
 domain: the stored shapes (``types``: SessionV2, MessageV2, ContentPart), the streaming
 events (``events``: ChatStreamEvent), the error codes (``errors``), and the params/result
 of every method with the domain's part of the method table (``lifecycle``, ``sessions``,
-``messages``, ``chat``, ``providers``, ``settings``, ``tools``, ``mcp``, ``context``).
+``messages``, ``chat``, ``providers``, ``settings``, ``tools``, ``mcp``, ``context``, ``sync``;
+``progress`` holds the ``sidecar:progress`` convention).
 ``methods`` joins the parts into one table (METHODS) mapping each method name to its types.
 
 Field names are snake_case in Python and camelCase on the wire (``rename="camel"``).
@@ -13,6 +14,7 @@ This package imports nothing from ``sidecar``; generated copies of it live in
 """
 
 from protocol import chat, common, context, lifecycle, mcp, messages, providers, sessions, settings, tools
+from protocol import progress, sync
 from protocol.errors import ErrorCode
 from protocol.events import *  # noqa: F401,F403
 from protocol.events import __all__ as _events_all
@@ -22,7 +24,7 @@ from protocol.types import __all__ as _types_all
 
 PROTOCOL_VERSION = 1
 
-_DOMAINS = (common, lifecycle, sessions, messages, chat, providers, settings, tools, mcp, context)
+_DOMAINS = (common, lifecycle, sessions, messages, chat, providers, settings, tools, mcp, context, progress, sync)
 for _domain in _DOMAINS:
     globals().update({name: getattr(_domain, name) for name in _domain.__all__})
 

@@ -9,11 +9,12 @@ domain adds its module to ``_DOMAIN_TABLES``.
 from __future__ import annotations
 
 from protocol import chat, context, lifecycle, mcp, messages, providers, sessions, settings, tools
+from protocol import progress, sync
 from protocol.common import CancelRequestParams, MethodSpec
 from protocol.events import ChatStreamEvent
 from protocol.types import SessionV2
 
-_DOMAIN_TABLES = (lifecycle, sessions, messages, chat, providers, settings, tools, mcp, context)
+_DOMAIN_TABLES = (lifecycle, sessions, messages, chat, providers, settings, tools, mcp, context, sync)
 
 METHODS: dict[str, MethodSpec] = {}
 for _domain in _DOMAIN_TABLES:
@@ -33,3 +34,5 @@ NOTIFICATIONS: dict[str, MethodSpec] = {
         CancelRequestParams, None, "Cancel an in-flight request (LSP convention).",
     ),
 }
+NOTIFICATIONS.update(progress.NOTIFICATIONS)
+NOTIFICATIONS.update(sync.NOTIFICATIONS)

@@ -26,6 +26,8 @@ Attributes:
               tool:audit:list, tool:pending:list; also the ACP permission flow.
     tools:    ToolService (sidecar/tools/service.py): tool:list, tool:settings:*.
     mcp:      McpManager (sidecar/tools/mcp.py): mcp:server:*; its servers stop on exit.
+    sync:     SyncService (sidecar/sync/service.py): server:*, sync:*, server:conversation:*;
+              its periodic task stops on exit.
     (later)   chat, ... attached by the services that own them.
 """
 
@@ -82,6 +84,7 @@ async def open_app(config: Config, notify: Notify) -> AsyncIterator[App]:
         app.sessions = SessionService(app.store, notify)
         await _open_chat(app, stack)
         _open_context(app)
+        await _open_sync(app, stack)
         yield app
 
 
@@ -101,6 +104,7 @@ _SERVICE_MODULES = (
     "sidecar.engine.context",
     "sidecar.pipeline.builder",
     "sidecar.store.assistants",
+    "sidecar.sync.service",
 )
 
 
@@ -233,3 +237,39 @@ def _open_context(app: App) -> None:
     )
     app.assistants = AssistantService(AssistantRepo.of(app.store.sync))
     app.context = ContextService(app.store, builder)
+
+
+async def _open_sync(app: App, stack: AsyncExitStack) -> None:
+    """Qiming server sync: the account, sync runs, the periodic task (its own task group,
+    cancelled first on exit), the server conversation calls.
+
+    A session the sync deletes (deleted on the server, unchanged here) goes through the
+    same on_delete hooks as ``chat:session:delete`` (its generation and ACP session stop).
+    """
+    import anyio
+
+    from sidecar.store.sync import SyncRepo
+    from sidecar.sync.service import SyncService
+
+    async def before_delete(session_id: str) -> Any:
+        done: list[Any] = []
+        for hook in list(app.sessions.on_delete):
+            after = await hook(session_id)
+            if after is not None:
+                done.append(after)
+
+        def finished() -> None:
+            for after in done:
+                after()
+
+        return finished
+
+    app.sync = SyncService(
+        SyncRepo.of(app.store.sync), app.notify, get_setting=app.store.get_setting,
+        set_setting=app.store.set_setting, before_delete=before_delete,
+    )
+    await app.sync.load()
+    stack.push_async_callback(app.sync.aclose)
+    group = await stack.enter_async_context(anyio.create_task_group())
+    stack.callback(group.cancel_scope.cancel)  # unwound before the group waits for its task
+    app.sync.start(group)

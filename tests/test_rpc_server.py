@@ -11,7 +11,7 @@ import anyio
 import pytest
 
 import sidecar
-from protocol import METHODS, PROTOCOL_VERSION, ErrorCode, IdParams, InitializeParams, SessionV2
+from protocol import METHODS, NOTIFICATIONS, PROTOCOL_VERSION, ErrorCode, IdParams, InitializeParams, SessionV2
 from sidecar.app import App
 from sidecar.config import Config, build_config
 from sidecar.errors import InvalidParams, RemoteError
@@ -137,7 +137,10 @@ async def test_serve_initialize_not_implemented_and_shutdown(tmp_path: Path) -> 
                 assert result["serverInfo"] == {"name": sidecar.SERVER_NAME, "version": sidecar.__version__}
                 assert result["capabilities"]["methods"] == sorted(METHODS)
                 assert set(result["capabilities"]["implemented"]) >= set(LIFECYCLE_METHODS)
-                assert result["capabilities"]["notifications"] == ["chat:session:updated", "chat:stream"]
+                assert result["capabilities"]["notifications"] == sorted(
+                    n for n, spec in NOTIFICATIONS.items() if spec.direction == "server->client"
+                )
+                assert {"chat:session:updated", "chat:stream"} <= set(result["capabilities"]["notifications"])
                 assert result["capabilities"]["maxLineBytes"] == 65536
                 assert result["dataDir"] == str(tmp_path / "data") and (tmp_path / "data").is_dir()
 

@@ -134,15 +134,16 @@ def test_migration_backfills_tags_and_search_for_old_rows(tmp_path: Path, monkey
 
 
 def test_the_search_date_copy_is_filled_on_every_kind_of_insert(tmp_path: Path) -> None:
-    # A database from before migration 12 (11 migrations), one indexed message in it.
-    good = len(migrations.MIGRATIONS)
+    # A database from before migration 12 (11 migrations), one indexed message in it; the
+    # migrations after 12 run again too (each re-runs harmlessly).
+    before_12 = migrations.MIGRATIONS.index(migrations.m012_search_docs_created_at)
     store = Store(tmp_path)
     sid = store.create_session(CreateSessionOptions(title="s")).id
     old = store.append_message(sid, role="user", text_content="dated words")
     store.close()
     conn = apsw.Connection(str(tmp_path / "chat.db"))
     conn.execute("DROP TRIGGER search_docs_created_at; ALTER TABLE search_docs DROP COLUMN created_at;"
-                 f" PRAGMA user_version = {good - 1}")
+                 f" PRAGMA user_version = {before_12}")
     conn.close()
     store = Store(tmp_path)  # migration 12 again: backfill + trigger
     try:

@@ -49,9 +49,11 @@ export type InjectionRole = "assistant" | "system" | "user";
 export type McpTransport = "http" | "stdio";
 export type MessageRole = "assistant" | "system" | "tool" | "user";
 export type MessageStatus = "aborted" | "completed" | "error" | "paused" | "pending" | "streaming";
+export type ProgressKind = "begin" | "end" | "report";
 export type ProviderKind = "acp-engine" | "anthropic" | "ollama" | "openai-compat";
 export type ReasoningLevel = "auto" | "high" | "low" | "max" | "medium" | "off";
 export type RegexScope = "assistant" | "both" | "user";
+export type ServerState = "auth_required" | "logged_out" | "ok" | "unconfigured";
 export type SessionMode = "acp" | "direct";
 export type SessionSortBy = "created_at" | "last_message_at" | "updated_at";
 export type ToolDecision = "answered" | "approved" | "denied";
@@ -252,6 +254,11 @@ export interface ContextUpdateParams {
   assistantId?: string | null;
   /** "" goes back to the profile's strategy. */
   truncationStrategy?: TruncationStrategy | "" | null;
+}
+
+export interface ConversationRef {
+  sessionId?: string | null;
+  conversationId?: number | null;
 }
 
 /** Params of ``chat:session:create``; omitted provider/model use the configured default. */
@@ -502,6 +509,14 @@ export interface NameParams {
   name: string;
 }
 
+/** Messages of a session that stay on this device only (the server cannot take them). */
+export interface NotPushed {
+  sessionId: string;
+  conversationId?: number | null;
+  messages: number;
+  reason: string;
+}
+
 /**
  * Something the user should know about this reply that is not an error (it goes on).
  *
@@ -536,6 +551,14 @@ export interface PendingToolCall {
   source?: string;
   options?: ToolApprovalOption[] | null;
   createdAt: number;
+}
+
+export interface ProgressParams {
+  token: string | number;
+  kind: ProgressKind;
+  done?: number;
+  total?: number | null;
+  message?: string | null;
 }
 
 /** A "mode": text injected into every request while it is enabled. */
@@ -684,9 +707,111 @@ export interface ServerCapabilities {
   maxLineBytes: number;
 }
 
+/** ``server:configure``: a token, or a username (phone or e-mail) and password to log in with. */
+export interface ServerConfigureParams {
+  /** ``https://host[:port]``; the API is under ``/api``. */
+  serviceUrl: string;
+  token?: string | null;
+  username?: string | null;
+  /** Used once to log in; never stored. */
+  password?: string | null;
+  /** The server agent new local sessions are pushed to (without it they are not pushed). */
+  agentId?: number | null;
+  /**
+   * The server accepts the seed's ``/create {agentId, title, messages}`` (the real one
+   * takes no messages: leave this off unless the server documents it).
+   */
+  messagesOnCreate?: boolean;
+  /** Per call: connecting, and each wait for the answer (1000..600000). */
+  requestTimeoutMs?: number;
+  /** Sent as ``x-tenant-id`` for servers that cannot tell the tenant from the host name. */
+  tenantId?: number | null;
+}
+
+export interface ServerConversation {
+  id: number;
+  agentId?: number | null;
+  topic?: string | null;
+  summary?: string | null;
+  type?: string | null;
+  taskStatus?: string | null;
+  topicUpdated?: number | null;
+  sandboxServerId?: string | null;
+  sandboxSessionId?: string | null;
+  created?: number | null;
+  modified?: number | null;
+  /** The local session linked to it, if any. */
+  sessionId?: string | null;
+}
+
+export interface ServerConversationDeleteParams {
+  sessionId?: string | null;
+  conversationId?: number | null;
+  /**
+   * Also delete the linked session; otherwise it stays on this device, unlinked (it is not
+   * pushed again).
+   */
+  deleteLocal?: boolean;
+}
+
+export interface ServerConversationShareParams {
+  sessionId?: string | null;
+  conversationId?: number | null;
+  type?: "CONVERSATION" | "DESKTOP" | "MESSAGE";
+  expireSeconds?: number | null;
+  content?: string | null;
+}
+
+/**
+ * Set the topic, or let the server make one from ``firstMessage``; the linked session's
+ * title follows.
+ */
+export interface ServerConversationUpdateParams {
+  sessionId?: string | null;
+  conversationId?: number | null;
+  topic?: string | null;
+  firstMessage?: string | null;
+}
+
 export interface ServerInfo {
   name: string;
   version: string;
+}
+
+export interface ServerShare {
+  shareKey: string;
+  id?: number | null;
+  type?: string | null;
+  targetId?: string | null;
+  expire?: number | null;
+  created?: number | null;
+}
+
+export interface ServerStatus {
+  configured: boolean;
+  serviceUrl?: string | null;
+  state?: ServerState;
+  /** None when it was not checked (not configured, or logged out). */
+  reachable?: boolean | null;
+  /** Why it is unreachable or needs a login. */
+  message?: string | null;
+  user?: ServerUser | null;
+  tokenExpiresAt?: number | null;
+  agentId?: number | null;
+  messagesOnCreate?: boolean;
+  syncing?: boolean;
+  lastSyncAt?: number | null;
+  lastResult?: SyncResult | null;
+}
+
+export interface ServerUser {
+  id?: number | null;
+  uid?: string | null;
+  userName?: string | null;
+  nickName?: string | null;
+  email?: string | null;
+  phone?: string | null;
+  avatar?: string | null;
 }
 
 export interface SessionContextInfo {
@@ -860,6 +985,85 @@ export interface Struct {
 
 export interface SuccessResult {
   success?: boolean;
+}
+
+/** Something both sides changed: what was decided (nothing is dropped silently). */
+export interface SyncConflict {
+  kind: "branches" | "deleted_locally" | "deleted_on_server" | "metadata";
+  sessionId?: string | null;
+  conversationId?: number | null;
+  /** For ``metadata``: ``title``. */
+  field?: string | null;
+  /** ``both``: kept side by side (branches; a conversation kept on the side that changed). */
+  winner: "both" | "local" | "server";
+  localValue?: string | null;
+  serverValue?: string | null;
+  message: string;
+}
+
+/** One thing a run could not do; the next run tries again. */
+export interface SyncIssue {
+  phase: "delete" | "list" | "probe" | "pull" | "push";
+  /**
+   * ``network``, ``timeout``, ``http``, ``malformed``, ``envelope``, ``auth_required``,
+   * ``not_found``, ``no_agent``, ``store``.
+   */
+  kind: string;
+  message: string;
+  sessionId?: string | null;
+  conversationId?: number | null;
+  status?: number | null;
+  /** The server's envelope code. */
+  code?: string | null;
+  retryable?: boolean;
+}
+
+export interface SyncParams {
+  /** Only conversations with this server agent (``/list {agentId}``). */
+  agentId?: number | null;
+  progressToken?: string | number | null;
+}
+
+export interface SyncPushParams {
+  progressToken?: string | number | null;
+}
+
+export interface SyncResult {
+  /** Conversations imported or updated from the server. */
+  pulled?: number;
+  /** Sessions created or updated on the server. */
+  pushed?: number;
+  /** Deletions carried over (server -> local and local -> server). */
+  deleted?: number;
+  messagesPulled?: number;
+  messagesPushed?: number;
+  conflicts?: SyncConflict[];
+  errors?: SyncIssue[];
+  notPushed?: NotPushed[];
+  /** False when the run stopped early (auth expired, the list could not be read). */
+  complete?: boolean;
+  startedAt?: number;
+  finishedAt?: number;
+}
+
+export interface SyncSettings {
+  /** Run ``sync:run`` every ``intervalMinutes`` while an account is configured and logged in. */
+  autoSync?: boolean;
+  intervalMinutes?: number;
+  /** ``/list`` page size (``limit``; the server's own default is 100). */
+  listPageSize?: number;
+  /** ``/message/list`` page size (``size``; the server's own default is 20). */
+  messagePageSize?: number;
+}
+
+export interface SyncSettingsUpdate {
+  autoSync?: boolean | null;
+  /** 1..1440. */
+  intervalMinutes?: number | null;
+  /** 1..1000. */
+  listPageSize?: number | null;
+  /** 1..1000. */
+  messagePageSize?: number | null;
 }
 
 export interface TemplateOptions {
@@ -1213,6 +1417,18 @@ export interface Methods {
   "provider:setDefault": { params: ProviderSetDefaultParams; result: SuccessResult };
   /** Create or replace a provider and its models. */
   "provider:upsert": { params: ProviderUpsertParams; result: ProviderInfo };
+  /** Set the Qiming server account (token, or log in). */
+  "server:configure": { params: ServerConfigureParams; result: ServerStatus };
+  /** Delete a server conversation. */
+  "server:conversation:delete": { params: ServerConversationDeleteParams; result: SuccessResult };
+  /** Share a server conversation; returns the share key. */
+  "server:conversation:share": { params: ServerConversationShareParams; result: ServerShare };
+  /** Set a server conversation's topic. */
+  "server:conversation:update": { params: ServerConversationUpdateParams; result: ServerConversation };
+  /** Forget the token (links and data stay). */
+  "server:logout": { params: EmptyParams; result: SuccessResult };
+  /** Account, reachability, token expiry, last sync. */
+  "server:status": { params: EmptyParams; result: ServerStatus };
   /** Engine settings. */
   "settings:get": { params: EmptyParams; result: ChatSettings };
   /** Change engine settings. */
@@ -1221,6 +1437,16 @@ export interface Methods {
   "sidecar:initialize": { params: InitializeParams; result: InitializeResult };
   /** Finish running work, answer, then exit 0. */
   "sidecar:shutdown": { params: EmptyParams; result: SuccessResult };
+  /** Import new and changed server conversations. */
+  "sync:pull": { params: SyncParams; result: SyncResult };
+  /** Send sessions created or changed here to the server. */
+  "sync:push": { params: SyncPushParams; result: SyncResult };
+  /** Pull, then push. */
+  "sync:run": { params: SyncParams; result: SyncResult };
+  /** Sync settings. */
+  "sync:settings:get": { params: EmptyParams; result: SyncSettings };
+  /** Change sync settings. */
+  "sync:settings:update": { params: SyncSettingsUpdate; result: SyncSettings };
   /** The audit trail of tool-call decisions, newest first. */
   "tool:audit:list": { params: ToolAuditListParams; result: ToolAuditEntry[] };
   /** The tools a session's model is offered. */
@@ -1246,5 +1472,9 @@ export interface Notifications {
   "chat:session:updated": { params: SessionV2; direction: "server->client" };
   /** One streaming event of a reply. */
   "chat:stream": { params: ChatStreamEvent; direction: "server->client" };
+  /** The server account's state changed (auth required, a sync finished). */
+  "server:status:updated": { params: ServerStatus; direction: "server->client" };
+  /** Progress of a long request, under the caller's progressToken. */
+  "sidecar:progress": { params: ProgressParams; direction: "server->client" };
 }
 export type NotificationName = keyof Notifications;

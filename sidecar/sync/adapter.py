@@ -1,0 +1,535 @@
+"""ConversationSyncAdapter: pull and push between the local store and a Qiming server (seed 004 section 7.1).
+
+Pull (``pull``):
+1. Walk ``/list`` with ``lastId``. The server filters ``id < lastId`` but orders by
+   ``modified``, so pages overlap (deduplicated by id) and can skip rows; the cursor is the
+   last row of each page (as the server's own web UI pages), which skips the fewest, and
+   the walk ends on a short page. Rows it can skip are conversations whose ``modified`` is
+   older than the page they fall behind: the step 3 probe finds every linked one of those.
+2. For each listed conversation: new here -> fetch all its messages and import them; linked
+   and ``modified`` newer than the link's -> fetch the messages newer than the newest
+   imported (and from the oldest one that was unfinished) and merge them; tombstoned ->
+   skipped (nothing deleted elsewhere comes back); deleted here but changed on the server
+   since -> re-imported and reported; deleted here and unchanged -> left to push.
+3. When the walk completed, every linked conversation it did not list is probed with
+   ``POST /{id}``: "Conversation not found" is a deletion on the server (the local copy
+   goes with it if it did not change here, else it is kept and reported); a conversation
+   that still exists is treated as listed.
+Messages are fetched with ``index`` paging until an empty page (the server drops SYSTEM rows
+after its LIMIT, so a short page does not mean the end). Fetch and import run in
+WORKERS tasks; each conversation is imported in one transaction (see
+sidecar/store/sync.py), so an interrupted pull leaves whole conversations or nothing,
+and pulling again changes nothing that did not change on the server.
+
+Titles: the server's topic and the local title are compared with what both were at the
+last sync; when both changed, the newer side (session ``updatedAt`` against conversation
+``modified``) wins and the other value is reported as a metadata conflict. Pin, archive
+and folder have no server field (ConversationDto carries none), so they stay local and
+never conflict.
+
+Push (``push``): sessions created here (with messages, no open reply) get ``/create
+{agentId}`` then ``/update {id, topic, firstMessage}`` (only then do they show in
+``/list``); the link is recorded between the two calls, so a crash never creates a
+second conversation. Changed titles go out with ``/update``. Messages: the real
+``/create`` takes none, so every session with messages only here is listed in
+``notPushed``; with ``messagesOnCreate`` the active branch is sent with ``/create`` and
+read back with ``/message/list``, and only the messages the server returned are marked as
+synced. Local deletions of linked sessions are sent with ``/delete/{id}`` unless the
+conversation changed on the server since (then it is kept there and reported). A link is
+marked synced only after the server answered.
+
+Any AuthRequired stops the run at once (no further request); other failures are reported
+per conversation or session and the run goes on.
+"""
+
+from __future__ import annotations
+
+import logging
+from collections.abc import Awaitable, Callable
+
+import anyio
+import msgspec
+
+from protocol.sync import NotPushed, SyncConflict
+from protocol.types import MessageV2, SessionV2
+from sidecar.errors import StoreError
+from sidecar.store.ids import new_id, now_ms
+from sidecar.store.sync import PulledMessage, PushCandidate, SyncLink, SyncRepo
+from sidecar.sync.errors import AuthRequired, ConversationGone, QimingError, ServerMalformed
+from sidecar.sync.mapping import ServerMessage, conversation_title, normalize_messages, to_message
+from sidecar.sync.run import RunContext
+from sidecar.sync.wire import ChatMessageDto, ConversationDto, to_int, to_ms
+
+__all__ = ["ConversationSyncAdapter", "WORKERS", "MAX_LIST_PAGES", "NO_MESSAGE_IMPORT"]
+
+log = logging.getLogger(__name__)
+
+WORKERS = 4
+"""Conversations fetched and imported at the same time."""
+MAX_LIST_PAGES = 100_000
+MAX_MESSAGE_PAGES = 100_000
+NO_MESSAGE_IMPORT = (
+    "the server's /create takes no messages (there is no API to import them): they stay on this device"
+)
+NO_APPEND = "the server takes messages only when a conversation is created: these stay on this device"
+
+DeleteHooks = Callable[[str], Awaitable[Callable[[], None]]]
+"""Run before the sync deletes a local session (stops its work); returns the after-hook."""
+
+
+class _Job(msgspec.Struct, kw_only=True):
+    kind: str
+    """``new`` | ``update`` | ``reimport`` | ``probe``."""
+    conversation_id: int
+    dto: ConversationDto | None = None
+    link: SyncLink | None = None
+
+
+class ConversationSyncAdapter:
+    def __init__(self, repo: SyncRepo, *, before_delete: DeleteHooks) -> None:
+        self.repo = repo
+        self.before_delete = before_delete
+
+    # ==== pull ==========================================================================
+
+    async def pull(self, ctx: RunContext, agent_id: int | None) -> None:
+        key = ctx.account.account_key
+        listed, complete = await self._walk_list(ctx, agent_id)
+        links = await ctx.db(self.repo.links, key)
+        jobs: list[_Job] = []
+        for cid, dto in listed.items():
+            job = self._plan(ctx, cid, dto, links.get(cid))
+            if job is not None:
+                jobs.append(job)
+        if complete:
+            for cid, link in links.items():
+                if cid in listed or link.state != "linked":
+                    continue
+                if agent_id is not None and link.agent_id != agent_id:
+                    continue
+                jobs.append(_Job(kind="probe", conversation_id=cid, link=link))
+        ctx.done, ctx.total = 0, len(jobs)
+        await ctx.report(f"{len(listed)} conversations listed, {len(jobs)} to fetch", force=True)
+        await self._run_jobs(ctx, jobs)
+
+    async def _walk_list(self, ctx: RunContext, agent_id: int | None) -> tuple[dict[int, ConversationDto], bool]:
+        size = ctx.settings.list_page_size
+        listed: dict[int, ConversationDto] = {}
+        last_id: int | None = None
+        for _ in range(MAX_LIST_PAGES):
+            try:
+                page = await ctx.client.list_conversations(agent_id=agent_id, last_id=last_id, limit=size)
+            except AuthRequired:
+                raise
+            except QimingError as exc:
+                ctx.issue("list", exc)
+                ctx.result.complete = False
+                return listed, False
+            ids: list[int] = []
+            for dto in page:
+                cid = to_int(dto.id)
+                if cid is None:
+                    continue
+                ids.append(cid)
+                listed.setdefault(cid, dto)
+            await ctx.report(f"listing conversations: {len(listed)}")
+            if len(page) < size:
+                return listed, True
+            cursor = to_int(page[-1].id)
+            if cursor is None:
+                cursor = min(ids) if ids else None
+            if cursor is None or (last_id is not None and cursor >= last_id):
+                ctx.note("list", "malformed", "the server's /list does not move past lastId; stopped listing")
+                ctx.result.complete = False
+                return listed, False
+            last_id = cursor
+        ctx.note("list", "malformed", f"more than {MAX_LIST_PAGES} pages of conversations; stopped listing")
+        ctx.result.complete = False
+        return listed, False
+
+    def _plan(self, ctx: RunContext, cid: int, dto: ConversationDto, link: SyncLink | None) -> _Job | None:
+        if link is None:
+            return _Job(kind="new", conversation_id=cid, dto=dto)
+        if link.state != "linked":
+            return None  # tombstoned or being created by a push
+        modified = to_ms(dto.modified)
+        newer = link.server_modified is None or (modified is not None and modified > link.server_modified)
+        topic_moved = dto.topic is not None and conversation_title(dto) != link.server_topic
+        if not link.session_exists:
+            if newer:
+                ctx.conflict(SyncConflict(
+                    kind="deleted_locally", session_id=link.session_id, conversation_id=cid, winner="server",
+                    message=f"conversation {cid} was deleted here but changed on the server since: restored",
+                ))
+                return _Job(kind="reimport", conversation_id=cid, dto=dto, link=link)
+            return None
+        if newer or topic_moved:
+            return _Job(kind="update", conversation_id=cid, dto=dto, link=link)
+        return None
+
+    async def _run_jobs(self, ctx: RunContext, jobs: list[_Job]) -> None:
+        if not jobs:
+            return
+        failed: list[AuthRequired] = []
+        send, receive = anyio.create_memory_object_stream[_Job](0)
+
+        async def worker(stream: anyio.abc.ObjectReceiveStream[_Job], scope: anyio.CancelScope) -> None:
+            async with stream:
+                async for job in stream:
+                    try:
+                        await self._do(ctx, job)
+                    except AuthRequired as exc:
+                        failed.append(exc)
+                        scope.cancel()
+                        return
+                    ctx.done += 1
+                    await ctx.report(f"{ctx.done} of {ctx.total} conversations")
+
+        async with anyio.create_task_group() as tg:
+            for _ in range(min(WORKERS, len(jobs))):
+                tg.start_soon(worker, receive.clone(), tg.cancel_scope)
+            receive.close()
+            async with send:
+                for job in jobs:
+                    await send.send(job)
+        if failed:
+            raise failed[0]
+
+    async def _do(self, ctx: RunContext, job: _Job) -> None:
+        cid = job.conversation_id
+        try:
+            if job.kind == "probe":
+                await self._probe(ctx, job)
+            elif job.kind == "update":
+                await self._update(ctx, job)
+            else:
+                await self._import_new(ctx, job)
+        except AuthRequired:
+            raise
+        except ConversationGone as exc:
+            session_id = job.link.session_id if job.link else None
+            ctx.issue("pull", ConversationGone(
+                f"conversation {cid} vanished between the list and its messages ({exc.message})",
+                server_code=exc.server_code,
+            ), conversation_id=cid, session_id=session_id)
+        except (QimingError, StoreError) as exc:
+            ctx.issue("pull", exc, conversation_id=cid, session_id=job.link.session_id if job.link else None)
+
+    async def _fetch(self, ctx: RunContext, cid: int, stop_at: int | None) -> list[ChatMessageDto]:
+        """Messages newest first by ``index`` pages until an empty page, or a page that
+        reaches ``stop_at`` (an index already held)."""
+        size = ctx.settings.message_page_size
+        out: list[ChatMessageDto] = []
+        index: int | None = None
+        for _ in range(MAX_MESSAGE_PAGES):
+            page = await ctx.client.list_messages(cid, index=index, size=size)
+            indexes = [i for i in (to_int(m.index) for m in page) if i is not None]
+            out.extend(page)
+            if not indexes:
+                return out
+            first = min(indexes)
+            if stop_at is not None and first <= stop_at:
+                return out
+            if index is not None and first >= index:
+                raise ServerMalformed(f"conversation {cid}: /message/list does not move past index {index}")
+            index = first
+        raise ServerMalformed(f"conversation {cid}: more than {MAX_MESSAGE_PAGES} pages of messages")
+
+    async def _import_new(self, ctx: RunContext, job: _Job) -> None:
+        assert job.dto is not None
+        dto = job.dto
+        cid = job.conversation_id
+        now = now_ms()
+        messages = normalize_messages(await self._fetch(ctx, cid, None), to_ms(dto.created) or now)
+        created = to_ms(dto.created) or (messages[0].created_at if messages else now)
+        modified = to_ms(dto.modified)
+        session = SessionV2(
+            id=job.link.session_id if job.link is not None else new_id(),
+            title=conversation_title(dto),
+            summary=dto.summary or None,
+            provider_id="",
+            model_id="",
+            created_at=created,
+            updated_at=min(modified or now, now),
+        )
+        await ctx.db(
+            self.repo.import_new,
+            account_key=ctx.account.account_key, conversation_id=cid, agent_id=to_int(dto.agent_id),
+            session=session, messages=[_pulled(m) for m in messages], server_modified=modified,
+            server_topic=conversation_title(dto) if dto.topic is not None else None,
+            sandbox_session_id=dto.sandbox_session_id, now=now,
+        )
+        ctx.result.pulled += 1
+        ctx.result.messages_pulled += len(messages)
+
+    async def _update(self, ctx: RunContext, job: _Job) -> None:
+        assert job.dto is not None and job.link is not None
+        dto, link = job.dto, job.link
+        cid = job.conversation_id
+        state = await ctx.db(self.repo.session_state, link.session_id)
+        if state is None:
+            return  # deleted here meanwhile: the next run decides
+        session, _ = state
+        modified = to_ms(dto.modified)
+        newer = link.server_modified is None or (modified is not None and modified > link.server_modified)
+        messages: list[ServerMessage] = []
+        if newer:
+            stop_at = link.pulled_index
+            if link.open_index is not None:
+                stop_at = link.open_index - 1 if stop_at is None else min(stop_at, link.open_index - 1)
+            fetched = await self._fetch(ctx, cid, stop_at)
+            messages = normalize_messages(fetched, session.last_message_at or session.created_at)
+            if stop_at is not None:
+                messages = [m for m in messages if m.index > stop_at]
+        server_topic = conversation_title(dto) if dto.topic is not None else link.server_topic
+        apply_title = self._decide_title(ctx, cid, session, link, server_topic, modified)
+        outcome = await ctx.db(
+            self.repo.import_update,
+            account_key=ctx.account.account_key, conversation_id=cid, messages=[_pulled(m) for m in messages],
+            server_modified=modified if modified is not None else link.server_modified,
+            server_topic=server_topic, apply_title=apply_title, expected_title=session.title,
+            sandbox_session_id=dto.sandbox_session_id, now=now_ms(),
+        )
+        if outcome.state != "updated":
+            return
+        if outcome.added or outcome.changed or outcome.title_applied:
+            ctx.result.pulled += 1
+        ctx.result.messages_pulled += outcome.added
+        if outcome.branched:
+            ctx.conflict(SyncConflict(
+                kind="branches", session_id=link.session_id, conversation_id=cid, winner="both",
+                message=f"{outcome.added} new server messages were added as a branch beside this device's messages",
+            ))
+
+    def _decide_title(
+        self, ctx: RunContext, cid: int, session: SessionV2, link: SyncLink, server_topic: str | None,
+        modified: int | None,
+    ) -> str | None:
+        """The title to apply locally (the server's topic), or None to keep the local one."""
+        if server_topic is None:
+            return None
+        server_changed = server_topic != link.server_topic
+        local_changed = session.title != link.local_title
+        if not server_changed or session.title == server_topic:
+            return server_topic if server_changed else None
+        if not local_changed:
+            return server_topic
+        local_wins = modified is None or session.updated_at >= modified
+        ctx.conflict(SyncConflict(
+            kind="metadata", field="title", session_id=session.id, conversation_id=cid,
+            winner="local" if local_wins else "server", local_value=session.title, server_value=server_topic,
+            message=(
+                f"the title changed on both sides; kept the {'local' if local_wins else 'server'} one"
+                f" ({session.title if local_wins else server_topic!r}), the other was "
+                f"{server_topic if local_wins else session.title!r}"
+            ),
+        ))
+        return None if local_wins else server_topic
+
+    async def _probe(self, ctx: RunContext, job: _Job) -> None:
+        assert job.link is not None
+        link = job.link
+        cid = job.conversation_id
+        try:
+            dto = await ctx.client.get_conversation(cid)
+        except ConversationGone:
+            await self._server_deleted(ctx, link)
+            return
+        except AuthRequired:
+            raise
+        except QimingError as exc:
+            ctx.issue("probe", exc, conversation_id=cid, session_id=link.session_id)
+            return
+        follow = self._plan(ctx, cid, dto, link)
+        if follow is not None:
+            await self._do(ctx, follow)
+
+    async def _server_deleted(self, ctx: RunContext, link: SyncLink) -> None:
+        key = ctx.account.account_key
+        after: Callable[[], None] | None = None
+        if link.session_exists:
+            after = await self.before_delete(link.session_id)
+        try:
+            outcome = await ctx.db(self.repo.mark_server_deleted, key, link.conversation_id, now_ms())
+        finally:
+            if after is not None:
+                after()
+        if outcome == "deleted_local":
+            ctx.result.deleted += 1
+        elif outcome == "kept":
+            ctx.conflict(SyncConflict(
+                kind="deleted_on_server", session_id=link.session_id, conversation_id=link.conversation_id,
+                winner="local",
+                message=(
+                    f"conversation {link.conversation_id} was deleted on the server but changed here:"
+                    " kept on this device (it is not pushed back)"
+                ),
+            ))
+
+    # ==== push ==========================================================================
+
+    async def push(self, ctx: RunContext) -> None:
+        candidates = await ctx.db(self.repo.push_candidates, ctx.account.account_key)
+        ctx.done, ctx.total = 0, len(candidates)
+        await ctx.report(f"{len(candidates)} sessions to push", force=True)
+        missing_agent = 0
+        for candidate in candidates:
+            where = {
+                "session_id": candidate.session.id if candidate.session else (candidate.link.session_id if candidate.link else None),
+                "conversation_id": candidate.link.conversation_id if candidate.link else None,
+            }
+            try:
+                if candidate.session is None:
+                    await self._push_deletion(ctx, candidate)
+                elif candidate.link is None:
+                    if ctx.account.agent_id is None:
+                        missing_agent += 1
+                    else:
+                        await self._push_new(ctx, candidate)
+                elif candidate.link.state == "creating":
+                    await self._finish_create(ctx, candidate, candidate.link.conversation_id)
+                else:
+                    await self._push_changes(ctx, candidate)
+            except AuthRequired:
+                raise
+            except (QimingError, StoreError) as exc:
+                ctx.issue("push", exc, **where)
+            ctx.done += 1
+            await ctx.report(f"{ctx.done} of {ctx.total} sessions")
+        if missing_agent:
+            ctx.note(
+                "push", "no_agent",
+                f"{missing_agent} sessions were not pushed: no server agent is configured (server:configure agentId)",
+            )
+
+    async def _push_deletion(self, ctx: RunContext, candidate: PushCandidate) -> None:
+        link = candidate.link
+        assert link is not None
+        key = ctx.account.account_key
+        cid = link.conversation_id
+        try:
+            dto = await ctx.client.get_conversation(cid)
+        except ConversationGone:
+            await ctx.db(self.repo.set_link_state, key, cid, "deleted", now_ms())
+            return
+        modified = to_ms(dto.modified)
+        if link.state == "linked" and link.server_modified is not None and modified is not None \
+                and modified > link.server_modified:
+            ctx.conflict(SyncConflict(
+                kind="deleted_locally", session_id=link.session_id, conversation_id=cid, winner="server",
+                message=f"conversation {cid} was deleted here but changed on the server since: not deleted there",
+            ))
+            return
+        await ctx.client.delete_conversation(cid)
+        await ctx.db(self.repo.set_link_state, key, cid, "deleted", now_ms())
+        ctx.result.deleted += 1
+
+    async def _push_new(self, ctx: RunContext, candidate: PushCandidate) -> None:
+        session = candidate.session
+        assert session is not None and ctx.account.agent_id is not None
+        if ctx.account.messages_on_create:
+            path = await ctx.db(self.repo.active_path, session.id)
+            sent = _pushable(path)
+            created = await ctx.client.create_conversation(
+                ctx.account.agent_id, title=session.title, messages=[(role, text) for _, role, text in sent],
+            )
+        else:
+            created = await ctx.client.create_conversation(ctx.account.agent_id)
+        cid = to_int(created.id)
+        if cid is None:
+            raise ServerMalformed("/create answered without a conversation id")
+        await ctx.db(
+            self.repo.record_creating, account_key=ctx.account.account_key, session_id=session.id,
+            conversation_id=cid, agent_id=ctx.account.agent_id, server_modified=to_ms(created.modified),
+            server_topic=None, now=now_ms(),
+        )
+        await self._finish_create(ctx, candidate, cid)
+
+    async def _finish_create(self, ctx: RunContext, candidate: PushCandidate, cid: int) -> None:
+        session = candidate.session
+        assert session is not None
+        updated = await ctx.client.update_conversation(
+            cid, topic=session.title, first_message=candidate.first_user_text or session.title
+        )
+        if to_int(updated.id) != cid:
+            raise ConversationGone(f"conversation {cid} is gone on the server: its topic could not be set")
+        mapped: list[tuple[str, int, str | None, str]] = []
+        if ctx.account.messages_on_create:
+            path = await ctx.db(self.repo.active_path, session.id)
+            mapped = await self._confirm_messages(ctx, cid, _pushable(path))
+        local_only = candidate.local_only - len(mapped)
+        if local_only > 0:
+            reason = NO_MESSAGE_IMPORT if not ctx.account.messages_on_create else (
+                "the server stored only some of the messages sent with /create (read back with /message/list);"
+                " the others stay on this device"
+            )
+            ctx.not_pushed(NotPushed(session_id=session.id, conversation_id=cid, messages=local_only, reason=reason))
+        await ctx.db(
+            self.repo.mark_pushed, account_key=ctx.account.account_key, conversation_id=cid,
+            session_updated_at=session.updated_at, local_title=session.title,
+            server_topic=conversation_title(updated) if updated.topic is not None else None,
+            server_modified=to_ms(updated.modified), reported_local=max(local_only, 0), mapped=mapped, now=now_ms(),
+        )
+        ctx.result.pushed += 1
+        ctx.result.messages_pushed += len(mapped)
+
+    async def _confirm_messages(
+        self, ctx: RunContext, cid: int, sent: list[tuple[str, str, str]]
+    ) -> list[tuple[str, int, str | None, str]]:
+        """Pair what was sent with what ``/message/list`` shows now (role and text, in order)."""
+        stored = normalize_messages(await self._fetch(ctx, cid, None), now_ms())
+        mapped: list[tuple[str, int, str | None, str]] = []
+        for (message_id, role, text), server in zip(sent, stored, strict=False):
+            if server.role != role or server.text.strip() != text.strip():
+                break
+            mapped.append((message_id, server.index, server.server_id, server.digest))
+        return mapped
+
+    async def _push_changes(self, ctx: RunContext, candidate: PushCandidate) -> None:
+        session, link = candidate.session, candidate.link
+        assert session is not None and link is not None
+        cid = link.conversation_id
+        topic, modified = link.server_topic, None
+        pushed = False
+        if session.title != link.local_title:
+            updated = await ctx.client.update_conversation(cid, topic=session.title)
+            if to_int(updated.id) != cid:
+                # /update answers an empty conversation for one that is not there any more
+                await self._server_deleted(ctx, msgspec.structs.replace(link, session_exists=True))
+                return
+            topic = conversation_title(updated) if updated.topic is not None else session.title
+            modified = to_ms(updated.modified)
+            pushed = True
+        if candidate.local_only > link.reported_local:
+            ctx.not_pushed(NotPushed(
+                session_id=session.id, conversation_id=cid, messages=candidate.local_only,
+                reason=NO_APPEND if ctx.account.messages_on_create else NO_MESSAGE_IMPORT,
+            ))
+        await ctx.db(
+            self.repo.mark_pushed, account_key=ctx.account.account_key, conversation_id=cid,
+            session_updated_at=session.updated_at, local_title=session.title, server_topic=topic,
+            server_modified=modified, reported_local=candidate.local_only, now=now_ms(),
+        )
+        if pushed:
+            ctx.result.pushed += 1
+
+
+def _pulled(m: ServerMessage) -> PulledMessage:
+    # id, session and parent are set by the repository when it stores the message
+    placeholder = to_message(m, message_id="", session_id="", parent_id=None)
+    return PulledMessage(
+        message=placeholder, server_index=m.index, server_id=m.server_id, digest=m.digest, finished=m.finished
+    )
+
+
+def _pushable(path: list[MessageV2]) -> list[tuple[str, str, str]]:
+    """(message id, role, text) of the user and assistant messages of a branch that a
+    server conversation can hold (final, with text)."""
+    out: list[tuple[str, str, str]] = []
+    for m in path:
+        if m.role not in ("user", "assistant") or m.status not in ("completed", "aborted", "error"):
+            continue
+        text = m.text_content or ""
+        if text.strip():
+            out.append((m.id, m.role, text))
+    return out
