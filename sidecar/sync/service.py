@@ -59,6 +59,8 @@ Notify = Callable[[str, Any], Awaitable[None]]
 GetSetting = Callable[[str], Awaitable[str | None]]
 SetSetting = Callable[[str, str | None], Awaitable[None]]
 SETTINGS_KEY = "sync_settings"
+MINUTE_S = 60.0
+"""Seconds per ``intervalMinutes`` unit (a module constant so an in-process test can shorten it)."""
 _settings_json = msgspec.json.Decoder(SyncSettings)
 _encode = msgspec.json.Encoder().encode
 
@@ -183,7 +185,7 @@ class SyncService:
             if not settings.auto_sync:
                 await changed.wait()
                 continue
-            with anyio.move_on_after(settings.interval_minutes * 60):
+            with anyio.move_on_after(settings.interval_minutes * MINUTE_S):
                 await changed.wait()
                 continue
             try:
