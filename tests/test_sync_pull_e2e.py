@@ -39,9 +39,12 @@ async def test_pull_250_conversations_over_3_pages_then_again_nothing_then_an_up
         assert result["errors"] == [] and result["complete"] is True
         assert result["pulled"] == 250 and result["messagesPulled"] == 250 * 30
         log = await server.requests()
-        lists = [r for r in log if r["path"].endswith("/conversation/list")]
-        assert len(lists) == 3 and all(r["body"]["limit"] == 100 for r in lists)
-        assert lists[0]["body"].get("lastId") is None and lists[1]["body"]["lastId"] > lists[2]["body"]["lastId"]
+        lists = [r["body"] for r in log if r["path"].endswith("/conversation/list")]
+        walk = [b for b in lists if b["limit"] == 100]
+        assert len(walk) == 3 and "lastId" not in walk[0] and walk[1]["lastId"] > walk[2]["lastId"]
+        # the pages overlapped (the bumped three came back on every page); the sweep that follows
+        # a walk of full pages (nothing imported yet: no mark to stop at) doubles the limit
+        assert [b["limit"] for b in lists[3:]] == [200, 400] and all("lastId" not in b for b in lists[3:])
         per_conversation: dict[int, int] = {}
         for r in log:
             if r["path"].endswith("/message/list"):
@@ -83,9 +86,12 @@ async def test_pull_250_conversations_over_3_pages_then_again_nothing_then_an_up
         assert hits, "imported messages are searchable (Chinese)"
 
         before = await snapshot(proc)
+        marker = len(await server.requests())
         again = await sync(proc, "sync:pull")
         assert again["pulled"] == 0 and again["messagesPulled"] == 0 and again["errors"] == []
         assert await snapshot(proc) == before, "pulling twice changes nothing"
+        second = [r["body"]["limit"] for r in (await server.requests())[marker:] if r["path"].endswith("/conversation/list")]
+        assert second == [100, 100, 100], "the first page reaches the last pull's mark: no sweep"
 
         # the conversation is updated on the server (another device chatted): only it is re-pulled
         target = server_convs["Topic 100"]
@@ -111,6 +117,34 @@ async def test_pull_250_conversations_over_3_pages_then_again_nothing_then_an_up
         }
         await proc.close()
     proc.assert_all_jsonrpc()
+
+
+async def test_rows_the_lastid_walk_skips_are_found(tmp_path):
+    async with qiming_server() as server, spawn_sidecar(tmp_path) as proc:
+        await proc.call("sidecar:initialize", {})
+        # two batches with the same modified times: ORDER BY modified interleaves their ids,
+        # and the walk's cursor (the last row, from the older batch) jumps over half the newer
+        # batch, which no page of the walk ever shows
+        first = (await server.control("seed", {"count": 100, "messages": 1, "baseTime": 1_700_000_000_000}))["ids"]
+        second = (await server.control("seed", {"count": 100, "messages": 1, "baseTime": 1_700_000_000_000,
+                                                "topicPrefix": "Later"}))["ids"]
+        await configure(proc, server)
+        result = await sync(proc, "sync:pull")
+        assert result["pulled"] == 200 and result["errors"] == []
+        log = [r["body"] for r in await server.requests() if r["path"].endswith("/conversation/list")]
+        walked = [b for b in log if b["limit"] == 100]
+        assert len(walked) == 2, "the walk alone saw 150: two pages"
+        assert {s["title"] for s in await all_sessions(proc)} == {f"Topic {n}" for n in range(100)} | {
+            f"Later {n}" for n in range(100)}
+        assert len(first) == len(second) == 100
+        # a later pull with new conversations: the sweep stops at the mark of the first pull
+        await server.control("seed", {"count": 3, "messages": 1, "topicPrefix": "New"})
+        marker = len(await server.requests())
+        later = await sync(proc, "sync:pull")
+        assert later["pulled"] == 3 and later["errors"] == []
+        limits = [r["body"]["limit"] for r in (await server.requests())[marker:] if r["path"].endswith("/conversation/list")]
+        assert set(limits) == {100}, "the newest page reaches the first pull's mark: no sweep"
+        await proc.close()
 
 
 async def test_statuses_agent_filter_unfinished_replies_and_probes(tmp_path):

@@ -424,6 +424,7 @@ def m_qiming_sync(conn: apsw.Connection) -> None:
           state            TEXT NOT NULL,
           last_sync_at     INTEGER,
           last_result      TEXT,
+          watermarks       TEXT NOT NULL DEFAULT '{}',
           updated_at       INTEGER NOT NULL
         );
         CREATE TABLE IF NOT EXISTS sync_links (

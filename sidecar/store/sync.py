@@ -189,7 +189,9 @@ class SyncRepo:
                 (service_url, account_key, sealed_token, token_expires_at, user, config, now),
             )
             if not same:
-                conn.execute("UPDATE sync_account SET last_sync_at = NULL, last_result = NULL WHERE id = 1")
+                conn.execute(
+                    "UPDATE sync_account SET last_sync_at = NULL, last_result = NULL, watermarks = '{}' WHERE id = 1"
+                )
 
     def set_state(self, state: str, now: int) -> None:
         with self._db.write() as conn:
@@ -202,6 +204,22 @@ class SyncRepo:
                 "UPDATE sync_account SET token = NULL, token_expires_at = NULL, state = 'logged_out',"
                 " updated_at = ? WHERE id = 1",
                 (now,),
+            )
+
+    def watermark(self, scope: str) -> int | None:
+        """The server ``modified`` up to which every conversation of ``scope`` was listed and
+        imported by a complete pull (None: never)."""
+        with self._db.read() as conn:
+            row = conn.execute(
+                "SELECT json_extract(watermarks, '$.' || json_quote(?)) FROM sync_account WHERE id = 1", (scope,)
+            ).fetchone()
+        return None if row is None or row[0] is None else int(row[0])
+
+    def set_watermark(self, scope: str, value: int) -> None:
+        with self._db.write() as conn:
+            conn.execute(
+                "UPDATE sync_account SET watermarks = json_set(watermarks, '$.' || json_quote(?), ?) WHERE id = 1",
+                (scope, value),
             )
 
     def record_sync(self, at: int, result: str) -> None:

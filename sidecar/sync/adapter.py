@@ -2,10 +2,15 @@
 
 Pull (``pull``):
 1. Walk ``/list`` with ``lastId``. The server filters ``id < lastId`` but orders by
-   ``modified``, so pages overlap (deduplicated by id) and can skip rows; the cursor is the
-   last row of each page (as the server's own web UI pages), which skips the fewest, and
-   the walk ends on a short page. Rows it can skip are conversations whose ``modified`` is
-   older than the page they fall behind: the step 3 probe finds every linked one of those.
+   ``modified``, so pages overlap (deduplicated by id) and can skip rows: a conversation
+   behind a page's cursor in id but older in ``modified`` than that page's last row is in
+   no page. The cursor is the last row of each page (as the server's own web UI pages),
+   which skips the fewest; the walk ends on a short page. When it filled a page, a sweep
+   follows: ``/list`` without ``lastId`` is the newest conversations by ``modified``, so
+   doubling ``limit`` until a short page sees every row (``O(log n)`` requests, at most
+   about four times the rows of one listing); after a complete pull the sweep stops at
+   that pull's mark (the newest ``modified`` it had imported, held below any conversation
+   that failed), which the first walk page usually reaches already.
 2. For each listed conversation: new here -> fetch all its messages and import them; linked
    and ``modified`` newer than the link's -> fetch the messages newer than the newest
    imported (and from the oldest one that was unfinished) and merge them; tombstoned ->
@@ -67,6 +72,7 @@ log = logging.getLogger(__name__)
 WORKERS = 4
 """Conversations fetched and imported at the same time."""
 MAX_LIST_PAGES = 100_000
+MAX_SWEEP_LIMIT = 1_000_000
 MAX_MESSAGE_PAGES = 100_000
 NO_MESSAGE_IMPORT = (
     "the server's /create takes no messages (there is no API to import them): they stay on this device"
@@ -94,7 +100,9 @@ class ConversationSyncAdapter:
 
     async def pull(self, ctx: RunContext, agent_id: int | None) -> None:
         key = ctx.account.account_key
-        listed, complete = await self._walk_list(ctx, agent_id)
+        scope = "*" if agent_id is None else f"agent:{agent_id}"
+        watermark = await ctx.db(self.repo.watermark, scope)
+        listed, complete = await self._list(ctx, agent_id, watermark)
         links = await ctx.db(self.repo.links, key)
         jobs: list[_Job] = []
         for cid, dto in listed.items():
@@ -110,13 +118,72 @@ class ConversationSyncAdapter:
                 jobs.append(_Job(kind="probe", conversation_id=cid, link=link))
         ctx.done, ctx.total = 0, len(jobs)
         await ctx.report(f"{len(listed)} conversations listed, {len(jobs)} to fetch", force=True)
-        await self._run_jobs(ctx, jobs)
+        failed = await self._run_jobs(ctx, jobs)
+        if complete and listed:
+            # Everything modified up to here is in; a conversation that failed stays above the
+            # mark, so the next sweep still reaches it even if the walk skips it again.
+            mark = max((m for m in (to_ms(d.modified) for d in listed.values()) if m is not None), default=None)
+            for cid in failed:
+                modified = to_ms(listed[cid].modified) if cid in listed else None
+                if modified is not None and mark is not None:
+                    mark = min(mark, modified - 1)
+            if mark is not None and (watermark is None or mark > watermark):
+                await ctx.db(self.repo.set_watermark, scope, mark)
 
-    async def _walk_list(self, ctx: RunContext, agent_id: int | None) -> tuple[dict[int, ConversationDto], bool]:
+    async def _list(
+        self, ctx: RunContext, agent_id: int | None, watermark: int | None
+    ) -> tuple[dict[int, ConversationDto], bool]:
+        """The walk by ``lastId``, then (when it filled a page) the sweep that finds what it skipped."""
+        listed, first_page, complete = await self._walk_list(ctx, agent_id)
+        if not complete or len(first_page) < ctx.settings.list_page_size:
+            return listed, complete  # failed, or one short page: that is everything
+        oldest = _oldest(first_page)
+        if watermark is not None and oldest is not None and oldest <= watermark:
+            return listed, True  # the newest page reaches the mark: nothing newer was skipped
+        return listed, await self._sweep(ctx, agent_id, watermark, listed)
+
+    async def _sweep(
+        self, ctx: RunContext, agent_id: int | None, watermark: int | None, listed: dict[int, ConversationDto]
+    ) -> bool:
+        """Rows the walk skipped: ``/list`` without ``lastId`` is the newest conversations by
+        ``modified``, so doubling ``limit`` until a short page (or one reaching the last
+        complete pull's mark) sees every conversation (changed since the mark) at least once,
+        in O(log n) requests and at most about four times the rows of one full listing."""
+        limit = ctx.settings.list_page_size * 2
+        while limit <= MAX_SWEEP_LIMIT:
+            try:
+                page = await ctx.client.list_conversations(agent_id=agent_id, limit=limit)
+            except AuthRequired:
+                raise
+            except QimingError as exc:
+                ctx.issue("list", exc)
+                ctx.result.complete = False
+                return False
+            found = 0
+            for dto in page:
+                cid = to_int(dto.id)
+                if cid is not None and cid not in listed:
+                    listed[cid] = dto
+                    found += 1
+            if found:
+                log.info("the /list walk skipped %d conversations; the sweep found them", found)
+            await ctx.report(f"listing conversations: {len(listed)}")
+            oldest = _oldest(page)
+            if len(page) < limit or (watermark is not None and oldest is not None and oldest <= watermark):
+                return True
+            limit *= 2
+        ctx.note("list", "malformed", f"more than {MAX_SWEEP_LIMIT} conversations: the listing may be incomplete")
+        ctx.result.complete = False
+        return False
+
+    async def _walk_list(
+        self, ctx: RunContext, agent_id: int | None
+    ) -> tuple[dict[int, ConversationDto], list[ConversationDto], bool]:
         size = ctx.settings.list_page_size
         listed: dict[int, ConversationDto] = {}
+        first: list[ConversationDto] = []
         last_id: int | None = None
-        for _ in range(MAX_LIST_PAGES):
+        for number in range(MAX_LIST_PAGES):
             try:
                 page = await ctx.client.list_conversations(agent_id=agent_id, last_id=last_id, limit=size)
             except AuthRequired:
@@ -124,7 +191,9 @@ class ConversationSyncAdapter:
             except QimingError as exc:
                 ctx.issue("list", exc)
                 ctx.result.complete = False
-                return listed, False
+                return listed, first, False
+            if number == 0:
+                first = page
             ids: list[int] = []
             for dto in page:
                 cid = to_int(dto.id)
@@ -134,18 +203,19 @@ class ConversationSyncAdapter:
                 listed.setdefault(cid, dto)
             await ctx.report(f"listing conversations: {len(listed)}")
             if len(page) < size:
-                return listed, True
+                return listed, first, True
+            # the server's web UI pages the same way: lastId = the page's last row
             cursor = to_int(page[-1].id)
             if cursor is None:
                 cursor = min(ids) if ids else None
             if cursor is None or (last_id is not None and cursor >= last_id):
                 ctx.note("list", "malformed", "the server's /list does not move past lastId; stopped listing")
                 ctx.result.complete = False
-                return listed, False
+                return listed, first, False
             last_id = cursor
         ctx.note("list", "malformed", f"more than {MAX_LIST_PAGES} pages of conversations; stopped listing")
         ctx.result.complete = False
-        return listed, False
+        return listed, first, False
 
     def _plan(self, ctx: RunContext, cid: int, dto: ConversationDto, link: SyncLink | None) -> _Job | None:
         if link is None:
@@ -167,19 +237,22 @@ class ConversationSyncAdapter:
             return _Job(kind="update", conversation_id=cid, dto=dto, link=link)
         return None
 
-    async def _run_jobs(self, ctx: RunContext, jobs: list[_Job]) -> None:
+    async def _run_jobs(self, ctx: RunContext, jobs: list[_Job]) -> set[int]:
+        """Fetch and import in WORKERS tasks; returns the conversations that failed."""
+        failed: set[int] = set()
         if not jobs:
-            return
-        failed: list[AuthRequired] = []
+            return failed
+        expired: list[AuthRequired] = []
         send, receive = anyio.create_memory_object_stream[_Job](0)
 
         async def worker(stream: anyio.abc.ObjectReceiveStream[_Job], scope: anyio.CancelScope) -> None:
             async with stream:
                 async for job in stream:
                     try:
-                        await self._do(ctx, job)
+                        if not await self._do(ctx, job):
+                            failed.add(job.conversation_id)
                     except AuthRequired as exc:
-                        failed.append(exc)
+                        expired.append(exc)
                         scope.cancel()
                         return
                     ctx.done += 1
@@ -192,18 +265,21 @@ class ConversationSyncAdapter:
             async with send:
                 for job in jobs:
                     await send.send(job)
-        if failed:
-            raise failed[0]
+        if expired:
+            raise expired[0]
+        return failed
 
-    async def _do(self, ctx: RunContext, job: _Job) -> None:
+    async def _do(self, ctx: RunContext, job: _Job) -> bool:
+        """One job; False when it failed (reported)."""
         cid = job.conversation_id
         try:
             if job.kind == "probe":
-                await self._probe(ctx, job)
-            elif job.kind == "update":
+                return await self._probe(ctx, job)
+            if job.kind == "update":
                 await self._update(ctx, job)
             else:
                 await self._import_new(ctx, job)
+            return True
         except AuthRequired:
             raise
         except ConversationGone as exc:
@@ -214,6 +290,7 @@ class ConversationSyncAdapter:
             ), conversation_id=cid, session_id=session_id)
         except (QimingError, StoreError) as exc:
             ctx.issue("pull", exc, conversation_id=cid, session_id=job.link.session_id if job.link else None)
+        return False
 
     async def _fetch(self, ctx: RunContext, cid: int, stop_at: int | None) -> list[ChatMessageDto]:
         """Messages newest first by ``index`` pages until an empty page, or a page that
@@ -326,7 +403,7 @@ class ConversationSyncAdapter:
         ))
         return None if local_wins else server_topic
 
-    async def _probe(self, ctx: RunContext, job: _Job) -> None:
+    async def _probe(self, ctx: RunContext, job: _Job) -> bool:
         assert job.link is not None
         link = job.link
         cid = job.conversation_id
@@ -334,15 +411,14 @@ class ConversationSyncAdapter:
             dto = await ctx.client.get_conversation(cid)
         except ConversationGone:
             await self._server_deleted(ctx, link)
-            return
+            return True
         except AuthRequired:
             raise
         except QimingError as exc:
             ctx.issue("probe", exc, conversation_id=cid, session_id=link.session_id)
-            return
+            return False
         follow = self._plan(ctx, cid, dto, link)
-        if follow is not None:
-            await self._do(ctx, follow)
+        return True if follow is None else await self._do(ctx, follow)
 
     async def _server_deleted(self, ctx: RunContext, link: SyncLink) -> None:
         key = ctx.account.account_key
@@ -512,6 +588,11 @@ class ConversationSyncAdapter:
         )
         if pushed:
             ctx.result.pushed += 1
+
+
+def _oldest(page: list[ConversationDto]) -> int | None:
+    stamps = [m for m in (to_ms(d.modified) for d in page) if m is not None]
+    return min(stamps) if stamps else None
 
 
 def _pulled(m: ServerMessage) -> PulledMessage:
