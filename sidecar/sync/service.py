@@ -107,7 +107,9 @@ class SyncService:
     # ---- server:* ---------------------------------------------------------------------
 
     async def configure(self, params: ServerConfigureParams) -> ServerStatus:
-        status = await self.account.configure(params)
+        # after a running sync: it holds the client this replaces
+        async with self._run_lock:
+            status = await self.account.configure(params)
         self._wake()
         return status
 
@@ -115,7 +117,8 @@ class SyncService:
         return await self.account.status()
 
     async def logout(self, params: EmptyParams) -> SuccessResult:
-        await self.account.logout()
+        async with self._run_lock:
+            await self.account.logout()
         return SuccessResult(success=True)
 
     # ---- sync:* -----------------------------------------------------------------------

@@ -145,6 +145,7 @@ async def main() -> None:
     print(f"ratio sidecar/server  {wall / serve:8.2f}")
     print(f"ratio sidecar/fetch   {wall / fetch:8.2f}")
     print(f"messages stored/s     {total / wall:8.0f}   ({total} messages, {args.conversations} conversations)")
+    print(f"machine load average  {os.getloadavg()[0]:8.2f}   (wall times stretch with it; CPU seconds less so)")
 
 
 if __name__ == "__main__":
