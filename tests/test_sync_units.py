@@ -13,6 +13,7 @@ import pytest
 
 from protocol.types import FilePart, TextPart, ThinkingPart
 from qiming_helpers import PASSWORD, USER, qiming_server
+from sidecar.errors import InvalidParams
 from sidecar.store import AsyncStore
 from sidecar.store.sync import SyncRepo
 from sidecar.sync import secrets
@@ -88,7 +89,7 @@ def test_dates_and_urls_and_tokens():
     assert to_ms(1773023078000) == 1773023078000 and to_ms("nonsense") is None and to_ms(None) is None
     assert normalize_service_url(" HTTPS://Agent.Example.com:8443/base/ ") == "https://agent.example.com:8443/base"
     for bad in ("agent.example.com", "https://u:p@h", "https://h/?q=1", "http://h:99999"):
-        with pytest.raises(Exception):
+        with pytest.raises(InvalidParams):
             normalize_service_url(bad)
     assert jwt_expiry("a.eyJleHAiOjE4MDAwMDAwMDB9.c") == 1_800_000_000_000
     assert jwt_expiry("not-a-jwt") is None and jwt_expiry("a.!!!.c") is None

@@ -246,7 +246,7 @@ class SyncRepo:
                         f" AND l.conversation_id IN ({','.join('?' * len(chunk))})",
                         [account_key, *chunk],
                     ).fetchall()
-        return {r[1]: _link(r) for r in rows}
+        return {link.conversation_id: link for link in map(_link, rows)}
 
     def link_of_session(self, account_key: str, session_id: str) -> SyncLink | None:
         with self._db.read() as conn:
@@ -387,7 +387,7 @@ class SyncRepo:
                 "SELECT max(server_index), min(CASE WHEN finished = 0 THEN server_index END)"
                 " FROM sync_messages WHERE account_key = ? AND conversation_id = ?",
                 (account_key, conversation_id),
-            ).fetchone()
+            ).fetchall()[0]
             conn.execute(
                 "UPDATE sync_links SET server_modified = ?, server_topic = ?, local_title = ?,"
                 " pulled_index = ?, open_index = ?, local_synced_at = ?, sandbox_session_id = coalesce(?,"
@@ -407,6 +407,16 @@ class SyncRepo:
                 title_applied=title_applied, session=session,
             )
 
+    def deletable(self, account_key: str, conversation_id: int) -> bool:
+        """Whether the linked session would go with its conversation (unchanged here since the
+        last sync, no open reply, no message only here)."""
+        with self._db.read() as conn:
+            row = conn.execute(
+                f"SELECT {_LINK_COLUMNS} FROM sync_links l WHERE l.account_key = ? AND l.conversation_id = ?",
+                (account_key, conversation_id),
+            ).fetchone()
+            return row is not None and _unchanged(conn, _link(row))
+
     def mark_server_deleted(self, account_key: str, conversation_id: int, now: int) -> str:
         """The conversation is gone on the server. Its session is deleted with it when it
         has not changed here since the last sync; otherwise it is kept (and stays local).
@@ -422,9 +432,7 @@ class SyncRepo:
             outcome = "gone"
             state = "deleted"
             if link.session_exists:
-                session = SessionRepo.get(conn, link.session_id)
-                unchanged = session.updated_at <= (link.local_synced_at or -1)
-                if unchanged and not _has_open(conn, link.session_id) and not _local_only(conn, link.session_id):
+                if _unchanged(conn, link):
                     SessionRepo.delete(conn, link.session_id)
                     outcome = "deleted_local"
                 else:
@@ -587,7 +595,7 @@ class SyncRepo:
             top = conn.execute(
                 "SELECT max(server_index) FROM sync_messages WHERE account_key = ? AND conversation_id = ?",
                 (account_key, conversation_id),
-            ).fetchone()[0]
+            ).fetchall()[0][0]
             conn.execute(
                 "UPDATE sync_links SET state = 'linked', local_synced_at = ?, local_title = ?,"
                 " server_topic = coalesce(?, server_topic), server_modified = coalesce(?, server_modified),"
@@ -603,6 +611,17 @@ class SyncRepo:
 # ---- helpers (inside the caller's transaction) ----------------------------------------
 
 
+def _unchanged(conn: apsw.Connection, link: SyncLink) -> bool:
+    if not link.session_exists:
+        return False
+    session = SessionRepo.get(conn, link.session_id)
+    return (
+        session.updated_at <= (link.local_synced_at or -1)
+        and not _has_open(conn, link.session_id)
+        and not _local_only(conn, link.session_id)
+    )
+
+
 def _has_open(conn: apsw.Connection, session_id: str) -> bool:
     return bool(conn.execute(
         "SELECT 1 FROM messages_v2 WHERE session_id = ? AND status IN (?, ?, ?) LIMIT 1",
@@ -611,11 +630,12 @@ def _has_open(conn: apsw.Connection, session_id: str) -> bool:
 
 
 def _local_only(conn: apsw.Connection, session_id: str) -> int:
-    return int(conn.execute(
+    (count,) = conn.execute(
         "SELECT count(*) FROM messages_v2 m WHERE m.session_id = ?"
         " AND NOT EXISTS (SELECT 1 FROM sync_messages x WHERE x.message_id = m.id)",
         (session_id,),
-    ).fetchone()[0])
+    ).fetchall()[0]
+    return int(count) if isinstance(count, int) else 0
 
 
 def _first_user_text(conn: apsw.Connection, session: SessionV2) -> str | None:

@@ -248,7 +248,7 @@ class ServerAccount:
             return ServerStatus(configured=False, syncing=self._syncing())
         config = _config_json.decode(row.config)
         status = ServerStatus(
-            configured=True, service_url=row.service_url, state=row.state,  # type: ignore[arg-type]
+            configured=True, service_url=row.service_url, state=row.state,
             user=_user_json.decode(row.user) if row.user else None, token_expires_at=row.token_expires_at,
             agent_id=config.agent_id, messages_on_create=config.messages_on_create, syncing=self._syncing(),
             last_sync_at=row.last_sync_at,

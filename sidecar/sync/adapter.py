@@ -162,9 +162,9 @@ class ConversationSyncAdapter:
             found = 0
             for dto in page:
                 cid = to_int(dto.id)
-                if cid is not None and cid not in listed:
-                    listed[cid] = dto
-                    found += 1
+                if cid is not None:
+                    found += cid not in listed
+                    _keep_newest(listed, cid, dto)
             if found:
                 log.info("the /list walk skipped %d conversations; the sweep found them", found)
             await ctx.report(f"listing conversations: {len(listed)}")
@@ -200,7 +200,7 @@ class ConversationSyncAdapter:
                 if cid is None:
                     continue
                 ids.append(cid)
-                listed.setdefault(cid, dto)
+                _keep_newest(listed, cid, dto)
             await ctx.report(f"listing conversations: {len(listed)}")
             if len(page) < size:
                 return listed, first, True
@@ -423,7 +423,9 @@ class ConversationSyncAdapter:
     async def _server_deleted(self, ctx: RunContext, link: SyncLink) -> None:
         key = ctx.account.account_key
         after: Callable[[], None] | None = None
-        if link.session_exists:
+        if link.session_exists and await ctx.db(self.repo.deletable, key, link.conversation_id):
+            # It goes with the server's copy: stop its work first, as chat:session:delete does
+            # (the repository checks again inside the transaction that deletes it).
             after = await self.before_delete(link.session_id)
         try:
             outcome = await ctx.db(self.repo.mark_server_deleted, key, link.conversation_id, now_ms())
@@ -450,10 +452,10 @@ class ConversationSyncAdapter:
         await ctx.report(f"{len(candidates)} sessions to push", force=True)
         missing_agent = 0
         for candidate in candidates:
-            where = {
-                "session_id": candidate.session.id if candidate.session else (candidate.link.session_id if candidate.link else None),
-                "conversation_id": candidate.link.conversation_id if candidate.link else None,
-            }
+            session_id = candidate.session.id if candidate.session else (
+                candidate.link.session_id if candidate.link else None
+            )
+            conversation_id = candidate.link.conversation_id if candidate.link else None
             try:
                 if candidate.session is None:
                     await self._push_deletion(ctx, candidate)
@@ -469,7 +471,8 @@ class ConversationSyncAdapter:
             except AuthRequired:
                 raise
             except (QimingError, StoreError) as exc:
-                ctx.issue("push", exc, **where)
+                ctx.issue("delete" if candidate.session is None else "push", exc, session_id=session_id,
+                          conversation_id=conversation_id)
             ctx.done += 1
             await ctx.report(f"{ctx.done} of {ctx.total} sessions")
         if missing_agent:
@@ -588,6 +591,13 @@ class ConversationSyncAdapter:
         )
         if pushed:
             ctx.result.pushed += 1
+
+
+def _keep_newest(listed: dict[int, ConversationDto], cid: int, dto: ConversationDto) -> None:
+    """A row seen twice (pages overlap) counts as its newer version."""
+    seen = listed.get(cid)
+    if seen is None or (to_ms(dto.modified) or 0) > (to_ms(seen.modified) or 0):
+        listed[cid] = dto
 
 
 def _oldest(page: list[ConversationDto]) -> int | None:

@@ -19,8 +19,9 @@ Must stay true:
 
 from __future__ import annotations
 
+import http.cookiejar
 import logging
-from collections.abc import AsyncIterator
+from collections.abc import AsyncGenerator, AsyncIterator
 from contextlib import aclosing, asynccontextmanager
 from typing import Any, TypeVar
 
@@ -196,7 +197,11 @@ class QimingClient:
         if transport is not None and not isinstance(transport, httpx2.AsyncHTTPTransport):
             transport = IdleTimeoutTransport(transport)
         install_http_log_filter()
-        self._http = httpx2.AsyncClient(transport=transport, timeout=timeout, follow_redirects=False)
+        # no cookie is kept between calls: each call carries only this account's token
+        jar = http.cookiejar.CookieJar(policy=http.cookiejar.DefaultCookiePolicy(allowed_domains=[]))
+        self._http = httpx2.AsyncClient(
+            transport=transport, timeout=timeout, follow_redirects=False, cookies=jar
+        )
 
     def __repr__(self) -> str:
         return f"QimingClient({self._label!r}, token={'***' if self._token else None})"
@@ -217,9 +222,13 @@ class QimingClient:
         """``passwordLogin``; returns the token (``data.token``, else the ``ticket`` cookie)."""
         body = _LoginBody(phone_or_email=account, password=password)
         response_cookies: dict[str, str] = {}
-        result = await self.call(
-            "POST", "/api/user/passwordLogin", body, LoginResDto, auth=False, cookies_out=response_cookies
-        )
+        self._redactor = Redactor(password, {}, self.settings.service_url)  # whatever the server echoes
+        try:
+                result: LoginResDto | None = await self.call(
+                "POST", "/api/user/passwordLogin", body, LoginResDto, auth=False, cookies_out=response_cookies
+            )
+        finally:
+            self._redactor = Redactor(self._token, {}, self.settings.service_url)
         assert result is not None
         token = result.token or response_cookies.get("ticket") or ""
         if not token:
@@ -228,7 +237,7 @@ class QimingClient:
         return token, result
 
     async def login_info(self, *, timeout_s: float | None = None, retries: int | None = None) -> UserDto:
-        user = await self.call(
+        user: UserDto | None = await self.call(
             "GET", "/api/user/getLoginInfo", None, UserDto, timeout_s=timeout_s, retries=retries
         )
         if user is None:
@@ -252,7 +261,9 @@ class QimingClient:
         return await self.call("POST", f"{CONVERSATION_API}/message/list", body, list[ChatMessageDto]) or []
 
     async def get_conversation(self, conversation_id: int) -> ConversationDto:
-        found = await self.call("POST", f"{CONVERSATION_API}/{conversation_id}", None, ConversationDto)
+        found: ConversationDto | None = await self.call(
+            "POST", f"{CONVERSATION_API}/{conversation_id}", None, ConversationDto
+        )
         if found is None:
             raise ServerMalformed(f"{self._label}: conversation {conversation_id} came back empty")
         return found
@@ -270,7 +281,9 @@ class QimingClient:
             )
         else:
             body = _CreateBody(agent_id=agent_id)
-        created = await self.call("POST", f"{CONVERSATION_API}/create", body, ConversationDto, idempotent=False)
+        created: ConversationDto | None = await self.call(
+            "POST", f"{CONVERSATION_API}/create", body, ConversationDto, idempotent=False
+        )
         if created is None:
             raise ServerMalformed(f"{self._label}: /create returned no conversation")
         return created
@@ -279,7 +292,7 @@ class QimingClient:
         self, conversation_id: int, *, topic: str | None = None, first_message: str | None = None
     ) -> ConversationDto:
         body = _UpdateBody(id=conversation_id, topic=topic, first_message=first_message)
-        updated = await self.call("POST", f"{CONVERSATION_API}/update", body, ConversationDto)
+        updated: ConversationDto | None = await self.call("POST", f"{CONVERSATION_API}/update", body, ConversationDto)
         return updated if updated is not None else ConversationDto()
 
     async def delete_conversation(self, conversation_id: int) -> None:
@@ -292,7 +305,7 @@ class QimingClient:
         body = _ShareBody(
             conversation_id=conversation_id, type=share_type, expire_seconds=expire_seconds, content=content
         )
-        share = await self.call("POST", f"{CONVERSATION_API}/share", body, UserShareDto)
+        share: UserShareDto | None = await self.call("POST", f"{CONVERSATION_API}/share", body, UserShareDto)
         if share is None or not share.share_key:
             raise ServerMalformed(f"{self._label}: /share returned no share key")
         return share
@@ -397,7 +410,6 @@ class QimingClient:
                     failure, may_retry = self._transport_failure(exc), idempotent
                 else:
                     await close_quietly(response)
-                    self._http.cookies.clear()
                     status = response.status_code
                     if status == 200:
                         return self._decode(raw, kind, path)
@@ -482,7 +494,6 @@ class QimingClient:
                 failure = self._transport_failure(exc)
                 may_retry = idempotent or isinstance(exc, (httpx2.ConnectError, httpx2.ConnectTimeout))
             else:
-                self._http.cookies.clear()
                 content_type = response.headers.get("content-type", "").partition(";")[0].strip().lower()
                 if response.status_code == 200 and content_type == "text/event-stream":
                     try:
@@ -511,7 +522,7 @@ class QimingClient:
             await anyio.sleep(delay)
 
 
-async def _agent_outputs(response: httpx2.Response, describe: Any) -> AsyncIterator[AgentOutputDto]:
+async def _agent_outputs(response: httpx2.Response, describe: Any) -> AsyncGenerator[AgentOutputDto, None]:
     """The ``data:`` lines of the chat SSE as AgentOutputDto, up to the completed one.
 
     The server writes no ``event:`` name (Spring's default for a Flux of objects), so

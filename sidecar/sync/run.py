@@ -76,6 +76,7 @@ class RunContext:
     def issue(
         self, phase: str, exc: SidecarError, *, session_id: str | None = None, conversation_id: int | None = None
     ) -> None:
+        kind: str
         if isinstance(exc, QimingError):
             kind, status, code, retryable = exc.kind, exc.status, exc.server_code, exc.retryable
         else:

@@ -40,13 +40,13 @@ from protocol.sync import (
     SyncSettings,
     SyncSettingsUpdate,
 )
-from sidecar.errors import InvalidParams, NotFound
+from sidecar.errors import InvalidParams, NotFound, SidecarError
 from sidecar.store.ids import now_ms
 from sidecar.store.sync import SyncRepo
 from sidecar.sync.account import ServerAccount
 from sidecar.sync.adapter import ConversationSyncAdapter, DeleteHooks
 from sidecar.sync.client import QimingClient
-from sidecar.sync.errors import AuthRequired, ConversationGone, NotConfigured, QimingError, ServerMalformed
+from sidecar.sync.errors import AuthRequired, ConversationGone, NotConfigured, ServerMalformed
 from sidecar.sync.mapping import MAX_TITLE_CHARS, conversation_title
 from sidecar.sync.run import AccountConfig, RunContext
 from sidecar.sync.wire import ConversationDto, to_int, to_ms
@@ -197,8 +197,10 @@ class SyncService:
                          len(result.errors))
             except (NotConfigured, AuthRequired) as exc:
                 log.info("periodic sync skipped: %s", exc.message)
-            except QimingError as exc:
+            except SidecarError as exc:
                 log.warning("periodic sync failed: %s", exc.message)
+            except Exception:  # a bug: logged, and the next period tries again (never kills the process)
+                log.exception("periodic sync failed")
 
     def _wake(self) -> None:
         changed, self._settings_changed = self._settings_changed, anyio.Event()

@@ -11,7 +11,7 @@ Must stay true: nothing here keeps a secret (``UserDto.password``, which the rea
 from __future__ import annotations
 
 from datetime import datetime, timezone
-from typing import Any
+from typing import Any, TypeVar
 
 import msgspec
 
@@ -32,6 +32,8 @@ __all__ = [
     "SUCCESS",
     "AUTH_CODES",
 ]
+
+_T = TypeVar("_T")
 
 SUCCESS = "0000"
 AUTH_CODES = frozenset({"4010", "4011"})
@@ -189,7 +191,7 @@ class AgentOutputDto(_Wire):
         return _decode_or_none(self.data, AgentExecuteResult)
 
 
-def _decode_or_none(raw: msgspec.Raw, kind: type[Any]) -> Any:
+def _decode_or_none(raw: msgspec.Raw, kind: type[_T]) -> _T | None:
     if not raw or bytes(raw) == b"null":
         return None
     try:
