@@ -322,3 +322,40 @@ def _all():
     from protocol.sessions import SessionFilter
 
     return SessionFilter(limit=500)
+
+
+# ---- the repository ------------------------------------------------------------------------
+
+
+def test_a_server_index_of_another_conversation_never_touches_its_message(tmp_path: Path):
+    from protocol.types import SessionV2
+    from sidecar.store import Store
+    from sidecar.sync.adapter import _pulled
+
+    store = Store(tmp_path)
+    try:
+        repo = SyncRepo.of(store)
+
+        def pulled(cid: int, *texts: tuple[int, str]):
+            return [_pulled(m) for m in normalize_messages(
+                [dto(index=i, role="USER", text=t, time=1000 + i) for i, t in texts], 0)]
+
+        def session(sid: str) -> SessionV2:
+            return SessionV2(id=sid, title=sid, provider_id="", model_id="", created_at=1, updated_at=1)
+
+        repo.import_new(account_key="k", conversation_id=1, agent_id=None, session=session("one"),
+                        messages=pulled(1, (1, "a"), (2, "b")), server_modified=1, server_topic="one",
+                        sandbox_session_id=None, now=5)
+        other = repo.import_new(account_key="k", conversation_id=2, agent_id=None, session=session("two"),
+                                messages=pulled(2, (2, "stolen"), (3, "c")), server_modified=1, server_topic="two",
+                                sandbox_session_id=None, now=5)
+        assert other.message_count == 1
+        outcome = repo.import_update(
+            account_key="k", conversation_id=2, messages=pulled(2, (1, "rewritten"), (4, "d")), server_modified=2,
+            server_topic="two", apply_title=None, expected_title="two", sandbox_session_id=None, now=6,
+        )
+        assert outcome.added == 1 and outcome.changed == 0
+        assert [m.text_content for m in store.get_messages("one")] == ["a", "b"]
+        assert [m.text_content for m in store.get_messages("two")] == ["c", "d"]
+    finally:
+        store.close()

@@ -32,6 +32,7 @@ transaction.
 
 from __future__ import annotations
 
+import logging
 from typing import Any
 
 import apsw
@@ -56,6 +57,8 @@ __all__ = [
     "PushCandidate",
     "OPEN_STATUSES",
 ]
+
+log = logging.getLogger(__name__)
 
 OPEN_STATUSES = ("pending", "streaming", "paused")
 """A session with a message in one of these is never pushed (its reply is not final)."""
@@ -283,6 +286,8 @@ class SyncRepo:
         its messages chained in server order, and the link. The session takes the default
         provider/model when it names none."""
         with self._db.write() as conn:
+            _, foreign = _known_indexes(conn, account_key, conversation_id, [p.server_index for p in messages])
+            messages = [p for p in messages if p.server_index not in foreign]
             provider = session.provider_id or SettingsRepo.get(conn, DEFAULT_PROVIDER_KEY) or ""
             model = session.model_id or SettingsRepo.get(conn, DEFAULT_MODEL_KEY) or ""
             stored_messages: list[MessageV2] = []
@@ -359,10 +364,12 @@ class SyncRepo:
             session_id = link.session_id
             before = SessionRepo.get(conn, session_id)
             locally_changed = before.updated_at > (link.local_synced_at or -1)
-            known = _known_indexes(conn, account_key, [p.server_index for p in messages])
-            fresh = [p for p in messages if p.server_index not in known]
-            added = _append_branch(conn, account_key, conversation_id, session_id, link, fresh, before)
-            changed_count = _rewrite(conn, account_key, [p for p in messages if p.server_index in known], now)
+            known, foreign = _known_indexes(conn, account_key, conversation_id, [p.server_index for p in messages])
+            fresh = [p for p in messages if p.server_index not in known and p.server_index not in foreign]
+            added = _append_branch(conn, account_key, conversation_id, session_id, fresh, before)
+            changed_count = _rewrite(
+                conn, account_key, conversation_id, [p for p in messages if p.server_index in known], now
+            )
             title_applied = False
             topic_snapshot = server_topic
             title_snapshot = link.local_title
@@ -651,16 +658,27 @@ def _is_server_message(conn: apsw.Connection, message_id: str) -> bool:
     return bool(conn.execute("SELECT 1 FROM sync_messages WHERE message_id = ?", (message_id,)).fetchall())
 
 
-def _known_indexes(conn: apsw.Connection, account_key: str, indexes: list[int]) -> set[int]:
-    known: set[int] = set()
+def _known_indexes(
+    conn: apsw.Connection, account_key: str, conversation_id: int, indexes: list[int]
+) -> tuple[set[int], set[int]]:
+    """Of ``indexes``: those this conversation holds already, and those another one holds
+    (a server that reuses an index must not touch another session's message)."""
+    mine: set[int] = set()
+    foreign: set[int] = set()
     for start in range(0, len(indexes), 500):
         chunk = indexes[start : start + 500]
-        known.update(r[0] for r in conn.execute(
-            f"SELECT server_index FROM sync_messages WHERE account_key = ?"
+        for index, owner in conn.execute(
+            f"SELECT server_index, conversation_id FROM sync_messages WHERE account_key = ?"
             f" AND server_index IN ({','.join('?' * len(chunk))})",
             [account_key, *chunk],
-        ))
-    return known
+        ):
+            (mine if owner == conversation_id else foreign).add(index)
+    if foreign:
+        log.warning(
+            "conversation %s: %d server message indexes belong to another conversation; not imported",
+            conversation_id, len(foreign),
+        )
+    return mine, foreign
 
 
 def _map_messages(
@@ -678,7 +696,7 @@ def _map_messages(
 
 
 def _append_branch(
-    conn: apsw.Connection, account_key: str, conversation_id: int, session_id: str, link: SyncLink,
+    conn: apsw.Connection, account_key: str, conversation_id: int, session_id: str,
     fresh: list[PulledMessage], before: SessionV2,
 ) -> int:
     """Chain ``fresh`` (server order) under the local copy of the newest server message
@@ -715,14 +733,17 @@ def _append_branch(
     return len(stored)
 
 
-def _rewrite(conn: apsw.Connection, account_key: str, changed: list[PulledMessage], now: int) -> int:
+def _rewrite(
+    conn: apsw.Connection, account_key: str, conversation_id: int, changed: list[PulledMessage], now: int
+) -> int:
     """Known server messages whose mapped content changed (a reply that finished later)."""
     count = 0
     for p in changed:
         row = conn.execute(
             "SELECT x.message_id, x.digest, m.session_id, m.role FROM sync_messages x"
-            " JOIN messages_v2 m ON m.id = x.message_id WHERE x.account_key = ? AND x.server_index = ?",
-            (account_key, p.server_index),
+            " JOIN messages_v2 m ON m.id = x.message_id"
+            " WHERE x.account_key = ? AND x.server_index = ? AND x.conversation_id = ?",
+            (account_key, p.server_index, conversation_id),
         ).fetchone()
         if row is None or row[1] == p.digest:
             continue

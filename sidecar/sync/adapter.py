@@ -57,9 +57,10 @@ import msgspec
 
 from protocol.sync import NotPushed, SyncConflict
 from protocol.types import MessageV2, SessionV2
-from sidecar.errors import StoreError
+from sidecar.errors import SidecarError
 from sidecar.store.ids import new_id, now_ms
 from sidecar.store.sync import PulledMessage, PushCandidate, SyncLink, SyncRepo
+from sidecar.store.transfer import MAX_IMPORT_MESSAGES
 from sidecar.sync.errors import AuthRequired, ConversationGone, QimingError, ServerMalformed
 from sidecar.sync.mapping import ServerMessage, conversation_title, normalize_messages, to_message
 from sidecar.sync.run import RunContext
@@ -74,6 +75,8 @@ WORKERS = 4
 MAX_LIST_PAGES = 100_000
 MAX_SWEEP_LIMIT = 1_000_000
 MAX_MESSAGE_PAGES = 100_000
+MAX_CONVERSATION_MESSAGES = MAX_IMPORT_MESSAGES
+"""The store imports at most this many messages at once (sidecar/store/transfer.py)."""
 NO_MESSAGE_IMPORT = (
     "the server's /create takes no messages (there is no API to import them): they stay on this device"
 )
@@ -288,7 +291,7 @@ class ConversationSyncAdapter:
                 f"conversation {cid} vanished between the list and its messages ({exc.message})",
                 server_code=exc.server_code,
             ), conversation_id=cid, session_id=session_id)
-        except (QimingError, StoreError) as exc:
+        except SidecarError as exc:  # the server, or the store refusing what it sent
             ctx.issue("pull", exc, conversation_id=cid, session_id=job.link.session_id if job.link else None)
         return False
 
@@ -302,6 +305,8 @@ class ConversationSyncAdapter:
             page = await ctx.client.list_messages(cid, index=index, size=size)
             indexes = [i for i in (to_int(m.index) for m in page) if i is not None]
             out.extend(page)
+            if len(out) > MAX_CONVERSATION_MESSAGES:
+                raise ServerMalformed(f"conversation {cid}: more than {MAX_CONVERSATION_MESSAGES} messages")
             if not indexes:
                 return out
             first = min(indexes)
@@ -470,7 +475,7 @@ class ConversationSyncAdapter:
                     await self._push_changes(ctx, candidate)
             except AuthRequired:
                 raise
-            except (QimingError, StoreError) as exc:
+            except SidecarError as exc:
                 ctx.issue("delete" if candidate.session is None else "push", exc, session_id=session_id,
                           conversation_id=conversation_id)
             ctx.done += 1
