@@ -2,8 +2,9 @@
 
 The convention (LSP's work-done progress, flattened): a request that can take long accepts
 ``progressToken``; when it is given, the sidecar sends ``sidecar:progress`` notifications
-carrying that token: one ``begin``, any number of ``report``, and exactly one ``end``
-(also when the request fails or is cancelled). ``done``/``total`` count the units of work
+carrying that token: once the work starts one ``begin``, any number of ``report``, and
+exactly one ``end`` (also when the work fails or the request is cancelled; a request
+refused before any work starts sends none). ``done``/``total`` count the units of work
 (``total`` is absent while unknown); ``message`` says what is happening.
 """
 

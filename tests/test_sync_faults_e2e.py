@@ -161,3 +161,21 @@ async def test_network_down_then_back(tmp_path):
         assert [(e["kind"], e["conversationId"]) for e in result["errors"]] == [("network", ids[5])]
         await settle(proc, server, 6)
         await proc.close()
+
+
+async def test_a_cancelled_sync_stops_cleanly_and_the_next_one_finishes(tmp_path):
+    async with qiming_server() as server, spawn_sidecar(tmp_path) as proc:
+        await setup(proc, server, count=40)
+        await server.fault({"path": MESSAGES, "fault": "delay", "delayMs": 50, "times": -1})
+        request_id = await proc.request("sync:pull", {"progressToken": "c"})
+        await proc.wait_for(lambda m: isinstance(m, dict) and m.get("method") == "sidecar:progress"
+                            and m["params"]["done"] >= 3, timeout=60)
+        await proc.notify("$/cancelRequest", {"id": request_id})
+        reply = await proc.response(request_id, timeout=30)
+        assert reply["error"]["code"] == -32800
+        ends = [p for p in proc.notifications("sidecar:progress") if p["kind"] == "end"]
+        assert len(ends) == 1
+        imported = await state(proc)
+        assert all(s["messageCount"] == 4 for s, _ in imported.values())
+        await settle(proc, server, 40)
+        await proc.close()
