@@ -57,15 +57,16 @@ async def test_5xx_is_retried_then_reported_per_conversation(tmp_path):
 
 async def test_timeouts_are_reported_and_the_next_run_continues(tmp_path):
     async with qiming_server() as server, spawn_sidecar(tmp_path) as proc:
-        ids = await setup(proc, server, requestTimeoutMs=1000)
-        await server.fault({"path": MESSAGES, "fault": "timeout", "delayMs": 2500, "times": 3,
+        # generous on a loaded machine: an ordinary answer takes milliseconds, a stalled one 8 s
+        ids = await setup(proc, server, requestTimeoutMs=3000)
+        await server.fault({"path": MESSAGES, "fault": "timeout", "delayMs": 8000, "times": 3,
                             "conversationId": ids[0]})
         result = await sync(proc, "sync:pull")
         assert result["pulled"] == 5
         assert [(e["kind"], e["conversationId"]) for e in result["errors"]] == [("timeout", ids[0])]
         # the list itself times out: the run says it did not complete and changes nothing
         before = await state(proc)
-        await server.fault({"path": LIST, "fault": "timeout", "delayMs": 2500, "times": 3})
+        await server.fault({"path": LIST, "fault": "timeout", "delayMs": 8000, "times": 3})
         stalled = await sync(proc, "sync:pull")
         assert stalled["complete"] is False and [e["phase"] for e in stalled["errors"]] == ["list"]
         assert await state(proc) == before
@@ -77,7 +78,7 @@ async def test_token_expiry_mid_run_stops_at_once_and_asks_for_a_login(tmp_path)
     async with qiming_server() as server, spawn_sidecar(tmp_path) as proc:
         await setup(proc, server, count=12)
         await proc.call("sync:settings:update", {"messagePageSize": 2})
-        await server.fault({"path": MESSAGES, "fault": "expire", "after": 20, "times": 1})
+        await server.fault({"path": MESSAGES, "fault": "expire", "after": 27, "times": 1})
         result = await sync(proc, "sync:pull")
         assert result["complete"] is False
         assert [e["kind"] for e in result["errors"]] == ["auth_required"]
