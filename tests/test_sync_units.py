@@ -13,9 +13,9 @@ import pytest
 
 from protocol.types import FilePart, TextPart, ThinkingPart
 from qiming_helpers import PASSWORD, USER, qiming_server
-from sidecar.errors import InvalidParams
+from sidecar.errors import InvalidParams, StoreError
 from sidecar.store import AsyncStore
-from sidecar.store.sync import SyncRepo
+from sidecar.store.sync import ConversationUpdate, NewConversation, SyncRepo
 from sidecar.sync import secrets
 from sidecar.sync import service as service_module
 from sidecar.sync.account import jwt_expiry, normalize_service_url
@@ -343,18 +343,35 @@ def test_a_server_index_of_another_conversation_never_touches_its_message(tmp_pa
         def session(sid: str) -> SessionV2:
             return SessionV2(id=sid, title=sid, provider_id="", model_id="", created_at=1, updated_at=1)
 
-        repo.import_new(account_key="k", conversation_id=1, agent_id=None, session=session("one"),
-                        messages=pulled(1, (1, "a"), (2, "b")), server_modified=1, server_topic="one",
-                        sandbox_session_id=None, now=5)
-        other = repo.import_new(account_key="k", conversation_id=2, agent_id=None, session=session("two"),
-                                messages=pulled(2, (2, "stolen"), (3, "c")), server_modified=1, server_topic="two",
-                                sandbox_session_id=None, now=5)
+        repo.import_new(NewConversation(
+            account_key="k", conversation_id=1, agent_id=None, session=session("one"),
+            messages=pulled(1, (1, "a"), (2, "b")), server_modified=1, server_topic="one",
+            sandbox_session_id=None, now=5,
+        ))
+        other = repo.import_new(NewConversation(
+            account_key="k", conversation_id=2, agent_id=None, session=session("two"),
+            messages=pulled(2, (2, "stolen"), (3, "c")), server_modified=1, server_topic="two",
+            sandbox_session_id=None, now=5,
+        ))
         assert other.message_count == 1
-        outcome = repo.import_update(
+        outcome = repo.import_update(ConversationUpdate(
             account_key="k", conversation_id=2, messages=pulled(2, (1, "rewritten"), (4, "d")), server_modified=2,
             server_topic="two", apply_title=None, expected_title="two", sandbox_session_id=None, now=6,
-        )
+        ))
         assert outcome.added == 1 and outcome.changed == 0
+        # a batch: one conversation the store refuses (its session id is taken) does not take
+        # the others with it, and leaves nothing of itself behind
+        results = repo.import_batch([
+            NewConversation(account_key="k", conversation_id=3, agent_id=None, session=session("one"),
+                            messages=pulled(3, (10, "x")), server_modified=1, server_topic="dup",
+                            sandbox_session_id=None, now=7),
+            NewConversation(account_key="k", conversation_id=4, agent_id=None, session=session("four"),
+                            messages=pulled(4, (11, "y")), server_modified=1, server_topic="four",
+                            sandbox_session_id=None, now=7),
+        ])
+        assert isinstance(results[0], StoreError) and isinstance(results[1], SessionV2)
+        assert [m.text_content for m in store.get_messages("four")] == ["y"]
+        assert 3 not in repo.links("k") and 4 in repo.links("k")
         assert [m.text_content for m in store.get_messages("one")] == ["a", "b"]
         assert [m.text_content for m in store.get_messages("two")] == ["c", "d"]
     finally:

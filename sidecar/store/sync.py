@@ -17,9 +17,10 @@ Owns:
   digest of the mapped content); cascades with its message.
 
 Must stay true:
-- Importing a conversation is ONE transaction: the session, its messages, their search
-  index, the message map and the link are all written or none is, so a crash never
-  leaves a half-imported conversation visible and a retry starts from a clean state.
+- Importing a conversation is all or nothing: the session, its messages, their search
+  index, the message map and the link are written in one transaction (``import_new`` /
+  ``import_update``) or one savepoint of a batch transaction (``import_batch``), so a crash
+  never leaves a half-imported conversation visible and a retry starts from a clean state.
 - A server message index is imported at most once per account (unique index), so
   repeated or overlapping pulls never duplicate a message.
 - The message tree is add-only: a pull appends new server messages under the local copy
@@ -39,6 +40,7 @@ import apsw
 import msgspec
 
 from protocol.types import MessageV2, SessionV2
+from sidecar.errors import SidecarError, StoreError
 from sidecar.store.db import Database
 from sidecar.store.ids import new_id
 from sidecar.store.messages import MessageStore
@@ -53,6 +55,8 @@ __all__ = [
     "AccountRow",
     "SyncLink",
     "PulledMessage",
+    "NewConversation",
+    "ConversationUpdate",
     "UpdateOutcome",
     "PushCandidate",
     "OPEN_STATUSES",
@@ -112,6 +116,34 @@ class PulledMessage(msgspec.Struct, frozen=True, kw_only=True):
     server_id: str | None
     digest: str
     finished: bool
+
+
+class NewConversation(msgspec.Struct, frozen=True, kw_only=True):
+    """A server conversation to import as a new session."""
+
+    account_key: str
+    conversation_id: int
+    agent_id: int | None
+    session: SessionV2
+    messages: list[PulledMessage]
+    server_modified: int | None
+    server_topic: str | None
+    sandbox_session_id: str | None
+    now: int
+
+
+class ConversationUpdate(msgspec.Struct, frozen=True, kw_only=True):
+    """What a pull saw of a linked conversation: its messages (new and known) and metadata."""
+
+    account_key: str
+    conversation_id: int
+    messages: list[PulledMessage]
+    server_modified: int | None
+    server_topic: str | None
+    apply_title: str | None
+    expected_title: str | None
+    sandbox_session_id: str | None
+    now: int
 
 
 class UpdateOutcome(msgspec.Struct, frozen=True, kw_only=True):
@@ -269,80 +301,14 @@ class SyncRepo:
 
     # ---- pull -------------------------------------------------------------------------
 
-    def import_new(
-        self,
-        *,
-        account_key: str,
-        conversation_id: int,
-        agent_id: int | None,
-        session: SessionV2,
-        messages: list[PulledMessage],
-        server_modified: int | None,
-        server_topic: str | None,
-        sandbox_session_id: str | None,
-        now: int,
-    ) -> SessionV2:
-        """A conversation this device does not hold: a new session (id ``session.id``) with
-        its messages chained in server order, and the link. The session takes the default
-        provider/model when it names none."""
+    def import_new(self, item: NewConversation) -> SessionV2:
+        """A conversation this device does not hold: a new session (id ``item.session.id``)
+        with its messages chained in server order, and the link. The session takes the
+        default provider/model when it names none."""
         with self._db.write() as conn:
-            _, foreign = _known_indexes(conn, account_key, conversation_id, [p.server_index for p in messages])
-            messages = [p for p in messages if p.server_index not in foreign]
-            provider = session.provider_id or SettingsRepo.get(conn, DEFAULT_PROVIDER_KEY) or ""
-            model = session.model_id or SettingsRepo.get(conn, DEFAULT_MODEL_KEY) or ""
-            stored_messages: list[MessageV2] = []
-            parent: str | None = None
-            for pulled in messages:
-                mid = new_id()
-                stored_messages.append(
-                    msgspec.structs.replace(pulled.message, id=mid, session_id=session.id, parent_id=parent)
-                )
-                parent = mid
-            stored = import_session(
-                conn,
-                msgspec.structs.replace(
-                    session, provider_id=provider, model_id=model,
-                    active_leaf_id=stored_messages[-1].id if stored_messages else None,
-                ),
-                stored_messages,
-                replace=False,
-            )
-            _map_messages(conn, account_key, conversation_id, session.id, messages, stored_messages)
-            indexes = [p.server_index for p in messages]
-            conn.execute(
-                "INSERT INTO sync_links (account_key, conversation_id, session_id, agent_id, state, server_modified,"
-                " server_topic, local_title, pulled_index, open_index, local_synced_at, reported_local,"
-                " sandbox_session_id, pulled_at, created_at, updated_at)"
-                " VALUES (?, ?, ?, ?, 'linked', ?, ?, ?, ?, ?, ?, 0, ?, ?, ?, ?)"
-                " ON CONFLICT(account_key, conversation_id) DO UPDATE SET session_id = excluded.session_id,"
-                " agent_id = excluded.agent_id, state = 'linked', server_modified = excluded.server_modified,"
-                " server_topic = excluded.server_topic, local_title = excluded.local_title,"
-                " pulled_index = excluded.pulled_index, open_index = excluded.open_index,"
-                " local_synced_at = excluded.local_synced_at, reported_local = 0,"
-                " sandbox_session_id = excluded.sandbox_session_id, pulled_at = excluded.pulled_at,"
-                " updated_at = excluded.updated_at",
-                (
-                    account_key, conversation_id, session.id, agent_id, server_modified, server_topic,
-                    stored.title, max(indexes, default=None),
-                    min((p.server_index for p in messages if not p.finished), default=None),
-                    stored.updated_at, sandbox_session_id, now, now, now,
-                ),
-            )
-            return stored
+            return _import_new(conn, item)
 
-    def import_update(
-        self,
-        *,
-        account_key: str,
-        conversation_id: int,
-        messages: list[PulledMessage],
-        server_modified: int | None,
-        server_topic: str | None,
-        apply_title: str | None,
-        expected_title: str | None,
-        sandbox_session_id: str | None,
-        now: int,
-    ) -> UpdateOutcome:
+    def import_update(self, item: ConversationUpdate) -> UpdateOutcome:
         """Server messages of a linked conversation (new ones are added, known ones whose
         content changed on the server are rewritten) and what was seen of it.
 
@@ -350,69 +316,28 @@ class SyncRepo:
         still ``expected_title``; otherwise neither the title nor the topic snapshot moves,
         so the next run sees both sides changed and decides again (nothing is lost)."""
         with self._db.write() as conn:
-            row = conn.execute(
-                f"SELECT {_LINK_COLUMNS} FROM sync_links l WHERE l.account_key = ? AND l.conversation_id = ?",
-                (account_key, conversation_id),
-            ).fetchone()
-            if row is None:
-                return UpdateOutcome(state="unlinked")
-            link = _link(row)
-            if link.state != "linked":
-                return UpdateOutcome(state="unlinked")
-            if not link.session_exists:
-                return UpdateOutcome(state="local_deleted")
-            session_id = link.session_id
-            before = SessionRepo.get(conn, session_id)
-            locally_changed = before.updated_at > (link.local_synced_at or -1)
-            known, foreign = _known_indexes(conn, account_key, conversation_id, [p.server_index for p in messages])
-            fresh = [p for p in messages if p.server_index not in known and p.server_index not in foreign]
-            added = _append_branch(conn, account_key, conversation_id, session_id, fresh, before)
-            changed_count = _rewrite(
-                conn, account_key, conversation_id, [p for p in messages if p.server_index in known], now
-            )
-            title_applied = False
-            topic_snapshot = server_topic
-            title_snapshot = link.local_title
-            if apply_title is not None:
-                if before.title == expected_title:
-                    if apply_title != before.title:
-                        conn.execute("UPDATE sessions_v2 SET title = ? WHERE id = ?", (apply_title, session_id))
-                    title_applied = True
-                    title_snapshot = apply_title
-                else:
-                    topic_snapshot = link.server_topic
-            if added or changed_count:
-                SessionRepo.recount(conn, session_id)
-            # Local clock only: a server time ahead of ours would hide later local edits.
-            updated_at = before.updated_at
-            if added or changed_count or title_applied:
-                updated_at = max(before.updated_at, min(server_modified or now, now))
-                if title_applied:
-                    updated_at = max(updated_at, now)
-                SessionRepo.touch(conn, session_id, updated_at)
-            stats = conn.execute(
-                "SELECT max(server_index), min(CASE WHEN finished = 0 THEN server_index END)"
-                " FROM sync_messages WHERE account_key = ? AND conversation_id = ?",
-                (account_key, conversation_id),
-            ).fetchall()[0]
-            conn.execute(
-                "UPDATE sync_links SET server_modified = ?, server_topic = ?, local_title = ?,"
-                " pulled_index = ?, open_index = ?, local_synced_at = ?, sandbox_session_id = coalesce(?,"
-                " sandbox_session_id), pulled_at = ?, updated_at = ? WHERE account_key = ? AND conversation_id = ?",
-                (
-                    server_modified, topic_snapshot, title_snapshot, stats[0], stats[1],
-                    link.local_synced_at if locally_changed else updated_at,
-                    sandbox_session_id, now, now, account_key, conversation_id,
-                ),
-            )
-            session = SessionRepo.get(conn, session_id)
-            branched = added > 0 and session.active_leaf_id is not None and not _is_server_message(
-                conn, session.active_leaf_id
-            )
-            return UpdateOutcome(
-                state="updated", added=added, changed=changed_count, branched=branched,
-                title_applied=title_applied, session=session,
-            )
+            return _import_update(conn, item)
+
+    def import_batch(
+        self, items: list[NewConversation | ConversationUpdate]
+    ) -> list[SessionV2 | UpdateOutcome | SidecarError]:
+        """Several conversations in one transaction, each in a savepoint of its own: each is
+        stored whole or (failing) not at all, and one that fails does not take the others
+        with it. Results (or the error of each) in the order of ``items``."""
+        out: list[SessionV2 | UpdateOutcome | SidecarError] = []
+        with self._db.write() as conn:
+            for item in items:
+                try:
+                    with conn:  # a savepoint inside the write transaction
+                        if isinstance(item, NewConversation):
+                            out.append(_import_new(conn, item))
+                        else:
+                            out.append(_import_update(conn, item))
+                except SidecarError as exc:
+                    out.append(exc)
+                except apsw.Error as exc:
+                    out.append(StoreError(f"database error: {exc}"))
+        return out
 
     def deletable(self, account_key: str, conversation_id: int) -> bool:
         """Whether the linked session would go with its conversation (unchanged here since the
@@ -616,6 +541,123 @@ class SyncRepo:
 
 
 # ---- helpers (inside the caller's transaction) ----------------------------------------
+
+
+def _import_new(conn: apsw.Connection, item: NewConversation) -> SessionV2:
+    """See ``SyncRepo.import_new`` (inside the caller's transaction)."""
+    _, foreign = _known_indexes(
+        conn, item.account_key, item.conversation_id, [p.server_index for p in item.messages]
+    )
+    messages = [p for p in item.messages if p.server_index not in foreign]
+    provider = item.session.provider_id or SettingsRepo.get(conn, DEFAULT_PROVIDER_KEY) or ""
+    model = item.session.model_id or SettingsRepo.get(conn, DEFAULT_MODEL_KEY) or ""
+    stored_messages: list[MessageV2] = []
+    parent: str | None = None
+    for pulled in messages:
+        mid = new_id()
+        stored_messages.append(
+            msgspec.structs.replace(pulled.message, id=mid, session_id=item.session.id, parent_id=parent)
+        )
+        parent = mid
+    stored = import_session(
+        conn,
+        msgspec.structs.replace(
+            item.session, provider_id=provider, model_id=model,
+            active_leaf_id=stored_messages[-1].id if stored_messages else None,
+        ),
+        stored_messages,
+        replace=False,
+    )
+    _map_messages(conn, item.account_key, item.conversation_id, item.session.id, messages, stored_messages)
+    indexes = [p.server_index for p in messages]
+    conn.execute(
+        "INSERT INTO sync_links (account_key, conversation_id, session_id, agent_id, state, server_modified,"
+        " server_topic, local_title, pulled_index, open_index, local_synced_at, reported_local,"
+        " sandbox_session_id, pulled_at, created_at, updated_at)"
+        " VALUES (?, ?, ?, ?, 'linked', ?, ?, ?, ?, ?, ?, 0, ?, ?, ?, ?)"
+        " ON CONFLICT(account_key, conversation_id) DO UPDATE SET session_id = excluded.session_id,"
+        " agent_id = excluded.agent_id, state = 'linked', server_modified = excluded.server_modified,"
+        " server_topic = excluded.server_topic, local_title = excluded.local_title,"
+        " pulled_index = excluded.pulled_index, open_index = excluded.open_index,"
+        " local_synced_at = excluded.local_synced_at, reported_local = 0,"
+        " sandbox_session_id = excluded.sandbox_session_id, pulled_at = excluded.pulled_at,"
+        " updated_at = excluded.updated_at",
+        (
+            item.account_key, item.conversation_id, item.session.id, item.agent_id, item.server_modified, item.server_topic,
+            stored.title, max(indexes, default=None),
+            min((p.server_index for p in messages if not p.finished), default=None),
+            stored.updated_at, item.sandbox_session_id, item.now, item.now, item.now,
+        ),
+    )
+    return stored
+
+
+def _import_update(conn: apsw.Connection, item: ConversationUpdate) -> UpdateOutcome:
+    """See ``SyncRepo.import_update`` (inside the caller's transaction)."""
+    row = conn.execute(
+        f"SELECT {_LINK_COLUMNS} FROM sync_links l WHERE l.account_key = ? AND l.conversation_id = ?",
+        (item.account_key, item.conversation_id),
+    ).fetchone()
+    if row is None:
+        return UpdateOutcome(state="unlinked")
+    link = _link(row)
+    if link.state != "linked":
+        return UpdateOutcome(state="unlinked")
+    if not link.session_exists:
+        return UpdateOutcome(state="local_deleted")
+    session_id = link.session_id
+    before = SessionRepo.get(conn, session_id)
+    locally_changed = before.updated_at > (link.local_synced_at or -1)
+    known, foreign = _known_indexes(conn, item.account_key, item.conversation_id, [p.server_index for p in item.messages])
+    fresh = [p for p in item.messages if p.server_index not in known and p.server_index not in foreign]
+    added = _append_branch(conn, item.account_key, item.conversation_id, session_id, fresh, before)
+    changed_count = _rewrite(
+        conn, item.account_key, item.conversation_id, [p for p in item.messages if p.server_index in known], item.now
+    )
+    title_applied = False
+    topic_snapshot = item.server_topic
+    title_snapshot = link.local_title
+    if item.apply_title is not None:
+        if before.title == item.expected_title:
+            if item.apply_title != before.title:
+                conn.execute("UPDATE sessions_v2 SET title = ? WHERE id = ?", (item.apply_title, session_id))
+            title_applied = True
+            title_snapshot = item.apply_title
+        else:
+            topic_snapshot = link.server_topic
+    if added or changed_count:
+        SessionRepo.recount(conn, session_id)
+    # Local clock only: a server time ahead of ours would hide later local edits.
+    updated_at = before.updated_at
+    if added or changed_count or title_applied:
+        updated_at = max(before.updated_at, min(item.server_modified or item.now, item.now))
+        if title_applied:
+            updated_at = max(updated_at, item.now)
+        SessionRepo.touch(conn, session_id, updated_at)
+    stats = conn.execute(
+        "SELECT max(server_index), min(CASE WHEN finished = 0 THEN server_index END)"
+        " FROM sync_messages WHERE account_key = ? AND conversation_id = ?",
+        (item.account_key, item.conversation_id),
+    ).fetchall()[0]
+    conn.execute(
+        "UPDATE sync_links SET server_modified = ?, server_topic = ?, local_title = ?,"
+        " pulled_index = ?, open_index = ?, local_synced_at = ?, sandbox_session_id = coalesce(?,"
+        " sandbox_session_id), pulled_at = ?, updated_at = ? WHERE account_key = ? AND conversation_id = ?",
+        (
+            item.server_modified, topic_snapshot, title_snapshot, stats[0], stats[1],
+            link.local_synced_at if locally_changed else updated_at,
+            item.sandbox_session_id, item.now, item.now, item.account_key, item.conversation_id,
+        ),
+    )
+    session = SessionRepo.get(conn, session_id)
+    branched = added > 0 and session.active_leaf_id is not None and not _is_server_message(
+        conn, session.active_leaf_id
+    )
+    return UpdateOutcome(
+        state="updated", added=added, changed=changed_count, branched=branched,
+        title_applied=title_applied, session=session,
+    )
+
 
 
 def _unchanged(conn: apsw.Connection, link: SyncLink) -> bool:

@@ -21,10 +21,11 @@ Pull (``pull``):
    goes with it if it did not change here, else it is kept and reported); a conversation
    that still exists is treated as listed.
 Messages are fetched with ``index`` paging until an empty page (the server drops SYSTEM rows
-after its LIMIT, so a short page does not mean the end). Fetch and import run in
-WORKERS tasks; each conversation is imported in one transaction (see
-sidecar/store/sync.py), so an interrupted pull leaves whole conversations or nothing,
-and pulling again changes nothing that did not change on the server.
+after its LIMIT, so a short page does not mean the end). WORKERS tasks fetch while one
+importer stores what they fetched, a few conversations per transaction, each one whole or
+not at all (a savepoint of its own, see sidecar/store/sync.py), so an interrupted pull
+leaves whole conversations or nothing, and pulling again changes nothing that did not
+change on the server.
 
 Titles: the server's topic and the local title are compared with what both were at the
 last sync; when both changed, the newer side (session ``updatedAt`` against conversation
@@ -53,13 +54,23 @@ import logging
 from collections.abc import Awaitable, Callable
 
 import anyio
+import anyio.abc
 import msgspec
+from anyio.streams.memory import MemoryObjectReceiveStream
 
 from protocol.sync import NotPushed, SyncConflict
 from protocol.types import MessageV2, SessionV2
 from sidecar.errors import SidecarError
 from sidecar.store.ids import new_id, now_ms
-from sidecar.store.sync import PulledMessage, PushCandidate, SyncLink, SyncRepo
+from sidecar.store.sync import (
+    ConversationUpdate,
+    NewConversation,
+    PulledMessage,
+    PushCandidate,
+    SyncLink,
+    SyncRepo,
+    UpdateOutcome,
+)
 from sidecar.store.transfer import MAX_IMPORT_MESSAGES
 from sidecar.sync.errors import AuthRequired, ConversationGone, QimingError, ServerMalformed
 from sidecar.sync.mapping import ServerMessage, conversation_title, normalize_messages, to_message
@@ -71,7 +82,13 @@ __all__ = ["ConversationSyncAdapter", "WORKERS", "MAX_LIST_PAGES", "NO_MESSAGE_I
 log = logging.getLogger(__name__)
 
 WORKERS = 4
-"""Conversations fetched and imported at the same time."""
+"""Conversations fetched at the same time."""
+IMPORT_QUEUE = 8
+"""Fetched conversations waiting to be stored (the fetchers wait beyond that)."""
+MAX_BATCH = 8
+MAX_BATCH_MESSAGES = 1000
+"""One import transaction holds at most this many conversations / about this many messages,
+so the store's writer is never held for long (chat writes wait at most one batch)."""
 MAX_LIST_PAGES = 100_000
 MAX_SWEEP_LIMIT = 1_000_000
 MAX_MESSAGE_PAGES = 100_000
@@ -92,6 +109,14 @@ class _Job(msgspec.Struct, kw_only=True):
     conversation_id: int
     dto: ConversationDto | None = None
     link: SyncLink | None = None
+
+
+class _Ready(msgspec.Struct, kw_only=True):
+    """A fetched conversation waiting for the importer."""
+
+    job: _Job
+    item: NewConversation | ConversationUpdate
+    title_conflict: SyncConflict | None = None
 
 
 class ConversationSyncAdapter:
@@ -241,59 +266,115 @@ class ConversationSyncAdapter:
         return None
 
     async def _run_jobs(self, ctx: RunContext, jobs: list[_Job]) -> set[int]:
-        """Fetch and import in WORKERS tasks; returns the conversations that failed."""
+        """WORKERS tasks fetch; one importer stores what they fetched, a few conversations per
+        transaction (each in its own savepoint), while they fetch the next ones. Returns the
+        conversations that failed."""
         failed: set[int] = set()
         if not jobs:
             return failed
         expired: list[AuthRequired] = []
-        send, receive = anyio.create_memory_object_stream[_Job](0)
+        job_send, job_receive = anyio.create_memory_object_stream[_Job](0)
+        ready_send, ready_receive = anyio.create_memory_object_stream[_Ready](IMPORT_QUEUE)
 
-        async def worker(stream: anyio.abc.ObjectReceiveStream[_Job], scope: anyio.CancelScope) -> None:
-            async with stream:
-                async for job in stream:
+        def finished(job: _Job, ok: bool) -> None:
+            ctx.done += 1
+            if not ok:
+                failed.add(job.conversation_id)
+
+        async def fetcher(
+            jobs_in: anyio.abc.ObjectReceiveStream[_Job], ready_out: anyio.abc.ObjectSendStream[_Ready],
+            scope: anyio.CancelScope,
+        ) -> None:
+            async with jobs_in, ready_out:
+                async for job in jobs_in:
                     try:
-                        if not await self._do(ctx, job):
-                            failed.add(job.conversation_id)
+                        ready = await self._prepare(ctx, job)
                     except AuthRequired as exc:
                         expired.append(exc)
                         scope.cancel()
                         return
-                    ctx.done += 1
+                    if isinstance(ready, _Ready):
+                        await ready_out.send(ready)
+                    else:
+                        finished(job, ready)
+                        await ctx.report(f"{ctx.done} of {ctx.total} conversations")
+
+        async def importer(ready_in: MemoryObjectReceiveStream[_Ready]) -> None:
+            async with ready_in:
+                async for first in ready_in:
+                    batch = [first]
+                    size = len(first.item.messages)
+                    while len(batch) < MAX_BATCH and size < MAX_BATCH_MESSAGES:
+                        try:
+                            more = ready_in.receive_nowait()
+                        except (anyio.WouldBlock, anyio.EndOfStream):
+                            break
+                        batch.append(more)
+                        size += len(more.item.messages)
+                    results = await ctx.db(self.repo.import_batch, [r.item for r in batch])
+                    for ready, result in zip(batch, results, strict=True):
+                        finished(ready.job, self._stored(ctx, ready, result))
                     await ctx.report(f"{ctx.done} of {ctx.total} conversations")
 
         async with anyio.create_task_group() as tg:
-            for _ in range(min(WORKERS, len(jobs))):
-                tg.start_soon(worker, receive.clone(), tg.cancel_scope)
-            receive.close()
-            async with send:
+            tg.start_soon(importer, ready_receive)
+            async with ready_send:
+                for _ in range(min(WORKERS, len(jobs))):
+                    tg.start_soon(fetcher, job_receive.clone(), ready_send.clone(), tg.cancel_scope)
+            job_receive.close()
+            async with job_send:
                 for job in jobs:
-                    await send.send(job)
+                    await job_send.send(job)
         if expired:
             raise expired[0]
         return failed
 
-    async def _do(self, ctx: RunContext, job: _Job) -> bool:
-        """One job; False when it failed (reported)."""
+    async def _prepare(self, ctx: RunContext, job: _Job) -> _Ready | bool:
+        """The network part of a job: what to store, or True/False when there is nothing to
+        store (done / failed, reported)."""
         cid = job.conversation_id
         try:
             if job.kind == "probe":
                 return await self._probe(ctx, job)
             if job.kind == "update":
-                await self._update(ctx, job)
-            else:
-                await self._import_new(ctx, job)
-            return True
+                return await self._prepare_update(ctx, job)
+            return await self._prepare_new(ctx, job)
         except AuthRequired:
             raise
         except ConversationGone as exc:
-            session_id = job.link.session_id if job.link else None
             ctx.issue("pull", ConversationGone(
                 f"conversation {cid} vanished between the list and its messages ({exc.message})",
                 server_code=exc.server_code,
-            ), conversation_id=cid, session_id=session_id)
-        except SidecarError as exc:  # the server, or the store refusing what it sent
+            ), conversation_id=cid, session_id=job.link.session_id if job.link else None)
+        except SidecarError as exc:
             ctx.issue("pull", exc, conversation_id=cid, session_id=job.link.session_id if job.link else None)
         return False
+
+    def _stored(self, ctx: RunContext, ready: _Ready, result: SessionV2 | UpdateOutcome | SidecarError) -> bool:
+        """Account for one stored conversation (or the store's refusal of it)."""
+        job = ready.job
+        if isinstance(result, SidecarError):
+            ctx.issue("pull", result, conversation_id=job.conversation_id,
+                      session_id=job.link.session_id if job.link else None)
+            return False
+        if isinstance(result, SessionV2):
+            ctx.result.pulled += 1
+            ctx.result.messages_pulled += len(ready.item.messages)
+            return True
+        if result.state != "updated":
+            return True  # deleted here meanwhile: the next run decides
+        if ready.title_conflict is not None:
+            ctx.conflict(ready.title_conflict)
+        if result.added or result.changed or result.title_applied:
+            ctx.result.pulled += 1
+        ctx.result.messages_pulled += result.added
+        if result.branched:
+            ctx.conflict(SyncConflict(
+                kind="branches", session_id=result.session.id if result.session else None,
+                conversation_id=job.conversation_id, winner="both",
+                message=f"{result.added} new server messages were added as a branch beside this device's messages",
+            ))
+        return True
 
     async def _fetch(self, ctx: RunContext, cid: int, stop_at: int | None) -> list[ChatMessageDto]:
         """Messages newest first by ``index`` pages until an empty page, or a page that
@@ -317,7 +398,7 @@ class ConversationSyncAdapter:
             index = first
         raise ServerMalformed(f"conversation {cid}: more than {MAX_MESSAGE_PAGES} pages of messages")
 
-    async def _import_new(self, ctx: RunContext, job: _Job) -> None:
+    async def _prepare_new(self, ctx: RunContext, job: _Job) -> _Ready:
         assert job.dto is not None
         dto = job.dto
         cid = job.conversation_id
@@ -334,23 +415,20 @@ class ConversationSyncAdapter:
             created_at=created,
             updated_at=min(modified or now, now),
         )
-        await ctx.db(
-            self.repo.import_new,
+        return _Ready(job=job, item=NewConversation(
             account_key=ctx.account.account_key, conversation_id=cid, agent_id=to_int(dto.agent_id),
             session=session, messages=[_pulled(m) for m in messages], server_modified=modified,
             server_topic=conversation_title(dto) if dto.topic is not None else None,
             sandbox_session_id=dto.sandbox_session_id, now=now,
-        )
-        ctx.result.pulled += 1
-        ctx.result.messages_pulled += len(messages)
+        ))
 
-    async def _update(self, ctx: RunContext, job: _Job) -> None:
+    async def _prepare_update(self, ctx: RunContext, job: _Job) -> _Ready | bool:
         assert job.dto is not None and job.link is not None
         dto, link = job.dto, job.link
         cid = job.conversation_id
         state = await ctx.db(self.repo.session_state, link.session_id)
         if state is None:
-            return  # deleted here meanwhile: the next run decides
+            return True  # deleted here meanwhile: the next run decides
         session, _ = state
         modified = to_ms(dto.modified)
         newer = link.server_modified is None or (modified is not None and modified > link.server_modified)
@@ -364,51 +442,15 @@ class ConversationSyncAdapter:
             if stop_at is not None:
                 messages = [m for m in messages if m.index > stop_at]
         server_topic = conversation_title(dto) if dto.topic is not None else link.server_topic
-        apply_title = self._decide_title(ctx, cid, session, link, server_topic, modified)
-        outcome = await ctx.db(
-            self.repo.import_update,
+        apply_title, conflict = _decide_title(cid, session, link, server_topic, modified)
+        return _Ready(job=job, title_conflict=conflict, item=ConversationUpdate(
             account_key=ctx.account.account_key, conversation_id=cid, messages=[_pulled(m) for m in messages],
             server_modified=modified if modified is not None else link.server_modified,
             server_topic=server_topic, apply_title=apply_title, expected_title=session.title,
             sandbox_session_id=dto.sandbox_session_id, now=now_ms(),
-        )
-        if outcome.state != "updated":
-            return
-        if outcome.added or outcome.changed or outcome.title_applied:
-            ctx.result.pulled += 1
-        ctx.result.messages_pulled += outcome.added
-        if outcome.branched:
-            ctx.conflict(SyncConflict(
-                kind="branches", session_id=link.session_id, conversation_id=cid, winner="both",
-                message=f"{outcome.added} new server messages were added as a branch beside this device's messages",
-            ))
-
-    def _decide_title(
-        self, ctx: RunContext, cid: int, session: SessionV2, link: SyncLink, server_topic: str | None,
-        modified: int | None,
-    ) -> str | None:
-        """The title to apply locally (the server's topic), or None to keep the local one."""
-        if server_topic is None:
-            return None
-        server_changed = server_topic != link.server_topic
-        local_changed = session.title != link.local_title
-        if not server_changed or session.title == server_topic:
-            return server_topic if server_changed else None
-        if not local_changed:
-            return server_topic
-        local_wins = modified is None or session.updated_at >= modified
-        ctx.conflict(SyncConflict(
-            kind="metadata", field="title", session_id=session.id, conversation_id=cid,
-            winner="local" if local_wins else "server", local_value=session.title, server_value=server_topic,
-            message=(
-                f"the title changed on both sides; kept the {'local' if local_wins else 'server'} one"
-                f" ({session.title if local_wins else server_topic!r}), the other was "
-                f"{server_topic if local_wins else session.title!r}"
-            ),
         ))
-        return None if local_wins else server_topic
 
-    async def _probe(self, ctx: RunContext, job: _Job) -> bool:
+    async def _probe(self, ctx: RunContext, job: _Job) -> _Ready | bool:
         assert job.link is not None
         link = job.link
         cid = job.conversation_id
@@ -423,7 +465,7 @@ class ConversationSyncAdapter:
             ctx.issue("probe", exc, conversation_id=cid, session_id=link.session_id)
             return False
         follow = self._plan(ctx, cid, dto, link)
-        return True if follow is None else await self._do(ctx, follow)
+        return True if follow is None else await self._prepare(ctx, follow)
 
     async def _server_deleted(self, ctx: RunContext, link: SyncLink) -> None:
         key = ctx.account.account_key
@@ -596,6 +638,32 @@ class ConversationSyncAdapter:
         )
         if pushed:
             ctx.result.pushed += 1
+
+
+def _decide_title(
+    cid: int, session: SessionV2, link: SyncLink, server_topic: str | None, modified: int | None
+) -> tuple[str | None, SyncConflict | None]:
+    """The title to apply locally (the server's topic; None keeps the local one) and the
+    conflict to report once it is stored, when both sides changed it."""
+    if server_topic is None:
+        return None, None
+    server_changed = server_topic != link.server_topic
+    local_changed = session.title != link.local_title
+    if not server_changed or session.title == server_topic:
+        return (server_topic if server_changed else None), None
+    if not local_changed:
+        return server_topic, None
+    local_wins = modified is None or session.updated_at >= modified
+    kept, lost = (session.title, server_topic) if local_wins else (server_topic, session.title)
+    conflict = SyncConflict(
+        kind="metadata", field="title", session_id=session.id, conversation_id=cid,
+        winner="local" if local_wins else "server", local_value=session.title, server_value=server_topic,
+        message=(
+            f"the title changed on both sides; kept the {'local' if local_wins else 'server'} one"
+            f" ({kept!r}), the other was {lost!r}"
+        ),
+    )
+    return (None if local_wins else server_topic), conflict
 
 
 def _keep_newest(listed: dict[int, ConversationDto], cid: int, dto: ConversationDto) -> None:
