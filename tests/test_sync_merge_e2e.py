@@ -200,3 +200,26 @@ async def test_deletions_travel_and_tombstones_keep_them_from_coming_back(tmp_pa
         assert quiet["deleted"] == 0 and quiet["conflicts"] == [] and quiet["pulled"] == 0
         assert {s["id"] for s in await all_sessions(proc)} == {s1["id"], s3["id"]}
         await proc.close()
+
+
+async def test_chat_goes_on_while_a_sync_runs(tmp_path):
+    async with qiming_server() as server, scripted_provider() as provider, spawn_sidecar(tmp_path) as proc:
+        await configure_provider(proc, provider.base_url)
+        await proc.call("settings:update", {"generateTitles": False})
+        await server.control("seed", {"count": 80, "messages": 4})
+        await configure(proc, server)
+        await server.fault({"path": "/api/agent/conversation/message/list", "fault": "delay", "delayMs": 100,
+                            "times": -1})
+        pull = await proc.request("sync:pull", {"progressToken": "bg"})
+        await proc.wait_for(lambda m: isinstance(m, dict) and m.get("method") == "sidecar:progress"
+                            and m["params"]["done"] >= 1, timeout=60)
+        session = await proc.call("chat:session:create", {"title": "meanwhile"})
+        await provider.script({"text": "an answer while the sync runs", "delay_ms": 5})
+        sent = await proc.call("chat:send", {"sessionId": session["id"], "input": {"content": "hi"}})
+        final = await wait_final(proc, sent["messageId"])
+        assert final["type"] == "stream_end"
+        running = [p for p in proc.notifications("sidecar:progress") if p["kind"] == "end"]
+        assert running == [], "the reply finished while the sync was still running"
+        result = (await proc.response(pull, timeout=120))["result"]
+        assert result["pulled"] == 80 and result["errors"] == []
+        await proc.close()

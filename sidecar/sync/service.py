@@ -10,7 +10,8 @@ the account is not usable), the sync settings, and the server conversation calls
 
 Must stay true: a sync never blocks chat: it runs in the task of its request (or the
 periodic task), its database work goes through one worker thread of its own, and each
-write is one conversation; cancelling the request cancels the run between two writes.
+write is a small batch of whole conversations; cancelling the request cancels the run
+between two writes.
 """
 
 from __future__ import annotations
