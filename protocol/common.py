@@ -1,13 +1,21 @@
-"""Params and results shared by every domain: empty params, an id, a name, success.
+"""Params and results shared by every domain: empty params, an id, a name, success, and
+the ``sidecar:progress`` convention.
+
+Progress (LSP's work-done progress, flattened): a request that can take long accepts
+``progressToken``; when it is given, the sidecar sends ``sidecar:progress`` notifications
+carrying that token: once the work starts one ``begin``, any number of ``report``, and
+exactly one ``end`` (also when the work fails or the request is cancelled; a request
+refused before any work starts sends none). ``done``/``total`` count the units of work
+(``total`` is absent while unknown); ``message`` says what is happening.
 """
 
 from __future__ import annotations
 
-from typing import Any
+from typing import Any, Literal
 
 import msgspec
 
-from protocol.limits import Id
+from protocol.limits import Id, Int64
 from protocol.types import Struct
 
 __all__ = [
@@ -17,6 +25,9 @@ __all__ = [
     "IdParams",
     "NameParams",
     "CancelRequestParams",
+    "ProgressToken",
+    "ProgressKind",
+    "ProgressParams",
 ]
 
 
@@ -41,6 +52,21 @@ class CancelRequestParams(Struct, kw_only=True):
 
     id: int | float | str
     """The id of the request, as it was sent (JSON-RPC allows strings and numbers)."""
+
+
+ProgressToken = Int64 | Id
+"""Chosen by the caller (a number or a string of at most 256 characters)."""
+ProgressKind = Literal["begin", "report", "end"]
+
+
+class ProgressParams(Struct, omit_defaults=False, kw_only=True):
+    """``sidecar:progress``: how far a long request has come (see the module docstring)."""
+
+    token: ProgressToken
+    kind: ProgressKind
+    done: int = 0
+    total: int | None = None
+    message: str | None = None
 
 
 class MethodSpec(msgspec.Struct, frozen=True):

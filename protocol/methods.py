@@ -11,12 +11,13 @@ from __future__ import annotations
 from protocol import chat, context, lifecycle, mcp, messages, providers, sessions, settings, tools
 from protocol import compat
 from protocol import channels
+from protocol import sync
 from protocol.channels import ChannelReplyParams
-from protocol.common import CancelRequestParams, MethodSpec
+from protocol.common import CancelRequestParams, MethodSpec, ProgressParams
 from protocol.events import ChatStreamEvent
 from protocol.types import SessionV2
 
-_DOMAIN_TABLES = (lifecycle, sessions, messages, chat, providers, settings, tools, mcp, context, compat, channels)
+_DOMAIN_TABLES = (lifecycle, sessions, messages, chat, providers, settings, tools, mcp, context, compat, channels, sync)
 
 METHODS: dict[str, MethodSpec] = {}
 for _domain in _DOMAIN_TABLES:
@@ -36,7 +37,12 @@ NOTIFICATIONS: dict[str, MethodSpec] = {
         ChannelReplyParams, None, "Deliver chunks of a reply to an IM chat; answer with channel:ack.",
         direction="server->client",
     ),
+    "sidecar:progress": MethodSpec(
+        ProgressParams, None, "Progress of a long request, under the caller's progressToken.",
+        direction="server->client",
+    ),
     "$/cancelRequest": MethodSpec(
         CancelRequestParams, None, "Cancel an in-flight request (LSP convention).",
     ),
 }
+NOTIFICATIONS.update(sync.NOTIFICATIONS)

@@ -38,6 +38,8 @@ Attributes:
               endpoint (off until compat:start; stopped first on exit).
     channels: ChannelService (sidecar/channels/service.py): channel:*; its workers stop on
               exit before the chat engine does (their turns and deliveries resume on restart).
+    sync:     SyncService (sidecar/sync/service.py): server:*, sync:*, server:conversation:*;
+              its periodic task stops on exit.
     (later)   ... attached by the services that own them.
 """
 
@@ -73,6 +75,7 @@ if TYPE_CHECKING:
     from sidecar.pipeline.builder import RequestBuilder
     from sidecar.store import AsyncStore
     from sidecar.store.attachments import AttachmentStore
+    from sidecar.sync.service import SyncService
     from sidecar.tools.mcp import McpManager
     from sidecar.tools.service import ToolService
 
@@ -99,6 +102,7 @@ class App:
     context: ContextService
     compat: CompatService
     channels: ChannelService
+    sync: SyncService
 
     def __init__(self, config: Config, data_dir: Path, notify: Notify) -> None:
         self.config = config
@@ -139,6 +143,7 @@ async def open_app(config: Config, notify: Notify) -> AsyncIterator[App]:
         _open_context(app)
         await _open_compat(app, stack)
         await _open_channels(app, stack)
+        await _open_sync(app, stack)
         yield app
 
 
@@ -171,6 +176,7 @@ _SERVICE_MODULES = (
     "sidecar.store.assistants",
     "sidecar.compat.service",
     "sidecar.channels.service",
+    "sidecar.sync.service",
 )
 
 
@@ -335,3 +341,39 @@ async def _open_channels(app: App, stack: AsyncExitStack) -> None:
         task_group=task_group,
     )
     await app.channels.load()
+
+
+async def _open_sync(app: App, stack: AsyncExitStack) -> None:
+    """Qiming server sync: the account, sync runs, the periodic task (its own task group,
+    cancelled first on exit), the server conversation calls.
+
+    A session the sync deletes (deleted on the server, unchanged here) goes through the
+    same on_delete hooks as ``chat:session:delete`` (its generation and ACP session stop).
+    """
+    import anyio
+
+    from sidecar.sync.service import SyncService
+
+    async def before_delete(session_id: str) -> Callable[[], None]:
+        done: list[Callable[[], None]] = []
+
+        def finished() -> None:
+            for after in done:
+                after()
+
+        try:
+            for hook in list(app.sessions.on_delete):
+                after = await hook(session_id)
+                if after is not None:
+                    done.append(after)
+        except BaseException:
+            finished()
+            raise
+        return finished
+
+    app.sync = SyncService(app.store, app.notify, before_delete=before_delete)
+    await app.sync.load()
+    stack.push_async_callback(app.sync.aclose)
+    group = await stack.enter_async_context(anyio.create_task_group())
+    stack.callback(group.cancel_scope.cancel)  # unwound before the group waits for its task
+    app.sync.start(group)
