@@ -1,13 +1,21 @@
-"""Params and results shared by every domain: empty params, an id, a name, success.
+"""Params and results shared by every domain: empty params, an id, a name, success, and
+the ``sidecar:progress`` convention.
+
+Progress (LSP's work-done progress, flattened): a request that can take long accepts
+``progressToken``; when it is given, the sidecar sends ``sidecar:progress`` notifications
+carrying that token: once the work starts one ``begin``, any number of ``report``, and
+exactly one ``end`` (also when the work fails or the request is cancelled; a request
+refused before any work starts sends none). ``done``/``total`` count the units of work
+(``total`` is absent while unknown); ``message`` says what is happening.
 """
 
 from __future__ import annotations
 
-from typing import Any
+from typing import Any, Literal
 
 import msgspec
 
-from protocol.limits import Id
+from protocol.limits import Id, Int64
 from protocol.types import Struct
 
 __all__ = [
@@ -17,6 +25,8 @@ __all__ = [
     "IdParams",
     "NameParams",
     "CancelRequestParams",
+    "ProgressToken",
+    "ProgressKind",
     "ProgressParams",
 ]
 
@@ -44,17 +54,18 @@ class CancelRequestParams(Struct, kw_only=True):
     """The id of the request, as it was sent (JSON-RPC allows strings and numbers)."""
 
 
-class ProgressParams(Struct, omit_defaults=False, kw_only=True):
-    """``sidecar:progress``: how far a long piece of work has come (import, export, knowledge
-    indexing, re-embedding...). ``token`` is the one the caller gave with its request; the
-    last notification of a piece of work has ``done == total`` (its ``message`` says how it
-    ended: ``ready``, or ``error: ...``)."""
+ProgressToken = Int64 | Id
+"""Chosen by the caller (a number or a string of at most 256 characters)."""
+ProgressKind = Literal["begin", "report", "end"]
 
-    token: int | str
-    kind: str
-    """What the work is, e.g. ``kb:index`` or ``kb:reembed``."""
-    done: int
-    total: int
+
+class ProgressParams(Struct, omit_defaults=False, kw_only=True):
+    """``sidecar:progress``: how far a long request has come (see the module docstring)."""
+
+    token: ProgressToken
+    kind: ProgressKind
+    done: int = 0
+    total: int | None = None
     message: str | None = None
 
 

@@ -12,12 +12,13 @@ from protocol import chat, context, lifecycle, mcp, messages, providers, session
 from protocol import compat
 from protocol import channels
 from protocol import kb
+from protocol import sync
 from protocol.channels import ChannelReplyParams
 from protocol.common import CancelRequestParams, MethodSpec, ProgressParams
 from protocol.events import ChatStreamEvent
 from protocol.types import SessionV2
 
-_DOMAIN_TABLES = (lifecycle, sessions, messages, chat, providers, settings, tools, mcp, context, compat, channels, kb)
+_DOMAIN_TABLES = (lifecycle, sessions, messages, chat, providers, settings, tools, mcp, context, compat, channels, kb, sync)
 
 METHODS: dict[str, MethodSpec] = {}
 for _domain in _DOMAIN_TABLES:
@@ -38,10 +39,11 @@ NOTIFICATIONS: dict[str, MethodSpec] = {
         direction="server->client",
     ),
     "sidecar:progress": MethodSpec(
-        ProgressParams, None, "Progress of long work started by a request that gave a progressToken.",
+        ProgressParams, None, "Progress of a long request, under the caller's progressToken.",
         direction="server->client",
     ),
     "$/cancelRequest": MethodSpec(
         CancelRequestParams, None, "Cancel an in-flight request (LSP convention).",
     ),
 }
+NOTIFICATIONS.update(sync.NOTIFICATIONS)

@@ -49,6 +49,8 @@ Attributes:
               exit before the chat engine does (their turns and deliveries resume on restart).
     knowledge: KnowledgeService (sidecar/retrieval/service.py): kb:*, background ingestion,
               the retriever of the KnowledgeRetrieval transformer and the knowledge_search tool.
+    sync:     SyncService (sidecar/sync/service.py): server:*, sync:*, server:conversation:*;
+              its periodic task stops on exit.
     (later)   ... attached by the services that own them.
 """
 
@@ -86,6 +88,7 @@ if TYPE_CHECKING:
     from sidecar.retrieval.service import KnowledgeService
     from sidecar.store import AsyncStore
     from sidecar.store.attachments import AttachmentStore
+    from sidecar.sync.service import SyncService
     from sidecar.tools.mcp import McpManager
     from sidecar.tools.service import ToolService
 
@@ -113,6 +116,7 @@ class App:
     compat: CompatService
     channels: ChannelService
     knowledge: KnowledgeService
+    sync: SyncService
 
     def __init__(self, config: Config, data_dir: Path, notify: Notify) -> None:
         self.config = config
@@ -180,6 +184,7 @@ async def open_app(
         await _start_knowledge(app)
         await _open_compat(app, stack)
         await _open_channels(app, stack)
+        await _open_sync(app, stack)
         yield app
 
 
@@ -213,6 +218,7 @@ _SERVICE_MODULES = (
     "sidecar.compat.service",
     "sidecar.channels.service",
     "sidecar.retrieval.service",
+    "sidecar.sync.service",
 )
 
 
@@ -405,3 +411,39 @@ async def _start_knowledge(app: App) -> None:
     """The providers are there now (embedding calls): resume ingestion."""
     app.sessions.on_delete.append(app.knowledge.forget_session)
     await app.knowledge.start(connections=app.providers)
+
+
+async def _open_sync(app: App, stack: AsyncExitStack) -> None:
+    """Qiming server sync: the account, sync runs, the periodic task (its own task group,
+    cancelled first on exit), the server conversation calls.
+
+    A session the sync deletes (deleted on the server, unchanged here) goes through the
+    same on_delete hooks as ``chat:session:delete`` (its generation and ACP session stop).
+    """
+    import anyio
+
+    from sidecar.sync.service import SyncService
+
+    async def before_delete(session_id: str) -> Callable[[], None]:
+        done: list[Callable[[], None]] = []
+
+        def finished() -> None:
+            for after in done:
+                after()
+
+        try:
+            for hook in list(app.sessions.on_delete):
+                after = await hook(session_id)
+                if after is not None:
+                    done.append(after)
+        except BaseException:
+            finished()
+            raise
+        return finished
+
+    app.sync = SyncService(app.store, app.notify, before_delete=before_delete)
+    await app.sync.load()
+    stack.push_async_callback(app.sync.aclose)
+    group = await stack.enter_async_context(anyio.create_task_group())
+    stack.callback(group.cancel_scope.cancel)  # unwound before the group waits for its task
+    app.sync.start(group)

@@ -124,6 +124,17 @@ BINDINGS: dict[str, str] = {
     "kb:search": "knowledge.search",
     "kb:settings:get": "knowledge.get_settings",
     "kb:settings:update": "knowledge.update_settings",
+    "server:configure": "sync.configure",
+    "server:status": "sync.status",
+    "server:logout": "sync.logout",
+    "sync:pull": "sync.pull",
+    "sync:push": "sync.push",
+    "sync:run": "sync.run",
+    "sync:settings:get": "sync.get_settings",
+    "sync:settings:update": "sync.update_settings",
+    "server:conversation:update": "sync.update_conversation",
+    "server:conversation:delete": "sync.delete_conversation",
+    "server:conversation:share": "sync.share_conversation",
 }
 """Method name -> attribute path on the App of the ``async def f(params) -> result`` that answers it."""
 

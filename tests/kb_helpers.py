@@ -85,12 +85,13 @@ async def wait_indexed(proc: SidecarProcess, doc_id: str, timeout: float = 30) -
 
 
 async def progress_end(proc: SidecarProcess, token: str, timeout: float = 30) -> list[dict[str, Any]]:
-    """Every sidecar:progress of ``token`` up to the one with done == total."""
+    """Every sidecar:progress of ``token`` up to its ``end`` (which has done == total)."""
     _, last = await proc.wait_for(
         lambda m: isinstance(m, dict) and m.get("method") == "sidecar:progress"
-        and m["params"]["token"] == token and m["params"]["done"] == m["params"]["total"],
+        and m["params"]["token"] == token and m["params"]["kind"] == "end",
         timeout=timeout,
     )
+    assert last["params"]["done"] == last["params"]["total"], last
     return [p for p in proc.notifications("sidecar:progress") if p["token"] == token]
 
 

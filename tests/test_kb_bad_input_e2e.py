@@ -99,7 +99,7 @@ async def test_bad_documents_get_typed_errors_and_nothing_else_is_lost(tmp_path:
             doc = await wait_indexed(proc, added["document"]["id"])
             assert doc["status"] == "error" and doc["errorCode"] == code and doc["error"], doc
             updates = await progress_end(proc, code)
-            assert updates[-1]["message"].startswith("error:")
+            assert updates[-1]["message"].startswith("kb:index: error:")
         docs = await proc.call("kb:document:list", {"kbId": kb["id"]})
         assert not [d for d in docs if d["status"] in ("pending", "indexing")]
         assert len([d for d in docs if d["status"] == "error"]) == 4

@@ -89,8 +89,9 @@ async def test_documents_are_indexed_with_progress_and_found_three_ways(tmp_path
             docs[token] = added["document"]["id"]
         for token, doc_id in docs.items():
             updates = await progress_end(proc, token)
-            assert updates[-1]["done"] == updates[-1]["total"] > 0 and updates[-1]["message"] == "ready", updates
-            assert all(u["kind"] == "kb:index" for u in updates)
+            assert updates[-1]["done"] == updates[-1]["total"] > 0 and updates[-1]["message"] == "kb:index: ready", updates
+            assert [u["kind"] for u in updates] == ["begin", *["report"] * (len(updates) - 2), "end"]
+            assert all(u["message"].startswith("kb:index: ") for u in updates)
             assert [u["done"] for u in updates] == sorted(u["done"] for u in updates)  # never goes back
             assert sum(u["done"] == u["total"] for u in updates) == 1  # only the last one ends it
             doc = await wait_indexed(proc, doc_id)
@@ -206,7 +207,8 @@ async def test_changing_the_model_reembeds_while_old_vectors_serve(tmp_path: Pat
         found = await proc.call("kb:search", {"kbIds": [kb["id"]], "query": "topic7 harbour"}, timeout=30)
         assert found["mode"] == "hybrid" and found["hits"]
         updates = await progress_end(proc, "re", timeout=60)
-        assert updates[-1]["message"] == "ready" and all(u["kind"] == "kb:reembed" for u in updates)
+        assert updates[-1]["message"] == "kb:reembed: ready" and updates[-1]["kind"] == "end"
+        assert all(u["message"].startswith("kb:reembed: ") for u in updates)
         after = await proc.call("kb:get", {"id": kb["id"]})
         assert after["vectorModel"].endswith("/embed-2") and after["reembedding"] is False
         assert {r["model"] for r in await server.requests()} == {"embed-1", "embed-2"}

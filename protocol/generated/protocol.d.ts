@@ -160,6 +160,9 @@ export type MessageStatus = "aborted" | "completed" | "error" | "paused" | "pend
  * message (e.g. images) that the agent does not accept were left out.
  */
 export type NoticeCode = "acp_content_not_sent" | "acp_history_unavailable" | "acp_session_replaced";
+export type ProgressKind = "begin" | "end" | "report";
+/** Chosen by the caller (a number or a string of at most 256 characters). */
+export type ProgressToken = number | string;
 export type ProviderKind = "acp-engine" | "anthropic" | "ollama" | "openai-compat";
 export type ReasoningLevel = "auto" | "high" | "low" | "max" | "medium" | "off";
 export type RegexScope = "assistant" | "both" | "user";
@@ -176,6 +179,14 @@ export type ReplyMode = "once" | "stream";
 export type RetrievalMode = "hybrid" | "lexical";
 export type SecretKeySource = "file" | "host" | "keychain";
 export type SecretsState = "locked" | "ready";
+/**
+ * ``auth_required``: the server said the token expired (4010/4011); nothing is retried
+ * until ``server:configure`` gives a new token or credentials. ``secrets_locked``: the stored
+ * token was sealed with a key this process was not given (``sidecar:initialize`` counts it
+ * in ``secrets.locked``); calls that need it fail with SECRETS_LOCKED until the sidecar
+ * starts with that key or ``server:configure`` replaces the token.
+ */
+export type ServerState = "auth_required" | "logged_out" | "ok" | "secrets_locked" | "unconfigured";
 export type SessionMode = "acp" | "direct";
 export type SessionSortBy = "created_at" | "last_message_at" | "updated_at";
 /**
@@ -736,6 +747,11 @@ export interface ContextUpdateParams {
   truncationStrategy?: TruncationStrategy | "" | null;
 }
 
+export interface ConversationRef {
+  sessionId?: string | null;
+  conversationId?: number | null;
+}
+
 /** Params of ``chat:session:create``; omitted provider/model use the configured default. */
 export interface CreateSessionOptions {
   title?: string | null;
@@ -1279,6 +1295,14 @@ export interface NameParams {
   name: string;
 }
 
+/** Messages of a session that stay on this device only (the server cannot take them). */
+export interface NotPushed {
+  sessionId: string;
+  conversationId: number | null;
+  messages: number;
+  reason: string;
+}
+
 /**
  * Something the user should know about this reply that is not an error (it goes on).
  *
@@ -1335,18 +1359,12 @@ export interface PlanEvent {
   entries: PlanEntry[];
 }
 
-/**
- * ``sidecar:progress``: how far a long piece of work has come (import, export, knowledge
- * indexing, re-embedding...). ``token`` is the one the caller gave with its request; the
- * last notification of a piece of work has ``done == total`` (its ``message`` says how it
- * ended: ``ready``, or ``error: ...``).
- */
+/** ``sidecar:progress``: how far a long request has come (see the module docstring). */
 export interface ProgressParams {
-  token: number | string;
-  /** What the work is, e.g. ``kb:index`` or ``kb:reembed``. */
-  kind: string;
+  token: ProgressToken;
+  kind: ProgressKind;
   done: number;
-  total: number;
+  total: number | null;
   message: string | null;
 }
 
@@ -1547,9 +1565,111 @@ export interface ServerCapabilities {
   maxLineBytes: number;
 }
 
+/** ``server:configure``: a token, or a username (phone or e-mail) and password to log in with. */
+export interface ServerConfigureParams {
+  /** ``https://host[:port]``; the API is under ``/api``. */
+  serviceUrl: string;
+  token?: string | null;
+  username?: string | null;
+  /** Used once to log in; never stored. */
+  password?: string | null;
+  /** The server agent new local sessions are pushed to (without it they are not pushed). */
+  agentId?: number | null;
+  /**
+   * The server accepts the seed's ``/create {agentId, title, messages}`` (the real one
+   * takes no messages: leave this off unless the server documents it).
+   */
+  messagesOnCreate?: boolean;
+  /** Per call: connecting, and each wait for the answer (1000..600000). */
+  requestTimeoutMs?: number;
+  /** Sent as ``x-tenant-id`` for servers that cannot tell the tenant from the host name. */
+  tenantId?: number | null;
+}
+
+export interface ServerConversation {
+  id: number;
+  agentId: number | null;
+  topic: string | null;
+  summary: string | null;
+  type: string | null;
+  taskStatus: string | null;
+  topicUpdated: number | null;
+  sandboxServerId: string | null;
+  sandboxSessionId: string | null;
+  created: number | null;
+  modified: number | null;
+  /** The local session linked to it, if any. */
+  sessionId: string | null;
+}
+
+export interface ServerConversationDeleteParams {
+  sessionId?: string | null;
+  conversationId?: number | null;
+  /**
+   * Also delete the linked session; otherwise it stays on this device, unlinked (it is not
+   * pushed again).
+   */
+  deleteLocal?: boolean;
+}
+
+export interface ServerConversationShareParams {
+  sessionId?: string | null;
+  conversationId?: number | null;
+  type?: "CONVERSATION" | "DESKTOP" | "MESSAGE";
+  expireSeconds?: number | null;
+  content?: string | null;
+}
+
+/**
+ * Set the topic, or let the server make one from ``firstMessage``; the linked session's
+ * title follows.
+ */
+export interface ServerConversationUpdateParams {
+  sessionId?: string | null;
+  conversationId?: number | null;
+  topic?: string | null;
+  firstMessage?: string | null;
+}
+
 export interface ServerInfo {
   name: string;
   version: string;
+}
+
+export interface ServerShare {
+  shareKey: string;
+  id: number | null;
+  type: string | null;
+  targetId: string | null;
+  expire: number | null;
+  created: number | null;
+}
+
+export interface ServerStatus {
+  configured: boolean;
+  serviceUrl: string | null;
+  state: ServerState;
+  /** None when it was not checked (not configured, or logged out). */
+  reachable: boolean | null;
+  /** Why it is unreachable or needs a login. */
+  message: string | null;
+  user: ServerUser | null;
+  tokenExpiresAt: number | null;
+  agentId: number | null;
+  messagesOnCreate: boolean;
+  syncing: boolean;
+  lastSyncAt: number | null;
+  lastResult: SyncResult | null;
+}
+
+export interface ServerUser {
+  id: number | null;
+  uid: string | null;
+  userName: string | null;
+  nickName: string | null;
+  email: string | null;
+  phone: string | null;
+  avatar: string | null;
 }
 
 export interface SessionContextInfo {
@@ -1765,6 +1885,85 @@ export interface Struct {
 
 export interface SuccessResult {
   success: boolean;
+}
+
+/** Something both sides changed: what was decided (nothing is dropped silently). */
+export interface SyncConflict {
+  kind: "branches" | "deleted_locally" | "deleted_on_server" | "metadata";
+  sessionId: string | null;
+  conversationId: number | null;
+  /** For ``metadata``: ``title``. */
+  field: string | null;
+  /** ``both``: kept side by side (branches; a conversation kept on the side that changed). */
+  winner: "both" | "local" | "server";
+  localValue: string | null;
+  serverValue: string | null;
+  message: string;
+}
+
+/** One thing a run could not do; the next run tries again. */
+export interface SyncIssue {
+  phase: "delete" | "list" | "probe" | "pull" | "push";
+  /**
+   * ``network``, ``timeout``, ``http``, ``malformed``, ``envelope``, ``auth_required``,
+   * ``not_found``, ``no_agent``, ``store``.
+   */
+  kind: string;
+  message: string;
+  sessionId: string | null;
+  conversationId: number | null;
+  status: number | null;
+  /** The server's envelope code. */
+  code: string | null;
+  retryable: boolean;
+}
+
+export interface SyncParams {
+  /** Only conversations with this server agent (``/list {agentId}``). */
+  agentId?: number | null;
+  progressToken?: ProgressToken | null;
+}
+
+export interface SyncPushParams {
+  progressToken?: ProgressToken | null;
+}
+
+export interface SyncResult {
+  /** Conversations imported or updated from the server. */
+  pulled: number;
+  /** Sessions created or updated on the server. */
+  pushed: number;
+  /** Deletions carried over (server -> local and local -> server). */
+  deleted: number;
+  messagesPulled: number;
+  messagesPushed: number;
+  conflicts: SyncConflict[];
+  errors: SyncIssue[];
+  notPushed: NotPushed[];
+  /** False when the run stopped early (auth expired, the list could not be read). */
+  complete: boolean;
+  startedAt: number;
+  finishedAt: number;
+}
+
+export interface SyncSettings {
+  /** Run ``sync:run`` every ``intervalMinutes`` while an account is configured and logged in. */
+  autoSync: boolean;
+  intervalMinutes: number;
+  /** ``/list`` page size (``limit``; the server's own default is 100). */
+  listPageSize: number;
+  /** ``/message/list`` page size (``size``; the server's own default is 20). */
+  messagePageSize: number;
+}
+
+export interface SyncSettingsUpdate {
+  autoSync?: boolean | null;
+  /** 1..1440. */
+  intervalMinutes?: number | null;
+  /** 1..1000. */
+  listPageSize?: number | null;
+  /** 1..1000. */
+  messagePageSize?: number | null;
 }
 
 export interface TemplateOptions {
@@ -2173,6 +2372,18 @@ export interface Methods {
   "provider:setDefault": { params: ProviderSetDefaultParams; result: SuccessResult };
   /** Create or replace a provider and its models. */
   "provider:upsert": { params: ProviderUpsertParams; result: ProviderInfo };
+  /** Set the Qiming server account (token, or log in). */
+  "server:configure": { params: ServerConfigureParams; result: ServerStatus };
+  /** Delete a server conversation. */
+  "server:conversation:delete": { params: ServerConversationDeleteParams; result: SuccessResult };
+  /** Share a server conversation; returns the share key. */
+  "server:conversation:share": { params: ServerConversationShareParams; result: ServerShare };
+  /** Set a server conversation's topic. */
+  "server:conversation:update": { params: ServerConversationUpdateParams; result: ServerConversation };
+  /** Forget the token (links and data stay). */
+  "server:logout": { params: EmptyParams; result: SuccessResult };
+  /** Account, reachability, token expiry, last sync. */
+  "server:status": { params: EmptyParams; result: ServerStatus };
   /** Engine settings. */
   "settings:get": { params: EmptyParams; result: ChatSettings };
   /** Change engine settings. */
@@ -2181,6 +2392,16 @@ export interface Methods {
   "sidecar:initialize": { params: InitializeParams; result: InitializeResult };
   /** Finish running work, answer, then exit 0. */
   "sidecar:shutdown": { params: EmptyParams; result: SuccessResult };
+  /** Import new and changed server conversations. */
+  "sync:pull": { params: SyncParams; result: SyncResult };
+  /** Send sessions created or changed here to the server. */
+  "sync:push": { params: SyncPushParams; result: SyncResult };
+  /** Pull, then push. */
+  "sync:run": { params: SyncParams; result: SyncResult };
+  /** Sync settings. */
+  "sync:settings:get": { params: EmptyParams; result: SyncSettings };
+  /** Change sync settings. */
+  "sync:settings:update": { params: SyncSettingsUpdate; result: SyncSettings };
   /** The audit trail of tool-call decisions, newest first. */
   "tool:audit:list": { params: ToolAuditListParams; result: ToolAuditEntry[] };
   /** The tools a session's model is offered. */
@@ -2208,7 +2429,9 @@ export interface Notifications {
   "chat:session:updated": { params: SessionV2; direction: "server->client" };
   /** One streaming event of a reply. */
   "chat:stream": { params: ChatStreamEvent; direction: "server->client" };
-  /** Progress of long work started by a request that gave a progressToken. */
+  /** The server account's state changed (auth required, a sync finished). */
+  "server:status:updated": { params: ServerStatus; direction: "server->client" };
+  /** Progress of a long request, under the caller's progressToken. */
   "sidecar:progress": { params: ProgressParams; direction: "server->client" };
 }
 export type NotificationName = keyof Notifications;

@@ -10,8 +10,8 @@ Owns:
   resumes its re-embedding, so a restart resumes ingestion;
 - cancellation: deleting a document (or its base) cancels its running indexing, which then
   writes nothing; shutdown cancels the workers (their documents resume at the next start);
-- progress: ``sidecar:progress {token, kind, done, total, message}`` for a caller's
-  ``progressToken`` (``kb:index`` per document, ``kb:reembed`` per base);
+- progress: ``sidecar:progress`` (begin, reports, end) for a caller's ``progressToken``,
+  whose message starts with ``kb:index`` (per document) or ``kb:reembed`` (per base);
 - embedders: one per model key, built from the provider's stored configuration
   (``ProviderService.connection``) and rebuilt when it changes; the local ``@local`` one;
 - for requests: ``retrieve`` (the HybridRetriever of ``retriever.py``, bases that no
@@ -35,7 +35,7 @@ import anyio
 import anyio.abc
 import msgspec
 
-from protocol.common import EmptyParams, IdParams, ProgressParams, SuccessResult
+from protocol.common import EmptyParams, IdParams, ProgressKind, ProgressParams, SuccessResult
 from protocol.context import AssistantProfile
 from protocol.kb import (
     LOCAL_EMBEDDING_PROVIDER,
@@ -284,13 +284,23 @@ class KnowledgeService:
             if self._tokens.get(doc_id) == token:
                 self._tokens.pop(doc_id, None)
 
-    def _progress(self, token: int | str | None, kind: str) -> Callable[[int, int, str], Awaitable[None]]:
+    def _progress(self, token: int | str | None, work: str) -> Callable[[int, int, str], Awaitable[None]]:
+        """The Indexer's progress callback as ``sidecar:progress`` notifications: ``begin``
+        at the first call, ``report`` after, ``end`` at the last (``done == total``, as
+        the Indexer promises); ``work`` (``kb:index``, ``kb:reembed``) leads the message."""
+        begun = False
+
         async def report(done: int, total: int, message: str) -> None:
+            nonlocal begun
             if token is None:
                 return
+            kinds: list[ProgressKind] = [] if begun else ["begin"]
+            kinds.append("end" if done == total else ("report" if begun else "begin"))
+            begun = True
             try:
-                await self._notify("sidecar:progress", ProgressParams(
-                    token=token, kind=kind, done=done, total=total, message=message))
+                for kind in dict.fromkeys(kinds):
+                    await self._notify("sidecar:progress", ProgressParams(
+                        token=token, kind=kind, done=done, total=total, message=f"{work}: {message}"))
             except anyio.get_cancelled_exc_class():
                 raise
             except Exception:  # the client went away: the work goes on

@@ -12,6 +12,7 @@ Layout (each module says what it owns):
     fts.py         CJK-bigram text for the index, quoted MATCH expressions, snippets
     settings.py    SettingsRepo     (key/value settings)
     transfer.py    fork, export, import
+    sync.py        SyncRepo         (Qiming server account, session <-> conversation links, message map)
     store.py       Store            (its repositories as attributes: one call = one transaction)
     async_store.py AsyncStore       (the gateway: ``await run(fn)`` calls fn(store) in a worker thread)
 

@@ -567,5 +567,66 @@ def m_knowledge(conn: apsw.Connection) -> None:
         CREATE TRIGGER IF NOT EXISTS kb_chunks_after_delete AFTER DELETE ON kb_chunks BEGIN
           DELETE FROM kb_chunks_fts WHERE rowid = old.rowid;
         END;
+
+
+def m_qiming_sync(conn: apsw.Connection) -> None:
+    # Qiming server sync (sidecar/store/sync.py): the one server account (its token only in
+    # the form sidecar/sync/secrets.py seals), the link of each local session to a server
+    # conversation (also the tombstone once either side deleted it: no foreign key, so the
+    # row outlives its session), and which local message is which server message (by the
+    # server's message index, unique per account) so repeated pulls add nothing twice.
+    # IF NOT EXISTS: a database rolled back to an earlier user_version re-runs it harmlessly.
+    conn.execute(
+        """
+        CREATE TABLE IF NOT EXISTS sync_account (
+          id               INTEGER PRIMARY KEY CHECK (id = 1),
+          service_url      TEXT NOT NULL,
+          account_key      TEXT NOT NULL,
+          token            TEXT,
+          token_expires_at INTEGER,
+          user             TEXT,
+          config           TEXT NOT NULL DEFAULT '{}',
+          state            TEXT NOT NULL,
+          last_sync_at     INTEGER,
+          last_result      TEXT,
+          watermarks       TEXT NOT NULL DEFAULT '{}',
+          updated_at       INTEGER NOT NULL
+        );
+        CREATE TABLE IF NOT EXISTS sync_links (
+          account_key        TEXT NOT NULL,
+          conversation_id    INTEGER NOT NULL,
+          session_id         TEXT NOT NULL,
+          agent_id           INTEGER,
+          state              TEXT NOT NULL,
+          server_modified    INTEGER,
+          server_topic       TEXT,
+          local_title        TEXT,
+          pulled_index       INTEGER,
+          open_index         INTEGER,
+          local_synced_at    INTEGER,
+          reported_local     INTEGER NOT NULL DEFAULT 0,
+          sandbox_session_id TEXT,
+          pulled_at          INTEGER,
+          pushed_at          INTEGER,
+          created_at         INTEGER NOT NULL,
+          updated_at         INTEGER NOT NULL,
+          PRIMARY KEY (account_key, conversation_id)
+        ) WITHOUT ROWID;
+        CREATE UNIQUE INDEX IF NOT EXISTS idx_sync_links_session ON sync_links(account_key, session_id);
+        CREATE INDEX IF NOT EXISTS idx_sync_links_any_session ON sync_links(session_id);
+        CREATE TABLE IF NOT EXISTS sync_messages (
+          message_id      TEXT PRIMARY KEY REFERENCES messages_v2(id) ON DELETE CASCADE,
+          session_id      TEXT NOT NULL,
+          account_key     TEXT NOT NULL,
+          conversation_id INTEGER NOT NULL,
+          server_index    INTEGER NOT NULL,
+          server_id       TEXT,
+          digest          TEXT NOT NULL,
+          finished        INTEGER NOT NULL DEFAULT 1
+        ) WITHOUT ROWID;
+        CREATE UNIQUE INDEX IF NOT EXISTS idx_sync_messages_index ON sync_messages(account_key, server_index);
+        CREATE INDEX IF NOT EXISTS idx_sync_messages_conversation
+          ON sync_messages(account_key, conversation_id, server_index);
+        CREATE INDEX IF NOT EXISTS idx_sync_messages_session ON sync_messages(session_id);
         """
     )

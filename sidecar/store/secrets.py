@@ -3,9 +3,10 @@
 Owns the list of stored secrets and the re-seal pass:
 - ``providers.api_key``; the values of secret-looking ``providers.headers`` and of the
   secret-looking ``env`` of an ``acp-engine`` provider's ``engine`` config;
-- ``mcp_servers.config``: every ``env`` value, and secret-looking ``headers`` values.
-``Sealer`` turns those fields of one row to and from their stored form; ProviderRepo and
-ToolStore call it on every read and write, so plaintext never reaches the file.
+- ``mcp_servers.config``: every ``env`` value, and secret-looking ``headers`` values;
+- ``sync_account.token``: the Qiming server token.
+``Sealer`` turns those fields of one row to and from their stored form; ProviderRepo,
+ToolStore and SyncRepo call it on every read and write, so plaintext never reaches the file.
 ``SecretsRepo.settle`` decides the key (SecretBox.settle) and, in one transaction,
 re-seals what is plaintext (rows of an older version) or sealed with another key we
 have, and counts what is sealed with a key we do not have (locked). It then checkpoints
@@ -35,6 +36,7 @@ HEADERS = "providers.headers"
 ENGINE_ENV = "providers.engine.env"
 MCP_ENV = "mcp_servers.env"
 MCP_HEADERS = "mcp_servers.headers"
+SYNC_TOKEN = "sync_account.token"
 
 _obj = msgspec.json.Decoder(dict[str, Any])
 
@@ -151,6 +153,15 @@ class SecretsRepo:
                     conn.execute(
                         "UPDATE mcp_servers SET config = ? WHERE name = ?", (msgspec.json.encode(data).decode(), name)
                     )
+            for account_id, token in conn.execute(
+                "SELECT id, token FROM sync_account WHERE token IS NOT NULL"
+            ).fetchall():
+                if not isinstance(token, str):
+                    continue
+                new_token, n = self._reseal(token, SYNC_TOKEN, kids)
+                locked += n
+                if new_token != token:
+                    conn.execute("UPDATE sync_account SET token = ? WHERE id = ?", (new_token, account_id))
         # old page images (the plaintext of an older version, a rewritten value) must not
         # stay in the WAL file
         self._db.checkpoint()

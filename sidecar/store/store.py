@@ -15,6 +15,7 @@ repositories exist. Every repository is an attribute built here on the one Datab
     context     ContextRepo    rolling summaries, session context settings, token counts (context.py)
     channels    ChannelRepo    IM channels: configs, chat links, the inbox, deliveries (channels.py)
     knowledge   KnowledgeRepo  knowledge bases, documents, chunks, vectors, chunk FTS (knowledge.py)
+    sync        SyncRepo       Qiming server: the account (token sealed), links, message map (sync.py)
 
 A new repository takes the Database in its constructor and is attached here; nothing
 outside the store package sees the Database. Each repository method is one transaction
@@ -95,6 +96,7 @@ from sidecar.store.search import MessageSearch
 from sidecar.store.secrets import SecretsRepo, Sealer
 from sidecar.secrets.box import SecretBox
 from sidecar.store.sessions import SessionRepo
+from sidecar.store.sync import SyncRepo
 from sidecar.store.tools import ToolStore
 from sidecar.store.settings import DEFAULT_MODEL_KEY, DEFAULT_PROVIDER_KEY, SettingsRepo
 
@@ -615,6 +617,7 @@ class Store:
         self.context = ContextRepo(db)
         self.channels = ChannelRepo(db, clock)
         self.knowledge = KnowledgeRepo(db, clock)
+        self.sync = SyncRepo(db, sealer)
         try:
             self.schema_version = migrate(db)
             self.recovered = self.messages.recover_interrupted()

@@ -1,0 +1,702 @@
+"""ConversationSyncAdapter: pull and push between the local store and a Qiming server (seed 004 section 7.1).
+
+Pull (``pull``):
+1. Walk ``/list`` with ``lastId``. The server filters ``id < lastId`` but orders by
+   ``modified``, so pages overlap (deduplicated by id) and can skip rows: a conversation
+   behind a page's cursor in id but older in ``modified`` than that page's last row is in
+   no page. The cursor is the last row of each page (as the server's own web UI pages),
+   which skips the fewest; the walk ends on a short page. When it filled a page, a sweep
+   follows: ``/list`` without ``lastId`` is the newest conversations by ``modified``, so
+   doubling ``limit`` until a short page sees every row (``O(log n)`` requests, at most
+   about four times the rows of one listing); after a complete pull the sweep stops at
+   that pull's mark (the newest ``modified`` it had imported, held below any conversation
+   that failed), which the first walk page usually reaches already.
+2. For each listed conversation: new here -> fetch all its messages and import them; linked
+   and ``modified`` newer than the link's -> fetch the messages newer than the newest
+   imported (and from the oldest one that was unfinished) and merge them; tombstoned ->
+   skipped (nothing deleted elsewhere comes back); deleted here but changed on the server
+   since -> re-imported and reported; deleted here and unchanged -> left to push.
+3. When the walk completed, every linked conversation it did not list is probed with
+   ``POST /{id}``: "Conversation not found" is a deletion on the server (the local copy
+   goes with it if it did not change here, else it is kept and reported); a conversation
+   that still exists is treated as listed.
+Messages are fetched with ``index`` paging until an empty page (the server drops SYSTEM rows
+after its LIMIT, so a short page does not mean the end). WORKERS tasks fetch while one
+importer stores what they fetched, a few conversations per transaction, each one whole or
+not at all (a savepoint of its own, see sidecar/store/sync.py), so an interrupted pull
+leaves whole conversations or nothing, and pulling again changes nothing that did not
+change on the server.
+
+Titles: the server's topic and the local title are compared with what both were at the
+last sync; when both changed, the newer side (session ``updatedAt`` against conversation
+``modified``) wins and the other value is reported as a metadata conflict. Pin, archive
+and folder have no server field (ConversationDto carries none), so they stay local and
+never conflict.
+
+Push (``push``): sessions created here (with messages, no open reply) get ``/create
+{agentId}`` then ``/update {id, topic, firstMessage}`` (only then do they show in
+``/list``); the link is recorded between the two calls, so a crash never creates a
+second conversation. Changed titles go out with ``/update``. Messages: the real
+``/create`` takes none, so every session with messages only here is listed in
+``notPushed``; with ``messagesOnCreate`` the active branch is sent with ``/create`` and
+read back with ``/message/list``, and only the messages the server returned are marked as
+synced. Local deletions of linked sessions are sent with ``/delete/{id}`` unless the
+conversation changed on the server since (then it is kept there and reported). A link is
+marked synced only after the server answered.
+
+Any AuthRequired stops the run at once (no further request); other failures are reported
+per conversation or session and the run goes on.
+"""
+
+from __future__ import annotations
+
+import logging
+from collections.abc import Awaitable, Callable
+
+import anyio
+import anyio.abc
+import msgspec
+from anyio.streams.memory import MemoryObjectReceiveStream
+
+from protocol.sync import NotPushed, SyncConflict
+from protocol.types import MessageV2, SessionV2
+from sidecar.errors import SidecarError
+from sidecar.store.ids import new_id, now_ms
+from sidecar.store.sync import (
+    ConversationUpdate,
+    NewConversation,
+    PulledMessage,
+    PushCandidate,
+    SyncLink,
+    UpdateOutcome,
+)
+from sidecar.store.transfer import MAX_IMPORT_MESSAGES
+from sidecar.sync.errors import AuthRequired, ConversationGone, QimingError, ServerMalformed
+from sidecar.sync.mapping import ServerMessage, conversation_title, normalize_messages, to_message
+from sidecar.sync.run import RunContext
+from sidecar.sync.wire import ChatMessageDto, ConversationDto, to_int, to_ms
+
+__all__ = ["ConversationSyncAdapter", "WORKERS", "MAX_LIST_PAGES", "NO_MESSAGE_IMPORT"]
+
+log = logging.getLogger(__name__)
+
+WORKERS = 4
+"""Conversations fetched at the same time."""
+IMPORT_QUEUE = 8
+"""Fetched conversations waiting to be stored (the fetchers wait beyond that)."""
+MAX_BATCH = 8
+MAX_BATCH_MESSAGES = 1000
+"""One import transaction holds at most this many conversations / about this many messages,
+so the store's writer is never held for long (chat writes wait at most one batch)."""
+MAX_LIST_PAGES = 100_000
+MAX_SWEEP_LIMIT = 1_000_000
+MAX_MESSAGE_PAGES = 100_000
+MAX_CONVERSATION_MESSAGES = MAX_IMPORT_MESSAGES
+"""The store imports at most this many messages at once (sidecar/store/transfer.py)."""
+NO_MESSAGE_IMPORT = (
+    "the server's /create takes no messages (there is no API to import them): they stay on this device"
+)
+NO_APPEND = "the server takes messages only when a conversation is created: these stay on this device"
+
+DeleteHooks = Callable[[str], Awaitable[Callable[[], None]]]
+"""Run before the sync deletes a local session (stops its work); returns the after-hook."""
+
+
+class _Job(msgspec.Struct, kw_only=True):
+    kind: str
+    """``new`` | ``update`` | ``reimport`` | ``probe``."""
+    conversation_id: int
+    dto: ConversationDto | None = None
+    link: SyncLink | None = None
+
+
+class _Ready(msgspec.Struct, kw_only=True):
+    """A fetched conversation waiting for the importer."""
+
+    job: _Job
+    item: NewConversation | ConversationUpdate
+    title_conflict: SyncConflict | None = None
+
+
+class ConversationSyncAdapter:
+    def __init__(self, *, before_delete: DeleteHooks) -> None:
+        self.before_delete = before_delete
+
+    # ==== pull ==========================================================================
+
+    async def pull(self, ctx: RunContext, agent_id: int | None) -> None:
+        key = ctx.account.account_key
+        scope = "*" if agent_id is None else f"agent:{agent_id}"
+        watermark = await ctx.db(lambda s: s.sync.watermark(scope))
+        listed, complete = await self._list(ctx, agent_id, watermark)
+        links = await ctx.db(lambda s: s.sync.links(key))
+        jobs: list[_Job] = []
+        for cid, dto in listed.items():
+            job = self._plan(ctx, cid, dto, links.get(cid))
+            if job is not None:
+                jobs.append(job)
+        if complete:
+            for cid, link in links.items():
+                if cid in listed or link.state != "linked":
+                    continue
+                if agent_id is not None and link.agent_id != agent_id:
+                    continue
+                jobs.append(_Job(kind="probe", conversation_id=cid, link=link))
+        ctx.done, ctx.total = 0, len(jobs)
+        await ctx.report(f"{len(listed)} conversations listed, {len(jobs)} to fetch", force=True)
+        failed = await self._run_jobs(ctx, jobs)
+        if complete and listed:
+            # Everything modified up to here is in; a conversation that failed stays above the
+            # mark, so the next sweep still reaches it even if the walk skips it again.
+            mark = max((m for m in (to_ms(d.modified) for d in listed.values()) if m is not None), default=None)
+            for cid in failed:
+                modified = to_ms(listed[cid].modified) if cid in listed else None
+                if modified is not None and mark is not None:
+                    mark = min(mark, modified - 1)
+            if mark is not None and (watermark is None or mark > watermark):
+                await ctx.db(lambda s: s.sync.set_watermark(scope, mark))
+
+    async def _list(
+        self, ctx: RunContext, agent_id: int | None, watermark: int | None
+    ) -> tuple[dict[int, ConversationDto], bool]:
+        """The walk by ``lastId``, then (when it filled a page) the sweep that finds what it skipped."""
+        listed, first_page, complete = await self._walk_list(ctx, agent_id)
+        if not complete or len(first_page) < ctx.settings.list_page_size:
+            return listed, complete  # failed, or one short page: that is everything
+        oldest = _oldest(first_page)
+        if watermark is not None and oldest is not None and oldest <= watermark:
+            return listed, True  # the newest page reaches the mark: nothing newer was skipped
+        return listed, await self._sweep(ctx, agent_id, watermark, listed)
+
+    async def _sweep(
+        self, ctx: RunContext, agent_id: int | None, watermark: int | None, listed: dict[int, ConversationDto]
+    ) -> bool:
+        """Rows the walk skipped: ``/list`` without ``lastId`` is the newest conversations by
+        ``modified``, so doubling ``limit`` until a short page (or one reaching the last
+        complete pull's mark) sees every conversation (changed since the mark) at least once,
+        in O(log n) requests and at most about four times the rows of one full listing."""
+        limit = ctx.settings.list_page_size * 2
+        while limit <= MAX_SWEEP_LIMIT:
+            try:
+                page = await ctx.client.list_conversations(agent_id=agent_id, limit=limit)
+            except AuthRequired:
+                raise
+            except QimingError as exc:
+                ctx.issue("list", exc)
+                ctx.result.complete = False
+                return False
+            found = 0
+            for dto in page:
+                cid = to_int(dto.id)
+                if cid is not None:
+                    found += cid not in listed
+                    _keep_newest(listed, cid, dto)
+            if found:
+                log.info("the /list walk skipped %d conversations; the sweep found them", found)
+            await ctx.report(f"listing conversations: {len(listed)}")
+            oldest = _oldest(page)
+            if len(page) < limit or (watermark is not None and oldest is not None and oldest <= watermark):
+                return True
+            limit *= 2
+        ctx.note("list", "malformed", f"more than {MAX_SWEEP_LIMIT} conversations: the listing may be incomplete")
+        ctx.result.complete = False
+        return False
+
+    async def _walk_list(
+        self, ctx: RunContext, agent_id: int | None
+    ) -> tuple[dict[int, ConversationDto], list[ConversationDto], bool]:
+        size = ctx.settings.list_page_size
+        listed: dict[int, ConversationDto] = {}
+        first: list[ConversationDto] = []
+        last_id: int | None = None
+        for number in range(MAX_LIST_PAGES):
+            try:
+                page = await ctx.client.list_conversations(agent_id=agent_id, last_id=last_id, limit=size)
+            except AuthRequired:
+                raise
+            except QimingError as exc:
+                ctx.issue("list", exc)
+                ctx.result.complete = False
+                return listed, first, False
+            if number == 0:
+                first = page
+            ids: list[int] = []
+            for dto in page:
+                cid = to_int(dto.id)
+                if cid is None:
+                    continue
+                ids.append(cid)
+                _keep_newest(listed, cid, dto)
+            await ctx.report(f"listing conversations: {len(listed)}")
+            if len(page) < size:
+                return listed, first, True
+            # the server's web UI pages the same way: lastId = the page's last row
+            cursor = to_int(page[-1].id)
+            if cursor is None:
+                cursor = min(ids) if ids else None
+            if cursor is None or (last_id is not None and cursor >= last_id):
+                ctx.note("list", "malformed", "the server's /list does not move past lastId; stopped listing")
+                ctx.result.complete = False
+                return listed, first, False
+            last_id = cursor
+        ctx.note("list", "malformed", f"more than {MAX_LIST_PAGES} pages of conversations; stopped listing")
+        ctx.result.complete = False
+        return listed, first, False
+
+    def _plan(self, ctx: RunContext, cid: int, dto: ConversationDto, link: SyncLink | None) -> _Job | None:
+        if link is None:
+            return _Job(kind="new", conversation_id=cid, dto=dto)
+        if link.state != "linked":
+            return None  # tombstoned or being created by a push
+        modified = to_ms(dto.modified)
+        newer = link.server_modified is None or (modified is not None and modified > link.server_modified)
+        topic_moved = dto.topic is not None and conversation_title(dto) != link.server_topic
+        if not link.session_exists:
+            if newer:
+                ctx.conflict(SyncConflict(
+                    kind="deleted_locally", session_id=link.session_id, conversation_id=cid, winner="server",
+                    message=f"conversation {cid} was deleted here but changed on the server since: restored",
+                ))
+                return _Job(kind="reimport", conversation_id=cid, dto=dto, link=link)
+            return None
+        if newer or topic_moved:
+            return _Job(kind="update", conversation_id=cid, dto=dto, link=link)
+        return None
+
+    async def _run_jobs(self, ctx: RunContext, jobs: list[_Job]) -> set[int]:
+        """WORKERS tasks fetch; one importer stores what they fetched, a few conversations per
+        transaction (each in its own savepoint), while they fetch the next ones. Returns the
+        conversations that failed."""
+        failed: set[int] = set()
+        if not jobs:
+            return failed
+        expired: list[AuthRequired] = []
+        job_send, job_receive = anyio.create_memory_object_stream[_Job](0)
+        ready_send, ready_receive = anyio.create_memory_object_stream[_Ready](IMPORT_QUEUE)
+
+        def finished(job: _Job, ok: bool) -> None:
+            ctx.done += 1
+            if not ok:
+                failed.add(job.conversation_id)
+
+        async def fetcher(
+            jobs_in: anyio.abc.ObjectReceiveStream[_Job], ready_out: anyio.abc.ObjectSendStream[_Ready],
+            scope: anyio.CancelScope,
+        ) -> None:
+            async with jobs_in, ready_out:
+                async for job in jobs_in:
+                    try:
+                        ready = await self._prepare(ctx, job)
+                    except AuthRequired as exc:
+                        expired.append(exc)
+                        scope.cancel()
+                        return
+                    if isinstance(ready, _Ready):
+                        await ready_out.send(ready)
+                    else:
+                        finished(job, ready)
+                        await ctx.report(f"{ctx.done} of {ctx.total} conversations")
+
+        async def importer(ready_in: MemoryObjectReceiveStream[_Ready]) -> None:
+            async with ready_in:
+                async for first in ready_in:
+                    batch = [first]
+                    size = len(first.item.messages)
+                    while len(batch) < MAX_BATCH and size < MAX_BATCH_MESSAGES:
+                        try:
+                            more = ready_in.receive_nowait()
+                        except (anyio.WouldBlock, anyio.EndOfStream):
+                            break
+                        batch.append(more)
+                        size += len(more.item.messages)
+                    items = [r.item for r in batch]
+                    results = await ctx.db(lambda s: s.sync.import_batch(items))
+                    for ready, result in zip(batch, results, strict=True):
+                        finished(ready.job, self._stored(ctx, ready, result))
+                    await ctx.report(f"{ctx.done} of {ctx.total} conversations")
+
+        async with anyio.create_task_group() as tg:
+            tg.start_soon(importer, ready_receive)
+            async with ready_send:
+                for _ in range(min(WORKERS, len(jobs))):
+                    tg.start_soon(fetcher, job_receive.clone(), ready_send.clone(), tg.cancel_scope)
+            job_receive.close()
+            async with job_send:
+                for job in jobs:
+                    await job_send.send(job)
+        if expired:
+            raise expired[0]
+        return failed
+
+    async def _prepare(self, ctx: RunContext, job: _Job) -> _Ready | bool:
+        """The network part of a job: what to store, or True/False when there is nothing to
+        store (done / failed, reported)."""
+        cid = job.conversation_id
+        try:
+            if job.kind == "probe":
+                return await self._probe(ctx, job)
+            if job.kind == "update":
+                return await self._prepare_update(ctx, job)
+            return await self._prepare_new(ctx, job)
+        except AuthRequired:
+            raise
+        except ConversationGone as exc:
+            ctx.issue("pull", ConversationGone(
+                f"conversation {cid} vanished between the list and its messages ({exc.message})",
+                server_code=exc.server_code,
+            ), conversation_id=cid, session_id=job.link.session_id if job.link else None)
+        except SidecarError as exc:
+            ctx.issue("pull", exc, conversation_id=cid, session_id=job.link.session_id if job.link else None)
+        return False
+
+    def _stored(self, ctx: RunContext, ready: _Ready, result: SessionV2 | UpdateOutcome | SidecarError) -> bool:
+        """Account for one stored conversation (or the store's refusal of it)."""
+        job = ready.job
+        if isinstance(result, SidecarError):
+            ctx.issue("pull", result, conversation_id=job.conversation_id,
+                      session_id=job.link.session_id if job.link else None)
+            return False
+        if isinstance(result, SessionV2):
+            ctx.result.pulled += 1
+            ctx.result.messages_pulled += len(ready.item.messages)
+            return True
+        if result.state != "updated":
+            return True  # deleted here meanwhile: the next run decides
+        if ready.title_conflict is not None:
+            ctx.conflict(ready.title_conflict)
+        if result.added or result.changed or result.title_applied:
+            ctx.result.pulled += 1
+        ctx.result.messages_pulled += result.added
+        if result.branched:
+            ctx.conflict(SyncConflict(
+                kind="branches", session_id=result.session.id if result.session else None,
+                conversation_id=job.conversation_id, winner="both",
+                message=f"{result.added} new server messages were added as a branch beside this device's messages",
+            ))
+        return True
+
+    async def _fetch(self, ctx: RunContext, cid: int, stop_at: int | None) -> list[ChatMessageDto]:
+        """Messages newest first by ``index`` pages until an empty page, or a page that
+        reaches ``stop_at`` (an index already held)."""
+        size = ctx.settings.message_page_size
+        out: list[ChatMessageDto] = []
+        index: int | None = None
+        for _ in range(MAX_MESSAGE_PAGES):
+            page = await ctx.client.list_messages(cid, index=index, size=size)
+            indexes = [i for i in (to_int(m.index) for m in page) if i is not None]
+            out.extend(page)
+            if len(out) > MAX_CONVERSATION_MESSAGES:
+                raise ServerMalformed(f"conversation {cid}: more than {MAX_CONVERSATION_MESSAGES} messages")
+            if not indexes:
+                return out
+            first = min(indexes)
+            if stop_at is not None and first <= stop_at:
+                return out
+            if index is not None and first >= index:
+                raise ServerMalformed(f"conversation {cid}: /message/list does not move past index {index}")
+            index = first
+        raise ServerMalformed(f"conversation {cid}: more than {MAX_MESSAGE_PAGES} pages of messages")
+
+    async def _prepare_new(self, ctx: RunContext, job: _Job) -> _Ready:
+        assert job.dto is not None
+        dto = job.dto
+        cid = job.conversation_id
+        now = now_ms()
+        messages = normalize_messages(await self._fetch(ctx, cid, None), to_ms(dto.created) or now)
+        created = to_ms(dto.created) or (messages[0].created_at if messages else now)
+        modified = to_ms(dto.modified)
+        session = SessionV2(
+            id=job.link.session_id if job.link is not None else new_id(),
+            title=conversation_title(dto),
+            summary=dto.summary or None,
+            provider_id="",
+            model_id="",
+            created_at=created,
+            updated_at=min(modified or now, now),
+        )
+        return _Ready(job=job, item=NewConversation(
+            account_key=ctx.account.account_key, conversation_id=cid, agent_id=to_int(dto.agent_id),
+            session=session, messages=[_pulled(m) for m in messages], server_modified=modified,
+            server_topic=conversation_title(dto) if dto.topic is not None else None,
+            sandbox_session_id=dto.sandbox_session_id, now=now,
+        ))
+
+    async def _prepare_update(self, ctx: RunContext, job: _Job) -> _Ready | bool:
+        assert job.dto is not None and job.link is not None
+        dto, link = job.dto, job.link
+        cid = job.conversation_id
+        state = await ctx.db(lambda s: s.sync.session_state(link.session_id))
+        if state is None:
+            return True  # deleted here meanwhile: the next run decides
+        session, _ = state
+        modified = to_ms(dto.modified)
+        newer = link.server_modified is None or (modified is not None and modified > link.server_modified)
+        messages: list[ServerMessage] = []
+        if newer:
+            stop_at = link.pulled_index
+            if link.open_index is not None:
+                stop_at = link.open_index - 1 if stop_at is None else min(stop_at, link.open_index - 1)
+            fetched = await self._fetch(ctx, cid, stop_at)
+            messages = normalize_messages(fetched, session.last_message_at or session.created_at)
+            if stop_at is not None:
+                messages = [m for m in messages if m.index > stop_at]
+        server_topic = conversation_title(dto) if dto.topic is not None else link.server_topic
+        apply_title, conflict = _decide_title(cid, session, link, server_topic, modified)
+        return _Ready(job=job, title_conflict=conflict, item=ConversationUpdate(
+            account_key=ctx.account.account_key, conversation_id=cid, messages=[_pulled(m) for m in messages],
+            server_modified=modified if modified is not None else link.server_modified,
+            server_topic=server_topic, apply_title=apply_title, expected_title=session.title,
+            sandbox_session_id=dto.sandbox_session_id, now=now_ms(),
+        ))
+
+    async def _probe(self, ctx: RunContext, job: _Job) -> _Ready | bool:
+        assert job.link is not None
+        link = job.link
+        cid = job.conversation_id
+        try:
+            dto = await ctx.client.get_conversation(cid)
+        except ConversationGone:
+            await self._server_deleted(ctx, link)
+            return True
+        except AuthRequired:
+            raise
+        except QimingError as exc:
+            ctx.issue("probe", exc, conversation_id=cid, session_id=link.session_id)
+            return False
+        follow = self._plan(ctx, cid, dto, link)
+        return True if follow is None else await self._prepare(ctx, follow)
+
+    async def _server_deleted(self, ctx: RunContext, link: SyncLink) -> None:
+        key = ctx.account.account_key
+        after: Callable[[], None] | None = None
+        if link.session_exists and await ctx.db(lambda s: s.sync.deletable(key, link.conversation_id)):
+            # It goes with the server's copy: stop its work first, as chat:session:delete does
+            # (the repository checks again inside the transaction that deletes it).
+            after = await self.before_delete(link.session_id)
+        try:
+            outcome = await ctx.db(lambda s: s.sync.mark_server_deleted(key, link.conversation_id, now_ms()))
+        finally:
+            if after is not None:
+                after()
+        if outcome == "deleted_local":
+            ctx.result.deleted += 1
+        elif outcome == "kept":
+            ctx.conflict(SyncConflict(
+                kind="deleted_on_server", session_id=link.session_id, conversation_id=link.conversation_id,
+                winner="local",
+                message=(
+                    f"conversation {link.conversation_id} was deleted on the server but changed here:"
+                    " kept on this device (it is not pushed back)"
+                ),
+            ))
+
+    # ==== push ==========================================================================
+
+    async def push(self, ctx: RunContext) -> None:
+        candidates = await ctx.db(lambda s: s.sync.push_candidates(ctx.account.account_key))
+        ctx.done, ctx.total = 0, len(candidates)
+        await ctx.report(f"{len(candidates)} sessions to push", force=True)
+        missing_agent = 0
+        for candidate in candidates:
+            session_id = candidate.session.id if candidate.session else (
+                candidate.link.session_id if candidate.link else None
+            )
+            conversation_id = candidate.link.conversation_id if candidate.link else None
+            try:
+                if candidate.session is None:
+                    await self._push_deletion(ctx, candidate)
+                elif candidate.link is None:
+                    if ctx.account.agent_id is None:
+                        missing_agent += 1
+                    else:
+                        await self._push_new(ctx, candidate)
+                elif candidate.link.state == "creating":
+                    await self._finish_create(ctx, candidate, candidate.link.conversation_id)
+                else:
+                    await self._push_changes(ctx, candidate)
+            except AuthRequired:
+                raise
+            except SidecarError as exc:
+                ctx.issue("delete" if candidate.session is None else "push", exc, session_id=session_id,
+                          conversation_id=conversation_id)
+            ctx.done += 1
+            await ctx.report(f"{ctx.done} of {ctx.total} sessions")
+        if missing_agent:
+            ctx.note(
+                "push", "no_agent",
+                f"{missing_agent} sessions were not pushed: no server agent is configured (server:configure agentId)",
+            )
+
+    async def _push_deletion(self, ctx: RunContext, candidate: PushCandidate) -> None:
+        link = candidate.link
+        assert link is not None
+        key = ctx.account.account_key
+        cid = link.conversation_id
+        try:
+            dto = await ctx.client.get_conversation(cid)
+        except ConversationGone:
+            await ctx.db(lambda s: s.sync.set_link_state(key, cid, "deleted", now_ms()))
+            return
+        modified = to_ms(dto.modified)
+        if link.state == "linked" and link.server_modified is not None and modified is not None \
+                and modified > link.server_modified:
+            ctx.conflict(SyncConflict(
+                kind="deleted_locally", session_id=link.session_id, conversation_id=cid, winner="server",
+                message=f"conversation {cid} was deleted here but changed on the server since: not deleted there",
+            ))
+            return
+        await ctx.client.delete_conversation(cid)
+        await ctx.db(lambda s: s.sync.set_link_state(key, cid, "deleted", now_ms()))
+        ctx.result.deleted += 1
+
+    async def _push_new(self, ctx: RunContext, candidate: PushCandidate) -> None:
+        session = candidate.session
+        assert session is not None and ctx.account.agent_id is not None
+        if ctx.account.messages_on_create:
+            path = await ctx.db(lambda s: s.sync.active_path(session.id))
+            sent = _pushable(path)
+            created = await ctx.client.create_conversation(
+                ctx.account.agent_id, title=session.title, messages=[(role, text) for _, role, text in sent],
+            )
+        else:
+            created = await ctx.client.create_conversation(ctx.account.agent_id)
+        cid = to_int(created.id)
+        if cid is None:
+            raise ServerMalformed("/create answered without a conversation id")
+        key, session_id, agent_id = ctx.account.account_key, session.id, ctx.account.agent_id
+        modified = to_ms(created.modified)
+        await ctx.db(lambda s: s.sync.record_creating(
+            account_key=key, session_id=session_id, conversation_id=cid, agent_id=agent_id,
+            server_modified=modified, server_topic=None, now=now_ms(),
+        ))
+        await self._finish_create(ctx, candidate, cid)
+
+    async def _finish_create(self, ctx: RunContext, candidate: PushCandidate, cid: int) -> None:
+        session = candidate.session
+        assert session is not None
+        updated = await ctx.client.update_conversation(
+            cid, topic=session.title, first_message=candidate.first_user_text or session.title
+        )
+        if to_int(updated.id) != cid:
+            raise ConversationGone(f"conversation {cid} is gone on the server: its topic could not be set")
+        mapped: list[tuple[str, int, str | None, str]] = []
+        if ctx.account.messages_on_create:
+            path = await ctx.db(lambda s: s.sync.active_path(session.id))
+            mapped = await self._confirm_messages(ctx, cid, _pushable(path))
+        local_only = candidate.local_only - len(mapped)
+        if local_only > 0:
+            reason = NO_MESSAGE_IMPORT if not ctx.account.messages_on_create else (
+                "the server stored only some of the messages sent with /create (read back with /message/list);"
+                " the others stay on this device"
+            )
+            ctx.not_pushed(NotPushed(session_id=session.id, conversation_id=cid, messages=local_only, reason=reason))
+        key = ctx.account.account_key
+        topic = conversation_title(updated) if updated.topic is not None else None
+        modified = to_ms(updated.modified)
+        await ctx.db(lambda s: s.sync.mark_pushed(
+            account_key=key, conversation_id=cid, session_updated_at=session.updated_at,
+            local_title=session.title, server_topic=topic, server_modified=modified,
+            reported_local=max(local_only, 0), mapped=mapped, now=now_ms(),
+        ))
+        ctx.result.pushed += 1
+        ctx.result.messages_pushed += len(mapped)
+
+    async def _confirm_messages(
+        self, ctx: RunContext, cid: int, sent: list[tuple[str, str, str]]
+    ) -> list[tuple[str, int, str | None, str]]:
+        """Pair what was sent with what ``/message/list`` shows now (role and text, in order)."""
+        stored = normalize_messages(await self._fetch(ctx, cid, None), now_ms())
+        mapped: list[tuple[str, int, str | None, str]] = []
+        for (message_id, role, text), server in zip(sent, stored, strict=False):
+            if server.role != role or server.text.strip() != text.strip():
+                break
+            mapped.append((message_id, server.index, server.server_id, server.digest))
+        return mapped
+
+    async def _push_changes(self, ctx: RunContext, candidate: PushCandidate) -> None:
+        session, link = candidate.session, candidate.link
+        assert session is not None and link is not None
+        cid = link.conversation_id
+        topic, modified = link.server_topic, None
+        pushed = False
+        if session.title != link.local_title:
+            updated = await ctx.client.update_conversation(cid, topic=session.title)
+            if to_int(updated.id) != cid:
+                # /update answers an empty conversation for one that is not there any more
+                await self._server_deleted(ctx, msgspec.structs.replace(link, session_exists=True))
+                return
+            topic = conversation_title(updated) if updated.topic is not None else session.title
+            modified = to_ms(updated.modified)
+            pushed = True
+        if candidate.local_only > link.reported_local:
+            ctx.not_pushed(NotPushed(
+                session_id=session.id, conversation_id=cid, messages=candidate.local_only,
+                reason=NO_APPEND if ctx.account.messages_on_create else NO_MESSAGE_IMPORT,
+            ))
+        key = ctx.account.account_key
+        await ctx.db(lambda s: s.sync.mark_pushed(
+            account_key=key, conversation_id=cid, session_updated_at=session.updated_at,
+            local_title=session.title, server_topic=topic, server_modified=modified,
+            reported_local=candidate.local_only, now=now_ms(),
+        ))
+        if pushed:
+            ctx.result.pushed += 1
+
+
+def _decide_title(
+    cid: int, session: SessionV2, link: SyncLink, server_topic: str | None, modified: int | None
+) -> tuple[str | None, SyncConflict | None]:
+    """The title to apply locally (the server's topic; None keeps the local one) and the
+    conflict to report once it is stored, when both sides changed it."""
+    if server_topic is None:
+        return None, None
+    server_changed = server_topic != link.server_topic
+    local_changed = session.title != link.local_title
+    if not server_changed or session.title == server_topic:
+        return (server_topic if server_changed else None), None
+    if not local_changed:
+        return server_topic, None
+    local_wins = modified is None or session.updated_at >= modified
+    kept, lost = (session.title, server_topic) if local_wins else (server_topic, session.title)
+    conflict = SyncConflict(
+        kind="metadata", field="title", session_id=session.id, conversation_id=cid,
+        winner="local" if local_wins else "server", local_value=session.title, server_value=server_topic,
+        message=(
+            f"the title changed on both sides; kept the {'local' if local_wins else 'server'} one"
+            f" ({kept!r}), the other was {lost!r}"
+        ),
+    )
+    return (None if local_wins else server_topic), conflict
+
+
+def _keep_newest(listed: dict[int, ConversationDto], cid: int, dto: ConversationDto) -> None:
+    """A row seen twice (pages overlap) counts as its newer version."""
+    seen = listed.get(cid)
+    if seen is None or (to_ms(dto.modified) or 0) > (to_ms(seen.modified) or 0):
+        listed[cid] = dto
+
+
+def _oldest(page: list[ConversationDto]) -> int | None:
+    stamps = [m for m in (to_ms(d.modified) for d in page) if m is not None]
+    return min(stamps) if stamps else None
+
+
+def _pulled(m: ServerMessage) -> PulledMessage:
+    # id, session and parent are set by the repository when it stores the message
+    placeholder = to_message(m, message_id="", session_id="", parent_id=None)
+    return PulledMessage(
+        message=placeholder, server_index=m.index, server_id=m.server_id, digest=m.digest, finished=m.finished
+    )
+
+
+def _pushable(path: list[MessageV2]) -> list[tuple[str, str, str]]:
+    """(message id, role, text) of the user and assistant messages of a branch that a
+    server conversation can hold (final, with text)."""
+    out: list[tuple[str, str, str]] = []
+    for m in path:
+        if m.role not in ("user", "assistant") or m.status not in ("completed", "aborted", "error"):
+            continue
+        text = m.text_content or ""
+        if text.strip():
+            out.append((m.id, m.role, text))
+    return out

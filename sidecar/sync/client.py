@@ -1,0 +1,562 @@
+"""QimingClient: the HTTP client of one Qiming (nuwax) server account.
+
+Owns: building requests (JSON bodies, ``Authorization: Bearer <token>``, ``X-Client-Type``
+so the server hands out and renews tokens for clients, ``x-tenant-id`` when configured),
+decoding the ``ReqResult`` envelope into the endpoint's Struct, the error mapping of
+``sidecar.sync.errors``, retries, and opening the chat event streams.
+
+Must stay true:
+- Errors come back as HTTP 200 with a non-"0000" code; 4010/4011 raise AuthRequired and
+  are never retried (a new token is needed: retrying would only repeat the failure).
+- Retries (with backoff, honouring Retry-After) happen only for network failures,
+  timeouts, 429 and 5xx, and only for calls that are safe to repeat; a call that creates
+  something (``/create``, ``/chat``) is retried only when the request never left (connect
+  errors), so a retry cannot create a second conversation or start a second turn.
+- A body is read up to MAX_BODY_BYTES; more is a ServerMalformed, never an unbounded read.
+- The token never appears in a log line or an error message (server text is redacted);
+  the client keeps no cookies between calls (each call carries only its own credentials).
+"""
+
+from __future__ import annotations
+
+import http.cookiejar
+import logging
+from collections.abc import AsyncGenerator, AsyncIterator
+from contextlib import aclosing, asynccontextmanager
+from typing import Any, TypeVar
+
+import anyio
+import httpx2
+import msgspec
+
+from sidecar.providers.redact import Redactor, install_http_log_filter, safe_url
+from sidecar.providers.transport import (
+    RETRY_STATUSES,
+    IdleTimeoutTransport,
+    close_quietly,
+    read_error_body,
+    retry_delay,
+)
+from sidecar.providers.types import ProviderSettings
+from sidecar.sync.errors import (
+    CONVERSATION_NOT_FOUND,
+    AuthRequired,
+    ConversationGone,
+    QimingError,
+    ServerHttpError,
+    ServerMalformed,
+    ServerRejected,
+    ServerUnreachable,
+)
+from sidecar.sync.wire import (
+    AUTH_CODES,
+    SUCCESS,
+    AgentOutputDto,
+    ChatMessageDto,
+    ConversationDto,
+    Envelope,
+    LoginResDto,
+    UserDto,
+    UserShareDto,
+)
+
+__all__ = ["ClientSettings", "QimingClient", "MAX_BODY_BYTES", "CLIENT_TYPE", "CONVERSATION_API"]
+
+log = logging.getLogger(__name__)
+
+T = TypeVar("T")
+
+MAX_BODY_BYTES = 64 * 1024 * 1024
+CLIENT_TYPE = "desktop"
+"""Sent as ``X-Client-Type``: the server returns ``data.token`` on login only when the header
+is present, and renews such tokens server-side instead of rotating a cookie."""
+CONVERSATION_API = "/api/agent/conversation"
+_MIN_AUTH_HEADER = 36
+"""The server ignores an ``Authorization`` of 35 characters or fewer (then the token goes
+in the ``ticket`` cookie, which it reads first)."""
+
+_encode = msgspec.json.Encoder().encode
+_envelope = msgspec.json.Decoder(Envelope)
+_decoders: dict[Any, msgspec.json.Decoder[Any]] = {}
+
+
+def _decoder(kind: Any) -> msgspec.json.Decoder[Any]:
+    found = _decoders.get(kind)
+    if found is None:
+        found = _decoders[kind] = msgspec.json.Decoder(kind)
+    return found
+
+
+class ClientSettings(msgspec.Struct, frozen=True, kw_only=True):
+    service_url: str
+    """Scheme, host and optional port (and path prefix) of the server; ``/api/...`` follows."""
+    timeout_s: float = 30.0
+    """For each call: connect, and the wait for every chunk of the answer."""
+    connect_timeout_s: float = 10.0
+    max_retries: int = 2
+    retry_backoff_s: float = 0.5
+    retry_after_cap_s: float = 30.0
+    tenant_id: int | None = None
+
+
+class _Body(msgspec.Struct, omit_defaults=True, rename="camel", kw_only=True):
+    """Request bodies: absent fields are left out (the server treats missing and null alike)."""
+
+
+class _ListQuery(_Body):
+    agent_id: int | None = None
+    last_id: int | None = None
+    limit: int | None = None
+    topic: str | None = None
+
+
+class _MessageQuery(_Body):
+    conversation_id: int
+    index: int | None = None
+    size: int | None = None
+
+
+class _PushedMessage(msgspec.Struct, kw_only=True):
+    role: str
+    content: str
+
+
+class _CreateBody(msgspec.Struct, rename="camel", kw_only=True, omit_defaults=False):
+    agent_id: int
+    variables: dict[str, Any] | None = None
+    dev_mode: bool = False
+
+
+class _CreateWithMessages(_CreateBody, kw_only=True):
+    """The seed's ``/create {agentId, title, messages}`` for servers that accept messages."""
+
+    title: str
+    messages: list[_PushedMessage]
+
+
+class _UpdateBody(_Body):
+    id: int
+    first_message: str | None = None
+    topic: str | None = None
+
+
+class _ShareBody(_Body):
+    conversation_id: int
+    type: str = "CONVERSATION"
+    expire_seconds: int | None = None
+    content: str | None = None
+
+
+class _LoginBody(_Body):
+    phone_or_email: str
+    password: str
+
+
+class _PermissionOption(_Body):
+    option_id: str
+    outcome: str = "selected"
+
+
+class _PermissionBody(_Body):
+    conversation_id: int
+    tool_id: str
+    option: _PermissionOption
+
+
+class _SuggestBody(_Body):
+    conversation_id: int
+
+
+class QimingClient:
+    """One server account's calls; ``aclose`` when done."""
+
+    def __init__(
+        self,
+        settings: ClientSettings,
+        *,
+        token: str | None = None,
+        transport: httpx2.AsyncBaseTransport | None = None,
+    ) -> None:
+        self.settings = settings
+        self._token = token
+        try:
+            self._base = httpx2.URL(settings.service_url.rstrip("/"))
+        except httpx2.InvalidURL as exc:
+            raise ServerMalformed(f"invalid server URL: {exc}") from exc
+        self._label = safe_url(settings.service_url)
+        self._redactor = Redactor(token, {}, settings.service_url)
+        # retry_delay's own rules (Retry-After first, else backoff with jitter, capped)
+        self._retry_rules = ProviderSettings(
+            type="openai-compat", base_url="", retry_backoff=settings.retry_backoff_s,
+            retry_after_cap=settings.retry_after_cap_s, max_retries=settings.max_retries,
+        )
+        timeout = httpx2.Timeout(
+            connect=settings.connect_timeout_s, read=settings.timeout_s, write=settings.timeout_s,
+            pool=settings.connect_timeout_s,
+        )
+        if transport is not None and not isinstance(transport, httpx2.AsyncHTTPTransport):
+            transport = IdleTimeoutTransport(transport)
+        install_http_log_filter()
+        # no cookie is kept between calls: each call carries only this account's token
+        jar = http.cookiejar.CookieJar(policy=http.cookiejar.DefaultCookiePolicy(allowed_domains=[]))
+        self._http = httpx2.AsyncClient(
+            transport=transport, timeout=timeout, follow_redirects=False, cookies=jar
+        )
+
+    def __repr__(self) -> str:
+        return f"QimingClient({self._label!r}, token={'***' if self._token else None})"
+
+    async def aclose(self) -> None:
+        with anyio.CancelScope(shield=True):
+            await self._http.aclose()
+
+    async def __aenter__(self) -> QimingClient:
+        return self
+
+    async def __aexit__(self, *exc: object) -> None:
+        await self.aclose()
+
+    # ---- endpoints ------------------------------------------------------------------
+
+    async def login(self, account: str, password: str) -> tuple[str, LoginResDto]:
+        """``passwordLogin``; returns the token (``data.token``, else the ``ticket`` cookie)."""
+        body = _LoginBody(phone_or_email=account, password=password)
+        response_cookies: dict[str, str] = {}
+        self._redactor = Redactor(password, {}, self.settings.service_url)  # whatever the server echoes
+        try:
+                result: LoginResDto | None = await self.call(
+                "POST", "/api/user/passwordLogin", body, LoginResDto, auth=False, cookies_out=response_cookies
+            )
+        finally:
+            self._redactor = Redactor(self._token, {}, self.settings.service_url)
+        assert result is not None
+        token = result.token or response_cookies.get("ticket") or ""
+        if not token:
+            raise ServerMalformed(f"{self._label}: the login succeeded but returned no token")
+        self.set_token(token)
+        return token, result
+
+    async def login_info(self, *, timeout_s: float | None = None, retries: int | None = None) -> UserDto:
+        user: UserDto | None = await self.call(
+            "GET", "/api/user/getLoginInfo", None, UserDto, timeout_s=timeout_s, retries=retries
+        )
+        if user is None:
+            raise ServerMalformed(f"{self._label}: getLoginInfo returned no user")
+        return user
+
+    async def logout(self) -> None:
+        await self.call("GET", "/api/user/logout", None, None, retries=0)
+
+    async def list_conversations(
+        self, *, agent_id: int | None = None, last_id: int | None = None, limit: int | None = None,
+        topic: str | None = None,
+    ) -> list[ConversationDto]:
+        body = _ListQuery(agent_id=agent_id, last_id=last_id, limit=limit, topic=topic)
+        return await self.call("POST", f"{CONVERSATION_API}/list", body, list[ConversationDto]) or []
+
+    async def list_messages(
+        self, conversation_id: int, *, index: int | None = None, size: int | None = None
+    ) -> list[ChatMessageDto]:
+        body = _MessageQuery(conversation_id=conversation_id, index=index, size=size)
+        return await self.call("POST", f"{CONVERSATION_API}/message/list", body, list[ChatMessageDto]) or []
+
+    async def get_conversation(self, conversation_id: int) -> ConversationDto:
+        found: ConversationDto | None = await self.call(
+            "POST", f"{CONVERSATION_API}/{conversation_id}", None, ConversationDto
+        )
+        if found is None:
+            raise ServerMalformed(f"{self._label}: conversation {conversation_id} came back empty")
+        return found
+
+    async def create_conversation(
+        self, agent_id: int, *, title: str | None = None, messages: list[tuple[str, str]] | None = None
+    ) -> ConversationDto:
+        """``/create``. ``title``/``messages`` are sent only to servers that accept them (the
+        caller knows: the real server silently ignores them)."""
+        body: _CreateBody
+        if messages is not None:
+            body = _CreateWithMessages(
+                agent_id=agent_id, title=title or "",
+                messages=[_PushedMessage(role=role, content=text) for role, text in messages],
+            )
+        else:
+            body = _CreateBody(agent_id=agent_id)
+        created: ConversationDto | None = await self.call(
+            "POST", f"{CONVERSATION_API}/create", body, ConversationDto, idempotent=False
+        )
+        if created is None:
+            raise ServerMalformed(f"{self._label}: /create returned no conversation")
+        return created
+
+    async def update_conversation(
+        self, conversation_id: int, *, topic: str | None = None, first_message: str | None = None
+    ) -> ConversationDto:
+        body = _UpdateBody(id=conversation_id, topic=topic, first_message=first_message)
+        updated: ConversationDto | None = await self.call("POST", f"{CONVERSATION_API}/update", body, ConversationDto)
+        return updated if updated is not None else ConversationDto()
+
+    async def delete_conversation(self, conversation_id: int) -> None:
+        await self.call("POST", f"{CONVERSATION_API}/delete/{conversation_id}", None, None)
+
+    async def share_conversation(
+        self, conversation_id: int, *, share_type: str = "CONVERSATION", expire_seconds: int | None = None,
+        content: str | None = None,
+    ) -> UserShareDto:
+        body = _ShareBody(
+            conversation_id=conversation_id, type=share_type, expire_seconds=expire_seconds, content=content
+        )
+        share: UserShareDto | None = await self.call("POST", f"{CONVERSATION_API}/share", body, UserShareDto)
+        if share is None or not share.share_key:
+            raise ServerMalformed(f"{self._label}: /share returned no share key")
+        return share
+
+    async def chat_stop(self, conversation_id: int) -> None:
+        await self.call("POST", f"{CONVERSATION_API}/chat/stop/{conversation_id}", None, None)
+
+    async def permission_response(
+        self, conversation_id: int, tool_id: str, option_id: str, *, outcome: str = "selected"
+    ) -> None:
+        body = _PermissionBody(
+            conversation_id=conversation_id, tool_id=tool_id,
+            option=_PermissionOption(option_id=option_id, outcome=outcome),
+        )
+        await self.call("POST", f"{CONVERSATION_API}/chat/permission-request/response", body, None)
+
+    async def suggest(self, conversation_id: int) -> list[str]:
+        """``/chat/suggest``; the server answers ``[]`` when it has none (or timed out)."""
+        body = _SuggestBody(conversation_id=conversation_id)
+        found = await self.call("POST", f"{CONVERSATION_API}/chat/suggest", body, list[str])
+        return found or []
+
+    @asynccontextmanager
+    async def chat(self, request: Any) -> AsyncIterator[AsyncIterator[AgentOutputDto]]:
+        """``POST /chat`` with a TryReqDto-shaped Struct; yields its AgentOutputDto events
+        (the last one has ``completed: true``). Starting a turn is never retried."""
+        async with self._open_stream("POST", f"{CONVERSATION_API}/chat", request, idempotent=False) as events:
+            yield events
+
+    @asynccontextmanager
+    async def chat_sub(self, conversation_id: int) -> AsyncIterator[AsyncIterator[AgentOutputDto]]:
+        """``GET /chat/sub/{id}``: the running turn's events, replayed then live."""
+        async with self._open_stream("GET", f"{CONVERSATION_API}/chat/sub/{conversation_id}", None) as events:
+            yield events
+
+    # ---- the one request path -------------------------------------------------------
+
+    def set_token(self, token: str | None) -> None:
+        self._token = token
+        self._redactor = Redactor(token, {}, self.settings.service_url)
+
+    def _headers(self, auth: bool, accept: str = "application/json") -> dict[str, str]:
+        headers = {"Content-Type": "application/json", "Accept": accept, "X-Client-Type": CLIENT_TYPE}
+        if self.settings.tenant_id is not None:
+            headers["x-tenant-id"] = str(self.settings.tenant_id)
+        if auth and self._token:
+            value = f"Bearer {self._token}"
+            if len(value) >= _MIN_AUTH_HEADER:
+                headers["Authorization"] = value
+            else:
+                headers["Cookie"] = f"ticket={self._token}"
+        return headers
+
+    def _url(self, path: str) -> httpx2.URL:
+        return self._base.copy_with(path=self._base.path.rstrip("/") + path)
+
+    def _describe(self, text: str) -> str:
+        return self._redactor.redact(f"{self._label}: {text}")
+
+    async def call(
+        self,
+        method: str,
+        path: str,
+        body: msgspec.Struct | None,
+        kind: Any,
+        *,
+        idempotent: bool = True,
+        auth: bool = True,
+        timeout_s: float | None = None,
+        retries: int | None = None,
+        cookies_out: dict[str, str] | None = None,
+    ) -> Any:
+        """One call: the envelope's ``data`` decoded into ``kind`` (None: not decoded)."""
+        content = _encode(body) if body is not None else None
+        max_retries = self.settings.max_retries if retries is None else retries
+        timeout = None
+        if timeout_s is not None:
+            timeout = httpx2.Timeout(timeout_s, connect=min(timeout_s, self.settings.connect_timeout_s))
+        attempt = 0
+        while True:
+            failure: QimingError
+            headers_for_delay: httpx2.Headers | None = None
+            try:
+                request = self._http.build_request(
+                    method, self._url(path), content=content, headers=self._headers(auth),
+                    timeout=timeout or self._http.timeout,
+                )
+                response = await self._http.send(request, stream=True)
+            except httpx2.TransportError as exc:
+                failure = self._transport_failure(exc)
+                may_retry = idempotent or isinstance(exc, (httpx2.ConnectError, httpx2.ConnectTimeout))
+            else:
+                try:
+                    raw = await self._read_body(response, path)
+                    if cookies_out is not None:
+                        cookies_out.update({k: v for k, v in response.cookies.items()})
+                except QimingError as exc:
+                    await close_quietly(response)
+                    failure, may_retry = exc, idempotent
+                except httpx2.TransportError as exc:
+                    await close_quietly(response)
+                    failure, may_retry = self._transport_failure(exc), idempotent
+                else:
+                    await close_quietly(response)
+                    status = response.status_code
+                    if status == 200:
+                        return self._decode(raw, kind, path)
+                    failure = self._status_failure(status, raw, response.headers)
+                    may_retry = idempotent or status in (429, 503)
+                    headers_for_delay = response.headers
+            if not (failure.retryable and may_retry) or attempt >= max_retries:
+                raise failure
+            delay = retry_delay(self._retry_rules, attempt, headers_for_delay)
+            attempt += 1
+            log.warning("%s; retry %d/%d in %.2fs", failure.message, attempt, max_retries, delay)
+            await anyio.sleep(delay)
+
+    async def _read_body(self, response: httpx2.Response, path: str) -> bytes:
+        data = bytearray()
+        async for chunk in response.aiter_bytes():
+            data += chunk
+            if len(data) > MAX_BODY_BYTES:
+                raise ServerMalformed(self._describe(f"{path}: the answer is larger than {MAX_BODY_BYTES} bytes"))
+        return bytes(data)
+
+    def _transport_failure(self, exc: httpx2.TransportError) -> ServerUnreachable:
+        if isinstance(exc, httpx2.TimeoutException):
+            return ServerUnreachable(self._describe(f"no answer in time ({type(exc).__name__})"), timeout=True)
+        if isinstance(exc, httpx2.ConnectError):
+            return ServerUnreachable(self._describe(f"cannot connect ({exc})"))
+        return ServerUnreachable(self._describe(f"connection failed ({type(exc).__name__}: {exc})"))
+
+    def _status_failure(self, status: int, raw: bytes, headers: httpx2.Headers) -> QimingError:
+        if _looks_like_html(raw, headers):
+            detail = "an HTML error page"
+        else:
+            detail = _clip(raw.decode("utf-8", "replace")) or "no body"
+        if status == 401:
+            return AuthRequired(self._describe(f"HTTP 401: {detail}"), status=status)
+        if 300 <= status < 400:
+            where = headers.get("location")
+            detail = f"redirected to {safe_url(where)}; check the server URL" if where else detail
+        return ServerHttpError(
+            self._describe(f"HTTP {status}: {detail}"), status=status, retryable=status in RETRY_STATUSES
+        )
+
+    def _decode(self, raw: bytes, kind: Any, path: str) -> Any:
+        if _looks_like_html(raw, None):
+            raise ServerMalformed(self._describe(f"{path}: an HTML page instead of the JSON envelope"), status=200)
+        try:
+            envelope = _envelope.decode(raw)
+        except (msgspec.DecodeError, msgspec.ValidationError) as exc:
+            raise ServerMalformed(self._describe(f"{path}: not the JSON envelope ({exc})"), status=200) from exc
+        code = None if envelope.code is None else str(envelope.code)
+        if code is None:
+            raise ServerMalformed(self._describe(f"{path}: the envelope has no code"), status=200)
+        if code != SUCCESS:
+            message = self._describe(f"{path}: {envelope.message or 'error'} (code {code})")
+            if code in AUTH_CODES:
+                raise AuthRequired(message, server_code=code)
+            if envelope.message and CONVERSATION_NOT_FOUND.lower() in envelope.message.lower():
+                raise ConversationGone(message, server_code=code)
+            raise ServerRejected(message, server_code=code)
+        if kind is None:
+            return None
+        try:
+            return _decoder(kind | None).decode(envelope.data)
+        except (msgspec.DecodeError, msgspec.ValidationError) as exc:
+            raise ServerMalformed(self._describe(f"{path}: unexpected data ({exc})"), status=200) from exc
+
+    @asynccontextmanager
+    async def _open_stream(
+        self, method: str, path: str, body: Any, *, idempotent: bool = True
+    ) -> AsyncIterator[AsyncIterator[AgentOutputDto]]:
+        content = _encode(body) if body is not None else None
+        attempt = 0
+        while True:
+            failure: QimingError
+            try:
+                request = self._http.build_request(
+                    method, self._url(path), content=content,
+                    headers=self._headers(True, accept="text/event-stream"),
+                )
+                response = await self._http.send(request, stream=True)
+            except httpx2.TransportError as exc:
+                failure = self._transport_failure(exc)
+                may_retry = idempotent or isinstance(exc, (httpx2.ConnectError, httpx2.ConnectTimeout))
+            else:
+                content_type = response.headers.get("content-type", "").partition(";")[0].strip().lower()
+                if response.status_code == 200 and content_type == "text/event-stream":
+                    try:
+                        source = _agent_outputs(response, self._describe)
+                        async with aclosing(source) as events:
+                            yield events
+                    finally:
+                        await close_quietly(response)
+                    return
+                try:
+                    raw = await read_error_body(response)
+                except httpx2.TransportError:
+                    raw = b""
+                finally:
+                    await close_quietly(response)
+                if response.status_code == 200:
+                    # an envelope instead of a stream: the server refused before streaming
+                    self._decode(raw, None, path)
+                    raise ServerMalformed(self._describe(f"{path}: expected an event stream, got {content_type!r}"))
+                failure = self._status_failure(response.status_code, raw, response.headers)
+                may_retry = idempotent
+            if not (failure.retryable and may_retry) or attempt >= self.settings.max_retries:
+                raise failure
+            delay = retry_delay(self._retry_rules, attempt, None)
+            attempt += 1
+            await anyio.sleep(delay)
+
+
+async def _agent_outputs(response: httpx2.Response, describe: Any) -> AsyncGenerator[AgentOutputDto, None]:
+    """The ``data:`` lines of the chat SSE as AgentOutputDto, up to the completed one.
+
+    The server writes no ``event:`` name (Spring's default for a Flux of objects), so
+    every event is read by its data. A line that is not an AgentOutputDto ends the stream
+    with ServerMalformed; a stream that ends before ``completed: true`` simply stops (the
+    caller decides whether to re-attach with ``/chat/sub``).
+    """
+    decoder = _decoder(AgentOutputDto)
+    source = httpx2.EventSource(response).__aiter__()
+    async with aclosing(source) as events:  # type: ignore[type-var]
+        try:
+            async for event in events:
+                if not event.data.strip():
+                    continue
+                try:
+                    output = decoder.decode(event.data)
+                except (msgspec.DecodeError, msgspec.ValidationError) as exc:
+                    raise ServerMalformed(describe(f"chat stream: an event that is not an AgentOutputDto ({exc})")) from exc
+                yield output
+                if output.completed:
+                    return
+        except httpx2.TimeoutException as exc:
+            raise ServerUnreachable(describe("chat stream: no event in time"), timeout=True) from exc
+        except httpx2.TransportError as exc:
+            raise ServerUnreachable(describe(f"chat stream dropped ({type(exc).__name__})")) from exc
+
+
+def _looks_like_html(raw: bytes, headers: httpx2.Headers | None) -> bool:
+    if headers is not None and "html" in headers.get("content-type", "").lower():
+        return True
+    head = raw[:64].lstrip().lower()
+    return head.startswith(b"<!doctype html") or head.startswith(b"<html") or head.startswith(b"<")
+
+
+def _clip(text: str, limit: int = 300) -> str:
+    text = " ".join(text.split())
+    return text if len(text) <= limit else text[: limit - 1] + "…"

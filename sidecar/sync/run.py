@@ -1,0 +1,124 @@
+"""RunContext: what one sync run carries (client, account, settings) and what it reports.
+
+Owns: collecting the SyncResult (counts, conflicts, issues, messages that stay local),
+progress notifications under the caller's token (throttled, ``end`` always sent), and
+the run's database work: through the store gateway (``store.run``), one call at a time
+(the run's lock), so a sync never holds more than one of the store's connections and chat
+keeps the others.
+"""
+
+from __future__ import annotations
+
+import logging
+import time
+from collections.abc import Awaitable, Callable
+from typing import Any, TypeVar
+
+import anyio
+
+from protocol.common import ProgressParams, ProgressToken
+from protocol.sync import NotPushed, SyncConflict, SyncIssue, SyncResult, SyncSettings
+from sidecar.errors import SidecarError
+from sidecar.store import AsyncStore, Store
+from sidecar.store.ids import now_ms
+from sidecar.sync.client import QimingClient
+from sidecar.sync.errors import QimingError
+
+__all__ = ["RunContext", "AccountConfig", "Notify"]
+
+log = logging.getLogger(__name__)
+
+T = TypeVar("T")
+Notify = Callable[[str, Any], Awaitable[None]]
+_PROGRESS_EVERY_S = 0.1
+
+
+class AccountConfig:
+    """The configured account as a run needs it (no token: the client holds it)."""
+
+    __slots__ = ("account_key", "agent_id", "messages_on_create")
+
+    def __init__(self, account_key: str, agent_id: int | None, messages_on_create: bool) -> None:
+        self.account_key = account_key
+        self.agent_id = agent_id
+        self.messages_on_create = messages_on_create
+
+
+class RunContext:
+    def __init__(
+        self,
+        *,
+        client: QimingClient,
+        account: AccountConfig,
+        settings: SyncSettings,
+        notify: Notify,
+        progress_token: ProgressToken | None,
+        store: AsyncStore,
+        db_lock: anyio.Lock,
+    ) -> None:
+        self.client = client
+        self.account = account
+        self.settings = settings
+        self.result = SyncResult(started_at=now_ms())
+        self._notify = notify
+        self._token = progress_token
+        self._store = store
+        self._db_lock = db_lock
+        self._last_report = 0.0
+        self.done = 0
+        self.total: int | None = None
+
+    # ---- database ---------------------------------------------------------------------
+
+    async def db(self, fn: Callable[[Store], T]) -> T:
+        """``fn(store)`` through the store gateway, after the run's other database call."""
+        async with self._db_lock:
+            return await self._store.run(fn)
+
+    # ---- reporting --------------------------------------------------------------------
+
+    def issue(
+        self, phase: str, exc: SidecarError, *, session_id: str | None = None, conversation_id: int | None = None
+    ) -> None:
+        kind: str
+        if isinstance(exc, QimingError):
+            kind, status, code, retryable = exc.kind, exc.status, exc.server_code, exc.retryable
+        else:
+            kind, status, code, retryable = "store", None, None, False
+        log.warning("sync %s: %s", phase, exc.message)
+        self.result.errors.append(SyncIssue(
+            phase=phase, kind=kind, message=exc.message, session_id=session_id,  # type: ignore[arg-type]
+            conversation_id=conversation_id, status=status, code=code, retryable=retryable,
+        ))
+
+    def note(self, phase: str, kind: str, message: str, **where: Any) -> None:
+        log.warning("sync %s: %s", phase, message)
+        self.result.errors.append(SyncIssue(phase=phase, kind=kind, message=message, **where))  # type: ignore[arg-type]
+
+    def conflict(self, conflict: SyncConflict) -> None:
+        log.info("sync conflict: %s", conflict.message)
+        self.result.conflicts.append(conflict)
+
+    def not_pushed(self, item: NotPushed) -> None:
+        self.result.not_pushed.append(item)
+
+    async def begin(self, message: str) -> None:
+        await self._send("begin", message)
+
+    async def report(self, message: str, *, force: bool = False) -> None:
+        now = time.monotonic()
+        if not force and now - self._last_report < _PROGRESS_EVERY_S and self.done != self.total:
+            return
+        self._last_report = now
+        await self._send("report", message)
+
+    async def end(self, message: str) -> None:
+        with anyio.move_on_after(5, shield=True):
+            await self._send("end", message)
+
+    async def _send(self, kind: str, message: str) -> None:
+        if self._token is None:
+            return
+        await self._notify("sidecar:progress", ProgressParams(
+            token=self._token, kind=kind, done=self.done, total=self.total, message=message,  # type: ignore[arg-type]
+        ))
