@@ -567,8 +567,11 @@ def m_knowledge(conn: apsw.Connection) -> None:
         CREATE TRIGGER IF NOT EXISTS kb_chunks_after_delete AFTER DELETE ON kb_chunks BEGIN
           DELETE FROM kb_chunks_fts WHERE rowid = old.rowid;
         END;
+        """
+    )
 
 
+@migration
 def m_qiming_sync(conn: apsw.Connection) -> None:
     # Qiming server sync (sidecar/store/sync.py): the one server account (its token only in
     # the form sidecar/sync/secrets.py seals), the link of each local session to a server
