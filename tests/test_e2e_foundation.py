@@ -175,7 +175,7 @@ async def test_oversized_line_is_rejected_without_blowing_memory(tmp_path: Path)
     async with spawn_sidecar(tmp_path, "--max-line-bytes", str(limit)) as proc:
         info = await proc.call("sidecar:initialize", {})
         assert info["capabilities"]["maxLineBytes"] == limit
-        await proc.call("chat:session:list", {})  # the services are open (initialize does not wait)
+        await proc.call("settings:get", {})  # the services are open (a store method would not wait for them)
         peak_before = proc.vm_hwm_kib()
 
         total = 32 * 1024 * 1024  # 32 MiB in one line: buffering it whole would show in RSS

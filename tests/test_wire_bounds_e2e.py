@@ -262,7 +262,7 @@ async def test_numeric_ids_are_answered_as_given(tmp_path: Path) -> None:
 async def test_huge_ids_are_never_echoed_in_error_messages(tmp_path: Path) -> None:
     async with spawn_sidecar(tmp_path) as proc:
         await proc.call("sidecar:initialize", {})
-        await proc.call("chat:session:list", {})  # the services are open
+        await proc.call("settings:get", {})  # the services are open (a store method would not wait for them)
         before = len(proc.lines)
         with pytest.raises(CallError) as err:
             await proc.call("chat:session:get", {"id": "x" * 10_000_000}, timeout=30)
