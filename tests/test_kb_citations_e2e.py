@@ -3,15 +3,20 @@ loopback embeddings server: what a reply was sent is exactly what it stores, ann
 while it streams; the markers it wrote are normalized and the unknown ones flagged; a
 regenerate numbers its own sources while the old branch keeps its; deleting or re-indexing
 a document marks old citations and keeps their snapshots; export/import round-trips them
-(and checks them); a knowledge base deleted during a reply ends nothing badly."""
+(and checks them); a knowledge base deleted during a reply ends nothing badly; a reply that
+pauses for an approval keeps them and continues the numbering; a reply killed mid-stream
+keeps what it announced."""
 
 from __future__ import annotations
 
+import os
 import re
+import signal
 from pathlib import Path
 from typing import Any
 
 import anyio
+import apsw
 import pytest
 
 from chat_helpers import assert_well_ordered, configure_provider, events_of, streamed_text, wait_final
@@ -296,3 +301,65 @@ async def test_a_knowledge_base_deleted_during_a_reply_ends_nothing_badly(tmp_pa
         with anyio.fail_after(10):
             assert await proc.call("kb:list", {}) == []
         await proc.close()
+
+
+async def test_a_reply_paused_for_approval_keeps_its_citations_and_continues_the_numbering(tmp_path: Path) -> None:
+    async with scripted_provider() as chat, embedding_server() as embeddings, spawn_sidecar(tmp_path / "data") as proc:
+        _, sid, _ = await setup(proc, chat, embeddings)
+        await proc.call("tool:policy:set", {"key": "knowledge_search", "policy": "ask"})
+        await chat.script(
+            {"text": "Checking [1].", "tool_calls": [call("k1", "knowledge_search", {"query": "kitten naps"})]},
+        )
+        sent = await proc.call("chat:send", {"sessionId": sid, "input": {"content": QUESTION}})
+        await proc.wait_for(
+            lambda m: isinstance(m, dict) and m.get("method") == "chat:stream"
+            and m["params"]["messageId"] == sent["messageId"] and m["params"]["type"] == "tool_approval_required",
+            timeout=20,
+        )
+        block = block_of((await streamed_bodies(chat))[-1])
+        with anyio.fail_after(20):  # the paused row is stored right after the event
+            while (paused := await last_reply(proc, sid))["status"] != "paused":
+                await anyio.sleep(0.05)
+        assert sources_of(paused["citations"]) == block
+        n = len(block)
+        await chat.script({"text": f"The kitten [{n + 1}]; water [1]."})
+        approved = await proc.call("chat:tool:approve", {"sessionId": sid, "toolCallId": "k1", "decision": "approved"})
+        assert approved["resumed"] is True
+        final = await wait_final(proc, sent["messageId"], timeout=30)
+        assert final["type"] == "stream_end", final
+        body = (await streamed_bodies(chat))[-1]
+        assert block_of(body) == block  # the resumed reply's request: the same markers
+        tool_text = next(m["content"] for m in body["messages"] if m["role"] == "tool" and m["tool_call_id"] == "k1")
+        from_tool = sent_sources(tool_text)
+        assert min(from_tool) == n + 1  # numbering continues after the pause
+        reply = await last_reply(proc, sid)
+        assert sources_of(reply["citations"]) == {**block, **from_tool}
+        assert not [c for c in reply["citations"] if c["dangling"]]
+        await proc.close()
+
+
+async def test_a_reply_killed_while_streaming_keeps_the_citations_it_announced(tmp_path: Path) -> None:
+    data = tmp_path / "data"
+    async with scripted_provider() as chat, embedding_server() as embeddings:
+        async with spawn_sidecar(data) as proc:
+            _, sid, _ = await setup(proc, chat, embeddings)
+            await chat.script({"text": "word " * 400, "chunks": 400, "delay_ms": 50})
+            sent = await proc.call("chat:send", {"sessionId": sid, "input": {"content": QUESTION}})
+            conn = apsw.Connection(str(data / "chat.db"), flags=apsw.SQLITE_OPEN_READONLY)
+            try:
+                with anyio.fail_after(30):  # a persistence tick stored them with the partial row
+                    while not conn.execute(
+                        "SELECT count(*) FROM message_citations WHERE message_id = ?", (sent["messageId"],)
+                    ).fetchall()[0][0]:
+                        await anyio.sleep(0.05)
+            finally:
+                conn.close()
+            block = block_of((await streamed_bodies(chat))[-1])
+            os.kill(proc.pid, signal.SIGKILL)
+            await proc.wait_exit()
+        async with spawn_sidecar(data) as proc:
+            await proc.call("sidecar:initialize", {})
+            reply = await last_reply(proc, sid)
+            assert reply["status"] == "aborted" and reply["textContent"].startswith("word")
+            assert sources_of(reply["citations"]) == block
+            await proc.close()

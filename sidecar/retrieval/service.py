@@ -518,7 +518,7 @@ class KnowledgeService:
         if params.progress_token is not None:
             self._tokens[doc.id] = params.progress_token
         self._enqueue(doc.id)
-        return doc.to_wire()  # type: ignore[no-any-return]
+        return doc.to_wire()
 
     # ---- search -------------------------------------------------------------------
 
