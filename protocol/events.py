@@ -14,7 +14,7 @@ import msgspec
 
 from protocol.limits import Int64
 from protocol.errors import ErrorCode
-from protocol.types import Struct, Usage
+from protocol.types import Citation, ContentPart, Struct, Usage
 
 __all__ = [
     "StreamToolCall",
@@ -32,6 +32,8 @@ __all__ = [
     "NoticeEvent",
     "PlanEntry",
     "PlanEvent",
+    "CitationsEvent",
+    "ContentReplaced",
     "ToolApprovalOption",
     "ToolApprovalRequiredEvent",
     "ChatStreamEvent",
@@ -111,11 +113,33 @@ class UsageEvent(_Event, tag="usage", kw_only=True):
     usage: Usage
 
 
+class ContentReplaced(Struct, omit_defaults=False, kw_only=True):
+    """The content of a completed message as stored, when it is not what its deltas built
+    (citation markers normalized, the assistant's output rules): a renderer shows this
+    instead of what it streamed."""
+
+    text_content: str
+    parts: list[ContentPart] | None = None
+    """The parts as stored (null: the message is text only, ``textContent`` is all of it)."""
+
+
 class StreamEndEvent(_Event, tag="stream_end", kw_only=True):
     """The message completed; ``usage`` is its final total."""
 
     finish_reason: FinishReason | None = None
     usage: Usage | None = None
+    content_replaced: ContentReplaced | None = None
+    """Set when the stored content differs from the streamed one (see ContentReplaced)."""
+
+
+class CitationsEvent(_Event, tag="citations", kw_only=True):
+    """The sources the reply may cite so far, in marker order (every one of them, not only
+    the new ones): sent before the text that may use them (after the request's retrieval),
+    again after a ``knowledge_search`` call added some, and before ``stream_end`` when the
+    finished reply's check changed them (``dangling`` markers it wrote that point at no
+    sent chunk). What ``chat:messages:get`` returns as ``citations``."""
+
+    citations: list[Citation]
 
 
 class ErrorEvent(_Event, tag="error", kw_only=True):
@@ -195,6 +219,7 @@ ChatStreamEvent = Union[
     ToolApprovalRequiredEvent,
     NoticeEvent,
     PlanEvent,
+    CitationsEvent,
 ]
 
 FinalEvent = Union[StreamEndEvent, ErrorEvent, AbortedEvent]

@@ -1,4 +1,4 @@
-"""``kb:*``: knowledge bases, their documents, search, settings, and the Citation record.
+"""``kb:*``: knowledge bases, their documents, search and settings (Citation is in types.py).
 
 A knowledge base (KnowledgeBase) holds documents added from a file under one of the roots
 the host allowed (``kb:settings:update {allowedRoots}``) or as a name and a text. Each
@@ -22,14 +22,13 @@ from __future__ import annotations
 from typing import Literal
 
 from protocol.common import EmptyParams, IdParams, MethodSpec, SuccessResult
-from protocol.types import Struct
+from protocol.types import RetrievalMode, Struct
 
 __all__ = [
     "LOCAL_EMBEDDING_PROVIDER",
     "DocumentStatus",
     "DocumentKind",
     "DocumentErrorCode",
-    "RetrievalMode",
     "EmbeddingModelRef",
     "KnowledgeBase",
     "KbCreateParams",
@@ -47,7 +46,6 @@ __all__ = [
     "KbSearchResult",
     "KbSettings",
     "KbSettingsUpdate",
-    "Citation",
 ]
 
 LOCAL_EMBEDDING_PROVIDER = "@local"
@@ -66,7 +64,6 @@ characters, undecodable bytes), ``corrupt`` (a PDF pypdf cannot parse), ``encryp
 PDF with a password), ``no_text`` (a PDF without a text layer), ``unreadable`` (the file
 vanished or cannot be opened at indexing time), ``embedding_failed`` (the embedding
 provider failed after its retries; ``kb:document:reindex`` tries again), ``internal``."""
-RetrievalMode = Literal["hybrid", "lexical"]
 """``hybrid``: vector similarity and the full-text index, fused; ``lexical``: the full-text
 index only (no embedding model, or the embedding call failed)."""
 
@@ -273,32 +270,6 @@ class KbSettings(Struct, omit_defaults=False, kw_only=True):
 class KbSettingsUpdate(Struct, forbid_unknown_fields=True, kw_only=True):
     allowed_roots: list[str] | None = None
     max_document_bytes: int | None = None
-
-
-class Citation(Struct, omit_defaults=False, kw_only=True):
-    """One source a reply may cite: a marker ``[n]`` the model saw next to a chunk that this
-    request retrieved (or an executed ``knowledge_search`` returned)."""
-
-    message_id: str | None = None
-    """The assistant message it belongs to (set when the reply is stored)."""
-    marker: int
-    chunk_id: str | None = None
-    kb_id: str | None = None
-    document_id: str | None = None
-    document_name: str | None = None
-    heading: list[str] = []
-    start: int | None = None
-    end: int | None = None
-    page: int | None = None
-    score: float = 0.0
-    mode: RetrievalMode = "lexical"
-    text: str = ""
-    """The chunk text as it was sent (readable even after the document is gone)."""
-    document_deleted: bool = False
-    document_changed: bool = False
-    """The document was re-indexed and this chunk's text is no longer in it."""
-    dangling: bool = False
-    """The reply used a marker that points at no sent chunk."""
 
 
 METHODS: dict[str, MethodSpec] = {

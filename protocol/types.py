@@ -8,7 +8,7 @@ into typed values. Timestamps are integer milliseconds since the epoch.
 
 from __future__ import annotations
 
-from typing import Literal, Union
+from typing import Annotated, Literal, Union
 
 import msgspec
 
@@ -41,6 +41,10 @@ __all__ = [
     "SessionExport",
     "DeliveryStatus",
     "MessageDelivery",
+    "RetrievalMode",
+    "Citation",
+    "MAX_CITATIONS",
+    "MAX_CITATION_TEXT_CHARS",
 ]
 
 
@@ -204,6 +208,50 @@ class MessageDelivery(Struct, omit_defaults=False, kw_only=True):
     updated_at: int
 
 
+RetrievalMode = Literal["hybrid", "lexical"]
+"""How a knowledge chunk was found: both legs (vectors and full text) or full text only."""
+
+MAX_CITATIONS = 999
+"""Markers of one reply run 1..MAX_CITATIONS (and so do its citations)."""
+MAX_CITATION_TEXT_CHARS = 100_000
+"""A citation's text snapshot is at most this long (a chunk is far shorter)."""
+
+
+class Citation(Struct, omit_defaults=False, kw_only=True):
+    """One source of an assistant reply: a marker ``[n]`` the model saw next to a knowledge
+    chunk that this reply's request retrieved (or an executed ``knowledge_search``
+    returned), with a snapshot of that chunk as it was sent; or (``dangling``) a marker the
+    reply wrote that points at no sent chunk (the chunk fields are then null).
+
+    ``documentDeleted`` / ``documentChanged`` are computed when the message is read: the
+    document (or its base) is gone, or the document was re-indexed and the cited chunk is no
+    longer in it at these offsets. The snapshot stays readable either way."""
+
+    message_id: Id | None = None
+    """The assistant message it belongs to."""
+    marker: Annotated[int, msgspec.Meta(ge=1, le=MAX_CITATIONS)]
+    chunk_id: Title | None = None
+    """Content-addressed: ``{documentId}:{hash of the normalized text}``."""
+    kb_id: Id | None = None
+    document_id: Id | None = None
+    document_name: Title | None = None
+    heading: Annotated[list[Title], msgspec.Meta(max_length=64)] = []
+    """The chunk's heading path (Markdown/HTML headings above it)."""
+    start: Int64 | None = None
+    """Offsets in Unicode code points of the document's extracted text."""
+    end: Int64 | None = None
+    page: Int64 | None = None
+    """PDF page (1-based)."""
+    score: float = 0.0
+    """The fused retrieval score the chunk was chosen with."""
+    mode: RetrievalMode = "lexical"
+    text: Annotated[str, msgspec.Meta(max_length=MAX_CITATION_TEXT_CHARS)] = ""
+    """The chunk text as it was sent."""
+    document_deleted: bool = False
+    document_changed: bool = False
+    dangling: bool = False
+
+
 class MessageV2(Struct, omit_defaults=False, kw_only=True):
     """One row of ``messages_v2`` (seed 004 section 3.2).
 
@@ -233,6 +281,9 @@ class MessageV2(Struct, omit_defaults=False, kw_only=True):
     seq: Int64 | None = None
     delivery: MessageDelivery | None = None
     """Set on an assistant reply to an IM message: its delivery to the chat."""
+    citations: Annotated[list[Citation], msgspec.Meta(max_length=MAX_CITATIONS)] | None = None
+    """An assistant reply's sources, in marker order (table ``message_citations``); null
+    when it has none."""
 
 
 class MessageTreeNode(Struct, omit_defaults=False, kw_only=True):

@@ -409,7 +409,6 @@ async def _open_knowledge(app: App, stack: AsyncExitStack) -> KnowledgeService:
 
 async def _start_knowledge(app: App) -> None:
     """The providers are there now (embedding calls): resume ingestion."""
-    app.sessions.on_delete.append(app.knowledge.forget_session)
     await app.knowledge.start(connections=app.providers)
 
 

@@ -26,7 +26,6 @@ from protocol.sessions import CreateSessionOptions
 from protocol.types import ImagePart, TextPart
 from sidecar.pipeline.builder import RequestBuilder
 from sidecar.pipeline.transformers import TRANSFORMER_ORDER
-from sidecar.retrieval.citations import CitationLedgers
 from sidecar.retrieval.results import RetrievalResult, RetrievedChunk
 from sidecar.store.knowledge import ChunkHit
 from sidecar.providers.types import GenerationParams, ModelInfo, RequestMessage
@@ -41,7 +40,6 @@ PNG_B64 = "iVBORw0KGgoAAAANSUhEUgAAAAEAAAABCAYAAAAfFcSJAAAADUlEQVR42mNk+M9QDwADh
 class Knowledge:
     def __init__(self) -> None:
         self.queries: list[str] = []
-        self.ledgers = CitationLedgers()
 
     async def retrieve(self, *, query: str, knowledge_base_ids: list[str], limit: int) -> RetrievalResult:
         self.queries.append(query)

@@ -142,7 +142,10 @@ def minimal(info: Any) -> Any:
         return []
     if isinstance(info, mi.DictType):
         return {}
-    simple = {mi.StrType: "x", mi.IntType: 0, mi.FloatType: 0.0, mi.BoolType: False, mi.NoneType: None}
+    if isinstance(info, mi.IntType):  # the smallest value its bounds allow (0 when they do)
+        low = info.ge if info.ge is not None else (info.gt + 1 if info.gt is not None else None)
+        return 0 if low is None or low <= 0 else low
+    simple = {mi.StrType: "x", mi.FloatType: 0.0, mi.BoolType: False, mi.NoneType: None}
     for kind, value in simple.items():
         if isinstance(info, kind):
             return value

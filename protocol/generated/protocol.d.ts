@@ -78,7 +78,7 @@ export type ChannelPlatform = "dingtalk" | "feishu" | "lark" | "plain" | "slack"
  * chat (messages without a thread id fall back to the chat).
  */
 export type ChannelScope = "chat" | "chat_sender" | "thread";
-export type ChatStreamEvent = StreamStartEvent | TextDeltaEvent | ThinkingDeltaEvent | ToolCallStartEvent | ToolCallDeltaEvent | ToolResultEvent | UsageEvent | StreamEndEvent | ErrorEvent | AbortedEvent | ToolApprovalRequiredEvent | NoticeEvent | PlanEvent;
+export type ChatStreamEvent = StreamStartEvent | TextDeltaEvent | ThinkingDeltaEvent | ToolCallStartEvent | ToolCallDeltaEvent | ToolResultEvent | UsageEvent | StreamEndEvent | ErrorEvent | AbortedEvent | ToolApprovalRequiredEvent | NoticeEvent | PlanEvent | CitationsEvent;
 export type ChatType = "group" | "private";
 /**
  * Which V1 server the frames copy byte for byte: the desktop client (``electron``: raw
@@ -172,10 +172,7 @@ export type ReplyChunk = ReplyTextChunk | ReplyBlocksChunk | ReplyImageChunk | R
  * edited in place while the reply streams (platforms that can edit messages only).
  */
 export type ReplyMode = "once" | "stream";
-/**
- * ``hybrid``: vector similarity and the full-text index, fused; ``lexical``: the full-text
- * index only (no embedding model, or the embedding call failed).
- */
+/** How a knowledge chunk was found: both legs (vectors and full text) or full text only. */
 export type RetrievalMode = "hybrid" | "lexical";
 export type SecretKeySource = "file" | "host" | "keychain";
 export type SecretsState = "locked" | "ready";
@@ -572,30 +569,82 @@ export interface ChatSettingsUpdate {
 }
 
 /**
- * One source a reply may cite: a marker ``[n]`` the model saw next to a chunk that this
- * request retrieved (or an executed ``knowledge_search`` returned).
+ * One source of an assistant reply: a marker ``[n]`` the model saw next to a knowledge
+ * chunk that this reply's request retrieved (or an executed ``knowledge_search``
+ * returned), with a snapshot of that chunk as it was sent; or (``dangling``) a marker the
+ * reply wrote that points at no sent chunk (the chunk fields are then null).
+ *
+ * ``documentDeleted`` / ``documentChanged`` are computed when the message is read: the
+ * document (or its base) is gone, or the document was re-indexed and the cited chunk is no
+ * longer in it at these offsets. The snapshot stays readable either way.
  */
 export interface Citation {
-  /** The assistant message it belongs to (set when the reply is stored). */
+  /** The assistant message it belongs to. */
   messageId: string | null;
   marker: number;
+  /** Content-addressed: ``{documentId}:{hash of the normalized text}``. */
   chunkId: string | null;
   kbId: string | null;
   documentId: string | null;
   documentName: string | null;
+  /** The chunk's heading path (Markdown/HTML headings above it). */
   heading: string[];
+  /** Offsets in Unicode code points of the document's extracted text. */
   start: number | null;
   end: number | null;
+  /** PDF page (1-based). */
   page: number | null;
+  /** The fused retrieval score the chunk was chosen with. */
   score: number;
   mode: RetrievalMode;
-  /** The chunk text as it was sent (readable even after the document is gone). */
+  /** The chunk text as it was sent. */
   text: string;
   documentDeleted: boolean;
-  /** The document was re-indexed and this chunk's text is no longer in it. */
   documentChanged: boolean;
-  /** The reply used a marker that points at no sent chunk. */
   dangling: boolean;
+}
+
+/** Citation as params accept it: fields with a default may be left out. */
+export interface CitationInput {
+  /** The assistant message it belongs to. */
+  messageId?: string | null;
+  marker: number;
+  /** Content-addressed: ``{documentId}:{hash of the normalized text}``. */
+  chunkId?: string | null;
+  kbId?: string | null;
+  documentId?: string | null;
+  documentName?: string | null;
+  /** The chunk's heading path (Markdown/HTML headings above it). */
+  heading?: string[];
+  /** Offsets in Unicode code points of the document's extracted text. */
+  start?: number | null;
+  end?: number | null;
+  /** PDF page (1-based). */
+  page?: number | null;
+  /** The fused retrieval score the chunk was chosen with. */
+  score?: number;
+  mode?: RetrievalMode;
+  /** The chunk text as it was sent. */
+  text?: string;
+  documentDeleted?: boolean;
+  documentChanged?: boolean;
+  dangling?: boolean;
+}
+
+/**
+ * The sources the reply may cite so far, in marker order (every one of them, not only
+ * the new ones): sent before the text that may use them (after the request's retrieval),
+ * again after a ``knowledge_search`` call added some, and before ``stream_end`` when the
+ * finished reply's check changed them (``dangling`` markers it wrote that point at no
+ * sent chunk). What ``chat:messages:get`` returns as ``citations``.
+ */
+export interface CitationsEvent {
+  type: "citations";
+  sessionId: string;
+  messageId: string;
+  timestamp: number;
+  seq: number;
+  citations: Citation[];
 }
 
 export interface ClientInfo {
@@ -692,6 +741,17 @@ export interface CompatStatus {
   projects: number;
   runningTurns: number;
   sseClients: number;
+}
+
+/**
+ * The content of a completed message as stored, when it is not what its deltas built
+ * (citation markers normalized, the assistant's output rules): a renderer shows this
+ * instead of what it streamed.
+ */
+export interface ContentReplaced {
+  textContent: string;
+  /** The parts as stored (null: the message is text only, ``textContent`` is all of it). */
+  parts: ContentPart[] | null;
 }
 
 /** ``chat:context:compact``: summarize the old part of the active branch now. */
@@ -1219,6 +1279,11 @@ export interface MessageV2 {
   seq: number | null;
   /** Set on an assistant reply to an IM message: its delivery to the chat. */
   delivery: MessageDelivery | null;
+  /**
+   * An assistant reply's sources, in marker order (table ``message_citations``); null
+   * when it has none.
+   */
+  citations: Citation[] | null;
 }
 
 /** MessageV2 as params accept it: fields with a default may be left out. */
@@ -1245,6 +1310,11 @@ export interface MessageV2Input {
   seq?: number | null;
   /** Set on an assistant reply to an IM message: its delivery to the chat. */
   delivery?: MessageDeliveryInput | null;
+  /**
+   * An assistant reply's sources, in marker order (table ``message_citations``); null
+   * when it has none.
+   */
+  citations?: CitationInput[] | null;
 }
 
 export interface MessagesGetParams {
@@ -1852,6 +1922,8 @@ export interface StreamEndEvent {
   seq: number;
   finishReason?: FinishReason | null;
   usage?: Usage | null;
+  /** Set when the stored content differs from the streamed one (see ContentReplaced). */
+  contentReplaced?: ContentReplaced | null;
 }
 
 /** The assistant message ``messageId`` exists and starts streaming. */

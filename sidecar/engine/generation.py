@@ -15,7 +15,16 @@ Must stay true (seed 000 section 9 and its invariants, DESIGN.md section 4):
 - nothing already received from the provider is lost: partial text stays in the message;
 - call ids are unique within a reply (adapters number id-less calls per request, so a
   later step may repeat one: it gets a fresh id before any event names it);
-- a resumed reply first answers the calls left from before its pause, then continues.
+- a resumed reply first answers the calls left from before its pause, then continues;
+- citations (seed 000 sections 5 and 8): each job numbers its sources in a ledger of its
+  own (a regenerate gets its own; a resumed reply continues its stored ones). The reply may
+  cite exactly what it was shown: the chunks each request sent (BuildInfo.citations) and
+  what executed knowledge tools returned (ToolOutput.citations); that set is announced
+  (``citations`` event) before the text of the step that may use it and after tool results
+  that added to it, stored at every persistence tick and in the transaction of the final
+  row (``persisted``/``final_write``). ``finalize`` normalizes the markers the model wrote
+  (``[3, 5]`` -> ``[3][5]``, sidecar/retrieval/markers.py) and adds a ``dangling`` citation
+  for every marker that points at no sent chunk.
 """
 
 from __future__ import annotations
@@ -27,13 +36,15 @@ from pathlib import Path
 from typing import Protocol
 
 import anyio
+import msgspec
 
 from protocol.errors import ErrorCode
 from protocol.events import FinishReason
 from protocol.settings import ChatSettings
-from protocol.types import SessionV2, Usage
+from protocol.types import Citation, SessionV2, TextPart, Usage
 from sidecar.engine.approvals import ApprovalService
 from sidecar.engine.lifecycle import (
+    COMPLETED,
     Aborted,
     Completed,
     Ending,
@@ -63,7 +74,10 @@ from sidecar.providers.types import (
     ToolCallStart,
     UsageUpdate,
 )
+from sidecar.retrieval import markers
+from sidecar.retrieval.citations import CitationLedger
 from sidecar.store.async_store import AsyncStore
+from sidecar.store.store import Store
 from sidecar.tools.registry import ToolRegistry
 
 __all__ = ["GenerationHandler", "MAX_STEPS"]
@@ -155,8 +169,16 @@ class _StepLoop(ReplyDriver):
         self._handler = handler
         self._job = job
         self._settings = settings
-        self._tools = handler.tool_loop.for_reply(job)
+        self._ledger = CitationLedger()  # a resumed reply restores its own in drive()
+        self._tools = handler.tool_loop.for_reply(job, self._ledger)
         self._finish_reason: FinishReason | None = None
+        self._citable: dict[int, Citation] = {}
+        """What the reply was shown and may cite, by marker."""
+        self._announced = 0
+        self._stored: list[Citation] | None = None
+        """The citations last handed to a store write."""
+        self._final: list[Citation] | None = None
+        """The checked citations of a completed reply (finalize)."""
 
     async def drive(self, reply: ReplyFeed) -> Ending:
         """Model steps and tool calls until the reply is complete, paused or failed."""
@@ -187,8 +209,17 @@ class _StepLoop(ReplyDriver):
         except Exception as exc:  # a bug: keep serving, report it as internal
             log.exception("preparing generation of %s failed", job.message_id)
             return Failed(_internal("preparing the request", exc), close_open=False)
+        if job.resume is not None:
+            stored = [c for c in reply.content.citations if not c.dangling]
+            self._ledger = CitationLedger(stored)
+            self._tools = self._handler.tool_loop.for_reply(job, self._ledger)
+            self._citable = {c.marker: c for c in stored}
+            self._announced = len(self._citable)
+            self._stored = self._records()
         if job.resume is not None and reply.content.unanswered_calls():
-            if await self._tools.run(reply, registry):
+            paused = await self._tools.run(reply, registry)
+            await self._cite(reply, self._tools.take_cited())
+            if paused:
                 return Paused()
         while True:
             if job.steps >= MAX_STEPS:
@@ -216,7 +247,9 @@ class _StepLoop(ReplyDriver):
                     ),
                     close_open=False,
                 )
-            if await self._tools.run(reply, registry):
+            paused = await self._tools.run(reply, registry)
+            await self._cite(reply, self._tools.take_cited())
+            if paused:
                 return Paused()
 
     async def _model_step(
@@ -227,7 +260,7 @@ class _StepLoop(ReplyDriver):
         settings = self._settings
         requests = self._handler._requests
         try:
-            request = await requests.build(
+            request, info = await requests.build_detailed(
                 session=job.session,
                 leaf_id=job.parent_id,
                 model=resolved.model,
@@ -241,12 +274,14 @@ class _StepLoop(ReplyDriver):
                 tool_prompts=registry.prompts(),
                 capability_note=registry.capability_note,
                 prepared=prepared,
+                citations=self._ledger,
             )
         except SidecarError as exc:
             return exc
         except Exception as exc:
             log.exception("building the request of %s failed", job.message_id)
             return _internal("preparing the request", exc)
+        await self._cite(reply, info.citations)  # before the text that may use them
         parts = reply.content.parts
         if parts:
             # the steps so far (text, tool calls and their results) continue the reply
@@ -305,10 +340,77 @@ class _StepLoop(ReplyDriver):
 
     async def finalize(self, snapshot: ReplySnapshot) -> ReplySnapshot:
         # finish processing (think tags closed, base64 images to files, output regex rules)
-        return await self._handler._requests.output.finish(self._job.session, snapshot)
+        snapshot = await self._handler._requests.output.finish(self._job.session, snapshot)
+        return self._check_markers(snapshot)
+
+    def persisted(self) -> StoreWrite | None:
+        return self._save(self._records())
 
     def final_write(self, outcome: str) -> StoreWrite | None:
-        return self._tools.final_write(outcome)
+        records = self._final if outcome == COMPLETED and self._final is not None else self._records()
+        writes = [w for w in (self._save(records), self._tools.final_write(outcome)) if w is not None]
+        if not writes:
+            return None
+
+        def write(s: Store) -> None:
+            for w in writes:
+                w(s)
+
+        return write
+
+    # -- citations ------------------------------------------------------------------------
+
+    def _records(self) -> list[Citation]:
+        message_id = self._job.message_id
+        return [
+            c if c.message_id == message_id else msgspec.structs.replace(c, message_id=message_id)
+            for _, c in sorted(self._citable.items())
+        ]
+
+    async def _cite(self, reply: ReplyFeed, shown: list[Citation]) -> None:
+        """``shown`` (sent in a request or returned by an executed knowledge tool) may be
+        cited: announce the reply's citations when they grew."""
+        for c in shown:
+            self._citable.setdefault(c.marker, c)
+        if len(self._citable) != self._announced:
+            self._announced = len(self._citable)
+            await reply.citations(self._records())
+
+    def _save(self, records: list[Citation]) -> StoreWrite | None:
+        """The write of ``records`` as the reply's citations, None when they are stored."""
+        if records == (self._stored if self._stored is not None else []):
+            return None
+        self._stored = records
+        message_id, session_id = self._job.message_id, self._job.session.id
+        return lambda s: s.citations.save(message_id, session_id, records)
+
+    def _check_markers(self, snapshot: ReplySnapshot) -> ReplySnapshot:
+        """Markers normalized in the stored text; markers of no sent chunk flagged."""
+        records = self._records()
+        if not records:
+            return snapshot  # no source was shown: brackets in the text are not markers
+        known = {c.marker for c in records}
+        seen: dict[int, None] = {}
+        parts = snapshot.parts
+        if parts is None:
+            scan = markers.normalize(snapshot.text_content)
+            text = scan.text
+            seen.update(dict.fromkeys(scan.numbers))
+        else:
+            parts = list(parts)
+            for i, part in enumerate(parts):
+                if isinstance(part, TextPart):
+                    scan = markers.normalize(part.text)
+                    seen.update(dict.fromkeys(scan.numbers))
+                    if scan.text != part.text:
+                        parts[i] = TextPart(text=scan.text)
+            text = "".join(p.text for p in parts if isinstance(p, TextPart))
+        message_id = self._job.message_id
+        dangling = [
+            Citation(message_id=message_id, marker=n, dangling=True) for n in seen if n not in known
+        ]
+        self._final = sorted(records + dangling, key=lambda c: c.marker)
+        return msgspec.structs.replace(snapshot, text_content=text, parts=parts, citations=self._final)
 
 
 def _internal(doing: str, exc: BaseException) -> SidecarError:

@@ -75,6 +75,8 @@ ReplyFeed, what a driver calls (content and its event move together)::
     await reply.report_usage(total, announce=False)       the usage so far (announce: usage event)
     await reply.notice(text, code)                        notice
     await reply.plan(entries)                             plan (an agent's whole plan)
+    await reply.citations(records)                        citations: every source the reply
+                                                          may cite so far (the full list)
     await reply.approval_required(call, decisions=None, options=None, source="tool")
                                                           tool_approval_required
     reply.content                                         the ReplyBuilder, to read (parts so
@@ -92,7 +94,11 @@ Hooks a driver may override (ReplyDriver's defaults add nothing)::
         with announce=False). A failure is logged; the row and the final event still follow.
     async def finalize(self, snapshot: ReplySnapshot) -> ReplySnapshot
         Before the row of a completed ending: the content as it is stored (direct mode: think
-        tags, images to files, output regex rules). A failure ends the reply as ``error``.
+        tags, images to files, output regex rules, citation markers normalized and checked).
+        A failure ends the reply as ``error``. When it changes the content, ``stream_end``
+        carries the stored content (``contentReplaced``), so a renderer never keeps showing
+        text that was not stored; when it changes the citations, a ``citations`` event with
+        the final list comes first.
     def final_write(self, outcome: str) -> StoreWrite | None
         Stored in the transaction of the final or paused row: the driver's own record of how
         the reply ended (the tool loop's run state).
@@ -128,6 +134,8 @@ import msgspec
 from protocol.errors import ErrorCode
 from protocol.events import (
     AbortedEvent,
+    CitationsEvent,
+    ContentReplaced,
     ErrorEvent,
     FinishReason,
     NoticeEvent,
@@ -145,7 +153,7 @@ from protocol.events import (
     UsageEvent,
 )
 from protocol.settings import ChatSettings
-from protocol.types import ContentPart, MessageV2, SessionV2, ToolResultPart, Usage
+from protocol.types import Citation, ContentPart, MessageV2, SessionV2, ToolResultPart, Usage
 from sidecar.engine.relay import Notify, StreamRelay
 from sidecar.engine.reply import ReplyBuilder, ReplySnapshot
 from sidecar.errors import SidecarError
@@ -313,6 +321,8 @@ class ReplyFeed(Protocol):
 
     async def plan(self, entries: list[PlanEntry]) -> None: ...
 
+    async def citations(self, records: list[Citation]) -> None: ...
+
     async def approval_required(
         self,
         call: StreamToolCall,
@@ -426,6 +436,7 @@ class ReplyLifecycle:
             parts=snap.parts,
             tool_calls=snap.tool_calls,
             seq=seq,
+            citations=snap.citations,
         )
 
     # -- ReplyFeed -----------------------------------------------------------------------
@@ -483,6 +494,11 @@ class ReplyLifecycle:
 
     async def plan(self, entries: list[PlanEntry]) -> None:
         await self._relay.emit(PlanEvent, entries=entries)
+
+    async def citations(self, records: list[Citation]) -> None:
+        await self._relay.flush()  # text streamed before them stays before them
+        self._content.citations = list(records)
+        await self._relay.emit(CitationsEvent, citations=list(records))
 
     async def approval_required(
         self,
@@ -585,7 +601,14 @@ class ReplyLifecycle:
             usage = self._content.usage
             if usage is not None:
                 await relay.emit(UsageEvent, usage=usage)
-            snap = await driver.finalize(self._content.snapshot())
+            streamed = self._content.snapshot()
+            snap = await driver.finalize(streamed)
+            if (snap.citations or None) != (streamed.citations or None):
+                self._content.citations = list(snap.citations or [])
+                await relay.emit(CitationsEvent, citations=list(snap.citations or []))
+            replaced = None
+            if (snap.text_content, snap.parts) != (streamed.text_content, streamed.parts):
+                replaced = ContentReplaced(text_content=snap.text_content, parts=snap.parts)
             # the cost first: the final row and the session's counters are then written in
             # one worker-thread hop, back to back
             try:
@@ -595,7 +618,9 @@ class ReplyLifecycle:
                 cost = 0.0
             job.ended_session = await self._write_final(driver, COMPLETED, snap, cost=cost, best_effort=False)
             job.outcome = COMPLETED
-            await relay.emit(StreamEndEvent, finish_reason=ending.finish_reason, usage=usage)
+            await relay.emit(
+                StreamEndEvent, finish_reason=ending.finish_reason, usage=usage, content_replaced=replaced
+            )
             return
         if isinstance(ending, Paused):
             # a failure raises: the ending falls back to error instead of leaving the row

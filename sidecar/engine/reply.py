@@ -2,8 +2,9 @@
 
 Accumulates provider stream parts into the parts a MessageV2 stores: text and thinking
 runs merged, tool calls completed from their fragments, usage replaced by the latest
-cumulative total. ``snapshot()`` gives the columns to persist at any moment, so a partial
-reply can be flushed at a bounded interval and on every state change.
+cumulative total, citations replaced by the latest full list. ``snapshot()`` gives the
+columns to persist at any moment, so a partial reply can be flushed at a bounded interval
+and on every state change (the citations are stored by the reply's driver, not here).
 """
 
 from __future__ import annotations
@@ -12,6 +13,7 @@ import msgspec
 
 from protocol.limits import MAX_JSON_DEPTH
 from protocol.types import (
+    Citation,
     ContentPart,
     MessageV2,
     TextPart,
@@ -29,6 +31,7 @@ class ReplySnapshot(msgspec.Struct, frozen=True):
     text_content: str
     parts: list[ContentPart] | None
     tool_calls: list[ToolCall] | None
+    citations: list[Citation] | None = None
 
 
 class ReplyBuilder:
@@ -36,6 +39,7 @@ class ReplyBuilder:
         self.parts: list[ContentPart] = []
         self.tool_calls: list[ToolCall] = []
         self.usage: Usage | None = None
+        self.citations: list[Citation] = []
         self.finish_reason: str | None = None
         self._text: list[str] = []  # text runs, joined on demand
         self.dirty = False
@@ -119,6 +123,7 @@ class ReplyBuilder:
         self._text = [message.text_content] if message.text_content else []
         self.tool_calls = list(message.tool_calls or [])
         self.usage = message.usage
+        self.citations = list(message.citations or [])
 
     @property
     def text(self) -> str:
@@ -133,4 +138,5 @@ class ReplyBuilder:
             text_content=self.text,
             parts=None if only_text else list(self.parts),
             tool_calls=list(self.tool_calls) or None,
+            citations=list(self.citations) or None,
         )

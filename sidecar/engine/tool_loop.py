@@ -42,7 +42,7 @@ import anyio
 
 from protocol.events import StreamToolCall
 from protocol.settings import ChatSettings
-from protocol.types import ToolCall
+from protocol.types import Citation, ToolCall
 from sidecar.engine.approvals import ApprovalRequest, ApprovalService
 from sidecar.engine.lifecycle import (
     FINALIZE_TIMEOUT_S,
@@ -57,6 +57,7 @@ from sidecar.engine.lifecycle import (
     ReplyServices,
     StoreWrite,
 )
+from sidecar.retrieval.citations import CitationLedger
 from sidecar.store.async_store import AsyncStore
 from sidecar.store.store import Store
 from sidecar.store.tools import INTERRUPTED_NOTE, OPEN_STATES, ToolCallRecord, ToolRun, audit_entry
@@ -106,8 +107,10 @@ class ToolLoop:
     def store(self) -> AsyncStore:
         return self._store
 
-    def for_reply(self, job: ReplyJob) -> ReplyTools:
-        return ReplyTools(self, job)
+    def for_reply(self, job: ReplyJob, citations: CitationLedger | None = None) -> ReplyTools:
+        """The tool calls of ``job``'s reply; ``citations``: its citation ledger (given to the
+        tools it runs, so a knowledge tool numbers what it shows in it)."""
+        return ReplyTools(self, job, citations)
 
     # -- sessions with paused replies ----------------------------------------------------
 
@@ -167,10 +170,13 @@ class ToolLoop:
 class ReplyTools:
     """The tool calls of one reply (its job's message)."""
 
-    def __init__(self, loop: ToolLoop, job: ReplyJob) -> None:
+    def __init__(self, loop: ToolLoop, job: ReplyJob, citations: CitationLedger | None = None) -> None:
         self._loop = loop
         self._store = loop.store
         self._job = job
+        self._citations = citations
+        self._cited: list[Citation] = []
+        """Citations of the tool results added to the reply since ``take_cited``."""
         self._has_run = job.resume is not None
         """A tool_runs row exists for this reply."""
 
@@ -282,7 +288,7 @@ class ReplyTools:
                 return
             ctx = ToolContext(
                 session=job.session, message_id=job.message_id, tool_call_id=call.id,
-                data_dir=self._loop.data_dir, workspace=workspace,
+                data_dir=self._loop.data_dir, workspace=workspace, citations=self._citations,
             )
             outputs[call.id] = await registry.execute(checked, ctx)
 
@@ -291,9 +297,17 @@ class ReplyTools:
                 tg.start_soon(one, call, checked)
         return outputs
 
+    def take_cited(self) -> list[Citation]:
+        """The Citation records of the results added since the last call (what executed
+        knowledge tools showed the model: the reply may cite them)."""
+        cited, self._cited = self._cited, []
+        return cited
+
     async def _add_result(self, reply: ReplyFeed, call_id: str, output: ToolOutput) -> None:
         message_id = self._job.message_id
         await reply.tool_result(call_id, output.text, output.is_error)
+        if output.citations and not output.is_error:
+            self._cited.extend(output.citations)
         await self._store.run(
             lambda s: s.tools.transition(message_id, call_id, from_states=OPEN_STATES, to_state="done")
         )

@@ -18,13 +18,13 @@ from __future__ import annotations
 
 import datetime as dt
 from collections.abc import Callable, Sequence
-from typing import Any, TypeVar
+from typing import TypeVar
 
 import anyio
 import msgspec
 
 from protocol.context import AssistantProfile
-from protocol.types import FilePart, ImagePart, SessionV2, TextPart
+from protocol.types import Citation, FilePart, ImagePart, SessionV2, TextPart
 from sidecar.pipeline import tokens as tk
 from sidecar.pipeline.calls import ModelResolver, ProviderModelCall
 from sidecar.pipeline.context import BranchRead, ContextWindow, RollingContext
@@ -48,6 +48,7 @@ from sidecar.pipeline.transformers.retrieval import (
     NoMemory,
 )
 from sidecar.providers.types import ChatRequest, GenerationParams, ModelInfo, ToolSpec
+from sidecar.retrieval.citations import CitationLedger
 from sidecar.store.async_store import AsyncStore
 from sidecar.store.attachments import AttachmentStore
 
@@ -67,7 +68,8 @@ class BuildInfo(msgspec.Struct, kw_only=True):
     assistant: AssistantProfile
     applied: list[str]
     """Input transformers that changed the request, in the order they ran."""
-    citations: list[Any]
+    citations: list[Citation]
+    """The knowledge chunks this request sent, with their markers."""
     system_prompt: str | None
 
 
@@ -131,14 +133,17 @@ class RequestBuilder:
         tool_prompts: Sequence[str] = (),
         capability_note: str | None = None,
         prepared: Prepared | None = None,
+        citations: CitationLedger | None = None,
     ) -> ChatRequest:
         """``tools`` are sent when the model supports tools; ``tool_prompts`` (the system
         prompts the registered tools contribute) and ``capability_note`` (what a model
         without tool support is told instead) go into the system prompt; ``prepared`` are
-        this build's reads made ahead by ``prepare`` (made here when absent)."""
+        this build's reads made ahead by ``prepare`` (made here when absent); ``citations``
+        is the reply's citation ledger (the knowledge block's markers)."""
         request, _ = await self.build_detailed(
             session=session, leaf_id=leaf_id, model=model, params=params, tools=tools,
             tool_prompts=tool_prompts, capability_note=capability_note, prepared=prepared,
+            citations=citations,
         )
         return request
 
@@ -153,6 +158,7 @@ class RequestBuilder:
         tool_prompts: Sequence[str] = (),
         capability_note: str | None = None,
         prepared: Prepared | None = None,
+        citations: CitationLedger | None = None,
     ) -> tuple[ChatRequest, BuildInfo]:
         if prepared is None or prepared.leaf_id != leaf_id:
             prepared = await self.prepare(session=session, leaf_id=leaf_id, model=model)
@@ -188,6 +194,7 @@ class RequestBuilder:
             call_model=self._call_model,
             knowledge=self._knowledge,
             memory=self._memory,
+            ledger=citations,
         )
         drafts = await run_transformers(drafts, ctx, self._transformers)
         if any(isinstance(p, (ImagePart, FilePart)) for d in drafts for p in d.parts):

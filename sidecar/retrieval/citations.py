@@ -1,67 +1,95 @@
 """Citations: which chunk a marker ``[n]`` stands for, and how chunks are shown to the model.
 
-A CitationLedger belongs to one reply: ``cite(chunks)`` gives each retrieved chunk a
-marker, continuing the numbering (the request's own retrieval takes [1]..[6], a
-``knowledge_search`` call the next ones) and giving a chunk that was cited before its old
-marker, so the model steps of one reply (the request is rebuilt for each) see the same
-numbers. Its ``records`` are the Citation records of everything the reply was shown: the
-only markers the reply may use.
+A CitationLedger belongs to one reply job (the step loop makes a fresh one per job, so a
+regenerate numbers its own sources; a resumed reply restores its stored ones).
+``cite(chunks)`` gives each chunk a marker, continuing the numbering (the request's own
+retrieval takes [1]..[6], a ``knowledge_search`` call the next ones) and giving a chunk that
+was cited before its old marker, so the model steps of one reply (the request is rebuilt
+for each) see the same numbers. ``records`` are the Citation records of everything the
+reply was shown: the only markers it may use. At most MAX_CITATIONS markers: a chunk past
+them is not shown (``cite`` leaves it out).
 
-CitationLedgers keeps the ledger of each session's current turn (one reply at a time per
-session): the request's transformer opens it for the user message it answers
-(``for_turn``), the knowledge tool of the same reply continues it (``current``). Bounded.
+The ledger also keeps the request's own retrieval per query (``retrieved``/``remember``):
+every model step of a reply sends the same knowledge block, even when the bases changed
+meanwhile (a document deleted, a base deleted during the reply).
 
 ``render_block`` / ``render_results`` are the text the model gets: each chunk inside
 ``<source marker=... document=... page=... section=...>`` tags in a ``<knowledge>`` block;
 text that would close or open those tags is neutralized, so a document cannot end the block
 and pose as instructions.
+
+Thread-safe (a lock): the knowledge tool may cite from concurrent tool calls.
 """
 
 from __future__ import annotations
 
 import re
 import threading
-from collections import OrderedDict
 from collections.abc import Sequence
 
-from protocol.kb import Citation
+from protocol.types import MAX_CITATION_TEXT_CHARS, MAX_CITATIONS, Citation
 from sidecar.retrieval.results import RetrievedChunk
 
-__all__ = ["CitationLedger", "CitationLedgers", "render_block", "render_results", "citation_of"]
+__all__ = ["CitationLedger", "render_block", "render_results", "citation_of", "MAX_HEADING_CHARS"]
 
-MAX_SESSIONS = 256
+MAX_HEADING_CHARS = 1000
+MAX_HEADING_LEVELS = 64
+MAX_NAME_CHARS = 1000
 _TAGS = re.compile(r"<(/?)(knowledge|source)\b", re.IGNORECASE)
 
 
 def citation_of(marker: int, item: RetrievedChunk) -> Citation:
+    """The record of a chunk as it is sent (clipped to the wire's bounds)."""
     c = item.chunk
     return Citation(
-        marker=marker, chunk_id=c.id, kb_id=c.kb_id, document_id=c.document_id, document_name=c.document_name,
-        heading=list(c.heading), start=c.start, end=c.end, page=c.page, score=round(item.score, 6),
-        mode=item.mode,  # type: ignore[arg-type]
-        text=c.text,
+        marker=marker, chunk_id=c.id, kb_id=c.kb_id, document_id=c.document_id,
+        document_name=c.document_name[:MAX_NAME_CHARS],
+        heading=[h[:MAX_HEADING_CHARS] for h in c.heading[:MAX_HEADING_LEVELS]], start=c.start, end=c.end,
+        page=c.page, score=round(item.score, 6),
+        mode="hybrid" if item.mode == "hybrid" else "lexical",
+        text=c.text[:MAX_CITATION_TEXT_CHARS],
     )
 
 
 class CitationLedger:
-    def __init__(self, turn_id: str = "") -> None:
-        self.turn_id = turn_id
+    def __init__(self, records: Sequence[Citation] = ()) -> None:
+        """``records``: the stored citations of a reply that continues (its markers kept)."""
         self._by_chunk: dict[str, Citation] = {}
         self._records: list[Citation] = []
+        self._retrieved: dict[str, list[RetrievedChunk]] = {}
         self._lock = threading.Lock()
+        for record in records:
+            if record.dangling:
+                continue  # a flag of the finished text, not a source
+            self._records.append(record)
+            if record.chunk_id is not None:
+                self._by_chunk[record.chunk_id] = record
 
     def cite(self, chunks: Sequence[RetrievedChunk]) -> list[Citation]:
-        """A Citation per chunk, in order (known chunks keep their marker)."""
+        """A Citation per chunk, in order (known chunks keep their marker; chunks past
+        MAX_CITATIONS are left out)."""
         out: list[Citation] = []
         with self._lock:
             for item in chunks:
                 known = self._by_chunk.get(item.chunk.id)
                 if known is None:
-                    known = citation_of(len(self._records) + 1, item)
+                    marker = max((r.marker for r in self._records), default=0) + 1
+                    if marker > MAX_CITATIONS:
+                        continue
+                    known = citation_of(marker, item)
                     self._by_chunk[item.chunk.id] = known
                     self._records.append(known)
                 out.append(known)
         return out
+
+    def retrieved(self, query: str) -> list[RetrievedChunk] | None:
+        """The request's retrieval for ``query`` made earlier in this reply, if any."""
+        with self._lock:
+            return self._retrieved.get(query)
+
+    def remember(self, query: str, chunks: Sequence[RetrievedChunk]) -> None:
+        with self._lock:
+            self._retrieved[query] = list(chunks)
 
     @property
     def records(self) -> list[Citation]:
@@ -69,39 +97,8 @@ class CitationLedger:
             return list(self._records)
 
     def __len__(self) -> int:
-        return len(self._records)
-
-
-class CitationLedgers:
-    def __init__(self, max_sessions: int = MAX_SESSIONS) -> None:
-        self._ledgers: OrderedDict[str, CitationLedger] = OrderedDict()
-        self._max = max_sessions
-        self._lock = threading.Lock()
-
-    def for_turn(self, session_id: str, turn_id: str) -> CitationLedger:
-        """The session's ledger for the turn answering ``turn_id`` (a new one for a new turn)."""
         with self._lock:
-            ledger = self._ledgers.get(session_id)
-            if ledger is None or ledger.turn_id != turn_id:
-                ledger = self._ledgers[session_id] = CitationLedger(turn_id)
-            self._ledgers.move_to_end(session_id)
-            while len(self._ledgers) > self._max:
-                self._ledgers.popitem(last=False)
-            return ledger
-
-    def current(self, session_id: str) -> CitationLedger:
-        """The session's current ledger (a fresh one when its request retrieved nothing)."""
-        with self._lock:
-            ledger = self._ledgers.get(session_id)
-            if ledger is None:
-                ledger = self._ledgers[session_id] = CitationLedger()
-                while len(self._ledgers) > self._max:
-                    self._ledgers.popitem(last=False)
-            return ledger
-
-    def forget(self, session_id: str) -> None:
-        with self._lock:
-            self._ledgers.pop(session_id, None)
+            return len(self._records)
 
 
 def _attr(value: str) -> str:

@@ -15,9 +15,9 @@ Owns:
 - embedders: one per model key, built from the provider's stored configuration
   (``ProviderService.connection``) and rebuilt when it changes; the local ``@local`` one;
 - for requests: ``retrieve`` (the HybridRetriever of ``retriever.py``, bases that no
-  longer exist skipped), ``ledgers`` (the citation markers of each session's current
-  reply), ``offer(session)`` (``knowledge_search`` and the retrieval capabilities for
-  ToolService) and ``tool_search`` (what the tool runs).
+  longer exist skipped), ``offer(session)`` (``knowledge_search`` and the retrieval
+  capabilities for ToolService) and ``tool_search`` (what the tool runs, numbering its
+  passages in the reply's citation ledger).
 
 Lifetime: ``async with KnowledgeService(...)`` runs its task group, ``start()`` starts the
 workers and resumes; leaving it cancels ingestion and closes the embedders' HTTP clients.
@@ -56,10 +56,10 @@ from protocol.kb import (
     KbUpdateParams,
     KnowledgeBase,
 )
-from protocol.types import SessionV2
+from protocol.types import Citation, SessionV2
 from sidecar.errors import InvalidParams, NotFound, SidecarError
 from sidecar.retrieval import chunking
-from sidecar.retrieval.citations import CitationLedgers, render_results
+from sidecar.retrieval.citations import CitationLedger, render_results
 from sidecar.retrieval.extract import KINDS, detect_kind
 from sidecar.retrieval.indexes import KnowledgeIndexes
 from sidecar.retrieval.ingest import Indexer
@@ -115,7 +115,6 @@ class KnowledgeService:
         self._settings = KbSettings()
         self.indexes = KnowledgeIndexes(store)
         self.retriever = HybridRetriever(store, self.indexes, self.embedder_for)
-        self.ledgers = CitationLedgers()
         self._indexer = Indexer(store, self.indexes, self.embedder_for, self._limits)
         self._embedders: dict[str, tuple[int, Any]] = {}
         self._retired: list[Any] = []
@@ -529,7 +528,7 @@ class KnowledgeService:
         if params.progress_token is not None:
             self._tokens[doc.id] = params.progress_token
         self._enqueue(doc.id)
-        return doc.to_wire()  # type: ignore[no-any-return]
+        return doc.to_wire()
 
     # ---- search -------------------------------------------------------------------
 
@@ -572,14 +571,13 @@ class KnowledgeService:
         """The chunks a request gets (KnowledgeRetrievalTransformer); unknown bases are skipped."""
         return await self.retriever.search(knowledge_base_ids, query[:MAX_QUERY_CHARS], limit=limit)
 
-    async def tool_search(self, session: SessionV2, kb_ids: list[str], query: str, limit: int) -> tuple[str, list[Any]]:
+    async def tool_search(
+        self, ledger: CitationLedger, kb_ids: list[str], query: str, limit: int
+    ) -> tuple[str, list[Citation]]:
+        """What ``knowledge_search`` runs: the passages numbered in the reply's ``ledger``."""
         result = await self.retriever.search(kb_ids, query[:MAX_QUERY_CHARS], limit=limit)
-        citations = self.ledgers.current(session.id).cite(result.chunks)
+        citations = ledger.cite(result.chunks)
         return render_results(citations, query), citations
-
-    async def forget_session(self, session_id: str) -> None:
-        """A deleted session's citation ledger goes with it."""
-        self.ledgers.forget(session_id)
 
     async def offer(self, session: SessionV2 | None) -> KnowledgeOffer:
         assistant = await self._assistant_for(session.id if session is not None else None)

@@ -26,7 +26,7 @@ from __future__ import annotations
 
 import hashlib
 import threading
-from collections.abc import Callable, Sequence
+from collections.abc import Callable, Iterator, Sequence
 from typing import Any, Protocol
 
 import msgspec
@@ -199,6 +199,18 @@ def lexical_match(query: str, kb_ids: Sequence[str], terms: Sequence[str] | None
     return "{kb} : (" + bases + ") AND " + expr
 
 
+def _rows(conn: Any, sql: str, args: Any = ()) -> list[tuple[Any, ...]]:
+    """The rows of a query on this module's tables (their column types are the schema's)."""
+    rows: list[tuple[Any, ...]] = conn.execute(sql, args).fetchall()
+    return rows
+
+
+def _cursor(conn: Any, sql: str, args: Any = ()) -> Iterator[tuple[Any, ...]]:
+    """The rows of a query one at a time (not materialized)."""
+    cursor: Iterator[tuple[Any, ...]] = conn.execute(sql, args)
+    return cursor
+
+
 def _doc(row: tuple[Any, ...]) -> DocRecord:
     (doc_id, kb_id, name, kind, source, path, size, chash, status, error, code, count, pages, revision,
      created, updated, indexed) = row
@@ -260,15 +272,15 @@ class KnowledgeRepo:
         """The given bases that exist (all when None), oldest first."""
         with self._db.read() as conn:
             if kb_ids is None:
-                rows = conn.execute(f"SELECT {_KB_COLUMNS} FROM kb_bases ORDER BY created_at, id").fetchall()
+                rows = _rows(conn, f"SELECT {_KB_COLUMNS} FROM kb_bases ORDER BY created_at, id")
             else:
                 ids = list(dict.fromkeys(kb_ids))
                 if not ids:
                     return []
-                rows = conn.execute(
+                rows = _rows(conn,
                     f"SELECT {_KB_COLUMNS} FROM kb_bases WHERE id IN ({','.join('?' * len(ids))})"
                     " ORDER BY created_at, id", ids,
-                ).fetchall()
+                )
         return [_kb(r) for r in rows]
 
     def kb_infos(self, kb_ids: Sequence[str] | None = None, *, reembedding: frozenset[str] = frozenset()) -> list[KnowledgeBase]:
@@ -279,7 +291,7 @@ class KnowledgeRepo:
             marks = ",".join("?" * len(records))
             stats = {
                 row[0]: row[1:]
-                for row in conn.execute(
+                for row in _cursor(conn,
                     "SELECT kb_id, count(*), coalesce(sum(chunk_count), 0),"
                     " sum(status IN ('pending', 'indexing')), sum(status = 'error')"
                     f" FROM kb_documents WHERE kb_id IN ({marks}) GROUP BY kb_id",
@@ -349,10 +361,10 @@ class KnowledgeRepo:
         with self._db.write() as conn:
             self._kb(conn, kb_id)
             if content_hash is not None:
-                rows = conn.execute(
+                rows = _rows(conn,
                     f"SELECT {_DOC_COLUMNS} FROM kb_documents WHERE kb_id = ? AND content_hash = ?",
                     (kb_id, content_hash),
-                ).fetchall()
+                )
                 if rows:
                     return _doc(rows[0]), True
             doc_id = new_id()
@@ -376,25 +388,26 @@ class KnowledgeRepo:
             if status is not None:
                 where += " AND status = ?"
                 args.append(status)
-            rows = conn.execute(
+            rows = _rows(conn,
                 f"SELECT {_DOC_COLUMNS} FROM kb_documents WHERE {where} ORDER BY created_at, id LIMIT ? OFFSET ?",
                 [*args, limit, offset],
-            ).fetchall()
+            )
         return [_doc(r) for r in rows]
 
     def document_body(self, doc_id: str) -> str | None:
         with self._db.read() as conn:
-            rows = conn.execute("SELECT body FROM kb_documents WHERE id = ?", (doc_id,)).fetchall()
+            rows = _rows(conn, "SELECT body FROM kb_documents WHERE id = ?", (doc_id,))
         if not rows:
             raise NotFound(f"document {doc_id!r} not found", data={"documentId": doc_id})
-        return rows[0][0]
+        body: str | None = rows[0][0]
+        return body
 
     def chunks(self, doc_id: str) -> list[KbChunk]:
         with self._db.read() as conn:
             self._doc(conn, doc_id)
-            rows = conn.execute(
+            rows = _rows(conn,
                 f"SELECT {_CHUNK_COLUMNS} FROM kb_chunks WHERE document_id = ? ORDER BY ordinal", (doc_id,)
-            ).fetchall()
+            )
         return [
             KbChunk(id=cid, document_id=did, ordinal=o, heading=_heading_decoder.decode(h), start=s, end=e,
                     page=p, tokens=t, text=text)
@@ -417,7 +430,7 @@ class KnowledgeRepo:
         """Queue every document of a base again (a new chunk size); their ids."""
         with self._db.write() as conn:
             self._kb(conn, kb_id)
-            ids = [r[0] for r in conn.execute("SELECT id FROM kb_documents WHERE kb_id = ? ORDER BY created_at, id", (kb_id,))]
+            ids = [r[0] for r in _cursor(conn, "SELECT id FROM kb_documents WHERE kb_id = ? ORDER BY created_at, id", (kb_id,))]
             conn.execute(
                 "UPDATE kb_documents SET status = 'pending', error = NULL, error_code = NULL,"
                 " revision = revision + 1, updated_at = ? WHERE kb_id = ?",
@@ -428,9 +441,9 @@ class KnowledgeRepo:
     def claim(self, doc_id: str) -> DocRecord | None:
         """Mark a queued document ``indexing``; None when it is gone or already indexed."""
         with self._db.write() as conn:
-            rows = conn.execute(
+            rows = _rows(conn,
                 f"SELECT {_DOC_COLUMNS} FROM kb_documents WHERE id = ?", (doc_id,)
-            ).fetchall()
+            )
             if not rows:
                 return None
             doc = _doc(rows[0])
@@ -445,7 +458,7 @@ class KnowledgeRepo:
         """Documents left ``pending`` or ``indexing`` (by a restart), oldest first."""
         with self._db.read() as conn:
             return [
-                r[0] for r in conn.execute(
+                r[0] for r in _cursor(conn,
                     "SELECT id FROM kb_documents WHERE status IN ('pending', 'indexing') ORDER BY created_at, id"
                 )
             ]
@@ -455,7 +468,7 @@ class KnowledgeRepo:
         with self._db.read() as conn:
             return {
                 cid: (ehash, blob)
-                for cid, ehash, blob in conn.execute(
+                for cid, ehash, blob in _cursor(conn,
                     "SELECT c.id, v.embed_hash, v.vector FROM kb_chunks c JOIN kb_vectors v"
                     " ON v.chunk_rowid = c.rowid AND v.kb_id = c.kb_id AND v.model = ?"
                     " WHERE c.document_id = ?",
@@ -472,16 +485,16 @@ class KnowledgeRepo:
         revision was requested meanwhile."""
         now = self._clock()
         with self._db.write() as conn:
-            rows = conn.execute(
+            rows = _rows(conn,
                 "SELECT revision, kb_id FROM kb_documents WHERE id = ?", (doc.id,)
-            ).fetchall()
+            )
             if not rows or rows[0][0] != doc.revision:
                 return None
             kb_id = rows[0][1]
             token = kb_token(kb_id)
             old = {
                 cid: (rowid, ehash)
-                for rowid, cid, ehash in conn.execute(
+                for rowid, cid, ehash in _cursor(conn,
                     "SELECT rowid, id, embed_hash FROM kb_chunks WHERE document_id = ?", (doc.id,)
                 )
             }
@@ -499,7 +512,7 @@ class KnowledgeRepo:
             rowid_of = {cid: rowid for cid, (rowid, _) in old.items()}
             if fresh:
                 rowid_of.update(
-                    (cid, rowid) for rowid, cid in conn.execute(
+                    (cid, rowid) for rowid, cid in _cursor(conn,
                         "SELECT rowid, id FROM kb_chunks WHERE document_id = ?", (doc.id,)
                     )
                 )
@@ -548,18 +561,18 @@ class KnowledgeRepo:
     def mark_error(self, doc: DocRecord, code: str, message: str) -> bool:
         """Status ``error`` for this revision of the document (False: gone or superseded)."""
         with self._db.write() as conn:
-            changed = conn.execute(
+            changed = _rows(conn,
                 "UPDATE kb_documents SET status = 'error', error = ?, error_code = ?, updated_at = ?"
                 " WHERE id = ? AND revision = ? RETURNING id",
                 (message[:2000], code, self._clock(), doc.id, doc.revision),
-            ).fetchall()
+            )
         return bool(changed)
 
     def delete_document(self, doc_id: str) -> tuple[str, list[int]]:
         """Delete a document; (its base, the rowids of its chunks that went with it)."""
         with self._db.write() as conn:
             doc = self._doc(conn, doc_id)
-            rowids = [r[0] for r in conn.execute("SELECT rowid FROM kb_chunks WHERE document_id = ?", (doc_id,))]
+            rowids = [r[0] for r in _cursor(conn, "SELECT rowid FROM kb_chunks WHERE document_id = ?", (doc_id,))]
             conn.execute("DELETE FROM kb_documents WHERE id = ?", (doc_id,))
             return doc.kb_id, rowids
 
@@ -570,15 +583,15 @@ class KnowledgeRepo:
         Rows are read one at a time (the cursor is not materialized): at most one BLOB
         beside the sink's own storage."""
         with self._db.read() as conn:
-            rows = conn.execute(
+            rows = _rows(conn,
                 "SELECT count(*), max(dims) FROM kb_vectors WHERE kb_id = ? AND model = ?", (kb_id, model)
-            ).fetchall()
+            )
             count, dims = rows[0]
             if not count:
                 return 0
             sink.reserve(count, dims)
             i = 0
-            for rowid, blob in conn.execute(
+            for rowid, blob in _cursor(conn,
                 "SELECT chunk_rowid, vector FROM kb_vectors WHERE kb_id = ? AND model = ? ORDER BY chunk_rowid",
                 (kb_id, model),
             ):
@@ -594,7 +607,7 @@ class KnowledgeRepo:
         with self._db.read() as conn:
             return [
                 (rowid, ehash, heading + "\x00" + text)
-                for rowid, ehash, heading, text in conn.execute(
+                for rowid, ehash, heading, text in _cursor(conn,
                     "SELECT c.rowid, c.embed_hash, c.heading, c.text FROM kb_chunks c"
                     " LEFT JOIN kb_vectors v ON v.kb_id = c.kb_id AND v.model = ? AND v.chunk_rowid = c.rowid"
                     " WHERE c.kb_id = ? AND (v.chunk_rowid IS NULL OR v.embed_hash != c.embed_hash)"
@@ -606,12 +619,12 @@ class KnowledgeRepo:
     def count_vectors(self, kb_id: str, model: str) -> tuple[int, int, int | None]:
         """(chunks of the base, those with a current ``model`` vector, their dimensions)."""
         with self._db.read() as conn:
-            total = conn.execute("SELECT count(*) FROM kb_chunks WHERE kb_id = ?", (kb_id,)).fetchall()[0][0]
-            done, dims = conn.execute(
+            total = _rows(conn, "SELECT count(*) FROM kb_chunks WHERE kb_id = ?", (kb_id,))[0][0]
+            done, dims = _rows(conn,
                 "SELECT count(*), max(v.dims) FROM kb_chunks c JOIN kb_vectors v ON v.kb_id = c.kb_id AND v.model = ?"
                 " AND v.chunk_rowid = c.rowid AND v.embed_hash = c.embed_hash WHERE c.kb_id = ?",
                 (model, kb_id),
-            ).fetchall()[0]
+            )[0]
         return total, done, dims
 
     def write_vectors(self, kb_id: str, model: str, dims: int, rows: list[tuple[int, str, bytes]]) -> int:
@@ -619,21 +632,21 @@ class KnowledgeRepo:
         with self._db.write() as conn:
             written = 0
             for rowid, ehash, blob in rows:
-                written += len(conn.execute(
+                written += len(_rows(conn,
                     "INSERT OR REPLACE INTO kb_vectors(kb_id, model, chunk_rowid, embed_hash, dims, vector)"
                     " SELECT ?, ?, rowid, embed_hash, ?, ? FROM kb_chunks WHERE rowid = ? AND embed_hash = ?"
                     " RETURNING chunk_rowid",
                     (kb_id, model, dims, blob, rowid, ehash),
-                ).fetchall())
+                ))
             return written
 
     def switch_vector_model(self, kb_id: str, model: str, dims: int | None) -> bool:
         """Make ``model`` answer the base's searches and drop its other vectors (False: the
         base is gone or now wants another model)."""
         with self._db.write() as conn:
-            rows = conn.execute(
+            rows = _rows(conn,
                 "SELECT embed_provider_id, embed_model_id FROM kb_bases WHERE id = ?", (kb_id,)
-            ).fetchall()
+            )
             if not rows or f"{rows[0][0]}/{rows[0][1]}" != model:
                 return False
             conn.execute("UPDATE kb_bases SET vector_model = ?, vector_dims = ? WHERE id = ?", (model, dims, kb_id))
@@ -659,7 +672,7 @@ class KnowledgeRepo:
             return []
         ids = list(dict.fromkeys(kb_ids))
         with self._db.read() as conn:
-            sizes = dict(conn.execute("SELECT kb_id, sum(chunk_count) FROM kb_documents GROUP BY kb_id").fetchall())
+            sizes = dict(_rows(conn, "SELECT kb_id, sum(chunk_count) FROM kb_documents GROUP BY kb_id"))
             total = sum(v or 0 for v in sizes.values())
             mine = sum(sizes.get(k) or 0 for k in ids)
             if not mine:
@@ -677,11 +690,11 @@ class KnowledgeRepo:
                 args = ids
             else:
                 expr, join, where, args = lexical_match("", ids, terms), "", "", []
-            rows = conn.execute(
+            rows = _rows(conn,
                 f"SELECT kb_chunks_fts.rowid, bm25(kb_chunks_fts, 1.0, 0.0) AS r FROM kb_chunks_fts{join}"
                 f" WHERE kb_chunks_fts MATCH ?{where} ORDER BY r LIMIT ?",
                 [expr, *args, limit],
-            ).fetchall()
+            )
         return [(rowid, -score) for rowid, score in rows]
 
     def _doc_freq(self, conn: Any, term: str, cap: int, total: int) -> int:
@@ -691,9 +704,9 @@ class KnowledgeRepo:
             known = self._df.get(term)
         if known is not None and abs(known[1] - total) <= total // 5:
             return known[0]
-        count = conn.execute(
+        count = _rows(conn,
             "SELECT count(*) FROM (SELECT 1 FROM kb_chunks_fts WHERE kb_chunks_fts MATCH ? LIMIT ?)", (term, cap)
-        ).fetchall()[0][0]
+        )[0][0]
         with self._df_lock:
             if len(self._df) >= DF_CACHE_ENTRIES:
                 self._df.clear()
@@ -708,7 +721,7 @@ class KnowledgeRepo:
             for i in range(0, len(ids), 500):
                 part = ids[i : i + 500]
                 out.update(
-                    (rowid, (did, tokens)) for rowid, did, tokens in conn.execute(
+                    (rowid, (did, tokens)) for rowid, did, tokens in _cursor(conn,
                         f"SELECT rowid, document_id, tokens FROM kb_chunks WHERE rowid IN ({','.join('?' * len(part))})",
                         part,
                     )
@@ -723,7 +736,7 @@ class KnowledgeRepo:
             ids = list(rowids)
             for i in range(0, len(ids), 500):
                 part = ids[i : i + 500]
-                for row in conn.execute(
+                for row in _cursor(conn,
                     "SELECT c.rowid, c.id, c.kb_id, c.document_id, d.name, c.ordinal, c.heading, c.char_start,"
                     " c.char_end, c.page, c.tokens, c.text FROM kb_chunks c JOIN kb_documents d ON d.id = c.document_id"
                     f" WHERE c.rowid IN ({','.join('?' * len(part))})",
@@ -740,13 +753,13 @@ class KnowledgeRepo:
     # ---- internals ----------------------------------------------------------------
 
     def _kb(self, conn: Any, kb_id: str) -> KbRecord:
-        rows = conn.execute(f"SELECT {_KB_COLUMNS} FROM kb_bases WHERE id = ?", (kb_id,)).fetchall()
+        rows = _rows(conn, f"SELECT {_KB_COLUMNS} FROM kb_bases WHERE id = ?", (kb_id,))
         if not rows:
             raise NotFound(f"knowledge base {kb_id!r} not found", data={"kbId": kb_id})
         return _kb(rows[0])
 
     def _doc(self, conn: Any, doc_id: str) -> DocRecord:
-        rows = conn.execute(f"SELECT {_DOC_COLUMNS} FROM kb_documents WHERE id = ?", (doc_id,)).fetchall()
+        rows = _rows(conn, f"SELECT {_DOC_COLUMNS} FROM kb_documents WHERE id = ?", (doc_id,))
         if not rows:
             raise NotFound(f"document {doc_id!r} not found", data={"documentId": doc_id})
         return _doc(rows[0])

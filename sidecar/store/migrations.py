@@ -633,3 +633,34 @@ def m_qiming_sync(conn: apsw.Connection) -> None:
         CREATE INDEX IF NOT EXISTS idx_sync_messages_session ON sync_messages(session_id);
         """
     )
+
+
+@migration
+def m_citations(conn: apsw.Connection) -> None:
+    # Citations of assistant replies (sidecar/store/citations.py): one row per marker of a
+    # message, with the cited chunk's snapshot (or a dangling marker: no chunk). No foreign
+    # key to the knowledge tables, on purpose: deleting or re-indexing a document must leave
+    # the citations readable (their state is computed when they are read). Re-runnable.
+    conn.execute(
+        """
+        CREATE TABLE IF NOT EXISTS message_citations (
+          message_id    TEXT NOT NULL REFERENCES messages_v2(id) ON DELETE CASCADE,
+          marker        INTEGER NOT NULL,
+          session_id    TEXT NOT NULL,
+          chunk_id      TEXT,
+          kb_id         TEXT,
+          document_id   TEXT,
+          document_name TEXT,
+          heading       TEXT NOT NULL DEFAULT '[]',
+          char_start    INTEGER,
+          char_end      INTEGER,
+          page          INTEGER,
+          score         REAL NOT NULL DEFAULT 0,
+          mode          TEXT NOT NULL,
+          text          TEXT NOT NULL DEFAULT '',
+          dangling      INTEGER NOT NULL DEFAULT 0,
+          PRIMARY KEY (message_id, marker)
+        ) WITHOUT ROWID;
+        CREATE INDEX IF NOT EXISTS idx_message_citations_session ON message_citations(session_id);
+        """
+    )

@@ -16,6 +16,7 @@ repositories exist. Every repository is an attribute built here on the one Datab
     channels    ChannelRepo    IM channels: configs, chat links, the inbox, deliveries (channels.py)
     knowledge   KnowledgeRepo  knowledge bases, documents, chunks, vectors, chunk FTS (knowledge.py)
     sync        SyncRepo       Qiming server: the account (token sealed), links, message map (sync.py)
+    citations   Citations      the citations of replies (citations.py; read onto MessageV2 below)
 
 A new repository takes the Database in its constructor and is attached here; nothing
 outside the store package sees the Database. Each repository method is one transaction
@@ -68,6 +69,7 @@ from protocol.types import (
 )
 from sidecar.errors import InvalidParams, NotFound, StoreError
 from sidecar.store import transfer
+from sidecar.store.citations import Citations, CitationRows
 from sidecar.store.checks import (
     CONTENT_TYPES,
     FINAL_STATUSES,
@@ -228,7 +230,7 @@ class Messages:
 
     def get(self, message_id: str) -> MessageV2:
         with self._db.read() as conn:
-            return MessageStore.get(conn, message_id)
+            return CitationRows.attach(conn, [MessageStore.get(conn, message_id)])[0]
 
     def path(self, session_id: str, leaf_id: str | None = None) -> list[MessageV2]:
         """Root -> ``leaf_id`` (default: the active leaf); [] for a session without messages."""
@@ -252,7 +254,7 @@ class Messages:
                     MessageStore.get_in_session(conn, session_id, o.before)
                     cut = next(i for i, m in enumerate(messages) if m.id == o.before)
                     messages = messages[:cut]
-                return messages[-limit:] if limit is not None else messages
+                return CitationRows.attach(conn, messages[-limit:] if limit is not None else messages)
             leaf = self._leaf(conn, session_id, o.leaf_id)
             if leaf is None:
                 return []
@@ -265,7 +267,7 @@ class Messages:
                 if before.parent_id is None:
                     return []
                 leaf = before.parent_id
-            return MessageStore.path(conn, session_id, leaf, limit)
+            return CitationRows.attach(conn, MessageStore.path(conn, session_id, leaf, limit))
 
     def tree(self, session_id: str) -> list[MessageTreeNode]:
         """Every message as a forest; siblings in creation order, the active path marked."""
@@ -275,7 +277,7 @@ class Messages:
             ).fetchall()
             if not rows:
                 SessionRepo.require(conn, session_id)
-            messages = MessageStore.all(conn, session_id)
+            messages = CitationRows.attach(conn, MessageStore.all(conn, session_id))
             leaf = rows[0][0]
             if leaf is None or not any(m.id == leaf for m in messages):
                 leaf = MessageStore.newest_leaf(conn, session_id)
@@ -298,7 +300,7 @@ class Messages:
             MessageStore.get_in_session(conn, session_id, leaf_id)
             leaf = MessageStore.newest_leaf(conn, session_id, below=leaf_id) or leaf_id
             SessionRepo.set_active_leaf(conn, session_id, leaf)
-            return MessageStore.path(conn, session_id, leaf)
+            return CitationRows.attach(conn, MessageStore.path(conn, session_id, leaf))
 
     def append(
         self,
@@ -618,6 +620,7 @@ class Store:
         self.channels = ChannelRepo(db, clock)
         self.knowledge = KnowledgeRepo(db, clock)
         self.sync = SyncRepo(db, sealer)
+        self.citations = Citations(db)
         try:
             self.schema_version = migrate(db)
             self.recovered = self.messages.recover_interrupted()

@@ -39,6 +39,7 @@ from protocol.types import MessageV2, ToolResultPart
 from sidecar.errors import InvalidParams, NotFound
 from sidecar.store.db import Database
 from sidecar.store.ids import now_ms
+from sidecar.store.citations import CitationRows
 from sidecar.store.messages import MessageStore
 from sidecar.store.rows import decode_parts, to_json
 from sidecar.store.secrets import Sealer
@@ -323,7 +324,7 @@ class ToolStore:
                 "UPDATE tool_runs SET state = 'running', updated_at = ? WHERE message_id = ?",
                 (now, message_id),
             )
-            return MessageStore.get(conn, message_id)
+            return CitationRows.attach(conn, [MessageStore.get(conn, message_id)])[0]
 
     def complete_interrupted(self, note: str = INTERRUPTED_NOTE) -> list[str]:
         """Runs left ``running`` by a dead process: every open call of them gets an error

@@ -4,9 +4,9 @@ Owns: the rules for copies. Must stay true:
 - fork: new ids for the session and every copied message, parent links remapped, content
   (text, parts, tool calls, usage, timestamps) copied verbatim; the original is untouched.
   A copied message that was still pending/streaming becomes 'aborted' (no generation will
-  ever finish the copy).
-- import: the document is validated whole (ids, sessions, parent links, no cycles, enums)
-  before anything is written; counters are recomputed from the messages, so they are true
+  ever finish the copy). Citations are copied with their messages.
+- import: the document is validated whole (ids, sessions, parent links, no cycles, enums,
+  citations) before anything is written; counters are recomputed from the messages, so they are true
   even for a hand-edited document; import(export(s)) reproduces s.
 """
 
@@ -27,6 +27,8 @@ from sidecar.store.checks import (
     check_choice,
     check_tags,
 )
+from sidecar.store.citations import CitationRows
+from sidecar.store.citations import check_import as check_citations
 from sidecar.store.ids import new_id
 from sidecar.store.messages import MessageStore
 from sidecar.store.rows import searchable_text
@@ -100,13 +102,14 @@ def fork_session(conn: apsw.Connection, session_id: str, message_id: str, now: i
     )
     SessionRepo.insert(conn, forked)
     MessageStore.insert_many(conn, copies)
+    CitationRows.copy(conn, id_map, new_session_id, session_id)
     MessageSearch.index(conn, _index_docs(copies), fresh=True)
     return forked
 
 
 def export_session(conn: apsw.Connection, session_id: str) -> SessionExport:
     session = SessionRepo.get(conn, session_id)
-    return SessionExport(session=session, messages=MessageStore.all(conn, session_id))
+    return SessionExport(session=session, messages=CitationRows.attach(conn, MessageStore.all(conn, session_id)))
 
 
 def _validate_import(session: SessionV2, messages: list[MessageV2]) -> list[MessageV2]:
@@ -151,6 +154,7 @@ def _validate_import(session: SessionV2, messages: list[MessageV2]) -> list[Mess
         rooted.update(trail)
     if session.active_leaf_id is not None and session.active_leaf_id not in by_id:
         raise InvalidParams("session.activeLeafId is not a message of the import")
+    check_citations(messages)
     # Nothing will ever finish an imported in-flight message.
     return [
         m if m.status in FINAL_STATUSES else _with_status(m, "aborted") for m in messages
@@ -198,6 +202,9 @@ def import_session(
     SessionRepo.insert(conn, stored)
     if messages:
         MessageStore.insert_many(conn, messages)
+        for m in messages:
+            if m.citations:
+                CitationRows.insert(conn, m.id, stored.id, m.citations)
         if stored.active_leaf_id is None:
             leaf = MessageStore.newest_leaf(conn, stored.id)
             SessionRepo.set_active_leaf(conn, stored.id, leaf)

@@ -14,12 +14,15 @@ default approval policy (``ask`` for anything that writes or executes) and an as
 from __future__ import annotations
 
 from pathlib import Path
-from typing import Any, Literal
+from typing import TYPE_CHECKING, Any, Literal
 
 import msgspec
 
-from protocol.types import SessionV2
+from protocol.types import Citation, SessionV2
 from sidecar.providers.types import ToolSpec
+
+if TYPE_CHECKING:
+    from sidecar.retrieval.citations import CitationLedger
 
 __all__ = ["Tool", "ToolContext", "ToolOutput", "ToolError", "Policy"]
 
@@ -33,9 +36,9 @@ class ToolError(Exception):
 class ToolOutput(msgspec.Struct, kw_only=True):
     text: str
     is_error: bool = False
-    citations: list[Any] = []
-    """Citation records (protocol.kb.Citation) of the knowledge chunks this result showed the
-    model; the reply may cite their markers."""
+    citations: list[Citation] = []
+    """The Citation records of the knowledge chunks this result showed the model (numbered
+    in the reply's ledger, ``ToolContext.citations``); the reply may cite their markers."""
 
 
 class ToolContext(msgspec.Struct, kw_only=True):
@@ -45,6 +48,8 @@ class ToolContext(msgspec.Struct, kw_only=True):
     data_dir: Path
     workspace: Path | None = None
     """The session's workspace directory when it has one."""
+    citations: CitationLedger | None = None
+    """The reply's citation ledger: a knowledge tool numbers what it shows in it."""
 
 
 class Tool:

@@ -3,8 +3,9 @@
 A session whose assistant has knowledge bases gets ``knowledge_search`` first, before every
 other tool (seed 000 section 3: the knowledge tools come before the app's tools). It runs
 the same retrieval a request does (KnowledgeService.tool_search) and returns the passages
-with citation markers that continue the request's own numbering; its ToolOutput carries the
-Citation records of what it showed, so the reply may cite them.
+with citation markers that continue the request's own numbering (the reply's ledger, given
+in its ToolContext); its ToolOutput carries the Citation records of what it showed, so the
+reply may cite them.
 
 ``KnowledgeOffer`` is what ToolService.assemble asks the knowledge side for: the tools to
 register and the truth about retrieval for ``get_session_capabilities``.
@@ -17,15 +18,17 @@ from typing import Any, Protocol
 
 import msgspec
 
-from protocol.types import SessionV2
+from protocol.types import Citation, SessionV2
+from sidecar.retrieval.citations import CitationLedger
 from sidecar.tools.base import Tool, ToolContext, ToolError, ToolOutput, obj
 
 __all__ = ["KnowledgeSearch", "KnowledgeOffer", "KnowledgeSource", "NO_KNOWLEDGE", "MAX_TOOL_RESULTS"]
 
 MAX_TOOL_RESULTS = 6
 
-Search = Callable[[SessionV2, list[str], str, int], Awaitable[tuple[str, list[Any]]]]
-"""``await search(session, kb_ids, query, limit)`` -> (result text, Citation records)."""
+Search = Callable[[CitationLedger, list[str], str, int], Awaitable[tuple[str, list[Citation]]]]
+"""``await search(ledger, kb_ids, query, limit)`` -> (result text, Citation records numbered
+in ``ledger``)."""
 
 
 class KnowledgeOffer(msgspec.Struct, kw_only=True):
@@ -72,5 +75,7 @@ class KnowledgeSearch(Tool):
         if not query:
             raise ToolError("query must not be empty")
         limit = int(args.get("limit", MAX_TOOL_RESULTS))
-        text, citations = await self._search(ctx.session, self._kb_ids, query, limit)
+        # outside a reply (no ledger) the markers number from [1] and are kept nowhere
+        ledger = ctx.citations if ctx.citations is not None else CitationLedger()
+        text, citations = await self._search(ledger, self._kb_ids, query, limit)
         return ToolOutput(text=text, citations=citations)

@@ -22,12 +22,13 @@ from typing import TYPE_CHECKING, Any, Literal, Protocol
 import msgspec
 
 from protocol.context import AssistantProfile
-from protocol.types import ContentPart, SessionV2, TextPart
+from protocol.types import Citation, ContentPart, SessionV2, TextPart
 from sidecar.providers.types import ModelInfo, RequestMessage
 from sidecar.store.attachments import AttachmentStore
 
 if TYPE_CHECKING:
     from sidecar.pipeline.transformers.retrieval import KnowledgeRetriever, MemoryRetriever
+    from sidecar.retrieval.citations import CitationLedger
 
 __all__ = ["Draft", "TransformContext", "InputTransformer", "ModelCall", "last_index", "text_of", "with_system_text"]
 
@@ -61,8 +62,10 @@ class TransformContext(msgspec.Struct, kw_only=True):
     """See retrieval.py."""
     memory: MemoryRetriever | None = None
     """See retrieval.py."""
-    citations: list[Any] = []
-    """KnowledgeChunks actually retrieved for this request (copied to the reply by the caller)."""
+    ledger: CitationLedger | None = None
+    """The reply's citation ledger (its markers; see knowledge.py), None outside a reply."""
+    citations: list[Citation] = []
+    """The Citation records of the knowledge chunks this request sent (BuildInfo.citations)."""
     applied: list[str] = []
     """Names of the transformers that changed the request, in the order they ran."""
 

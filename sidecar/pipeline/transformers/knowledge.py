@@ -5,23 +5,25 @@ is the text of the last user message of the request; the retriever (KnowledgeSer
 hybrid search, lexical when there is no embedding model or the embedding call fails) gives
 at most ``MAX_RESULTS`` (6) chunks within its token budget. They go into the system prompt
 inside one boundary-tagged ``<knowledge>`` block, each in a ``<source marker="n" ...>`` tag
-with its document name, page and section; the markers come from the session's citation
-ledger for this turn (``[1]``..``[6]``; a ``knowledge_search`` call of the same reply
-continues the numbering). The Citation records of exactly what was sent are appended to
-``ctx.citations`` (BuildInfo.citations): only those, and what an executed knowledge tool
-returned, may be cited by the reply.
+with its document name, page and section; the markers come from the reply's citation
+ledger (``ctx.ledger``: ``[1]``..``[6]``; a ``knowledge_search`` call of the same reply
+continues the numbering). The ledger keeps the retrieval of the reply's first request, so
+its later model steps send the same block. The Citation records of exactly what was sent
+are appended to ``ctx.citations`` (BuildInfo.citations): only those, and what an executed
+knowledge tool returned, may be cited by the reply.
 
-A retriever that fails is logged and the request goes on without knowledge.
+A build without a ledger (a preview, chat:context:*) numbers into a ledger of its own that
+nobody keeps. A retriever that fails is logged and the request goes on without knowledge.
 """
 
 from __future__ import annotations
 
 import logging
-from typing import Any, Protocol
+from typing import Protocol
 
 from sidecar.errors import SidecarError
 from sidecar.pipeline.transformers.base import Draft, TransformContext, last_index, text_of, with_system_text
-from sidecar.retrieval.citations import CitationLedgers, render_block
+from sidecar.retrieval.citations import CitationLedger, render_block
 from sidecar.retrieval.results import RetrievalResult
 
 __all__ = ["MAX_RESULTS", "KnowledgeRetriever", "NoKnowledge", "KnowledgeRetrievalTransformer"]
@@ -33,16 +35,11 @@ MAX_RESULTS = 6
 class KnowledgeRetriever(Protocol):
     """What the transformer needs (KnowledgeService provides it)."""
 
-    ledgers: CitationLedgers
-
     async def retrieve(self, *, query: str, knowledge_base_ids: list[str], limit: int) -> RetrievalResult: ...
 
 
 class NoKnowledge:
     """The retriever of a builder without knowledge bases (tests, tools): finds nothing."""
-
-    def __init__(self) -> None:
-        self.ledgers = CitationLedgers()
 
     async def retrieve(self, *, query: str, knowledge_base_ids: list[str], limit: int) -> RetrievalResult:
         return RetrievalResult(mode="lexical", chunks=[])
@@ -60,23 +57,27 @@ class KnowledgeRetrievalTransformer:
 
     async def transform(self, drafts: list[Draft], ctx: TransformContext) -> list[Draft]:
         index = last_index(drafts, "user")
-        if index is None:
+        if index is None or ctx.knowledge is None:
             return drafts
         query = text_of(drafts[index])
         if not query.strip():
             return drafts
-        knowledge: Any = ctx.knowledge
-        try:
-            result = await knowledge.retrieve(
-                query=query, knowledge_base_ids=list(ctx.assistant.knowledge_base_ids), limit=MAX_RESULTS
-            )
-        except SidecarError as exc:
-            log.warning("knowledge retrieval failed: %s", exc.message)
-            return drafts
-        chunks = list(result.chunks)[:MAX_RESULTS]
+        ledger = ctx.ledger if ctx.ledger is not None else CitationLedger()
+        chunks = ledger.retrieved(query)
+        if chunks is None:
+            try:
+                result = await ctx.knowledge.retrieve(
+                    query=query, knowledge_base_ids=list(ctx.assistant.knowledge_base_ids), limit=MAX_RESULTS
+                )
+            except SidecarError as exc:
+                log.warning("knowledge retrieval failed: %s", exc.message)
+                return drafts
+            chunks = list(result.chunks)[:MAX_RESULTS]
+            ledger.remember(query, chunks)
         if not chunks:
             return drafts
-        ledger = knowledge.ledgers.for_turn(ctx.session.id, drafts[index].source_id or "")
         citations = ledger.cite(chunks)
+        if not citations:
+            return drafts
         ctx.citations.extend(citations)
         return with_system_text(drafts, render_block(citations))
