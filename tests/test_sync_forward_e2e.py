@@ -234,6 +234,24 @@ async def test_the_computer_api_drives_a_turn(tmp_path):
         chats = [c for c in computer if c["path"] == "/chat"]
         assert chats[1]["body"]["session_id"] == progress[0]["path"].rsplit("/", 1)[1]
         assert [c["body"]["session_id"] for c in computer if c["path"] == "/cancel"] == [chats[1]["body"]["session_id"]]
+
+        # a permission request of the runner's agent, denied here, goes to /notify-resolved
+        await server.control("computer_chat", {"updates": [
+            {"permission": {"toolCallId": "perm-1", "title": "Write file", "kind": "edit", "input": {"path": "x"}}},
+            {"sessionUpdate": "agent_message_chunk", "content": {"type": "text", "text": "not written"}},
+        ]})
+        sent = await send(proc, session["id"], "write x")
+        await proc.wait_for(
+            lambda m: isinstance(m, dict) and m.get("method") == "chat:stream"
+            and m["params"]["messageId"] == sent["messageId"] and m["params"]["type"] == "tool_approval_required",
+            timeout=TURN_TIMEOUT,
+        )
+        await proc.call("chat:tool:approve", {"sessionId": session["id"], "toolCallId": "perm-1", "decision": "denied"})
+        assert (await wait_final(proc, sent["messageId"], timeout=TURN_TIMEOUT))["type"] == "stream_end"
+        (answer,) = (await server.get("chat_log"))["permissions"]
+        assert answer["permission_resolve_request"]["tool_call_id"] == "perm-1"
+        assert answer["permission_resolve_request"]["request_permission_response"] == {
+            "outcome": {"outcome": "selected", "optionId": "reject-once"}}
         await proc.close()
 
 

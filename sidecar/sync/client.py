@@ -686,6 +686,8 @@ async def _agent_outputs(response: httpx2.Response, describe: Any) -> AsyncGener
                 yield output
                 if output.completed:
                     return
+        except httpx2.SSEError as exc:
+            raise ServerMalformed(describe(f"chat stream: {exc}")) from exc
         except httpx2.TimeoutException as exc:
             raise ServerUnreachable(describe("chat stream: no event in time"), timeout=True) from exc
         except httpx2.TransportError as exc:
@@ -711,6 +713,8 @@ async def _session_frames(response: httpx2.Response, describe: Any) -> AsyncGene
                 yield frame
                 if frame.message_type == "sessionPromptEnd":
                     return
+        except httpx2.SSEError as exc:
+            raise ServerMalformed(describe(f"progress stream: {exc}")) from exc
         except httpx2.TimeoutException as exc:
             raise ServerUnreachable(describe("progress stream: no event in time"), timeout=True) from exc
         except httpx2.TransportError as exc:

@@ -298,7 +298,7 @@ class SyncService:
             async with self._run_lock:  # not while a pull may be importing it
                 links = await self.store.run(lambda s: s.sync.links(key, [cid]))
                 link = links.get(cid)
-                if link is not None and link.state != "linked":
+                if link is not None and link.state not in ("linked", "creating"):
                     raise EngineError(f"conversation {cid} was deleted (here or on the server)")
                 if link is not None and link.session_exists:
                     session_id = link.session_id
