@@ -8,11 +8,13 @@ by its id (``conversationId``); exactly one of them is given.
 
 from __future__ import annotations
 
-from typing import Literal
+from typing import Annotated, Literal
 
-from protocol.common import EmptyParams, MethodSpec, SuccessResult
-from protocol.common import ProgressToken
-from protocol.types import Struct
+import msgspec
+
+from protocol.common import EmptyParams, MethodSpec, ProgressToken, SuccessResult
+from protocol.limits import Id, Title
+from protocol.types import SessionV2, Struct
 
 __all__ = [
     "ServerState",
@@ -33,7 +35,23 @@ __all__ = [
     "ServerConversationShareParams",
     "ServerConversation",
     "ServerShare",
+    "ChatApi",
+    "AgentMode",
+    "ServerSessionCreateParams",
+    "ChatSuggestParams",
+    "ServerPageResultParams",
+    "MAX_PAGE_HTML_CHARS",
 ]
+
+ChatApi = Literal["conversation", "computer"]
+"""How a server takes forwarded chat turns: ``conversation`` (the real server:
+``POST /api/agent/conversation/chat``, its AgentOutputDto stream, ``/chat/sub`` to
+re-attach) or ``computer`` (``POST /api/computer/chat`` + ``GET /api/computer/progress/{id}``,
+the desktop's ``/computer/progress`` frames)."""
+AgentMode = Literal["yolo", "ask"]
+"""TryReqDto ``agentMode``: ``ask`` makes the server's agent ask before it uses tools (its
+permission requests come as pending approvals); ``yolo`` lets it act (the web UI's default)."""
+MAX_PAGE_HTML_CHARS = 8_000_000
 
 ServerState = Literal["unconfigured", "ok", "auth_required", "logged_out", "secrets_locked"]
 """``auth_required``: the server said the token expired (4010/4011); nothing is retried
@@ -61,6 +79,13 @@ class ServerConfigureParams(Struct, kw_only=True):
     """Per call: connecting, and each wait for the answer (1000..600000)."""
     tenant_id: int | None = None
     """Sent as ``x-tenant-id`` for servers that cannot tell the tenant from the host name."""
+    chat_api: ChatApi = "conversation"
+    """Which chat API forwarded turns (``mode: "server"`` sessions) use on this server."""
+    chat_idle_timeout_ms: Annotated[int, msgspec.Meta(ge=500, le=600_000)] = 60_000
+    """A forwarded turn's stream silent for this long (no event, not even a heart beat) is
+    dropped and re-attached (the web client's own limit is 60 s)."""
+    agent_mode: AgentMode | None = None
+    """Sent as ``agentMode`` with every forwarded turn (absent: the server's default)."""
 
 
 class ServerUser(Struct, omit_defaults=False, kw_only=True):
@@ -146,6 +171,9 @@ class ServerStatus(Struct, omit_defaults=False, kw_only=True):
     syncing: bool = False
     last_sync_at: int | None = None
     last_result: SyncResult | None = None
+    chat_api: ChatApi = "conversation"
+    chat_idle_timeout_ms: int = 60_000
+    agent_mode: AgentMode | None = None
 
 
 class SyncParams(Struct, kw_only=True):
@@ -228,6 +256,29 @@ class ServerShare(Struct, omit_defaults=False, kw_only=True):
     created: int | None = None
 
 
+class ServerSessionCreateParams(Struct, kw_only=True):
+    """A ``mode: "server"`` session: linked to the conversation ``conversationId`` (its
+    history imported; a session already linked to it becomes a server session), or to a new
+    conversation of ``agentId`` (default: the account's agent)."""
+
+    conversation_id: Annotated[int, msgspec.Meta(ge=1, le=2**63 - 1)] | None = None
+    agent_id: Annotated[int, msgspec.Meta(ge=1, le=2**63 - 1)] | None = None
+    title: Title | None = None
+    """The new session's title (and the new conversation's topic)."""
+
+
+class ChatSuggestParams(Struct, kw_only=True):
+    session_id: Id
+
+
+class ServerPageResultParams(Struct, kw_only=True):
+    """``/chat/page/result`` (ModelPageRequestResultDto): the HTML of a page the server's
+    agent asked the client to fetch, under the request id it gave."""
+
+    request_id: Id
+    html: Annotated[str, msgspec.Meta(max_length=MAX_PAGE_HTML_CHARS)]
+
+
 METHODS: dict[str, MethodSpec] = {
     "server:configure": MethodSpec(
         ServerConfigureParams, ServerStatus, "Set the Qiming server account (token, or log in)."
@@ -247,6 +298,15 @@ METHODS: dict[str, MethodSpec] = {
     ),
     "server:conversation:share": MethodSpec(
         ServerConversationShareParams, ServerShare, "Share a server conversation; returns the share key."
+    ),
+    "server:session:create": MethodSpec(
+        ServerSessionCreateParams, SessionV2, "A session whose turns are forwarded to a server conversation."
+    ),
+    "chat:suggest": MethodSpec(
+        ChatSuggestParams, list[str], "Suggested next questions of a server-linked session (/chat/suggest)."
+    ),
+    "server:chat:pageResult": MethodSpec(
+        ServerPageResultParams, SuccessResult, "Hand the server the HTML of a page its agent asked for."
     ),
 }
 """The methods of this domain (see ``protocol.methods``)."""

@@ -148,7 +148,9 @@ class Usage(Struct, kw_only=True):
     """The context window in tokens (ACP ``usage_update.size``)."""
 
 
-SessionMode = Literal["direct", "acp"]
+SessionMode = Literal["direct", "acp", "server"]
+"""``direct``: the sidecar calls the model; ``acp``: an agent engine subprocess runs the turn;
+``server``: the turn is forwarded to the Qiming server the session is linked to."""
 MessageRole = Literal["system", "user", "assistant", "tool"]
 MessageStatus = Literal["pending", "streaming", "completed", "error", "aborted", "paused"]
 """``paused``: the reply waits for a tool-call approval (``chat:tool:approve``); it is not

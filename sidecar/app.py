@@ -49,8 +49,10 @@ Attributes:
               exit before the chat engine does (their turns and deliveries resume on restart).
     knowledge: KnowledgeService (sidecar/retrieval/service.py): kb:*, background ingestion,
               the retriever of the KnowledgeRetrieval transformer and the knowledge_search tool.
-    sync:     SyncService (sidecar/sync/service.py): server:*, sync:*, server:conversation:*;
-              its periodic task stops on exit.
+    sync:     SyncService (sidecar/sync/service.py): server:*, sync:*, server:conversation:*,
+              server:session:create, chat:suggest; its periodic task stops on exit. The
+              replies of mode 'server' sessions: ServerTurnHandler (sidecar/sync/forward.py),
+              the chat engine's ``server``.
     (later)   ... attached by the services that own them.
 """
 
@@ -179,12 +181,15 @@ async def open_app(
         await anyio.to_thread.run_sync(_import_services)
         # before the chat engine: it closes after the engine has stopped the replies using it
         app.knowledge = await _open_knowledge(app, stack)
+        # before the chat engine: its server client must outlive the forwarded turns the
+        # engine aborts on exit
+        await _open_sync(app, stack)
         await _open_chat(app, stack)
+        await _open_forwarding(app, stack)
         _open_context(app)
         await _start_knowledge(app)
         await _open_compat(app, stack)
         await _open_channels(app, stack)
-        await _open_sync(app, stack)
         yield app
 
 
@@ -219,6 +224,7 @@ _SERVICE_MODULES = (
     "sidecar.channels.service",
     "sidecar.retrieval.service",
     "sidecar.sync.service",
+    "sidecar.sync.forward",
 )
 
 
@@ -446,3 +452,24 @@ async def _open_sync(app: App, stack: AsyncExitStack) -> None:
     group = await stack.enter_async_context(anyio.create_task_group())
     stack.callback(group.cancel_scope.cancel)  # unwound before the group waits for its task
     app.sync.start(group)
+
+
+async def _open_forwarding(app: App, stack: AsyncExitStack) -> None:
+    """Mode 'server' replies: forwarded to the Qiming server by the chat engine's jobs; the
+    handler's side tasks (message mapping, topics) run in a task group of their own,
+    cancelled on exit before the chat engine aborts the turns."""
+    import anyio
+
+    from sidecar.sync.forward import ServerTurnHandler
+
+    group = await stack.enter_async_context(anyio.create_task_group())
+    handler = ServerTurnHandler(
+        store=app.store, account=app.sync.account, approvals=app.approvals, task_group=group, notify=app.notify,
+    )
+
+    def close() -> None:
+        handler.closing = True
+        group.cancel_scope.cancel()
+
+    stack.callback(close)
+    app.chat.server = handler

@@ -135,6 +135,9 @@ BINDINGS: dict[str, str] = {
     "server:conversation:update": "sync.update_conversation",
     "server:conversation:delete": "sync.delete_conversation",
     "server:conversation:share": "sync.share_conversation",
+    "server:session:create": "sync.create_server_session",
+    "chat:suggest": "sync.suggest",
+    "server:chat:pageResult": "sync.page_result",
 }
 """Method name -> attribute path on the App of the ``async def f(params) -> result`` that answers it."""
 

@@ -20,7 +20,8 @@ async def test_configure_with_a_login_or_a_token_which_is_never_shown(tmp_path):
         assert await proc.call("server:status", {}) == {
             "configured": False, "serviceUrl": None, "state": "unconfigured", "reachable": None, "message": None,
             "user": None, "tokenExpiresAt": None, "agentId": None, "messagesOnCreate": False, "syncing": False,
-            "lastSyncAt": None, "lastResult": None,
+            "lastSyncAt": None, "lastResult": None, "chatApi": "conversation", "chatIdleTimeoutMs": 60000,
+            "agentMode": None,
         }
         for bad, field in (
             ({"serviceUrl": "ftp://x", "token": "t" * 40}, "http(s)"),

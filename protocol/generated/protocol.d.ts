@@ -53,6 +53,11 @@ export type ErrorCodeName = keyof typeof ErrorCode;
 export type ErrorCodeValue = ErrorCode;
 
 /**
+ * TryReqDto ``agentMode``: ``ask`` makes the server's agent ask before it uses tools (its
+ * permission requests come as pending approvals); ``yolo`` lets it act (the web UI's default).
+ */
+export type AgentMode = "ask" | "yolo";
+/**
  * Where a call that needs a decision comes from: ``tool`` (a tool of the direct-mode loop)
  * or ``acp`` (an agent engine's permission request).
  */
@@ -78,6 +83,13 @@ export type ChannelPlatform = "dingtalk" | "feishu" | "lark" | "plain" | "slack"
  * chat (messages without a thread id fall back to the chat).
  */
 export type ChannelScope = "chat" | "chat_sender" | "thread";
+/**
+ * How a server takes forwarded chat turns: ``conversation`` (the real server:
+ * ``POST /api/agent/conversation/chat``, its AgentOutputDto stream, ``/chat/sub`` to
+ * re-attach) or ``computer`` (``POST /api/computer/chat`` + ``GET /api/computer/progress/{id}``,
+ * the desktop's ``/computer/progress`` frames).
+ */
+export type ChatApi = "computer" | "conversation";
 export type ChatStreamEvent = StreamStartEvent | TextDeltaEvent | ThinkingDeltaEvent | ToolCallStartEvent | ToolCallDeltaEvent | ToolResultEvent | UsageEvent | StreamEndEvent | ErrorEvent | AbortedEvent | ToolApprovalRequiredEvent | NoticeEvent | PlanEvent | CitationsEvent;
 export type ChatType = "group" | "private";
 /**
@@ -184,7 +196,11 @@ export type SecretsState = "locked" | "ready";
  * starts with that key or ``server:configure`` replaces the token.
  */
 export type ServerState = "auth_required" | "logged_out" | "ok" | "secrets_locked" | "unconfigured";
-export type SessionMode = "acp" | "direct";
+/**
+ * ``direct``: the sidecar calls the model; ``acp``: an agent engine subprocess runs the turn;
+ * ``server``: the turn is forwarded to the Qiming server the session is linked to.
+ */
+export type SessionMode = "acp" | "direct" | "server";
 export type SessionSortBy = "created_at" | "last_message_at" | "updated_at";
 /**
  * How a chunk's size is measured: characters, UTF-8 bytes, or the UTF-8 bytes of the chunk as
@@ -566,6 +582,10 @@ export interface ChatSettingsUpdate {
   reasoning?: ReasoningLevel | null;
   temperature?: number | null;
   topP?: number | null;
+}
+
+export interface ChatSuggestParams {
+  sessionId: string;
 }
 
 /**
@@ -1654,6 +1674,15 @@ export interface ServerConfigureParams {
   requestTimeoutMs?: number;
   /** Sent as ``x-tenant-id`` for servers that cannot tell the tenant from the host name. */
   tenantId?: number | null;
+  /** Which chat API forwarded turns (``mode: "server"`` sessions) use on this server. */
+  chatApi?: ChatApi;
+  /**
+   * A forwarded turn's stream silent for this long (no event, not even a heart beat) is
+   * dropped and re-attached (the web client's own limit is 60 s).
+   */
+  chatIdleTimeoutMs?: number;
+  /** Sent as ``agentMode`` with every forwarded turn (absent: the server's default). */
+  agentMode?: AgentMode | null;
 }
 
 export interface ServerConversation {
@@ -1706,6 +1735,27 @@ export interface ServerInfo {
   version: string;
 }
 
+/**
+ * ``/chat/page/result`` (ModelPageRequestResultDto): the HTML of a page the server's
+ * agent asked the client to fetch, under the request id it gave.
+ */
+export interface ServerPageResultParams {
+  requestId: string;
+  html: string;
+}
+
+/**
+ * A ``mode: "server"`` session: linked to the conversation ``conversationId`` (its
+ * history imported; a session already linked to it becomes a server session), or to a new
+ * conversation of ``agentId`` (default: the account's agent).
+ */
+export interface ServerSessionCreateParams {
+  conversationId?: number | null;
+  agentId?: number | null;
+  /** The new session's title (and the new conversation's topic). */
+  title?: string | null;
+}
+
 export interface ServerShare {
   shareKey: string;
   id: number | null;
@@ -1730,6 +1780,9 @@ export interface ServerStatus {
   syncing: boolean;
   lastSyncAt: number | null;
   lastResult: SyncResult | null;
+  chatApi: ChatApi;
+  chatIdleTimeoutMs: number;
+  agentMode: AgentMode | null;
 }
 
 export interface ServerUser {
@@ -2396,6 +2449,8 @@ export interface Methods {
   "chat:session:pin": { params: SessionPinParams; result: SuccessResult };
   /** Change title, tags, folder, prompt, model and similar fields. */
   "chat:session:update": { params: SessionUpdateParams; result: SessionV2 };
+  /** Suggested next questions of a server-linked session (/chat/suggest). */
+  "chat:suggest": { params: ChatSuggestParams; result: string[] };
   /** Approve, deny or answer a pending tool call; the reply resumes when none is pending. */
   "chat:tool:approve": { params: ToolApproveParams; result: ToolApproveResult };
   /** Start the V1 /computer/chat HTTP endpoint. */
@@ -2444,6 +2499,8 @@ export interface Methods {
   "provider:setDefault": { params: ProviderSetDefaultParams; result: SuccessResult };
   /** Create or replace a provider and its models. */
   "provider:upsert": { params: ProviderUpsertParams; result: ProviderInfo };
+  /** Hand the server the HTML of a page its agent asked for. */
+  "server:chat:pageResult": { params: ServerPageResultParams; result: SuccessResult };
   /** Set the Qiming server account (token, or log in). */
   "server:configure": { params: ServerConfigureParams; result: ServerStatus };
   /** Delete a server conversation. */
@@ -2454,6 +2511,8 @@ export interface Methods {
   "server:conversation:update": { params: ServerConversationUpdateParams; result: ServerConversation };
   /** Forget the token (links and data stay). */
   "server:logout": { params: EmptyParams; result: SuccessResult };
+  /** A session whose turns are forwarded to a server conversation. */
+  "server:session:create": { params: ServerSessionCreateParams; result: SessionV2 };
   /** Account, reachability, token expiry, last sync. */
   "server:status": { params: EmptyParams; result: ServerStatus };
   /** Engine settings. */

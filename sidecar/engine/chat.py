@@ -11,9 +11,12 @@ branches are never rewritten; the active branch moves to the new one.
 
 A job is one ReplyLifecycle (lifecycle.py: the row, events, persistence, ending, counters
 and ``chat:session:updated``) run with the driver of the session's mode: the step loop
-(generation.py) for ``direct``, the agent turn (acp_turn.py) for ``acp``. After a
-successful first exchange the session is titled by a side call (settings
-``generateTitles``), which sends ``chat:session:updated`` again with the title.
+(generation.py) for ``direct``, the agent turn (acp_turn.py) for ``acp``, the forwarded
+turn (sidecar/sync/forward.py, attached as ``server``) for ``server``, whose sends are
+checked by it before anything is stored (a server conversation is linear: no regenerate
+or edit). After a successful first exchange the session is titled by a side call
+(settings ``generateTitles``), which sends ``chat:session:updated`` again with the title
+(a server session's title comes from its conversation's topic instead).
 
 Stopping is bounded: a job that does not end within STOP_TIMEOUT_S (plus an ACP agent's
 cancel timeout) makes the request that needed it fail with BUSY (nothing is written), so a
@@ -108,6 +111,16 @@ class AgentTurns(Protocol):
         """EngineError-like SidecarError when the session's engine cannot branch."""
 
 
+class ServerTurns(Protocol):
+    """The drivers of mode 'server' replies (sidecar/sync/forward.py ServerTurnHandler)."""
+
+    def driver(self, job: ReplyJob, settings: ChatSettings) -> ReplyDriver: ...
+
+    def check(self, s: Store, session: SessionV2, *, branching: bool) -> None:
+        """In the store's worker thread, before a turn is stored: a SidecarError when the
+        session's turns cannot be forwarded now."""
+
+
 class ChatEngine:
     def __init__(
         self,
@@ -143,6 +156,9 @@ class ChatEngine:
             approvals.on_settled["tool"] = self.resume
         self._acp = acp
         """AcpTurnHandler (sidecar/engine/acp_turn.py): the drivers of mode 'acp' replies."""
+        self.server: ServerTurns | None = None
+        """ServerTurnHandler (sidecar/sync/forward.py), attached once the sync service is
+        open: the drivers of mode 'server' replies."""
         self._turns = TurnWriter(attachments)
         self._titles = TitleGenerator(store=store, providers=providers, settings=settings.current)
         self._jobs: dict[str, _RunningJob] = {}
@@ -181,6 +197,8 @@ class ChatEngine:
                 turn = self._turns.check_send(s, params)
                 if turn.session.mode == "acp" and not acp_ok:
                     raise SidecarError("ACP mode is not available in this process", code=ErrorCode.NOT_IMPLEMENTED)
+                if turn.session.mode == "server":
+                    self._check_server(s, turn.session, branching=False)
                 user, reply = self._turns.write(s, turn, after_active_leaf=True)
                 # the first request's reads in the same hop (the job reads again if they fail
                 # or do not fit the model it resolves)
@@ -353,7 +371,16 @@ class ChatEngine:
         self._jobs[job.session.id] = running
         self._tg.start_soon(self._run, running)
 
+    def _check_server(self, s: Store, session: SessionV2, *, branching: bool) -> None:
+        if self.server is None:
+            raise SidecarError("server mode is not available in this process", code=ErrorCode.NOT_IMPLEMENTED)
+        self.server.check(s, session, branching=branching)
+
     async def _check_acp(self, turn: Turn, *, branching: bool) -> None:
+        if turn.session.mode == "server":
+            session = turn.session
+            await self._store.run(lambda s: self._check_server(s, session, branching=branching))
+            return
         if turn.session.mode != "acp":
             return
         if self._acp is None:
@@ -368,6 +395,8 @@ class ChatEngine:
                 settings = self._settings.current()
                 if job.session.mode == "acp" and self._acp is not None:
                     driver = self._acp.driver(job, settings)
+                elif job.session.mode == "server" and self.server is not None:
+                    driver = self.server.driver(job, settings)
                 else:
                     driver = self._handler.driver(job, settings)
                 await ReplyLifecycle(job, self._services, settings).run(driver)
@@ -384,7 +413,7 @@ class ChatEngine:
     async def _after(self, job: ReplyJob) -> None:
         """Side tasks of a finished reply (its lifecycle sent chat:session:updated)."""
         session = job.ended_session
-        if job.outcome != COMPLETED or session is None or self._closing:
+        if job.outcome != COMPLETED or session is None or self._closing or session.mode == "server":
             return
         try:
             if await self._titles.wants_title(session, job):

@@ -664,3 +664,20 @@ def m_citations(conn: apsw.Connection) -> None:
         CREATE INDEX IF NOT EXISTS idx_message_citations_session ON message_citations(session_id);
         """
     )
+
+
+@migration
+def m_qiming_forward(conn: apsw.Connection) -> None:
+    # Server-forwarded chat (sidecar/sync/forward.py): the server-side session a server
+    # session's last turn ran in (the computer API continues it), per session (cascades).
+    # IF NOT EXISTS: a database rolled back to an earlier user_version re-runs it harmlessly.
+    conn.execute(
+        """
+        CREATE TABLE IF NOT EXISTS sync_forward (
+          session_id        TEXT PRIMARY KEY REFERENCES sessions_v2(id) ON DELETE CASCADE,
+          chat_api          TEXT NOT NULL,
+          remote_session_id TEXT NOT NULL,
+          updated_at        INTEGER NOT NULL
+        ) WITHOUT ROWID;
+        """
+    )

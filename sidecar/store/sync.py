@@ -14,7 +14,10 @@ Owns:
   ``deleted`` (gone on both sides); a ``linked`` row whose session no longer exists is a
   local deletion the next push sends to the server;
 - ``sync_messages``: which local message is which server message (server index, id and a
-  digest of the mapped content); cascades with its message.
+  digest of the mapped content); cascades with its message. Forwarded turns (server
+  sessions) map their messages here too (``map_forwarded``), so a pull skips them;
+- ``sync_forward``: the server-side session of a server session's last forwarded turn
+  (the computer API continues it); cascades with its session.
 
 Must stay true:
 - Importing a conversation is all or nothing: the session, its messages, their search
@@ -427,6 +430,69 @@ class SyncRepo:
                 " server_modified = coalesce(?, server_modified), local_title = coalesce(?, local_title),"
                 " updated_at = ? WHERE account_key = ? AND conversation_id = ?",
                 (topic, modified, local_title, now, account_key, conversation_id),
+            )
+
+    # ---- forwarded chat -------------------------------------------------------------------
+
+    def link_forwarded(
+        self, *, account_key: str, session_id: str, conversation_id: int, agent_id: int | None,
+        server_modified: int | None, now: int,
+    ) -> None:
+        """A conversation created for a server session (``/create`` answered): linked at once,
+        without a topic (the server makes one from the first message)."""
+        with self._db.write() as conn:
+            session = SessionRepo.get(conn, session_id)
+            conn.execute(
+                "INSERT INTO sync_links (account_key, conversation_id, session_id, agent_id, state, server_modified,"
+                " local_title, local_synced_at, created_at, updated_at) VALUES (?, ?, ?, ?, 'linked', ?, ?, ?, ?, ?)",
+                (account_key, conversation_id, session_id, agent_id, server_modified, session.title,
+                 session.updated_at, now, now),
+            )
+
+    def map_forwarded(
+        self, account_key: str, conversation_id: int, session_id: str, pairs: list[tuple[str, int, str | None, str]]
+    ) -> int:
+        """The server's copies of messages a forwarded turn stored here: (local message id,
+        server index, server id, digest). A pull then knows them and adds nothing twice; a
+        local message or a server index already mapped is left as it is. Returns how many
+        were mapped."""
+        with self._db.write() as conn:
+            mapped = 0
+            for message_id, index, server_id, digest in pairs:
+                conn.execute(
+                    "INSERT OR IGNORE INTO sync_messages (message_id, session_id, account_key, conversation_id,"
+                    " server_index, server_id, digest, finished)"
+                    " SELECT ?, ?, ?, ?, ?, ?, ?, 1 WHERE EXISTS (SELECT 1 FROM messages_v2 WHERE id = ? AND session_id = ?)",
+                    (message_id, session_id, account_key, conversation_id, index, server_id, digest,
+                     message_id, session_id),
+                )
+                mapped += conn.changes()
+            return mapped
+
+    def set_server_mode(self, session_id: str) -> SessionV2:
+        """Make a session a server session (its turns go to its linked conversation)."""
+        with self._db.write() as conn:
+            SessionRepo.require(conn, session_id)
+            conn.execute("UPDATE sessions_v2 SET mode = 'server' WHERE id = ?", (session_id,))
+            return SessionRepo.get(conn, session_id)
+
+    def remote_session(self, session_id: str, chat_api: str) -> str | None:
+        """The server-side session of a server session's last forwarded turn (computer API)."""
+        with self._db.read() as conn:
+            row = conn.execute(
+                "SELECT remote_session_id FROM sync_forward WHERE session_id = ? AND chat_api = ?",
+                (session_id, chat_api),
+            ).fetchone()
+        return None if row is None else row[0]
+
+    def set_remote_session(self, session_id: str, chat_api: str, remote_session_id: str, now: int) -> None:
+        with self._db.write() as conn:
+            conn.execute(
+                "INSERT INTO sync_forward (session_id, chat_api, remote_session_id, updated_at)"
+                " SELECT ?, ?, ?, ? WHERE EXISTS (SELECT 1 FROM sessions_v2 WHERE id = ?)"
+                " ON CONFLICT(session_id) DO UPDATE SET chat_api = excluded.chat_api,"
+                " remote_session_id = excluded.remote_session_id, updated_at = excluded.updated_at",
+                (session_id, chat_api, remote_session_id, now, session_id),
             )
 
     # ---- push -------------------------------------------------------------------------

@@ -32,9 +32,17 @@ import anyio
 import httpx2
 import msgspec
 
-from protocol.sync import ServerConfigureParams, ServerState, ServerStatus, ServerUser, SyncResult
+from protocol.sync import (
+    AgentMode,
+    ChatApi,
+    ServerConfigureParams,
+    ServerState,
+    ServerStatus,
+    ServerUser,
+    SyncResult,
+)
 from sidecar.errors import InvalidParams, SecretsLocked
-from sidecar.store import AsyncStore
+from sidecar.store import AsyncStore, Store
 from sidecar.store.ids import now_ms
 from sidecar.store.sync import AccountRow
 from sidecar.sync.client import ClientSettings, QimingClient
@@ -42,7 +50,7 @@ from sidecar.sync.errors import AuthRequired, NotConfigured, QimingError, Server
 from sidecar.sync.run import AccountConfig
 from sidecar.sync.wire import UserDto, to_int, to_ms
 
-__all__ = ["ServerAccount", "StoredConfig", "normalize_service_url", "jwt_expiry"]
+__all__ = ["ServerAccount", "StoredConfig", "normalize_service_url", "jwt_expiry", "usable_account"]
 
 log = logging.getLogger(__name__)
 
@@ -62,6 +70,9 @@ class StoredConfig(msgspec.Struct, kw_only=True):
     messages_on_create: bool = False
     request_timeout_ms: int = 30_000
     tenant_id: int | None = None
+    chat_api: ChatApi = "conversation"
+    chat_idle_timeout_ms: int = 60_000
+    agent_mode: AgentMode | None = None
 
 
 class _Claims(msgspec.Struct):
@@ -124,6 +135,22 @@ def _stored_state(state: str) -> ServerState:
     return _STORED_STATES.get(state, "ok")
 
 
+def usable_account(s: Store) -> tuple[AccountRow, StoredConfig]:
+    """The account when calls can be made with it (in the store's worker thread): else
+    NotConfigured (none, or logged out), AuthRequired (the server refused its token) or
+    SecretsLocked (its token was sealed with a key this process was not given)."""
+    row = s.sync.account()
+    if row is None:
+        raise NotConfigured("no Qiming server is configured (server:configure)")
+    if not row.has_token or row.state == "logged_out":
+        raise NotConfigured("logged out of the Qiming server: server:configure with a token or a login")
+    if row.state == "auth_required":
+        raise AuthRequired("the server token expired: server:configure with a new token or a login")
+    if s.sync.token()[1]:
+        raise SecretsLocked(LOCKED_MESSAGE)
+    return row, _config_json.decode(row.config)
+
+
 def _user(dto: UserDto) -> ServerUser:
     return ServerUser(
         id=to_int(dto.id), uid=dto.uid, user_name=dto.user_name, nick_name=dto.nick_name, email=dto.email,
@@ -169,6 +196,7 @@ class ServerAccount:
         config = StoredConfig(
             agent_id=params.agent_id, messages_on_create=params.messages_on_create,
             request_timeout_ms=params.request_timeout_ms, tenant_id=params.tenant_id,
+            chat_api=params.chat_api, chat_idle_timeout_ms=params.chat_idle_timeout_ms, agent_mode=params.agent_mode,
         )
         client = QimingClient(self._settings(url, config), token=token, transport=self._transport)
         try:
@@ -209,17 +237,14 @@ class ServerAccount:
     # ---- the account for a run ----------------------------------------------------------
 
     async def open(self) -> tuple[QimingClient, AccountConfig]:
-        """The client and account of a run; NotConfigured / AuthRequired (no call is made)."""
-        row = await self._store.run(lambda s: s.sync.account())
-        if row is None:
-            raise NotConfigured("no Qiming server is configured (server:configure)")
-        if not row.has_token or row.state == "logged_out":
-            raise NotConfigured("logged out of the Qiming server: server:configure with a token or a login")
-        if row.state == "auth_required":
-            raise AuthRequired("the server token expired: server:configure with a new token or a login")
-        config = _config_json.decode(row.config)
+        """The client and account of a run or a forwarded turn; NotConfigured / AuthRequired
+        / SecretsLocked (see ``usable_account``; no call is made)."""
+        row, config = await self._store.run(usable_account)
+        user = _user_json.decode(row.user) if row.user else None
         return await self._client_for(row, config), AccountConfig(
-            row.account_key, config.agent_id, config.messages_on_create
+            account_key=row.account_key, agent_id=config.agent_id, messages_on_create=config.messages_on_create,
+            user_id=user.id if user is not None else None, chat_api=config.chat_api,
+            chat_idle_timeout_s=config.chat_idle_timeout_ms / 1000, agent_mode=config.agent_mode,
         )
 
     async def _client_for(self, row: AccountRow, config: StoredConfig) -> QimingClient:
@@ -268,6 +293,7 @@ class ServerAccount:
             agent_id=config.agent_id, messages_on_create=config.messages_on_create, syncing=self._syncing(),
             last_sync_at=row.last_sync_at,
             last_result=_result_json.decode(row.last_result) if row.last_result else None,
+            chat_api=config.chat_api, chat_idle_timeout_ms=config.chat_idle_timeout_ms, agent_mode=config.agent_mode,
         )
         if row.has_token and row.state != "logged_out" and (await self._store.run(lambda s: s.sync.token()))[1]:
             status.state, status.message = "secrets_locked", LOCKED_MESSAGE

@@ -59,7 +59,7 @@ import msgspec
 from anyio.streams.memory import MemoryObjectReceiveStream
 
 from protocol.sync import NotPushed, SyncConflict
-from protocol.types import MessageV2, SessionV2
+from protocol.types import MessageV2, SessionMode, SessionV2
 from sidecar.errors import SidecarError
 from sidecar.store.ids import new_id, now_ms
 from sidecar.store.sync import (
@@ -327,6 +327,24 @@ class ConversationSyncAdapter:
         if expired:
             raise expired[0]
         return failed
+
+    async def import_conversation(
+        self, ctx: RunContext, dto: ConversationDto, link: SyncLink | None, *, mode: SessionMode
+    ) -> SessionV2:
+        """One conversation imported now, whole, exactly as a pull stores it (its session in
+        ``mode``); ``link``: its link when its session was deleted here (the same id again)."""
+        cid = to_int(dto.id)
+        if cid is None:
+            raise ServerMalformed("the conversation has no id")
+        ready = await self._prepare_new(ctx, _Job(kind="new" if link is None else "reimport",
+                                                  conversation_id=cid, dto=dto, link=link))
+        assert isinstance(ready.item, NewConversation)
+        item = msgspec.structs.replace(ready.item, session=msgspec.structs.replace(ready.item.session, mode=mode))
+        (result,) = await ctx.db(lambda s: s.sync.import_batch([item]))
+        if isinstance(result, SidecarError):
+            raise result
+        assert isinstance(result, SessionV2)
+        return result
 
     async def _prepare(self, ctx: RunContext, job: _Job) -> _Ready | bool:
         """The network part of a job: what to store, or True/False when there is nothing to

@@ -21,9 +21,10 @@ from __future__ import annotations
 
 import http.cookiejar
 import logging
-from collections.abc import AsyncGenerator, AsyncIterator
+from collections.abc import AsyncGenerator, AsyncIterator, Callable
 from contextlib import aclosing, asynccontextmanager
 from typing import Any, TypeVar
+from urllib.parse import quote
 
 import anyio
 import httpx2
@@ -53,14 +54,26 @@ from sidecar.sync.wire import (
     SUCCESS,
     AgentOutputDto,
     ChatMessageDto,
+    ComputerChatResponse,
     ConversationDto,
     Envelope,
     LoginResDto,
+    SessionFrame,
     UserDto,
     UserShareDto,
 )
 
-__all__ = ["ClientSettings", "QimingClient", "MAX_BODY_BYTES", "CLIENT_TYPE", "CONVERSATION_API"]
+__all__ = [
+    "ClientSettings",
+    "QimingClient",
+    "TryReqDto",
+    "ChatAttachment",
+    "ComputerChatBody",
+    "MAX_BODY_BYTES",
+    "CLIENT_TYPE",
+    "CONVERSATION_API",
+    "COMPUTER_API",
+]
 
 log = logging.getLogger(__name__)
 
@@ -71,6 +84,8 @@ CLIENT_TYPE = "desktop"
 """Sent as ``X-Client-Type``: the server returns ``data.token`` on login only when the header
 is present, and renews such tokens server-side instead of rotating a cookie."""
 CONVERSATION_API = "/api/agent/conversation"
+COMPUTER_API = "/api/computer"
+"""The seed's chat API (``/chat``, ``/progress/{sessionId}``, ``/cancel``) where a server offers it."""
 _MIN_AUTH_HEADER = 36
 """The server ignores an ``Authorization`` of 35 characters or fewer (then the token goes
 in the ``ticket`` cookie, which it reads first)."""
@@ -154,7 +169,8 @@ class _LoginBody(_Body):
 
 class _PermissionOption(_Body):
     option_id: str
-    outcome: str = "selected"
+    outcome: str
+    """``selected``, or ``cancelled`` (the web client sends both fields always)."""
 
 
 class _PermissionBody(_Body):
@@ -165,6 +181,70 @@ class _PermissionBody(_Body):
 
 class _SuggestBody(_Body):
     conversation_id: int
+
+
+class _PageResultBody(_Body):
+    request_id: str
+    html: str
+
+
+class ChatAttachment(_Body):
+    """An AttachmentDto of a chat request (``fileUrl`` is required by the server)."""
+
+    file_url: str
+    file_key: str | None = None
+    file_name: str | None = None
+    mime_type: str | None = None
+
+
+class TryReqDto(_Body):
+    """``POST /chat``'s body (reference section 3): the fields a client sets."""
+
+    conversation_id: int
+    message: str
+    attachments: list[ChatAttachment] = []
+    agent_mode: str | None = None
+
+
+class ComputerChatBody(msgspec.Struct, omit_defaults=True, kw_only=True):
+    """``POST /api/computer/chat`` (the ComputerChatRequest of reference 4.2, snake_case)."""
+
+    user_id: str
+    project_id: str
+    session_id: str | None = None
+    prompt: str
+    original_user_prompt: str | None = None
+    request_id: str | None = None
+    open_long_memory: bool = False
+
+
+class _ComputerCancelBody(msgspec.Struct, kw_only=True):
+    user_id: str
+    project_id: str
+    session_id: str
+
+
+class _ComputerOutcome(msgspec.Struct, kw_only=True):
+    outcome: str
+    optionId: str  # noqa: N815 (the runner's spelling)
+
+
+class _ComputerPermissionResponse(msgspec.Struct, kw_only=True):
+    outcome: _ComputerOutcome
+
+
+class _ComputerResolve(msgspec.Struct, kw_only=True):
+    session_id: str
+    tool_call_id: str
+    request_permission_response: _ComputerPermissionResponse
+
+
+class _ComputerPermissionBody(msgspec.Struct, kw_only=True):
+    """What the server itself sends a runner's ``/computer/notify-resolved``."""
+
+    user_id: str
+    project_id: str
+    permission_resolve_request: _ComputerResolve
 
 
 class QimingClient:
@@ -328,18 +408,71 @@ class QimingClient:
         found = await self.call("POST", f"{CONVERSATION_API}/chat/suggest", body, list[str])
         return found or []
 
+    async def page_result(self, request_id: str, html: str) -> None:
+        """``/chat/page/result``: the HTML of a page the server's agent asked for."""
+        await self.call(
+            "POST", f"{CONVERSATION_API}/chat/page/result", _PageResultBody(request_id=request_id, html=html), None
+        )
+
     @asynccontextmanager
-    async def chat(self, request: Any) -> AsyncIterator[AsyncIterator[AgentOutputDto]]:
-        """``POST /chat`` with a TryReqDto-shaped Struct; yields its AgentOutputDto events
-        (the last one has ``completed: true``). Starting a turn is never retried."""
-        async with self._open_stream("POST", f"{CONVERSATION_API}/chat", request, idempotent=False) as events:
+    async def chat(
+        self, request: TryReqDto, *, read_timeout_s: float | None = None
+    ) -> AsyncIterator[AsyncIterator[AgentOutputDto]]:
+        """``POST /chat``; yields its AgentOutputDto events (the last one has ``completed:
+        true``). Starting a turn is never retried."""
+        async with self._open_stream(
+            "POST", f"{CONVERSATION_API}/chat", request, idempotent=False, read_timeout_s=read_timeout_s
+        ) as events:
             yield events
 
     @asynccontextmanager
-    async def chat_sub(self, conversation_id: int) -> AsyncIterator[AsyncIterator[AgentOutputDto]]:
+    async def chat_sub(
+        self, conversation_id: int, *, read_timeout_s: float | None = None
+    ) -> AsyncIterator[AsyncIterator[AgentOutputDto]]:
         """``GET /chat/sub/{id}``: the running turn's events, replayed then live."""
-        async with self._open_stream("GET", f"{CONVERSATION_API}/chat/sub/{conversation_id}", None) as events:
+        async with self._open_stream(
+            "GET", f"{CONVERSATION_API}/chat/sub/{conversation_id}", None, read_timeout_s=read_timeout_s
+        ) as events:
             yield events
+
+    async def computer_chat(self, body: ComputerChatBody) -> ComputerChatResponse:
+        """``POST /api/computer/chat``: starts the prompt; the answer names the session whose
+        progress stream carries it. Never retried once sent."""
+        answer: ComputerChatResponse | None = await self.call(
+            "POST", f"{COMPUTER_API}/chat", body, ComputerChatResponse, idempotent=False
+        )
+        if answer is None:
+            raise ServerMalformed(f"{self._label}: /api/computer/chat answered no session")
+        return answer
+
+    @asynccontextmanager
+    async def computer_progress(
+        self, session_id: str, *, read_timeout_s: float | None = None
+    ) -> AsyncIterator[AsyncIterator[SessionFrame]]:
+        """``GET /api/computer/progress/{sessionId}``: the session's progress frames."""
+        async with self._open_stream(
+            "GET", f"{COMPUTER_API}/progress/{quote(session_id, safe='')}", None, parse=_session_frames,
+            read_timeout_s=read_timeout_s,
+        ) as events:
+            yield events
+
+    async def computer_cancel(self, *, user_id: str, project_id: str, session_id: str) -> None:
+        body = _ComputerCancelBody(user_id=user_id, project_id=project_id, session_id=session_id)
+        await self.call("POST", f"{COMPUTER_API}/cancel", body, None)
+
+    async def computer_permission(
+        self, *, user_id: str, project_id: str, session_id: str, tool_call_id: str, option_id: str, outcome: str
+    ) -> None:
+        body = _ComputerPermissionBody(
+            user_id=user_id, project_id=project_id,
+            permission_resolve_request=_ComputerResolve(
+                session_id=session_id, tool_call_id=tool_call_id,
+                request_permission_response=_ComputerPermissionResponse(
+                    outcome=_ComputerOutcome(outcome=outcome, optionId=option_id)
+                ),
+            ),
+        )
+        await self.call("POST", f"{COMPUTER_API}/notify-resolved", body, None)
 
     # ---- the one request path -------------------------------------------------------
 
@@ -478,16 +611,25 @@ class QimingClient:
 
     @asynccontextmanager
     async def _open_stream(
-        self, method: str, path: str, body: Any, *, idempotent: bool = True
-    ) -> AsyncIterator[AsyncIterator[AgentOutputDto]]:
+        self, method: str, path: str, body: Any, *, idempotent: bool = True,
+        parse: Callable[[httpx2.Response, Callable[[str], str]], AsyncGenerator[Any, None]] | None = None,
+        read_timeout_s: float | None = None,
+    ) -> AsyncIterator[AsyncIterator[Any]]:
         content = _encode(body) if body is not None else None
+        reader = parse or _agent_outputs
+        timeout = self._http.timeout
+        if read_timeout_s is not None:
+            timeout = httpx2.Timeout(
+                connect=self.settings.connect_timeout_s, read=read_timeout_s, write=self.settings.timeout_s,
+                pool=self.settings.connect_timeout_s,
+            )
         attempt = 0
         while True:
             failure: QimingError
             try:
                 request = self._http.build_request(
                     method, self._url(path), content=content,
-                    headers=self._headers(True, accept="text/event-stream"),
+                    headers=self._headers(True, accept="text/event-stream"), timeout=timeout,
                 )
                 response = await self._http.send(request, stream=True)
             except httpx2.TransportError as exc:
@@ -497,7 +639,7 @@ class QimingClient:
                 content_type = response.headers.get("content-type", "").partition(";")[0].strip().lower()
                 if response.status_code == 200 and content_type == "text/event-stream":
                     try:
-                        source = _agent_outputs(response, self._describe)
+                        source = reader(response, self._describe)
                         async with aclosing(source) as events:
                             yield events
                     finally:
@@ -544,10 +686,39 @@ async def _agent_outputs(response: httpx2.Response, describe: Any) -> AsyncGener
                 yield output
                 if output.completed:
                     return
+        except httpx2.SSEError as exc:
+            raise ServerMalformed(describe(f"chat stream: {exc}")) from exc
         except httpx2.TimeoutException as exc:
             raise ServerUnreachable(describe("chat stream: no event in time"), timeout=True) from exc
         except httpx2.TransportError as exc:
             raise ServerUnreachable(describe(f"chat stream dropped ({type(exc).__name__})")) from exc
+
+
+async def _session_frames(response: httpx2.Response, describe: Any) -> AsyncGenerator[SessionFrame, None]:
+    """The ``/computer/progress`` frames, up to the one that ends the prompt (a desktop keeps
+    the stream open after it). A ``data:`` that is not a UnifiedSessionMessage ends the
+    stream with ServerMalformed."""
+    decoder = _decoder(SessionFrame)
+    source = httpx2.EventSource(response).__aiter__()
+    async with aclosing(source) as events:  # type: ignore[type-var]
+        try:
+            async for event in events:
+                if not event.data.strip():
+                    continue
+                try:
+                    frame: SessionFrame = decoder.decode(event.data)
+                except (msgspec.DecodeError, msgspec.ValidationError) as exc:
+                    raise ServerMalformed(describe(f"progress stream: a frame that is not a session message ({exc})")) from exc
+                frame.event = "" if event.event == "message" else event.event
+                yield frame
+                if frame.message_type == "sessionPromptEnd":
+                    return
+        except httpx2.SSEError as exc:
+            raise ServerMalformed(describe(f"progress stream: {exc}")) from exc
+        except httpx2.TimeoutException as exc:
+            raise ServerUnreachable(describe("progress stream: no event in time"), timeout=True) from exc
+        except httpx2.TransportError as exc:
+            raise ServerUnreachable(describe(f"progress stream dropped ({type(exc).__name__})")) from exc
 
 
 def _looks_like_html(raw: bytes, headers: httpx2.Headers | None) -> bool:

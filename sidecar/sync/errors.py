@@ -9,6 +9,8 @@
         ├── ServerRejected       kind "envelope": the envelope's code is not "0000"
         │   ├── AuthRequired     kind "auth_required": 4010/4011 (never retried)
         │   └── ConversationGone kind "not_found": "Conversation not found"
+        ├── ChatFailed           kind "chat_failed": a forwarded turn the server ended with
+        │                        an error (FINAL_RESULT success false, an ERROR event)
         └── NotConfigured        code BAD_STATE, kind "not_configured": no server account
 
 ``retryable`` says whether the same call could succeed later without the user doing
@@ -35,11 +37,13 @@ __all__ = [
     "AuthRequired",
     "ConversationGone",
     "NotConfigured",
+    "ChatFailed",
     "CONVERSATION_NOT_FOUND",
 ]
 
 ErrorKind = Literal[
-    "network", "timeout", "http", "malformed", "envelope", "auth_required", "not_found", "not_configured"
+    "network", "timeout", "http", "malformed", "envelope", "auth_required", "not_found", "not_configured",
+    "chat_failed",
 ]
 
 CONVERSATION_NOT_FOUND = "Conversation not found"
@@ -97,6 +101,10 @@ class AuthRequired(ServerRejected):
 
 class ConversationGone(ServerRejected):
     kind: ErrorKind = "not_found"
+
+
+class ChatFailed(QimingError):
+    kind: ErrorKind = "chat_failed"
 
 
 class NotConfigured(QimingError):

@@ -15,9 +15,10 @@ from collections.abc import Awaitable, Callable
 from typing import Any, TypeVar
 
 import anyio
+import msgspec
 
 from protocol.common import ProgressParams, ProgressToken
-from protocol.sync import NotPushed, SyncConflict, SyncIssue, SyncResult, SyncSettings
+from protocol.sync import AgentMode, ChatApi, NotPushed, SyncConflict, SyncIssue, SyncResult, SyncSettings
 from sidecar.errors import SidecarError
 from sidecar.store import AsyncStore, Store
 from sidecar.store.ids import now_ms
@@ -33,15 +34,18 @@ Notify = Callable[[str, Any], Awaitable[None]]
 _PROGRESS_EVERY_S = 0.1
 
 
-class AccountConfig:
-    """The configured account as a run needs it (no token: the client holds it)."""
+class AccountConfig(msgspec.Struct, frozen=True, kw_only=True):
+    """The configured account as a run or a forwarded turn needs it (no token: the client
+    holds it)."""
 
-    __slots__ = ("account_key", "agent_id", "messages_on_create")
-
-    def __init__(self, account_key: str, agent_id: int | None, messages_on_create: bool) -> None:
-        self.account_key = account_key
-        self.agent_id = agent_id
-        self.messages_on_create = messages_on_create
+    account_key: str
+    agent_id: int | None = None
+    messages_on_create: bool = False
+    user_id: int | None = None
+    """The server's id of the account's user (``user_id`` of the computer API)."""
+    chat_api: ChatApi = "conversation"
+    chat_idle_timeout_s: float = 60.0
+    agent_mode: AgentMode | None = None
 
 
 class RunContext:

@@ -5,8 +5,10 @@ runs), the run's lifecycle (progress begin/end, the result stored as the last sy
 ``server:status:updated`` notification after every run), the switch to ``auth_required``
 when the server refuses the token (the run stops, nothing is retried), the periodic run
 (setting ``autoSync`` / ``intervalMinutes``, in the service's own task; it skips while
-the account is not usable), the sync settings, and the server conversation calls
-(``server:conversation:update|delete|share``).
+the account is not usable), the sync settings, the server conversation calls
+(``server:conversation:update|delete|share``), and what server sessions need besides
+their turns (sidecar/sync/forward.py): ``server:session:create``, ``chat:suggest``,
+``server:chat:pageResult``.
 
 Must stay true: a sync never blocks chat: it runs in the task of its request (or the
 periodic task), its database work goes through the store gateway one call at a time, and
@@ -24,15 +26,18 @@ import anyio
 import anyio.abc
 import msgspec
 
-from protocol.common import EmptyParams, SuccessResult
-from protocol.common import ProgressToken
+from protocol.common import EmptyParams, ProgressToken, SuccessResult
+from protocol.sessions import CreateSessionOptions
 from protocol.sync import (
+    ChatSuggestParams,
     ConversationRef,
     ServerConfigureParams,
     ServerConversation,
     ServerConversationDeleteParams,
     ServerConversationShareParams,
     ServerConversationUpdateParams,
+    ServerPageResultParams,
+    ServerSessionCreateParams,
     ServerShare,
     ServerStatus,
     SyncParams,
@@ -41,13 +46,14 @@ from protocol.sync import (
     SyncSettings,
     SyncSettingsUpdate,
 )
-from sidecar.errors import InvalidParams, NotFound, SecretsLocked, SidecarError
+from protocol.types import SessionV2
+from sidecar.errors import EngineError, InvalidParams, NotFound, SecretsLocked, SidecarError
 from sidecar.store import AsyncStore
 from sidecar.store.ids import now_ms
 from sidecar.sync.account import ServerAccount
 from sidecar.sync.adapter import ConversationSyncAdapter, DeleteHooks
 from sidecar.sync.client import QimingClient
-from sidecar.sync.errors import AuthRequired, ConversationGone, NotConfigured, ServerMalformed
+from sidecar.sync.errors import AuthRequired, ConversationGone, NotConfigured, QimingError, ServerMalformed
 from sidecar.sync.mapping import MAX_TITLE_CHARS, conversation_title
 from sidecar.sync.run import AccountConfig, RunContext
 from sidecar.sync.wire import ConversationDto, to_int, to_ms
@@ -58,6 +64,8 @@ log = logging.getLogger(__name__)
 
 Notify = Callable[[str, Any], Awaitable[None]]
 SETTINGS_KEY = "sync_settings"
+MAX_SUGGESTIONS = 20
+MAX_SUGGESTION_CHARS = 1000
 MINUTE_S = 60.0
 """Seconds per ``intervalMinutes`` unit (a module constant so an in-process test can shorten it)."""
 _settings_json = msgspec.json.Decoder(SyncSettings)
@@ -278,6 +286,83 @@ class SyncService:
             target_id=None if share.target_id is None else str(share.target_id),
             expire=to_ms(share.expire), created=to_ms(share.created),
         )
+
+
+    # ---- server sessions ------------------------------------------------------------------
+
+    async def create_server_session(self, params: ServerSessionCreateParams) -> SessionV2:
+        client, account = await self.account.open()
+        key = account.account_key
+        if params.conversation_id is not None:
+            cid = params.conversation_id
+            async with self._run_lock:  # not while a pull may be importing it
+                links = await self.store.run(lambda s: s.sync.links(key, [cid]))
+                link = links.get(cid)
+                if link is not None and link.state not in ("linked", "creating"):
+                    raise EngineError(f"conversation {cid} was deleted (here or on the server)")
+                if link is not None and link.session_exists:
+                    session_id = link.session_id
+                    return await self.store.run(lambda s: s.sync.set_server_mode(session_id))
+                dto = await self._guard(client.get_conversation(cid))
+                ctx = RunContext(
+                    client=client, account=account, settings=self._settings, notify=self._notify,
+                    progress_token=None, store=self.store, db_lock=self._db_lock,
+                )
+                try:
+                    return await self.adapter.import_conversation(ctx, dto, link, mode="server")
+                except AuthRequired as exc:
+                    await self.account.auth_expired(exc)
+                    raise
+        agent_id = params.agent_id if params.agent_id is not None else account.agent_id
+        if agent_id is None:
+            raise InvalidParams("agentId is needed: the account has no server agent (server:configure agentId)")
+        title = params.title.strip() if params.title is not None and params.title.strip() else None
+        created = await self._guard(client.create_conversation(agent_id))
+        cid_new = to_int(created.id)
+        if cid_new is None:
+            raise ServerMalformed("/create answered without a conversation id")
+        modified = to_ms(created.modified)
+        options = CreateSessionOptions(title=title, mode="server")
+        session = await self.store.run(lambda s: s.sessions.create(options))
+        await self.store.run(lambda s: s.sync.link_forwarded(
+            account_key=key, session_id=session.id, conversation_id=cid_new, agent_id=agent_id,
+            server_modified=modified, now=now_ms(),
+        ))
+        if title is not None:
+            updated = await self._guard(client.update_conversation(cid_new, topic=title))
+            if to_int(updated.id) == cid_new:
+                topic, when = conversation_title(updated), to_ms(updated.modified)
+                await self.store.run(lambda s: s.sync.note_server_topic(
+                    key, cid_new, topic=topic, modified=when, local_title=None, now=now_ms(),
+                ))
+        return session
+
+    async def suggest(self, params: ChatSuggestParams) -> list[str]:
+        """``/chat/suggest`` of the session's conversation; ``[]`` when the server has none
+        or the call fails (as the server itself answers), an error when the session is not
+        linked to a conversation of this server."""
+        session_id = params.session_id
+        await self.store.run(lambda s: s.sessions.get(session_id))  # NotFound
+        client, account = await self.account.open()
+        link = await self.store.run(lambda s: s.sync.link_of_session(account.account_key, session_id))
+        if link is None or link.state not in ("linked", "creating"):
+            raise EngineError(
+                f"session {session_id!r} is not linked to a conversation of this server", data={"sessionId": session_id}
+            )
+        try:
+            found = await self._guard(client.suggest(link.conversation_id))
+        except AuthRequired:
+            raise
+        except QimingError as exc:
+            log.info("no suggestions for session %s: %s", session_id, exc.message)
+            return []
+        out = [" ".join(text.split())[:MAX_SUGGESTION_CHARS] for text in found if isinstance(text, str)]
+        return [text for text in out if text][:MAX_SUGGESTIONS]
+
+    async def page_result(self, params: ServerPageResultParams) -> SuccessResult:
+        client, _ = await self.account.open()
+        await self._guard(client.page_result(params.request_id, params.html))
+        return SuccessResult(success=True)
 
 
 def _conversation(dto: ConversationDto, session_id: str | None) -> ServerConversation:

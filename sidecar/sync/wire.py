@@ -26,7 +26,11 @@ __all__ = [
     "UserShareDto",
     "AgentOutputDto",
     "ComponentExecutingDto",
+    "ComponentExecuteResult",
     "AgentExecuteResult",
+    "PermissionRequestDto",
+    "ComputerChatResponse",
+    "SessionFrame",
     "to_ms",
     "to_int",
     "SUCCESS",
@@ -145,17 +149,86 @@ class UserShareDto(_Wire):
     created: Date = None
 
 
+class ComponentExecuteResult(_Wire):
+    """``result`` of a ComponentExecutingDto: ``executeId`` is the agent's toolCallId,
+    ``input`` the tool's input (for a permission request, the runner's request), ``data``
+    its output."""
+
+    id: Id = None
+    name: str | None = None
+    type: str | None = None
+    success: bool | None = None
+    error: str | None = None
+    data: Any = None
+    input: Any = None
+    execute_id: str | int | None = None
+    kind: str | None = None
+
+
 class ComponentExecutingDto(_Wire):
-    """``data`` of a PROCESSING event (a tool, plugin, plan... step)."""
+    """``data`` of a PROCESSING event (a tool, plugin, plan, permission request... step)."""
 
     target_id: str | int | None = None
     name: str | None = None
     original_title: str | None = None
     type: str | None = None
     status: str | None = None
-    executing_message: str | None = None
-    result: Any = None
+    executing_message: Any = None
+    result: msgspec.Raw = msgspec.field(default_factory=_raw_null)
     sub_event_type: str | None = None
+
+    def execute_result(self) -> ComponentExecuteResult | None:
+        return _decode_or_none(self.result, ComponentExecuteResult)
+
+
+class _AcpOption(_Wire):
+    option_id: str | None = None
+    name: str | None = None
+    kind: str | None = None
+
+
+class _AcpToolCall(_Wire):
+    tool_call_id: str | None = None
+    title: str | None = None
+    kind: str | None = None
+    raw_input: Any = None
+
+
+class PermissionRequestDto(_Wire):
+    """An agent's ``session/request_permission`` as the server relays it: the ACP request
+    (``toolCall``, ``options``) under ``request_permission_request`` (or camelCase, or at the
+    top), and ``tool_call_id``. Field names in both spellings, as the web client reads them."""
+
+    tool_call_id: str | None = None
+    tool_call: _AcpToolCall | None = None
+    options: list[_AcpOption] | None = None
+
+    @classmethod
+    def from_input(cls, value: Any) -> PermissionRequestDto:
+        if not isinstance(value, dict):
+            return cls()
+        inner = value.get("request_permission_request") or value.get("requestPermissionRequest")
+        merged: dict[str, Any] = dict(inner) if isinstance(inner, dict) else {}
+        for key, alias in (("toolCall", "tool_call"), ("options", None), ("toolCallId", "tool_call_id")):
+            if key not in merged:
+                found = value.get(key, value.get(alias) if alias else None)
+                if found is None and alias is not None:
+                    found = merged.get(alias)
+                if found is not None:
+                    merged[key] = found
+        call = merged.get("toolCall")
+        if isinstance(call, dict) and "toolCallId" not in call and "tool_call_id" in call:
+            call = {**call, "toolCallId": call["tool_call_id"]}
+            merged["toolCall"] = call
+        if isinstance(merged.get("options"), list):
+            merged["options"] = [
+                {**o, "optionId": o.get("optionId", o.get("option_id"))} if isinstance(o, dict) else o
+                for o in merged["options"]
+            ]
+        try:
+            return msgspec.convert(merged, cls)
+        except msgspec.ValidationError:
+            return cls()
 
 
 class AgentExecuteResult(_Wire):
@@ -191,12 +264,45 @@ class AgentOutputDto(_Wire):
         return _decode_or_none(self.data, AgentExecuteResult)
 
 
+class ComputerChatResponse(msgspec.Struct, kw_only=True):
+    """``data`` of ``POST /api/computer/chat`` (HttpResult<ChatResponse>, snake_case)."""
+
+    project_id: str | int | None = None
+    session_id: str | None = None
+    request_id: str | None = None
+    error: str | None = None
+
+
+class SessionFrame(_Wire):
+    """One ``/computer/progress`` frame (reference 4.4): a UnifiedSessionMessage, with the
+    SSE ``event:`` name it came under."""
+
+    session_id: str | None = None
+    message_type: str | None = None
+    sub_type: str | None = None
+    data: msgspec.Raw = msgspec.field(default_factory=_raw_null)
+    timestamp: Date = None
+    event: str = ""
+
+    def data_object(self) -> dict[str, Any]:
+        found = _decode_or_none(self.data, dict)
+        return {str(k): v for k, v in found.items()} if found is not None else {}
+
+    def update_raw(self) -> msgspec.Raw:
+        """``data`` as an ACP session update (``sessionUpdate`` filled in from the sub type
+        when a runner leaves it out)."""
+        data = self.data_object()
+        if "sessionUpdate" not in data and self.sub_type:
+            data["sessionUpdate"] = self.sub_type
+        return msgspec.Raw(msgspec.json.encode(data))
+
+
 def _decode_or_none(raw: msgspec.Raw, kind: type[_T]) -> _T | None:
     if not raw or bytes(raw) == b"null":
         return None
     try:
         return msgspec.json.decode(raw, type=kind)
-    except msgspec.ValidationError:
+    except (msgspec.ValidationError, msgspec.DecodeError, RecursionError):
         return None
 
 
