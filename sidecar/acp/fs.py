@@ -56,7 +56,7 @@ def confine(root: str | os.PathLike[str], path: str) -> Path:
     if "\0" not in path and not os.path.isabs(path):
         raise FsRefused("invalid params: path must be absolute - at `$.path`")
     try:
-        return resolve_in(root, path, relative=False, what="the session's working directory")
+        return resolve_in(os.fspath(root), path, relative=False, what="the session's working directory")
     except PathRefused as exc:
         raise FsRefused(f"invalid params: {exc} - at `$.path`") from None
 

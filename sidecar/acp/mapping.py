@@ -175,7 +175,7 @@ class UpdateMapper:
             elif isinstance(update, UnknownUpdate):
                 kind = update.kind
             else:  # a known kind kept raw only (user_message_chunk): its tag names it
-                kind = type(update).__struct_config__.tag
+                kind = str(type(update).__struct_config__.tag)
         except Exception:  # an update must never end the turn; it stays in raw
             log.exception("could not map a %s update", kind)
         self.kinds[kind] = self.kinds.get(kind, 0) + 1
@@ -243,8 +243,9 @@ class UpdateMapper:
         for item in tool.content:
             if not isinstance(item, dict) or item.get("type") != "diff" or not isinstance(item.get("path"), str):
                 continue
-            old = item.get("oldText") if isinstance(item.get("oldText"), str) else ""
-            new = item.get("newText") if isinstance(item.get("newText"), str) else ""
+            old_text, new_text = item.get("oldText"), item.get("newText")
+            old = old_text if isinstance(old_text, str) else ""
+            new = new_text if isinstance(new_text, str) else ""
             index = tool.diffs.get(item["path"])
             if index is not None and tool.diff_texts.get(item["path"]) == (old, new):
                 continue

@@ -154,7 +154,7 @@ class AgentProcess:
                     else:
                         continue
                 else:
-                    *lines, rest = partial.split(b"\n")
+                    *lines, rest = bytes(partial).split(b"\n")
                     partial = bytearray(rest)
                 now = time.monotonic()
                 if now - window_start >= STDERR_WINDOW_S:

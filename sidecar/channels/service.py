@@ -50,9 +50,9 @@ from protocol.channels import (
     MessageAction,
     ReplyChunk,
 )
-from protocol.chat import SendParams, SendResult, UserInput
+from protocol.chat import InputPart, SendParams, SendResult, UserInput
 from protocol.common import EmptyParams, IdParams, SuccessResult
-from protocol.types import ContentPart, MessageV2
+from protocol.types import ContentPart, FilePart, ImagePart, MessageV2, TextPart
 from sidecar.channels.compose import EMPTY_REPLY, compose, media_chunks, reply_text, text_chunks
 from sidecar.channels.delivery import Outbox
 from sidecar.channels.inbound import Adapted, adapt
@@ -97,7 +97,8 @@ class QueuedTurn(msgspec.Struct, kw_only=True):
     parts: list[ContentPart] | None = None
 
     def as_input(self) -> UserInput:
-        return UserInput(content=self.parts if self.parts else self.text_content)
+        inputs: list[InputPart] = [p for p in self.parts or () if isinstance(p, (TextPart, ImagePart, FilePart))]
+        return UserInput(content=inputs if inputs else self.text_content)
 
 
 _dec_turn = msgspec.json.Decoder(QueuedTurn)

@@ -67,7 +67,7 @@ def build_drafts(path: list[MessageV2]) -> list[Draft]:
         if not parts:
             continue
         role = message.role if message.role in ("system", "user", "assistant") else "user"
-        out.append(Draft(role=role, parts=parts, source_id=message.id, created_at=message.created_at))  # type: ignore[arg-type]
+        out.append(Draft(role=role, parts=parts, source_id=message.id, created_at=message.created_at))
     # only now that the tool rows are folded in is it known which calls have no result
     kept: list[Draft] = []
     for draft in out:

@@ -11,7 +11,8 @@ Layers (each module's docstring says what it owns):
 """
 
 from sidecar.rpc.dispatch import Dispatcher, Handler, Handlers
-from sidecar.rpc.framing import DEFAULT_MAX_LINE_BYTES, LineReader, LineWriter, OversizedLine
+from sidecar.config import DEFAULT_MAX_LINE_BYTES
+from sidecar.rpc.framing import LineReader, LineWriter, OversizedLine
 from sidecar.rpc.memory import connected_pair, memory_pipe
 from sidecar.rpc.peer import CANCEL_METHOD, JsonRpcPeer
 

@@ -144,16 +144,16 @@ def _compile(info: Any, memo: dict[type, _StructWalker]) -> _Walker | None:
         by_struct: dict[type, _Walker] = {}
         by_container: dict[type, _Walker] = {}
         for member_info in info.types:
-            walker = _compile(member_info, memo)
-            if walker is None:
+            member_walker = _compile(member_info, memo)
+            if member_walker is None:
                 continue
             base = member_info.type if isinstance(member_info, mi.Metadata) else member_info
             if isinstance(base, mi.StructType):
-                by_struct[base.cls] = walker
+                by_struct[base.cls] = member_walker
             elif isinstance(base, mi.DictType):
-                by_container[dict] = walker
+                by_container[dict] = member_walker
             else:
-                by_container[list] = walker
+                by_container[list] = member_walker
         if not by_struct and not by_container:
             return None
 

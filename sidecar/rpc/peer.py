@@ -53,8 +53,8 @@ from protocol.errors import ErrorCode
 from protocol.common import CancelRequestParams
 from sidecar.errors import PeerClosed, RemoteError, RpcError
 from sidecar.rpc.dispatch import Dispatcher, Handlers
+from sidecar.config import DEFAULT_MAX_LINE_BYTES
 from sidecar.rpc.framing import (
-    DEFAULT_MAX_LINE_BYTES,
     OVERSIZED_HEAD_BYTES,
     LineFilter,
     LineReader,

@@ -71,6 +71,7 @@ class SecretBox:
             if self._primary is not None and (self._given_host is None or self._primary == self._given_host):
                 return False
             self._load_existing()
+            primary: Key | None
             if self._given_host is not None:
                 primary = self._given_host
             else:

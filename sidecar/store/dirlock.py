@@ -17,6 +17,7 @@ from __future__ import annotations
 
 import errno
 import os
+import sys
 from pathlib import Path
 
 from sidecar.errors import StoreError
@@ -55,7 +56,7 @@ class DirLock:
             os.close(fd)
 
 
-if os.name == "nt":
+if sys.platform == "win32":  # (sys.platform, not os.name: the type checker narrows on it)
     import msvcrt
 
     def _lock(fd: int) -> None:

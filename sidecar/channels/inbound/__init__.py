@@ -23,9 +23,9 @@ import mimetypes
 from collections.abc import Callable
 from dataclasses import dataclass
 
-from protocol.chat import Attachment, UserInput
+from protocol.chat import Attachment, InputPart, UserInput
 from protocol.channels import ChannelConfig, ChannelMessageParams
-from protocol.types import ContentPart, FilePart, ImagePart, TextPart
+from protocol.types import FilePart, ImagePart, TextPart
 from sidecar.channels.inbound.common import Mentions, PlatformText, resolve_plain_mentions
 from sidecar.channels.inbound.dingtalk import dingtalk_text
 from sidecar.channels.inbound.feishu import feishu_text
@@ -103,7 +103,7 @@ def adapt(params: ChannelMessageParams, config: ChannelConfig, quoted: str | Non
         lines.append(said)
     text = "\n".join(lines).strip()
     parts, attachments = _attachments(params)
-    content: str | list[ContentPart] = text
+    content: str | list[InputPart] = text
     if parts:
         content = [TextPart(text=text), *parts] if text else parts
     return Adapted(
@@ -114,8 +114,8 @@ def adapt(params: ChannelMessageParams, config: ChannelConfig, quoted: str | Non
     )
 
 
-def _attachments(params: ChannelMessageParams) -> tuple[list[ContentPart], list[Attachment]]:
-    parts: list[ContentPart] = []
+def _attachments(params: ChannelMessageParams) -> tuple[list[InputPart], list[Attachment]]:
+    parts: list[InputPart] = []
     stored: list[Attachment] = []
     for index, att in enumerate(params.attachments):
         field = f"$.attachments[{index}]"
