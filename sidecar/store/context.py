@@ -25,7 +25,7 @@ from collections.abc import Iterable
 import msgspec
 
 from protocol.types import MessageV2
-from sidecar.store.db import Database
+from sidecar.store.db import Database, fetch_all, fetch_iter
 from sidecar.store.messages import MessageStore
 
 __all__ = ["ContextRepo", "StoredSummary"]
@@ -66,18 +66,19 @@ class ContextRepo:
 
     def active_leaf(self, session_id: str) -> str | None:
         with self._db.read() as conn:
-            rows = conn.execute("SELECT active_leaf_id FROM sessions_v2 WHERE id = ?", (session_id,)).fetchall()
+            rows = fetch_all(conn, "SELECT active_leaf_id FROM sessions_v2 WHERE id = ?", (session_id,))
         return rows[0][0] if rows else None
 
     # ---- summaries --------------------------------------------------------------------
 
     def get_summary(self, session_id: str) -> StoredSummary | None:
         with self._db.read() as conn:
-            rows = conn.execute(
+            rows = fetch_all(
+                conn,
                 "SELECT text, last_covered_id, covered_count, tokens, model_id, updated_at"
                 " FROM rolling_summaries WHERE session_id = ?",
                 (session_id,),
-            ).fetchall()
+            )
         if not rows:
             return None
         text, last, count, tokens, model_id, updated = rows[0]
@@ -89,9 +90,10 @@ class ContextRepo:
     def summary_ids(self, session_id: str) -> list[str] | None:
         """The exact covered ids (read only to verify a summary once per process)."""
         with self._db.read() as conn:
-            rows = conn.execute(
+            rows = fetch_all(
+                conn,
                 "SELECT covered_ids FROM rolling_summaries WHERE session_id = ?", (session_id,)
-            ).fetchall()
+            )
         return _ids_decoder.decode(rows[0][0]) if rows else None
 
     def put_summary(
@@ -124,10 +126,11 @@ class ContextRepo:
     def get_session_settings(self, session_id: str) -> tuple[str | None, str | None]:
         """(assistant_id, truncation_strategy) the session chose; (None, None) = inherit."""
         with self._db.read() as conn:
-            rows = conn.execute(
+            rows = fetch_all(
+                conn,
                 "SELECT assistant_id, truncation_strategy FROM session_context WHERE session_id = ?",
                 (session_id,),
-            ).fetchall()
+            )
         return (rows[0][0], rows[0][1]) if rows else (None, None)
 
     def set_session_settings(
@@ -156,7 +159,8 @@ class ContextRepo:
             for start in range(0, len(ids), 500):
                 chunk = ids[start : start + 500]
                 marks = ",".join("?" * len(chunk))
-                for mid, digest, tokens in conn.execute(
+                for mid, digest, tokens in fetch_iter(
+                    conn,
                     f"SELECT message_id, content_hash, tokens FROM message_tokens"
                     f" WHERE encoding = ? AND message_id IN ({marks})",
                     (encoding, *chunk),

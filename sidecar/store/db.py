@@ -31,10 +31,10 @@ from __future__ import annotations
 import logging
 import queue
 import threading
-from collections.abc import Iterator
+from collections.abc import Iterator, Mapping, Sequence
 from contextlib import contextmanager
 from pathlib import Path
-from typing import Any
+from typing import Any, cast
 
 import apsw
 
@@ -42,7 +42,7 @@ from protocol.errors import ErrorCode
 from sidecar.errors import InvalidParams, SidecarError, StoreError
 from sidecar.store import fts
 
-__all__ = ["Database", "DB_FILENAME", "BUSY_TIMEOUT_MS"]
+__all__ = ["Database", "DB_FILENAME", "BUSY_TIMEOUT_MS", "Row", "fetch_all", "fetch_iter"]
 
 log = logging.getLogger(__name__)
 
@@ -58,7 +58,26 @@ def _configure(conn: apsw.Connection) -> None:
     # deleted and rewritten content is zeroed, not left in free space: a deleted session
     # or a re-sealed secret must not stay readable in the file
     conn.execute("PRAGMA secure_delete = ON")
-    conn.register_fts5_function(fts.BM25_FUNCTION, fts.bm25)
+    # SQLite passes the integers the query gives (the cast states that bm25's own
+    # signature is narrower than the generic callback's)
+    conn.register_fts5_function(fts.BM25_FUNCTION, cast("apsw.FTS5Function", fts.bm25))
+
+
+Row = tuple[Any, ...]
+"""One result row. A value's type is decided by the column the query selects, which only
+the repository knows: rows are Any-typed so each repository states what it maps them to."""
+
+Bindings = Sequence[Any] | Mapping[str, Any]
+
+
+def fetch_all(conn: apsw.Connection, sql: str, args: Bindings = ()) -> list[Row]:
+    """Every row of ``sql``."""
+    return conn.execute(sql, args).fetchall()
+
+
+def fetch_iter(conn: apsw.Connection, sql: str, args: Bindings = ()) -> Iterator[Row]:
+    """The rows of ``sql`` one at a time (the statement stays open while iterated)."""
+    return conn.execute(sql, args)
 
 
 class Database:

@@ -28,6 +28,7 @@ from sidecar.errors import InvalidParams
 from sidecar.store import fts
 from sidecar.store.checks import FINAL_STATUSES, ROLES, check_choice, check_date_range, check_range
 from sidecar.store.rows import parts_or_none, searchable_text
+from sidecar.store.db import fetch_all
 
 __all__ = ["MessageSearch", "SEARCH_WINDOW"]
 
@@ -128,11 +129,12 @@ class MessageSearch:
         # growing with the whole history (see fts.bm25 for why not FTS5's own bm25).
         window = max(SEARCH_WINDOW, offset + limit)
         doc_freqs = [-1] if len(pieces) == 1 else [
-            conn.execute(
+            fetch_all(
+                conn,
                 "SELECT count(*) FROM (SELECT 1 FROM messages_fts WHERE messages_fts MATCH ?"
                 " LIMIT ?)",
                 (fts.build_match([p]), DOC_FREQ_CAP),
-            ).fetchall()[0][0]
+            )[0][0]
             for p in pieces
         ]
         score_args = ", ".join(["?"] * (1 + len(doc_freqs)))
@@ -161,9 +163,10 @@ class MessageSearch:
             " JOIN sessions_v2 s ON s.id = m.session_id"
             " ORDER BY h.score DESC, h.docid DESC"
         )
-        rows = conn.execute(
+        rows = fetch_all(
+            conn,
             sql, [len(pieces), *doc_freqs, expr, *args, window, limit, offset]
-        ).fetchall()
+        )
         results: list[SearchResult] = []
         for mid, sid, title, role, text, parts, created_at, score in rows:
             body = searchable_text(text, parts_or_none(parts, mid))

@@ -29,7 +29,7 @@ from sidecar.errors import SecretsLocked
 from sidecar.secrets.box import SecretBox, SecretsStatus, is_sealed
 from sidecar.secrets.keys import remove_key_file
 from sidecar.secrets.names import is_secret_name
-from sidecar.store.db import Database
+from sidecar.store.db import Database, fetch_all
 
 API_KEY = "providers.api_key"
 HEADERS = "providers.headers"
@@ -123,9 +123,10 @@ class SecretsRepo:
         kids: set[str | None] = set()
         locked = 0
         with self._db.write() as conn:
-            for provider_id, api_key, headers, engine in conn.execute(
+            for provider_id, api_key, headers, engine in fetch_all(
+                conn,
                 "SELECT id, api_key, headers, engine FROM providers"
-            ).fetchall():
+            ):
                 new_key, n = self._reseal(api_key, API_KEY, kids)
                 locked += n
                 new_headers, n = self._reseal_json_map(headers, None, HEADERS, kids, every=False)
@@ -137,7 +138,7 @@ class SecretsRepo:
                         "UPDATE providers SET api_key = ?, headers = ?, engine = ? WHERE id = ?",
                         (new_key, new_headers, new_engine, provider_id),
                     )
-            for name, config in conn.execute("SELECT name, config FROM mcp_servers").fetchall():
+            for name, config in fetch_all(conn, "SELECT name, config FROM mcp_servers"):
                 data = _obj.decode(config)
                 changed = False
                 for field, purpose, every in (("env", MCP_ENV, True), ("headers", MCP_HEADERS, False)):
@@ -153,9 +154,10 @@ class SecretsRepo:
                     conn.execute(
                         "UPDATE mcp_servers SET config = ? WHERE name = ?", (msgspec.json.encode(data).decode(), name)
                     )
-            for account_id, token in conn.execute(
+            for account_id, token in fetch_all(
+                conn,
                 "SELECT id, token FROM sync_account WHERE token IS NOT NULL"
-            ).fetchall():
+            ):
                 if not isinstance(token, str):
                     continue
                 new_token, n = self._reseal(token, SYNC_TOKEN, kids)

@@ -6,6 +6,7 @@ Must stay true: a key has at most one value; setting None removes the key.
 from __future__ import annotations
 
 import apsw
+from sidecar.store.db import fetch_all
 
 __all__ = ["SettingsRepo", "DEFAULT_PROVIDER_KEY", "DEFAULT_MODEL_KEY"]
 
@@ -16,7 +17,7 @@ DEFAULT_MODEL_KEY = "default_model_id"
 class SettingsRepo:
     @staticmethod
     def get(conn: apsw.Connection, key: str) -> str | None:
-        rows = conn.execute("SELECT value FROM settings WHERE key = ?", (key,)).fetchall()
+        rows = fetch_all(conn, "SELECT value FROM settings WHERE key = ?", (key,))
         return rows[0][0] if rows else None
 
     @staticmethod
