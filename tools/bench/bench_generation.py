@@ -20,6 +20,7 @@ from __future__ import annotations
 import argparse
 import json
 import os
+import shutil
 import statistics
 import sys
 import tempfile
@@ -164,6 +165,14 @@ class LeanClient:
 
 async def main(args: argparse.Namespace) -> None:
     data_dir = tempfile.mkdtemp(prefix="bench-generation-")
+    try:
+        await run(args, data_dir)
+    finally:  # both sidecars have exited here (their context managers closed)
+        shutil.rmtree(data_dir, ignore_errors=True)
+        shutil.rmtree(data_dir + "-lean", ignore_errors=True)
+
+
+async def run(args: argparse.Namespace, data_dir: str) -> None:
     big = {"text": "tok ", "repeat": args.chunks}
     small = {"text": "hello there", "chunks": 2}
     async with scripted_provider() as server, spawn_sidecar(data_dir, env={"CHAT_SIDECAR_LOG_LEVEL": "WARNING"}) as proc:
