@@ -1,9 +1,9 @@
 #!/usr/bin/env python3
 """Exit benchmark: how long the sidecar takes to exit after each stop trigger, per state.
 
-    python3 dev.py bench bench_exit [--rounds 10] [--states idle,reply,acp]
+    python3 dev.py bench bench_exit [--rounds 10] [--states idle,starting,reply,acp]
 
-For every state (idle; a reply running a workspace command; a stubborn ACP agent mid-turn
+For every state (idle: the services open; starting: only the store open yet; a reply running a workspace command; a stubborn ACP agent mid-turn
 that ignores cancel, EOF and SIGTERM; more with --states) and every trigger
 (``sidecar:shutdown`` + EOF, EOF alone, SIGTERM, the parent SIGKILLed while stdin stays
 open) it starts a real sidecar subprocess, puts it in the state, triggers the stop and
@@ -52,6 +52,9 @@ async def one(state: str, how: str, server: object) -> tuple[float, int]:
         async with spawn_sidecar_under(tmp_path / "data", via_parent=how == "parent_death") as (proc, pid):
             if state == "idle":
                 await proc.call("sidecar:initialize", {})
+                await proc.call("settings:get", {})  # a services method: they are open
+            elif state == "starting":  # the services are still loading (only the store is open)
+                await proc.call("sidecar:initialize", {})
                 await proc.call("chat:session:list", {})
             elif state == "reply":
                 workspace = tmp_path / "ws"
@@ -77,7 +80,7 @@ async def one(state: str, how: str, server: object) -> tuple[float, int]:
 async def main() -> None:
     parser = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
     parser.add_argument("--rounds", type=int, default=10)
-    parser.add_argument("--states", default="idle,reply,acp")
+    parser.add_argument("--states", default="idle,starting,reply,acp")
     args = parser.parse_args()
     states = args.states.split(",")
     base = statistics.median(baseline_exit() for _ in range(5))
