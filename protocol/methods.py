@@ -11,12 +11,13 @@ from __future__ import annotations
 from protocol import chat, context, lifecycle, mcp, messages, providers, sessions, settings, tools
 from protocol import compat
 from protocol import channels
+from protocol import progress, storage
 from protocol.channels import ChannelReplyParams
 from protocol.common import CancelRequestParams, MethodSpec
 from protocol.events import ChatStreamEvent
 from protocol.types import SessionV2
 
-_DOMAIN_TABLES = (lifecycle, sessions, messages, chat, providers, settings, tools, mcp, context, compat, channels)
+_DOMAIN_TABLES = (lifecycle, sessions, messages, chat, providers, settings, tools, mcp, context, compat, channels, storage)
 
 METHODS: dict[str, MethodSpec] = {}
 for _domain in _DOMAIN_TABLES:
@@ -40,3 +41,4 @@ NOTIFICATIONS: dict[str, MethodSpec] = {
         CancelRequestParams, None, "Cancel an in-flight request (LSP convention).",
     ),
 }
+NOTIFICATIONS.update(progress.NOTIFICATIONS)

@@ -40,6 +40,10 @@ class ModelConfig(Struct, kw_only=True):
     supports_images: bool = False
     input_price: float = 0.0
     output_price: float = 0.0
+    cache_read_price: float | None = None
+    """Price of a prompt token read from the provider's cache (default: ``inputPrice``)."""
+    cache_write_price: float | None = None
+    """Price of a prompt token written to the provider's cache (default: ``inputPrice``)."""
 
 
 class AcpEngineConfig(Struct, kw_only=True):

@@ -111,7 +111,12 @@ class SessionImportParams(Struct, kw_only=True):
     session: SessionV2
     messages: list[MessageV2]
     replace: bool = False
-    """Overwrite a session with the same id; otherwise an existing id is BAD_STATE."""
+    """Overwrite a session with the same id; otherwise an existing id is BAD_STATE. The old
+    session goes as with ``chat:session:delete`` (its running reply is aborted, paused
+    replies and agent sessions are closed, its files removed)."""
+    trust_workspace: bool = False
+    """Keep the imported ``workspaceDir`` (only if it is an existing directory). Without it
+    the value is dropped: the workspace tools read a session's workspace without asking."""
 
 
 METHODS: dict[str, MethodSpec] = {

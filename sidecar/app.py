@@ -38,6 +38,12 @@ Attributes:
               endpoint (off until compat:start; stopped first on exit).
     channels: ChannelService (sidecar/channels/service.py): channel:*; its workers stop on
               exit before the chat engine does (their turns and deliveries resume on restart).
+    side_usage: SideUsage (sidecar/engine/usage.py): ``await record(session_id, provider_id,
+              model_id, usage, kind="side:<what>")`` attributes a side call's usage to a
+              session (titles, summaries, OCR; every feature that spends tokens for one).
+    storage:  StorageService (sidecar/engine/storage.py): storage:gc and ``release()``, which
+              removes the files of deleted sessions and messages (run after every delete);
+              its start-up pass (interrupted removals, orphans) runs in the background.
     (later)   ... attached by the services that own them.
 """
 
@@ -70,6 +76,8 @@ if TYPE_CHECKING:
     from sidecar.engine.secrets import SecretsService
     from sidecar.engine.sessions import SessionService
     from sidecar.engine.settings import SettingsService
+    from sidecar.engine.storage import StorageService
+    from sidecar.engine.usage import SideUsage
     from sidecar.pipeline.builder import RequestBuilder
     from sidecar.store import AsyncStore
     from sidecar.store.attachments import AttachmentStore
@@ -99,6 +107,8 @@ class App:
     context: ContextService
     compat: CompatService
     channels: ChannelService
+    storage: StorageService
+    side_usage: SideUsage
 
     def __init__(self, config: Config, data_dir: Path, notify: Notify) -> None:
         self.config = config
@@ -135,10 +145,12 @@ async def open_app(config: Config, notify: Notify) -> AsyncIterator[App]:
         if config.secret_key_fd is not None:  # the host's key is known now: settle at once
             await app.secrets.settle()
         app.sessions = SessionService(app.store, app.notify)
+        _open_storage(app)
         await _open_chat(app, stack)
         _open_context(app)
         await _open_compat(app, stack)
         await _open_channels(app, stack)
+        await _start_background(app, stack)
         yield app
 
 
@@ -171,6 +183,7 @@ _SERVICE_MODULES = (
     "sidecar.store.assistants",
     "sidecar.compat.service",
     "sidecar.channels.service",
+    "sidecar.engine.storage",
 )
 
 
@@ -195,6 +208,7 @@ async def _open_chat(app: App, stack: AsyncExitStack) -> None:
     from sidecar.engine.tool_loop import INTERRUPTED_NOTE
     from sidecar.engine.providers import ProviderService
     from sidecar.engine.settings import SettingsService
+    from sidecar.engine.usage import SideUsage
     from sidecar.pipeline.builder import RequestBuilder
     from sidecar.store.attachments import AttachmentStore
     from sidecar.tools.mcp import McpManager
@@ -218,10 +232,11 @@ async def _open_chat(app: App, stack: AsyncExitStack) -> None:
     await app.settings.load()
     app.providers = ProviderService(store)
     stack.push_async_callback(app.providers.aclose)
+    app.side_usage = SideUsage(store, app.providers)
     app.attachments = AttachmentStore(app.data_dir)
     # one builder: the generation loop and chat:context:* share its token cache, summary
     # checks and per-session summary locks
-    app.requests = RequestBuilder(store, app.attachments, providers=app.providers)
+    app.requests = RequestBuilder(store, app.attachments, providers=app.providers, side_usage=app.side_usage)
     app.approvals = ApprovalService(store)
     # before the engine's task group: cancelling that group must not reach the engines
     app.acp = await _open_acp(app, stack)
@@ -254,13 +269,14 @@ async def _open_chat(app: App, stack: AsyncExitStack) -> None:
         approvals=app.approvals,
         data_dir=app.data_dir,
         acp=app.acp,
+        side_usage=app.side_usage,
     )
     stack.push_async_callback(app.chat.aclose)
     app.sessions.overlay_live = app.chat.overlay_live
-    app.sessions.on_delete.append(
-        lambda session_id: app.chat.stop_session(session_id, "the session was deleted")
-    )
-    app.sessions.on_delete.append(app.acp.close_session)  # after its turn has stopped
+    app.sessions.on_delete.append(app.chat.stop_session)
+    # agent sessions no reply uses any more (a deleted session or branch) are closed once
+    # the delete is committed (AcpTurnHandler.reap_released)
+    app.storage.on_release.append(app.acp.reap_released)
 
 
 async def _open_acp(app: App, stack: AsyncExitStack) -> AcpTurnHandler:
@@ -298,6 +314,26 @@ async def _open_acp(app: App, stack: AsyncExitStack) -> AcpTurnHandler:
         approvals=app.approvals,
         mcp_servers=mcp_servers,
     )
+
+
+def _open_storage(app: App) -> None:
+    """File ownership's disk side: every delete is followed by the release of its files."""
+    from sidecar.engine.storage import StorageService
+
+    app.storage = StorageService(app.store, app.notify)
+    app.sessions.on_deleted.append(app.storage.release)
+
+
+async def _start_background(app: App, stack: AsyncExitStack) -> None:
+    """The start-up passes that must not delay the first answers: interrupted removals and
+    orphans (storage), the titles that were due and never written. Their task group is
+    cancelled on exit, before the services they use close."""
+    import anyio
+
+    task_group = await stack.enter_async_context(anyio.create_task_group())
+    stack.callback(task_group.cancel_scope.cancel)
+    app.storage.start(task_group)
+    app.chat.start_background(task_group)
 
 
 def _open_context(app: App) -> None:

@@ -111,6 +111,7 @@ BINDINGS: dict[str, str] = {
     "channel:config:get": "channels.get_config",
     "channel:config:upsert": "channels.upsert_config",
     "channel:config:delete": "channels.delete_config",
+    "storage:gc": "storage.gc",
 }
 """Method name -> attribute path on the App of the ``async def f(params) -> result`` that answers it."""
 

@@ -13,7 +13,9 @@ A job is one ReplyLifecycle (lifecycle.py: the row, events, persistence, ending,
 and ``chat:session:updated``) run with the driver of the session's mode: the step loop
 (generation.py) for ``direct``, the agent turn (acp_turn.py) for ``acp``. After a
 successful first exchange the session is titled by a side call (settings
-``generateTitles``), which sends ``chat:session:updated`` again with the title.
+``generateTitles``, titles.py), which sends ``chat:session:updated`` again with the title;
+the start-up pass (``start_background``) asks for the titles that were due when the
+previous process stopped, and resumes paused replies whose calls were all decided then.
 
 Stopping is bounded: a job that does not end within STOP_TIMEOUT_S (plus an ACP agent's
 cancel timeout) makes the request that needed it fail with BUSY (nothing is written), so a
@@ -33,7 +35,7 @@ as ``aborted``: its pending calls become ``cancelled`` (audited, actor system) a
 from __future__ import annotations
 
 import logging
-from collections.abc import Callable
+from collections.abc import Awaitable, Callable
 from pathlib import Path
 from typing import Protocol
 
@@ -65,6 +67,7 @@ from sidecar.engine.lifecycle import (
     ReplyServices,
 )
 from sidecar.engine.titles import TitleGenerator
+from sidecar.engine.usage import SideUsage
 from sidecar.engine.turns import Turn, TurnWriter
 from sidecar.errors import NotFound, SidecarError
 from sidecar.pipeline.builder import Prepared, RequestBuilder
@@ -123,6 +126,7 @@ class ChatEngine:
         approvals: ApprovalService | None = None,
         data_dir: Path | None = None,
         acp: AgentTurns | None = None,
+        side_usage: SideUsage | None = None,
     ) -> None:
         self._store = store
         self._notify = notify
@@ -144,7 +148,7 @@ class ChatEngine:
         self._acp = acp
         """AcpTurnHandler (sidecar/engine/acp_turn.py): the drivers of mode 'acp' replies."""
         self._turns = TurnWriter(attachments)
-        self._titles = TitleGenerator(store=store, providers=providers, settings=settings.current)
+        self._titles = TitleGenerator(store=store, providers=providers, settings=settings.current, usage=side_usage)
         self._jobs: dict[str, _RunningJob] = {}
         self._locks = KeyedLocks()
         self._deleting: dict[str, int] = {}
@@ -215,7 +219,12 @@ class ChatEngine:
     # -- lifecycle -------------------------------------------------------------------
 
     async def resume(self, session_id: str, message_id: str) -> bool:
-        """Continue a paused reply whose calls are all decided; False if there is none."""
+        """Continue a paused reply whose calls are all decided; False if there is none.
+
+        Called by the ApprovalService when the last pending call of a reply was decided.
+        While the reply's job still runs its tool step the decision is the step's own (it
+        reads the decisions before it pauses: True at once); once the step has sealed its
+        decision, this waits for the paused row and resumes from it."""
         if self._closing:
             return False
         async with self._locks.hold(session_id):
@@ -225,9 +234,8 @@ class ChatEngine:
             if running is not None:
                 if running.job.message_id != message_id:
                     return False
-                # the reply is pausing right now: let it finish storing that state
-                with anyio.move_on_after(STOP_TIMEOUT_S):
-                    await running.done.wait()
+                if await self._handed_to_step(running, message_id):
+                    return True
                 if self._jobs.get(session_id) is not None:
                     return False
 
@@ -258,6 +266,25 @@ class ChatEngine:
                 )
             )
         return True
+
+    async def _handed_to_step(self, running: _RunningJob, message_id: str) -> bool:
+        """True when the running job's tool step will read the decision just made; False
+        once the job has ended (it paused: the caller resumes it from the stored row)."""
+        with anyio.move_on_after(STOP_TIMEOUT_S):
+            while not running.done.is_set():
+                gate = self._handler.tool_loop.running_gate(message_id)
+                if gate is not None and not gate.sealed:
+                    return True
+                async with anyio.create_task_group() as tg:
+
+                    async def wake_on(event: Callable[[], Awaitable[object]]) -> None:
+                        await event()
+                        tg.cancel_scope.cancel()
+
+                    tg.start_soon(wake_on, running.done.wait)
+                    if gate is not None:
+                        tg.start_soon(wake_on, gate.changed)
+        return False
 
     def is_generating(self, session_id: str) -> bool:
         return session_id in self._jobs
@@ -378,6 +405,7 @@ class ChatEngine:
         finally:
             if self._jobs.get(job.session.id) is running:
                 del self._jobs[job.session.id]
+            self._handler.tool_loop.job_ended(job.message_id)
             running.done.set()
         await self._after(job)
 
@@ -387,15 +415,39 @@ class ChatEngine:
         if job.outcome != COMPLETED or session is None or self._closing:
             return
         try:
-            if await self._titles.wants_title(session, job):
-                self._tg.start_soon(self._title, session, job)
+            if await self._titles.wants_title(session, job.message_id):
+                self._tg.start_soon(self._title, session, job.message_id, job.provider_id, job.model_id)
         except SidecarError:
             log.debug("session %s vanished after its generation", job.session.id)
 
-    async def _title(self, session: SessionV2, job: ReplyJob) -> None:
-        updated = await self._titles.generate(session, job)
+    async def _title(self, session: SessionV2, reply_id: str, provider_id: str, model_id: str) -> None:
+        updated = await self._titles.generate(session, reply_id, provider_id, model_id)
         if updated is not None and not self._closing:
             await self._notify("chat:session:updated", updated)
+
+    # -- the start-up pass -----------------------------------------------------------
+
+    def start_background(self, task_group: anyio.abc.TaskGroup) -> None:
+        """What a previous run left undone, in the background (never before the first
+        answers): paused replies whose calls were all decided (the process stopped between
+        the last decision and the resume), then the titles that were due and never written."""
+        task_group.start_soon(self._catch_up)
+
+    async def _catch_up(self) -> None:
+        try:
+            runs = await self._store.run(lambda s: [
+                r for r in s.tools.runs(state="paused")
+                if not any(c.state == "pending" for c in s.tools.calls(r.message_id))
+            ])
+            for run in runs:
+                if await self.resume(run.session_id, run.message_id):
+                    log.info("resumed the reply %s: its tool calls were decided before the restart", run.message_id)
+            for session, reply_id in await self._titles.due():
+                if self._closing:
+                    return
+                await self._title(session, reply_id, session.provider_id, session.model_id)
+        except SidecarError as exc:
+            log.warning("the start-up pass of the chat engine stopped: %s", exc.message)
 
     async def _stop(self, session_id: str, reason: str) -> bool:
         """Stop the session's job and close its paused replies; True if there was any.

@@ -111,15 +111,17 @@ class MessageStore:
         limit: int | None = None,
         *,
         stop_id: str | None = None,
+        acp_parts: bool = True,
     ) -> list[MessageV2]:
         """Root -> ``leaf_id`` (which must be in the session); only the last ``limit``
         messages of it when given (the walk stops there), and only from ``stop_id``
-        (inclusive, when it is an ancestor) when given."""
+        (inclusive, when it is an ancestor) when given. ``acp_parts=False`` leaves the raw
+        ACP logs out."""
         rows = conn.execute(
             _PATH, (leaf_id, session_id, stop_id, -1 if limit is None else limit)
         ).fetchall()
         rows.reverse()
-        return [message_from_row(r) for r in rows]
+        return [message_from_row(r, acp_parts=acp_parts) for r in rows]
 
     @staticmethod
     def ancestor_ids(conn: apsw.Connection, session_id: str, leaf_id: str) -> list[str]:
@@ -127,8 +129,8 @@ class MessageStore:
         return [r[0] for r in conn.execute(_ANCESTOR_IDS, (leaf_id, session_id))]
 
     @staticmethod
-    def all(conn: apsw.Connection, session_id: str) -> list[MessageV2]:
-        return [message_from_row(r) for r in conn.execute(_ALL, (session_id,))]
+    def all(conn: apsw.Connection, session_id: str, *, acp_parts: bool = True) -> list[MessageV2]:
+        return [message_from_row(r, acp_parts=acp_parts) for r in conn.execute(_ALL, (session_id,))]
 
     @staticmethod
     def newest_leaf(conn: apsw.Connection, session_id: str, below: str | None = None) -> str | None:

@@ -162,7 +162,8 @@ def validate(params: ProviderUpsertParams) -> None:
         if model.id in seen:
             raise InvalidParams(f"invalid params: duplicate model id {model.id!r} - at `{field}.id`")
         seen.add(model.id)
-        if model.input_price < 0 or model.output_price < 0:
+        prices = (model.input_price, model.output_price, model.cache_read_price, model.cache_write_price)
+        if any(p is not None and not 0 <= p < 1e9 for p in prices):
             raise InvalidParams(f"invalid params: prices must be >= 0 - at `{field}`")
         for name in ("context_window", "max_output_tokens"):
             value = getattr(model, name)

@@ -17,8 +17,8 @@ import apsw
 
 from protocol import limits
 from protocol.sessions import SessionFilter, SessionListResult, SessionUpdates
-from protocol.types import SessionV2
-from sidecar.errors import InvalidParams, NotFound
+from protocol.types import SessionV2, Usage, UsageTotals
+from sidecar.errors import InvalidParams, NotFound, StoreError
 from sidecar.store.checks import (
     SORT_COLUMNS,
     check_choice,
@@ -28,7 +28,7 @@ from sidecar.store.checks import (
     check_text,
     check_workspace_dir,
 )
-from sidecar.store.rows import SESSION_COLUMNS, session_from_row, session_values, to_json
+from sidecar.store.rows import SESSION_COLUMNS, decode_usage_by_kind, session_from_row, session_values, to_json
 
 __all__ = ["SessionRepo", "MAX_LIST_LIMIT"]
 
@@ -38,7 +38,7 @@ _FEW_MATCHES = 2000
 """Below this many tag matches a list page is fetched through the tag index."""
 
 _INSERT = (
-    f"INSERT INTO sessions_v2 ({SESSION_COLUMNS}) VALUES ({', '.join('?' * 22)})"
+    f"INSERT INTO sessions_v2 ({SESSION_COLUMNS}) VALUES ({', '.join('?' * 23)})"
 )
 _SELECT_ONE = f"SELECT {SESSION_COLUMNS} FROM sessions_v2 WHERE id = ?"
 _PREFIXED_COLUMNS = ", ".join("s." + c.strip() for c in SESSION_COLUMNS.split(","))
@@ -299,14 +299,31 @@ class SessionRepo:
         conn.execute("UPDATE sessions_v2 SET updated_at = ? WHERE id = ?", (now, session_id))
 
     @staticmethod
-    def add_usage(conn: apsw.Connection, session_id: str, tokens: int, cost: float) -> None:
+    def add_usage(conn: apsw.Connection, session_id: str, usage: Usage | None, cost: float, kind: str) -> None:
+        """Add one call's usage and cost to the totals and to ``usage_by_kind[kind]``."""
+        rows = conn.execute("SELECT usage_by_kind FROM sessions_v2 WHERE id = ?", (session_id,)).fetchall()
+        if not rows:
+            raise NotFound(f"session {session_id!r} not found", data={"sessionId": session_id})
+        try:
+            by_kind = decode_usage_by_kind(rows[0][0], session_id)
+        except StoreError:  # written by a newer build: start the breakdown again
+            by_kind = {}
+        u = usage or Usage()
+        entry = by_kind.get(kind) or UsageTotals()
+        by_kind[kind] = UsageTotals(
+            input_tokens=entry.input_tokens + u.input_tokens,
+            output_tokens=entry.output_tokens + u.output_tokens,
+            cache_read_tokens=entry.cache_read_tokens + (u.cache_read_tokens or 0),
+            cache_write_tokens=entry.cache_write_tokens + (u.cache_write_tokens or 0),
+            reasoning_tokens=entry.reasoning_tokens + (u.reasoning_tokens or 0),
+            cost=entry.cost + cost,
+            calls=entry.calls + 1,
+        )
         conn.execute(
             "UPDATE sessions_v2 SET total_tokens = coalesce(total_tokens, 0) + ?,"
-            " total_cost = coalesce(total_cost, 0) + ? WHERE id = ?",
-            (tokens, cost, session_id),
+            " total_cost = coalesce(total_cost, 0) + ?, usage_by_kind = ? WHERE id = ?",
+            (u.input_tokens + u.output_tokens, cost, to_json(dict(sorted(by_kind.items()))), session_id),
         )
-        if conn.changes() == 0:
-            raise NotFound(f"session {session_id!r} not found", data={"sessionId": session_id})
 
     @staticmethod
     def _write_tags(

@@ -7,10 +7,18 @@ Owns: the rules for copies. Must stay true:
   ever finish the copy).
 - import: the document is validated whole (ids, sessions, parent links, no cycles, enums)
   before anything is written; counters are recomputed from the messages, so they are true
-  even for a hand-edited document; import(export(s)) reproduces s.
+  even for a hand-edited document; import(export(s)) reproduces s. An imported
+  ``workspaceDir`` is dropped unless the caller trusts it (``trust_workspace``) and it is
+  an existing directory: the workspace tools of a session read it without asking, so a
+  file must not choose it. ``replace`` deletes the old session in the same transaction
+  (its files and agent sessions are journaled for removal like a delete's).
+- copies and imports own the data-dir files their messages reference (files.py), so a
+  file shared with the original stays until the last of them is gone.
 """
 
 from __future__ import annotations
+
+from pathlib import Path
 
 import apsw
 import msgspec
@@ -26,7 +34,9 @@ from sidecar.store.checks import (
     STATUSES,
     check_choice,
     check_tags,
+    check_workspace_dir,
 )
+from sidecar.store.files import record_messages_files
 from sidecar.store.ids import new_id
 from sidecar.store.messages import MessageStore
 from sidecar.store.rows import searchable_text
@@ -46,7 +56,7 @@ def _index_docs(messages: list[MessageV2]) -> list[tuple[str, str, str, str]]:
     ]
 
 
-def fork_session(conn: apsw.Connection, session_id: str, message_id: str, now: int) -> SessionV2:
+def fork_session(conn: apsw.Connection, session_id: str, message_id: str, now: int, *, data_dir: Path) -> SessionV2:
     src = SessionRepo.get(conn, session_id)
     MessageStore.get_in_session(conn, session_id, message_id)
     path = MessageStore.path(conn, session_id, message_id)
@@ -100,6 +110,7 @@ def fork_session(conn: apsw.Connection, session_id: str, message_id: str, now: i
     )
     SessionRepo.insert(conn, forked)
     MessageStore.insert_many(conn, copies)
+    record_messages_files(conn, data_dir, copies, now)
     MessageSearch.index(conn, _index_docs(copies), fresh=True)
     return forked
 
@@ -107,6 +118,16 @@ def fork_session(conn: apsw.Connection, session_id: str, message_id: str, now: i
 def export_session(conn: apsw.Connection, session_id: str) -> SessionExport:
     session = SessionRepo.get(conn, session_id)
     return SessionExport(session=session, messages=MessageStore.all(conn, session_id))
+
+
+def _trusted_workspace(session: SessionV2, trust: bool) -> str | None:
+    """The imported ``workspaceDir`` if the caller trusts it and it is a directory, else None."""
+    if session.workspace_dir is None or not trust:
+        return None
+    checked = check_workspace_dir("session.workspaceDir", session.workspace_dir)
+    if not checked or not Path(checked).is_dir():
+        return None
+    return checked
 
 
 def _validate_import(session: SessionV2, messages: list[MessageV2]) -> list[MessageV2]:
@@ -162,9 +183,17 @@ def _with_status(m: MessageV2, status: str) -> MessageV2:
 
 
 def import_session(
-    conn: apsw.Connection, session: SessionV2, messages: list[MessageV2], *, replace: bool
+    conn: apsw.Connection,
+    session: SessionV2,
+    messages: list[MessageV2],
+    *,
+    replace: bool,
+    now: int,
+    data_dir: Path,
+    trust_workspace: bool = False,
 ) -> SessionV2:
     messages = _validate_import(session, messages)
+    workspace_dir = _trusted_workspace(session, trust_workspace)
     if SessionRepo.exists(conn, session.id):
         if not replace:
             raise StoreError(
@@ -194,10 +223,12 @@ def import_session(
         message_count=len(messages),
         last_message_at=max((m.created_at for m in messages), default=None),
         active_leaf_id=session.active_leaf_id,
+        workspace_dir=workspace_dir,
     )
     SessionRepo.insert(conn, stored)
     if messages:
         MessageStore.insert_many(conn, messages)
+        record_messages_files(conn, data_dir, messages, now)
         if stored.active_leaf_id is None:
             leaf = MessageStore.newest_leaf(conn, stored.id)
             SessionRepo.set_active_leaf(conn, stored.id, leaf)

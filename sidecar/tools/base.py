@@ -33,6 +33,8 @@ class ToolError(Exception):
 class ToolOutput(msgspec.Struct, kw_only=True):
     text: str
     is_error: bool = False
+    spilled: Path | None = None
+    """The file the whole output was saved to (set by ToolRegistry.execute; the reply owns it)."""
 
 
 class ToolContext(msgspec.Struct, kw_only=True):
