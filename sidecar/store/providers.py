@@ -227,9 +227,9 @@ class ProviderRepo:
                     "SELECT api_key, created_at, engine, headers FROM providers WHERE id = ?", (params.id,)
                 ).fetchone()
             provider_id = params.id or new_id()
-            if params.api_key is None:
+            if params.api_key is msgspec.UNSET:  # left out: the stored key stays
                 api_key = existing[0] if existing else None
-            else:
+            else:  # null or "" clears it
                 api_key = self._sealer.seal(params.api_key, API_KEY) if params.api_key else None
             engine = params.engine if params.type == "acp-engine" else None
             if engine is not None:

@@ -14,6 +14,7 @@ from __future__ import annotations
 from typing import Any
 
 import apsw
+from msgspec import UNSET
 
 from protocol import limits
 from protocol.sessions import SessionFilter, SessionListResult, SessionUpdates
@@ -33,6 +34,7 @@ from sidecar.store.rows import SESSION_COLUMNS, decode_usage_by_kind, session_fr
 __all__ = ["SessionRepo", "MAX_LIST_LIMIT"]
 
 MAX_LIST_LIMIT = limits.MAX_SESSION_PAGE
+DEFAULT_TITLE = "New Chat"
 MAX_LIST_OFFSET = limits.MAX_OFFSET
 _FEW_MATCHES = 2000
 """Below this many tag matches a list page is fetched through the tag index."""
@@ -195,7 +197,8 @@ class SessionRepo:
 
     @staticmethod
     def update(conn: apsw.Connection, session_id: str, u: SessionUpdates, now: int) -> bool:
-        """Apply the given (non-None) fields; returns False when there was nothing to change."""
+        """Apply the fields that are given: a field left out (UNSET) keeps its value, None
+        clears it to the default; returns False when there was nothing to change."""
         if not isinstance(u, SessionUpdates):
             raise InvalidParams("updates must be a SessionUpdates object")
         sets: list[str] = []
@@ -205,12 +208,15 @@ class SessionRepo:
             sets.append(f"{column} = ?")
             args.append(value)
 
-        if u.title is not None:
-            title = check_text("updates.title", u.title)
-            if not title or not title.strip():
-                raise InvalidParams("updates.title must not be empty")
-            put("title", title)
-        # Optional text fields: "" clears them (stored NULL).
+        if u.title is not UNSET:
+            if u.title is None:
+                put("title", DEFAULT_TITLE)
+            else:
+                title = check_text("updates.title", u.title)
+                if not title or not title.strip():
+                    raise InvalidParams("updates.title must not be empty")
+                put("title", title)
+        # Optional text fields: None or "" clears them (stored NULL).
         for field, column in (
             ("summary", "summary"),
             ("systemPrompt", "system_prompt"),
@@ -218,25 +224,27 @@ class SessionRepo:
             ("channelId", "channel_id"),
         ):
             value = getattr(u, column)
-            if value is not None:
+            if value is not UNSET:
                 put(column, check_text(f"updates.{field}", value) or None)
+        # None: the configured default (resolved when a reply starts)
         for field, column in (("providerId", "provider_id"), ("modelId", "model_id")):
             value = getattr(u, column)
-            if value is not None:
-                put(column, check_text(f"updates.{field}", value))
-        if u.is_pinned is not None:
-            put("is_pinned", _flag("updates.isPinned", u.is_pinned))
-        if u.is_archived is not None:
-            put("is_archived", _flag("updates.isArchived", u.is_archived))
-        if u.workspace_dir is not None:
-            put("workspace_dir", check_workspace_dir("updates.workspaceDir", u.workspace_dir) or None)
-        if u.channel_meta is not None:
-            if not isinstance(u.channel_meta, dict):
+            if value is not UNSET:
+                put(column, check_text(f"updates.{field}", value) or "")
+        if u.is_pinned is not UNSET:
+            put("is_pinned", _flag("updates.isPinned", u.is_pinned if u.is_pinned is not None else False))
+        if u.is_archived is not UNSET:
+            put("is_archived", _flag("updates.isArchived", u.is_archived if u.is_archived is not None else False))
+        if u.workspace_dir is not UNSET:
+            workspace = None if u.workspace_dir is None else check_workspace_dir("updates.workspaceDir", u.workspace_dir)
+            put("workspace_dir", workspace or None)
+        if u.channel_meta is not UNSET:
+            if u.channel_meta is not None and not isinstance(u.channel_meta, dict):
                 raise InvalidParams("updates.channelMeta must be an object")
             put("channel_meta", to_json(u.channel_meta) if u.channel_meta else None)
         tags: list[str] | None = None
-        if u.tags is not None:
-            tags = check_tags("updates.tags", u.tags)
+        if u.tags is not UNSET:
+            tags = check_tags("updates.tags", u.tags) if u.tags is not None else []
             put("tags", to_json(tags))
         SessionRepo.require(conn, session_id)
         if not sets:

@@ -186,8 +186,9 @@ class Sessions:
             return SessionRepo.list(conn, flt)
 
     def update(self, session_id: str, updates: SessionUpdates) -> SessionV2:
-        """Change the given (not None) fields. "" clears summary, systemPrompt, folder and
-        channelId; {} clears channelMeta; [] clears tags; an empty title is invalid."""
+        """Change the given fields (a field left out, UNSET, keeps its value; None clears it
+        to its default). "" also clears summary, systemPrompt, folder and channelId; {}
+        clears channelMeta; [] clears tags; an empty title is invalid."""
         with self._db.write() as conn:
             SessionRepo.update(conn, session_id, updates, self._clock())
             return SessionRepo.get(conn, session_id)
