@@ -334,6 +334,7 @@ async def _start_background(app: App, stack: AsyncExitStack) -> None:
     stack.callback(task_group.cancel_scope.cancel)
     app.storage.start(task_group)
     app.chat.start_background(task_group)
+    app.acp.start_background(task_group)
 
 
 def _open_context(app: App) -> None:

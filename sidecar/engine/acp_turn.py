@@ -56,6 +56,7 @@ from pathlib import Path
 from typing import Any, Protocol
 
 import anyio
+import anyio.abc
 import msgspec
 
 from protocol.errors import ErrorCode
@@ -182,6 +183,7 @@ class _AcpTurn(ReplyDriver):
             job.stop_grace = config.cancel_timeout_ms / 1000 + 1  # _cancel's bound, see below
             self.engine_id = record.id
             conn = await handler._engines.connect(record.id, record.name, record.updated_at, config)
+            handler._reap_soon()  # agent sessions released while this engine was not running
             user = await handler._store.run(lambda s: s.messages.get(job.parent_id))
             agent_sid, notices = await handler._open_agent_session(conn, job, user)
             prompt, dropped = await handler._prompt_blocks(conn, user)
@@ -342,6 +344,32 @@ class AcpTurnHandler:
         self._data_dir = data_dir
         self._approvals = approvals
         self._mcp_servers = mcp_servers
+        self._background: anyio.abc.TaskGroup | None = None
+        self._released_left = True
+        """Released agent sessions may wait for an engine that was not running (unknown at
+        start): the next turn that starts an engine closes them, in the background."""
+        self._reaping = False
+
+    def start_background(self, task_group: anyio.abc.TaskGroup) -> None:
+        """Where closing released agent sessions runs when a turn starts an engine."""
+        self._background = task_group
+
+    def _reap_soon(self) -> None:
+        if self._background is None or not self._released_left or self._reaping:
+            return
+        self._reaping = True
+
+        async def reap() -> None:
+            try:
+                await self.reap_released()
+            except anyio.get_cancelled_exc_class():
+                raise
+            except Exception:
+                log.exception("closing released agent sessions failed")
+            finally:
+                self._reaping = False
+
+        self._background.start_soon(reap)
 
     def driver(self, job: ReplyJob, settings: ChatSettings) -> ReplyDriver:
         return _AcpTurn(self, job)
@@ -453,6 +481,7 @@ class AcpTurnHandler:
         it, also sessions of an earlier engine process (an agent that keeps its sessions
         knows them by id). Engines that are not running keep theirs until they run again."""
         released = await self._store.run(lambda s: s.acp.released())
+        self._released_left = bool(released)
         if not released:
             return
         done: list[tuple[str, str]] = []
@@ -467,6 +496,7 @@ class AcpTurnHandler:
                     log.info("engine %s: closing session %s failed: %s", conn.name, agent_sid, exc.message)
             done.append((engine_id, agent_sid))
         await self._store.run(lambda s: s.acp.forget_released(done))
+        self._released_left = len(done) < len(released)
 
     # -- prompt ------------------------------------------------------------------------
 
