@@ -431,9 +431,10 @@ class ChatEngine:
         """What a previous run left undone, in the background (never before the first
         answers): paused replies whose calls were all decided (the process stopped between
         the last decision and the resume), then the titles that were due and never written."""
-        task_group.start_soon(self._catch_up)
+        task_group.start_soon(self.catch_up)
 
-    async def _catch_up(self) -> None:
+    async def catch_up(self) -> None:
+        """The start-up pass itself (see ``start_background``)."""
         try:
             runs = await self._store.run(lambda s: [
                 r for r in s.tools.runs(state="paused")
