@@ -154,6 +154,8 @@ class ChatEngine:
         self._deleting: dict[str, int] = {}
         """Sessions whose delete is in progress (a count: two deletes may overlap)."""
         self._closing = False
+        self._titling: set[str] = set()
+        """Sessions whose title is being asked for."""
 
     # -- methods ---------------------------------------------------------------------
 
@@ -421,7 +423,13 @@ class ChatEngine:
             log.debug("session %s vanished after its generation", job.session.id)
 
     async def _title(self, session: SessionV2, reply_id: str, provider_id: str, model_id: str) -> None:
-        updated = await self._titles.generate(session, reply_id, provider_id, model_id)
+        if session.id in self._titling:  # the start-up pass and a finished reply at once
+            return
+        self._titling.add(session.id)
+        try:
+            updated = await self._titles.generate(session, reply_id, provider_id, model_id)
+        finally:
+            self._titling.discard(session.id)
         if updated is not None and not self._closing:
             await self._notify("chat:session:updated", updated)
 

@@ -86,7 +86,9 @@ class StorageService:
         freed = Freed()
         trash: list[Path] = []
         data_dir = self._data_dir
-        workspaces = (await self._store.run(lambda s: s.files.protected_dirs()))[1]
+        workspaces = await self._store.run(lambda s: s.files.workspace_dirs() if s.files.has_deletions() else None)
+        if workspaces is None:
+            return freed  # nothing journaled: the common case costs one read
 
         def remove(deletion: Deletion) -> bool:
             result: Detached = detach(data_dir, deletion, workspaces)
@@ -129,9 +131,7 @@ class StorageService:
         data_dir = self._data_dir
 
         def read(s: Store) -> tuple[set[str], set[str], list[str]]:
-            owned = s.files.owned()
-            sessions, workspaces = s.files.protected_dirs()
-            return owned | s.files.queued_inbox_refs(), sessions, workspaces
+            return s.files.owned() | s.files.queued_inbox_refs(), s.files.session_ids(), s.files.workspace_dirs()
 
         async with self._lock:
             owned, sessions, workspaces = await self._store.run(read)

@@ -282,12 +282,20 @@ class FileRepo:
                     refs.add(rel)
         return refs
 
-    def protected_dirs(self) -> tuple[set[str], list[str]]:
-        """Ids of existing sessions, and every session's own workspace directory (never
-        removed, whatever lies around them)."""
+    def session_ids(self) -> set[str]:
         with self._db.read() as conn:
-            rows = conn.execute("SELECT id, workspace_dir FROM sessions_v2").fetchall()
-        return {r[0] for r in rows}, [r[1] for r in rows if r[1]]
+            return {r[0] for r in conn.execute("SELECT id FROM sessions_v2")}
+
+    def workspace_dirs(self) -> list[str]:
+        """Every session's own workspace directory (never removed, whatever lies around it)."""
+        with self._db.read() as conn:
+            return [r[0] for r in conn.execute(
+                "SELECT DISTINCT workspace_dir FROM sessions_v2 WHERE workspace_dir IS NOT NULL"
+            )]
+
+    def has_deletions(self) -> bool:
+        with self._db.read() as conn:
+            return bool(conn.execute("SELECT 1 FROM file_deletions LIMIT 1").fetchall())
 
 
 def backfill_owned_files(conn: apsw.Connection) -> None:
