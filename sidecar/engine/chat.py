@@ -26,7 +26,10 @@ refused meanwhile (NOT_FOUND). Per-session locks exist only while in use.
 
 Paused replies (tool calls waiting for approval, see tool_loop.py): a paused reply holds
 no job slot. ``resume`` (called by the ApprovalService when the last pending call of a
-reply is decided) starts a job that continues it. A new send, regenerate or edit on the
+reply is decided) hands the decision to the reply's running step when that step will
+still read it (its automatic tools are running), else waits for the paused row and starts
+a job that continues it: pausing and resuming are one decision, so no reply is left
+paused with nothing pending. A new send, regenerate or edit on the
 session, ``chat:abort``, and deleting the session end every paused reply of the session
 as ``aborted``: its pending calls become ``cancelled`` (audited, actor system) and get a
 "not run" error result, so the stored history stays valid for the next request.
