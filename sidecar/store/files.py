@@ -11,9 +11,11 @@ workspace (only its ``tool_outputs/`` spill files are ever recorded there; the w
 itself is the user's and is never owned).
 
 Must stay true:
-- ownership is written in the transaction of the row that references the file (the
-  messages repository records the ``file://`` references of every message it stores:
-  ``record_message_files``), or before it (a spill file is owned as soon as it exists);
+- ownership is written in the transaction of the row that references the file: every
+  message stored (MessageStore.insert / insert_many, whoever calls them: a turn, a fork,
+  an import, a sync) and every final or paused content (Messages.finish / pause) owns the
+  data-dir files its ``file://`` references name (``record_message_files``); a spill file
+  is owned as soon as it exists, before the result that names it is stored;
 - a file shared by several rows (a fork copies references, a generated image is stored
   once per content) is released only when the last row naming it goes: the trigger
   ``owned_files_released`` then journals it in ``file_deletions`` *in the same transaction*
@@ -25,6 +27,7 @@ Must stay true:
 
 from __future__ import annotations
 
+import functools
 import logging
 import re
 from collections.abc import Callable, Iterable
@@ -48,6 +51,7 @@ __all__ = [
     "message_file_refs",
     "record_message_files",
     "record_messages_files",
+    "data_dir_of",
     "backfill_owned_files",
 ]
 
@@ -122,6 +126,16 @@ _OWN = (
     "INSERT OR IGNORE INTO owned_files (session_id, message_id, root, path, kind, created_at)"
     " VALUES (?, ?, ?, ?, ?, ?)"
 )
+
+
+@functools.lru_cache(maxsize=16)
+def _data_dir_of(filename: str) -> Path:
+    return Path(filename).resolve().parent
+
+
+def data_dir_of(conn: apsw.Connection) -> Path:
+    """The data dir of the database ``conn`` is open on (chat.db lies in it)."""
+    return _data_dir_of(conn.filename)
 
 
 def record_message_files(
@@ -302,10 +316,9 @@ def backfill_owned_files(conn: apsw.Connection) -> None:
     """Ownership of the files an older build wrote (run once, by the migration): the
     ``file://`` references of every message, the spill files its tool results name, and
     the default workspace of every ACP session without one of its own."""
-    filename = conn.filename
-    if not filename:
+    if not conn.filename:
         return
-    data_dir = Path(filename).resolve().parent
+    data_dir = data_dir_of(conn)
     rows: list[tuple[Any, ...]] = []
     for mid, sid, text, raw in conn.execute(
         "SELECT id, session_id, text_content, parts FROM messages_v2"

@@ -17,6 +17,7 @@ import apsw
 from protocol.errors import ErrorCode
 from protocol.types import MessageV2
 from sidecar.errors import NotFound, StoreError
+from sidecar.store.files import data_dir_of, record_message_files, record_messages_files
 from sidecar.store.rows import MESSAGE_COLUMNS, message_from_row, message_values
 
 __all__ = ["MessageStore", "MAX_DEPTH"]
@@ -79,11 +80,16 @@ class MessageStore:
 
     @staticmethod
     def insert(conn: apsw.Connection, m: MessageV2) -> None:
+        """Insert a message; it owns the data-dir files it references (files.py)."""
         conn.execute(_INSERT, message_values(m))
+        if m.parts or (m.text_content and "file://" in m.text_content):
+            record_message_files(conn, data_dir_of(conn), m.session_id, m.id, m.text_content, m.parts, m.created_at)
 
     @staticmethod
     def insert_many(conn: apsw.Connection, messages: list[MessageV2]) -> None:
         conn.executemany(_INSERT, [message_values(m) for m in messages])
+        if messages:
+            record_messages_files(conn, data_dir_of(conn), messages, messages[0].created_at)
 
     @staticmethod
     def get(conn: apsw.Connection, message_id: str) -> MessageV2:

@@ -85,7 +85,7 @@ from sidecar.store.checks import (
     check_workspace_dir,
 )
 from sidecar.store.db import DB_FILENAME, Database
-from sidecar.store.files import FileRepo, record_message_files
+from sidecar.store.files import FileRepo, data_dir_of, record_message_files
 from sidecar.store.dirlock import DirLock
 from sidecar.store.ids import new_id, now_ms
 from sidecar.store.messages import MessageStore
@@ -120,10 +120,9 @@ ACTIVE_LEAF: Final = _Default.ACTIVE_LEAF
 class Sessions:
     """``sessions_v2`` (and its tags and counters): one transaction per call."""
 
-    def __init__(self, db: Database, clock: Callable[[], int], data_dir: Path) -> None:
+    def __init__(self, db: Database, clock: Callable[[], int]) -> None:
         self._db = db
         self._clock = clock
-        self._data_dir = data_dir
 
 
     def create(self, opts: CreateSessionOptions) -> SessionV2:
@@ -230,7 +229,7 @@ class Sessions:
 
     def fork(self, session_id: str, message_id: str) -> SessionV2:
         with self._db.write() as conn:
-            return transfer.fork_session(conn, session_id, message_id, self._clock(), data_dir=self._data_dir)
+            return transfer.fork_session(conn, session_id, message_id, self._clock())
 
     def export(self, session_id: str) -> SessionExport:
         with self._db.read() as conn:
@@ -243,8 +242,7 @@ class Sessions:
         only an existing directory), see transfer.py."""
         with self._db.write() as conn:
             return transfer.import_session(
-                conn, session, messages, replace=replace, now=self._clock(), data_dir=self._data_dir,
-                trust_workspace=trust_workspace,
+                conn, session, messages, replace=replace, trust_workspace=trust_workspace,
             )
 
     def add_usage(self, session_id: str, usage: Usage | None, cost: float, *, kind: str = "reply") -> SessionV2:
@@ -272,12 +270,12 @@ class Sessions:
 
 class Messages:
     """``messages_v2``, the message tree and streaming updates: one transaction per call.
-    Every message stored with content owns the data-dir files it references (files.py)."""
+    Every message stored with content, and every final or paused content, owns the data-dir
+    files it references (files.py)."""
 
-    def __init__(self, db: Database, clock: Callable[[], int], data_dir: Path) -> None:
+    def __init__(self, db: Database, clock: Callable[[], int]) -> None:
         self._db = db
         self._clock = clock
-        self._data_dir = data_dir
 
 
     def get(self, message_id: str) -> MessageV2:
@@ -435,7 +433,6 @@ class Messages:
                 seq=seq,
             )
             MessageStore.insert(conn, message)
-            record_message_files(conn, self._data_dir, session_id, message.id, text_content, parts, now)
             SessionRepo.after_append(
                 conn, session_id, created, message.id if make_active else None, now
             )
@@ -506,7 +503,7 @@ class Messages:
                 now=now,
             )
             message = MessageStore.get(conn, message_id)
-            record_message_files(conn, self._data_dir, message.session_id, message_id, text_content, parts, now)
+            record_message_files(conn, data_dir_of(conn), message.session_id, message_id, text_content, parts, now)
             SessionRepo.touch(conn, message.session_id, now)
             MessageSearch.index(
                 conn,
@@ -544,7 +541,7 @@ class Messages:
                 raise NotFound(f"message {message_id!r} is not being generated")
             if parts:
                 session_id = conn.execute("SELECT session_id FROM messages_v2 WHERE id = ?", (message_id,)).fetchall()[0][0]
-                record_message_files(conn, self._data_dir, session_id, message_id, text_content, parts, self._clock())
+                record_message_files(conn, data_dir_of(conn), session_id, message_id, text_content, parts, self._clock())
 
     def delete_branch(self, message_id: str) -> int:
         """Delete a message and everything below it; returns how many messages went.
@@ -675,8 +672,8 @@ class Store:
             raise
         db = self._db
         self.data_dir = path.resolve()
-        self.sessions = Sessions(db, clock, self.data_dir)
-        self.messages = Messages(db, clock, self.data_dir)
+        self.sessions = Sessions(db, clock)
+        self.messages = Messages(db, clock)
         self.search = Search(db)
         self.settings = Settings(db)
         sealer = Sealer(secrets if secrets is not None else SecretBox(path, use_keychain=False))

@@ -36,7 +36,6 @@ from sidecar.store.checks import (
     check_tags,
     check_workspace_dir,
 )
-from sidecar.store.files import record_messages_files
 from sidecar.store.ids import new_id
 from sidecar.store.messages import MessageStore
 from sidecar.store.rows import searchable_text
@@ -56,7 +55,7 @@ def _index_docs(messages: list[MessageV2]) -> list[tuple[str, str, str, str]]:
     ]
 
 
-def fork_session(conn: apsw.Connection, session_id: str, message_id: str, now: int, *, data_dir: Path) -> SessionV2:
+def fork_session(conn: apsw.Connection, session_id: str, message_id: str, now: int) -> SessionV2:
     src = SessionRepo.get(conn, session_id)
     MessageStore.get_in_session(conn, session_id, message_id)
     path = MessageStore.path(conn, session_id, message_id)
@@ -109,8 +108,7 @@ def fork_session(conn: apsw.Connection, session_id: str, message_id: str, now: i
         active_leaf_id=copies[-1].id if copies else None,
     )
     SessionRepo.insert(conn, forked)
-    MessageStore.insert_many(conn, copies)
-    record_messages_files(conn, data_dir, copies, now)
+    MessageStore.insert_many(conn, copies)  # the copies own the files too
     MessageSearch.index(conn, _index_docs(copies), fresh=True)
     return forked
 
@@ -188,8 +186,6 @@ def import_session(
     messages: list[MessageV2],
     *,
     replace: bool,
-    now: int,
-    data_dir: Path,
     trust_workspace: bool = False,
 ) -> SessionV2:
     messages = _validate_import(session, messages)
@@ -228,7 +224,6 @@ def import_session(
     SessionRepo.insert(conn, stored)
     if messages:
         MessageStore.insert_many(conn, messages)
-        record_messages_files(conn, data_dir, messages, now)
         if stored.active_leaf_id is None:
             leaf = MessageStore.newest_leaf(conn, stored.id)
             SessionRepo.set_active_leaf(conn, stored.id, leaf)
