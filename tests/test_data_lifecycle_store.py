@@ -55,6 +55,12 @@ def test_a_file_is_released_with_its_last_owner_and_owned_again_leaves_the_journ
         assert journal(store) == [("", "attachments/shared.png")]
         store.sessions.import_(exported.session, exported.messages)  # owned again
         assert journal(store) == []
+        # deleting a branch releases what only it referenced (the journal of its transaction)
+        branch_uri = attach(store, "branch.bin")
+        top = store.messages.append(fork.id, role="user", text_content="branch")
+        store.messages.append(fork.id, role="assistant", parts=[FilePart(uri=branch_uri, name="b")])
+        store.messages.delete_branch(top.id)
+        assert journal(store) == [("", "attachments/branch.bin")]
         # a link to a file outside the attachments folder is never owned
         outside = tmp_path.parent / "elsewhere.txt"
         store.messages.append(fork.id, role="user", parts=[FilePart(uri=outside.as_uri(), name="e")])

@@ -122,7 +122,10 @@ def _trusted_workspace(session: SessionV2, trust: bool) -> str | None:
     """The imported ``workspaceDir`` if the caller trusts it and it is a directory, else None."""
     if session.workspace_dir is None or not trust:
         return None
-    checked = check_workspace_dir("session.workspaceDir", session.workspace_dir)
+    try:
+        checked = check_workspace_dir("session.workspaceDir", session.workspace_dir)
+    except InvalidParams:
+        return None  # not an absolute path: not a directory that exists either
     if not checked or not Path(checked).is_dir():
         return None
     return checked
