@@ -65,16 +65,6 @@ class AcpRepo:
             return None
         return AcpTurn(message_id=row[0], session_id=row[1], engine_id=row[2], agent_session_id=row[3])
 
-    def agent_sessions(self, session_id: str) -> list[tuple[str, str]]:
-        """Distinct (engine_id, agent_session_id) pairs used by a session, oldest first."""
-        with self._db.read() as conn:
-            rows = conn.execute(
-                "SELECT engine_id, agent_session_id, MIN(created_at) AS first FROM acp_turns"
-                " WHERE session_id = ? GROUP BY engine_id, agent_session_id ORDER BY first",
-                (session_id,),
-            ).fetchall()
-        return [(r[0], r[1]) for r in rows]
-
     def head(self, engine_id: str, agent_session_id: str) -> str | None:
         """The newest reply that ran on the agent session (what the session holds last)."""
         with self._db.read() as conn:
@@ -84,15 +74,6 @@ class AcpRepo:
                 (engine_id, agent_session_id),
             ).fetchone()
         return None if row is None else str(row[0])
-
-    def write_raw(self, message_id: str, acp_message_id: str | None, acp_parts: list[Any]) -> None:
-        """Store the reply's raw updates whole (items may be msgspec.Raw: written verbatim)."""
-        text = _encoder.encode(acp_parts).decode() if acp_parts else None
-        with self._db.write() as conn:
-            conn.execute(
-                "UPDATE messages_v2 SET acp_message_id = ?, acp_parts = ? WHERE id = ?",
-                (acp_message_id, text, message_id),
-            )
 
     def append_raw(self, message_id: str, first: int, updates: list[Any], acp_message_id: str | None = None) -> None:
         """Raw updates number ``first``.. of a streaming reply (written again whole if this

@@ -203,12 +203,6 @@ class FileRepo:
         with self._db.read() as conn:
             return {r[0] for r in conn.execute("SELECT DISTINCT path FROM owned_files WHERE root = ?", (root,))}
 
-    def is_owned(self, root: str, path: str) -> bool:
-        with self._db.read() as conn:
-            return bool(conn.execute(
-                "SELECT 1 FROM owned_files WHERE root = ? AND path = ? LIMIT 1", (root, path)
-            ).fetchall())
-
     def of_session(self, session_id: str) -> list[tuple[str, str, str]]:
         """(root, path, kind) of everything the session owns (its messages' files too)."""
         with self._db.read() as conn:
@@ -221,23 +215,6 @@ class FileRepo:
             ]
 
     # ---- the journal ------------------------------------------------------------------
-
-    def deletions(self, limit: int = 500) -> list[Deletion]:
-        with self._db.read() as conn:
-            return [
-                Deletion(root=r[0], path=r[1], kind=r[2], queued_at=r[3])
-                for r in conn.execute(
-                    "SELECT root, path, kind, queued_at FROM file_deletions ORDER BY queued_at, root, path LIMIT ?",
-                    (limit,),
-                )
-            ]
-
-    def forget_deletions(self, keys: Iterable[tuple[str, str]]) -> None:
-        """Done with these journal rows (removed, gone, or owned again)."""
-        rows = list(keys)
-        if rows:
-            with self._db.write() as conn:
-                conn.executemany("DELETE FROM file_deletions WHERE root = ? AND path = ?", rows)
 
     def release(self, remove: Callable[[Deletion], bool], *, limit: int = 200) -> tuple[int, int]:
         """Up to ``limit`` journal rows, each removed by ``remove`` (the disk side, quick:
