@@ -334,3 +334,62 @@ async def test_import_replace_takes_the_delete_path(tmp_path: Path) -> None:
         await proc.close()
     assert "Traceback" not in proc.stderr_text()
     assert "internal error while ending the reply" not in json.dumps(proc.messages)
+
+
+async def test_import_replace_ends_paused_replies_and_closes_agent_sessions(tmp_path: Path) -> None:
+    data = tmp_path / "data"
+    ws = tmp_path / "ws"
+    ws.mkdir()
+    async with scripted_provider() as server, spawn_sidecar(data) as proc:
+        await configure_provider(proc, server.base_url)
+        await proc.call("settings:update", {"generateTitles": False})
+        session = await proc.call("chat:session:create", {"workspaceDir": str(ws)})
+        sid = session["id"]
+        await server.script({"tool_calls": [call("w1", "workspace_write_file", {"path": "a.txt", "content": "x"})]})
+        paused = await send(proc, sid, "write a file")
+        await proc.wait_for(
+            lambda m: isinstance(m, dict) and m.get("method") == "chat:stream"
+            and m["params"]["messageId"] == paused["messageId"] and m["params"]["type"] == "tool_approval_required",
+            timeout=20,
+        )
+        assert [p["toolCallId"] for p in await proc.call("tool:pending:list", {"sessionId": sid})] == ["w1"]
+        exported = await proc.call("chat:session:export", {"id": sid})
+        document = {"session": exported["session"], "messages": [m for m in exported["messages"] if m["role"] == "user"]}
+        document["session"]["activeLeafId"] = None
+        imported = await proc.call("chat:session:import", {**document, "replace": True, "trustWorkspace": True})
+        assert imported["workspaceDir"] == str(ws)
+        # the paused reply was ended (aborted) before the import answered, its call is no longer pending
+        answer_at = next(i for i, m in enumerate(proc.messages) if isinstance(m, dict) and m.get("result") == imported)
+        ended = [
+            (i, m["params"]["type"]) for i, m in enumerate(proc.messages)
+            if isinstance(m, dict) and m.get("method") == "chat:stream"
+            and m["params"]["messageId"] == paused["messageId"] and m["params"]["type"] in ("aborted", "error", "stream_end")
+        ]
+        assert [t for _, t in ended] == ["aborted"] and ended[0][0] < answer_at, ended
+        assert await proc.call("tool:pending:list", {"sessionId": sid}) == []
+        with pytest.raises(CallError):
+            await proc.call("chat:tool:approve", {"sessionId": sid, "toolCallId": "w1", "decision": "approved"})
+        assert not (ws / "a.txt").exists()
+        # the session serves the next reply at once
+        await server.script({"text": "fresh"})
+        sent = await send(proc, sid, "again")
+        assert (await wait_final(proc, sent["messageId"]))["type"] == "stream_end"
+
+        # an ACP session: the agent session of the replaced turns is closed at the engine
+        engine = await add_engine(proc, "--close")
+        agent = await acp_session(proc, engine["id"])
+        await send_and_wait(proc, agent["id"], "hello")
+        exported = await proc.call("chat:session:export", {"id": agent["id"]})
+        assert exported["session"]["acpSessionId"] == "sess-1"
+        document = {"session": {**exported["session"], "activeLeafId": None},
+                    "messages": [m for m in exported["messages"] if m["role"] == "user"]}
+        await proc.call("chat:session:import", {**document, "replace": True})
+        with anyio.fail_after(20):
+            while "closed sess-1" not in proc.stderr_text():
+                await proc.call("provider:list", {})  # a round trip lets the log reach us
+        # the next turn starts a new agent session (the replaced one is gone)
+        sent, final = await send_and_wait(proc, agent["id"], "after the import")
+        assert final["type"] == "stream_end"
+        assert (await proc.call("chat:session:get", {"id": agent["id"]}))["acpSessionId"] == "sess-2"
+        await proc.close()
+    assert "Traceback" not in proc.stderr_text()
