@@ -32,7 +32,7 @@ import logging
 import re
 from collections.abc import Callable, Iterable
 from pathlib import Path, PurePosixPath
-from typing import Any, Literal
+from typing import Any, Literal, cast
 
 import apsw
 import msgspec
@@ -227,7 +227,8 @@ class FileRepo:
                 (limit,),
             ).fetchall()
             done: list[tuple[str, str]] = []
-            for root, path, kind, queued_at in rows:
+            for row in rows:
+                root, path, kind, queued_at = str(row[0]), str(row[1]), str(row[2]), cast(int, row[3])
                 owned = conn.execute(
                     "SELECT 1 FROM owned_files WHERE root = ? AND path = ? LIMIT 1", (root, path)
                 ).fetchall()
@@ -266,7 +267,7 @@ class FileRepo:
             " AND state IN ('queued', 'running') AND input LIKE '%file:%'"
         ).fetchall()
         for (raw,) in rows:
-            for match in _FILE_URI.finditer(raw):
+            for match in _FILE_URI.finditer(str(raw)):
                 local = uri_to_path(match.group(0))
                 rel = _data_relative(self.data_dir, local) if local is not None else None
                 if rel is not None:
@@ -303,7 +304,10 @@ def backfill_owned_files(conn: apsw.Connection) -> None:
     ):
         parts = parts_or_none(raw, mid)
         rows += [(sid, mid, DATA_ROOT, rel, "attachment", 0) for rel in sorted(message_file_refs(data_dir, text, parts))]
-    workspaces = dict(conn.execute("SELECT id, workspace_dir FROM sessions_v2").fetchall())
+    workspaces: dict[str, str | None] = {
+        str(sid): None if ws is None else str(ws)
+        for sid, ws in conn.execute("SELECT id, workspace_dir FROM sessions_v2").fetchall()
+    }
     for mid, sid, raw in conn.execute(
         "SELECT id, session_id, parts FROM messages_v2 WHERE parts LIKE '%saved as tool_outputs/%'"
     ):

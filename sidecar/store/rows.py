@@ -131,7 +131,7 @@ def parts_or_none(raw: str | None, row_id: str) -> list[ContentPart] | None:
 
 def decode_usage_by_kind(raw: str | None, row_id: str) -> dict[str, UsageTotals]:
     """The strict form (for read-modify-write: a value that does not decode is a StoreError)."""
-    return _decode(_dec_usage_by_kind, raw, "usage_by_kind", row_id) or {}  # type: ignore[no-any-return]
+    return _decode(_dec_usage_by_kind, raw, "usage_by_kind", row_id) or {}
 
 
 def session_from_row(r: SessionRow) -> SessionV2:

@@ -313,7 +313,8 @@ class SessionRepo:
         if not rows:
             raise NotFound(f"session {session_id!r} not found", data={"sessionId": session_id})
         try:
-            by_kind = decode_usage_by_kind(rows[0][0], session_id)
+            raw = rows[0][0]
+            by_kind = decode_usage_by_kind(None if raw is None else str(raw), session_id)
         except StoreError:  # written by a newer build: start the breakdown again
             by_kind = {}
         u = usage or Usage()

@@ -540,7 +540,7 @@ class Messages:
             if conn.changes() == 0:
                 raise NotFound(f"message {message_id!r} is not being generated")
             if parts:
-                session_id = conn.execute("SELECT session_id FROM messages_v2 WHERE id = ?", (message_id,)).fetchall()[0][0]
+                session_id = str(conn.execute("SELECT session_id FROM messages_v2 WHERE id = ?", (message_id,)).fetchall()[0][0])
                 record_message_files(conn, data_dir_of(conn), session_id, message_id, text_content, parts, self._clock())
 
     def delete_branch(self, message_id: str) -> int:
