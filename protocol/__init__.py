@@ -22,7 +22,8 @@ from protocol import progress, storage
 from protocol.errors import ErrorCode
 from protocol.events import *  # noqa: F401,F403
 from protocol.events import __all__ as _events_all
-from protocol.methods import METHODS, NOTIFICATIONS, MethodSpec
+from protocol.common import MethodSpec
+from protocol.methods import METHODS, NOTIFICATIONS
 from protocol.types import *  # noqa: F401,F403
 from protocol.types import __all__ as _types_all
 

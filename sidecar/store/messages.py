@@ -145,7 +145,7 @@ class MessageStore:
             rows = conn.execute(_NEWEST_LEAF, (session_id,)).fetchall()
         else:
             rows = conn.execute(_NEWEST_LEAF_BELOW, (below, session_id)).fetchall()
-        return rows[0][0] if rows else None
+        return str(rows[0][0]) if rows else None
 
     @staticmethod
     def subtree_ids(conn: apsw.Connection, message_id: str) -> list[str]:

@@ -30,6 +30,7 @@ from __future__ import annotations
 
 import logging
 from collections.abc import Callable
+from typing import cast
 
 import apsw
 
@@ -51,7 +52,7 @@ def migration(fn: Migration) -> Migration:
 
 
 def schema_version(conn: apsw.Connection) -> int:
-    return int(conn.execute("PRAGMA user_version").fetchall()[0][0])
+    return cast(int, conn.execute("PRAGMA user_version").fetchall()[0][0])
 
 
 def migrate(db: Database) -> int:

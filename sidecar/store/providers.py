@@ -261,6 +261,7 @@ class ProviderRepo:
             row = conn.execute(
                 f"SELECT {_COLUMNS} FROM providers WHERE id = ?", (provider_id,)
             ).fetchone()
+        assert row is not None  # written just above, in this transaction
         return _row(row, self._sealer)
 
     def delete(self, provider_id: str) -> None:

@@ -11,7 +11,8 @@ Must stay true:
 
 from __future__ import annotations
 
-from typing import Any
+import builtins
+from typing import Any, cast
 
 import apsw
 from msgspec import UNSET
@@ -111,11 +112,11 @@ class SessionRepo:
         # sessions, see tools/bench/bench_store.py). Rarest tag first: it drives, or is
         # the first probe to fail.
         if len(tags) > 1:
-            freq = dict(conn.execute(
+            freq: dict[str, int] = {str(t): cast(int, n) for t, n in conn.execute(
                 "SELECT tag, count(*) FROM session_tags"
                 f" WHERE tag IN ({', '.join('?' * len(tags))}) GROUP BY tag",
                 tags,
-            ).fetchall())
+            ).fetchall()}
             tags = sorted(tags, key=lambda t: freq.get(t, 0))
         # One EXISTS probe per tag (a correlated count(*) over the tags was 2.6x slower).
         has_tags = [
@@ -140,13 +141,13 @@ class SessionRepo:
         )
         tag_in = [f"s.id IN ({tagged})"]
         if where:
-            total = conn.execute(
+            total = cast(int, conn.execute(
                 f"SELECT count(*) FROM sessions_v2 s WHERE {' AND '.join([*where, *tag_in])}",
                 [*args, *tags],
-            ).fetchall()[0][0]
+            ).fetchall()[0][0])
         else:
             # Tags alone: counted in the tag index (every row has its session: foreign key).
-            total = conn.execute(f"SELECT count(*) FROM ({tagged})", tags).fetchall()[0][0]
+            total = cast(int, conn.execute(f"SELECT count(*) FROM ({tagged})", tags).fetchall()[0][0])
         if offset >= total:
             return SessionListResult(sessions=[], total=total)
         shape = tag_in if total <= _FEW_MATCHES else has_tags
@@ -158,8 +159,8 @@ class SessionRepo:
     @staticmethod
     def _page(
         conn: apsw.Connection,
-        where: list[str],
-        args: list[Any],
+        where: builtins.list[str],
+        args: builtins.list[Any],
         order: str,
         limit: int,
         offset: int,
@@ -178,11 +179,11 @@ class SessionRepo:
         elif offset == 0 and len(sessions) < limit:
             total = len(sessions)
         else:
-            total = conn.execute(f"SELECT count(*) FROM sessions_v2 s{clause}", args).fetchall()[0][0]
+            total = cast(int, conn.execute(f"SELECT count(*) FROM sessions_v2 s{clause}", args).fetchall()[0][0])
         return SessionListResult(sessions=sessions, total=total)
 
     @staticmethod
-    def _by_ids(conn: apsw.Connection, ids: list[str]) -> list[SessionV2]:
+    def _by_ids(conn: apsw.Connection, ids: builtins.list[str]) -> builtins.list[SessionV2]:
         """Sessions in the order of ``ids``."""
         if not ids:
             return []
@@ -336,7 +337,7 @@ class SessionRepo:
 
     @staticmethod
     def _write_tags(
-        conn: apsw.Connection, session_id: str, tags: list[str], *, replace: bool = False
+        conn: apsw.Connection, session_id: str, tags: builtins.list[str], *, replace: bool = False
     ) -> None:
         if replace:
             conn.execute("DELETE FROM session_tags WHERE session_id = ?", (session_id,))

@@ -53,7 +53,7 @@ import re
 from collections.abc import Callable, Iterator
 from contextlib import contextmanager
 from pathlib import Path
-from typing import Any, Final, Literal
+from typing import Any, Final, Literal, cast
 
 import msgspec
 
@@ -400,7 +400,7 @@ class Messages:
             ).fetchall()
             if not rows:
                 SessionRepo.require(conn, session_id)
-            active_leaf, last_at = rows[0]
+            active_leaf, last_at = cast("str | None", rows[0][0]), cast("int | None", rows[0][1])
             if parent_id is ACTIVE_LEAF:
                 parent = active_leaf
             elif parent_id is None:
@@ -580,7 +580,7 @@ class Messages:
             ).fetchall()
             MessageSearch.index(
                 conn,
-                [(mid, sid, role, searchable_text(text, parts_or_none(parts, mid)))
+                [(str(mid), str(sid), str(role), searchable_text(cast("str | None", text), parts_or_none(cast("str | None", parts), str(mid))))
                  for mid, sid, role, text, parts in rows],
             )
         return len(rows)

@@ -180,7 +180,7 @@ def _validate_import(session: SessionV2, messages: list[MessageV2]) -> list[Mess
 
 
 def _with_status(m: MessageV2, status: str) -> MessageV2:
-    return msgspec.structs.replace(m, status=status)  # type: ignore[arg-type]
+    return msgspec.structs.replace(m, status=status)
 
 
 def import_session(

@@ -18,6 +18,7 @@ from typing import Any, Literal
 
 import msgspec
 
+from protocol.tools import ToolSource
 from protocol.types import SessionV2
 from sidecar.providers.types import ToolSpec
 
@@ -50,7 +51,7 @@ class Tool:
     name: str = ""
     description: str = ""
     parameters: dict[str, Any] = {"type": "object", "properties": {}}
-    source: str = "local"
+    source: ToolSource = "local"
     default_policy: Policy = "auto"
     server_key: str | None = None
     """A second policy key (``mcp:<server>``) consulted when the tool has no policy of its own."""
