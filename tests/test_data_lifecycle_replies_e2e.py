@@ -192,6 +192,57 @@ async def test_aborted_and_failed_replies_add_their_usage_and_cached_tokens_have
         await proc.close()
 
 
+def _history(n: int, session_id: str) -> list[dict[str, Any]]:
+    messages, parent = [], None
+    for i in range(n):
+        mid = f"0190a000-0000-7000-8000-{i:012d}"
+        messages.append({
+            "id": mid, "sessionId": session_id, "parentId": parent, "role": "user" if i % 2 == 0 else "assistant",
+            "textContent": f"msg{i} " + "lorem " * 60, "status": "completed",
+            "createdAt": 1_700_000_000_000 + i, "updatedAt": 1_700_000_000_000 + i,
+        })
+        parent = mid
+    return messages
+
+
+async def test_summaries_are_side_calls_of_their_session(tmp_path: Path) -> None:
+    async with scripted_provider() as server, spawn_sidecar(tmp_path / "data") as proc:
+        await configure_provider(proc, server.base_url, models=[{"id": "scripted-1", "inputPrice": 1.0, "outputPrice": 2.0}])
+        await proc.call("settings:update", {"generateTitles": False})
+        await proc.call("assistant:upsert", {"id": "default", "name": "Default", "context": {"compressThreshold": 400}})
+        session = await proc.call("chat:session:create", {"title": "long"})
+        sid = session["id"]
+        history = _history(12, sid)
+        exported = await proc.call("chat:session:export", {"id": sid})
+        exported["session"]["activeLeafId"] = history[-1]["id"]
+        await proc.call("chat:session:import", {"session": exported["session"], "messages": history, "replace": True})
+        # the rolling summary of this send, then the reply
+        await server.script(
+            {"text": "SUMMARY", "usage": {"prompt_tokens": 700, "completion_tokens": 30}},
+            {"text": "fine", "usage": {"prompt_tokens": 300, "completion_tokens": 10}},
+        )
+        mid = await send(proc, sid, "next question")
+        assert (await wait_final(proc, mid))["type"] == "stream_end"
+        assert [b.get("stream") for b in await server.requests()] == [False, True]
+        got = await proc.call("chat:session:get", {"id": sid})
+        by_kind = got["usageByKind"]
+        assert set(by_kind) == {"reply", "side:summary"}
+        assert (by_kind["reply"]["inputTokens"], by_kind["reply"]["outputTokens"], by_kind["reply"]["calls"]) == (300, 10, 1)
+        assert (by_kind["side:summary"]["inputTokens"], by_kind["side:summary"]["outputTokens"]) == (700, 30)
+        assert by_kind["side:summary"]["calls"] == 1
+        assert by_kind["side:summary"]["cost"] == pytest.approx((700 * 1.0 + 30 * 2.0) / 1e6)
+        # totals hold both kinds
+        assert got["totalTokens"] == 1040
+        assert got["totalCost"] == pytest.approx((1000 * 1.0 + 40 * 2.0) / 1e6)
+        # a compaction the renderer asks for is a side call of the session too
+        await server.script({"text": "SUMMARY AGAIN", "usage": {"prompt_tokens": 50, "completion_tokens": 5}})
+        await proc.call("chat:context:compact", {"sessionId": sid, "targetTokens": 300})
+        after = (await proc.call("chat:session:get", {"id": sid}))["usageByKind"]
+        assert after["side:summary"]["calls"] == 2 and after["side:summary"]["inputTokens"] == 750
+        assert after["reply"] == by_kind["reply"]
+        await proc.close()
+
+
 # ---- update semantics ---------------------------------------------------------------------
 
 
