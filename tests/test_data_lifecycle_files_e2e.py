@@ -393,3 +393,22 @@ async def test_import_replace_ends_paused_replies_and_closes_agent_sessions(tmp_
         assert (await proc.call("chat:session:get", {"id": agent["id"]}))["acpSessionId"] == "sess-2"
         await proc.close()
     assert "Traceback" not in proc.stderr_text()
+
+
+async def test_a_send_to_an_unavailable_agent_keeps_its_file_only_with_its_message(tmp_path: Path) -> None:
+    data = tmp_path / "data"
+    async with spawn_sidecar(data) as proc:
+        await proc.call("sidecar:initialize", {})
+        engine = await add_engine(proc, command=[str(tmp_path / "no-such-agent")])
+        session = await acp_session(proc, engine["id"])
+        sent = await send(proc, session["id"], "x", [attachment("a.bin", b"agent bytes")])
+        final = await wait_final(proc, sent["messageId"])
+        assert final["type"] == "error" and "cannot start the agent engine" in final["error"]
+        # the user turn was stored with its file (it can be retried); the file is its message's
+        stored = await proc.call("chat:messages:get", {"sessionId": session["id"]})
+        uri = next(p["uri"] for p in stored[0]["parts"] if p["type"] == "file")
+        assert entries(data) == {"attachments/" + uri.rsplit("/", 1)[1]}
+        await proc.call("chat:session:delete", {"id": session["id"]})
+        assert entries(data) == set()
+        await proc.close()
+    assert "Traceback" not in proc.stderr_text()
