@@ -129,6 +129,88 @@ async def test_an_approval_during_the_steps_auto_tools_is_applied_when_the_step_
         await proc.close()
 
 
+async def _no_stranded_pause(proc: SidecarProcess, sid: str) -> None:
+    """No reply of the session is paused with nothing pending, no call pending outside one."""
+    pending = await proc.call("tool:pending:list", {"sessionId": sid})
+    stored = await proc.call("chat:messages:get", {"sessionId": sid, "options": {"allBranches": True}})
+    paused = {m["id"] for m in stored if m["status"] == "paused"}
+    assert {p["messageId"] for p in pending} == paused, (pending, [(m["id"], m["status"]) for m in stored])
+    assert not [m for m in stored if m["status"] in ("streaming", "pending")]
+
+
+@pytest.mark.parametrize("interleaving", ["denied", "answered", "abort", "second send", "restart"])
+async def test_decisions_during_the_steps_auto_tools_never_strand_the_reply(tmp_path: Path, interleaving: str) -> None:
+    ws = tmp_path / "ws"
+    ws.mkdir()
+    data = tmp_path / "data"
+    gate = ws / "release"
+    async with scripted_provider() as server:
+        async with spawn_sidecar(data) as proc:
+            sid = await setup(proc, server, workspaceDir=str(ws))
+            await proc.call("tool:policy:set", {"key": "workspace_run_command", "policy": "auto"})
+            await server.script(
+                {"tool_calls": [
+                    call("c_wait", "workspace_run_command",
+                         {"command": f"while [ ! -e {gate.name} ]; do sleep 0.05; done; echo waited"}),
+                    call("c_write", "workspace_write_file", {"path": "out.txt", "content": "written"}),
+                ]},
+                {"text": "All done."} if interleaving in ("denied", "answered") else {"text": "second reply"},
+            )
+            mid = await send(proc, sid)
+            with anyio.fail_after(20):  # the pending call is listed while the auto tool still runs
+                while not await proc.call("tool:pending:list", {"sessionId": sid}):
+                    await anyio.sleep(0.02)
+            decision: dict[str, Any] = {"sessionId": sid, "toolCallId": "c_write", "decision": "approved"}
+            if interleaving == "denied":
+                decision["decision"] = "denied"
+            elif interleaving == "answered":
+                decision.update(decision="answered", answer="the user wrote it by hand")
+            assert await proc.call("chat:tool:approve", decision) == {"success": True, "resumed": True}
+
+            if interleaving in ("denied", "answered"):
+                gate.write_text("")
+                assert (await wait_final(proc, mid))["type"] == "stream_end"
+                reply = await reply_of(proc, sid)
+                assert reply["status"] == "completed" and reply["textContent"].endswith("All done.")
+                result = next(p for p in reply["parts"] if p["type"] == "tool_result" and p["toolUseId"] == "c_write")
+                if interleaving == "answered":
+                    assert "the user wrote it by hand" in json.dumps(result["content"])
+                else:
+                    assert result.get("isError") is True
+                assert not (ws / "out.txt").exists()
+                assert not [e for e in events_of(proc, mid) if e["type"] == "tool_approval_required"]
+            elif interleaving == "abort":
+                assert (await proc.call("chat:abort", {"sessionId": sid}))["success"] is True
+                assert (await wait_final(proc, mid))["type"] == "aborted"
+                assert (await reply_of(proc, sid))["status"] == "aborted"
+            elif interleaving == "second send":
+                second = await send(proc, sid, "never mind")
+                assert (await wait_final(proc, mid))["type"] == "aborted"
+                assert (await wait_final(proc, second))["type"] == "stream_end"
+                assert (await reply_of(proc, sid))["textContent"] == "second reply"
+            else:  # the process dies while the step still runs, with the decision queued
+                os.kill(proc.process.pid, signal.SIGKILL)
+                await proc.process.wait()
+            if interleaving != "restart":
+                await _no_stranded_pause(proc, sid)
+                await proc.close()
+                assert "Traceback" not in proc.stderr_text()
+        if interleaving == "restart":
+            gate.write_text("")
+            async with spawn_sidecar(data) as proc:
+                await proc.call("sidecar:initialize", {})
+                with anyio.fail_after(20):  # the start-up pass settles what the dead process left
+                    while (await reply_of(proc, sid))["status"] in ("streaming", "pending"):
+                        await anyio.sleep(0.05)
+                await _no_stranded_pause(proc, sid)
+                # the session serves the next reply
+                final = await wait_final(proc, await send(proc, sid, "again"))
+                assert final["type"] == "stream_end"
+                await _no_stranded_pause(proc, sid)
+                await proc.close()
+            assert "Traceback" not in proc.stderr_text()
+
+
 async def test_a_paused_reply_always_reads_back_paused_with_its_content(tmp_path: Path) -> None:
     ws = tmp_path / "ws"
     ws.mkdir()
