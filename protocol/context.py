@@ -13,6 +13,7 @@ from __future__ import annotations
 from typing import Literal
 
 import msgspec
+from msgspec import UNSET, UnsetType
 
 from protocol.limits import Id, Int64, Title
 from protocol.providers import DefaultModel
@@ -225,11 +226,13 @@ class ContextGetParams(Struct, kw_only=True):
 
 
 class ContextUpdateParams(Struct, forbid_unknown_fields=True, kw_only=True):
+    """A field left out keeps the session's choice; ``null`` (or ``""``) inherits again."""
+
     session_id: Id
-    assistant_id: Id | None = None
-    """"" goes back to the default profile."""
-    truncation_strategy: TruncationStrategy | Literal[""] | None = None
-    """"" goes back to the profile's strategy."""
+    assistant_id: Id | None | UnsetType = UNSET
+    """null or "" goes back to the default profile."""
+    truncation_strategy: TruncationStrategy | Literal[""] | None | UnsetType = UNSET
+    """null or "" goes back to the profile's strategy."""
 
 
 class ContextCompactParams(Struct, kw_only=True):

@@ -31,6 +31,9 @@ class MessageQueryOptions(Struct, kw_only=True):
     """Page backwards: only messages of the path that come before this message id."""
     all_branches: bool = False
     """Every message of the session in creation order (ignores leafId)."""
+    include_acp_parts: bool = False
+    """Also return ``acpParts`` (an ACP reply's raw ``session/update`` log, verbatim: large);
+    without it ``acpParts`` is null."""
 
 
 class SearchOptions(Struct, kw_only=True):

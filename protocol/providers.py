@@ -5,6 +5,8 @@ from __future__ import annotations
 
 from typing import Literal
 
+from msgspec import UNSET, UnsetType
+
 from protocol.limits import Id, Int64, JsonObject, Title
 from protocol.types import Struct
 from protocol.common import EmptyParams, IdParams, SuccessResult
@@ -40,6 +42,10 @@ class ModelConfig(Struct, kw_only=True):
     supports_images: bool = False
     input_price: float = 0.0
     output_price: float = 0.0
+    cache_read_price: float | None = None
+    """Price of a prompt token read from the provider's cache (default: ``inputPrice``)."""
+    cache_write_price: float | None = None
+    """Price of a prompt token written to the provider's cache (default: ``inputPrice``)."""
 
 
 class AcpEngineConfig(Struct, kw_only=True):
@@ -84,8 +90,9 @@ class ProviderUpsertParams(Struct, kw_only=True):
     """Required for the HTTP provider types; unused by ``acp-engine``."""
     engine: AcpEngineConfig | None = None
     """Required for ``acp-engine``: the command that runs the agent engine."""
-    api_key: str | None = None
-    """Stored, never returned. Omitted/null on update keeps the stored key; "" clears it."""
+    api_key: str | None | UnsetType = UNSET
+    """Stored (sealed), never returned. Left out on update: the stored key is kept; null
+    (or "") clears it."""
     api_key_env: str | None = None
     """Name of an environment variable holding the key (used when no key is stored)."""
     headers: dict[str, str] = {}

@@ -8,6 +8,8 @@ from __future__ import annotations
 
 from typing import Literal
 
+from msgspec import UNSET, UnsetType
+
 from protocol.limits import Id, Int64, JsonObject, Offset, SearchText, SessionPageLimit, Title
 from protocol.types import DateRange, MessageV2, SessionMode, SessionV2, Struct
 from protocol.common import IdParams, SuccessResult
@@ -72,21 +74,24 @@ class SessionListResult(Struct, omit_defaults=False, kw_only=True):
 
 
 class SessionUpdates(Struct, forbid_unknown_fields=True, kw_only=True):
-    """The fields ``chat:session:update`` may change; anything else is invalid params."""
+    """The fields ``chat:session:update`` may change; anything else is invalid params. A
+    field left out keeps its value; ``null`` clears it to the default (``title``: "New
+    Chat"; ``tags``: none; ``isPinned``/``isArchived``: false; ``providerId``/``modelId``: the
+    configured default; the others: none). ``""`` still clears a text field."""
 
-    title: Title | None = None
-    summary: str | None = None
-    system_prompt: str | None = None
-    tags: list[str] | None = None
-    folder: Title | None = None
-    is_pinned: bool | None = None
-    is_archived: bool | None = None
-    provider_id: Id | None = None
-    model_id: Id | None = None
-    channel_id: Id | None = None
-    channel_meta: JsonObject | None = None
-    workspace_dir: str | None = None
-    """An absolute path; "" clears it."""
+    title: Title | None | UnsetType = UNSET
+    summary: str | None | UnsetType = UNSET
+    system_prompt: str | None | UnsetType = UNSET
+    tags: list[str] | None | UnsetType = UNSET
+    folder: Title | None | UnsetType = UNSET
+    is_pinned: bool | None | UnsetType = UNSET
+    is_archived: bool | None | UnsetType = UNSET
+    provider_id: Id | None | UnsetType = UNSET
+    model_id: Id | None | UnsetType = UNSET
+    channel_id: Id | None | UnsetType = UNSET
+    channel_meta: JsonObject | None | UnsetType = UNSET
+    workspace_dir: str | None | UnsetType = UNSET
+    """An absolute path."""
 
 
 class SessionUpdateParams(Struct, kw_only=True):
@@ -111,7 +116,12 @@ class SessionImportParams(Struct, kw_only=True):
     session: SessionV2
     messages: list[MessageV2]
     replace: bool = False
-    """Overwrite a session with the same id; otherwise an existing id is BAD_STATE."""
+    """Overwrite a session with the same id; otherwise an existing id is BAD_STATE. The old
+    session goes as with ``chat:session:delete`` (its running reply is aborted, paused
+    replies and agent sessions are closed, its files removed)."""
+    trust_workspace: bool = False
+    """Keep the imported ``workspaceDir`` (only if it is an existing directory). Without it
+    the value is dropped: the workspace tools read a session's workspace without asking."""
 
 
 METHODS: dict[str, MethodSpec] = {

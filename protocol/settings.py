@@ -3,6 +3,8 @@
 
 from __future__ import annotations
 
+from msgspec import UNSET, UnsetType
+
 from protocol.limits import Int64
 from protocol.providers import DefaultModel, ReasoningLevel
 from protocol.types import Struct
@@ -21,7 +23,9 @@ class ChatSettings(Struct, omit_defaults=False, kw_only=True):
     generate_titles: bool = True
     """After the first exchange, name the session with a short model call."""
     title_model: DefaultModel | None = None
-    """Model for titles; default: the session's own model."""
+    """Model for titles; default: the session's own model, and for an ACP session (its agent
+    engine cannot be asked on the side) the default provider and model
+    (``provider:setDefault``) when that is a direct provider."""
     delta_coalesce_ms: Int64 = 40
     """Text/thinking deltas after the first are merged for this long (0 = every delta)."""
     persist_interval_ms: Int64 = 250
@@ -33,16 +37,18 @@ class ChatSettings(Struct, omit_defaults=False, kw_only=True):
 
 
 class ChatSettingsUpdate(Struct, forbid_unknown_fields=True, kw_only=True):
-    """Fields of ChatSettings to change; unknown fields are invalid params."""
+    """Fields of ChatSettings to change; unknown fields are invalid params. A field left
+    out keeps its value; ``null`` resets it to its default (``maxTokens: null``: the
+    provider's own limit again)."""
 
-    generate_titles: bool | None = None
-    title_model: DefaultModel | None = None
-    delta_coalesce_ms: Int64 | None = None
-    persist_interval_ms: Int64 | None = None
-    max_tokens: Int64 | None = None
-    reasoning: ReasoningLevel | None = None
-    temperature: float | None = None
-    top_p: float | None = None
+    generate_titles: bool | None | UnsetType = UNSET
+    title_model: DefaultModel | None | UnsetType = UNSET
+    delta_coalesce_ms: Int64 | None | UnsetType = UNSET
+    persist_interval_ms: Int64 | None | UnsetType = UNSET
+    max_tokens: Int64 | None | UnsetType = UNSET
+    reasoning: ReasoningLevel | None | UnsetType = UNSET
+    temperature: float | None | UnsetType = UNSET
+    top_p: float | None | UnsetType = UNSET
 
 
 METHODS: dict[str, MethodSpec] = {

@@ -6,6 +6,7 @@ from __future__ import annotations
 from typing import Literal
 
 import msgspec
+from msgspec import UNSET, UnsetType
 
 from protocol.limits import AuditPageLimit, Id, Int64, JsonObject, Offset, Title
 from protocol.events import ApprovalSource, ToolApprovalOption, ToolDecision
@@ -177,14 +178,18 @@ class ToolSettings(Struct, omit_defaults=False, kw_only=True):
 
 
 class ToolSettingsUpdate(Struct, forbid_unknown_fields=True, kw_only=True):
-    enabled: bool | None = None
-    local_tools: list[str] | None = None
-    conversation_search: bool | None = None
-    web_search: WebSearchConfig | None = None
+    """Fields of ToolSettings to change. A field left out keeps its value; ``null`` resets
+    it to its default (``webSearch: null`` removes the search endpoint)."""
+
+    enabled: bool | None | UnsetType = UNSET
+    local_tools: list[str] | None | UnsetType = UNSET
+    conversation_search: bool | None | UnsetType = UNSET
+    web_search: WebSearchConfig | None | UnsetType = UNSET
     clear_web_search: bool = False
-    skills_dirs: list[str] | None = None
-    tool_timeout_s: float | None = None
-    command_timeout_s: float | None = None
+    """Older form of ``webSearch: null`` (kept for compatibility)."""
+    skills_dirs: list[str] | None | UnsetType = UNSET
+    tool_timeout_s: float | None | UnsetType = UNSET
+    command_timeout_s: float | None | UnsetType = UNSET
 
 
 METHODS: dict[str, MethodSpec] = {

@@ -18,6 +18,7 @@ __all__ = [
     "Struct",
     "TextPart",
     "ImagePart",
+    "UsageTotals",
     "FilePart",
     "CodePart",
     "ToolUsePart",
@@ -148,6 +149,21 @@ class Usage(Struct, kw_only=True):
     """The context window in tokens (ACP ``usage_update.size``)."""
 
 
+class UsageTotals(Struct, omit_defaults=False, kw_only=True):
+    """Usage and cost of one kind of model call in a session, summed."""
+
+    input_tokens: Int64 = 0
+    """Every prompt token, cached ones included."""
+    output_tokens: Int64 = 0
+    cache_read_tokens: Int64 = 0
+    cache_write_tokens: Int64 = 0
+    reasoning_tokens: Int64 = 0
+    cost: float = 0.0
+    """USD, from the model's prices (cached tokens at their own prices)."""
+    calls: Int64 = 0
+    """Replies (or side calls) counted."""
+
+
 SessionMode = Literal["direct", "acp", "server"]
 """``direct``: the sidecar calls the model; ``acp``: an agent engine subprocess runs the turn;
 ``server``: the turn is forwarded to the Qiming server the session is linked to."""
@@ -187,6 +203,10 @@ class SessionV2(Struct, omit_defaults=False, kw_only=True):
     workspace_dir: str | None = None
     """Absolute path of the session's working directory: workspace tools (direct mode) are
     confined to it and an ACP engine gets it as ``cwd``. None: no workspace."""
+    usage_by_kind: dict[str, UsageTotals] = {}
+    """What ``totalTokens``/``totalCost`` add up, per kind of call: ``reply`` (every reply,
+    whatever its ending: completed, error, aborted), and side calls ``side:<what>``
+    (``side:title``, ``side:summary``, ``side:ocr``; other features add their own)."""
 
 
 DeliveryStatus = Literal["pending", "sending", "delivered", "failed"]

@@ -53,6 +53,12 @@ Attributes:
               server:session:create, chat:suggest; its periodic task stops on exit. The
               replies of mode 'server' sessions: ServerTurnHandler (sidecar/sync/forward.py),
               the chat engine's ``server``.
+    side_usage: SideUsage (sidecar/engine/usage.py): ``await record(session_id, provider_id,
+              model_id, usage, kind="side:<what>")`` attributes a side call's usage to a
+              session (titles, summaries, OCR; every feature that spends tokens for one).
+    storage:  StorageService (sidecar/engine/storage.py): storage:gc and ``release()``, which
+              removes the files of deleted sessions and messages (run after every delete);
+              its start-up pass (interrupted removals, orphans) runs in the background.
     (later)   ... attached by the services that own them.
 """
 
@@ -86,6 +92,8 @@ if TYPE_CHECKING:
     from sidecar.engine.secrets import SecretsService
     from sidecar.engine.sessions import SessionService
     from sidecar.engine.settings import SettingsService
+    from sidecar.engine.storage import StorageService
+    from sidecar.engine.usage import SideUsage
     from sidecar.pipeline.builder import RequestBuilder
     from sidecar.retrieval.service import KnowledgeService
     from sidecar.store import AsyncStore
@@ -119,6 +127,8 @@ class App:
     channels: ChannelService
     knowledge: KnowledgeService
     sync: SyncService
+    storage: StorageService
+    side_usage: SideUsage
 
     def __init__(self, config: Config, data_dir: Path, notify: Notify) -> None:
         self.config = config
@@ -179,6 +189,7 @@ async def open_app(
         # The services' modules take most of start-up to import: import them in a worker
         # thread so the event loop keeps answering meanwhile.
         await anyio.to_thread.run_sync(_import_services)
+        _open_storage(app)
         # before the chat engine: it closes after the engine has stopped the replies using it
         app.knowledge = await _open_knowledge(app, stack)
         # before the chat engine: its server client must outlive the forwarded turns the
@@ -190,6 +201,7 @@ async def open_app(
         await _start_knowledge(app)
         await _open_compat(app, stack)
         await _open_channels(app, stack)
+        await _start_background(app, stack)
         yield app
 
 
@@ -225,6 +237,7 @@ _SERVICE_MODULES = (
     "sidecar.retrieval.service",
     "sidecar.sync.service",
     "sidecar.sync.forward",
+    "sidecar.engine.storage",
 )
 
 
@@ -255,6 +268,7 @@ async def _open_chat(app: App, stack: AsyncExitStack) -> None:
     from sidecar.engine.chat import ChatEngine
     from sidecar.engine.providers import ProviderService
     from sidecar.engine.settings import SettingsService
+    from sidecar.engine.usage import SideUsage
     from sidecar.pipeline.builder import RequestBuilder
     from sidecar.store.attachments import AttachmentStore
     from sidecar.tools.mcp import McpManager
@@ -278,10 +292,12 @@ async def _open_chat(app: App, stack: AsyncExitStack) -> None:
     await app.settings.load()
     app.providers = ProviderService(store)
     stack.push_async_callback(app.providers.aclose)
+    app.side_usage = SideUsage(store, app.providers)
     app.attachments = AttachmentStore(app.data_dir)
     # one builder: the generation loop and chat:context:* share its token cache, summary
     # checks and per-session summary locks
     app.requests = RequestBuilder(store, app.attachments, providers=app.providers, knowledge=app.knowledge)
+    app.requests = RequestBuilder(store, app.attachments, providers=app.providers, side_usage=app.side_usage)
     app.approvals = ApprovalService(store)
     # before the engine's task group: cancelling that group must not reach the engines
     app.acp = await _open_acp(app, stack)
@@ -313,13 +329,14 @@ async def _open_chat(app: App, stack: AsyncExitStack) -> None:
         approvals=app.approvals,
         data_dir=app.data_dir,
         acp=app.acp,
+        side_usage=app.side_usage,
     )
     stack.push_async_callback(app.chat.aclose)
     app.sessions.overlay_live = app.chat.overlay_live
-    app.sessions.on_delete.append(
-        lambda session_id: app.chat.stop_session(session_id, "the session was deleted")
-    )
-    app.sessions.on_delete.append(app.acp.close_session)  # after its turn has stopped
+    app.sessions.on_delete.append(app.chat.stop_session)
+    # agent sessions no reply uses any more (a deleted session or branch) are closed once
+    # the delete is committed (AcpTurnHandler.reap_released)
+    app.storage.on_release.append(app.acp.reap_released)
 
 
 async def _open_acp(app: App, stack: AsyncExitStack) -> AcpTurnHandler:
@@ -357,6 +374,27 @@ async def _open_acp(app: App, stack: AsyncExitStack) -> AcpTurnHandler:
         approvals=app.approvals,
         mcp_servers=mcp_servers,
     )
+
+
+def _open_storage(app: App) -> None:
+    """File ownership's disk side: every delete is followed by the release of its files."""
+    from sidecar.engine.storage import StorageService
+
+    app.storage = StorageService(app.store, app.notify)
+    app.sessions.on_deleted.append(app.storage.release)
+
+
+async def _start_background(app: App, stack: AsyncExitStack) -> None:
+    """The start-up passes that must not delay the first answers: interrupted removals and
+    orphans (storage), the titles that were due and never written. Their task group is
+    cancelled on exit, before the services they use close."""
+    import anyio
+
+    task_group = await stack.enter_async_context(anyio.create_task_group())
+    stack.callback(task_group.cancel_scope.cancel)
+    app.storage.start(task_group)
+    app.chat.start_background(task_group)
+    app.acp.start_background(task_group)
 
 
 def _open_context(app: App) -> None:
@@ -422,8 +460,9 @@ async def _open_sync(app: App, stack: AsyncExitStack) -> None:
     """Qiming server sync: the account, sync runs, the periodic task (its own task group,
     cancelled first on exit), the server conversation calls.
 
-    A session the sync deletes (deleted on the server, unchanged here) goes through the
-    same on_delete hooks as ``chat:session:delete`` (its generation and ACP session stop).
+    A session the sync deletes (deleted on the server, unchanged here) takes the same delete
+    path as ``chat:session:delete``: the on_delete hooks first (its generation and ACP session
+    stop), the on_deleted ones once it is gone (its files are removed).
     """
     import anyio
 
@@ -438,7 +477,7 @@ async def _open_sync(app: App, stack: AsyncExitStack) -> None:
 
         try:
             for hook in list(app.sessions.on_delete):
-                after = await hook(session_id)
+                after = await hook(session_id, "the conversation was deleted on the server")
                 if after is not None:
                     done.append(after)
         except BaseException:
@@ -446,7 +485,7 @@ async def _open_sync(app: App, stack: AsyncExitStack) -> None:
             raise
         return finished
 
-    app.sync = SyncService(app.store, app.notify, before_delete=before_delete)
+    app.sync = SyncService(app.store, app.notify, before_delete=before_delete, released=app.sessions.released)
     await app.sync.load()
     stack.push_async_callback(app.sync.aclose)
     group = await stack.enter_async_context(anyio.create_task_group())

@@ -138,6 +138,7 @@ BINDINGS: dict[str, str] = {
     "server:session:create": "sync.create_server_session",
     "chat:suggest": "sync.suggest",
     "server:chat:pageResult": "sync.page_result",
+    "storage:gc": "storage.gc",
 }
 """Method name -> attribute path on the App of the ``async def f(params) -> result`` that answers it."""
 

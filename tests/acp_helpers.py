@@ -45,7 +45,9 @@ async def send_and_wait(proc: SidecarProcess, session_id: str, text: str, timeou
 
 
 async def stored(proc: SidecarProcess, session_id: str, message_id: str) -> dict[str, Any]:
-    messages = await proc.call("chat:messages:get", {"sessionId": session_id, "options": {"allBranches": True}})
+    messages = await proc.call(
+        "chat:messages:get", {"sessionId": session_id, "options": {"allBranches": True, "includeAcpParts": True}}
+    )
     return next(m for m in messages if m["id"] == message_id)
 
 

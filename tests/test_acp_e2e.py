@@ -416,26 +416,31 @@ async def test_regenerate_and_edit_use_session_fork_or_fail_clearly(tmp_path: Pa
         session = await acp_session(proc, forking["id"])
         first, _ = await send_and_wait(proc, session["id"], "a")
         second, _ = await send_and_wait(proc, session["id"], "b")
-        assert streamed_text(events_of(proc, second["messageId"])) == "echo: b [turn 2 of sess-2]"
-        # regenerate b: a fork of the session as it was after "a"
+        # a plain next turn continues the same agent session (no fork)
+        assert streamed_text(events_of(proc, second["messageId"])) == "echo: b [turn 2 of sess-1]"
+        # regenerate b: the agent session went on past "a", so a fork of it (which keeps
+        # "b" in the agent's context, and a notice says so); the first branch keeps sess-1
         regen = await proc.call("chat:regenerate", {"sessionId": session["id"], "messageId": second["messageId"]})
         final = await wait_final(proc, regen["messageId"])
         assert final["type"] == "stream_end"
-        assert streamed_text(events_of(proc, regen["messageId"])) == "echo: b [turn 2 of sess-3]"
+        assert streamed_text(events_of(proc, regen["messageId"])) == "echo: b [turn 3 of sess-2]"
+        notices = [e for e in events_of(proc, regen["messageId"]) if e["type"] == "notice"]
+        assert [n["code"] for n in notices] == ["acp_history_kept"]
         # edit "a": a fresh agent session (nothing came before it)
         edit = await proc.call(
             "chat:editResend", {"sessionId": session["id"], "messageId": first["userMessageId"], "newContent": "A"}
         )
         await wait_final(proc, edit["messageId"])
-        assert streamed_text(events_of(proc, edit["messageId"])) == "echo: A [turn 1 of sess-4]"
-        # continuing the first branch continues its own agent session
+        assert streamed_text(events_of(proc, edit["messageId"])) == "echo: A [turn 1 of sess-3]"
+        # continuing the first branch continues its own agent session, which ends at "b"
         await proc.call("chat:messages:select", {"sessionId": session["id"], "leafId": second["messageId"]})
         cont, _ = await send_and_wait(proc, session["id"], "c")
-        assert streamed_text(events_of(proc, cont["messageId"])) == "echo: c [turn 3 of sess-5]"
+        assert streamed_text(events_of(proc, cont["messageId"])) == "echo: c [turn 3 of sess-1]"
+        assert not [e for e in events_of(proc, cont["messageId"]) if e["type"] == "notice"]
         # deleting the session closes its agent sessions (the engine advertises close)
         await proc.call("chat:session:delete", {"id": session["id"]})
         with anyio.fail_after(10):
-            while "closed sess-5" not in proc.stderr_text():
+            while not all(f"closed sess-{n}" in proc.stderr_text() for n in (1, 2, 3)):
                 await proc.call("provider:list", {})  # a round trip lets the log reach us
 
         plain = await add_engine(proc, name="Plain")

@@ -668,11 +668,13 @@ def test_acp_turns_record_and_raw_columns(tmp_path: Path) -> None:
         assert store.sessions.get(session.id).acp_session_id == "agent-1"
         turn = store.acp.turn(reply.id)
         assert turn is not None and turn.agent_session_id == "agent-1" and store.acp.turn(user.id) is None
-        store.acp.write_raw(reply.id, "m-1", [msgspec.Raw(b'{"sessionUpdate":"x","y":[1]}')])
+        store.acp.append_raw(reply.id, 0, [msgspec.Raw(b'{"sessionUpdate":"x","y":[1]}')], "m-1")
+        store.acp.finish_raw(reply.id)
         got = store.messages.get(reply.id)
         assert got.acp_message_id == "m-1" and got.acp_parts == [{"sessionUpdate": "x", "y": [1]}]
-        assert store.acp.agent_sessions(session.id) == [("e", "agent-1")]
+        assert store.acp.head("e", "agent-1") == reply.id
         store.sessions.delete(session.id)
         assert store.acp.turn(reply.id) is None  # cascades with the message
+        assert store.acp.released() == [("e", "agent-1")]  # no reply runs on it any more
     finally:
         store.close()

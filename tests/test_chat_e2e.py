@@ -52,8 +52,9 @@ async def test_send_streams_ordered_events_and_stores_the_reply(tmp_path):
         bodies = await server.requests()
         assert bodies[0]["messages"][-1] == {"role": "user", "content": "Hi!"}
         got = await proc.call("chat:session:get", {"id": session["id"]})
-        assert got["totalTokens"] == 35
-        assert got["totalCost"] == pytest.approx((20 * 1.0 + 15 * 2.0) / 1e6)
+        replies = got["usageByKind"]["reply"]
+        assert (replies["inputTokens"], replies["outputTokens"], replies["calls"]) == (20, 15, 1)
+        assert replies["cost"] == pytest.approx((20 * 1.0 + 15 * 2.0) / 1e6)
         assert got["messageCount"] == 2
 
         # a title arrives through chat:session:updated (the scripted server's non-stream reply)
@@ -63,6 +64,11 @@ async def test_send_streams_ordered_events_and_stores_the_reply(tmp_path):
                 if updated["title"] != "New Chat":
                     break
         assert updated["title"].startswith("A chat about")
+        # the title's call is a side call of the session, counted apart and in the totals
+        title = updated["usageByKind"]["side:title"]
+        assert title["calls"] == 1 and title["inputTokens"] > 0
+        assert updated["totalTokens"] == 35 + title["inputTokens"] + title["outputTokens"]
+        assert updated["totalCost"] == pytest.approx(replies["cost"] + title["cost"])
         await proc.close()
     proc.assert_all_jsonrpc()
     assert API_KEY not in proc.stderr_text()

@@ -459,8 +459,8 @@ async def test_sends_are_refused_while_the_session_is_being_deleted(tmp_path: Pa
         sessions = SessionService(r.store, r.events.notify)
         raced: list[BaseException] = []
 
-        async def hook(session_id: str) -> Any:
-            release = await r.engine.stop_session(session_id, "deleted")
+        async def hook(session_id: str, reason: str) -> Any:
+            release = await r.engine.stop_session(session_id, reason)
             try:  # a send between the hook and the delete
                 await send(r, "late")
             except SidecarError as exc:

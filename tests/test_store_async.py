@@ -135,7 +135,7 @@ async def test_delete_hooks_run_before_the_delete(astore: AsyncStore) -> None:
     s = await svc.create_session(CreateSessionOptions())
     seen: list[tuple[str, bool]] = []
 
-    async def hook(session_id: str) -> None:
+    async def hook(session_id: str, reason: str) -> None:
         # The session still exists while the hook runs (e.g. to stop its generation).
         await astore.run(lambda db: db.sessions.get(session_id))
         seen.append((session_id, True))

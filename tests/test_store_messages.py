@@ -277,7 +277,7 @@ def test_fork_of_a_streaming_message_is_aborted_copy(store: Store) -> None:
 def test_export_import_reproduces_the_session(tmp_path: Path, store: Store) -> None:
     c = Conv(store)
     store.messages.select_branch(c.sid, c.a2.id)
-    store.sessions.add_usage(c.sid, 10, 0.01)
+    store.sessions.add_usage(c.sid, Usage(input_tokens=6, output_tokens=4), 0.01)
     exported = store.sessions.export(c.sid)
     assert len(exported.messages) == 6 and exported.format == "chat-sidecar.session"
     wire = msgspec.json.encode(exported)

@@ -10,7 +10,7 @@ import pytest
 
 from protocol.errors import ErrorCode
 from protocol.sessions import CreateSessionOptions, SessionFilter, SessionUpdates
-from protocol.types import DateRange
+from protocol.types import DateRange, Usage, UsageTotals
 from sidecar.errors import InvalidParams, NotFound
 from sidecar.store import Store
 from test_store_support import FakeClock, count, db_digest, open_store
@@ -206,7 +206,7 @@ def test_wire_decoding_rejects_bad_filters() -> None:
         lambda s: s.sessions.pin("missing", True),
         lambda s: s.sessions.fork("missing", "m"),
         lambda s: s.sessions.export("missing"),
-        lambda s: s.sessions.add_usage("missing", 1, 0.1),
+        lambda s: s.sessions.add_usage("missing", Usage(input_tokens=1), 0.1),
         lambda s: s.messages.append("missing", role="user", text_content="x"),
         lambda s: s.messages.query("missing"),
         lambda s: s.messages.tree("missing"),
@@ -274,9 +274,13 @@ def test_counters_stay_true(store: Store, clock: FakeClock) -> None:
     s = store.sessions.get(sid)
     assert s.message_count == 2 and s.last_message_at == alt.created_at
     assert s.active_leaf_id == alt.id
-    store.sessions.add_usage(sid, 120, 0.5)
-    s = store.sessions.add_usage(sid, 30, 0.25)
+    store.sessions.add_usage(sid, Usage(input_tokens=100, output_tokens=20), 0.5)
+    s = store.sessions.add_usage(sid, Usage(input_tokens=20, output_tokens=10, cache_read_tokens=5), 0.25, kind="side:title")
     assert (s.total_tokens, s.total_cost) == (150, 0.75)
+    assert s.usage_by_kind["reply"] == UsageTotals(input_tokens=100, output_tokens=20, cost=0.5, calls=1)
+    assert s.usage_by_kind["side:title"] == UsageTotals(
+        input_tokens=20, output_tokens=10, cache_read_tokens=5, cost=0.25, calls=1
+    )
     # Everywhere: message_count equals the rows, last_message_at their newest created_at.
     bad = count(
         store,
@@ -286,7 +290,9 @@ def test_counters_stay_true(store: Store, clock: FakeClock) -> None:
     )
     assert bad == 0
     with pytest.raises(InvalidParams):
-        store.sessions.add_usage(sid, -1, 0.0)
+        store.sessions.add_usage(sid, Usage(input_tokens=-1), 0.0)
+    with pytest.raises(InvalidParams):
+        store.sessions.add_usage(sid, None, 0.0, kind="titles")
 
 
 def test_delete_cascades_everywhere(store: Store) -> None:

@@ -288,7 +288,10 @@ async def test_periodic_sync_runs_when_enabled(tmp_path: Path, monkeypatch):
         async def no_hooks(session_id: str):
             return lambda: None
 
-        svc = service_module.SyncService(store, notify, before_delete=no_hooks)
+        async def nothing_released() -> None:
+            return None
+
+        svc = service_module.SyncService(store, notify, before_delete=no_hooks, released=nothing_released)
         try:
             await svc.load()
             async with anyio.create_task_group() as tg:

@@ -26,7 +26,10 @@ Required vs optional (``?``) says what really is on the wire:
 - in params, ``?`` marks what may be left out (the field has a default). A stored shape
   that is also sent as params (``chat:session:import``, ``assistant:upsert``) gets a second,
   lenient interface ``<Name>Input`` used in the params positions;
-- a params Struct without fields is ``Record<string, never>`` (``{}`` would accept ``42``).
+- a params Struct without fields is ``Record<string, never>`` (``{}`` would accept ``42``);
+- an update field whose default is ``msgspec.UNSET`` (it may be left out, and ``null`` is a
+  value of its own) is optional and ``| null``, and its comment says what each means:
+  "absent: keep; null: clear" (also in the JSON Schema's description).
 
 ``client.ts`` + ``errors.ts``: the main-process client and its error type, copied from
 ``tools/electron/src/`` (their source), and ``client.js``/``client.d.ts``/``errors.js``/
@@ -175,6 +178,22 @@ def always_sent(cls: type[msgspec.Struct], field: mi.Field) -> bool:
     return factory is not mi.NODEFAULT and factory not in _OMITTABLE_FACTORIES
 
 
+UNSET_NOTE = "absent: keep; null: clear (to the default)."
+
+
+def unset_default(field: mi.Field) -> bool:
+    """The field's default is ``msgspec.UNSET`` (msgspec.inspect reports no default at all
+    for an optional field): left out means keep, ``null`` means clear."""
+    return not field.required and field.default is mi.NODEFAULT and field.default_factory is mi.NODEFAULT
+
+
+def field_doc(docs: dict[tuple[str, str], str], cls: type, field: mi.Field) -> str | None:
+    doc = docs.get((cls.__name__, field.name))
+    if unset_default(field):
+        return f"{doc}\n{UNSET_NOTE}" if doc else UNSET_NOTE
+    return doc
+
+
 def input_variants() -> set[str]:
     """Structs sent both ways whose params form is more lenient than what the server sends
     (or that contain such a Struct): they get a ``<Name>Input`` interface."""
@@ -272,7 +291,7 @@ def build_schema() -> dict[str, Any]:
         if component is None:
             continue
         for field in mi.type_info(cls).fields:
-            doc = docs.get((cls.__name__, field.name))
+            doc = field_doc(docs, cls, field)
             prop = component.get("properties", {}).get(field.encode_name)
             if doc and prop is not None and "description" not in prop:
                 prop["description"] = doc
@@ -508,7 +527,7 @@ def build_ts() -> str:
         if info.tag_field is not None:
             lines.append(f"  {info.tag_field}: {json.dumps(info.tag)};")
         for field in info.fields:
-            lines += _comment(docs.get((cls.__name__, field.name)), "  ")
+            lines += _comment(field_doc(docs, cls, field), "  ")
             required = field.required if params else always_sent(cls, field)
             lines.append(f"  {_ts_key(field.encode_name)}{'' if required else '?'}: {render.type(field.type, params=params)};")
         return [*lines, "}", ""]

@@ -560,7 +560,11 @@ export interface ChannelSender {
 export interface ChatSettings {
   /** After the first exchange, name the session with a short model call. */
   generateTitles: boolean;
-  /** Model for titles; default: the session's own model. */
+  /**
+   * Model for titles; default: the session's own model, and for an ACP session (its agent
+   * engine cannot be asked on the side) the default provider and model
+   * (``provider:setDefault``) when that is a direct provider.
+   */
   titleModel: DefaultModel | null;
   /** Text/thinking deltas after the first are merged for this long (0 = every delta). */
   deltaCoalesceMs: number;
@@ -572,15 +576,27 @@ export interface ChatSettings {
   topP: number | null;
 }
 
-/** Fields of ChatSettings to change; unknown fields are invalid params. */
+/**
+ * Fields of ChatSettings to change; unknown fields are invalid params. A field left
+ * out keeps its value; ``null`` resets it to its default (``maxTokens: null``: the
+ * provider's own limit again).
+ */
 export interface ChatSettingsUpdate {
+  /** absent: keep; null: clear (to the default). */
   generateTitles?: boolean | null;
+  /** absent: keep; null: clear (to the default). */
   titleModel?: DefaultModel | null;
+  /** absent: keep; null: clear (to the default). */
   deltaCoalesceMs?: number | null;
+  /** absent: keep; null: clear (to the default). */
   persistIntervalMs?: number | null;
+  /** absent: keep; null: clear (to the default). */
   maxTokens?: number | null;
+  /** absent: keep; null: clear (to the default). */
   reasoning?: ReasoningLevel | null;
+  /** absent: keep; null: clear (to the default). */
   temperature?: number | null;
+  /** absent: keep; null: clear (to the default). */
   topP?: number | null;
 }
 
@@ -819,11 +835,18 @@ export interface ContextOptions {
   useSoul?: boolean;
 }
 
+/** A field left out keeps the session's choice; ``null`` (or ``""``) inherits again. */
 export interface ContextUpdateParams {
   sessionId: string;
-  /** "" goes back to the default profile. */
+  /**
+   * null or "" goes back to the default profile.
+   * absent: keep; null: clear (to the default).
+   */
   assistantId?: string | null;
-  /** "" goes back to the profile's strategy. */
+  /**
+   * null or "" goes back to the profile's strategy.
+   * absent: keep; null: clear (to the default).
+   */
   truncationStrategy?: TruncationStrategy | "" | null;
 }
 
@@ -1260,6 +1283,11 @@ export interface MessageQueryOptions {
   before?: string | null;
   /** Every message of the session in creation order (ignores leafId). */
   allBranches?: boolean;
+  /**
+   * Also return ``acpParts`` (an ACP reply's raw ``session/update`` log, verbatim: large);
+   * without it ``acpParts`` is null.
+   */
+  includeAcpParts?: boolean;
 }
 
 /** A message and its children (siblings in creation order). */
@@ -1379,6 +1407,10 @@ export interface ModelConfig {
   supportsImages?: boolean;
   inputPrice?: number;
   outputPrice?: number;
+  /** Price of a prompt token read from the provider's cache (default: ``inputPrice``). */
+  cacheReadPrice?: number | null;
+  /** Price of a prompt token written to the provider's cache (default: ``inputPrice``). */
+  cacheWritePrice?: number | null;
 }
 
 export interface NameParams {
@@ -1510,7 +1542,11 @@ export interface ProviderUpsertParams {
   baseUrl?: string;
   /** Required for ``acp-engine``: the command that runs the agent engine. */
   engine?: AcpEngineConfig | null;
-  /** Stored, never returned. Omitted/null on update keeps the stored key; "" clears it. */
+  /**
+   * Stored (sealed), never returned. Left out on update: the stored key is kept; null
+   * (or "") clears it.
+   * absent: keep; null: clear (to the default).
+   */
   apiKey?: string | null;
   /** Name of an environment variable holding the key (used when no key is stored). */
   apiKeyEnv?: string | null;
@@ -1844,8 +1880,17 @@ export interface SessionForkParams {
 export interface SessionImportParams {
   session: SessionV2Input;
   messages: MessageV2Input[];
-  /** Overwrite a session with the same id; otherwise an existing id is BAD_STATE. */
+  /**
+   * Overwrite a session with the same id; otherwise an existing id is BAD_STATE. The old
+   * session goes as with ``chat:session:delete`` (its running reply is aborted, paused
+   * replies and agent sessions are closed, its files removed).
+   */
   replace?: boolean;
+  /**
+   * Keep the imported ``workspaceDir`` (only if it is an existing directory). Without it
+   * the value is dropped: the workspace tools read a session's workspace without asking.
+   */
+  trustWorkspace?: boolean;
 }
 
 export interface SessionListResult {
@@ -1864,20 +1909,39 @@ export interface SessionUpdateParams {
   updates: SessionUpdates;
 }
 
-/** The fields ``chat:session:update`` may change; anything else is invalid params. */
+/**
+ * The fields ``chat:session:update`` may change; anything else is invalid params. A
+ * field left out keeps its value; ``null`` clears it to the default (``title``: "New
+ * Chat"; ``tags``: none; ``isPinned``/``isArchived``: false; ``providerId``/``modelId``: the
+ * configured default; the others: none). ``""`` still clears a text field.
+ */
 export interface SessionUpdates {
+  /** absent: keep; null: clear (to the default). */
   title?: string | null;
+  /** absent: keep; null: clear (to the default). */
   summary?: string | null;
+  /** absent: keep; null: clear (to the default). */
   systemPrompt?: string | null;
+  /** absent: keep; null: clear (to the default). */
   tags?: string[] | null;
+  /** absent: keep; null: clear (to the default). */
   folder?: string | null;
+  /** absent: keep; null: clear (to the default). */
   isPinned?: boolean | null;
+  /** absent: keep; null: clear (to the default). */
   isArchived?: boolean | null;
+  /** absent: keep; null: clear (to the default). */
   providerId?: string | null;
+  /** absent: keep; null: clear (to the default). */
   modelId?: string | null;
+  /** absent: keep; null: clear (to the default). */
   channelId?: string | null;
+  /** absent: keep; null: clear (to the default). */
   channelMeta?: Record<string, unknown> | null;
-  /** An absolute path; "" clears it. */
+  /**
+   * An absolute path.
+   * absent: keep; null: clear (to the default).
+   */
   workspaceDir?: string | null;
 }
 
@@ -1910,6 +1974,12 @@ export interface SessionV2 {
    * confined to it and an ACP engine gets it as ``cwd``. None: no workspace.
    */
   workspaceDir: string | null;
+  /**
+   * What ``totalTokens``/``totalCost`` add up, per kind of call: ``reply`` (every reply,
+   * whatever its ending: completed, error, aborted), and side calls ``side:<what>``
+   * (``side:title``, ``side:summary``, ``side:ocr``; other features add their own).
+   */
+  usageByKind: Record<string, UsageTotals>;
 }
 
 /** SessionV2 as params accept it: fields with a default may be left out. */
@@ -1941,6 +2011,12 @@ export interface SessionV2Input {
    * confined to it and an ACP engine gets it as ``cwd``. None: no workspace.
    */
   workspaceDir?: string | null;
+  /**
+   * What ``totalTokens``/``totalCost`` add up, per kind of call: ``reply`` (every reply,
+   * whatever its ending: completed, error, aborted), and side calls ``side:<what>``
+   * (``side:title``, ``side:summary``, ``side:ocr``; other features add their own).
+   */
+  usageByKind?: Record<string, UsageTotalsInput>;
 }
 
 /** A Slack ``section`` block, in Slack's own JSON shape (the host passes it through). */
@@ -1964,6 +2040,28 @@ export interface StepStartPart {
   type: "step_start";
   stepId: string;
   title?: string | null;
+}
+
+export interface StorageGcParams {
+  /**
+   * When given, ``sidecar:progress`` notifications with this token report the pass
+   * (``begin``, ``report`` per batch of files looked at, ``end``).
+   */
+  progressToken?: ProgressToken | null;
+  /**
+   * Orphans modified more recently than this are kept (default 600000: a file is
+   * written shortly before the row that owns it is stored). 0 removes every orphan.
+   */
+  graceMs?: number | null;
+}
+
+export interface StorageGcResult {
+  /** Files removed (a removed directory counts the files in it). */
+  files: number;
+  /** Bytes they held. */
+  bytes: number;
+  /** Of those, the files of earlier deletes whose removal had not finished. */
+  pending: number;
 }
 
 /** The message completed; ``usage`` is its final total. */
@@ -2302,14 +2400,26 @@ export interface ToolSettings {
   commandTimeoutS: number;
 }
 
+/**
+ * Fields of ToolSettings to change. A field left out keeps its value; ``null`` resets
+ * it to its default (``webSearch: null`` removes the search endpoint).
+ */
 export interface ToolSettingsUpdate {
+  /** absent: keep; null: clear (to the default). */
   enabled?: boolean | null;
+  /** absent: keep; null: clear (to the default). */
   localTools?: string[] | null;
+  /** absent: keep; null: clear (to the default). */
   conversationSearch?: boolean | null;
+  /** absent: keep; null: clear (to the default). */
   webSearch?: WebSearchConfig | null;
+  /** Older form of ``webSearch: null`` (kept for compatibility). */
   clearWebSearch?: boolean;
+  /** absent: keep; null: clear (to the default). */
   skillsDirs?: string[] | null;
+  /** absent: keep; null: clear (to the default). */
   toolTimeoutS?: number | null;
+  /** absent: keep; null: clear (to the default). */
   commandTimeoutS?: number | null;
 }
 
@@ -2368,6 +2478,34 @@ export interface UsageEvent {
   timestamp: number;
   seq: number;
   usage: Usage;
+}
+
+/** Usage and cost of one kind of model call in a session, summed. */
+export interface UsageTotals {
+  /** Every prompt token, cached ones included. */
+  inputTokens: number;
+  outputTokens: number;
+  cacheReadTokens: number;
+  cacheWriteTokens: number;
+  reasoningTokens: number;
+  /** USD, from the model's prices (cached tokens at their own prices). */
+  cost: number;
+  /** Replies (or side calls) counted. */
+  calls: number;
+}
+
+/** UsageTotals as params accept it: fields with a default may be left out. */
+export interface UsageTotalsInput {
+  /** Every prompt token, cached ones included. */
+  inputTokens?: number;
+  outputTokens?: number;
+  cacheReadTokens?: number;
+  cacheWriteTokens?: number;
+  reasoningTokens?: number;
+  /** USD, from the model's prices (cached tokens at their own prices). */
+  cost?: number;
+  /** Replies (or side calls) counted. */
+  calls?: number;
 }
 
 export interface UserInput {
@@ -2523,6 +2661,8 @@ export interface Methods {
   "sidecar:initialize": { params: InitializeParams; result: InitializeResult };
   /** Finish running work, answer, then exit 0. */
   "sidecar:shutdown": { params: EmptyParams; result: SuccessResult };
+  /** Finish pending file removals and remove orphaned files of the data dir; what it freed. */
+  "storage:gc": { params: StorageGcParams; result: StorageGcResult };
   /** Import new and changed server conversations. */
   "sync:pull": { params: SyncParams; result: SyncResult };
   /** Send sessions created or changed here to the server. */

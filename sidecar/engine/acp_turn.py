@@ -6,18 +6,25 @@ replies of ACP sessions (the user message is ``job.parent_id``). A turn:
 
 1. the engine (an ``acp-engine`` provider) is started or reused (sidecar.acp.engines);
 2. the agent session is chosen (``_open_agent_session``): the reply that the user message
-   follows names, in ``acp_turns``, the agent session holding the conversation up to it.
-   With ``session/fork`` advertised every turn runs on a fork of it (so each reply's agent
-   session stays as it was, which is what regenerate and edit-and-resend need); without
-   fork the turn continues that session. A session unknown to this engine process is
-   reloaded with ``session/load`` when advertised, otherwise the turn starts a new agent
-   session and says so in a ``notice`` event; the first turn uses ``session/new``. The
-   working directory is the session's ``workspaceDir``, else ``<dataDir>/acp/<sessionId>``;
+   follows names, in ``acp_turns``, the agent session it ran on. When that reply is the
+   agent session's newest turn (its head: a plain next turn) the turn continues that
+   session; otherwise (a regenerate, an edit-and-resend, a send on an older branch) the
+   session has gone on past that reply, and the turn runs on a ``session/fork`` of it: the
+   agent cannot go back, so its context keeps the later turns, and a ``notice``
+   (``acp_history_kept``) says so (no fork: the session is continued, with the same notice;
+   regenerate and edit need fork, ChatEngine checks). Agent sessions no reply runs on any
+   more (a deleted session or branch) are closed with ``session/close`` where advertised,
+   also after an engine restart (``reap_released``). A session unknown to this engine
+   process is reloaded with ``session/load`` when advertised, otherwise the turn starts a
+   new agent session and says so in a ``notice`` event; the first turn uses
+   ``session/new``. The working directory is the session's ``workspaceDir``, else
+   ``<dataDir>/acp/<sessionId>`` (owned by the session: removed with it);
 3. ``session/prompt`` with the user message: text, images (when the agent accepts them),
    files as resource links (embedded text when the agent accepts embedded context);
 4. every ``session/update`` goes through UpdateMapper into the reply (its parts and their
-   events), and is kept verbatim for ``acp_parts`` (stored with the reply's row: the
-   driver's ``persisted`` hook); ``session/request_permission`` goes through the approval
+   events), and is kept verbatim for ``acp_parts`` (appended with the reply's row at each
+   persistence tick, only what arrived since the last: the driver's ``persisted`` hook;
+   joined at the ending); ``session/request_permission`` goes through the approval
    flow (ApprovalService.ask: policy ``acp:<engineId>:<kind>``, the engine's autoAllow
    kinds default to auto; ``tool_approval_required`` event; always-options remembered)
    while the turn waits for it;
@@ -40,13 +47,16 @@ stop); nothing from the agent fails the turn except the agent's own failure.
 
 from __future__ import annotations
 
+import hashlib
 import logging
+import re
 from collections import deque
 from collections.abc import Awaitable, Callable
 from pathlib import Path
 from typing import Any, Protocol
 
 import anyio
+import anyio.abc
 import msgspec
 
 from protocol.errors import ErrorCode
@@ -114,6 +124,17 @@ for the reply's ending, the engines' stop (stdin, SIGTERM, SIGKILL) and the exit
 _json = msgspec.json.Encoder()
 
 
+_SAFE_DIR = re.compile(r"^[A-Za-z0-9_-]{1,128}$")
+
+
+def _dir_name(session_id: str) -> str:
+    """The default workspace folder of a session: its id, or a digest of an id (an imported
+    one) that is not a plain file name."""
+    if _SAFE_DIR.match(session_id):
+        return session_id
+    return "s-" + hashlib.sha256(session_id.encode("utf-8", "replace")).hexdigest()[:40]
+
+
 def cancel_grace(cancel_timeout_s: float) -> float:
     """How long a cancelled turn waits for the agent to end its prompt: the engine's
     ``cancelTimeoutMs``, or at shutdown at most its share of the shutdown deadline left."""
@@ -139,6 +160,9 @@ class _AcpTurn(ReplyDriver):
         self._changed = anyio.Event()
         self._permission_scopes: set[anyio.CancelScope] = set()
         self._asked: dict[str, int] = {}
+        self._raw_saved = 0
+        """Raw updates handed to a persisted write so far (the next chunk starts here)."""
+        self._raw_id_saved = False
         self.cancelled = False
 
     # -- the driver ----------------------------------------------------------------------
@@ -159,6 +183,7 @@ class _AcpTurn(ReplyDriver):
             job.stop_grace = config.cancel_timeout_ms / 1000 + 1  # _cancel's bound, see below
             self.engine_id = record.id
             conn = await handler._engines.connect(record.id, record.name, record.updated_at, config)
+            handler._reap_soon()  # agent sessions released while this engine was not running
             user = await handler._store.run(lambda s: s.messages.get(job.parent_id))
             agent_sid, notices = await handler._open_agent_session(conn, job, user)
             prompt, dropped = await handler._prompt_blocks(conn, user)
@@ -209,13 +234,25 @@ class _AcpTurn(ReplyDriver):
         return Completed(FINISH_REASONS.get(stop, "other"))
 
     def persisted(self) -> StoreWrite | None:
-        """The raw session/update log (acp_parts), whole, when it grew."""
+        """The raw session/update updates that arrived since the last call, as one chunk
+        (idempotent: the chunk is keyed by its first update's number)."""
         mapper = self.mapper
         if mapper is None or not mapper.raw_dirty:
             return None
         mapper.raw_dirty = False
-        message_id, acp_id, raw = self.job.message_id, mapper.acp_message_id, list(mapper.raw)
-        return lambda s: s.acp.write_raw(message_id, acp_id, raw)
+        first, end = self._raw_saved, len(mapper.raw)
+        acp_id = mapper.acp_message_id if not self._raw_id_saved else None
+        if first == end and acp_id is None:
+            return None
+        self._raw_saved = end
+        self._raw_id_saved = self._raw_id_saved or acp_id is not None
+        message_id, chunk = self.job.message_id, mapper.raw[first:end]
+        return lambda s: s.acp.append_raw(message_id, first, chunk, acp_id)
+
+    def final_write(self, outcome: str) -> StoreWrite | None:
+        """The chunks joined into acp_parts, in the transaction of the final row."""
+        message_id = self.job.message_id
+        return lambda s: s.acp.finish_raw(message_id)
 
     async def _cancel(self, conn: AcpConnection, agent_sid: str, grace: float) -> None:
         """session/cancel, then map updates until the agent ends the prompt or ``grace`` passes."""
@@ -307,6 +344,32 @@ class AcpTurnHandler:
         self._data_dir = data_dir
         self._approvals = approvals
         self._mcp_servers = mcp_servers
+        self._background: anyio.abc.TaskGroup | None = None
+        self._released_left = True
+        """Released agent sessions may wait for an engine that was not running (unknown at
+        start): the next turn that starts an engine closes them, in the background."""
+        self._reaping = False
+
+    def start_background(self, task_group: anyio.abc.TaskGroup) -> None:
+        """Where closing released agent sessions runs when a turn starts an engine."""
+        self._background = task_group
+
+    def _reap_soon(self) -> None:
+        if self._background is None or not self._released_left or self._reaping:
+            return
+        self._reaping = True
+
+        async def reap() -> None:
+            try:
+                await self.reap_released()
+            except anyio.get_cancelled_exc_class():
+                raise
+            except Exception:
+                log.exception("closing released agent sessions failed")
+            finally:
+                self._reaping = False
+
+        self._background.start_soon(reap)
 
     def driver(self, job: ReplyJob, settings: ChatSettings) -> ReplyDriver:
         return _AcpTurn(self, job)
@@ -336,10 +399,22 @@ class AcpTurnHandler:
             ))
         agent_sid: str | None = None
         if base is not None and await self._ensure_open(conn, base.agent_session_id, cwd, mcp, notices):
-            if conn.features.fork_session:
-                agent_sid = await conn.fork_session(base.agent_session_id, cwd, mcp)
+            engine_id, base_sid = conn.engine_id, base.agent_session_id
+            head = await self._store.run(lambda s: s.acp.head(engine_id, base_sid))
+            if head == base.message_id:  # a plain next turn: the session holds exactly the branch
+                agent_sid = base_sid
             else:
-                agent_sid = base.agent_session_id
+                # the session went on past this reply (a regenerate, an edit, an older branch):
+                # the agent cannot go back; a fork leaves the other branch's session as it is
+                if conn.features.fork_session:
+                    agent_sid = await conn.fork_session(base_sid, cwd, mcp)
+                else:
+                    agent_sid = base_sid
+                notices.append((
+                    "acp_history_kept",
+                    "The agent cannot go back to this point of its session: the later turns of the "
+                    "conversation stay in its context.",
+                ))
         if agent_sid is None:
             agent_sid = await conn.new_session(cwd, mcp)
         await self._store.run(lambda s: s.acp.record_turn(job.message_id, job.session.id, conn.engine_id, agent_sid))
@@ -370,8 +445,13 @@ class AcpTurnHandler:
         return False
 
     async def _workspace(self, session: SessionV2) -> str:
+        """The session's ``workspaceDir``, else its default one in the data dir, owned by
+        the session (recorded before it is created: removed with the session)."""
         configured = session.workspace_dir
-        path = Path(configured) if configured else self._data_dir / "acp" / session.id
+        path = Path(configured) if configured else self._data_dir / "acp" / _dir_name(session.id)
+        if not configured and not await anyio.to_thread.run_sync(path.is_dir):
+            session_id = session.id
+            await self._store.run(lambda s: s.files.own(session_id, None, path, "workspace"))
 
         def make() -> str:
             path.mkdir(parents=True, exist_ok=True)
@@ -395,17 +475,28 @@ class AcpTurnHandler:
                 code=ErrorCode.NOT_IMPLEMENTED,
             )
 
-    async def close_session(self, session_id: str) -> None:
-        """Close the agent sessions of a chat session that is being deleted (where supported)."""
-        pairs = await self._store.run(lambda s: s.acp.agent_sessions(session_id))
-        for engine_id, agent_sid in pairs:
+    async def reap_released(self) -> None:
+        """Close the agent sessions no reply runs on any more (a deleted session or branch,
+        an import that replaced a session), with ``session/close`` where the engine offers
+        it, also sessions of an earlier engine process (an agent that keeps its sessions
+        knows them by id). Engines that are not running keep theirs until they run again."""
+        released = await self._store.run(lambda s: s.acp.released())
+        self._released_left = bool(released)
+        if not released:
+            return
+        done: list[tuple[str, str]] = []
+        for engine_id, agent_sid in released:
             conn = self._engines.live(engine_id)
-            if conn is None or not conn.features.close_session or agent_sid not in conn.opened:
+            if conn is None:
                 continue
-            try:
-                await conn.close_session(agent_sid)
-            except SidecarError as exc:
-                log.info("engine %s: closing session %s failed: %s", conn.name, agent_sid, exc.message)
+            if conn.features.close_session:
+                try:
+                    await conn.close_session(agent_sid)
+                except SidecarError as exc:  # unknown to the agent: nothing is left to close
+                    log.info("engine %s: closing session %s failed: %s", conn.name, agent_sid, exc.message)
+            done.append((engine_id, agent_sid))
+        await self._store.run(lambda s: s.acp.forget_released(done))
+        self._released_left = len(done) < len(released)
 
     # -- prompt ------------------------------------------------------------------------
 

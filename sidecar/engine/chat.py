@@ -15,8 +15,10 @@ and ``chat:session:updated``) run with the driver of the session's mode: the ste
 turn (sidecar/sync/forward.py, attached as ``server``) for ``server``, whose sends are
 checked by it before anything is stored (a server conversation is linear: no regenerate
 or edit). After a successful first exchange the session is titled by a side call
-(settings ``generateTitles``), which sends ``chat:session:updated`` again with the title
-(a server session's title comes from its conversation's topic instead).
+(settings ``generateTitles``, titles.py), which sends ``chat:session:updated`` again with
+the title (a server session's title comes from its conversation's topic instead); the
+start-up pass (``start_background``) asks for the titles that were due when the previous
+process stopped, and resumes paused replies whose calls were all decided then.
 
 Stopping is bounded: a job that does not end within STOP_TIMEOUT_S (plus an ACP agent's
 cancel timeout) makes the request that needed it fail with BUSY (nothing is written), so a
@@ -27,7 +29,10 @@ refused meanwhile (NOT_FOUND). Per-session locks exist only while in use.
 
 Paused replies (tool calls waiting for approval, see tool_loop.py): a paused reply holds
 no job slot. ``resume`` (called by the ApprovalService when the last pending call of a
-reply is decided) starts a job that continues it. A new send, regenerate or edit on the
+reply is decided) hands the decision to the reply's running step when that step will
+still read it (its automatic tools are running), else waits for the paused row and starts
+a job that continues it: pausing and resuming are one decision, so no reply is left
+paused with nothing pending. A new send, regenerate or edit on the
 session, ``chat:abort``, and deleting the session end every paused reply of the session
 as ``aborted``: its pending calls become ``cancelled`` (audited, actor system) and get a
 "not run" error result, so the stored history stays valid for the next request.
@@ -36,7 +41,7 @@ as ``aborted``: its pending calls become ``cancelled`` (audited, actor system) a
 from __future__ import annotations
 
 import logging
-from collections.abc import Callable
+from collections.abc import Awaitable, Callable
 from pathlib import Path
 from typing import Protocol
 
@@ -68,6 +73,7 @@ from sidecar.engine.lifecycle import (
     ReplyServices,
 )
 from sidecar.engine.titles import TitleGenerator
+from sidecar.engine.usage import SideUsage
 from sidecar.engine.turns import Turn, TurnWriter
 from sidecar.errors import NotFound, SidecarError
 from sidecar.pipeline.builder import Prepared, RequestBuilder
@@ -136,6 +142,7 @@ class ChatEngine:
         approvals: ApprovalService | None = None,
         data_dir: Path | None = None,
         acp: AgentTurns | None = None,
+        side_usage: SideUsage | None = None,
     ) -> None:
         self._store = store
         self._notify = notify
@@ -160,12 +167,14 @@ class ChatEngine:
         """ServerTurnHandler (sidecar/sync/forward.py), attached once the sync service is
         open: the drivers of mode 'server' replies."""
         self._turns = TurnWriter(attachments)
-        self._titles = TitleGenerator(store=store, providers=providers, settings=settings.current)
+        self._titles = TitleGenerator(store=store, providers=providers, settings=settings.current, usage=side_usage)
         self._jobs: dict[str, _RunningJob] = {}
         self._locks = KeyedLocks()
         self._deleting: dict[str, int] = {}
         """Sessions whose delete is in progress (a count: two deletes may overlap)."""
         self._closing = False
+        self._titling: set[str] = set()
+        """Sessions whose title is being asked for."""
 
     # -- methods ---------------------------------------------------------------------
 
@@ -233,7 +242,12 @@ class ChatEngine:
     # -- lifecycle -------------------------------------------------------------------
 
     async def resume(self, session_id: str, message_id: str) -> bool:
-        """Continue a paused reply whose calls are all decided; False if there is none."""
+        """Continue a paused reply whose calls are all decided; False if there is none.
+
+        Called by the ApprovalService when the last pending call of a reply was decided.
+        While the reply's job still runs its tool step the decision is the step's own (it
+        reads the decisions before it pauses: True at once); once the step has sealed its
+        decision, this waits for the paused row and resumes from it."""
         if self._closing:
             return False
         async with self._locks.hold(session_id):
@@ -243,9 +257,8 @@ class ChatEngine:
             if running is not None:
                 if running.job.message_id != message_id:
                     return False
-                # the reply is pausing right now: let it finish storing that state
-                with anyio.move_on_after(STOP_TIMEOUT_S):
-                    await running.done.wait()
+                if await self._handed_to_step(running, message_id):
+                    return True
                 if self._jobs.get(session_id) is not None:
                     return False
 
@@ -276,6 +289,25 @@ class ChatEngine:
                 )
             )
         return True
+
+    async def _handed_to_step(self, running: _RunningJob, message_id: str) -> bool:
+        """True when the running job's tool step will read the decision just made; False
+        once the job has ended (it paused: the caller resumes it from the stored row)."""
+        with anyio.move_on_after(STOP_TIMEOUT_S):
+            while not running.done.is_set():
+                gate = self._handler.tool_loop.running_gate(message_id)
+                if gate is not None and not gate.sealed:
+                    return True
+                async with anyio.create_task_group() as tg:
+
+                    async def wake_on(event: Callable[[], Awaitable[object]]) -> None:
+                        await event()
+                        tg.cancel_scope.cancel()
+
+                    tg.start_soon(wake_on, running.done.wait)
+                    if gate is not None:
+                        tg.start_soon(wake_on, gate.changed)
+        return False
 
     def is_generating(self, session_id: str) -> bool:
         return session_id in self._jobs
@@ -407,6 +439,7 @@ class ChatEngine:
         finally:
             if self._jobs.get(job.session.id) is running:
                 del self._jobs[job.session.id]
+            self._handler.tool_loop.job_ended(job.message_id)
             running.done.set()
         await self._after(job)
 
@@ -416,15 +449,46 @@ class ChatEngine:
         if job.outcome != COMPLETED or session is None or self._closing or session.mode == "server":
             return
         try:
-            if await self._titles.wants_title(session, job):
-                self._tg.start_soon(self._title, session, job)
+            if await self._titles.wants_title(session, job.message_id):
+                self._tg.start_soon(self._title, session, job.message_id, job.provider_id, job.model_id)
         except SidecarError:
             log.debug("session %s vanished after its generation", job.session.id)
 
-    async def _title(self, session: SessionV2, job: ReplyJob) -> None:
-        updated = await self._titles.generate(session, job)
+    async def _title(self, session: SessionV2, reply_id: str, provider_id: str, model_id: str) -> None:
+        if session.id in self._titling:  # the start-up pass and a finished reply at once
+            return
+        self._titling.add(session.id)
+        try:
+            updated = await self._titles.generate(session, reply_id, provider_id, model_id)
+        finally:
+            self._titling.discard(session.id)
         if updated is not None and not self._closing:
             await self._notify("chat:session:updated", updated)
+
+    # -- the start-up pass -----------------------------------------------------------
+
+    def start_background(self, task_group: anyio.abc.TaskGroup) -> None:
+        """What a previous run left undone, in the background (never before the first
+        answers): paused replies whose calls were all decided (the process stopped between
+        the last decision and the resume), then the titles that were due and never written."""
+        task_group.start_soon(self.catch_up)
+
+    async def catch_up(self) -> None:
+        """The start-up pass itself (see ``start_background``)."""
+        try:
+            runs = await self._store.run(lambda s: [
+                r for r in s.tools.runs(state="paused")
+                if not any(c.state == "pending" for c in s.tools.calls(r.message_id))
+            ])
+            for run in runs:
+                if await self.resume(run.session_id, run.message_id):
+                    log.info("resumed the reply %s: its tool calls were decided before the restart", run.message_id)
+            for session, reply_id in await self._titles.due():
+                if self._closing:
+                    return
+                await self._title(session, reply_id, session.provider_id, session.model_id)
+        except SidecarError as exc:
+            log.warning("the start-up pass of the chat engine stopped: %s", exc.message)
 
     async def _stop(self, session_id: str, reason: str) -> bool:
         """Stop the session's job and close its paused replies; True if there was any.

@@ -8,6 +8,8 @@ the user's extra requirements), through the same RequestBuilder the generation l
 
 from __future__ import annotations
 
+import msgspec
+
 from protocol.context import (
     ContextCompactParams,
     ContextCompactResult,
@@ -63,14 +65,15 @@ class ContextService:
         session = await self._store.run(lambda s: s.sessions.get(params.session_id))
 
         def write(s: Store) -> None:
+            # left out: kept; null or "": inherited again
             assistant_id, strategy = s.context.get_session_settings(session.id)
-            if params.assistant_id is not None:
+            if params.assistant_id is not msgspec.UNSET:
                 if params.assistant_id and not s.assistants.exists(params.assistant_id):
                     raise InvalidParams(
                         f"invalid params: no assistant {params.assistant_id!r} - at `$.assistantId`"
                     )
                 assistant_id = params.assistant_id or None
-            if params.truncation_strategy is not None:
+            if params.truncation_strategy is not msgspec.UNSET:
                 strategy = params.truncation_strategy or None
             s.context.set_session_settings(session.id, assistant_id=assistant_id, truncation_strategy=strategy)
 

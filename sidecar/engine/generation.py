@@ -13,8 +13,8 @@ Must stay true (seed 000 section 9 and its invariants, DESIGN.md section 4):
 - a provider failure, a failure to build the request, a store failure or a bug ends the
   reply with ``error`` (the lifecycle's ending) and never escapes the job;
 - nothing already received from the provider is lost: partial text stays in the message;
-- call ids are unique within a reply (adapters number id-less calls per request, so a
-  later step may repeat one: it gets a fresh id before any event names it);
+- call ids are unique within a reply, across steps and within a step (CallIds: a repeated
+  id gets a fresh one before any event names it);
 - a resumed reply first answers the calls left from before its pause, then continues;
 - citations (seed 000 sections 5 and 8): each job numbers its sources in a ledger of its
   own (a regenerate gets its own; a resumed reply continues its stored ones). The reply may
@@ -30,7 +30,8 @@ Must stay true (seed 000 section 9 and its invariants, DESIGN.md section 4):
 from __future__ import annotations
 
 import logging
-from collections.abc import AsyncGenerator, Callable
+from collections import deque
+from collections.abc import AsyncGenerator, Callable, Iterable
 from contextlib import aclosing
 from pathlib import Path
 from typing import Protocol
@@ -299,19 +300,7 @@ class _StepLoop(ReplyDriver):
     async def _consume(self, parts: AsyncGenerator[StreamPart, None], reply: ReplyFeed) -> None:
         tool_names: dict[str, str] = {}
         base = reply.content.usage  # usage of earlier steps: a step's updates are cumulative within it
-        used = {c.id for c in reply.content.tool_calls}
-        ids: dict[str, str] = {}
-
-        def own(provider_id: str) -> str:
-            if provider_id not in ids:
-                fresh, n = provider_id, 1
-                while fresh in used:
-                    n += 1
-                    fresh = f"{provider_id}_{n}"
-                used.add(fresh)
-                ids[provider_id] = fresh
-            return ids[provider_id]
-
+        ids = CallIds(c.id for c in reply.content.tool_calls)
         text = reply.text
         async with aclosing(parts):
             async for part in parts:
@@ -320,14 +309,14 @@ class _StepLoop(ReplyDriver):
                 elif isinstance(part, ThinkingDelta):
                     await reply.thinking(part.text, part.signature)
                 elif isinstance(part, ToolCallStart):
-                    call_id = own(part.id)
+                    call_id = ids.start(part.id)
                     tool_names[call_id] = part.name
                     await reply.tool_call_started(call_id, part.name)
                 elif isinstance(part, ToolCallDelta):
-                    call_id = own(part.id)
+                    call_id = ids.delta(part.id)
                     await reply.tool_call_arguments(call_id, tool_names.get(call_id, ""), part.arguments)
                 elif isinstance(part, ToolCallEnd):
-                    await reply.tool_use(own(part.id), part.name, part.arguments)
+                    await reply.tool_use(ids.end(part.id), part.name, part.arguments)
                 elif isinstance(part, UsageUpdate):
                     await reply.report_usage(_add_usage(base, part.usage))
                 elif isinstance(part, Finish):
@@ -411,6 +400,48 @@ class _StepLoop(ReplyDriver):
         ]
         self._final = sorted(records + dangling, key=lambda c: c.marker)
         return msgspec.structs.replace(snapshot, text_content=text, parts=parts, citations=self._final)
+
+
+class CallIds:
+    """Tool-call ids unique within a reply, across its steps and within one step.
+
+    A provider's id is kept when it is new to the reply; a repeated one (an adapter that
+    numbers id-less calls per request, a model that sends one id twice in a step) becomes
+    ``<id>_2``, ``<id>_3``... deterministically, before any event names it. Within a step
+    the provider's id maps to its calls in order: a start opens a call, fragments go to the
+    latest call opened with that id, an end closes the oldest one still open. The renamed
+    id is what the reply stores and what the next request sends back on both sides (the
+    call and its result), so no provider needs the original: OpenAI-compatible, Anthropic
+    and Ollama only need the two to match (and Anthropic needs them unique)."""
+
+    def __init__(self, used: Iterable[str]) -> None:
+        self._used = set(used)
+        self._open: dict[str, deque[str]] = {}
+        self._latest: dict[str, str] = {}
+
+    def _fresh(self, provider_id: str) -> str:
+        call_id, n = provider_id or "call", 1
+        while call_id in self._used:
+            n += 1
+            call_id = f"{provider_id or 'call'}_{n}"
+        self._used.add(call_id)
+        return call_id
+
+    def start(self, provider_id: str) -> str:
+        call_id = self._fresh(provider_id)
+        self._open.setdefault(provider_id, deque()).append(call_id)
+        self._latest[provider_id] = call_id
+        return call_id
+
+    def delta(self, provider_id: str) -> str:
+        latest = self._latest.get(provider_id)
+        return latest if latest is not None else self.start(provider_id)
+
+    def end(self, provider_id: str) -> str:
+        waiting = self._open.get(provider_id)
+        if waiting:
+            return waiting.popleft()
+        return self._fresh(provider_id)  # an end without a start (a whole call at once)
 
 
 def _internal(doing: str, exc: BaseException) -> SidecarError:

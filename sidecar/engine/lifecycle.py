@@ -16,8 +16,10 @@ shim), the life of the reply is the same, and it is owned here, once:
   state change (pause, ending);
 - the overlay ``chat:messages:get`` shows while the message streams (``overlay``): exactly
   the content of events 1..seq;
-- usage (the driver reports running totals) and cost (``Pricing``), the session's token and
-  cost counters, and ``chat:session:updated`` with the session as stored after the ending;
+- usage (the driver reports running totals) and cost (``Pricing``), added to the session's
+  counters (``usageByKind.reply``) at every ending that used tokens, completed, error or
+  aborted (a paused reply adds its usage when it ends), and ``chat:session:updated`` with
+  the session as stored after the ending;
 - the ending: shielded (a stop that arrives meanwhile waits for it) and bounded
   (FINALIZE_TIMEOUT_S); the last throttled state is flushed, then one final row and exactly
   one final event (``stream_end`` | ``error`` | ``aborted``); an ending that fails or runs
@@ -86,8 +88,9 @@ Hooks a driver may override (ReplyDriver's defaults add nothing)::
 
     def persisted(self) -> StoreWrite | None
         Driver state stored with the row, in its transaction, at each persistence tick and
-        at the ending: the write of the whole current state, or None when it did not change
-        since the last call (ACP: the raw session/update log). A failed write is retried.
+        at the ending: a write of what changed since the last call, or None (ACP: the raw
+        session/update log, appended). A failed write is retried, together with the next
+        one (a write must be idempotent: it may run twice).
     async def close(self, reply: ReplyFeed, ending: Failed | Aborted) -> None
         Before the row of an error or aborted ending: close what the driver left open (the
         tool loop: pending approvals cancelled, unanswered calls given a "cancelled" result
@@ -189,6 +192,8 @@ FALLBACK_TIMEOUT_S = 2.0
 """For the fallback ending when the first one failed."""
 LAST_EVENT_TIMEOUT_S = 1.0
 """For the final event alone when the fallback could not send it either."""
+COST_TIMEOUT_S = 0.5
+"""For the cost of an error or aborted ending (a price lookup; 0 when it takes longer)."""
 PUBLISH_TIMEOUT_S = 1.0
 """For ``chat:session:updated`` after the final event. A stop waits for all of these: their
 sum stays under ChatEngine's STOP_TIMEOUT_S, so it waits for the ending instead of giving up."""
@@ -225,6 +230,17 @@ class Paused(msgspec.Struct, frozen=True):
 
 
 Ending = Completed | Failed | Aborted | Paused
+
+
+def _both(first: StoreWrite | None, second: StoreWrite | None) -> StoreWrite | None:
+    if first is None or second is None:
+        return first or second
+
+    def write(s: Store) -> None:
+        first(s)
+        second(s)
+
+    return write
 
 
 def internal_failure(exc: BaseException, doing: str) -> SidecarError:
@@ -269,6 +285,9 @@ class ReplyJob(msgspec.Struct, kw_only=True):
     """The session as stored after the ending (what ``chat:session:updated`` carried)."""
     live: ReplyLifecycle | None = None
     """The lifecycle while it runs: the in-flight content for ``chat:messages:get``."""
+    pausing: bool = False
+    """Set by a driver that has decided to pause (before its ``tool_approval_required``
+    events): the in-flight content is shown ``paused`` until the paused row is stored."""
 
 
 # ---- collaborators ------------------------------------------------------------------------
@@ -428,9 +447,10 @@ class ReplyLifecycle:
         needs the content that matches the last event it can have seen."""
         snap = self._content.snapshot(mark_clean=False)
         seq = self._relay.seq
+        status = "paused" if self.job.pausing else "streaming" if seq else message.status
         return msgspec.structs.replace(
             message,
-            status="streaming" if seq else message.status,
+            status=status,
             content_type=snap.content_type,
             text_content=snap.text_content,
             parts=snap.parts,
@@ -523,7 +543,7 @@ class ReplyLifecycle:
         failures = 0
         while True:
             await anyio.sleep(self._persist_s)
-            extra = driver.persisted() or self._unsaved
+            extra = _both(self._unsaved, driver.persisted())
             if not (self._content.dirty or unwritten or extra is not None):
                 continue
             try:
@@ -595,6 +615,7 @@ class ReplyLifecycle:
     async def _finish(self, driver: ReplyDriver, ending: Ending) -> None:
         relay = self._relay
         relay.close()
+        self.job.pausing = isinstance(ending, Paused) and self.job.pausing
         await relay.flush()  # the last throttled deltas, before the row and the final event
         job = self.job
         if isinstance(ending, Completed):
@@ -611,11 +632,7 @@ class ReplyLifecycle:
                 replaced = ContentReplaced(text_content=snap.text_content, parts=snap.parts)
             # the cost first: the final row and the session's counters are then written in
             # one worker-thread hop, back to back
-            try:
-                cost = await self._pricing.cost(job.provider_id, job.model_id, usage or Usage())
-            except SidecarError as exc:
-                log.warning("no cost for the reply %s: %s", job.message_id, exc.message)
-                cost = 0.0
+            cost = await self._cost(usage)
             job.ended_session = await self._write_final(driver, COMPLETED, snap, cost=cost, best_effort=False)
             job.outcome = COMPLETED
             await relay.emit(
@@ -633,8 +650,12 @@ class ReplyLifecycle:
             if not (isinstance(ending, Failed) and not ending.close_open):
                 await driver.close(self, ending)
             error = ending.error.message if isinstance(ending, Failed) else None
+            # what the provider billed before the reply failed or was stopped counts too
+            cost = 0.0
+            with anyio.move_on_after(COST_TIMEOUT_S):
+                cost = await self._cost(self._content.usage)
             job.ended_session = await self._write_final(
-                driver, status, self._content.snapshot(), error=error, best_effort=True
+                driver, status, self._content.snapshot(), cost=cost, error=error, best_effort=True
             )
         except Exception:  # the final event still goes out (restart recovery ends the row)
             log.exception("could not store the %s state of %s", status, job.message_id)
@@ -645,6 +666,16 @@ class ReplyLifecycle:
             await relay.emit(ErrorEvent, error=failure.message, code=code)
         else:
             await relay.emit(AbortedEvent, reason=ending.reason)
+
+    async def _cost(self, usage: Usage | None) -> float:
+        if usage is None:
+            return 0.0
+        job = self.job
+        try:
+            return await self._pricing.cost(job.provider_id, job.model_id, usage)
+        except SidecarError as exc:
+            log.warning("no cost for the reply %s: %s", job.message_id, exc.message)
+            return 0.0
 
     async def _write_final(
         self,
@@ -664,8 +695,8 @@ class ReplyLifecycle:
         usage = self._content.usage
         latency_ms = int((time.monotonic() - self._started) * 1000)
         seq = self._relay.seq + 1
-        writes = [w for w in (driver.persisted() or self._unsaved, driver.final_write(status)) if w is not None]
-        tokens = usage.input_tokens + usage.output_tokens if usage is not None and status == COMPLETED else 0
+        writes = [w for w in (self._unsaved, driver.persisted(), driver.final_write(status)) if w is not None]
+        counted = usage is not None or cost > 0
         session_id = job.session.id
 
         def row(s: Store) -> None:
@@ -681,9 +712,9 @@ class ReplyLifecycle:
                 if with_driver:
                     for extra in writes:
                         extra(s)
-            if tokens or cost:
+            if counted:  # every ending: an aborted or failed reply was billed too
                 try:
-                    return s.sessions.add_usage(session_id, tokens, cost)
+                    return s.sessions.add_usage(session_id, usage, cost, kind="reply")
                 except SidecarError:  # the reply is stored: only the session's counters miss it
                     log.exception("could not add the usage of %s to its session", job.message_id)
             try:
@@ -704,7 +735,7 @@ class ReplyLifecycle:
         seq = self._relay.seq
         usage = self._content.usage
         message_id = self.job.message_id
-        writes = [w for w in (driver.persisted() or self._unsaved, driver.final_write(PAUSED)) if w is not None]
+        writes = [w for w in (self._unsaved, driver.persisted(), driver.final_write(PAUSED)) if w is not None]
 
         def write(s: Store) -> None:
             with s.transaction():

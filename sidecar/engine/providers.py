@@ -23,7 +23,7 @@ import anyio
 import msgspec
 
 from protocol.common import EmptyParams, IdParams, SuccessResult
-from protocol.providers import ProviderInfo, ProviderSetDefaultParams, ProviderUpsertParams
+from protocol.providers import ModelConfig, ProviderInfo, ProviderSetDefaultParams, ProviderUpsertParams
 from protocol.types import Usage
 from sidecar.errors import EngineError, InvalidParams, NotFound, SecretsLocked
 from sidecar.providers import Provider, create_provider
@@ -213,7 +213,8 @@ class ProviderService:
         return record, provider_settings(record)
 
     async def cost(self, provider_id: str, model_id: str, usage: Usage) -> float:
-        """USD cost of ``usage`` from the model's prices (0 when unknown)."""
+        """USD cost of ``usage`` from the model's prices (0 when unknown); cached prompt
+        tokens at the model's cache read/write prices (default: its input price)."""
         try:
             resolved = await self.resolve(provider_id, model_id)
         except (EngineError, NotFound):
@@ -221,7 +222,7 @@ class ProviderService:
         model = resolved.record.model(resolved.model.id)
         if model is None:
             return 0.0
-        return (usage.input_tokens * model.input_price + usage.output_tokens * model.output_price) / 1e6
+        return usage_cost(model, usage)
 
     async def aclose(self) -> None:
         providers = [live.provider for live in self._live.values()] + [live.provider for live in self._retired]
@@ -282,6 +283,20 @@ class ProviderService:
         live = _Live(create_provider(provider_settings(record), transport=self._transport), record.updated_at, self)
         self._live[record.id] = live
         return live
+
+
+def usage_cost(model: ModelConfig, usage: Usage) -> float:
+    """USD of ``usage`` at the model's prices (per million tokens). ``input_tokens`` counts
+    every prompt token, cached ones included (sidecar/providers/types.py): the cached ones
+    are priced apart."""
+    read = max(0, usage.cache_read_tokens or 0)
+    written = max(0, usage.cache_write_tokens or 0)
+    plain = max(0, usage.input_tokens - read - written)
+    read_price = model.cache_read_price if model.cache_read_price is not None else model.input_price
+    write_price = model.cache_write_price if model.cache_write_price is not None else model.input_price
+    return (
+        plain * model.input_price + read * read_price + written * write_price + usage.output_tokens * model.output_price
+    ) / 1e6
 
 
 def _locked(record: ProviderRecord) -> SecretsLocked:

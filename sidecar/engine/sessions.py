@@ -3,10 +3,15 @@
 Owns: turning the method params (protocol Structs) into store calls and shaping the
 results the server sends. The store does the validation and the work; this layer adds
 what is not storage:
-- ``on_delete``: async hooks run before a session is deleted (the chat engine registers
-  one that cancels the session's running generation and waits for it, so no job writes
-  into a session that is going away). A hook may return a callable: it is called once the
-  delete is over, done or failed (the chat engine refuses new replies until then).
+- ``on_delete``: async hooks run before a session is deleted or replaced by an import,
+  with the session id and why (the chat engine registers one that cancels the session's
+  running generation and waits for it, and ends its paused replies, so no job writes into
+  a session that is going away). A hook may return a callable: it is called once the
+  delete is over, done or failed (the chat engine refuses new replies until then);
+- ``on_deleted``: async hooks run once a delete (or a replacing import) is committed:
+  StorageService.release, which removes the files the delete released and closes the
+  agent sessions no reply uses any more. ``chat:session:import {replace: true}`` takes
+  exactly the delete path: hooks, one transaction (delete + insert), release.
 - ``publish``: the ``chat:session:updated`` notification for changes the renderer did not
   request itself (a generated title, new counters).
 - ``chat:messages:tree`` is answered with pre-encoded JSON (msgspec.Raw): a long linear
@@ -19,7 +24,7 @@ from __future__ import annotations
 
 import logging
 from collections.abc import Awaitable, Callable
-from typing import Any
+from typing import Any, TypeVar
 
 import msgspec
 
@@ -40,16 +45,20 @@ from protocol.sessions import (
     SessionUpdateParams,
 )
 from protocol.types import MessageTreeNode, MessageV2, SearchResult, SessionExport, SessionV2
+from sidecar.errors import SidecarError
 from sidecar.store import AsyncStore
+from sidecar.store.store import Store
 
 __all__ = ["SessionService", "encode_tree", "DeleteHook", "Notify"]
 
 log = logging.getLogger(__name__)
 
 Notify = Callable[[str, Any], Awaitable[None]]
-DeleteHook = Callable[[str], Awaitable[Callable[[], None] | None]]
+DeleteHook = Callable[[str, str], Awaitable[Callable[[], None] | None]]
+"""``(session_id, reason)`` -> what to call once the delete is over (or None)."""
 
 _encoder = msgspec.json.Encoder()
+T = TypeVar("T")
 
 
 class SessionService:
@@ -59,8 +68,10 @@ class SessionService:
         self.store = store
         self._notify = notify
         self.on_delete: list[DeleteHook] = []
-        """Awaited in order with the session id before the session is deleted; the callables
-        they return are called when the delete is over."""
+        """Awaited in order with the session id and the reason before the session is deleted
+        (or replaced by an import); the callables they return are called when the delete is over."""
+        self.on_deleted: list[Callable[[], Awaitable[Any]]] = []
+        """Awaited once a delete is committed (the release of its files)."""
         self.overlay_live: Callable[[MessageV2], MessageV2] | None = None
         """Set by the chat engine: replaces a message that is streaming right now with its
         in-flight content and seq (the database copy lags by one persistence interval)."""
@@ -81,17 +92,32 @@ class SessionService:
 
     async def delete_session(self, params: IdParams) -> SuccessResult:
         await self.store.run(lambda s: s.sessions.get(params.id))  # NotFound before any hook runs
+        await self._delete_path(params.id, "the session was deleted", lambda s: s.sessions.delete(params.id))
+        return SuccessResult(success=True)
+
+    async def _delete_path(self, session_id: str, reason: str, write: Callable[[Store], T]) -> T:
+        """The delete path: stop what runs on the session (hooks), ``write`` (one
+        transaction), then release what it freed."""
         after: list[Callable[[], None]] = []
         try:
             for hook in list(self.on_delete):
-                done = await hook(params.id)
+                done = await hook(session_id, reason)
                 if done is not None:
                     after.append(done)
-            await self.store.run(lambda s: s.sessions.delete(params.id))
+            result = await self.store.run(write)
         finally:
             for done in after:
                 done()
-        return SuccessResult(success=True)
+        await self.released()
+        return result
+
+    async def released(self) -> None:
+        """Run the ``on_deleted`` hooks (after any delete of sessions or messages)."""
+        for hook in list(self.on_deleted):
+            try:
+                await hook()
+            except SidecarError as exc:  # the delete is done; what is left is retried later
+                log.warning("cleaning up after a delete failed: %s", exc.message)
 
     async def archive_session(self, params: IdParams) -> SuccessResult:
         await self.store.run(lambda s: s.sessions.archive(params.id))
@@ -108,7 +134,17 @@ class SessionService:
         return await self.store.run(lambda s: s.sessions.export(params.id))
 
     async def import_session(self, params: SessionImportParams) -> SessionV2:
-        return await self.store.run(lambda s: s.sessions.import_(params.session, params.messages, params.replace))
+        session = params.session
+
+        def write(s: Store) -> SessionV2:
+            return s.sessions.import_(
+                session, params.messages, params.replace, trust_workspace=params.trust_workspace
+            )
+
+        exists = isinstance(session, SessionV2) and await self.store.run(lambda s: s.sessions.exists(session.id))
+        if params.replace and exists:
+            return await self._delete_path(session.id, "the session was replaced by an import", write)
+        return await self.store.run(write)
 
     # ---- messages -------------------------------------------------------------------
 

@@ -3,6 +3,8 @@
 ``current()`` is a cheap synchronous read of the cached ChatSettings for the hot path
 (every generation reads its coalescing and persistence intervals from it). Updates are
 serialised: each one applies its changes to the result of the one before (none is lost).
+In an update a field left out keeps its value and ``null`` resets it to the default of
+ChatSettings.
 """
 
 from __future__ import annotations
@@ -54,10 +56,15 @@ class SettingsService:
         return self._current
 
     async def update_settings(self, params: ChatSettingsUpdate) -> ChatSettings:
-        changes = {f: getattr(params, f) for f in params.__struct_fields__ if getattr(params, f) is not None}
+        defaults = ChatSettings()
+        changes = {
+            f: getattr(defaults, f) if getattr(params, f) is None else getattr(params, f)
+            for f in params.__struct_fields__
+            if getattr(params, f) is not msgspec.UNSET
+        }
         for field, value in changes.items():
             bounds = _RANGES.get(field)
-            if bounds and not bounds[0] <= value <= bounds[1]:
+            if bounds and value is not None and not bounds[0] <= value <= bounds[1]:
                 camel = params.__struct_encode_fields__[params.__struct_fields__.index(field)]
                 raise InvalidParams(
                     f"invalid params: {camel} must be between {bounds[0]:g} and {bounds[1]:g} - at `$.{camel}`"

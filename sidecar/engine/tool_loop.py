@@ -7,10 +7,14 @@ call is checked and its policy decides:
 - invalid (unknown tool, arguments not JSON / not matching the schema) -> an error result;
 - policy ``auto`` (or already approved) -> run, with a time limit, result spilled if large;
 - policy ``deny`` / decision denied -> a structured error result; answered -> the user's text;
-- policy ``ask`` -> ``pending`` (stored, audited, a ``tool_approval_required`` event), and
-  once the runnable calls of the step have run the reply PAUSES (``run`` returns True; the
-  step loop ends its reply ``Paused``). ``chat:tool:approve`` resumes it (ChatEngine.resume
-  starts a job with ``resume`` set) once no call of the message is pending.
+- policy ``ask`` -> ``pending`` (stored and audited before the runnable calls run, so
+  ``tool:pending:list`` shows it at once). Pausing and resuming are one decision: once the
+  runnable calls of the step have run, the decisions made meanwhile are applied (an
+  approved call runs in the same step); only calls still pending then make the reply
+  PAUSE (``tool_approval_required`` events, ``run`` returns True, the step loop ends its
+  reply ``Paused``; from the first event on ``chat:messages:get`` shows it ``paused``).
+  A decision made after that last read resumes the paused reply (ChatEngine.resume waits
+  for the paused row, then starts a job with ``resume`` set) once no call is pending.
 Results go into the same assistant message as ToolResultPart (no TOOL messages), each with
 a ``tool_result`` event, in call order whatever order the calls finished in.
 
@@ -82,6 +86,36 @@ DENIED_RESULT = json.dumps({"error": "denied", "message": "The user denied this 
 POLICY_DENIED_RESULT = json.dumps({"error": "denied", "message": "This tool is disabled by the user's policy."})
 
 
+class DecisionGate:
+    """Whether the running step of a reply will still read a decision made now.
+
+    Unsealed: the step reads the decisions of its pending calls once its runnable calls
+    have run, so a decision made now is applied there. Sealed: the step has made (or is
+    making) its last read and may pause; a decision made now is applied by resuming the
+    paused reply once it is stored (ChatEngine.resume waits for one or the other)."""
+
+    __slots__ = ("sealed", "_changed")
+
+    def __init__(self) -> None:
+        self.sealed = False
+        self._changed = anyio.Event()
+
+    def seal(self) -> None:
+        self._set(True)
+
+    def unseal(self) -> None:
+        self._set(False)
+
+    def _set(self, sealed: bool) -> None:
+        if sealed != self.sealed:
+            self.sealed = sealed
+            self._changed.set()
+            self._changed = anyio.Event()
+
+    async def changed(self) -> None:
+        await self._changed.wait()
+
+
 class ToolLoop:
     """The tool calls of every direct-mode reply of the process (one per ChatEngine)."""
 
@@ -102,6 +136,8 @@ class ToolLoop:
         self._paused: set[str] | None = None
         """Sessions that may hold a paused reply (loaded once, then kept here), so a send on
         a session without one costs no extra database hop."""
+        self._gates: dict[str, DecisionGate] = {}
+        """message id -> the gate of its running job's tool step (while the job runs)."""
 
     @property
     def store(self) -> AsyncStore:
@@ -111,6 +147,21 @@ class ToolLoop:
         """The tool calls of ``job``'s reply; ``citations``: its citation ledger (given to the
         tools it runs, so a knowledge tool numbers what it shows in it)."""
         return ReplyTools(self, job, citations)
+
+    def gate(self, message_id: str) -> DecisionGate:
+        gate = self._gates.get(message_id)
+        if gate is None:
+            gate = self._gates[message_id] = DecisionGate()
+        return gate
+
+    def running_gate(self, message_id: str) -> DecisionGate | None:
+        """The gate of the reply's running job, if it has reached a tool step."""
+        return self._gates.get(message_id)
+
+    def job_ended(self, message_id: str) -> None:
+        gate = self._gates.pop(message_id, None)
+        if gate is not None:
+            gate.seal()  # wakes a waiting approval: the job is over
 
     # -- sessions with paused replies ----------------------------------------------------
 
@@ -163,7 +214,10 @@ class ToolLoop:
         if job is None:
             return False
         lifecycle = ReplyLifecycle(job, self._services, self._settings())
-        await lifecycle.run(_ClosePaused(self.for_reply(job), reason))
+        try:
+            await lifecycle.run(_ClosePaused(self.for_reply(job), reason))
+        finally:
+            self.job_ended(run.message_id)
         return True
 
 
@@ -179,9 +233,17 @@ class ReplyTools:
         """Citations of the tool results added to the reply since ``take_cited``."""
         self._has_run = job.resume is not None
         """A tool_runs row exists for this reply."""
+        loop.gate(job.message_id)  # from the job's start: approvals look for it
 
     async def run(self, reply: ReplyFeed, registry: ToolRegistry) -> bool:
-        """Decide and run the reply's unanswered calls; True when some wait for the user."""
+        """Decide and run the reply's unanswered calls; True when some wait for the user.
+
+        Pausing is decided once, at the end of the step: after the runnable calls have run,
+        the decisions that arrived meanwhile for this step's pending calls are read and
+        applied (approved calls run, denied and answered ones get their results), again
+        until none arrives; only calls still pending then make the reply pause. A decision
+        that arrives after that last read finds the step sealed (``DecisionGate``): the
+        approval waits for the paused row and resumes the reply from it."""
         job = self._job
         approvals = self._loop.approvals
         calls = reply.content.unanswered_calls()
@@ -200,23 +262,24 @@ class ReplyTools:
         # schema validation (jsonschema, imported on first use) can take a while: not on the
         # loop (CPU only: anyio's own threads)
         checks = await anyio.to_thread.run_sync(lambda: [registry.check(c.name, c.arguments) for c in calls])
+        checked = {c.id: (c, chk) for c, chk in zip(calls, checks)}
         results: dict[str, ToolOutput] = {}
         runnable: list[tuple[ToolCall, CheckedCall]] = []
         to_ask: list[ApprovalRequest] = []
         new_rows: list[ToolCallRecord] = []
         audits = []
-        for call, checked in zip(calls, checks):
+        for call, check in zip(calls, checks):
             record = known.get(call.id)
             if record is None:
                 row = ToolCallRecord(
                     message_id=job.message_id, tool_call_id=call.id, session_id=job.session.id,
                     tool_name=call.name, arguments=call.arguments, step=job.steps, state="done",
                 )
-                if checked.error is not None:
-                    results[call.id] = ToolOutput(text=checked.error, is_error=True)
+                if check.error is not None:
+                    results[call.id] = ToolOutput(text=check.error, is_error=True)
                     new_rows.append(row)
                     continue
-                tool = checked.tool
+                tool = check.tool
                 row.policy_key = tool.name
                 policy = "auto"
                 if approvals is not None:
@@ -225,7 +288,7 @@ class ReplyTools:
                     row.state = "approved"
                     new_rows.append(row)
                     audits.append(audit_entry(row, "policy:auto", "policy"))
-                    runnable.append((call, checked))
+                    runnable.append((call, check))
                 elif policy == "deny":
                     new_rows.append(row)
                     audits.append(audit_entry(row, "policy:deny", "policy"))
@@ -243,33 +306,69 @@ class ReplyTools:
                     session_id=job.session.id, message_id=job.message_id, tool_call_id=call.id,
                     tool_name=call.name, arguments=call.arguments,
                 ))
-            elif record.state == "approved":
-                if checked.error is not None:
-                    results[call.id] = ToolOutput(text=checked.error, is_error=True)
-                else:
-                    runnable.append((call, checked))
-            elif record.state == "denied":
-                results[call.id] = ToolOutput(text=DENIED_RESULT, is_error=True)
-            elif record.state == "answered":
-                results[call.id] = ToolOutput(text=record.answer or "")
-            else:  # running/done/cancelled without a result: it was interrupted
-                results[call.id] = ToolOutput(text=INTERRUPTED_NOTE, is_error=True)
+            else:
+                self._apply(record, call, check, results, runnable)
         if new_rows or audits:
             await self._store.run(lambda s: s.tools.add_calls(new_rows, audits))
         fresh = [r for r in to_ask if r.tool_call_id not in known]
         if fresh and approvals is not None:
             await approvals.open(fresh)
-        if runnable:
-            results.update(await self._execute(runnable, registry))
+        waiting = [r.tool_call_id for r in to_ask]
+        gate = self._loop.gate(job.message_id)
+        while True:
+            if runnable:
+                results.update(await self._execute(runnable, registry))
+                runnable = []
+            if not waiting:
+                break
+            gate.seal()  # a decision committed from here on may be missed by the read below
+            states = {c.tool_call_id: c for c in await self._store.run(lambda s: s.tools.calls(job.message_id))}
+            decided = [i for i in waiting if i in states and states[i].state != "pending"]
+            if not decided:
+                break  # still sealed: the reply pauses
+            gate.unseal()
+            for call_id in decided:
+                call, check = checked[call_id]
+                self._apply(states[call_id], call, check, results, runnable)
+            waiting = [i for i in waiting if i not in decided]
         for call in calls:  # results in call order, whatever order they finished in
             output = results.get(call.id)
             if output is not None:
                 await self._add_result(reply, call.id, output)
+        if not waiting:
+            gate.unseal()
+            return False
+        job.pausing = True  # chat:messages:get shows it paused from the first event on
         for request in to_ask:
-            await reply.approval_required(
-                StreamToolCall(id=request.tool_call_id, name=request.tool_name, arguments=request.arguments)
-            )
-        return bool(to_ask)
+            if request.tool_call_id in waiting:
+                await reply.approval_required(
+                    StreamToolCall(id=request.tool_call_id, name=request.tool_name, arguments=request.arguments)
+                )
+        return True
+
+    @staticmethod
+    def _apply(
+        record: ToolCallRecord,
+        call: ToolCall,
+        check: CheckedCall,
+        results: dict[str, ToolOutput],
+        runnable: list[tuple[ToolCall, CheckedCall]],
+    ) -> None:
+        """What a call that is no longer pending gets: approved runs, denied and answered
+        have their results, anything else was interrupted."""
+        if record.state == "approved":
+            if check.error is not None:
+                results[call.id] = ToolOutput(text=check.error, is_error=True)
+            else:
+                runnable.append((call, check))
+        elif record.state == "denied":
+            results[call.id] = ToolOutput(text=DENIED_RESULT, is_error=True)
+        elif record.state == "answered":
+            results[call.id] = ToolOutput(text=record.answer or "")
+        elif record.state == "cancelled":
+            results[call.id] = ToolOutput(text=SUPERSEDED_NOTE, is_error=True)
+        else:  # running/done without a result: it was interrupted
+            results[call.id] = ToolOutput(text=INTERRUPTED_NOTE, is_error=True)
 
     async def _execute(
         self, runnable: list[tuple[ToolCall, CheckedCall]], registry: ToolRegistry
@@ -278,19 +377,26 @@ class ReplyTools:
         job = self._job
         outputs: dict[str, ToolOutput] = {}
         workspace = Path(job.session.workspace_dir) if job.session.workspace_dir else None
+        session_id, message_id = job.session.id, job.message_id
 
         async def one(call: ToolCall, checked: CheckedCall) -> None:
             started = await self._store.run(
-                lambda s: s.tools.transition(job.message_id, call.id, from_states={"approved"}, to_state="running")
+                lambda s: s.tools.transition(message_id, call.id, from_states={"approved"}, to_state="running")
             )
             if not started:  # cancelled or decided otherwise meanwhile: never run it
                 outputs[call.id] = ToolOutput(text=SUPERSEDED_NOTE, is_error=True)
                 return
             ctx = ToolContext(
-                session=job.session, message_id=job.message_id, tool_call_id=call.id,
+                session=job.session, message_id=message_id, tool_call_id=call.id,
                 data_dir=self._loop.data_dir, workspace=workspace, citations=self._citations,
             )
-            outputs[call.id] = await registry.execute(checked, ctx)
+            output = await registry.execute(checked, ctx)
+            spilled = output.spilled
+            if spilled is not None:  # the reply owns it from now on (removed with the session)
+                await self._store.run(
+                    lambda s: s.files.own(session_id, message_id, spilled, "spill", workspace=workspace)
+                )
+            outputs[call.id] = output
 
         async with anyio.create_task_group() as tg:
             for call, checked in runnable:

@@ -2,10 +2,12 @@
 
 Each method is split in two so a request costs two worker-thread hops, not one per
 query: ``check_*`` validates everything (session, mode, input, target message) and
-writes attachment files, touching no rows, so bad input never disturbs a running
-generation; ``write`` then stores the new messages once the engine has stopped the
-session's running job. Both take the Store and run inside ``AsyncStore.run`` (a send on
-an idle session makes both in one hop).
+decodes attachments, touching no rows and no files, so bad input never disturbs a
+running generation and a send refused later (busy, deleted session, no ACP) leaves
+nothing behind; ``write`` then stores the new messages once the engine has stopped the
+session's running job: the attachment files first, then the rows that own them in one
+transaction, and the files are removed again if that transaction fails. Both take the
+Store and run inside ``AsyncStore.run`` (a send on an idle session makes both in one hop).
 """
 
 from __future__ import annotations
@@ -17,7 +19,7 @@ import msgspec
 from protocol.chat import EditResendParams, RegenerateParams, SendParams, UserInput
 from protocol.types import FilePart, ImagePart, MessageV2, SessionV2, TextPart
 from sidecar.errors import EngineError, InvalidParams, NotFound
-from sidecar.store.attachments import AttachmentStore, StoredInput
+from sidecar.store.attachments import AttachmentStore, PreparedInput
 from sidecar.store.store import ACTIVE_LEAF, Store
 
 
@@ -25,8 +27,8 @@ class Turn(msgspec.Struct, kw_only=True):
     """What a checked request will store: a user message (or not) and a reply under it."""
 
     session: SessionV2
-    user_input: StoredInput | None = None
-    """Content of the new user message; None for regenerate."""
+    user_input: PreparedInput | None = None
+    """Content of the new user message (attachments not on disk yet); None for regenerate."""
     parent_id: str | None
     """Parent of the new user message (send/edit) or of the new reply (regenerate)."""
     provider_id: str
@@ -42,7 +44,7 @@ class TurnWriter:
 
     def check_send(self, store: Store, params: SendParams) -> Turn:
         session = store.sessions.get(params.session_id)
-        stored = self._attachments.store_input(params.input)
+        stored = self._attachments.prepare_input(params.input)
         return Turn(
             session=session,
             user_input=stored,
@@ -77,7 +79,7 @@ class TurnWriter:
             content = [TextPart(text=params.new_content), *kept]
         return Turn(
             session=session,
-            user_input=self._attachments.store_input(UserInput(content=content)),
+            user_input=self._attachments.prepare_input(UserInput(content=content)),
             parent_id=original.parent_id,
             provider_id=session.provider_id,
             model_id=session.model_id,
@@ -94,25 +96,30 @@ class TurnWriter:
         """
         user = None
         parent = turn.parent_id
-        with store.transaction():  # both messages or neither
-            if turn.user_input is not None:
-                stored = turn.user_input
-                user = store.messages.append(
+        stored = self._attachments.write(turn.user_input) if turn.user_input is not None else None
+        try:
+            with store.transaction():  # both messages or neither (and the files they own)
+                if stored is not None:
+                    user = store.messages.append(
+                        turn.session.id,
+                        role="user",
+                        parent_id=ACTIVE_LEAF if after_active_leaf else parent,
+                        content_type=stored.content_type,
+                        text_content=stored.text_content,
+                        parts=stored.parts,
+                    )
+                    parent = user.id
+                reply = store.messages.append(
                     turn.session.id,
-                    role="user",
-                    parent_id=ACTIVE_LEAF if after_active_leaf else parent,
-                    content_type=stored.content_type,
-                    text_content=stored.text_content,
-                    parts=stored.parts,
+                    role="assistant",
+                    parent_id=parent,
+                    status="pending",
+                    model_id=turn.model_id or None,
                 )
-                parent = user.id
-            reply = store.messages.append(
-                turn.session.id,
-                role="assistant",
-                parent_id=parent,
-                status="pending",
-                model_id=turn.model_id or None,
-            )
+        except BaseException:
+            if stored is not None:
+                self._attachments.discard(stored)
+            raise
         return user, reply
 
     # -- internals ------------------------------------------------------------------------

@@ -26,7 +26,7 @@ import msgspec
 from protocol.context import AssistantProfile
 from protocol.types import Citation, FilePart, ImagePart, SessionV2, TextPart
 from sidecar.pipeline import tokens as tk
-from sidecar.pipeline.calls import ModelResolver, ProviderModelCall
+from sidecar.pipeline.calls import ModelResolver, ProviderModelCall, UsageSink
 from sidecar.pipeline.context import BranchRead, ContextWindow, RollingContext
 from sidecar.pipeline.output import OutputProcessor
 from sidecar.pipeline.profiles import ProfileResolver, SessionProfile
@@ -100,14 +100,16 @@ class RequestBuilder:
         memory: MemoryRetriever | None = None,
         transformers: Sequence[InputTransformer] | None = None,
         now: Callable[[], dt.datetime] = local_now,
+        side_usage: UsageSink | None = None,
     ) -> None:
         """``providers``: the engine's ProviderService (its ``resolve``), used for summary and
-        OCR calls unless ``call_model`` is given."""
+        OCR calls unless ``call_model`` is given; ``side_usage`` attributes their usage to
+        the session (sidecar/engine/usage.py)."""
         self._store = store
         self._attachments = attachments
         repos = store.sync
         self.profiles = ProfileResolver(repos.assistants, repos.context)
-        call = call_model or (ProviderModelCall(providers) if providers is not None else None)
+        call = call_model or (ProviderModelCall(providers, usage=side_usage) if providers is not None else None)
         self._call_model = call
         self.ledger = TokenLedger(repos.context, file_size=self._file_size)
         self.context = RollingContext(store, self.ledger, Summarizer(call) if call is not None else None)

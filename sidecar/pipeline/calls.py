@@ -3,7 +3,9 @@ model source looks like to the pipeline and the engine (ModelResolver).
 
 Rolling summaries and OCR each ask a model for text. This wraps the engine's provider
 service (a ModelResolver: ``await resolve(provider_id, model_id) -> .provider, .model``) into
-``await call(provider_id, model_id, messages, max_tokens=...) -> str``.
+``await call(provider_id, model_id, messages, max_tokens=..., session_id=..., kind=...) -> str``;
+with a ``session_id`` the call's usage is attributed to that session as a side call of
+``kind`` (``side:summary``, ``side:ocr``: the engine's SideUsage, sidecar/engine/usage.py).
 
 Must stay true: a failure is a SidecarError (ProviderError from the adapter, EngineError for
 an unknown model, ProviderError for an empty answer or a timeout); never a bare exception.
@@ -24,9 +26,11 @@ from sidecar.providers.types import (
     RequestMessage,
     StreamPart,
     TextDelta,
+    UsageUpdate,
 )
+from protocol.types import Usage
 
-__all__ = ["ProviderModelCall", "ModelResolver", "ResolvedModel", "LiveProvider"]
+__all__ = ["ProviderModelCall", "ModelResolver", "ResolvedModel", "LiveProvider", "UsageSink"]
 
 
 class LiveProvider(Protocol):
@@ -51,13 +55,29 @@ class ModelResolver(Protocol):
     async def resolve(self, provider_id: str, model_id: str) -> ResolvedModel: ...
 
 
-class ProviderModelCall:
-    def __init__(self, providers: ModelResolver, *, timeout_s: float = 120.0) -> None:
-        self._providers = providers
-        self._timeout_s = timeout_s
+class UsageSink(Protocol):
+    """Where a side call's usage goes (sidecar.engine.usage.SideUsage)."""
 
     async def __call__(
-        self, provider_id: str, model_id: str, messages: list[RequestMessage], *, max_tokens: int | None = None
+        self, session_id: str, provider_id: str, model_id: str, usage: Usage | None, *, kind: str
+    ) -> None: ...
+
+
+class ProviderModelCall:
+    def __init__(self, providers: ModelResolver, *, timeout_s: float = 120.0, usage: UsageSink | None = None) -> None:
+        self._providers = providers
+        self._timeout_s = timeout_s
+        self._usage = usage
+
+    async def __call__(
+        self,
+        provider_id: str,
+        model_id: str,
+        messages: list[RequestMessage],
+        *,
+        max_tokens: int | None = None,
+        session_id: str | None = None,
+        kind: str = "side:call",
     ) -> str:
         resolved = await self._providers.resolve(provider_id, model_id)
         request = ChatRequest(
@@ -71,6 +91,9 @@ class ProviderModelCall:
                 parts = await resolved.provider.generate(request)
         except TimeoutError as exc:
             raise ProviderError(f"the model {resolved.model.id} gave no answer within {self._timeout_s:g}s") from exc
+        if session_id is not None and self._usage is not None:
+            usage = next((p.usage for p in reversed(parts) if isinstance(p, UsageUpdate)), None)
+            await self._usage(session_id, provider_id, model_id, usage, kind=kind)
         text = "".join(p.text for p in parts if isinstance(p, TextDelta)).strip()
         if not text:
             raise ProviderError(f"the model {resolved.model.id} returned an empty answer")

@@ -282,6 +282,7 @@ class RollingContext:
             provider_id=provider_id,
             model_id=model_id,
             instructions=instructions,
+            session_id=session.id,
         )
 
         def store(_: Store) -> StoredSummary:

@@ -26,6 +26,7 @@ import binascii
 import hashlib
 import logging
 import mimetypes
+import os
 import re
 from collections.abc import AsyncGenerator, AsyncIterator, Callable
 from contextlib import aclosing
@@ -174,7 +175,11 @@ def _store_image(data: bytes, mime: str, image_dir: Path) -> str:
     ext = mimetypes.guess_extension(mime) or ".bin"
     image_dir.mkdir(parents=True, exist_ok=True)
     path = image_dir / f"generated-{digest}{ext}"
-    if not path.exists():
+    try:
+        # stored already for another reply: touched, so a delete that released it just now
+        # keeps it for this one (a file written after its release is kept: store/janitor.py)
+        os.utime(path)
+    except FileNotFoundError:
         tmp = path.with_suffix(path.suffix + ".tmp")
         tmp.write_bytes(data)
         tmp.replace(path)

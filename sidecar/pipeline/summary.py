@@ -90,7 +90,9 @@ class Summarizer:
         provider_id: str,
         model_id: str,
         instructions: str | None = None,
+        session_id: str | None = None,
     ) -> str:
+        """``session_id``: the session the summary is for (its usage is attributed to it)."""
         summary = previous
         # tokenizing a long transcript takes a while (~0.4 s for 6 MB): not on the event loop
         chunks = await anyio.to_thread.run_sync(lambda: self._chunks(render_transcript(messages)))
@@ -100,7 +102,8 @@ class Summarizer:
             chunks[0].insert(0, f"[{skipped} earlier messages are not included here]")
         for chunk in chunks:
             summary = await self._call(
-                provider_id, model_id, self._prompt(summary, chunk, instructions), max_tokens=self._max_tokens
+                provider_id, model_id, self._prompt(summary, chunk, instructions), max_tokens=self._max_tokens,
+                session_id=session_id, kind="side:summary",
             )
         if summary is None:
             raise ValueError("nothing to summarize")

@@ -17,6 +17,7 @@ import apsw
 from protocol.errors import ErrorCode
 from protocol.types import MessageV2
 from sidecar.errors import NotFound, StoreError
+from sidecar.store.files import data_dir_of, record_message_files, record_messages_files
 from sidecar.store.rows import MESSAGE_COLUMNS, message_from_row, message_values
 
 __all__ = ["MessageStore", "MAX_DEPTH"]
@@ -79,11 +80,16 @@ class MessageStore:
 
     @staticmethod
     def insert(conn: apsw.Connection, m: MessageV2) -> None:
+        """Insert a message; it owns the data-dir files it references (files.py)."""
         conn.execute(_INSERT, message_values(m))
+        if m.parts or (m.text_content and "file://" in m.text_content):
+            record_message_files(conn, data_dir_of(conn), m.session_id, m.id, m.text_content, m.parts, m.created_at)
 
     @staticmethod
     def insert_many(conn: apsw.Connection, messages: list[MessageV2]) -> None:
         conn.executemany(_INSERT, [message_values(m) for m in messages])
+        if messages:
+            record_messages_files(conn, data_dir_of(conn), messages, messages[0].created_at)
 
     @staticmethod
     def get(conn: apsw.Connection, message_id: str) -> MessageV2:
@@ -111,15 +117,17 @@ class MessageStore:
         limit: int | None = None,
         *,
         stop_id: str | None = None,
+        acp_parts: bool = True,
     ) -> list[MessageV2]:
         """Root -> ``leaf_id`` (which must be in the session); only the last ``limit``
         messages of it when given (the walk stops there), and only from ``stop_id``
-        (inclusive, when it is an ancestor) when given."""
+        (inclusive, when it is an ancestor) when given. ``acp_parts=False`` leaves the raw
+        ACP logs out."""
         rows = conn.execute(
             _PATH, (leaf_id, session_id, stop_id, -1 if limit is None else limit)
         ).fetchall()
         rows.reverse()
-        return [message_from_row(r) for r in rows]
+        return [message_from_row(r, acp_parts=acp_parts) for r in rows]
 
     @staticmethod
     def ancestor_ids(conn: apsw.Connection, session_id: str, leaf_id: str) -> list[str]:
@@ -127,8 +135,8 @@ class MessageStore:
         return [r[0] for r in conn.execute(_ANCESTOR_IDS, (leaf_id, session_id))]
 
     @staticmethod
-    def all(conn: apsw.Connection, session_id: str) -> list[MessageV2]:
-        return [message_from_row(r) for r in conn.execute(_ALL, (session_id,))]
+    def all(conn: apsw.Connection, session_id: str, *, acp_parts: bool = True) -> list[MessageV2]:
+        return [message_from_row(r, acp_parts=acp_parts) for r in conn.execute(_ALL, (session_id,))]
 
     @staticmethod
     def newest_leaf(conn: apsw.Connection, session_id: str, below: str | None = None) -> str | None:
@@ -137,7 +145,7 @@ class MessageStore:
             rows = conn.execute(_NEWEST_LEAF, (session_id,)).fetchall()
         else:
             rows = conn.execute(_NEWEST_LEAF_BELOW, (below, session_id)).fetchall()
-        return rows[0][0] if rows else None
+        return str(rows[0][0]) if rows else None
 
     @staticmethod
     def subtree_ids(conn: apsw.Connection, message_id: str) -> list[str]:

@@ -30,6 +30,7 @@ from __future__ import annotations
 
 import logging
 from collections.abc import Callable
+from typing import cast
 
 import apsw
 
@@ -51,7 +52,7 @@ def migration(fn: Migration) -> Migration:
 
 
 def schema_version(conn: apsw.Connection) -> int:
-    return int(conn.execute("PRAGMA user_version").fetchall()[0][0])
+    return cast(int, conn.execute("PRAGMA user_version").fetchall()[0][0])
 
 
 def migrate(db: Database) -> int:
@@ -681,3 +682,91 @@ def m_qiming_forward(conn: apsw.Connection) -> None:
         ) WITHOUT ROWID;
         """
     )
+
+
+@migration
+def m_data_lifecycle(conn: apsw.Connection) -> None:
+    # The data lifecycle (sidecar/store/files.py, sidecar/store/acp.py, SessionRepo):
+    # - owned_files: every file on disk that belongs to a session (ACP default workspace)
+    #   or one of its messages (attachments, generated images, tool output spills), written
+    #   in the transaction of the row that references it. A file is shared by every row
+    #   naming it (a fork copies references): it is released when the last row goes;
+    # - file_deletions: the journal of released files, filled by the trigger below in the
+    #   same transaction as the delete that released them (a session, a branch, an import
+    #   that replaces), emptied once the file is gone: a delete cut by a crash is finished
+    #   at the next start. A file owned again before it is removed leaves the journal;
+    # - acp_raw_chunks: the raw ACP updates of a reply while it streams, one row per
+    #   persistence tick (appended, never rewritten), joined into acp_parts at its ending;
+    # - acp_released: agent sessions no reply uses any more (filled by a trigger when the
+    #   last acp_turns row naming one goes), to be closed at the engine;
+    # - sessions_v2.usage_by_kind: usage and cost per kind of call (replies, side calls);
+    #   sessions_v2.title_attempted: a title was asked for (the start-up pass asks for the
+    #   titles that were due and never written; existing sessions count as asked).
+    conn.execute(
+        """
+        CREATE TABLE IF NOT EXISTS owned_files (
+          session_id TEXT NOT NULL REFERENCES sessions_v2(id) ON DELETE CASCADE,
+          message_id TEXT REFERENCES messages_v2(id) ON DELETE CASCADE,
+          root       TEXT NOT NULL,
+          path       TEXT NOT NULL,
+          kind       TEXT NOT NULL,
+          created_at INTEGER NOT NULL
+        );
+        CREATE UNIQUE INDEX IF NOT EXISTS idx_owned_files_owner ON owned_files(session_id, coalesce(message_id, ''), root, path);
+        CREATE INDEX IF NOT EXISTS idx_owned_files_path ON owned_files(root, path);
+        CREATE INDEX IF NOT EXISTS idx_owned_files_message ON owned_files(message_id);
+        CREATE TABLE IF NOT EXISTS file_deletions (
+          root      TEXT NOT NULL,
+          path      TEXT NOT NULL,
+          kind      TEXT NOT NULL,
+          queued_at INTEGER NOT NULL,
+          PRIMARY KEY (root, path)
+        ) WITHOUT ROWID;
+        CREATE TRIGGER IF NOT EXISTS owned_files_released AFTER DELETE ON owned_files
+        WHEN NOT EXISTS (SELECT 1 FROM owned_files WHERE root = OLD.root AND path = OLD.path)
+        BEGIN
+          INSERT OR IGNORE INTO file_deletions (root, path, kind, queued_at)
+          VALUES (OLD.root, OLD.path, OLD.kind, CAST((julianday('now') - 2440587.5) * 86400000 AS INTEGER));
+        END;
+        CREATE TRIGGER IF NOT EXISTS owned_files_owned AFTER INSERT ON owned_files
+        BEGIN
+          DELETE FROM file_deletions WHERE root = NEW.root AND path = NEW.path;
+        END;
+
+        CREATE TABLE IF NOT EXISTS acp_raw_chunks (
+          message_id TEXT NOT NULL REFERENCES messages_v2(id) ON DELETE CASCADE,
+          first      INTEGER NOT NULL,
+          body       TEXT NOT NULL,
+          PRIMARY KEY (message_id, first)
+        ) WITHOUT ROWID;
+        CREATE TABLE IF NOT EXISTS acp_released (
+          engine_id        TEXT NOT NULL,
+          agent_session_id TEXT NOT NULL,
+          queued_at        INTEGER NOT NULL,
+          PRIMARY KEY (engine_id, agent_session_id)
+        ) WITHOUT ROWID;
+        CREATE INDEX IF NOT EXISTS idx_acp_turns_agent ON acp_turns(engine_id, agent_session_id);
+        CREATE TRIGGER IF NOT EXISTS acp_turns_released AFTER DELETE ON acp_turns
+        WHEN NOT EXISTS (
+          SELECT 1 FROM acp_turns WHERE engine_id = OLD.engine_id AND agent_session_id = OLD.agent_session_id
+        )
+        BEGIN
+          INSERT OR IGNORE INTO acp_released (engine_id, agent_session_id, queued_at)
+          VALUES (OLD.engine_id, OLD.agent_session_id, CAST((julianday('now') - 2440587.5) * 86400000 AS INTEGER));
+        END;
+        CREATE TRIGGER IF NOT EXISTS acp_turns_used AFTER INSERT ON acp_turns
+        BEGIN
+          DELETE FROM acp_released WHERE engine_id = NEW.engine_id AND agent_session_id = NEW.agent_session_id;
+        END;
+        """
+    )
+    # re-runnable (tests that step user_version back replay it): columns checked first
+    columns = {row[1] for row in conn.execute("PRAGMA table_info(sessions_v2)")}
+    if "usage_by_kind" not in columns:
+        conn.execute("ALTER TABLE sessions_v2 ADD COLUMN usage_by_kind TEXT")
+    if "title_attempted" not in columns:
+        conn.execute("ALTER TABLE sessions_v2 ADD COLUMN title_attempted INTEGER NOT NULL DEFAULT 0")
+        conn.execute("UPDATE sessions_v2 SET title_attempted = 1")
+    from sidecar.store.files import backfill_owned_files
+
+    backfill_owned_files(conn)

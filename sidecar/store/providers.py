@@ -162,7 +162,8 @@ def validate(params: ProviderUpsertParams) -> None:
         if model.id in seen:
             raise InvalidParams(f"invalid params: duplicate model id {model.id!r} - at `{field}.id`")
         seen.add(model.id)
-        if model.input_price < 0 or model.output_price < 0:
+        prices = (model.input_price, model.output_price, model.cache_read_price, model.cache_write_price)
+        if any(p is not None and not 0 <= p < 1e9 for p in prices):
             raise InvalidParams(f"invalid params: prices must be >= 0 - at `{field}`")
         for name in ("context_window", "max_output_tokens"):
             value = getattr(model, name)
@@ -226,9 +227,9 @@ class ProviderRepo:
                     "SELECT api_key, created_at, engine, headers FROM providers WHERE id = ?", (params.id,)
                 ).fetchone()
             provider_id = params.id or new_id()
-            if params.api_key is None:
+            if params.api_key is msgspec.UNSET:  # left out: the stored key stays
                 api_key = existing[0] if existing else None
-            else:
+            else:  # null or "" clears it
                 api_key = self._sealer.seal(params.api_key, API_KEY) if params.api_key else None
             engine = params.engine if params.type == "acp-engine" else None
             if engine is not None:
@@ -260,6 +261,7 @@ class ProviderRepo:
             row = conn.execute(
                 f"SELECT {_COLUMNS} FROM providers WHERE id = ?", (provider_id,)
             ).fetchone()
+        assert row is not None  # written just above, in this transaction
         return _row(row, self._sealer)
 
     def delete(self, provider_id: str) -> None:

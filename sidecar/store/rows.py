@@ -20,11 +20,22 @@ from typing import Any
 import msgspec
 
 from protocol.limits import MAX_JSON_DEPTH
-from protocol.types import CodePart, ContentPart, MessageDelivery, MessageV2, SessionV2, TextPart, ToolCall, Usage
+from protocol.types import (
+    CodePart,
+    ContentPart,
+    MessageDelivery,
+    MessageV2,
+    SessionV2,
+    TextPart,
+    ToolCall,
+    Usage,
+    UsageTotals,
+)
 from sidecar.errors import StoreError
 from sidecar.jsondepth import json_text_too_deep
 
 __all__ = [
+    "decode_usage_by_kind",
     "SESSION_COLUMNS",
     "MESSAGE_COLUMNS",
     "session_from_row",
@@ -44,7 +55,8 @@ __all__ = [
 SESSION_COLUMNS = (
     "id, title, summary, provider_id, model_id, system_prompt, mode, acp_session_id, tags,"
     " folder, is_pinned, is_archived, message_count, total_tokens, total_cost, channel_id,"
-    " channel_meta, created_at, updated_at, last_message_at, active_leaf_id, workspace_dir"
+    " channel_meta, created_at, updated_at, last_message_at, active_leaf_id, workspace_dir,"
+    " usage_by_kind"
 )
 MESSAGE_COLUMNS = (
     "id, session_id, parent_id, role, content_type, text_content, parts, tool_calls,"
@@ -70,6 +82,7 @@ _dec_calls = msgspec.json.Decoder(list[ToolCall])
 _dec_usage = msgspec.json.Decoder(Usage)
 _dec_any_list = msgspec.json.Decoder(list[Any])
 _dec_delivery = msgspec.json.Decoder(MessageDelivery)
+_dec_usage_by_kind = msgspec.json.Decoder(dict[str, UsageTotals])
 
 
 def to_json(value: Any) -> str | None:
@@ -116,6 +129,11 @@ def parts_or_none(raw: str | None, row_id: str) -> list[ContentPart] | None:
         return None
 
 
+def decode_usage_by_kind(raw: str | None, row_id: str) -> dict[str, UsageTotals]:
+    """The strict form (for read-modify-write: a value that does not decode is a StoreError)."""
+    return _decode(_dec_usage_by_kind, raw, "usage_by_kind", row_id) or {}
+
+
 def session_from_row(r: SessionRow) -> SessionV2:
     sid = r[0]
     return SessionV2(
@@ -141,6 +159,7 @@ def session_from_row(r: SessionRow) -> SessionV2:
         last_message_at=r[19],
         active_leaf_id=r[20],
         workspace_dir=r[21],
+        usage_by_kind=lenient_json(_dec_usage_by_kind, r[22], "usage_by_kind", sid) or {},
     )
 
 
@@ -169,10 +188,12 @@ def session_values(s: SessionV2) -> tuple[Any, ...]:
         s.last_message_at,
         s.active_leaf_id,
         s.workspace_dir,
+        to_json(s.usage_by_kind) if s.usage_by_kind else None,
     )
 
 
-def message_from_row(r: MessageRow) -> MessageV2:
+def message_from_row(r: MessageRow, *, acp_parts: bool = True) -> MessageV2:
+    """``acp_parts=False`` leaves the raw ACP log out (not even decoded)."""
     mid = r[0]
     return MessageV2(
         id=mid,
@@ -189,7 +210,7 @@ def message_from_row(r: MessageRow) -> MessageV2:
         usage=lenient_json(_dec_usage, r[11], "usage", mid),
         latency_ms=r[12],
         acp_message_id=r[13],
-        acp_parts=lenient_json(_dec_any_list, r[14], "acp_parts", mid),
+        acp_parts=lenient_json(_dec_any_list, r[14], "acp_parts", mid) if acp_parts else None,
         status=r[15] or "completed",
         error=r[16],
         created_at=r[17],

@@ -11,14 +11,16 @@ Must stay true:
 
 from __future__ import annotations
 
-from typing import Any
+import builtins
+from typing import Any, cast
 
 import apsw
+from msgspec import UNSET
 
 from protocol import limits
 from protocol.sessions import SessionFilter, SessionListResult, SessionUpdates
-from protocol.types import SessionV2
-from sidecar.errors import InvalidParams, NotFound
+from protocol.types import SessionV2, Usage, UsageTotals
+from sidecar.errors import InvalidParams, NotFound, StoreError
 from sidecar.store.checks import (
     SORT_COLUMNS,
     check_choice,
@@ -28,17 +30,18 @@ from sidecar.store.checks import (
     check_text,
     check_workspace_dir,
 )
-from sidecar.store.rows import SESSION_COLUMNS, session_from_row, session_values, to_json
+from sidecar.store.rows import SESSION_COLUMNS, decode_usage_by_kind, session_from_row, session_values, to_json
 
 __all__ = ["SessionRepo", "MAX_LIST_LIMIT"]
 
 MAX_LIST_LIMIT = limits.MAX_SESSION_PAGE
+DEFAULT_TITLE = "New Chat"
 MAX_LIST_OFFSET = limits.MAX_OFFSET
 _FEW_MATCHES = 2000
 """Below this many tag matches a list page is fetched through the tag index."""
 
 _INSERT = (
-    f"INSERT INTO sessions_v2 ({SESSION_COLUMNS}) VALUES ({', '.join('?' * 22)})"
+    f"INSERT INTO sessions_v2 ({SESSION_COLUMNS}) VALUES ({', '.join('?' * 23)})"
 )
 _SELECT_ONE = f"SELECT {SESSION_COLUMNS} FROM sessions_v2 WHERE id = ?"
 _PREFIXED_COLUMNS = ", ".join("s." + c.strip() for c in SESSION_COLUMNS.split(","))
@@ -109,11 +112,11 @@ class SessionRepo:
         # sessions, see tools/bench/bench_store.py). Rarest tag first: it drives, or is
         # the first probe to fail.
         if len(tags) > 1:
-            freq = dict(conn.execute(
+            freq: dict[str, int] = {str(t): cast(int, n) for t, n in conn.execute(
                 "SELECT tag, count(*) FROM session_tags"
                 f" WHERE tag IN ({', '.join('?' * len(tags))}) GROUP BY tag",
                 tags,
-            ).fetchall())
+            ).fetchall()}
             tags = sorted(tags, key=lambda t: freq.get(t, 0))
         # One EXISTS probe per tag (a correlated count(*) over the tags was 2.6x slower).
         has_tags = [
@@ -138,13 +141,13 @@ class SessionRepo:
         )
         tag_in = [f"s.id IN ({tagged})"]
         if where:
-            total = conn.execute(
+            total = cast(int, conn.execute(
                 f"SELECT count(*) FROM sessions_v2 s WHERE {' AND '.join([*where, *tag_in])}",
                 [*args, *tags],
-            ).fetchall()[0][0]
+            ).fetchall()[0][0])
         else:
             # Tags alone: counted in the tag index (every row has its session: foreign key).
-            total = conn.execute(f"SELECT count(*) FROM ({tagged})", tags).fetchall()[0][0]
+            total = cast(int, conn.execute(f"SELECT count(*) FROM ({tagged})", tags).fetchall()[0][0])
         if offset >= total:
             return SessionListResult(sessions=[], total=total)
         shape = tag_in if total <= _FEW_MATCHES else has_tags
@@ -156,8 +159,8 @@ class SessionRepo:
     @staticmethod
     def _page(
         conn: apsw.Connection,
-        where: list[str],
-        args: list[Any],
+        where: builtins.list[str],
+        args: builtins.list[Any],
         order: str,
         limit: int,
         offset: int,
@@ -176,11 +179,11 @@ class SessionRepo:
         elif offset == 0 and len(sessions) < limit:
             total = len(sessions)
         else:
-            total = conn.execute(f"SELECT count(*) FROM sessions_v2 s{clause}", args).fetchall()[0][0]
+            total = cast(int, conn.execute(f"SELECT count(*) FROM sessions_v2 s{clause}", args).fetchall()[0][0])
         return SessionListResult(sessions=sessions, total=total)
 
     @staticmethod
-    def _by_ids(conn: apsw.Connection, ids: list[str]) -> list[SessionV2]:
+    def _by_ids(conn: apsw.Connection, ids: builtins.list[str]) -> builtins.list[SessionV2]:
         """Sessions in the order of ``ids``."""
         if not ids:
             return []
@@ -195,7 +198,8 @@ class SessionRepo:
 
     @staticmethod
     def update(conn: apsw.Connection, session_id: str, u: SessionUpdates, now: int) -> bool:
-        """Apply the given (non-None) fields; returns False when there was nothing to change."""
+        """Apply the fields that are given: a field left out (UNSET) keeps its value, None
+        clears it to the default; returns False when there was nothing to change."""
         if not isinstance(u, SessionUpdates):
             raise InvalidParams("updates must be a SessionUpdates object")
         sets: list[str] = []
@@ -205,12 +209,15 @@ class SessionRepo:
             sets.append(f"{column} = ?")
             args.append(value)
 
-        if u.title is not None:
-            title = check_text("updates.title", u.title)
-            if not title or not title.strip():
-                raise InvalidParams("updates.title must not be empty")
-            put("title", title)
-        # Optional text fields: "" clears them (stored NULL).
+        if u.title is not UNSET:
+            if u.title is None:
+                put("title", DEFAULT_TITLE)
+            else:
+                title = check_text("updates.title", u.title)
+                if not title or not title.strip():
+                    raise InvalidParams("updates.title must not be empty")
+                put("title", title)
+        # Optional text fields: None or "" clears them (stored NULL).
         for field, column in (
             ("summary", "summary"),
             ("systemPrompt", "system_prompt"),
@@ -218,25 +225,27 @@ class SessionRepo:
             ("channelId", "channel_id"),
         ):
             value = getattr(u, column)
-            if value is not None:
+            if value is not UNSET:
                 put(column, check_text(f"updates.{field}", value) or None)
+        # None: the configured default (resolved when a reply starts)
         for field, column in (("providerId", "provider_id"), ("modelId", "model_id")):
             value = getattr(u, column)
-            if value is not None:
-                put(column, check_text(f"updates.{field}", value))
-        if u.is_pinned is not None:
-            put("is_pinned", _flag("updates.isPinned", u.is_pinned))
-        if u.is_archived is not None:
-            put("is_archived", _flag("updates.isArchived", u.is_archived))
-        if u.workspace_dir is not None:
-            put("workspace_dir", check_workspace_dir("updates.workspaceDir", u.workspace_dir) or None)
-        if u.channel_meta is not None:
-            if not isinstance(u.channel_meta, dict):
+            if value is not UNSET:
+                put(column, check_text(f"updates.{field}", value) or "")
+        if u.is_pinned is not UNSET:
+            put("is_pinned", _flag("updates.isPinned", u.is_pinned if u.is_pinned is not None else False))
+        if u.is_archived is not UNSET:
+            put("is_archived", _flag("updates.isArchived", u.is_archived if u.is_archived is not None else False))
+        if u.workspace_dir is not UNSET:
+            workspace = None if u.workspace_dir is None else check_workspace_dir("updates.workspaceDir", u.workspace_dir)
+            put("workspace_dir", workspace or None)
+        if u.channel_meta is not UNSET:
+            if u.channel_meta is not None and not isinstance(u.channel_meta, dict):
                 raise InvalidParams("updates.channelMeta must be an object")
             put("channel_meta", to_json(u.channel_meta) if u.channel_meta else None)
         tags: list[str] | None = None
-        if u.tags is not None:
-            tags = check_tags("updates.tags", u.tags)
+        if u.tags is not UNSET:
+            tags = check_tags("updates.tags", u.tags) if u.tags is not None else []
             put("tags", to_json(tags))
         SessionRepo.require(conn, session_id)
         if not sets:
@@ -299,18 +308,36 @@ class SessionRepo:
         conn.execute("UPDATE sessions_v2 SET updated_at = ? WHERE id = ?", (now, session_id))
 
     @staticmethod
-    def add_usage(conn: apsw.Connection, session_id: str, tokens: int, cost: float) -> None:
+    def add_usage(conn: apsw.Connection, session_id: str, usage: Usage | None, cost: float, kind: str) -> None:
+        """Add one call's usage and cost to the totals and to ``usage_by_kind[kind]``."""
+        rows = conn.execute("SELECT usage_by_kind FROM sessions_v2 WHERE id = ?", (session_id,)).fetchall()
+        if not rows:
+            raise NotFound(f"session {session_id!r} not found", data={"sessionId": session_id})
+        try:
+            raw = rows[0][0]
+            by_kind = decode_usage_by_kind(None if raw is None else str(raw), session_id)
+        except StoreError:  # written by a newer build: start the breakdown again
+            by_kind = {}
+        u = usage or Usage()
+        entry = by_kind.get(kind) or UsageTotals()
+        by_kind[kind] = UsageTotals(
+            input_tokens=entry.input_tokens + u.input_tokens,
+            output_tokens=entry.output_tokens + u.output_tokens,
+            cache_read_tokens=entry.cache_read_tokens + (u.cache_read_tokens or 0),
+            cache_write_tokens=entry.cache_write_tokens + (u.cache_write_tokens or 0),
+            reasoning_tokens=entry.reasoning_tokens + (u.reasoning_tokens or 0),
+            cost=entry.cost + cost,
+            calls=entry.calls + 1,
+        )
         conn.execute(
             "UPDATE sessions_v2 SET total_tokens = coalesce(total_tokens, 0) + ?,"
-            " total_cost = coalesce(total_cost, 0) + ? WHERE id = ?",
-            (tokens, cost, session_id),
+            " total_cost = coalesce(total_cost, 0) + ?, usage_by_kind = ? WHERE id = ?",
+            (u.input_tokens + u.output_tokens, cost, to_json(dict(sorted(by_kind.items()))), session_id),
         )
-        if conn.changes() == 0:
-            raise NotFound(f"session {session_id!r} not found", data={"sessionId": session_id})
 
     @staticmethod
     def _write_tags(
-        conn: apsw.Connection, session_id: str, tags: list[str], *, replace: bool = False
+        conn: apsw.Connection, session_id: str, tags: builtins.list[str], *, replace: bool = False
     ) -> None:
         if replace:
             conn.execute("DELETE FROM session_tags WHERE session_id = ?", (session_id,))

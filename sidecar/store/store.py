@@ -17,6 +17,7 @@ repositories exist. Every repository is an attribute built here on the one Datab
     knowledge   KnowledgeRepo  knowledge bases, documents, chunks, vectors, chunk FTS (knowledge.py)
     sync        SyncRepo       Qiming server: the account (token sealed), links, message map (sync.py)
     citations   Citations      the citations of replies (citations.py; read onto MessageV2 below)
+    files       FileRepo       files on disk owned by sessions and messages, the deletion journal (files.py)
 
 A new repository takes the Database in its constructor and is attached here; nothing
 outside the store package sees the Database. Each repository method is one transaction
@@ -43,16 +44,21 @@ Conventions:
   to close and a second Store on the same dir fails with StoreError ("another
   chat-sidecar is using <dir>") before touching the database.
 - ``messages.delete_branch`` (not on the wire yet) removes a message and its subtree with
-  counters, search index and active leaf kept true.
+  counters, search index and active leaf kept true; the files and agent sessions only
+  the subtree used are journaled by the same transaction (files.py, acp.py): call
+  ``StorageService.release()`` (sidecar/engine/storage.py) after it.
 """
 
 from __future__ import annotations
 
 import enum
+import re
 from collections.abc import Callable, Iterator
 from contextlib import contextmanager
 from pathlib import Path
-from typing import Any, Final, Literal
+from typing import Any, Final, Literal, cast
+
+import msgspec
 
 from protocol import limits
 from protocol.messages import MessageQueryOptions, SearchOptions
@@ -83,6 +89,7 @@ from sidecar.store.checks import (
     check_workspace_dir,
 )
 from sidecar.store.db import DB_FILENAME, Database
+from sidecar.store.files import FileRepo, data_dir_of, record_message_files
 from sidecar.store.dirlock import DirLock
 from sidecar.store.ids import new_id, now_ms
 from sidecar.store.messages import MessageStore
@@ -93,7 +100,7 @@ from sidecar.store.channels import ChannelRepo
 from sidecar.store.context import ContextRepo
 from sidecar.store.knowledge import KnowledgeRepo
 from sidecar.store.providers import ProviderRepo
-from sidecar.store.rows import parts_or_none, searchable_text, to_json
+from sidecar.store.rows import SESSION_COLUMNS, parts_or_none, searchable_text, session_from_row, to_json
 from sidecar.store.search import MessageSearch
 from sidecar.store.secrets import SecretsRepo, Sealer
 from sidecar.secrets.box import SecretBox
@@ -105,6 +112,7 @@ from sidecar.store.settings import DEFAULT_MODEL_KEY, DEFAULT_PROVIDER_KEY, Sett
 __all__ = ["Store", "Sessions", "Messages", "Search", "Settings", "ACTIVE_LEAF", "MAX_MESSAGES_LIMIT"]
 
 MAX_MESSAGES_LIMIT = limits.MAX_MESSAGES_PAGE
+_USAGE_KIND = re.compile(r"^(reply|side:[a-z0-9_.-]{1,48})$")
 
 
 class _Default(enum.Enum):
@@ -172,6 +180,10 @@ class Sessions:
         with self._db.read() as conn:
             return SessionRepo.get(conn, session_id)
 
+    def exists(self, session_id: str) -> bool:
+        with self._db.read() as conn:
+            return SessionRepo.exists(conn, session_id)
+
     def query(self, flt: SessionFilter) -> SessionListResult:
         if not isinstance(flt, SessionFilter):
             raise InvalidParams("params must be a SessionFilter")
@@ -179,8 +191,9 @@ class Sessions:
             return SessionRepo.list(conn, flt)
 
     def update(self, session_id: str, updates: SessionUpdates) -> SessionV2:
-        """Change the given (not None) fields. "" clears summary, systemPrompt, folder and
-        channelId; {} clears channelMeta; [] clears tags; an empty title is invalid."""
+        """Change the given fields (a field left out, UNSET, keeps its value; None clears it
+        to its default). "" also clears summary, systemPrompt, folder and channelId; {}
+        clears channelMeta; [] clears tags; an empty title is invalid."""
         with self._db.write() as conn:
             SessionRepo.update(conn, session_id, updates, self._clock())
             return SessionRepo.get(conn, session_id)
@@ -188,6 +201,29 @@ class Sessions:
     def delete(self, session_id: str) -> None:
         with self._db.write() as conn:
             SessionRepo.delete(conn, session_id)
+
+    def mark_title_attempted(self, session_id: str) -> None:
+        """A title was asked for (whatever came of it): the start-up pass leaves it alone."""
+        with self._db.write() as conn:
+            conn.execute("UPDATE sessions_v2 SET title_attempted = 1 WHERE id = ?", (session_id,))
+
+    def titles_due(self, default_titles: list[str], limit: int, max_age_ms: int = 7 * 86_400_000) -> list[tuple[SessionV2, str]]:
+        """Sessions with a default title whose first exchange completed (created in the last
+        ``max_age_ms``) and whose title was never asked for: (session, its first reply id),
+        newest first."""
+        marks = ", ".join("?" * len(default_titles))
+        columns = ", ".join("s." + c.strip() for c in SESSION_COLUMNS.split(","))
+        with self._db.read() as conn:
+            rows = conn.execute(
+                f"SELECT {columns}, (SELECT a.id FROM messages_v2 u JOIN messages_v2 a ON a.parent_id = u.id"
+                "   WHERE u.session_id = s.id AND u.parent_id IS NULL AND u.role = 'user'"
+                "   AND a.role = 'assistant' AND a.status = 'completed' ORDER BY a.created_at, a.id LIMIT 1)"
+                f" AS reply FROM sessions_v2 s WHERE s.title_attempted = 0 AND s.title IN ({marks})"
+                " AND s.created_at >= ? AND s.message_count >= 2 ORDER BY s.updated_at DESC",
+                [*default_titles, self._clock() - max_age_ms],
+            ).fetchall()
+        due = [(session_from_row(r[:-1]), str(r[-1])) for r in rows if r[-1] is not None]
+        return due[:limit]
 
     def archive(self, session_id: str, archived: bool = True) -> None:
         with self._db.write() as conn:
@@ -206,22 +242,42 @@ class Sessions:
             return transfer.export_session(conn, session_id)
 
     def import_(
-        self, session: SessionV2, messages: list[MessageV2], replace: bool = False
+        self, session: SessionV2, messages: list[MessageV2], replace: bool = False, *, trust_workspace: bool = False
     ) -> SessionV2:
+        """Store an exported session; its ``workspaceDir`` only with ``trust_workspace`` (and
+        only an existing directory), see transfer.py."""
         with self._db.write() as conn:
-            return transfer.import_session(conn, session, messages, replace=replace)
+            return transfer.import_session(
+                conn, session, messages, replace=replace, trust_workspace=trust_workspace,
+            )
 
-    def add_usage(self, session_id: str, tokens: int, cost: float) -> SessionV2:
-        check_range("tokens", tokens, 0, 2**62)
-        if isinstance(cost, bool) or not isinstance(cost, (int, float)) or cost < 0:
+    def add_usage(self, session_id: str, usage: Usage | None, cost: float, *, kind: str = "reply") -> SessionV2:
+        """Attribute one model call's usage and cost to the session: its totals and its
+        ``usageByKind[kind]``. ``kind`` is ``reply`` (the reply lifecycle, every ending)
+        or ``side:<what>`` for a side call made for the session (``side:title``,
+        ``side:summary``, ``side:ocr``, ``side:suggestions``, ``side:memory``,
+        ``side:embedding``...). The one call for any feature that spends tokens for a
+        session; returns the session as stored."""
+        if not _USAGE_KIND.match(kind):
+            raise InvalidParams(f"usage kind {kind!r} must be 'reply' or 'side:<name>'")
+        if usage is not None and not isinstance(usage, Usage):
+            raise InvalidParams("usage must be a Usage")
+        if usage is not None:
+            for field in ("input_tokens", "output_tokens", "cache_read_tokens", "cache_write_tokens", "reasoning_tokens"):
+                value = getattr(usage, field)
+                if value is not None:
+                    check_range(field, value, 0, 2**62)
+        if isinstance(cost, bool) or not isinstance(cost, (int, float)) or not 0 <= cost < 1e12:
             raise InvalidParams("cost must be a non-negative number")
         with self._db.write() as conn:
-            SessionRepo.add_usage(conn, session_id, tokens, float(cost))
+            SessionRepo.add_usage(conn, session_id, usage, float(cost), kind)
             return SessionRepo.get(conn, session_id)
 
 
 class Messages:
-    """``messages_v2``, the message tree and streaming updates: one transaction per call."""
+    """``messages_v2``, the message tree and streaming updates: one transaction per call.
+    Every message stored with content, and every final or paused content, owns the data-dir
+    files it references (files.py)."""
 
     def __init__(self, db: Database, clock: Callable[[], int]) -> None:
         self._db = db
@@ -240,34 +296,45 @@ class Messages:
     def query(
         self, session_id: str, options: MessageQueryOptions | None = None
     ) -> list[MessageV2]:
+        """Messages of a branch (``options``); ``acpParts`` only with ``includeAcpParts``
+        (a streaming ACP reply's come from its chunks, see acp.py)."""
         o = options if options is not None else MessageQueryOptions()
         if not isinstance(o, MessageQueryOptions):
             raise InvalidParams("options must be MessageQueryOptions")
         limit = None
         if o.limit is not None:
             limit = check_range("options.limit", o.limit, 1, MAX_MESSAGES_LIMIT)
+        acp = o.include_acp_parts
         with self._db.read() as conn:
-            if o.all_branches:
-                SessionRepo.require(conn, session_id)
-                messages = MessageStore.all(conn, session_id)
-                if o.before is not None:
-                    MessageStore.get_in_session(conn, session_id, o.before)
-                    cut = next(i for i, m in enumerate(messages) if m.id == o.before)
-                    messages = messages[:cut]
-                return CitationRows.attach(conn, messages[-limit:] if limit is not None else messages)
-            leaf = self._leaf(conn, session_id, o.leaf_id)
-            if leaf is None:
-                return []
+            messages = self._query(conn, session_id, o, limit, acp)
+            if acp:
+                messages = [_with_live_acp_parts(conn, m) for m in messages]
+        return messages
+
+    def _query(
+        self, conn: Any, session_id: str, o: MessageQueryOptions, limit: int | None, acp: bool
+    ) -> list[MessageV2]:
+        if o.all_branches:
+            SessionRepo.require(conn, session_id)
+            messages = MessageStore.all(conn, session_id, acp_parts=acp)
             if o.before is not None:
-                before = MessageStore.get_in_session(conn, session_id, o.before)
-                if o.before not in MessageStore.ancestor_ids(conn, session_id, leaf):
-                    raise InvalidParams(
-                        f"options.before {o.before!r} is not on the selected branch"
-                    )
-                if before.parent_id is None:
-                    return []
-                leaf = before.parent_id
-            return CitationRows.attach(conn, MessageStore.path(conn, session_id, leaf, limit))
+                MessageStore.get_in_session(conn, session_id, o.before)
+                cut = next(i for i, m in enumerate(messages) if m.id == o.before)
+                messages = messages[:cut]
+            return CitationRows.attach(conn, messages[-limit:] if limit is not None else messages)
+        leaf = self._leaf(conn, session_id, o.leaf_id)
+        if leaf is None:
+            return []
+        if o.before is not None:
+            before = MessageStore.get_in_session(conn, session_id, o.before)
+            if o.before not in MessageStore.ancestor_ids(conn, session_id, leaf):
+                raise InvalidParams(
+                    f"options.before {o.before!r} is not on the selected branch"
+                )
+            if before.parent_id is None:
+                return []
+            leaf = before.parent_id
+        return CitationRows.attach(conn, MessageStore.path(conn, session_id, leaf, limit, acp_parts=acp))
 
     def tree(self, session_id: str) -> list[MessageTreeNode]:
         """Every message as a forest; siblings in creation order, the active path marked."""
@@ -277,7 +344,7 @@ class Messages:
             ).fetchall()
             if not rows:
                 SessionRepo.require(conn, session_id)
-            messages = CitationRows.attach(conn, MessageStore.all(conn, session_id))
+            messages = CitationRows.attach(conn, MessageStore.all(conn, session_id, acp_parts=False))
             leaf = rows[0][0]
             if leaf is None or not any(m.id == leaf for m in messages):
                 leaf = MessageStore.newest_leaf(conn, session_id)
@@ -300,7 +367,7 @@ class Messages:
             MessageStore.get_in_session(conn, session_id, leaf_id)
             leaf = MessageStore.newest_leaf(conn, session_id, below=leaf_id) or leaf_id
             SessionRepo.set_active_leaf(conn, session_id, leaf)
-            return CitationRows.attach(conn, MessageStore.path(conn, session_id, leaf))
+            return CitationRows.attach(conn, MessageStore.path(conn, session_id, leaf, acp_parts=False))
 
     def append(
         self,
@@ -339,7 +406,7 @@ class Messages:
             ).fetchall()
             if not rows:
                 SessionRepo.require(conn, session_id)
-            active_leaf, last_at = rows[0]
+            active_leaf, last_at = cast("str | None", rows[0][0]), cast("int | None", rows[0][1])
             if parent_id is ACTIVE_LEAF:
                 parent = active_leaf
             elif parent_id is None:
@@ -442,6 +509,7 @@ class Messages:
                 now=now,
             )
             message = MessageStore.get(conn, message_id)
+            record_message_files(conn, data_dir_of(conn), message.session_id, message_id, text_content, parts, now)
             SessionRepo.touch(conn, message.session_id, now)
             MessageSearch.index(
                 conn,
@@ -477,6 +545,9 @@ class Messages:
             )
             if conn.changes() == 0:
                 raise NotFound(f"message {message_id!r} is not being generated")
+            if parts:
+                session_id = str(conn.execute("SELECT session_id FROM messages_v2 WHERE id = ?", (message_id,)).fetchall()[0][0])
+                record_message_files(conn, data_dir_of(conn), session_id, message_id, text_content, parts, self._clock())
 
     def delete_branch(self, message_id: str) -> int:
         """Delete a message and everything below it; returns how many messages went.
@@ -515,7 +586,7 @@ class Messages:
             ).fetchall()
             MessageSearch.index(
                 conn,
-                [(mid, sid, role, searchable_text(text, parts_or_none(parts, mid)))
+                [(str(mid), str(sid), str(role), searchable_text(cast("str | None", text), parts_or_none(cast("str | None", parts), str(mid))))
                  for mid, sid, role, text, parts in rows],
             )
         return len(rows)
@@ -606,6 +677,7 @@ class Store:
             self._lock.release()
             raise
         db = self._db
+        self.data_dir = path.resolve()
         self.sessions = Sessions(db, clock)
         self.messages = Messages(db, clock)
         self.search = Search(db)
@@ -621,9 +693,11 @@ class Store:
         self.knowledge = KnowledgeRepo(db, clock)
         self.sync = SyncRepo(db, sealer)
         self.citations = Citations(db)
+        self.files = FileRepo(db, self.data_dir, clock)
         try:
             self.schema_version = migrate(db)
             self.recovered = self.messages.recover_interrupted()
+            self.acp.join_left_chunks()
         except BaseException:
             self._db.close()
             self._lock.release()
@@ -640,6 +714,20 @@ class Store:
             self._db.close()
         finally:
             self._lock.release()
+
+
+def _with_live_acp_parts(conn: Any, m: MessageV2) -> MessageV2:
+    """A streaming ACP reply's raw updates so far come from its chunks (acp.py)."""
+    if m.status not in ("pending", "streaming"):
+        return m
+    bodies = [r[0] for r in conn.execute(
+        "SELECT body FROM acp_raw_chunks WHERE message_id = ? ORDER BY first", (m.id,)
+    )]
+    if not bodies:
+        return m
+    items = [b[1:-1].strip() for b in bodies]
+    raw = "[" + ",".join(i for i in items if i) + "]"
+    return msgspec.structs.replace(m, acp_parts=(m.acp_parts or []) + msgspec.json.decode(raw))
 
 
 def _check_list(field: str, value: Any) -> None:

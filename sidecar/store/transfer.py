@@ -7,10 +7,18 @@ Owns: the rules for copies. Must stay true:
   ever finish the copy). Citations are copied with their messages.
 - import: the document is validated whole (ids, sessions, parent links, no cycles, enums,
   citations) before anything is written; counters are recomputed from the messages, so they are true
-  even for a hand-edited document; import(export(s)) reproduces s.
+  even for a hand-edited document; import(export(s)) reproduces s. An imported
+  ``workspaceDir`` is dropped unless the caller trusts it (``trust_workspace``) and it is
+  an existing directory: the workspace tools of a session read it without asking, so a
+  file must not choose it. ``replace`` deletes the old session in the same transaction
+  (its files and agent sessions are journaled for removal like a delete's).
+- copies and imports own the data-dir files their messages reference (files.py), so a
+  file shared with the original stays until the last of them is gone.
 """
 
 from __future__ import annotations
+
+from pathlib import Path
 
 import apsw
 import msgspec
@@ -26,6 +34,7 @@ from sidecar.store.checks import (
     STATUSES,
     check_choice,
     check_tags,
+    check_workspace_dir,
 )
 from sidecar.store.citations import CitationRows
 from sidecar.store.citations import check_import as check_citations
@@ -101,7 +110,7 @@ def fork_session(conn: apsw.Connection, session_id: str, message_id: str, now: i
         active_leaf_id=copies[-1].id if copies else None,
     )
     SessionRepo.insert(conn, forked)
-    MessageStore.insert_many(conn, copies)
+    MessageStore.insert_many(conn, copies)  # the copies own the files too
     CitationRows.copy(conn, id_map, new_session_id, session_id)
     MessageSearch.index(conn, _index_docs(copies), fresh=True)
     return forked
@@ -110,6 +119,19 @@ def fork_session(conn: apsw.Connection, session_id: str, message_id: str, now: i
 def export_session(conn: apsw.Connection, session_id: str) -> SessionExport:
     session = SessionRepo.get(conn, session_id)
     return SessionExport(session=session, messages=CitationRows.attach(conn, MessageStore.all(conn, session_id)))
+
+
+def _trusted_workspace(session: SessionV2, trust: bool) -> str | None:
+    """The imported ``workspaceDir`` if the caller trusts it and it is a directory, else None."""
+    if session.workspace_dir is None or not trust:
+        return None
+    try:
+        checked = check_workspace_dir("session.workspaceDir", session.workspace_dir)
+    except InvalidParams:
+        return None  # not an absolute path: not a directory that exists either
+    if not checked or not Path(checked).is_dir():
+        return None
+    return checked
 
 
 def _validate_import(session: SessionV2, messages: list[MessageV2]) -> list[MessageV2]:
@@ -162,13 +184,19 @@ def _validate_import(session: SessionV2, messages: list[MessageV2]) -> list[Mess
 
 
 def _with_status(m: MessageV2, status: str) -> MessageV2:
-    return msgspec.structs.replace(m, status=status)  # type: ignore[arg-type]
+    return msgspec.structs.replace(m, status=status)
 
 
 def import_session(
-    conn: apsw.Connection, session: SessionV2, messages: list[MessageV2], *, replace: bool
+    conn: apsw.Connection,
+    session: SessionV2,
+    messages: list[MessageV2],
+    *,
+    replace: bool,
+    trust_workspace: bool = False,
 ) -> SessionV2:
     messages = _validate_import(session, messages)
+    workspace_dir = _trusted_workspace(session, trust_workspace)
     if SessionRepo.exists(conn, session.id):
         if not replace:
             raise StoreError(
@@ -198,6 +226,7 @@ def import_session(
         message_count=len(messages),
         last_message_at=max((m.created_at for m in messages), default=None),
         active_leaf_id=session.active_leaf_id,
+        workspace_dir=workspace_dir,
     )
     SessionRepo.insert(conn, stored)
     if messages:

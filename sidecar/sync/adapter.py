@@ -100,6 +100,8 @@ NO_APPEND = "the server takes messages only when a conversation is created: thes
 
 DeleteHooks = Callable[[str], Awaitable[Callable[[], None]]]
 """Run before the sync deletes a local session (stops its work); returns the after-hook."""
+Released = Callable[[], Awaitable[None]]
+"""Run once a delete is committed: the files it released are removed (the delete path's end)."""
 
 
 class _Job(msgspec.Struct, kw_only=True):
@@ -119,8 +121,9 @@ class _Ready(msgspec.Struct, kw_only=True):
 
 
 class ConversationSyncAdapter:
-    def __init__(self, *, before_delete: DeleteHooks) -> None:
+    def __init__(self, *, before_delete: DeleteHooks, released: Released) -> None:
         self.before_delete = before_delete
+        self.released = released
 
     # ==== pull ==========================================================================
 
@@ -498,6 +501,7 @@ class ConversationSyncAdapter:
                 after()
         if outcome == "deleted_local":
             ctx.result.deleted += 1
+            await self.released()
         elif outcome == "kept":
             ctx.conflict(SyncConflict(
                 kind="deleted_on_server", session_id=link.session_id, conversation_id=link.conversation_id,

@@ -51,7 +51,7 @@ from sidecar.errors import EngineError, InvalidParams, NotFound, SecretsLocked, 
 from sidecar.store import AsyncStore
 from sidecar.store.ids import now_ms
 from sidecar.sync.account import ServerAccount
-from sidecar.sync.adapter import ConversationSyncAdapter, DeleteHooks
+from sidecar.sync.adapter import ConversationSyncAdapter, DeleteHooks, Released
 from sidecar.sync.client import QimingClient
 from sidecar.sync.errors import AuthRequired, ConversationGone, NotConfigured, QimingError, ServerMalformed
 from sidecar.sync.mapping import MAX_TITLE_CHARS, conversation_title
@@ -81,13 +81,14 @@ class SyncService:
         notify: Notify,
         *,
         before_delete: DeleteHooks,
+        released: Released,
         transport: Any = None,
     ) -> None:
         self.store = store
         self._notify = notify
         self._running = 0
         self.account = ServerAccount(store, notify, syncing=lambda: self._running > 0, transport=transport)
-        self.adapter = ConversationSyncAdapter(before_delete=before_delete)
+        self.adapter = ConversationSyncAdapter(before_delete=before_delete, released=released)
         self._run_lock = anyio.Lock()
         self._db_lock = anyio.Lock()
         self._settings = SyncSettings()
@@ -270,6 +271,7 @@ class SyncService:
                     await self.store.run(lambda s: s.sync.delete_session(session_id))
                 finally:
                     after()
+                await self.adapter.released()
         return SuccessResult(success=True)
 
     async def share_conversation(self, params: ServerConversationShareParams) -> ServerShare:

@@ -40,6 +40,8 @@ class ToolOutput(msgspec.Struct, kw_only=True):
     citations: list[Citation] = []
     """The Citation records of the knowledge chunks this result showed the model (numbered
     in the reply's ledger, ``ToolContext.citations``); the reply may cite their markers."""
+    spilled: Path | None = None
+    """The file the whole output was saved to (set by ToolRegistry.execute; the reply owns it)."""
 
 
 class ToolContext(msgspec.Struct, kw_only=True):

@@ -23,7 +23,7 @@ import msgspec
 
 from sidecar.providers.types import ToolSpec
 from sidecar.tools.base import Tool, ToolContext, ToolError, ToolOutput
-from sidecar.tools.spill import maybe_spill
+from sidecar.tools.spill import spill
 
 __all__ = ["ToolRegistry", "CheckedCall"]
 
@@ -110,15 +110,16 @@ class ToolRegistry:
         except Exception as exc:
             log.exception("tool %s failed", tool.name)
             output = ToolOutput(text=f"the tool {tool.name} failed: {type(exc).__name__}: {exc}", is_error=True)
+        spilled = None
         try:
-            text = await anyio.to_thread.run_sync(
-                maybe_spill, output.text, ctx.tool_call_id, ctx.workspace, ctx.data_dir
+            text, spilled = await anyio.to_thread.run_sync(
+                spill, output.text, ctx.tool_call_id, ctx.workspace, ctx.data_dir
             )
         except (OSError, ToolError) as exc:  # ToolError: the spill path would leave the workspace
             log.warning("could not save a large output of %s: %s", tool.name, exc)
             why = (exc.strerror if isinstance(exc, OSError) else None) or str(exc)
             text = output.text[: 32 * 1024] + f"\n[output truncated; saving it failed: {why}]"
-        return ToolOutput(text=text, is_error=output.is_error, citations=output.citations)
+        return ToolOutput(text=text, is_error=output.is_error, citations=output.citations, spilled=spilled)
 
 
 def schema_problem(schema: dict[str, Any], args: dict[str, Any]) -> str | None:

@@ -26,7 +26,7 @@ import msgspec
 
 from protocol.common import EmptyParams
 from protocol.messages import SearchOptions
-from protocol.tools import ToolInfo, ToolListParams, ToolSettings, ToolSettingsUpdate
+from protocol.tools import ToolInfo, ToolListParams, ToolSettings, ToolSettingsUpdate, WebSearchConfig
 from protocol.types import SearchResult, SessionV2
 from sidecar.errors import InvalidParams
 from sidecar.providers.types import ModelInfo
@@ -115,29 +115,41 @@ class ToolService:
         return self._settings
 
     async def update_settings(self, params: ToolSettingsUpdate) -> ToolSettings:
+        """A field left out keeps its value; null resets it to its default (``webSearch``:
+        none; ``clearWebSearch`` is the older form of ``webSearch: null``)."""
         s = self._settings
+        defaults = ToolSettings()
         changes: dict[str, Any] = {}
+
+        def given(field: str) -> bool:
+            return getattr(params, field) is not msgspec.UNSET
+
+        def value(field: str) -> Any:
+            got = getattr(params, field)
+            return getattr(defaults, field) if got is None else got
+
         for field in ("enabled", "conversation_search", "tool_timeout_s", "command_timeout_s"):
-            value = getattr(params, field)
-            if value is not None:
-                changes[field] = value
+            if given(field):
+                changes[field] = value(field)
         for field in ("tool_timeout_s", "command_timeout_s"):
             if field in changes and not 0 < changes[field] <= 3600:
                 raise InvalidParams(f"invalid params: {field} must be in (0, 3600]")
-        if params.local_tools is not None:
-            unknown = [n for n in params.local_tools if n not in LOCAL_TOOLS]
+        if given("local_tools"):
+            local_tools = value("local_tools")
+            unknown = [n for n in local_tools if n not in LOCAL_TOOLS]
             if unknown:
                 raise InvalidParams(
                     f"invalid params: unknown local tools {unknown}; known: {sorted(LOCAL_TOOLS)} - at `$.localTools`"
                 )
-            changes["local_tools"] = list(dict.fromkeys(params.local_tools))
-        if params.skills_dirs is not None:
-            if any(not isinstance(d, str) or not Path(d).is_absolute() for d in params.skills_dirs):
+            changes["local_tools"] = list(dict.fromkeys(local_tools))
+        if given("skills_dirs"):
+            skills_dirs = value("skills_dirs")
+            if any(not isinstance(d, str) or not Path(d).is_absolute() for d in skills_dirs):
                 raise InvalidParams("invalid params: skillsDirs must be absolute paths - at `$.skillsDirs`")
-            changes["skills_dirs"] = list(params.skills_dirs)
-        if params.clear_web_search:
+            changes["skills_dirs"] = list(skills_dirs)
+        if params.clear_web_search or params.web_search is None:
             changes["web_search"] = None
-        elif params.web_search is not None:
+        elif isinstance(params.web_search, WebSearchConfig):
             if not params.web_search.url.startswith(("http://", "https://")):
                 raise InvalidParams("invalid params: webSearch.url must be an http(s) URL")
             changes["web_search"] = params.web_search

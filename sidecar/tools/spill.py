@@ -23,8 +23,8 @@ from pathlib import Path
 from sidecar.confine import open_nofollow
 from sidecar.tools.workspace import resolve_in
 
-__all__ = ["SPILL_BYTES", "PREVIEW_BYTES", "OUTPUT_DIR", "spill_name", "maybe_spill", "spill_dir", "spill_path",
-           "open_spill"]
+__all__ = ["SPILL_BYTES", "PREVIEW_BYTES", "OUTPUT_DIR", "spill_name", "maybe_spill", "spill", "spill_dir",
+           "spill_path", "open_spill"]
 
 SPILL_BYTES = 32 * 1024
 PREVIEW_BYTES = 4 * 1024
@@ -63,9 +63,15 @@ def maybe_spill(text: str, tool_call_id: str, workspace: Path | None, data_dir: 
     """``text`` itself when small, else the preview + instruction (file written). Blocking.
 
     Raises OSError when the file cannot be written, ToolError when it would leave the workspace."""
+    return spill(text, tool_call_id, workspace, data_dir)[0]
+
+
+def spill(text: str, tool_call_id: str, workspace: Path | None, data_dir: Path) -> tuple[str, Path | None]:
+    """``maybe_spill``, and the file it wrote (None when the text was small enough): the
+    file belongs to the reply (its owner is recorded, so it goes with the session)."""
     data = text.encode("utf-8", errors="replace")
     if len(data) <= SPILL_BYTES:
-        return text
+        return text, None
     name = spill_name(tool_call_id)
     path = spill_path(workspace, data_dir, name)  # checked before mkdir: nothing is created outside
     path.parent.mkdir(parents=True, exist_ok=True)
@@ -82,4 +88,4 @@ def maybe_spill(text: str, tool_call_id: str, workspace: Path | None, data_dir: 
     return (
         f"{preview(data)}\n\n[output truncated: {len(data)} bytes in total, the first "
         f"{PREVIEW_BYTES} shown. The whole output is saved as {OUTPUT_DIR}/{name}. {how}]"
-    )
+    ), path

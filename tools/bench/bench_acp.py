@@ -119,7 +119,9 @@ async def sidecar_rounds(chunks: int, rounds: int) -> list[dict]:
                 text = "".join(e.get("text", "") for e in events if e["type"] == "text_delta")
                 match = REPORT.search(text)
                 assert match and int(match.group(1)) == chunks, text[-200:]
-                messages = await proc.call("chat:messages:get", {"sessionId": session["id"]})
+                messages = await proc.call(
+                    "chat:messages:get", {"sessionId": session["id"], "options": {"includeAcpParts": True}}
+                )
                 reply = messages[-1]
                 assert reply["status"] == "completed" and reply["textContent"] == text
                 assert len(reply["acpParts"]) == chunks + 1

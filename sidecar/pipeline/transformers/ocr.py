@@ -77,7 +77,7 @@ class OcrTransformer:
             text = await ctx.call_model(
                 provider_id, model_id,
                 [RequestMessage(role="user", parts=[TextPart(text=options.prompt), image])],
-                max_tokens=2048,
+                max_tokens=2048, session_id=ctx.session.id, kind="side:ocr",
             )
         except SidecarError as exc:
             log.warning("OCR of an image failed: %s", exc.message)
