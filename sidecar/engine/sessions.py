@@ -45,7 +45,7 @@ from protocol.sessions import (
     SessionUpdateParams,
 )
 from protocol.types import MessageTreeNode, MessageV2, SearchResult, SessionExport, SessionV2
-from sidecar.errors import SidecarError
+from sidecar.errors import NotFound, SidecarError
 from sidecar.store import AsyncStore
 from sidecar.store.store import Store
 
@@ -149,7 +149,7 @@ class SessionService:
     # ---- messages -------------------------------------------------------------------
 
     async def get_messages(self, params: MessagesGetParams) -> list[MessageV2]:
-        return self._live(await self.store.run(lambda s: s.messages.query(params.session_id, params.options)))
+        return await self._live(await self.store.run(lambda s: s.messages.query(params.session_id, params.options)))
 
     async def get_tree(self, params: MessagesTreeParams) -> msgspec.Raw:
         return msgspec.Raw(encode_tree(await self.store.run(lambda s: s.messages.tree(params.session_id))))
@@ -158,13 +158,35 @@ class SessionService:
         return await self.store.run(lambda s: s.search.messages(params.query, params.options))
 
     async def select_branch(self, params: MessagesSelectParams) -> list[MessageV2]:
-        return self._live(await self.store.run(lambda s: s.messages.select_branch(params.session_id, params.leaf_id)))
+        return await self._live(
+            await self.store.run(lambda s: s.messages.select_branch(params.session_id, params.leaf_id))
+        )
 
-    def _live(self, messages: list[MessageV2]) -> list[MessageV2]:
+    async def _live(self, messages: list[MessageV2]) -> list[MessageV2]:
+        """In-flight rows with the live content of their reply. A row read in flight whose
+        reply ended between the read and now (no live job: its final or paused row is
+        stored) is read again, so a reply never reads back older than its last event."""
         overlay = self.overlay_live
         if overlay is None:
             return messages
-        return [overlay(m) if m.status in ("pending", "streaming") else m for m in messages]
+        out = [overlay(m) if m.status in ("pending", "streaming") else m for m in messages]
+        stale = [i for i, (m, o) in enumerate(zip(messages, out)) if o is m and m.status in ("pending", "streaming")]
+        if stale:
+            ids = [messages[i].id for i in stale]
+
+            def read_again(s: Store) -> list[MessageV2 | None]:
+                found: list[MessageV2 | None] = []
+                for message_id in ids:
+                    try:
+                        found.append(s.messages.get(message_id))
+                    except NotFound:  # deleted meanwhile: the first read stands
+                        found.append(None)
+                return found
+
+            for i, m in zip(stale, await self.store.run(read_again)):
+                if m is not None:
+                    out[i] = overlay(m) if m.status in ("pending", "streaming") else m
+        return out
 
     # ---- notifications --------------------------------------------------------------
 
