@@ -42,13 +42,15 @@ ToolSource = Literal["knowledge", "web", "local", "conversation", "workspace", "
 
 AuditDecision = Literal[
     "requested", "approved", "denied", "answered", "cancelled",
-    "policy:auto", "policy:deny", "remember:auto", "remember:deny",
+    "policy:auto", "policy:deny", "remember:auto", "remember:deny", "rule:allow", "rule:deny",
 ]
 """``requested``: the call waits for a decision; approved/denied/answered: the user's
 decision; ``cancelled``: the reply ended first; ``policy:*``: a stored policy decided
-without asking; ``remember:*``: the decision also stored a policy (``note`` names its key)."""
+without asking; ``remember:*``: the decision also stored a policy (``note`` names its key);
+``rule:*``: a V1 ``/computer/chat`` request's approval rules (or its yolo mode) decided
+(actor ``compat``)."""
 
-AuditActor = Literal["user", "policy", "system"]
+AuditActor = Literal["user", "policy", "system", "compat"]
 
 
 ToolPolicyValue = Literal["auto", "ask", "deny"]

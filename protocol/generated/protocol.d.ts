@@ -63,13 +63,15 @@ export type AgentMode = "ask" | "yolo";
  */
 export type ApprovalSource = "acp" | "tool";
 export type AttachmentKind = "audio" | "file" | "image" | "video";
-export type AuditActor = "policy" | "system" | "user";
+export type AuditActor = "compat" | "policy" | "system" | "user";
 /**
  * ``requested``: the call waits for a decision; approved/denied/answered: the user's
  * decision; ``cancelled``: the reply ended first; ``policy:*``: a stored policy decided
- * without asking; ``remember:*``: the decision also stored a policy (``note`` names its key).
+ * without asking; ``remember:*``: the decision also stored a policy (``note`` names its key);
+ * ``rule:*``: a V1 ``/computer/chat`` request's approval rules (or its yolo mode) decided
+ * (actor ``compat``).
  */
-export type AuditDecision = "answered" | "approved" | "cancelled" | "denied" | "policy:auto" | "policy:deny" | "remember:auto" | "remember:deny" | "requested";
+export type AuditDecision = "answered" | "approved" | "cancelled" | "denied" | "policy:auto" | "policy:deny" | "remember:auto" | "remember:deny" | "requested" | "rule:allow" | "rule:deny";
 /**
  * What a reply's Markdown is rendered to: Feishu card (JSON 2.0 rich text) or post ``md``
  * Markdown, DingTalk Markdown, WeCom Markdown, Slack mrkdwn (text) or mrkdwn section blocks,

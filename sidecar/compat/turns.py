@@ -297,7 +297,7 @@ class TurnRunner:
             except SidecarError as exc:  # decided by the user first, or cancelled meanwhile
                 log.info("V1 rule could not decide tool call %s: %s", call.id, exc.message)
                 return
-            note = self._audit_entry(record, f"rule:{action}", "compat", note=f"decided by {why}")
+            note = self._audit_entry(record, "rule:allow" if action == "allow" else "rule:deny", "compat", note=f"decided by {why}")
             await self._store.run(lambda s: s.tools.add_audit([note]))
         except anyio.get_cancelled_exc_class():
             raise

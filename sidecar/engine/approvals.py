@@ -55,6 +55,7 @@ from protocol.errors import ErrorCode
 from protocol.events import ApprovalSource, ToolApprovalOption
 from protocol.common import EmptyParams
 from protocol.tools import (
+    AuditDecision,
     PendingToolCall,
     ToolApproveParams,
     ToolApproveResult,
@@ -155,7 +156,7 @@ class ApprovalService:
                 option_id=pick_option(request.options, policy == "auto", False),
             )
             call.state = "done"
-            audit = [audit_entry(call, f"policy:{policy}", "policy")]
+            audit = [audit_entry(call, "policy:auto" if policy == "auto" else "policy:deny", "policy")]
             await self._store.run(lambda s: s.tools.add_calls([call], audit))
             return decision
         waiter = _Waiter()
@@ -252,7 +253,8 @@ class ApprovalService:
             remember = (call.policy_key or call.tool_name, "auto" if approved else "deny")
         audit = [audit_entry(call, params.decision, "user", answer=params.answer)]
         if remember is not None:
-            audit.append(audit_entry(call, f"remember:{remember[1]}", "user", note=f"policy of {remember[0]}"))
+            kept: AuditDecision = "remember:auto" if approved else "remember:deny"
+            audit.append(audit_entry(call, kept, "user", note=f"policy of {remember[0]}"))
         remaining = await self._store.run(
             lambda s: s.tools.decide(
                 call, state=params.decision, answer=params.answer, option_id=option_id,

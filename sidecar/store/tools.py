@@ -34,10 +34,10 @@ import msgspec
 
 from protocol import limits
 from protocol.events import ApprovalSource, ToolApprovalOption
-from protocol.tools import ToolAuditEntry, ToolPolicy
+from protocol.tools import AuditActor, AuditDecision, ToolAuditEntry, ToolPolicy
 from protocol.types import MessageV2, ToolResultPart
 from sidecar.errors import InvalidParams, NotFound
-from sidecar.store.db import Database
+from sidecar.store.db import Database, fetch_all
 from sidecar.store.ids import now_ms
 from sidecar.store.citations import CitationRows
 from sidecar.store.messages import MessageStore
@@ -164,9 +164,10 @@ class ToolStore:
 
     def get_run(self, message_id: str) -> ToolRun | None:
         with self._db.read() as conn:
-            rows = conn.execute(
+            rows = fetch_all(
+                conn,
                 f"SELECT {_RUN_COLUMNS} FROM tool_runs WHERE message_id = ?", (message_id,)
-            ).fetchall()
+            )
         return _run(rows[0]) if rows else None
 
     def set_run(self, message_id: str, *, state: str | None = None, steps: int | None = None) -> None:
@@ -184,7 +185,7 @@ class ToolStore:
             sql += " AND session_id = ?"
             args.append(session_id)
         with self._db.read() as conn:
-            return [_run(r) for r in conn.execute(sql + " ORDER BY updated_at", args).fetchall()]
+            return [_run(r) for r in fetch_all(conn, sql + " ORDER BY updated_at", args)]
 
     # ---- calls ------------------------------------------------------------------------
 
@@ -208,18 +209,20 @@ class ToolStore:
         with self._db.read() as conn:
             return [
                 _call(r)
-                for r in conn.execute(
+                for r in fetch_all(
+                    conn,
                     f"SELECT {_CALL_COLUMNS} FROM tool_calls WHERE message_id = ? ORDER BY rowid",
                     (message_id,),
-                ).fetchall()
+                )
             ]
 
     def get_call(self, message_id: str, tool_call_id: str) -> ToolCallRecord | None:
         with self._db.read() as conn:
-            rows = conn.execute(
+            rows = fetch_all(
+                conn,
                 f"SELECT {_CALL_COLUMNS} FROM tool_calls WHERE message_id = ? AND tool_call_id = ?",
                 (message_id, tool_call_id),
-            ).fetchall()
+            )
         return _call(rows[0]) if rows else None
 
     def transition(
@@ -259,7 +262,7 @@ class ToolStore:
             args.append(message_id)
         sql += " ORDER BY state = 'pending' DESC, created_at DESC"
         with self._db.read() as conn:
-            return [_call(r) for r in conn.execute(sql, args).fetchall()]
+            return [_call(r) for r in fetch_all(conn, sql, args)]
 
     def decide(
         self,
@@ -288,10 +291,11 @@ class ToolStore:
             if remember is not None:
                 self._put_policy(conn, remember[0], remember[1], now)
             return int(
-                conn.execute(
+                fetch_all(
+                    conn,
                     "SELECT count(*) FROM tool_calls WHERE message_id = ? AND state = 'pending'",
                     (call.message_id,),
-                ).fetchall()[0][0]
+                )[0][0]
             )
 
     def list_open(
@@ -304,7 +308,7 @@ class ToolStore:
             sql += " AND session_id = ?"
             args.append(session_id)
         with self._db.read() as conn:
-            return [_call(r) for r in conn.execute(sql + " ORDER BY created_at", args).fetchall()]
+            return [_call(r) for r in fetch_all(conn, sql + " ORDER BY created_at", args)]
 
     # ---- the reply row while paused -----------------------------------------------------
     # (pausing: Messages.pause and set_run(state="paused") in one Store.transaction)
@@ -333,20 +337,22 @@ class ToolStore:
         touched: list[str] = []
         with self._db.write() as conn:
             now = self._clock()
-            runs = conn.execute(
+            runs = fetch_all(
+                conn,
                 "SELECT r.message_id, m.status FROM tool_runs r JOIN messages_v2 m ON m.id = r.message_id"
                 " WHERE r.state = 'running'"
-            ).fetchall()
+            )
             for message_id, status in runs:
                 if status in ("pending", "streaming"):
                     continue  # live in this process (never at start-up)
                 open_calls = [
                     _call(r)
-                    for r in conn.execute(
+                    for r in fetch_all(
+                        conn,
                         f"SELECT {_CALL_COLUMNS} FROM tool_calls WHERE message_id = ?"
                         " AND state IN ('pending', 'approved', 'denied', 'answered', 'running')",
                         (message_id,),
-                    ).fetchall()
+                    )
                 ]
                 if open_calls:
                     self._append_results(conn, message_id, open_calls, note, now)
@@ -367,10 +373,11 @@ class ToolStore:
                 touched.append(message_id)
             stale = [
                 _call(r)
-                for r in conn.execute(
+                for r in fetch_all(
+                    conn,
                     f"SELECT {_CALL_COLUMNS} FROM tool_calls WHERE source != 'tool'"
                     " AND state IN ('pending', 'approved', 'denied', 'answered', 'running')"
-                ).fetchall()
+                )
             ]
             if stale:
                 self._insert_audit(conn, [_system_audit(c, "cancelled", note) for c in stale], now)
@@ -384,7 +391,7 @@ class ToolStore:
     def _append_results(
         self, conn: apsw.Connection, message_id: str, calls: list[ToolCallRecord], note: str, now: int
     ) -> None:
-        rows = conn.execute("SELECT parts FROM messages_v2 WHERE id = ?", (message_id,)).fetchall()
+        rows = fetch_all(conn, "SELECT parts FROM messages_v2 WHERE id = ?", (message_id,))
         if not rows:
             return
         parts = list(decode_parts(rows[0][0], message_id) or [])
@@ -406,15 +413,16 @@ class ToolStore:
     def policies(self, keys: Iterable[str] | None = None) -> dict[str, ToolPolicy]:
         with self._db.read() as conn:
             if keys is None:
-                rows = conn.execute("SELECT key, policy, updated_at FROM tool_policies ORDER BY key").fetchall()
+                rows = fetch_all(conn, "SELECT key, policy, updated_at FROM tool_policies ORDER BY key")
             else:
                 wanted = list(dict.fromkeys(keys))
                 if not wanted:
                     return {}
-                rows = conn.execute(
+                rows = fetch_all(
+                    conn,
                     f"SELECT key, policy, updated_at FROM tool_policies WHERE key IN ({', '.join('?' * len(wanted))})",
                     wanted,
-                ).fetchall()
+                )
         return {r[0]: ToolPolicy(key=r[0], policy=r[1], updated_at=r[2]) for r in rows}
 
     def set_policy(self, key: str, policy: str | None) -> None:
@@ -466,7 +474,7 @@ class ToolStore:
             sql += " WHERE " + " AND ".join(where)
         sql += " ORDER BY id DESC LIMIT ? OFFSET ?"
         with self._db.read() as conn:
-            return [_audit(r) for r in conn.execute(sql, [*args, limit, offset]).fetchall()]
+            return [_audit(r) for r in fetch_all(conn, sql, [*args, limit, offset])]
 
     def _insert_audit(self, conn: apsw.Connection, entries: Iterable[ToolAuditEntry], now: int) -> None:
         conn.executemany(
@@ -485,7 +493,7 @@ class ToolStore:
         """(name, config JSON) with the secrets opened; a value that cannot be opened (sealed
         with a key this process was not given) is left out of the config."""
         with self._db.read() as conn:
-            rows = conn.execute("SELECT name, config FROM mcp_servers ORDER BY name").fetchall()
+            rows = fetch_all(conn, "SELECT name, config FROM mcp_servers ORDER BY name")
         return [(name, self._sealer.open_mcp_config(config)[0]) for name, config in rows]
 
     def put_mcp_server(self, name: str, config: str) -> None:
@@ -506,7 +514,7 @@ class ToolStore:
                 raise NotFound(f"no MCP server named {name!r}")
 
 
-def audit_entry(call: ToolCallRecord, decision: str, actor: str, **extra: Any) -> ToolAuditEntry:
+def audit_entry(call: ToolCallRecord, decision: AuditDecision, actor: AuditActor, **extra: Any) -> ToolAuditEntry:
     """An audit row about ``call`` (``at`` 0 = the time of the write)."""
     return ToolAuditEntry(
         id=0,
@@ -523,5 +531,5 @@ def audit_entry(call: ToolCallRecord, decision: str, actor: str, **extra: Any) -
     )
 
 
-def _system_audit(call: ToolCallRecord, decision: str, note: str) -> ToolAuditEntry:
+def _system_audit(call: ToolCallRecord, decision: AuditDecision, note: str) -> ToolAuditEntry:
     return audit_entry(call, decision, "system", note=note)

@@ -70,7 +70,7 @@ class MemoryRetrievalTransformer:
 
     async def transform(self, drafts: list[Draft], ctx: TransformContext) -> list[Draft]:
         query = _query(drafts)
-        if not query.strip():
+        if not query.strip() or ctx.memory is None:
             return drafts
         try:
             found = await ctx.memory.retrieve(query=query, assistant_id=ctx.assistant.id, limit=MAX_RESULTS)
