@@ -3,7 +3,7 @@
 
 from __future__ import annotations
 
-from typing import Any
+from typing import Any, Literal
 
 import msgspec
 
@@ -17,6 +17,9 @@ __all__ = [
     "IdParams",
     "NameParams",
     "CancelRequestParams",
+    "ProgressToken",
+    "ProgressKind",
+    "ProgressParams",
 ]
 
 
@@ -41,6 +44,30 @@ class CancelRequestParams(Struct, kw_only=True):
 
     id: int | float | str
     """The id of the request, as it was sent (JSON-RPC allows strings and numbers)."""
+
+
+ProgressToken = str | int
+"""What the caller names a piece of long work by (``progressToken`` of its request)."""
+
+ProgressKind = Literal["begin", "report", "end"]
+
+
+class ProgressParams(Struct, omit_defaults=False, kw_only=True):
+    """``sidecar:progress``: how far a long piece of work has come (import, export, ...).
+
+    The convention (LSP's work-done progress, flattened): a request that can take long takes
+    ``progressToken``; when the caller gives one, the sidecar sends ``sidecar:progress``
+    notifications carrying that token: one ``begin``, any number of ``report``, and exactly
+    one ``end`` once the work is over (also when it failed: ``message`` says why), before the
+    request's answer. A request refused before any work starts sends none."""
+
+    token: ProgressToken
+    kind: ProgressKind
+    done: int = 0
+    """Units of work done so far (messages, chunks, files: ``message`` and the method say which)."""
+    total: int | None = None
+    """All units, when known."""
+    message: str | None = None
 
 
 class MethodSpec(msgspec.Struct, frozen=True):

@@ -14,7 +14,7 @@ import msgspec
 
 from protocol.limits import Int64
 from protocol.errors import ErrorCode
-from protocol.types import Struct, Usage
+from protocol.types import ContentPart, Struct, Usage
 
 __all__ = [
     "StreamToolCall",
@@ -32,6 +32,7 @@ __all__ = [
     "NoticeEvent",
     "PlanEntry",
     "PlanEvent",
+    "ContentReplacedEvent",
     "ToolApprovalOption",
     "ToolApprovalRequiredEvent",
     "ChatStreamEvent",
@@ -51,11 +52,17 @@ ApprovalSource = Literal["tool", "acp"]
 """Where a call that needs a decision comes from: ``tool`` (a tool of the direct-mode loop)
 or ``acp`` (an agent engine's permission request)."""
 
-NoticeCode = Literal["acp_session_replaced", "acp_history_unavailable", "acp_content_not_sent"]
+NoticeCode = Literal[
+    "acp_session_replaced", "acp_history_unavailable", "acp_content_not_sent",
+    "stream_unsupported", "context_trimmed",
+]
 """``acp_session_replaced``: the agent could not reload the conversation after a restart and
 starts a new agent session without the earlier turns; ``acp_history_unavailable``: the agent
 session of this branch is unknown to the engine; ``acp_content_not_sent``: parts of the user
-message (e.g. images) that the agent does not accept were left out."""
+message (e.g. images) that the agent does not accept were left out; ``stream_unsupported``:
+the endpoint refused to stream this model, so it is asked for whole replies from now on (the
+model's ``stream`` became false); ``context_trimmed``: older messages were left out of this
+request so it fits the model's context window (the notice says how many)."""
 
 
 class StreamToolCall(Struct, kw_only=True):
@@ -181,6 +188,17 @@ class PlanEvent(_Event, tag="plan", kw_only=True):
     entries: list[PlanEntry]
 
 
+class ContentReplacedEvent(_Event, tag="content_replaced", kw_only=True):
+    """The stored text of the reply differs from what was streamed (an output rewrite after
+    streaming: assistant regex rules, think tags closed, images moved to files...): show
+    ``text`` instead of the streamed text. Sent at most once, right before ``stream_end``."""
+
+    text: str
+    """The reply's stored ``textContent``."""
+    parts: list[ContentPart] | None = None
+    """The stored parts, when the reply is multipart (text with thinking, tools, images)."""
+
+
 ChatStreamEvent = Union[
     StreamStartEvent,
     TextDeltaEvent,
@@ -195,6 +213,7 @@ ChatStreamEvent = Union[
     ToolApprovalRequiredEvent,
     NoticeEvent,
     PlanEvent,
+    ContentReplacedEvent,
 ]
 
 FinalEvent = Union[StreamEndEvent, ErrorEvent, AbortedEvent]

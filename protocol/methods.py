@@ -12,7 +12,8 @@ from protocol import chat, context, lifecycle, mcp, messages, providers, session
 from protocol import compat
 from protocol import channels
 from protocol.channels import ChannelReplyParams
-from protocol.common import CancelRequestParams, MethodSpec
+from protocol.chat import SuggestionsParams
+from protocol.common import CancelRequestParams, MethodSpec, ProgressParams
 from protocol.events import ChatStreamEvent
 from protocol.types import SessionV2
 
@@ -34,6 +35,14 @@ NOTIFICATIONS: dict[str, MethodSpec] = {
     ),
     "channel:reply": MethodSpec(
         ChannelReplyParams, None, "Deliver chunks of a reply to an IM chat; answer with channel:ack.",
+        direction="server->client",
+    ),
+    "chat:suggestions": MethodSpec(
+        SuggestionsParams, None, "Follow-up questions proposed for a finished reply (stored with it).",
+        direction="server->client",
+    ),
+    "sidecar:progress": MethodSpec(
+        ProgressParams, None, "Progress of a long request, under the caller's progressToken.",
         direction="server->client",
     ),
     "$/cancelRequest": MethodSpec(

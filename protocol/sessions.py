@@ -10,7 +10,7 @@ from typing import Literal
 
 from protocol.limits import Id, Int64, JsonObject, Offset, SearchText, SessionPageLimit, Title
 from protocol.types import DateRange, MessageV2, SessionMode, SessionV2, Struct
-from protocol.common import IdParams, SuccessResult
+from protocol.common import IdParams, ProgressToken, SuccessResult
 from protocol.types import SessionExport, SessionV2
 from protocol.common import MethodSpec
 
@@ -24,6 +24,7 @@ __all__ = [
     "SessionPinParams",
     "SessionForkParams",
     "SessionImportParams",
+    "SessionExportParams",
 ]
 
 
@@ -112,6 +113,16 @@ class SessionImportParams(Struct, kw_only=True):
     messages: list[MessageV2]
     replace: bool = False
     """Overwrite a session with the same id; otherwise an existing id is BAD_STATE."""
+    progress_token: ProgressToken | None = None
+    """Report progress as ``sidecar:progress`` under this token (done/total count messages)."""
+
+
+class SessionExportParams(Struct, kw_only=True):
+    """``chat:session:export``."""
+
+    id: Id
+    progress_token: ProgressToken | None = None
+    """Report progress as ``sidecar:progress`` under this token (done/total count messages)."""
 
 
 METHODS: dict[str, MethodSpec] = {
@@ -132,10 +143,16 @@ METHODS: dict[str, MethodSpec] = {
         SessionForkParams, SessionV2, "New session holding a copy of the path root -> messageId."
     ),
     "chat:session:export": MethodSpec(
-        IdParams, SessionExport, "A whole session with all branches as one JSON document."
+        SessionExportParams, SessionExport, "A whole session with all branches as one JSON document."
     ),
     "chat:session:import": MethodSpec(
         SessionImportParams, SessionV2, "Store an exported session (all branches)."
+    ),
+    "chat:session:summarize": MethodSpec(
+        IdParams, SessionV2, "Write the session's summary with a model call now (it replaces any summary)."
+    ),
+    "chat:session:title": MethodSpec(
+        IdParams, SessionV2, "Name the session again with a model call now (it replaces the title)."
     ),
 }
 """The methods of this domain (see ``protocol.methods``)."""

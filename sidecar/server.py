@@ -111,6 +111,11 @@ BINDINGS: dict[str, str] = {
     "channel:config:get": "channels.get_config",
     "channel:config:upsert": "channels.upsert_config",
     "channel:config:delete": "channels.delete_config",
+    "chat:messages:update": "sessions.update_message",
+    "chat:messages:page": "sessions.get_page",
+    "chat:messages:searchPage": "sessions.search_page",
+    "chat:session:summarize": "side.summarize_session",
+    "chat:session:title": "side.title_session",
 }
 """Method name -> attribute path on the App of the ``async def f(params) -> result`` that answers it."""
 

@@ -53,7 +53,7 @@ from protocol.common import SuccessResult
 from protocol.settings import ChatSettings
 from protocol.types import MessageV2, SessionV2
 from sidecar.engine.approvals import ApprovalService
-from sidecar.engine.generation import GenerationHandler, ToolAssembler
+from sidecar.engine.generation import GenerationHandler, ReplyProviders, ToolAssembler
 from sidecar.engine.relay import Notify
 from sidecar.engine.lifecycle import (
     COMPLETED,
@@ -68,7 +68,6 @@ from sidecar.engine.titles import TitleGenerator
 from sidecar.engine.turns import Turn, TurnWriter
 from sidecar.errors import NotFound, SidecarError
 from sidecar.pipeline.builder import Prepared, RequestBuilder
-from sidecar.pipeline.calls import ModelResolver
 from sidecar.pipeline.locks import KeyedLocks
 from sidecar.store.async_store import AsyncStore
 from sidecar.store.attachments import AttachmentStore
@@ -91,8 +90,18 @@ class _RunningJob:
         self.done = anyio.Event()
 
 
-class ChatProviders(ModelResolver, Pricing, Protocol):
+class ChatProviders(ReplyProviders, Pricing, Protocol):
     """The engine's ProviderService as the chat engine uses it."""
+
+
+class SideTasks(Protocol):
+    """The side calls around replies (sidecar/engine/side.py SideCalls)."""
+
+    def cancel(self, session_id: str) -> None:
+        """A new turn on the session began: its pending suggestions are not wanted."""
+
+    async def after_reply(self, session: SessionV2, job: ReplyJob) -> None:
+        """A reply completed: start its side calls (suggestions, the automatic summary)."""
 
 
 class SettingsSource(Protocol):
@@ -123,8 +132,11 @@ class ChatEngine:
         approvals: ApprovalService | None = None,
         data_dir: Path | None = None,
         acp: AgentTurns | None = None,
+        side: SideTasks | None = None,
     ) -> None:
         self._store = store
+        self._side = side
+        """Suggestions and the automatic summary after a reply (None: none)."""
         self._notify = notify
         self._settings = settings
         self._tg = task_group
@@ -175,6 +187,8 @@ class ChatEngine:
             self._check_not_deleting(session_id)
             if session_id in self._jobs or not self._handler.is_idle(session_id):
                 return None
+            if self._side is not None:
+                self._side.cancel(session_id)
             acp_ok = self._acp is not None
 
             def check_and_write(s: Store) -> tuple[Turn, MessageV2 | None, MessageV2, Prepared | None]:
@@ -205,12 +219,13 @@ class ChatEngine:
         _, reply = await self._begin(turn, "superseded by regenerate", after_active_leaf=False)
         return MessageIdResult(message_id=reply.id)
 
-    async def edit_resend(self, params: EditResendParams) -> MessageIdResult:
+    async def edit_resend(self, params: EditResendParams) -> SendResult:
         self._check_open()
         turn = await self._store.run(lambda s: self._turns.check_edit(s, params))
         await self._check_acp(turn, branching=True)
-        _, reply = await self._begin(turn, "superseded by edit and resend", after_active_leaf=False)
-        return MessageIdResult(message_id=reply.id)
+        user, reply = await self._begin(turn, "superseded by edit and resend", after_active_leaf=False)
+        assert user is not None
+        return SendResult(message_id=reply.id, user_message_id=user.id)
 
     # -- lifecycle -------------------------------------------------------------------
 
@@ -253,6 +268,7 @@ class ChatEngine:
                     provider_id=run.provider_id,
                     model_id=run.model_id,
                     temperature=run.temperature,
+                    reasoning=run.reasoning,
                     resume=message,
                     steps=run.steps,
                 )
@@ -344,6 +360,8 @@ class ChatEngine:
                 provider_id=turn.provider_id,
                 model_id=turn.model_id,
                 temperature=turn.temperature,
+                reasoning=turn.reasoning,
+                tools=turn.tools,
                 prepared=prepared,
             )
         )
@@ -389,6 +407,8 @@ class ChatEngine:
         try:
             if await self._titles.wants_title(session, job):
                 self._tg.start_soon(self._title, session, job)
+            if self._side is not None:
+                await self._side.after_reply(session, job)
         except SidecarError:
             log.debug("session %s vanished after its generation", job.session.id)
 
@@ -402,6 +422,8 @@ class ChatEngine:
         BUSY when the job does not end within STOP_TIMEOUT_S (the caller writes nothing)."""
         running = self._jobs.get(session_id)
         stopped = False
+        if self._side is not None:
+            self._side.cancel(session_id)
         if running is not None:
             running.job.abort_reason = reason
             running.scope.cancel()

@@ -20,7 +20,9 @@ shim), the life of the reply is the same, and it is owned here, once:
   cost counters, and ``chat:session:updated`` with the session as stored after the ending;
 - the ending: shielded (a stop that arrives meanwhile waits for it) and bounded
   (FINALIZE_TIMEOUT_S); the last throttled state is flushed, then one final row and exactly
-  one final event (``stream_end`` | ``error`` | ``aborted``); an ending that fails or runs
+  one final event (``stream_end`` | ``error`` | ``aborted``); when the driver's ``finalize``
+  stored other text than was streamed, ``content_replaced`` with the stored text comes right
+  before ``stream_end`` (the renderer never keeps text that is not stored); an ending that fails or runs
   out of time falls back to ``error`` with the content so far (FALLBACK_TIMEOUT_S); if that
   cannot store its row in time either, the ``error`` event is still sent (the row is left
   to restart recovery).
@@ -128,6 +130,7 @@ import msgspec
 from protocol.errors import ErrorCode
 from protocol.events import (
     AbortedEvent,
+    ContentReplacedEvent,
     ErrorEvent,
     FinishReason,
     NoticeEvent,
@@ -241,6 +244,10 @@ class ReplyJob(msgspec.Struct, kw_only=True):
     provider_id: str
     model_id: str
     temperature: float | None = None
+    reasoning: str | None = None
+    """A reasoning level for this reply only (a per-send option); None: the settings'."""
+    tools: bool = True
+    """False: no tools are offered for this reply (a per-send option)."""
     resume: MessageV2 | None = None
     """A paused reply to continue (its stored content, usage and seq), instead of a new one."""
     steps: int = 0
@@ -585,7 +592,15 @@ class ReplyLifecycle:
             usage = self._content.usage
             if usage is not None:
                 await relay.emit(UsageEvent, usage=usage)
-            snap = await driver.finalize(self._content.snapshot())
+            streamed = self._content.snapshot()
+            snap = await driver.finalize(streamed)
+            if snap.text_content != streamed.text_content:
+                # a rewrite after streaming (output regex rules, think tags, images to files,
+                # citation markers...): the renderer must show what is stored
+                await relay.emit(
+                    ContentReplacedEvent, text=snap.text_content,
+                    parts=snap.parts if snap.content_type == "multipart" else None,
+                )
             # the cost first: the final row and the session's counters are then written in
             # one worker-thread hop, back to back
             try:

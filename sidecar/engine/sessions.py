@@ -25,13 +25,21 @@ import msgspec
 
 from protocol.common import IdParams, SuccessResult
 from protocol.messages import (
+    MessageQueryOptions,
     MessagesGetParams,
+    MessagesPage,
+    MessagesPageParams,
     MessagesSearchParams,
     MessagesSelectParams,
     MessagesTreeParams,
+    MessagesUpdateParams,
+    SearchOptions,
+    SearchPage,
+    SearchPageParams,
 )
 from protocol.sessions import (
     CreateSessionOptions,
+    SessionExportParams,
     SessionFilter,
     SessionForkParams,
     SessionImportParams,
@@ -40,7 +48,11 @@ from protocol.sessions import (
     SessionUpdateParams,
 )
 from protocol.types import MessageTreeNode, MessageV2, SearchResult, SessionExport, SessionV2
+from sidecar.engine.progress import work_progress
+from sidecar.errors import InvalidParams
+from protocol.limits import MAX_SEARCH_OFFSET, MAX_SEARCH_PAGE
 from sidecar.store import AsyncStore
+from sidecar.store.store import Store
 
 __all__ = ["SessionService", "encode_tree", "DeleteHook", "Notify"]
 
@@ -50,6 +62,9 @@ Notify = Callable[[str, Any], Awaitable[None]]
 DeleteHook = Callable[[str], Awaitable[Callable[[], None] | None]]
 
 _encoder = msgspec.json.Encoder()
+
+DEFAULT_PAGE = 100
+"""``chat:messages:page`` without ``options.limit``."""
 
 
 class SessionService:
@@ -104,11 +119,17 @@ class SessionService:
     async def fork_session(self, params: SessionForkParams) -> SessionV2:
         return await self.store.run(lambda s: s.sessions.fork(params.id, params.message_id))
 
-    async def export_session(self, params: IdParams) -> SessionExport:
-        return await self.store.run(lambda s: s.sessions.export(params.id))
+    async def export_session(self, params: SessionExportParams) -> SessionExport:
+        async with work_progress(self._notify, params.progress_token, "exporting messages") as progress:
+            report = progress.from_thread if progress is not None else None
+            return await self.store.run(lambda s: s.sessions.export(params.id, report))
 
     async def import_session(self, params: SessionImportParams) -> SessionV2:
-        return await self.store.run(lambda s: s.sessions.import_(params.session, params.messages, params.replace))
+        async with work_progress(self._notify, params.progress_token, "importing messages") as progress:
+            report = progress.from_thread if progress is not None else None
+            return await self.store.run(
+                lambda s: s.sessions.import_(params.session, params.messages, params.replace, report)
+            )
 
     # ---- messages -------------------------------------------------------------------
 
@@ -123,6 +144,50 @@ class SessionService:
 
     async def select_branch(self, params: MessagesSelectParams) -> list[MessageV2]:
         return self._live(await self.store.run(lambda s: s.messages.select_branch(params.session_id, params.leaf_id)))
+
+    async def update_message(self, params: MessagesUpdateParams) -> MessageV2:
+        """``chat:messages:update``: the user's correction of a finished reply's text."""
+        return await self.store.run(
+            lambda s: s.messages.edit_text(params.session_id, params.message_id, params.content)
+        )
+
+    async def get_page(self, params: MessagesPageParams) -> MessagesPage:
+        """``chat:messages:page``: one page of ``chat:messages:get`` (one more message is read
+        to know whether another page follows)."""
+        options = params.options or MessageQueryOptions()
+        limit = options.limit if options.limit is not None else DEFAULT_PAGE
+        before = params.cursor if params.cursor is not None else options.before
+        query = msgspec.structs.replace(options, limit=min(limit + 1, 10_000), before=before)
+        found = await self.store.run(lambda s: s.messages.query(params.session_id, query))
+        more = len(found) > limit
+        items = self._live(found[1:] if more else found)
+        return MessagesPage(items=items, has_more=more, next_cursor=items[0].id if more and items else None)
+
+    async def search_page(self, params: SearchPageParams) -> SearchPage:
+        """``chat:messages:searchPage``: one page of ``chat:messages:search``; the cursor is
+        the offset of the next page."""
+        options = params.options or SearchOptions()
+        offset = options.offset
+        if params.cursor is not None:
+            if not params.cursor.isdigit() or int(params.cursor) > MAX_SEARCH_OFFSET:
+                raise InvalidParams("invalid params: cursor is not one this method gave - at `$.cursor`")
+            offset = int(params.cursor)
+        limit = options.limit
+        if offset + limit > MAX_SEARCH_OFFSET:  # the last page search can reach
+            limit = max(1, MAX_SEARCH_OFFSET - offset)
+        page = msgspec.structs.replace(options, offset=offset, limit=min(limit + 1, MAX_SEARCH_PAGE))
+        probe = msgspec.structs.replace(options, offset=min(offset + limit, MAX_SEARCH_OFFSET), limit=1)
+
+        def read(s: Store) -> tuple[list[SearchResult], bool]:
+            found = s.search.messages(params.query, page)
+            if len(found) > limit:
+                return found[:limit], True
+            if len(found) < limit or offset + limit >= MAX_SEARCH_OFFSET:
+                return found, False
+            return found, bool(s.search.messages(params.query, probe))  # a full page of 200
+
+        items, more = await self.store.run(read)
+        return SearchPage(items=items, has_more=more, next_cursor=str(offset + limit) if more else None)
 
     def _live(self, messages: list[MessageV2]) -> list[MessageV2]:
         overlay = self.overlay_live

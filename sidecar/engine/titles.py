@@ -8,21 +8,23 @@ before writing so a title the user set in the meantime is never overwritten.
 from __future__ import annotations
 
 import logging
-from collections.abc import Callable
+from collections.abc import Awaitable, Callable
 
 import anyio
 
 from protocol.sessions import SessionUpdates
 from protocol.settings import ChatSettings
-from protocol.types import SessionV2, TextPart
+from protocol.types import SessionV2, TextPart, Usage
 from sidecar.engine.lifecycle import ReplyJob
-from sidecar.errors import SidecarError
+from sidecar.errors import EngineError, ProviderError, SidecarError
 from sidecar.pipeline.calls import ModelResolver
-from sidecar.providers.types import ChatRequest, GenerationParams, RequestMessage, TextDelta
+from sidecar.providers.types import ChatRequest, GenerationParams, RequestMessage, TextDelta, UsageUpdate
 from sidecar.store.async_store import AsyncStore
 from sidecar.store.store import Store
 
 log = logging.getLogger(__name__)
+
+UsageSink = Callable[[str, str, Usage], Awaitable[None]]
 
 DEFAULT_TITLES = ("", "New Chat")
 TITLE_TIMEOUT_S = 30.0
@@ -88,6 +90,45 @@ class TitleGenerator:
                 return s.sessions.update(session.id, SessionUpdates(title=title))
 
         return await self._store.run(write)
+
+
+    async def title_now(self, session: SessionV2, on_usage: UsageSink | None = None) -> SessionV2:
+        """``chat:session:title``: name the session again from its active branch (its first
+        user message and latest reply), replacing whatever title it has. SidecarError when
+        there is nothing to name it from or the model fails; ``on_usage(provider_id,
+        model_id, usage)`` is given the call's usage (a side call's cost)."""
+        path = await self._store.run(lambda s: s.messages.path(session.id))
+        user = next((m for m in path if m.role == "user" and m.text_content), None)
+        reply = next((m for m in reversed(path) if m.role == "assistant" and m.text_content), None)
+        if user is None:
+            raise EngineError("the session has no message to name it after")
+        chosen = self._settings().title_model
+        provider_id = chosen.provider_id if chosen else session.provider_id
+        resolved = await self._providers.resolve(provider_id, chosen.model_id if chosen else session.model_id)
+        excerpt = f"User: {(user.text_content or '')[:1000]}"
+        if reply is not None:
+            excerpt += f"\n\nAssistant: {(reply.text_content or '')[:1000]}"
+        request = ChatRequest(
+            model=resolved.model,
+            messages=[
+                RequestMessage(role="system", parts=[TextPart(text=_PROMPT)]),
+                RequestMessage(role="user", parts=[TextPart(text=excerpt)]),
+            ],
+            params=GenerationParams(max_tokens=64),
+            stream=False,
+        )
+        try:
+            with anyio.fail_after(TITLE_TIMEOUT_S):
+                parts = await resolved.provider.generate(request)
+        except TimeoutError:
+            raise ProviderError(f"the model {resolved.model.id} gave no title within {TITLE_TIMEOUT_S:g}s") from None
+        usage = next((p.usage for p in reversed(parts) if isinstance(p, UsageUpdate)), None)
+        if on_usage is not None and usage is not None:
+            await on_usage(provider_id, resolved.model.id, usage)
+        title = clean_title("".join(p.text for p in parts if isinstance(p, TextDelta)))
+        if not title:
+            raise ProviderError(f"the model {resolved.model.id} gave no usable title")
+        return await self._store.run(lambda s: s.sessions.update(session.id, SessionUpdates(title=title)))
 
 
 def clean_title(raw: str) -> str:

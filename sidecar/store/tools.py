@@ -62,6 +62,8 @@ class ToolRun(msgspec.Struct, kw_only=True):
     steps: int = 0
     state: str = "running"
     updated_at: int = 0
+    reasoning: str | None = None
+    """The reply's reasoning override (a per-send option), kept for its resumption."""
 
 
 class ToolCallRecord(msgspec.Struct, kw_only=True):
@@ -85,7 +87,7 @@ _CALL_COLUMNS = (
     "message_id, tool_call_id, session_id, tool_name, arguments, source, policy_key, options,"
     " state, answer, option_id, step, created_at, updated_at"
 )
-_RUN_COLUMNS = "message_id, session_id, provider_id, model_id, temperature, steps, state, updated_at"
+_RUN_COLUMNS = "message_id, session_id, provider_id, model_id, temperature, steps, state, updated_at, reasoning"
 _AUDIT_COLUMNS = (
     "id, at, session_id, message_id, tool_call_id, tool_name, arguments, decision, actor, source,"
     " answer, note"
@@ -122,6 +124,7 @@ def _run(r: tuple[Any, ...]) -> ToolRun:
         steps=r[5],
         state=r[6],
         updated_at=r[7],
+        reasoning=r[8],
     )
 
 
@@ -147,15 +150,19 @@ class ToolStore:
         self._db = db
         self._clock = clock
         self._sealer = sealer if sealer is not None else Sealer(SecretBox(Path(db.path).parent, use_keychain=False))
+        self.policy_version = 0
+        """Bumped after every committed write of a policy (this process is the only writer;
+        each such write is a transaction of its own): a reader that caches the policies reads
+        the counter before it reads them and reads again once the counter moved."""
 
     # ---- runs -------------------------------------------------------------------------
 
     def begin_run(self, run: ToolRun) -> None:
         with self._db.write() as conn:
             conn.execute(
-                f"INSERT OR REPLACE INTO tool_runs ({_RUN_COLUMNS}) VALUES (?, ?, ?, ?, ?, ?, ?, ?)",
+                f"INSERT OR REPLACE INTO tool_runs ({_RUN_COLUMNS}) VALUES (?, ?, ?, ?, ?, ?, ?, ?, ?)",
                 (run.message_id, run.session_id, run.provider_id, run.model_id, run.temperature,
-                 run.steps, run.state, self._clock()),
+                 run.steps, run.state, self._clock(), run.reasoning),
             )
 
     def get_run(self, message_id: str) -> ToolRun | None:
@@ -283,12 +290,15 @@ class ToolStore:
             self._insert_audit(conn, audit, now)
             if remember is not None:
                 self._put_policy(conn, remember[0], remember[1], now)
-            return int(
+            pending = int(
                 conn.execute(
                     "SELECT count(*) FROM tool_calls WHERE message_id = ? AND state = 'pending'",
                     (call.message_id,),
                 ).fetchall()[0][0]
             )
+        if remember is not None:
+            self.policy_version += 1  # once committed (see set_policy)
+        return pending
 
     def list_open(
         self, *, session_id: str | None = None, states: Iterable[str] = ("pending",)
@@ -421,6 +431,7 @@ class ToolStore:
                 conn.execute("DELETE FROM tool_policies WHERE key = ?", (key,))
             else:
                 self._put_policy(conn, key, policy, self._clock())
+        self.policy_version += 1  # once committed: a reader that sees it reads the new rows
 
     def _put_policy(self, conn: apsw.Connection, key: str, policy: str, now: int) -> None:
         if policy not in POLICIES:
