@@ -13,7 +13,14 @@ A job is one ReplyLifecycle (lifecycle.py: the row, events, persistence, ending,
 and ``chat:session:updated``) run with the driver of the session's mode: the step loop
 (generation.py) for ``direct``, the agent turn (acp_turn.py) for ``acp``. After a
 successful first exchange the session is titled by a side call (settings
-``generateTitles``), which sends ``chat:session:updated`` again with the title.
+``generateTitles``), which sends ``chat:session:updated`` again with the title; the other
+side calls of a completed reply (suggestions, the automatic session summary) are
+``side.after_reply``'s (sidecar/engine/side.py), and every new turn, abort or delete on a
+session cancels its pending suggestions first (``side.cancel``).
+
+Per-turn overrides (``chat:send``/``chat:regenerate`` options: provider, model, temperature,
+reasoning, tools on/off) travel in the Turn and the ReplyJob; a paused reply keeps its
+reasoning override in its tool run, so its resumption uses it too.
 
 Stopping is bounded: a job that does not end within STOP_TIMEOUT_S (plus an ACP agent's
 cancel timeout) makes the request that needed it fail with BUSY (nothing is written), so a

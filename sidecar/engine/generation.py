@@ -207,6 +207,8 @@ class _StepLoop(ReplyDriver):
         self._finish_reason: FinishReason | None = None
         self._trimmed = 0
         """Messages the last notice said were left out of the request."""
+        self._whole = False
+        """The endpoint refused to stream during this reply: the later steps ask whole too."""
 
     async def drive(self, reply: ReplyFeed) -> Ending:
         """Model steps and tool calls until the reply is complete, paused or failed."""
@@ -303,7 +305,7 @@ class _StepLoop(ReplyDriver):
         output = requests.output
         try:
             # think tags in text become reasoning while streaming (pipeline/output.py)
-            if not resolved.model.stream:
+            if not resolved.model.stream or self._whole:
                 await self._consume(output.stream(_replay(await resolved.provider.generate(request))), reply)
                 return None
             refused = await self._consume(output.stream(resolved.provider.stream(request)), reply)
@@ -311,6 +313,7 @@ class _StepLoop(ReplyDriver):
                 if not says_streaming_unsupported(refused):
                     return refused
                 await self._stream_refused(reply, resolved)
+                self._whole = True
                 await self._consume(output.stream(_replay(await resolved.provider.generate(request))), reply)
         except SidecarError as exc:
             return exc

@@ -191,8 +191,6 @@ def import_session(
     progress: Progress | None = None,
 ) -> SessionV2:
     messages = _validate_import(session, messages)
-    if progress is not None:
-        progress(0, len(messages))
     if SessionRepo.exists(conn, session.id):
         if not replace:
             raise StoreError(
@@ -216,6 +214,8 @@ def import_session(
                     code=ErrorCode.BAD_STATE,
                     data={"messageId": taken[0][0]},
                 )
+    if progress is not None:  # refused before this point: no progress at all
+        progress(0, len(messages))
     stored = msgspec.structs.replace(
         session,
         tags=check_tags("session.tags", session.tags),
