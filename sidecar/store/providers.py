@@ -284,6 +284,8 @@ class ProviderRepo:
                 (msgspec.json.encode(models).decode(), now_ms(), provider_id),
             )
             row = conn.execute(f"SELECT {_COLUMNS} FROM providers WHERE id = ?", (provider_id,)).fetchone()
+        if row is None:  # not reachable inside the transaction that just updated it
+            raise NotFound(f"no provider {provider_id!r}")
         return _row(row, self._sealer)
 
     def delete(self, provider_id: str) -> None:

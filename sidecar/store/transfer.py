@@ -119,7 +119,8 @@ def export_session(conn: apsw.Connection, session_id: str, progress: Progress | 
     session = SessionRepo.get(conn, session_id)
     if progress is None:
         return SessionExport(session=session, messages=MessageStore.all(conn, session_id))
-    total = int(conn.execute("SELECT count(*) FROM messages_v2 WHERE session_id = ?", (session_id,)).fetchall()[0][0])
+    counted = conn.execute("SELECT count(*) FROM messages_v2 WHERE session_id = ?", (session_id,)).fetchall()[0][0]
+    total = counted if isinstance(counted, int) else 0
     progress(0, total)
     messages = []
     for row in conn.execute(_ALL_MESSAGES, (session_id,)):

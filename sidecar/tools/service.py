@@ -30,7 +30,7 @@ from __future__ import annotations
 import logging
 from collections.abc import Awaitable, Callable, Sequence
 from pathlib import Path
-from typing import Any, Protocol
+from typing import Any, Protocol, cast
 
 import anyio
 import msgspec
@@ -38,7 +38,7 @@ import msgspec
 from protocol.common import EmptyParams
 from protocol.context import AssistantProfile
 from protocol.messages import SearchOptions
-from protocol.tools import ToolInfo, ToolListParams, ToolPolicy, ToolSettings, ToolSettingsUpdate
+from protocol.tools import ToolInfo, ToolListParams, ToolPolicy, ToolPolicyValue, ToolSettings, ToolSettingsUpdate
 from protocol.types import SearchResult, SessionV2
 from sidecar.errors import InvalidParams
 from sidecar.providers.types import ModelInfo
@@ -289,10 +289,10 @@ def _policy_keys(tools: Sequence[Tool]) -> list[str]:
     return [t.name for t in tools] + [t.server_key for t in tools if t.server_key]
 
 
-def _effective(tool: Tool, stored: dict[str, Any]) -> str:
+def _effective(tool: Tool, stored: dict[str, Any]) -> ToolPolicyValue:
     """The policy in effect: the tool's stored one, else its MCP server's, else its default."""
     policy = stored.get(tool.name) or (stored.get(tool.server_key) if tool.server_key else None)
-    return str(policy.policy) if policy is not None else tool.default_policy
+    return cast(ToolPolicyValue, policy.policy) if policy is not None else tool.default_policy
 
 
 def _capabilities(registry: ToolRegistry, session: SessionV2 | None) -> dict[str, Any]:
