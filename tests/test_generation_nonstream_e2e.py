@@ -172,3 +172,22 @@ async def test_anthropic_on_llmock_refuses_to_stream_then_tools_run_whole(tmp_pa
             (stored,) = await proc.call("provider:list")
             assert stored["models"][0]["stream"] is False
             await proc.close()
+
+
+async def test_a_provider_that_cannot_stream_asks_every_model_whole(tmp_path: Path) -> None:
+    async with scripted_provider() as server, spawn_sidecar(tmp_path / "data") as proc:
+        provider = await setup(proc, server.base_url, models=[{"id": "a"}, {"id": "b"}], stream=False)
+        assert provider["stream"] is False and provider["models"] == [{"id": "a"}, {"id": "b"}]
+        await server.script({"text": "whole a"}, {"text": "whole b"})
+        session = await proc.call("chat:session:create", {})
+        for model in ("a", "b"):
+            sent = await proc.call("chat:send", {"sessionId": session["id"], "input": {"content": model},
+                                                 "options": {"modelId": model}})
+            final = await wait_final(proc, sent["messageId"])
+            assert final["type"] == "stream_end"
+            assert [e["text"] for e in events_for(proc, sent["messageId"]) if e["type"] == "text_delta"] == [
+                f"whole {model}"
+            ]
+        bodies = await server.requests()
+        assert [(b["model"], b["stream"]) for b in bodies] == [("a", False), ("b", False)]
+        await proc.close()

@@ -14,6 +14,7 @@ the user's extra requirements), through the same RequestBuilder the generation l
 from __future__ import annotations
 
 import logging
+from collections.abc import Callable
 
 from protocol.context import (
     AssistantProfile,
@@ -25,23 +26,20 @@ from protocol.context import (
     RollingSummaryInfo,
     SessionContextInfo,
 )
-from collections.abc import Callable
-from typing import Protocol
-
 from protocol.settings import ChatSettings
 from protocol.types import SessionV2
 from sidecar.engine.generation import ToolAssembler
 from sidecar.errors import EngineError, InvalidParams, NotFound, SidecarError
-from sidecar.pipeline.budget import BudgetParts
-from sidecar.pipeline.calls import ModelResolver
-from sidecar.providers.types import GenerationParams
-from sidecar.tools.registry import ToolRegistry
 from sidecar.pipeline import planner
 from sidecar.pipeline import tokens as tk
+from sidecar.pipeline.budget import BudgetParts
 from sidecar.pipeline.builder import RequestBuilder
+from sidecar.pipeline.calls import ModelResolver
+from sidecar.providers.types import GenerationParams
 from sidecar.store.async_store import AsyncStore
 from sidecar.store.context import StoredSummary
 from sidecar.store.store import Store
+from sidecar.tools.registry import ToolRegistry
 
 __all__ = ["ContextService", "budget_info"]
 

@@ -40,10 +40,10 @@ from typing import Protocol
 
 import anyio
 
+from protocol.context import AssistantProfile
 from protocol.errors import ErrorCode
 from protocol.events import FinishReason
 from protocol.settings import ChatSettings
-from protocol.context import AssistantProfile
 from protocol.types import SessionV2, Usage
 from sidecar.engine.approvals import ApprovalService
 from sidecar.engine.lifecycle import (
@@ -65,11 +65,9 @@ from sidecar.pipeline.builder import Prepared, RequestBuilder
 from sidecar.pipeline.calls import ModelResolver, ResolvedModel
 from sidecar.providers.errors import ProviderCallError
 from sidecar.providers.types import (
-    ChatRequest,
     Finish,
     GenerationParams,
     ModelInfo,
-    RequestMessage,
     StreamPart,
     TextDelta,
     ThinkingDelta,

@@ -30,6 +30,7 @@ import msgspec
 
 from protocol.context import AssistantProfile
 from protocol.types import ContentPart, FilePart, ImagePart, SessionV2, TextPart
+from sidecar.errors import SidecarError
 from sidecar.pipeline import budget as bg
 from sidecar.pipeline import planner
 from sidecar.pipeline import tokens as tk
@@ -56,7 +57,6 @@ from sidecar.pipeline.transformers.retrieval import (
     NoMemory,
 )
 from sidecar.providers.types import ChatRequest, GenerationParams, ModelInfo, RequestMessage, ToolSpec
-from sidecar.errors import SidecarError
 from sidecar.store.async_store import AsyncStore
 from sidecar.store.attachments import AttachmentStore
 
