@@ -103,7 +103,9 @@ class CountCache:
     """``count_text`` remembered by (encoding, text), bounded by the characters it holds.
 
     A conversation's request repeats most of its text from one step to the next; counting
-    it again would cost a tokenizer pass over the whole window each time. Thread-safe.
+    it again would cost a tokenizer pass over the whole window each time. Thread-safe: a
+    lookup is one dict read (atomic under the GIL); inserts and evictions (oldest first)
+    take the lock.
     """
 
     def __init__(self, max_chars: int = 4_000_000) -> None:
@@ -116,11 +118,9 @@ class CountCache:
         if not text:
             return 0
         key = (encoding, text)
-        with self._lock:
-            hit = self._items.get(key)
-            if hit is not None:
-                self._items.move_to_end(key)
-                return hit
+        hit = self._items.get(key)
+        if hit is not None:
+            return hit
         n = tk.count_text(text, encoding)
         with self._lock:
             if key not in self._items:
@@ -133,8 +133,8 @@ class CountCache:
 
     def uncached_chars(self, texts: Sequence[str], encoding: str) -> int:
         """How many characters of ``texts`` would have to be tokenized now."""
-        with self._lock:
-            return sum(len(t) for t in texts if t and (encoding, t) not in self._items)
+        items = self._items
+        return sum(len(t) for t in texts if t and (encoding, t) not in items)
 
 
 def reserved_output(model: ModelInfo, params: GenerationParams) -> int:

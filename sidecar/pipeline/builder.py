@@ -243,7 +243,9 @@ class RequestBuilder:
         if continuation:
             messages.append(RequestMessage(role="assistant", parts=list(continuation)))
             sources.append(None)
-        messages, parts = await self._fit(messages, sources, plan, model, encoding, summary.tokens if summary else 0)
+        messages, parts = await self._fit(
+            messages, sources, plan, model, encoding, summary.tokens if summary else 0, window.tokens, continuation
+        )
         request = ChatRequest(model=model, messages=messages, tools=specs, params=params)
         first = drafts[0] if drafts and drafts[0].role == "system" else None
         info = BuildInfo(
@@ -379,10 +381,16 @@ class RequestBuilder:
         model: ModelInfo,
         encoding: str,
         summary_tokens: int,
+        estimates: Sequence[int],
+        continuation: Sequence[ContentPart],
     ) -> tuple[list[RequestMessage], BudgetParts]:
         """Count the request as it will be sent; leave out its oldest history when it does
-        not fit the window (see budget.py), refuse it when even that is not enough."""
+        not fit the window (see budget.py), refuse it when even that is not enough. Without
+        a window nothing is cut, and the messages are reported by ``estimates`` (the ledger's
+        counts of the stored messages) instead of being counted again."""
         counts = self.counts
+        if plan.limit is None:
+            return messages, self._estimated(messages, plan, encoding, summary_tokens, estimates, continuation)
         texts = [t for m in messages for t in bg.part_texts(m.parts)]
 
         def count() -> list[tuple[int, int]]:
@@ -425,6 +433,30 @@ class RequestBuilder:
         parts.message_count = len(body)
         parts.dropped = len(dropped)
         return messages, parts
+
+    def _estimated(
+        self,
+        messages: list[RequestMessage],
+        plan: _Plan,
+        encoding: str,
+        summary_tokens: int,
+        estimates: Sequence[int],
+        continuation: Sequence[ContentPart],
+    ) -> BudgetParts:
+        """The parts of a request without a window: the system message counted, the history
+        by its stored estimates (the hot path of a model nobody gave a window: no tokenizer
+        pass over the history)."""
+        parts = msgspec.structs.replace(plan.parts, summary=summary_tokens)
+        has_system = bool(messages) and messages[0].role == "system"
+        if has_system:
+            parts.system_prompt = bg.message_tokens(messages[0], encoding, self.counts)[0]
+        reply = bg.message_tokens(RequestMessage(role="assistant", parts=list(continuation)), encoding, self.counts)
+        parts.messages = sum(estimates) + (reply[0] if continuation else 0)
+        parts.attachments = sum(
+            tk.IMAGE_TOKENS for m in messages for p in m.parts if isinstance(p, ImagePart)
+        ) + (reply[1] if continuation else 0)
+        parts.message_count = len(messages) - (1 if has_system else 0)
+        return parts
 
     def _remember(self, session_id: str, parts: BudgetParts) -> None:
         self._last.pop(session_id, None)
