@@ -247,3 +247,96 @@ async def test_assembly_honours_enabled_tools_deny_and_the_policy_cache(tmp_path
     finally:
         await service.aclose()
         await store.close()
+
+
+# ---- the first delta of an idle send: one worker-thread hop ---------------------------------
+
+
+async def test_an_idle_send_reaches_its_first_delta_in_one_worker_thread_hop(tmp_path: Path, monkeypatch: Any) -> None:
+    import anyio.to_thread
+    import msgspec
+
+    from protocol.chat import SendParams, UserInput
+    from protocol.settings import ChatSettings
+    from protocol.types import Usage
+    from sidecar.engine.approvals import ApprovalService
+    from sidecar.engine.chat import ChatEngine
+    from sidecar.pipeline.builder import RequestBuilder
+    from sidecar.providers.types import Finish, TextDelta, UsageUpdate
+    from sidecar.store.attachments import AttachmentStore
+
+    class Resolved(msgspec.Struct):
+        provider: Any
+        model: ModelInfo
+
+    class Hello:
+        async def stream(self, request: Any) -> Any:
+            yield TextDelta(text="hello")
+            yield UsageUpdate(usage=Usage(input_tokens=3, output_tokens=2))
+            yield Finish(reason="stop")
+
+    class Providers:
+        async def resolve(self, provider_id: str, model_id: str) -> Resolved:
+            return Resolved(Hello(), ModelInfo(id="m", context_window=64_000))
+
+        async def cost(self, provider_id: str, model_id: str, usage: Usage) -> float:
+            return 0.0
+
+        async def disable_streaming(self, provider_id: str, model_id: str) -> None:
+            raise AssertionError("not refused")
+
+    class Settings:
+        def current(self) -> ChatSettings:
+            return ChatSettings(generate_titles=False, delta_coalesce_ms=0)
+
+    hops: list[str] = []
+    first_delta = anyio.Event()
+    original = anyio.to_thread.run_sync
+
+    async def counting(func: Any, *args: Any, **kwargs: Any) -> Any:
+        if not first_delta.is_set():
+            hops.append(getattr(func, "__name__", repr(func)))
+        return await original(func, *args, **kwargs)
+
+    async def notify(method: str, params: Any) -> None:
+        if method == "chat:stream" and type(params).__name__ == "TextDeltaEvent":
+            first_delta.set()
+
+    store = await AsyncStore.open(tmp_path / "data")
+    approvals = ApprovalService(store)
+    tools = ToolService(
+        data_dir=tmp_path / "data",
+        get_setting=lambda key: store.run(lambda s: s.settings.get(key)),
+        set_setting=lambda key, value: store.run(lambda s: s.settings.set(key, value)),
+        search=lambda query, options: store.run(lambda s: s.search.messages(query, options)),
+        policies=approvals.policies_for,
+        all_policies=lambda: store.run(lambda s: s.tools.policies()),
+        policy_version=lambda: store.sync.tools.policy_version,
+    )
+    await tools.load()
+    attachments = AttachmentStore(tmp_path / "data")
+    providers = Providers()
+    try:
+        async with anyio.create_task_group() as tg:
+            engine = ChatEngine(
+                store=store, notify=notify, providers=providers, attachments=attachments,
+                requests=RequestBuilder(store, attachments, providers=providers), settings=Settings(),
+                task_group=tg, tools=tools, approvals=approvals, data_dir=tmp_path / "data",
+            )
+            rounds: list[list[str]] = []
+            for _ in range(2):  # the first warms the per-process caches
+                session = await store.run(lambda s: s.sessions.create(CreateSessionOptions(provider_id="p", model_id="m")))
+                first_delta = anyio.Event()
+                hops.clear()
+                monkeypatch.setattr(anyio.to_thread, "run_sync", counting)
+                with anyio.fail_after(10):
+                    await engine.send(SendParams(session_id=session.id, input=UserInput(content="hi there")))
+                    await first_delta.wait()
+                monkeypatch.setattr(anyio.to_thread, "run_sync", original)
+                rounds.append(list(hops))
+                while engine.is_generating(session.id):
+                    await anyio.sleep(0.01)
+            assert len(rounds[0]) >= 1 and len(rounds[1]) == 1, rounds  # the send's own hop: check, store, read ahead
+            await engine.aclose()
+    finally:
+        await store.close()

@@ -8,7 +8,8 @@ Owns three side calls and what they leave behind:
   ``chat:suggestions`` (not a ``chat:stream`` event: a message's stream ends with its final
   event, and these come later, or not at all). One pending call per session: a new send,
   regenerate, edit, abort or delete on the session cancels it (``cancel``), and nothing of
-  it is stored or sent then;
+  it is stored or sent then; they are stored only while the reply still ends the active
+  branch (checked in the write's transaction), so a turn that began meanwhile wins too;
 - the session summary (``summary``, which the session-list search covers):
   ``chat:session:summarize`` writes it now, replacing any summary; the automatic mode
   (settings ``summaryEvery`` = N) writes it after every N-th exchange of the active branch
@@ -209,13 +210,23 @@ class SideCalls:
                 suggestions = await self._ask_suggestions(session, job)
                 if not suggestions:
                     return
+
+                def store(s: Store) -> bool:
+                    # only while the reply is still the end of the active branch: a turn that
+                    # began before this call was registered (or a branch switch) makes it moot
+                    with s.transaction():
+                        if s.sessions.get(session.id).active_leaf_id != job.message_id:
+                            return False
+                        s.messages.set_suggestions(job.message_id, suggestions)
+                        return True
+
                 # stored and announced together, a cancel cannot come between them
                 with anyio.CancelScope(shield=True), anyio.move_on_after(5):
-                    await self._store.run(lambda s: s.messages.set_suggestions(job.message_id, suggestions))
-                    await self._notify(
-                        "chat:suggestions",
-                        SuggestionsParams(session_id=session.id, message_id=job.message_id, suggestions=suggestions),
-                    )
+                    if await self._store.run(store):
+                        await self._notify(
+                            "chat:suggestions",
+                            SuggestionsParams(session_id=session.id, message_id=job.message_id, suggestions=suggestions),
+                        )
         except SidecarError as exc:
             log.info("no suggestions for %s: %s", job.message_id, exc.message)
         except Exception:

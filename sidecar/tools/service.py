@@ -38,7 +38,15 @@ import msgspec
 from protocol.common import EmptyParams
 from protocol.context import AssistantProfile
 from protocol.messages import SearchOptions
-from protocol.tools import ToolInfo, ToolListParams, ToolPolicy, ToolPolicyValue, ToolSettings, ToolSettingsUpdate
+from protocol.tools import (
+    ToolInfo,
+    ToolListParams,
+    ToolPolicy,
+    ToolPolicyValue,
+    ToolSettings,
+    ToolSettingsUpdate,
+    ToolSource,
+)
 from protocol.types import SearchResult, SessionV2
 from sidecar.errors import InvalidParams
 from sidecar.providers.types import ModelInfo
@@ -185,7 +193,7 @@ class ToolService:
             policy = _effective(t, stored)
             out.append(
                 ToolInfo(
-                    name=t.name, description=t.description, source=t.source, policy=policy,
+                    name=t.name, description=t.description, source=cast(ToolSource, t.source), policy=policy,
                     default_policy=t.default_policy, parameters=t.parameters,
                 )
             )
