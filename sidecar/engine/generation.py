@@ -323,8 +323,7 @@ class _StepLoop(ReplyDriver):
     async def _stream_refused(self, reply: ReplyFeed, resolved: ResolvedModel) -> None:
         """The endpoint refused to stream this model: say so, and remember it."""
         model = resolved.model
-        record = getattr(resolved, "record", None)
-        provider_id = str(getattr(record, "id", "") or self._job.provider_id)
+        provider_id = self._job.provider_id
         log.warning("provider %s cannot stream %s: asking for whole replies from now on", provider_id, model.id)
         await reply.notice(
             f"The endpoint does not stream {model.id}: its replies are asked for whole from now on "

@@ -186,7 +186,10 @@ class ProviderService:
 
     async def disable_streaming(self, provider_id: str, model_id: str) -> None:
         """Remember that ``model_id`` of this provider must be asked for whole replies (its
-        endpoint refused to stream it): its ModelConfig gets ``stream: false``."""
+        endpoint refused to stream it): its ModelConfig gets ``stream: false``. An empty
+        ``provider_id`` is the default provider, as for ``resolve``."""
+        if not provider_id:
+            provider_id = await self._setting(DEFAULT_PROVIDER_KEY) or ""
         record = await self._store.run(lambda s: s.providers.set_model_stream(provider_id, model_id, False))
         # the cached record goes; the live client stays (the same endpoint, only the flag changed)
         self._records[provider_id] = record
