@@ -194,3 +194,24 @@ async def test_import_and_export_report_progress_before_their_answer(tmp_path: P
         assert err.value.code == -32003
         assert not [p for p in proc.notifications("sidecar:progress") if p["token"] == "again"]
         await proc.close()
+
+
+async def test_correcting_a_summarized_reply_drops_the_rolling_summary(tmp_path: Path) -> None:
+    async with scripted_provider() as server, spawn_sidecar(tmp_path / "data") as proc:
+        await setup(proc, server.base_url)
+        session = await proc.call("chat:session:create", {})
+        sid = session["id"]
+        sent = [await exchange(proc, sid, f"question {i} " + "detail " * 40) for i in range(4)]
+        compacted = await proc.call("chat:context:compact", {"sessionId": sid, "targetTokens": 256}, timeout=30)
+        assert compacted["compacted"] is True
+        covered = compacted["summary"]["coveredCount"]
+        assert covered >= 2
+        info = await proc.call("chat:context:get", {"sessionId": sid})
+        assert info["summary"]["valid"] is True
+        # a reply the summary does not cover: the summary stays
+        await proc.call("chat:messages:update", {"sessionId": sid, "messageId": sent[-1]["messageId"], "content": "late fix"})
+        assert (await proc.call("chat:context:get", {"sessionId": sid}))["summary"] is not None
+        # one it covers: it goes (it summarized the old text)
+        await proc.call("chat:messages:update", {"sessionId": sid, "messageId": sent[0]["messageId"], "content": "early fix"})
+        assert (await proc.call("chat:context:get", {"sessionId": sid}))["summary"] is None
+        await proc.close()

@@ -42,8 +42,8 @@ def test_reserved_output_and_input_limit() -> None:
     assert bg.reserved_output(window, GenerationParams(max_tokens=77)) == 77
     assert bg.reserved_output(ModelInfo(id="m"), GenerationParams()) == 0
     assert bg.input_limit(None, 100, True) is None
-    assert bg.input_limit(4096, 1024, True) == 3072
-    assert bg.input_limit(4096, 1024, False) == 3072 - 409  # an estimated tokenizer keeps a margin
+    assert bg.input_limit(4096, 1024, True) == 3072 - bg.REQUEST_OVERHEAD
+    assert bg.input_limit(4096, 1024, False) == 3072 - 409 - bg.REQUEST_OVERHEAD  # an estimate keeps a margin
 
 
 def test_fit_drops_the_oldest_whole_turns_and_never_the_pinned_turn() -> None:

@@ -146,10 +146,19 @@ class SessionService:
         return self._live(await self.store.run(lambda s: s.messages.select_branch(params.session_id, params.leaf_id)))
 
     async def update_message(self, params: MessagesUpdateParams) -> MessageV2:
-        """``chat:messages:update``: the user's correction of a finished reply's text."""
-        return await self.store.run(
-            lambda s: s.messages.edit_text(params.session_id, params.message_id, params.content)
-        )
+        """``chat:messages:update``: the user's correction of a finished reply's text. A
+        rolling summary that covers the message is dropped with it (it summarized the old
+        text; the next request that needs one writes it again)."""
+
+        def edit(s: Store) -> MessageV2:
+            with s.transaction():
+                edited = s.messages.edit_text(params.session_id, params.message_id, params.content)
+                covered = s.context.summary_ids(params.session_id)
+                if covered is not None and params.message_id in covered:
+                    s.context.delete_summary(params.session_id)
+            return edited
+
+        return await self.store.run(edit)
 
     async def get_page(self, params: MessagesPageParams) -> MessagesPage:
         """``chat:messages:page``: one page of ``chat:messages:get`` (one more message is read

@@ -53,6 +53,7 @@ __all__ = [
     "DEFAULT_RESERVE",
     "ESTIMATE_MARGIN",
     "TOOL_OVERHEAD",
+    "REQUEST_OVERHEAD",
     "BudgetParts",
     "ContextOverflow",
     "CountCache",
@@ -68,6 +69,8 @@ DEFAULT_RESERVE = 4096
 ESTIMATE_MARGIN = 0.10
 TOOL_OVERHEAD = 8
 """Framing of one tool definition beyond its JSON (its place in the tools list)."""
+REQUEST_OVERHEAD = 8
+"""Framing of the request beyond its messages (the reply's priming tokens)."""
 
 
 class ContextOverflow(EngineError):
@@ -152,7 +155,7 @@ def input_limit(window: int | None, reserve: int, exact: bool) -> int | None:
     if window is None or window <= 0:
         return None
     margin = 0 if exact else int(window * ESTIMATE_MARGIN)
-    return window - reserve - margin
+    return window - reserve - margin - REQUEST_OVERHEAD
 
 
 def _encode(value: object) -> str:
