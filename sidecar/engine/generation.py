@@ -277,7 +277,7 @@ class _StepLoop(ReplyDriver):
                     temperature=job.temperature if job.temperature is not None else settings.temperature,
                     top_p=settings.top_p,
                     max_tokens=settings.max_tokens,
-                    reasoning=reasoning,  # type: ignore[arg-type]
+                    reasoning=reasoning,
                 ),
                 tools=registry.specs(),
                 tool_prompts=registry.prompts(),

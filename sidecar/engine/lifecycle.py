@@ -147,6 +147,7 @@ from protocol.events import (
     ToolResultEvent,
     UsageEvent,
 )
+from protocol.providers import ReasoningLevel
 from protocol.settings import ChatSettings
 from protocol.types import ContentPart, MessageV2, SessionV2, ToolResultPart, Usage
 from sidecar.engine.relay import Notify, StreamRelay
@@ -244,7 +245,7 @@ class ReplyJob(msgspec.Struct, kw_only=True):
     provider_id: str
     model_id: str
     temperature: float | None = None
-    reasoning: str | None = None
+    reasoning: ReasoningLevel | None = None
     """A reasoning level for this reply only (a per-send option); None: the settings'."""
     tools: bool = True
     """False: no tools are offered for this reply (a per-send option)."""

@@ -15,6 +15,7 @@ from typing import Any
 import msgspec
 
 from protocol.chat import EditResendParams, RegenerateOptions, RegenerateParams, SendParams, UserInput
+from protocol.providers import ReasoningLevel
 from protocol.types import FilePart, ImagePart, MessageV2, SessionV2, TextPart
 from sidecar.errors import EngineError, InvalidParams, NotFound
 from sidecar.store.attachments import AttachmentStore, StoredInput
@@ -32,7 +33,7 @@ class Turn(msgspec.Struct, kw_only=True):
     provider_id: str
     model_id: str
     temperature: float | None = None
-    reasoning: str | None = None
+    reasoning: ReasoningLevel | None = None
     tools: bool = True
 
 

@@ -27,13 +27,14 @@ from __future__ import annotations
 
 from collections.abc import Callable, Iterable
 from pathlib import Path
-from typing import Any
+from typing import Any, get_args
 
 import apsw
 import msgspec
 
 from protocol import limits
 from protocol.events import ApprovalSource, ToolApprovalOption
+from protocol.providers import ReasoningLevel
 from protocol.tools import ToolAuditEntry, ToolPolicy
 from protocol.types import MessageV2, ToolResultPart
 from sidecar.errors import InvalidParams, NotFound
@@ -51,6 +52,7 @@ OPEN_STATES = frozenset({"pending", "approved", "denied", "answered", "running"}
 DECIDED_STATES = frozenset({"approved", "denied", "answered"})
 CALL_STATES = OPEN_STATES | {"done", "cancelled"}
 POLICIES = frozenset({"auto", "ask", "deny"})
+REASONING_LEVELS = frozenset(get_args(ReasoningLevel))
 
 
 class ToolRun(msgspec.Struct, kw_only=True):
@@ -62,7 +64,7 @@ class ToolRun(msgspec.Struct, kw_only=True):
     steps: int = 0
     state: str = "running"
     updated_at: int = 0
-    reasoning: str | None = None
+    reasoning: ReasoningLevel | None = None
     """The reply's reasoning override (a per-send option), kept for its resumption."""
 
 
@@ -124,7 +126,7 @@ def _run(r: tuple[Any, ...]) -> ToolRun:
         steps=r[5],
         state=r[6],
         updated_at=r[7],
-        reasoning=r[8],
+        reasoning=r[8] if r[8] in REASONING_LEVELS else None,  # a level this build does not know: the default
     )
 
 
