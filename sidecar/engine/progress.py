@@ -19,7 +19,7 @@ from contextlib import asynccontextmanager
 
 import anyio.from_thread
 
-from protocol.common import ProgressParams, ProgressToken
+from protocol.common import ProgressKind, ProgressParams, ProgressToken
 from sidecar.engine.relay import Notify
 
 __all__ = ["WorkProgress", "work_progress", "REPORT_INTERVAL_S", "METHOD"]
@@ -62,9 +62,9 @@ class WorkProgress:
             self.begun = False
             await self._send("end", self.done, self.total, message)
 
-    async def _send(self, kind: str, done: int, total: int | None, message: str | None) -> None:
+    async def _send(self, kind: ProgressKind, done: int, total: int | None, message: str | None) -> None:
         await self._notify(
-            METHOD, ProgressParams(token=self._token, kind=kind, done=done, total=total, message=message)  # type: ignore[arg-type]
+            METHOD, ProgressParams(token=self._token, kind=kind, done=done, total=total, message=message)
         )
 
 
