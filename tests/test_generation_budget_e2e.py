@@ -7,6 +7,7 @@ budget's parts."""
 
 from __future__ import annotations
 
+import base64
 import json
 import random
 from pathlib import Path
@@ -166,4 +167,40 @@ async def test_a_message_that_cannot_fit_is_refused_before_anything_is_sent(tmp_
         assert await server.requests() == []
         (_, stored) = await proc.call("chat:messages:get", {"sessionId": session["id"]})
         assert stored["status"] == "error"
+        await proc.close()
+
+
+PNG = base64.b64decode(
+    "iVBORw0KGgoAAAANSUhEUgAAAAEAAAABCAYAAAAfFcSJAAAADUlEQVR42mNkYPhfDwAChwGA60e6kgAAAABJRU5ErkJggg=="
+)
+
+
+async def test_an_image_is_counted_by_its_estimate_and_the_request_still_fits(tmp_path: Path) -> None:
+    async with scripted_provider() as server, spawn_sidecar(tmp_path / "data") as proc:
+        provider = await setup(proc, server.base_url, models=[{"id": MODEL, "contextWindow": WINDOW, "supportsImages": True}])
+        await proc.call("assistant:upsert", {"id": "default", "name": "Default", "systemPrompt": SYSTEM_PROMPT})
+        # a history that fills the window once the image's estimate is counted too
+        session_id, _ = await import_branch(proc, provider, [300] * 8)
+        question = [
+            {"type": "text", "text": "What is in this picture?"},
+            {"type": "image", "mimeType": "image/png", "base64": base64.b64encode(PNG).decode()},
+        ]
+        sent = await proc.call("chat:send", {"sessionId": session_id, "input": {"content": question}})
+        final = await wait_final(proc, sent["messageId"], timeout=60)
+        assert final["type"] == "stream_end", final
+        (reply,) = [b for b in await server.requests() if b["stream"]]
+        last = reply["messages"][-1]
+        assert last["role"] == "user" and any(p.get("type") == "image_url" for p in last["content"])
+        # the text of the body counted with the real tokenizer, plus the image's estimate,
+        # plus the reserved answer: within the window
+        sent_tokens = body_tokens(reply) + tk.IMAGE_TOKENS
+        assert sent_tokens + 1024 <= WINDOW, sent_tokens
+        info = await proc.call("chat:context:get", {"sessionId": session_id})
+        last_request, planned = info["lastRequest"], info["budget"]
+        assert last_request["attachments"] == tk.IMAGE_TOKENS
+        assert last_request["systemPrompt"] + last_request["tools"] + last_request["messages"] == sent_tokens
+        # the whole history would not fit beside the image: its older part is summarized or left out
+        assert len(reply["messages"]) < 1 + 8 + 1
+        # the meter of the next request counts the stored image too
+        assert planned["attachments"] == tk.IMAGE_TOKENS and planned["total"] <= WINDOW
         await proc.close()
