@@ -6,6 +6,7 @@ from __future__ import annotations
 from typing import Union
 
 from protocol.limits import Id
+from protocol.providers import ReasoningLevel
 from protocol.types import FilePart, ImagePart, Struct, TextPart
 from protocol.common import SuccessResult
 from protocol.common import MethodSpec
@@ -15,6 +16,8 @@ __all__ = [
     "InputPart",
     "UserInput",
     "RegenerateOptions",
+    "SendOptions",
+    "SuggestionsParams",
     "MessageIdResult",
     "SendResult",
     "SendParams",
@@ -42,9 +45,20 @@ class UserInput(Struct, kw_only=True):
 
 
 class RegenerateOptions(Struct, kw_only=True):
+    """Overrides for this one reply (the session keeps its own provider and model)."""
+
     model_id: Id | None = None
     provider_id: Id | None = None
     temperature: float | None = None
+    """0..2; default: settings ``temperature``."""
+    reasoning: ReasoningLevel | None = None
+    """Default: settings ``reasoning``."""
+    tools: bool | None = None
+    """False: no tools are offered for this reply (the model is told it has none)."""
+
+
+class SendOptions(RegenerateOptions, kw_only=True):
+    """``chat:send`` per-send overrides, the same as regenerate's (direct-mode sessions)."""
 
 
 class MessageIdResult(Struct, omit_defaults=False, kw_only=True):
@@ -62,6 +76,7 @@ class SendResult(Struct, omit_defaults=False, kw_only=True):
 class SendParams(Struct, kw_only=True):
     session_id: Id
     input: UserInput
+    options: SendOptions | None = None
 
 
 class AbortParams(Struct, kw_only=True):
@@ -82,6 +97,15 @@ class EditResendParams(Struct, kw_only=True):
     new_content: str
 
 
+class SuggestionsParams(Struct, omit_defaults=False, kw_only=True):
+    """``chat:suggestions``: follow-up questions proposed for a finished reply (also stored as
+    the message's ``suggestions``)."""
+
+    session_id: str
+    message_id: str
+    suggestions: list[str]
+
+
 METHODS: dict[str, MethodSpec] = {
     "chat:send": MethodSpec(
         SendParams, SendResult, "Store the user message and start generating; events follow on chat:stream."
@@ -91,7 +115,7 @@ METHODS: dict[str, MethodSpec] = {
         RegenerateParams, MessageIdResult, "Generate a sibling of an assistant reply."
     ),
     "chat:editResend": MethodSpec(
-        EditResendParams, MessageIdResult, "Add an edited sibling of a user message and generate."
+        EditResendParams, SendResult, "Add an edited sibling of a user message and generate."
     ),
 }
 """The methods of this domain (see ``protocol.methods``)."""

@@ -65,7 +65,9 @@ class ProgressParams(Struct, omit_defaults=False, kw_only=True):
     token: ProgressToken
     kind: ProgressKind
     done: int = 0
+    """Units of work done so far (messages, chunks, files: ``message`` and the method say which)."""
     total: int | None = None
+    """All units, when known."""
     message: str | None = None
 
 

@@ -38,6 +38,7 @@ __all__ = [
     "AssistantUpsertParams",
     "AssistantIdParams",
     "RollingSummaryInfo",
+    "ContextBudgetInfo",
     "SessionContextInfo",
     "ContextGetParams",
     "ContextUpdateParams",
@@ -161,8 +162,11 @@ class AssistantProfile(Struct, omit_defaults=False, kw_only=True):
     allow_session_prompt: bool = True
     """A session's own system prompt replaces this one when set."""
     regex_rules: list[RegexRule] = []
-    enabled_tools: list[str] = []
-    """Names of the local tools this assistant may use (the tool registry reads it)."""
+    enabled_tools: list[str] | None = None
+    """The tools this assistant's replies are offered, by name (``get_current_time``,
+    ``web_search``, ``workspace_read_file``, ``mcp__files__read``...) or ``mcp:<server>`` for
+    every tool of an MCP server; ``read_tool_output`` and ``get_session_capabilities`` come
+    with any of them. ``[]``: no tools at all. None: every tool the tool settings offer."""
     knowledge_base_ids: list[str] = []
     memory: MemorySettings = msgspec.field(default_factory=MemorySettings)
     modes: list[PromptInjection] = []
@@ -182,7 +186,8 @@ class AssistantUpsertParams(Struct, forbid_unknown_fields=True, kw_only=True):
     system_prompt: str = ""
     allow_session_prompt: bool = True
     regex_rules: list[RegexRule] = []
-    enabled_tools: list[str] = []
+    enabled_tools: list[str] | None = None
+    """See AssistantProfile.enabledTools (omitted or null: every tool; ``[]``: none)."""
     knowledge_base_ids: list[str] = []
     memory: MemorySettings = msgspec.field(default_factory=MemorySettings)
     modes: list[PromptInjection] = []
@@ -208,6 +213,46 @@ class RollingSummaryInfo(Struct, omit_defaults=False, kw_only=True):
     updated_at: Int64
 
 
+class ContextBudgetInfo(Struct, omit_defaults=False, kw_only=True):
+    """What a request of the session costs in tokens, part by part (a context meter).
+
+    ``systemPrompt`` + ``tools`` + ``messages`` is the request's input; ``reservedOutput`` is
+    kept free for the reply; with a known ``contextWindow`` their sum never exceeds it (older
+    messages are left out of the request first). Counted with the model's tokenizer
+    (``exact``), else cl100k as an estimate."""
+
+    context_window: Int64 | None = None
+    """The model's ``contextWindow`` (None: unknown, nothing is cut for it)."""
+    reserved_output: Int64 = 0
+    """The request's maxTokens, else the model's maxOutputTokens, else a quarter of the
+    window (at most 4,096)."""
+    system_prompt: Int64 = 0
+    """The system message: session or assistant prompt, Soul.md, capability notes, basic
+    memories, tool prompts, the rolling summary (and, in ``lastRequest``, what the input
+    transformers added: knowledge, memories, time...)."""
+    summary: Int64 = 0
+    """Of ``systemPrompt``: the rolling summary."""
+    tools: Int64 = 0
+    """The tool schemas sent with the request."""
+    messages: Int64 = 0
+    """The messages sent after the system prompt (attachments by their estimates)."""
+    message_count: Int64 = 0
+    attachments: Int64 = 0
+    """Of ``messages``: the estimates of images and files."""
+    total: Int64 = 0
+    """systemPrompt + tools + messages + reservedOutput."""
+    available: Int64 | None = None
+    """contextWindow - total (None without a window)."""
+    threshold: Int64 = 0
+    """The summarize threshold in effect: the smaller of compressThreshold and what fits."""
+    dropped: Int64 = 0
+    """Messages of the planned window left out so the request fits (a ``context_trimmed``
+    notice said so)."""
+    exact: bool = True
+    """False: the model's own tokenizer is not known; counts are cl100k estimates."""
+    model_id: str = ""
+
+
 class SessionContextInfo(Struct, omit_defaults=False, kw_only=True):
     session_id: str
     assistant_id: str
@@ -219,6 +264,12 @@ class SessionContextInfo(Struct, omit_defaults=False, kw_only=True):
     session_truncation_strategy: TruncationStrategy | None = None
     threshold: Int64
     summary: RollingSummaryInfo | None = None
+    budget: ContextBudgetInfo | None = None
+    """The next request of the active branch as it would be planned now (its system prompt,
+    tools, summary and window; no model is called, input transformers are not run)."""
+    last_request: ContextBudgetInfo | None = None
+    """The last request this process built for the session (transformers included); None
+    before the first one."""
 
 
 class ContextGetParams(Struct, kw_only=True):

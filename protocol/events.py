@@ -33,7 +33,7 @@ __all__ = [
     "PlanEntry",
     "PlanEvent",
     "CitationsEvent",
-    "ContentReplaced",
+    "ContentReplacedEvent",
     "ToolApprovalOption",
     "ToolApprovalRequiredEvent",
     "ChatStreamEvent",
@@ -53,11 +53,17 @@ ApprovalSource = Literal["tool", "acp"]
 """Where a call that needs a decision comes from: ``tool`` (a tool of the direct-mode loop)
 or ``acp`` (an agent engine's permission request)."""
 
-NoticeCode = Literal["acp_session_replaced", "acp_history_unavailable", "acp_content_not_sent"]
+NoticeCode = Literal[
+    "acp_session_replaced", "acp_history_unavailable", "acp_content_not_sent",
+    "stream_unsupported", "context_trimmed",
+]
 """``acp_session_replaced``: the agent could not reload the conversation after a restart and
 starts a new agent session without the earlier turns; ``acp_history_unavailable``: the agent
 session of this branch is unknown to the engine; ``acp_content_not_sent``: parts of the user
-message (e.g. images) that the agent does not accept were left out."""
+message (e.g. images) that the agent does not accept were left out; ``stream_unsupported``:
+the endpoint refused to stream this model, so it is asked for whole replies from now on (the
+model's ``stream`` became false); ``context_trimmed``: older messages were left out of this
+request so it fits the model's context window (the notice says how many)."""
 
 
 class StreamToolCall(Struct, kw_only=True):
@@ -113,23 +119,11 @@ class UsageEvent(_Event, tag="usage", kw_only=True):
     usage: Usage
 
 
-class ContentReplaced(Struct, omit_defaults=False, kw_only=True):
-    """The content of a completed message as stored, when it is not what its deltas built
-    (citation markers normalized, the assistant's output rules): a renderer shows this
-    instead of what it streamed."""
-
-    text_content: str
-    parts: list[ContentPart] | None = None
-    """The parts as stored (null: the message is text only, ``textContent`` is all of it)."""
-
-
 class StreamEndEvent(_Event, tag="stream_end", kw_only=True):
     """The message completed; ``usage`` is its final total."""
 
     finish_reason: FinishReason | None = None
     usage: Usage | None = None
-    content_replaced: ContentReplaced | None = None
-    """Set when the stored content differs from the streamed one (see ContentReplaced)."""
 
 
 class CitationsEvent(_Event, tag="citations", kw_only=True):
@@ -205,6 +199,17 @@ class PlanEvent(_Event, tag="plan", kw_only=True):
     entries: list[PlanEntry]
 
 
+class ContentReplacedEvent(_Event, tag="content_replaced", kw_only=True):
+    """The stored text of the reply differs from what was streamed (an output rewrite after
+    streaming: assistant regex rules, think tags closed, images moved to files...): show
+    ``text`` instead of the streamed text. Sent at most once, right before ``stream_end``."""
+
+    text: str
+    """The reply's stored ``textContent``."""
+    parts: list[ContentPart] | None = None
+    """The stored parts, when the reply is multipart (text with thinking, tools, images)."""
+
+
 ChatStreamEvent = Union[
     StreamStartEvent,
     TextDeltaEvent,
@@ -220,6 +225,7 @@ ChatStreamEvent = Union[
     NoticeEvent,
     PlanEvent,
     CitationsEvent,
+    ContentReplacedEvent,
 ]
 
 FinalEvent = Union[StreamEndEvent, ErrorEvent, AbortedEvent]

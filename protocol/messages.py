@@ -3,9 +3,8 @@
 
 from __future__ import annotations
 
-from typing import Any
 
-from protocol.limits import Id, MessagesPageLimit, QueryText, SearchOffset, SearchPageLimit
+from protocol.limits import Id, MessagesPageLimit, QueryText, SearchOffset, SearchPageLimit, Title
 from protocol.types import DateRange, MessageRole, Struct
 from protocol.types import MessageTreeNode, MessageV2, SearchResult
 from protocol.common import MethodSpec
@@ -17,6 +16,11 @@ __all__ = [
     "MessagesTreeParams",
     "MessagesSearchParams",
     "MessagesSelectParams",
+    "MessagesUpdateParams",
+    "MessagesPageParams",
+    "MessagesPage",
+    "SearchPageParams",
+    "SearchPage",
 ]
 
 
@@ -69,6 +73,52 @@ class MessagesSelectParams(Struct, kw_only=True):
     """Any message of the session; the active branch becomes root -> the newest leaf below it."""
 
 
+class MessagesUpdateParams(Struct, kw_only=True):
+    """``chat:messages:update``: the user corrects the text of a finished assistant reply."""
+
+    session_id: Id
+    message_id: Id
+    """An assistant message of the session that is not being generated or paused."""
+    content: str
+    """The new text; the reply's thinking, tool calls and images stay as they are."""
+
+
+class MessagesPageParams(Struct, kw_only=True):
+    """``chat:messages:page``: ``chat:messages:get`` one page at a time."""
+
+    session_id: Id
+    options: MessageQueryOptions | None = None
+    """As for chat:messages:get; ``limit`` defaults to 100 here."""
+    cursor: Title | None = None
+    """``nextCursor`` of the previous page (the next, older page); takes the place of
+    ``options.before``."""
+
+
+class MessagesPage(Struct, omit_defaults=False, kw_only=True):
+    items: list[MessageV2]
+    """Root side first, as chat:messages:get."""
+    has_more: bool
+    """Older messages exist before ``items``."""
+    next_cursor: str | None = None
+    """Pass as ``cursor`` for the older page; None when there is none."""
+
+
+class SearchPageParams(Struct, kw_only=True):
+    """``chat:messages:searchPage``: ``chat:messages:search`` one page at a time."""
+
+    query: QueryText
+    options: SearchOptions | None = None
+    cursor: Title | None = None
+    """``nextCursor`` of the previous page; takes the place of ``options.offset``."""
+
+
+class SearchPage(Struct, omit_defaults=False, kw_only=True):
+    items: list[SearchResult]
+    has_more: bool
+    """More results follow ``items``."""
+    next_cursor: str | None = None
+
+
 METHODS: dict[str, MethodSpec] = {
     "chat:messages:get": MethodSpec(
         MessagesGetParams, list[MessageV2], "Messages of the active branch (or another leaf, a page, all)."
@@ -81,6 +131,15 @@ METHODS: dict[str, MethodSpec] = {
     ),
     "chat:messages:select": MethodSpec(
         MessagesSelectParams, list[MessageV2], "Switch the active branch; returns the new active path."
+    ),
+    "chat:messages:update": MethodSpec(
+        MessagesUpdateParams, MessageV2, "Correct the text of a finished assistant reply (marked edited)."
+    ),
+    "chat:messages:page": MethodSpec(
+        MessagesPageParams, MessagesPage, "chat:messages:get one page at a time, with hasMore and a cursor."
+    ),
+    "chat:messages:searchPage": MethodSpec(
+        SearchPageParams, SearchPage, "chat:messages:search one page at a time, with hasMore and a cursor."
     ),
 }
 """The methods of this domain (see ``protocol.methods``)."""

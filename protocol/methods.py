@@ -15,6 +15,7 @@ from protocol import kb
 from protocol import sync
 from protocol import storage
 from protocol.channels import ChannelReplyParams
+from protocol.chat import SuggestionsParams
 from protocol.common import CancelRequestParams, MethodSpec, ProgressParams
 from protocol.events import ChatStreamEvent
 from protocol.types import SessionV2
@@ -37,6 +38,10 @@ NOTIFICATIONS: dict[str, MethodSpec] = {
     ),
     "channel:reply": MethodSpec(
         ChannelReplyParams, None, "Deliver chunks of a reply to an IM chat; answer with channel:ack.",
+        direction="server->client",
+    ),
+    "chat:suggestions": MethodSpec(
+        SuggestionsParams, None, "Follow-up questions proposed for a finished reply (stored with it).",
         direction="server->client",
     ),
     "sidecar:progress": MethodSpec(

@@ -46,6 +46,10 @@ class ModelConfig(Struct, kw_only=True):
     """Price of a prompt token read from the provider's cache (default: ``inputPrice``)."""
     cache_write_price: float | None = None
     """Price of a prompt token written to the provider's cache (default: ``inputPrice``)."""
+    stream: bool = True
+    """False: replies are asked for whole (a non-streaming request) and go through the same
+    events (the text arrives as one delta). Set by the sidecar itself (and kept) when the
+    endpoint answers a streaming request with a 400 saying it cannot stream this model."""
 
 
 class AcpEngineConfig(Struct, kw_only=True):
@@ -100,6 +104,8 @@ class ProviderUpsertParams(Struct, kw_only=True):
     """Merged into every request body last (it may override generated fields)."""
     models: list[ModelConfig] = []
     enabled: bool = True
+    stream: bool = True
+    """False: the endpoint cannot stream; every model of it is asked for whole replies."""
 
 
 class ProviderInfo(Struct, omit_defaults=False, kw_only=True):
@@ -122,6 +128,8 @@ class ProviderInfo(Struct, omit_defaults=False, kw_only=True):
     body: JsonObject = {}
     models: list[ModelConfig] = []
     enabled: bool = True
+    stream: bool = True
+    """False: the endpoint cannot stream (see ProviderUpsertParams.stream)."""
     is_default: bool = False
     created_at: Int64
     updated_at: Int64

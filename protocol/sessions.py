@@ -11,10 +11,8 @@ from typing import Literal
 from msgspec import UNSET, UnsetType
 
 from protocol.limits import Id, Int64, JsonObject, Offset, SearchText, SessionPageLimit, Title
-from protocol.types import DateRange, MessageV2, SessionMode, SessionV2, Struct
-from protocol.common import IdParams, SuccessResult
-from protocol.types import SessionExport, SessionV2
-from protocol.common import MethodSpec
+from protocol.common import IdParams, MethodSpec, ProgressToken, SuccessResult
+from protocol.types import DateRange, MessageV2, SessionExport, SessionMode, SessionV2, Struct
 
 __all__ = [
     "CreateSessionOptions",
@@ -26,6 +24,7 @@ __all__ = [
     "SessionPinParams",
     "SessionForkParams",
     "SessionImportParams",
+    "SessionExportParams",
 ]
 
 
@@ -122,6 +121,16 @@ class SessionImportParams(Struct, kw_only=True):
     trust_workspace: bool = False
     """Keep the imported ``workspaceDir`` (only if it is an existing directory). Without it
     the value is dropped: the workspace tools read a session's workspace without asking."""
+    progress_token: ProgressToken | None = None
+    """Report progress as ``sidecar:progress`` under this token (done/total count messages)."""
+
+
+class SessionExportParams(Struct, kw_only=True):
+    """``chat:session:export``."""
+
+    id: Id
+    progress_token: ProgressToken | None = None
+    """Report progress as ``sidecar:progress`` under this token (done/total count messages)."""
 
 
 METHODS: dict[str, MethodSpec] = {
@@ -142,10 +151,16 @@ METHODS: dict[str, MethodSpec] = {
         SessionForkParams, SessionV2, "New session holding a copy of the path root -> messageId."
     ),
     "chat:session:export": MethodSpec(
-        IdParams, SessionExport, "A whole session with all branches as one JSON document."
+        SessionExportParams, SessionExport, "A whole session with all branches as one JSON document."
     ),
     "chat:session:import": MethodSpec(
         SessionImportParams, SessionV2, "Store an exported session (all branches)."
+    ),
+    "chat:session:summarize": MethodSpec(
+        IdParams, SessionV2, "Write the session's summary with a model call now (it replaces any summary)."
+    ),
+    "chat:session:title": MethodSpec(
+        IdParams, SessionV2, "Name the session again with a model call now (it replaces the title)."
     ),
 }
 """The methods of this domain (see ``protocol.methods``)."""

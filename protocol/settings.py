@@ -26,6 +26,18 @@ class ChatSettings(Struct, omit_defaults=False, kw_only=True):
     """Model for titles; default: the session's own model, and for an ACP session (its agent
     engine cannot be asked on the side) the default provider and model
     (``provider:setDefault``) when that is a direct provider."""
+    generate_suggestions: bool = False
+    """After a completed reply, propose up to 3 short follow-up questions with a side call
+    (in the language of the conversation): stored as the reply's ``suggestions`` and sent as
+    ``chat:suggestions``. A new send, regenerate, edit or abort on the session cancels it."""
+    suggestion_model: DefaultModel | None = None
+    """Model for suggestions; default: the session's own model."""
+    summary_every: Int64 = 0
+    """Write the session's ``summary`` with a side call after every N exchanges of the active
+    branch (0 = never automatically; ``chat:session:summarize`` works either way). A summary
+    the user wrote is never replaced automatically."""
+    summary_model: DefaultModel | None = None
+    """Model for session summaries; default: the session's own model."""
     delta_coalesce_ms: Int64 = 40
     """Text/thinking deltas after the first are merged for this long (0 = every delta)."""
     persist_interval_ms: Int64 = 250
@@ -43,6 +55,10 @@ class ChatSettingsUpdate(Struct, forbid_unknown_fields=True, kw_only=True):
 
     generate_titles: bool | None | UnsetType = UNSET
     title_model: DefaultModel | None | UnsetType = UNSET
+    generate_suggestions: bool | None | UnsetType = UNSET
+    suggestion_model: DefaultModel | None | UnsetType = UNSET
+    summary_every: Int64 | None | UnsetType = UNSET
+    summary_model: DefaultModel | None | UnsetType = UNSET
     delta_coalesce_ms: Int64 | None | UnsetType = UNSET
     persist_interval_ms: Int64 | None | UnsetType = UNSET
     max_tokens: Int64 | None | UnsetType = UNSET

@@ -46,6 +46,7 @@ __all__ = [
     "Citation",
     "MAX_CITATIONS",
     "MAX_CITATION_TEXT_CHARS",
+    "SummarySource",
 ]
 
 
@@ -173,6 +174,9 @@ MessageStatus = Literal["pending", "streaming", "completed", "error", "aborted",
 final, survives a restart (crash recovery only touches pending/streaming rows) and resumes
 when no call of it is pending, or ends ``aborted`` when a newer send supersedes it."""
 ContentType = Literal["text", "multipart"]
+SummarySource = Literal["user", "ai"]
+"""Who wrote a session's ``summary``: the user (``chat:session:update``, an import) or the
+sidecar (``chat:session:summarize``, the automatic summary)."""
 
 
 class SessionV2(Struct, omit_defaults=False, kw_only=True):
@@ -181,6 +185,8 @@ class SessionV2(Struct, omit_defaults=False, kw_only=True):
     id: Id
     title: Title = "New Chat"
     summary: str | None = None
+    summary_source: SummarySource | None = None
+    """Who wrote ``summary``; the automatic summary never replaces one that is not ``ai``'s."""
     provider_id: Id
     model_id: Id
     system_prompt: str | None = None
@@ -306,6 +312,10 @@ class MessageV2(Struct, omit_defaults=False, kw_only=True):
     citations: Annotated[list[Citation], msgspec.Meta(max_length=MAX_CITATIONS)] | None = None
     """An assistant reply's sources, in marker order (table ``message_citations``); null
     when it has none."""
+    suggestions: list[str] | None = None
+    """Follow-up questions proposed after the reply (settings ``generateSuggestions``)."""
+    edited_at: Int64 | None = None
+    """When the user corrected this reply's text (``chat:messages:update``); None: never."""
 
 
 class MessageTreeNode(Struct, omit_defaults=False, kw_only=True):

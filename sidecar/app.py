@@ -43,6 +43,8 @@ Attributes:
     tools:    ToolService (sidecar/tools/service.py): tool:list, tool:settings:*.
     mcp:      McpManager (sidecar/tools/mcp.py): mcp:server:*; its servers stop on exit.
     chat:     ChatEngine (sidecar/engine/chat.py): chat:send, abort, regenerate, editResend.
+    side:     SideCalls (sidecar/engine/side.py): suggestions and the automatic summary after a
+              reply (run in the engine's task group), chat:session:summarize, chat:session:title.
     compat:   CompatService (sidecar/compat/service.py): compat:*, the V1 /computer/chat
               endpoint (off until compat:start; stopped first on exit).
     channels: ChannelService (sidecar/channels/service.py): channel:*; its workers stop on
@@ -64,6 +66,7 @@ Attributes:
 
 from __future__ import annotations
 
+import functools
 from collections.abc import AsyncIterator, Awaitable, Callable
 from contextlib import AsyncExitStack, asynccontextmanager
 from pathlib import Path
@@ -78,6 +81,7 @@ from sidecar.errors import SidecarError
 if TYPE_CHECKING:
     from protocol.context import AssistantProfile
     from protocol.messages import SearchOptions
+    from sidecar.providers.types import ModelInfo
     from protocol.types import SearchResult, SessionV2
     from sidecar.acp.engines import AcpEngines
     from sidecar.acp.types import AgentFeatures
@@ -92,6 +96,7 @@ if TYPE_CHECKING:
     from sidecar.engine.secrets import SecretsService
     from sidecar.engine.sessions import SessionService
     from sidecar.engine.settings import SettingsService
+    from sidecar.engine.side import SideCalls
     from sidecar.engine.storage import StorageService
     from sidecar.engine.usage import SideUsage
     from sidecar.pipeline.builder import RequestBuilder
@@ -121,6 +126,7 @@ class App:
     mcp: McpManager
     tools: ToolService
     chat: ChatEngine
+    side: SideCalls
     assistants: AssistantService
     context: ContextService
     compat: CompatService
@@ -230,6 +236,7 @@ _SERVICE_MODULES = (
     "sidecar.engine.acp_turn",
     "sidecar.engine.assistants",
     "sidecar.engine.context",
+    "sidecar.engine.side",
     "sidecar.pipeline.builder",
     "sidecar.store.assistants",
     "sidecar.compat.service",
@@ -268,6 +275,7 @@ async def _open_chat(app: App, stack: AsyncExitStack) -> None:
     from sidecar.engine.chat import ChatEngine
     from sidecar.engine.providers import ProviderService
     from sidecar.engine.settings import SettingsService
+    from sidecar.engine.side import SideCalls
     from sidecar.engine.usage import SideUsage
     from sidecar.pipeline.builder import RequestBuilder
     from sidecar.store.attachments import AttachmentStore
@@ -296,8 +304,9 @@ async def _open_chat(app: App, stack: AsyncExitStack) -> None:
     app.attachments = AttachmentStore(app.data_dir)
     # one builder: the generation loop and chat:context:* share its token cache, summary
     # checks and per-session summary locks
-    app.requests = RequestBuilder(store, app.attachments, providers=app.providers, knowledge=app.knowledge)
-    app.requests = RequestBuilder(store, app.attachments, providers=app.providers, side_usage=app.side_usage)
+    app.requests = RequestBuilder(
+        store, app.attachments, providers=app.providers, knowledge=app.knowledge, side_usage=app.side_usage
+    )
     app.approvals = ApprovalService(store)
     # before the engine's task group: cancelling that group must not reach the engines
     app.acp = await _open_acp(app, stack)
@@ -313,10 +322,17 @@ async def _open_chat(app: App, stack: AsyncExitStack) -> None:
         policies=app.approvals.policies_for,
         mcp=app.mcp,
         knowledge=app.knowledge,
+        all_policies=lambda: store.run(lambda s: s.tools.policies()),
+        policy_version=lambda: store.sync.tools.policy_version,
     )
     await app.tools.load()
     app.tools.set_session_lookup(get_session)
+    app.tools.set_context_lookup(functools.partial(_tool_context, app))
     stack.push_async_callback(app.tools.aclose)
+    app.side = SideCalls(
+        store=store, providers=app.providers, settings=app.settings.current, notify=app.notify, task_group=task_group,
+        usage=app.side_usage,
+    )
     app.chat = ChatEngine(
         store=store,
         notify=app.notify,
@@ -330,6 +346,7 @@ async def _open_chat(app: App, stack: AsyncExitStack) -> None:
         data_dir=app.data_dir,
         acp=app.acp,
         side_usage=app.side_usage,
+        side=app.side,
     )
     stack.push_async_callback(app.chat.aclose)
     app.sessions.overlay_live = app.chat.overlay_live
@@ -339,8 +356,23 @@ async def _open_chat(app: App, stack: AsyncExitStack) -> None:
     app.storage.on_release.append(app.acp.reap_released)
 
 
+async def _tool_context(app: App, session: SessionV2 | None) -> tuple[AssistantProfile | None, ModelInfo | None]:
+    """What ``tool:list`` assembles for: the session's assistant profile and model (the
+    default profile, and no model, without a session)."""
+    store = app.store
+    profiles = app.requests.profiles
+    if session is None:
+        return await store.run(lambda s: s.assistants.default()), None
+    profile = await store.run(lambda _: profiles.for_session(session.id))
+    try:
+        model = (await app.providers.resolve(session.provider_id, session.model_id)).model
+    except SidecarError:  # no provider yet: list what a model with tools would get
+        model = None
+    return profile.assistant, model
+
+
 async def _open_acp(app: App, stack: AsyncExitStack) -> AcpTurnHandler:
-    """ACP mode (issue 7): the engine processes and the handler of mode 'acp' replies.
+    """ACP mode: the engine processes and the handler of mode 'acp' replies.
 
     The engines are entered on the stack before the ChatEngine's task group: they are
     stopped (stdin closed, SIGTERM, SIGKILL) only after the ChatEngine has aborted the
@@ -403,7 +435,9 @@ def _open_context(app: App) -> None:
     from sidecar.engine.context import ContextService
 
     app.assistants = AssistantService(app.store)
-    app.context = ContextService(app.store, app.requests)
+    app.context = ContextService(
+        app.store, app.requests, providers=app.providers, tools=app.tools, settings=app.settings.current
+    )
 
 
 async def _open_compat(app: App, stack: AsyncExitStack) -> None:

@@ -139,6 +139,11 @@ BINDINGS: dict[str, str] = {
     "chat:suggest": "sync.suggest",
     "server:chat:pageResult": "sync.page_result",
     "storage:gc": "storage.gc",
+    "chat:messages:update": "sessions.update_message",
+    "chat:messages:page": "sessions.get_page",
+    "chat:messages:searchPage": "sessions.search_page",
+    "chat:session:summarize": "side.summarize_session",
+    "chat:session:title": "side.title_session",
 }
 """Method name -> attribute path on the App of the ``async def f(params) -> result`` that answers it."""
 

@@ -38,6 +38,18 @@ class ScriptedServer:
             r.raise_for_status()
             return r.json()
 
+    async def config(self, **settings: Any) -> None:
+        """``streaming=False``: the endpoint refuses every streaming request with a 400."""
+        async with httpx2.AsyncClient() as client:
+            (await client.post(f"{self.root}/_config", json=settings)).raise_for_status()
+
+    async def cancelled(self) -> list[int]:
+        """Numbers of the requests whose client went away before their whole reply."""
+        async with httpx2.AsyncClient() as client:
+            r = await client.get(f"{self.root}/_cancelled")
+            r.raise_for_status()
+            return r.json()
+
     async def reset(self) -> None:
         async with httpx2.AsyncClient() as client:
             (await client.post(f"{self.root}/_reset", json={})).raise_for_status()

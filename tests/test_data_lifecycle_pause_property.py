@@ -123,7 +123,7 @@ class Tools:
     def __init__(self, world: World) -> None:
         self._world = world
 
-    async def assemble(self, session: Any, model: Any) -> ToolRegistry:
+    async def assemble(self, session: Any, model: Any, **_: Any) -> ToolRegistry:
         return ToolRegistry([Guarded(self._world), Slow(self._world)])
 
 

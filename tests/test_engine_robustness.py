@@ -116,7 +116,7 @@ class Echo(Tool):
 
 
 class Tools:
-    async def assemble(self, session: Any, model: Any) -> ToolRegistry:
+    async def assemble(self, session: Any, model: Any, **_: Any) -> ToolRegistry:
         return ToolRegistry([Echo("guarded", "ask"), Echo("free", "auto")])
 
 
@@ -525,9 +525,9 @@ async def test_summary_chunks_are_made_in_a_worker_thread(monkeypatch: Any) -> N
     seen: list[bool] = []
     original = Summarizer._chunks
 
-    def recording(self: Any, blocks: list[str]) -> list[list[str]]:
+    def recording(self: Any, blocks: list[str], *rest: Any) -> list[list[str]]:
         seen.append(threading.current_thread() is threading.main_thread())
-        return original(self, blocks)
+        return original(self, blocks, *rest)
 
     monkeypatch.setattr(Summarizer, "_chunks", recording)
 

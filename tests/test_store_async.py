@@ -20,6 +20,7 @@ from protocol.messages import (
 )
 from protocol.sessions import (
     CreateSessionOptions,
+    SessionExportParams,
     SessionFilter,
     SessionForkParams,
     SessionImportParams,
@@ -118,7 +119,7 @@ async def test_session_service_methods(astore: AsyncStore) -> None:
     hits = await svc.search_messages(MessagesSearchParams(query="搜索"))
     assert [h.message_id for h in hits] == [u1.id]
     forked = await svc.fork_session(SessionForkParams(id=s.id, message_id=a1.id))
-    exported = await svc.export_session(IdParams(id=forked.id))
+    exported = await svc.export_session(SessionExportParams(id=forked.id))
     assert len(exported.messages) == 2
     await svc.delete_session(IdParams(id=forked.id))
     again = await svc.import_session(

@@ -62,6 +62,9 @@ function onEvent(event: ChatStreamEvent): void {
     case "text_delta":
       reply.text += event.text;
       break;
+    case "content_replaced": // the stored text differs from the streamed one: show what is stored
+      reply.text = event.text;
+      break;
     case "tool_approval_required":
       show(`${event.toolCall.name} wants to run; choices: ${event.decisions.join(", ")}`);
       break;

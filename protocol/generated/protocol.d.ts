@@ -92,7 +92,7 @@ export type ChannelScope = "chat" | "chat_sender" | "thread";
  * the desktop's ``/computer/progress`` frames).
  */
 export type ChatApi = "computer" | "conversation";
-export type ChatStreamEvent = StreamStartEvent | TextDeltaEvent | ThinkingDeltaEvent | ToolCallStartEvent | ToolCallDeltaEvent | ToolResultEvent | UsageEvent | StreamEndEvent | ErrorEvent | AbortedEvent | ToolApprovalRequiredEvent | NoticeEvent | PlanEvent | CitationsEvent;
+export type ChatStreamEvent = StreamStartEvent | TextDeltaEvent | ThinkingDeltaEvent | ToolCallStartEvent | ToolCallDeltaEvent | ToolResultEvent | UsageEvent | StreamEndEvent | ErrorEvent | AbortedEvent | ToolApprovalRequiredEvent | NoticeEvent | PlanEvent | CitationsEvent | ContentReplacedEvent;
 export type ChatType = "group" | "private";
 /**
  * Which V1 server the frames copy byte for byte: the desktop client (``electron``: raw
@@ -171,9 +171,12 @@ export type MessageStatus = "aborted" | "completed" | "error" | "paused" | "pend
  * ``acp_session_replaced``: the agent could not reload the conversation after a restart and
  * starts a new agent session without the earlier turns; ``acp_history_unavailable``: the agent
  * session of this branch is unknown to the engine; ``acp_content_not_sent``: parts of the user
- * message (e.g. images) that the agent does not accept were left out.
+ * message (e.g. images) that the agent does not accept were left out; ``stream_unsupported``:
+ * the endpoint refused to stream this model, so it is asked for whole replies from now on (the
+ * model's ``stream`` became false); ``context_trimmed``: older messages were left out of this
+ * request so it fits the model's context window (the notice says how many).
  */
-export type NoticeCode = "acp_content_not_sent" | "acp_history_unavailable" | "acp_session_replaced";
+export type NoticeCode = "acp_content_not_sent" | "acp_history_unavailable" | "acp_session_replaced" | "context_trimmed" | "stream_unsupported";
 export type ProgressKind = "begin" | "end" | "report";
 /** Chosen by the caller (a number or a string of at most 256 characters). */
 export type ProgressToken = number | string;
@@ -209,6 +212,11 @@ export type SessionSortBy = "created_at" | "last_message_at" | "updated_at";
  * a JSON string (escapes counted; Feishu's limit is on the request body).
  */
 export type SizeUnit = "chars" | "json_bytes" | "utf8_bytes";
+/**
+ * Who wrote a session's ``summary``: the user (``chat:session:update``, an import) or the
+ * sidecar (``chat:session:summarize``, the automatic summary).
+ */
+export type SummarySource = "ai" | "user";
 /** What ``chat:tool:approve`` can decide. */
 export type ToolDecision = "answered" | "approved" | "denied";
 /** auto: run without asking; ask: a pending approval first; deny: never run (denied result). */
@@ -287,8 +295,13 @@ export interface AssistantProfile {
   /** A session's own system prompt replaces this one when set. */
   allowSessionPrompt: boolean;
   regexRules: RegexRule[];
-  /** Names of the local tools this assistant may use (the tool registry reads it). */
-  enabledTools: string[];
+  /**
+   * The tools this assistant's replies are offered, by name (``get_current_time``,
+   * ``web_search``, ``workspace_read_file``, ``mcp__files__read``...) or ``mcp:<server>`` for
+   * every tool of an MCP server; ``read_tool_output`` and ``get_session_capabilities`` come
+   * with any of them. ``[]``: no tools at all. None: every tool the tool settings offer.
+   */
+  enabledTools: string[] | null;
   knowledgeBaseIds: string[];
   memory: MemorySettings;
   modes: PromptInjection[];
@@ -307,7 +320,8 @@ export interface AssistantUpsertParams {
   systemPrompt?: string;
   allowSessionPrompt?: boolean;
   regexRules?: RegexRule[];
-  enabledTools?: string[];
+  /** See AssistantProfile.enabledTools (omitted or null: every tool; ``[]``: none). */
+  enabledTools?: string[] | null;
   knowledgeBaseIds?: string[];
   memory?: MemorySettings;
   modes?: PromptInjection[];
@@ -568,6 +582,22 @@ export interface ChatSettings {
    * (``provider:setDefault``) when that is a direct provider.
    */
   titleModel: DefaultModel | null;
+  /**
+   * After a completed reply, propose up to 3 short follow-up questions with a side call
+   * (in the language of the conversation): stored as the reply's ``suggestions`` and sent as
+   * ``chat:suggestions``. A new send, regenerate, edit or abort on the session cancels it.
+   */
+  generateSuggestions: boolean;
+  /** Model for suggestions; default: the session's own model. */
+  suggestionModel: DefaultModel | null;
+  /**
+   * Write the session's ``summary`` with a side call after every N exchanges of the active
+   * branch (0 = never automatically; ``chat:session:summarize`` works either way). A summary
+   * the user wrote is never replaced automatically.
+   */
+  summaryEvery: number;
+  /** Model for session summaries; default: the session's own model. */
+  summaryModel: DefaultModel | null;
   /** Text/thinking deltas after the first are merged for this long (0 = every delta). */
   deltaCoalesceMs: number;
   /** Partial content of a streaming reply is written at least this often. */
@@ -588,6 +618,14 @@ export interface ChatSettingsUpdate {
   generateTitles?: boolean | null;
   /** absent: keep; null: clear (to the default). */
   titleModel?: DefaultModel | null;
+  /** absent: keep; null: clear (to the default). */
+  generateSuggestions?: boolean | null;
+  /** absent: keep; null: clear (to the default). */
+  suggestionModel?: DefaultModel | null;
+  /** absent: keep; null: clear (to the default). */
+  summaryEvery?: number | null;
+  /** absent: keep; null: clear (to the default). */
+  summaryModel?: DefaultModel | null;
   /** absent: keep; null: clear (to the default). */
   deltaCoalesceMs?: number | null;
   /** absent: keep; null: clear (to the default). */
@@ -782,14 +820,67 @@ export interface CompatStatus {
 }
 
 /**
- * The content of a completed message as stored, when it is not what its deltas built
- * (citation markers normalized, the assistant's output rules): a renderer shows this
- * instead of what it streamed.
+ * The stored text of the reply differs from what was streamed (an output rewrite after
+ * streaming: assistant regex rules, think tags closed, images moved to files...): show
+ * ``text`` instead of the streamed text. Sent at most once, right before ``stream_end``.
  */
-export interface ContentReplaced {
-  textContent: string;
-  /** The parts as stored (null: the message is text only, ``textContent`` is all of it). */
-  parts: ContentPart[] | null;
+export interface ContentReplacedEvent {
+  type: "content_replaced";
+  sessionId: string;
+  messageId: string;
+  timestamp: number;
+  seq: number;
+  /** The reply's stored ``textContent``. */
+  text: string;
+  /** The stored parts, when the reply is multipart (text with thinking, tools, images). */
+  parts?: ContentPart[] | null;
+}
+
+/**
+ * What a request of the session costs in tokens, part by part (a context meter).
+ *
+ * ``systemPrompt`` + ``tools`` + ``messages`` is the request's input; ``reservedOutput`` is
+ * kept free for the reply; with a known ``contextWindow`` their sum never exceeds it (older
+ * messages are left out of the request first). Counted with the model's tokenizer
+ * (``exact``), else cl100k as an estimate.
+ */
+export interface ContextBudgetInfo {
+  /** The model's ``contextWindow`` (None: unknown, nothing is cut for it). */
+  contextWindow: number | null;
+  /**
+   * The request's maxTokens, else the model's maxOutputTokens, else a quarter of the
+   * window (at most 4,096).
+   */
+  reservedOutput: number;
+  /**
+   * The system message: session or assistant prompt, Soul.md, capability notes, basic
+   * memories, tool prompts, the rolling summary (and, in ``lastRequest``, what the input
+   * transformers added: knowledge, memories, time...).
+   */
+  systemPrompt: number;
+  /** Of ``systemPrompt``: the rolling summary. */
+  summary: number;
+  /** The tool schemas sent with the request. */
+  tools: number;
+  /** The messages sent after the system prompt (attachments by their estimates). */
+  messages: number;
+  messageCount: number;
+  /** Of ``messages``: the estimates of images and files. */
+  attachments: number;
+  /** systemPrompt + tools + messages + reservedOutput. */
+  total: number;
+  /** contextWindow - total (None without a window). */
+  available: number | null;
+  /** The summarize threshold in effect: the smaller of compressThreshold and what fits. */
+  threshold: number;
+  /**
+   * Messages of the planned window left out so the request fits (a ``context_trimmed``
+   * notice said so).
+   */
+  dropped: number;
+  /** False: the model's own tokenizer is not known; counts are cl100k estimates. */
+  exact: boolean;
+  modelId: string;
 }
 
 /** ``chat:context:compact``: summarize the old part of the active branch now. */
@@ -1334,6 +1425,10 @@ export interface MessageV2 {
    * when it has none.
    */
   citations: Citation[] | null;
+  /** Follow-up questions proposed after the reply (settings ``generateSuggestions``). */
+  suggestions: string[] | null;
+  /** When the user corrected this reply's text (``chat:messages:update``); None: never. */
+  editedAt: number | null;
 }
 
 /** MessageV2 as params accept it: fields with a default may be left out. */
@@ -1365,11 +1460,36 @@ export interface MessageV2Input {
    * when it has none.
    */
   citations?: CitationInput[] | null;
+  /** Follow-up questions proposed after the reply (settings ``generateSuggestions``). */
+  suggestions?: string[] | null;
+  /** When the user corrected this reply's text (``chat:messages:update``); None: never. */
+  editedAt?: number | null;
 }
 
 export interface MessagesGetParams {
   sessionId: string;
   options?: MessageQueryOptions | null;
+}
+
+export interface MessagesPage {
+  /** Root side first, as chat:messages:get. */
+  items: MessageV2[];
+  /** Older messages exist before ``items``. */
+  hasMore: boolean;
+  /** Pass as ``cursor`` for the older page; None when there is none. */
+  nextCursor: string | null;
+}
+
+/** ``chat:messages:page``: ``chat:messages:get`` one page at a time. */
+export interface MessagesPageParams {
+  sessionId: string;
+  /** As for chat:messages:get; ``limit`` defaults to 100 here. */
+  options?: MessageQueryOptions | null;
+  /**
+   * ``nextCursor`` of the previous page (the next, older page); takes the place of
+   * ``options.before``.
+   */
+  cursor?: string | null;
 }
 
 export interface MessagesSearchParams {
@@ -1385,6 +1505,15 @@ export interface MessagesSelectParams {
 
 export interface MessagesTreeParams {
   sessionId: string;
+}
+
+/** ``chat:messages:update``: the user corrects the text of a finished assistant reply. */
+export interface MessagesUpdateParams {
+  sessionId: string;
+  /** An assistant message of the session that is not being generated or paused. */
+  messageId: string;
+  /** The new text; the reply's thinking, tool calls and images stay as they are. */
+  content: string;
 }
 
 /** One method (or notification) of the contract. */
@@ -1413,6 +1542,12 @@ export interface ModelConfig {
   cacheReadPrice?: number | null;
   /** Price of a prompt token written to the provider's cache (default: ``inputPrice``). */
   cacheWritePrice?: number | null;
+  /**
+   * False: replies are asked for whole (a non-streaming request) and go through the same
+   * events (the text arrives as one delta). Set by the sidecar itself (and kept) when the
+   * endpoint answers a streaming request with a 400 saying it cannot stream this model.
+   */
+  stream?: boolean;
 }
 
 export interface NameParams {
@@ -1487,7 +1622,9 @@ export interface PlanEvent {
 export interface ProgressParams {
   token: ProgressToken;
   kind: ProgressKind;
+  /** Units of work done so far (messages, chunks, files: ``message`` and the method say which). */
   done: number;
+  /** All units, when known. */
   total: number | null;
   message: string | null;
 }
@@ -1525,6 +1662,8 @@ export interface ProviderInfo {
   body: Record<string, unknown>;
   models: ModelConfig[];
   enabled: boolean;
+  /** False: the endpoint cannot stream (see ProviderUpsertParams.stream). */
+  stream: boolean;
   isDefault: boolean;
   createdAt: number;
   updatedAt: number;
@@ -1557,12 +1696,20 @@ export interface ProviderUpsertParams {
   body?: Record<string, unknown>;
   models?: ModelConfig[];
   enabled?: boolean;
+  /** False: the endpoint cannot stream; every model of it is asked for whole replies. */
+  stream?: boolean;
 }
 
+/** Overrides for this one reply (the session keeps its own provider and model). */
 export interface RegenerateOptions {
   modelId?: string | null;
   providerId?: string | null;
+  /** 0..2; default: settings ``temperature``. */
   temperature?: number | null;
+  /** Default: settings ``reasoning``. */
+  reasoning?: ReasoningLevel | null;
+  /** False: no tools are offered for this reply (the model is told it has none). */
+  tools?: boolean | null;
 }
 
 export interface RegenerateParams {
@@ -1645,6 +1792,21 @@ export interface SearchOptions {
   offset?: number;
 }
 
+export interface SearchPage {
+  items: SearchResult[];
+  /** More results follow ``items``. */
+  hasMore: boolean;
+  nextCursor: string | null;
+}
+
+/** ``chat:messages:searchPage``: ``chat:messages:search`` one page at a time. */
+export interface SearchPageParams {
+  query: string;
+  options?: SearchOptions | null;
+  /** ``nextCursor`` of the previous page; takes the place of ``options.offset``. */
+  cursor?: string | null;
+}
+
 export interface SearchResult {
   sessionId: string;
   sessionTitle: string;
@@ -1670,9 +1832,19 @@ export interface SecretsInfo {
   locked: number;
 }
 
+/** ``chat:send`` per-send overrides, the same as regenerate's (direct-mode sessions). */
+export interface SendOptions {
+  modelId?: string | null;
+  providerId?: string | null;
+  temperature?: number | null;
+  reasoning?: ReasoningLevel | null;
+  tools?: boolean | null;
+}
+
 export interface SendParams {
   sessionId: string;
   input: UserInput;
+  options?: SendOptions | null;
 }
 
 export interface SendResult {
@@ -1844,6 +2016,16 @@ export interface SessionContextInfo {
   sessionTruncationStrategy: TruncationStrategy | null;
   threshold: number;
   summary: RollingSummaryInfo | null;
+  /**
+   * The next request of the active branch as it would be planned now (its system prompt,
+   * tools, summary and window; no model is called, input transformers are not run).
+   */
+  budget: ContextBudgetInfo | null;
+  /**
+   * The last request this process built for the session (transformers included); None
+   * before the first one.
+   */
+  lastRequest: ContextBudgetInfo | null;
 }
 
 /** A whole session with every branch, as one JSON document. */
@@ -1852,6 +2034,13 @@ export interface SessionExport {
   version: number;
   session: SessionV2;
   messages: MessageV2[];
+}
+
+/** ``chat:session:export``. */
+export interface SessionExportParams {
+  id: string;
+  /** Report progress as ``sidecar:progress`` under this token (done/total count messages). */
+  progressToken?: ProgressToken | null;
 }
 
 /** Params of ``chat:session:list``. Pinned sessions always come first. */
@@ -1893,6 +2082,8 @@ export interface SessionImportParams {
    * the value is dropped: the workspace tools read a session's workspace without asking.
    */
   trustWorkspace?: boolean;
+  /** Report progress as ``sidecar:progress`` under this token (done/total count messages). */
+  progressToken?: ProgressToken | null;
 }
 
 export interface SessionListResult {
@@ -1952,6 +2143,8 @@ export interface SessionV2 {
   id: string;
   title: string;
   summary: string | null;
+  /** Who wrote ``summary``; the automatic summary never replaces one that is not ``ai``'s. */
+  summarySource: SummarySource | null;
   providerId: string;
   modelId: string;
   systemPrompt: string | null;
@@ -1989,6 +2182,8 @@ export interface SessionV2Input {
   id: string;
   title?: string;
   summary?: string | null;
+  /** Who wrote ``summary``; the automatic summary never replaces one that is not ``ai``'s. */
+  summarySource?: SummarySource | null;
   providerId: string;
   modelId: string;
   systemPrompt?: string | null;
@@ -2075,8 +2270,6 @@ export interface StreamEndEvent {
   seq: number;
   finishReason?: FinishReason | null;
   usage?: Usage | null;
-  /** Set when the stored content differs from the streamed one (see ContentReplaced). */
-  contentReplaced?: ContentReplaced | null;
 }
 
 /** The assistant message ``messageId`` exists and starts streaming. */
@@ -2110,6 +2303,16 @@ export interface Struct {
 
 export interface SuccessResult {
   success: boolean;
+}
+
+/**
+ * ``chat:suggestions``: follow-up questions proposed for a finished reply (also stored as
+ * the message's ``suggestions``).
+ */
+export interface SuggestionsParams {
+  sessionId: string;
+  messageId: string;
+  suggestions: string[];
 }
 
 /** Something both sides changed: what was decided (nothing is dropped silently). */
@@ -2556,15 +2759,21 @@ export interface Methods {
   /** Choose a session's assistant profile and truncation strategy. */
   "chat:context:update": { params: ContextUpdateParams; result: SessionContextInfo };
   /** Add an edited sibling of a user message and generate. */
-  "chat:editResend": { params: EditResendParams; result: MessageIdResult };
+  "chat:editResend": { params: EditResendParams; result: SendResult };
   /** Messages of the active branch (or another leaf, a page, all). */
   "chat:messages:get": { params: MessagesGetParams; result: MessageV2[] };
+  /** chat:messages:get one page at a time, with hasMore and a cursor. */
+  "chat:messages:page": { params: MessagesPageParams; result: MessagesPage };
   /** Full-text search over messages (Chinese and English). */
   "chat:messages:search": { params: MessagesSearchParams; result: SearchResult[] };
+  /** chat:messages:search one page at a time, with hasMore and a cursor. */
+  "chat:messages:searchPage": { params: SearchPageParams; result: SearchPage };
   /** Switch the active branch; returns the new active path. */
   "chat:messages:select": { params: MessagesSelectParams; result: MessageV2[] };
   /** The whole message tree, active path marked. */
   "chat:messages:tree": { params: MessagesTreeParams; result: MessageTreeNode[] };
+  /** Correct the text of a finished assistant reply (marked edited). */
+  "chat:messages:update": { params: MessagesUpdateParams; result: MessageV2 };
   /** Generate a sibling of an assistant reply. */
   "chat:regenerate": { params: RegenerateParams; result: MessageIdResult };
   /** Store the user message and start generating; events follow on chat:stream. */
@@ -2576,7 +2785,7 @@ export interface Methods {
   /** Delete a session and everything under it. */
   "chat:session:delete": { params: IdParams; result: SuccessResult };
   /** A whole session with all branches as one JSON document. */
-  "chat:session:export": { params: IdParams; result: SessionExport };
+  "chat:session:export": { params: SessionExportParams; result: SessionExport };
   /** New session holding a copy of the path root -> messageId. */
   "chat:session:fork": { params: SessionForkParams; result: SessionV2 };
   /** One session by id. */
@@ -2587,6 +2796,10 @@ export interface Methods {
   "chat:session:list": { params: SessionFilter; result: SessionListResult };
   /** Pin or unpin a session. */
   "chat:session:pin": { params: SessionPinParams; result: SuccessResult };
+  /** Write the session's summary with a model call now (it replaces any summary). */
+  "chat:session:summarize": { params: IdParams; result: SessionV2 };
+  /** Name the session again with a model call now (it replaces the title). */
+  "chat:session:title": { params: IdParams; result: SessionV2 };
   /** Change title, tags, folder, prompt, model and similar fields. */
   "chat:session:update": { params: SessionUpdateParams; result: SessionV2 };
   /** Suggested next questions of a server-linked session (/chat/suggest). */
@@ -2702,6 +2915,8 @@ export interface Notifications {
   "chat:session:updated": { params: SessionV2; direction: "server->client" };
   /** One streaming event of a reply. */
   "chat:stream": { params: ChatStreamEvent; direction: "server->client" };
+  /** Follow-up questions proposed for a finished reply (stored with it). */
+  "chat:suggestions": { params: SuggestionsParams; direction: "server->client" };
   /** The server account's state changed (auth required, a sync finished). */
   "server:status:updated": { params: ServerStatus; direction: "server->client" };
   /** Progress of a long request, under the caller's progressToken. */

@@ -41,7 +41,7 @@ from protocol.common import SuccessResult
 from protocol.events import ChatStreamEvent, ToolApprovalRequiredEvent
 from protocol.tools import ToolApproveParams, ToolApproveResult
 from protocol.types import MessageV2
-from sidecar.compat.frames import Frame, FrameBuilder, Frames, is_final
+from sidecar.compat.frames import Frame, FrameBuilder, is_final
 from sidecar.compat.rules import Rule, decide
 from sidecar.errors import SidecarError
 from sidecar.store.async_store import AsyncStore

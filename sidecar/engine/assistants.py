@@ -39,13 +39,13 @@ def validate_profile(p: AssistantUpsertParams) -> None:
         raise _bad("id", "must be 1..200 characters")
     if len(p.system_prompt) > MAX_PROMPT:
         raise _bad("systemPrompt", f"is longer than {MAX_PROMPT} characters")
-    for field, items in (("regexRules", p.regex_rules), ("enabledTools", p.enabled_tools),
+    for field, items in (("regexRules", p.regex_rules), ("enabledTools", p.enabled_tools or []),
                          ("knowledgeBaseIds", p.knowledge_base_ids), ("modes", p.modes),
                          ("lorebook", p.lorebook), ("memory.entries", p.memory.entries)):
         if len(items) > MAX_ITEMS:
             raise _bad(field, f"has more than {MAX_ITEMS} items")
     compile_rules(p.regex_rules, "user", strict=True)
-    for i, tool in enumerate(p.enabled_tools):
+    for i, tool in enumerate(p.enabled_tools or []):
         if not tool.strip() or len(tool) > 200:
             raise _bad(f"enabledTools[{i}]", "must be a tool name")
     for i, mode in enumerate(p.modes):

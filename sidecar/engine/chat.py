@@ -18,7 +18,14 @@ or edit). After a successful first exchange the session is titled by a side call
 (settings ``generateTitles``, titles.py), which sends ``chat:session:updated`` again with
 the title (a server session's title comes from its conversation's topic instead); the
 start-up pass (``start_background``) asks for the titles that were due when the previous
-process stopped, and resumes paused replies whose calls were all decided then.
+process stopped, and resumes paused replies whose calls were all decided then. The other
+side calls of a completed reply (suggestions, the automatic session summary) are
+``side.after_reply``'s (sidecar/engine/side.py), and every new turn, abort or delete on a
+session cancels its pending suggestions first (``side.cancel``).
+
+Per-turn overrides (``chat:send``/``chat:regenerate`` options: provider, model, temperature,
+reasoning, tools on/off) travel in the Turn and the ReplyJob; a paused reply keeps its
+reasoning override in its tool run, so its resumption uses it too.
 
 Stopping is bounded: a job that does not end within STOP_TIMEOUT_S (plus an ACP agent's
 cancel timeout) makes the request that needed it fail with BUSY (nothing is written), so a
@@ -61,7 +68,7 @@ from protocol.common import SuccessResult
 from protocol.settings import ChatSettings
 from protocol.types import MessageV2, SessionV2
 from sidecar.engine.approvals import ApprovalService
-from sidecar.engine.generation import GenerationHandler, ToolAssembler
+from sidecar.engine.generation import GenerationHandler, ReplyProviders, ToolAssembler
 from sidecar.engine.relay import Notify
 from sidecar.engine.lifecycle import (
     COMPLETED,
@@ -77,7 +84,6 @@ from sidecar.engine.usage import SideUsage
 from sidecar.engine.turns import Turn, TurnWriter
 from sidecar.errors import NotFound, SidecarError
 from sidecar.pipeline.builder import Prepared, RequestBuilder
-from sidecar.pipeline.calls import ModelResolver
 from sidecar.pipeline.locks import KeyedLocks
 from sidecar.store.async_store import AsyncStore
 from sidecar.store.attachments import AttachmentStore
@@ -100,8 +106,18 @@ class _RunningJob:
         self.done = anyio.Event()
 
 
-class ChatProviders(ModelResolver, Pricing, Protocol):
+class ChatProviders(ReplyProviders, Pricing, Protocol):
     """The engine's ProviderService as the chat engine uses it."""
+
+
+class SideTasks(Protocol):
+    """The side calls around replies (sidecar/engine/side.py SideCalls)."""
+
+    def cancel(self, session_id: str) -> None:
+        """A new turn on the session began: its pending suggestions are not wanted."""
+
+    async def after_reply(self, session: SessionV2, job: ReplyJob) -> None:
+        """A reply completed: start its side calls (suggestions, the automatic summary)."""
 
 
 class SettingsSource(Protocol):
@@ -143,8 +159,11 @@ class ChatEngine:
         data_dir: Path | None = None,
         acp: AgentTurns | None = None,
         side_usage: SideUsage | None = None,
+        side: SideTasks | None = None,
     ) -> None:
         self._store = store
+        self._side = side
+        """Suggestions and the automatic summary after a reply (None: none)."""
         self._notify = notify
         self._settings = settings
         self._tg = task_group
@@ -200,6 +219,8 @@ class ChatEngine:
             self._check_not_deleting(session_id)
             if session_id in self._jobs or not self._handler.is_idle(session_id):
                 return None
+            if self._side is not None:
+                self._side.cancel(session_id)
             acp_ok = self._acp is not None
 
             def check_and_write(s: Store) -> tuple[Turn, MessageV2 | None, MessageV2, Prepared | None]:
@@ -232,12 +253,13 @@ class ChatEngine:
         _, reply = await self._begin(turn, "superseded by regenerate", after_active_leaf=False)
         return MessageIdResult(message_id=reply.id)
 
-    async def edit_resend(self, params: EditResendParams) -> MessageIdResult:
+    async def edit_resend(self, params: EditResendParams) -> SendResult:
         self._check_open()
         turn = await self._store.run(lambda s: self._turns.check_edit(s, params))
         await self._check_acp(turn, branching=True)
-        _, reply = await self._begin(turn, "superseded by edit and resend", after_active_leaf=False)
-        return MessageIdResult(message_id=reply.id)
+        user, reply = await self._begin(turn, "superseded by edit and resend", after_active_leaf=False)
+        assert user is not None
+        return SendResult(message_id=reply.id, user_message_id=user.id)
 
     # -- lifecycle -------------------------------------------------------------------
 
@@ -284,6 +306,7 @@ class ChatEngine:
                     provider_id=run.provider_id,
                     model_id=run.model_id,
                     temperature=run.temperature,
+                    reasoning=run.reasoning,
                     resume=message,
                     steps=run.steps,
                 )
@@ -394,6 +417,8 @@ class ChatEngine:
                 provider_id=turn.provider_id,
                 model_id=turn.model_id,
                 temperature=turn.temperature,
+                reasoning=turn.reasoning,
+                tools=turn.tools,
                 prepared=prepared,
             )
         )
@@ -451,6 +476,8 @@ class ChatEngine:
         try:
             if await self._titles.wants_title(session, job.message_id):
                 self._tg.start_soon(self._title, session, job.message_id, job.provider_id, job.model_id)
+            if self._side is not None:
+                await self._side.after_reply(session, job)
         except SidecarError:
             log.debug("session %s vanished after its generation", job.session.id)
 
@@ -495,6 +522,8 @@ class ChatEngine:
         BUSY when the job does not end within STOP_TIMEOUT_S (the caller writes nothing)."""
         running = self._jobs.get(session_id)
         stopped = False
+        if self._side is not None:
+            self._side.cancel(session_id)
         if running is not None:
             running.job.abort_reason = reason
             running.scope.cancel()

@@ -9,6 +9,17 @@ the tool loop (tool_loop.py) decides and runs them, or the reply pauses until th
 decides. At most MAX_STEPS model steps per reply; a reply that wants more ends with an
 ``error`` naming the limit (its last calls get "not run" results).
 
+Streaming or not (seed 000 section 6): a model whose ``stream`` is false (its ModelConfig, or
+its provider's) is asked with ``generate``; the whole answer then goes through exactly the
+same parts, so the reply has the same events (its text as one delta). When a streaming
+request is refused with a 400 that says the endpoint cannot stream, the step is asked again
+whole, once, the reply gets a ``stream_unsupported`` notice, and the model's ``stream`` is
+stored false (ProviderService.disable_streaming), so later replies ask whole at once.
+
+The context budget (pipeline/budget.py) may leave older history out of a step's request;
+the reply then gets a ``context_trimmed`` notice saying how many messages (again only when
+the number changes in a later step).
+
 Must stay true (seed 000 section 9 and its invariants, DESIGN.md section 4):
 - a provider failure, a failure to build the request, a store failure or a bug ends the
   reply with ``error`` (the lifecycle's ending) and never escapes the job;
@@ -30,8 +41,9 @@ Must stay true (seed 000 section 9 and its invariants, DESIGN.md section 4):
 from __future__ import annotations
 
 import logging
+import re
 from collections import deque
-from collections.abc import AsyncGenerator, Callable, Iterable
+from collections.abc import AsyncGenerator, Callable, Iterable, Sequence
 from contextlib import aclosing
 from pathlib import Path
 from typing import Protocol
@@ -39,6 +51,7 @@ from typing import Protocol
 import anyio
 import msgspec
 
+from protocol.context import AssistantProfile
 from protocol.errors import ErrorCode
 from protocol.events import FinishReason
 from protocol.settings import ChatSettings
@@ -62,11 +75,11 @@ from sidecar.engine.tool_loop import ToolLoop
 from sidecar.errors import SidecarError
 from sidecar.pipeline.builder import Prepared, RequestBuilder
 from sidecar.pipeline.calls import ModelResolver, ResolvedModel
+from sidecar.providers.errors import ProviderCallError
 from sidecar.providers.types import (
     Finish,
     GenerationParams,
     ModelInfo,
-    RequestMessage,
     StreamPart,
     TextDelta,
     ThinkingDelta,
@@ -92,7 +105,38 @@ LIMIT_NOTE = f"not run: the generation reached its limit of {MAX_STEPS} model/to
 class ToolAssembler(Protocol):
     """The tools of one request (sidecar.tools.service.ToolService)."""
 
-    async def assemble(self, session: SessionV2, model: ModelInfo) -> ToolRegistry: ...
+    async def assemble(
+        self, session: SessionV2, model: ModelInfo, *, assistant: AssistantProfile | None = None, enabled: bool = True
+    ) -> ToolRegistry: ...
+
+
+class ReplyProviders(ModelResolver, Protocol):
+    """The engine's ProviderService as the step loop uses it."""
+
+    async def disable_streaming(self, provider_id: str, model_id: str) -> None:
+        """Remember that this model's endpoint cannot stream it."""
+
+
+_STREAM = re.compile(r"\bstream(ing|ed|s)?\b", re.IGNORECASE)
+_UNSUPPORTED = re.compile(
+    r"not\s+supported|unsupported|does\s*n[o']t\s+support|do\s+not\s+support|not\s+allowed|"
+    r"not\s+available|disabled|only\s+the\s+default|must\s+be\s+false|is\s+not\s+enabled",
+    re.IGNORECASE,
+)
+
+
+def says_streaming_unsupported(exc: ProviderCallError) -> bool:
+    """A 400 whose message says the endpoint cannot stream (OpenAI's o1 ``'stream' does not
+    support true with this model``, "Streaming is not supported", "stream mode is disabled")."""
+    return exc.kind == "http" and exc.status == 400 and bool(_STREAM.search(exc.message)) and bool(
+        _UNSUPPORTED.search(exc.message)
+    )
+
+
+async def _replay(parts: Sequence[StreamPart]) -> AsyncGenerator[StreamPart, None]:
+    """A whole answer (``generate``) as the stream it stands for."""
+    for part in parts:
+        yield part
 
 
 class GenerationHandler:
@@ -102,7 +146,7 @@ class GenerationHandler:
         self,
         *,
         store: AsyncStore,
-        providers: ModelResolver,
+        providers: ReplyProviders,
         requests: RequestBuilder,
         services: ReplyServices,
         settings: Callable[[], ChatSettings],
@@ -143,17 +187,19 @@ class GenerationHandler:
     def forget_session(self, session_id: str) -> None:
         """Drop what is kept per session once the session is deleted."""
         self.tool_loop.forget(session_id)
-        self._requests.context.forget(session_id)
+        self._requests.forget(session_id)
 
     async def close_paused(self, session_id: str, reason: str) -> bool:
         """End the session's paused replies as ``aborted`` (see ToolLoop.close_paused)."""
         return await self.tool_loop.close_paused(session_id, reason)
 
-    async def _assemble(self, session: SessionV2, model: ModelInfo) -> ToolRegistry:
+    async def _assemble(
+        self, session: SessionV2, model: ModelInfo, assistant: AssistantProfile, enabled: bool
+    ) -> ToolRegistry:
         if self._tools is None:
             return ToolRegistry()
         try:
-            return await self._tools.assemble(session, model)
+            return await self._tools.assemble(session, model, assistant=assistant, enabled=enabled)
         except anyio.get_cancelled_exc_class():
             raise
         except Exception:  # tools are an addition: a broken tool source must not stop the reply
@@ -180,6 +226,10 @@ class _StepLoop(ReplyDriver):
         """The citations last handed to a store write."""
         self._final: list[Citation] | None = None
         """The checked citations of a completed reply (finalize)."""
+        self._trimmed = 0
+        """Messages the last notice said were left out of the request."""
+        self._whole = False
+        """The endpoint refused to stream during this reply: the later steps ask whole too."""
 
     async def drive(self, reply: ReplyFeed) -> Ending:
         """Model steps and tool calls until the reply is complete, paused or failed."""
@@ -188,23 +238,14 @@ class _StepLoop(ReplyDriver):
         requests = handler._requests
         try:
             resolved = await handler._providers.resolve(job.provider_id, job.model_id)
-            registry = ToolRegistry()
-
-            async def assemble() -> None:
-                nonlocal registry
-                registry = await handler._assemble(job.session, resolved.model)
-
             prepared = job.prepared if isinstance(job.prepared, Prepared) else None
             if prepared is not None and (prepared.leaf_id, prepared.model_id) != (job.parent_id, resolved.model.id):
                 prepared = None  # made for another leaf or model: read again
             job.prepared = None
-            if prepared is not None:
-                await assemble()
-            else:
-                # the tool assembly and the first request's reads (both in worker threads) overlap
-                async with anyio.create_task_group() as tg:
-                    tg.start_soon(assemble)
-                    prepared = await requests.prepare(session=job.session, leaf_id=job.parent_id, model=resolved.model)
+            if prepared is None:
+                prepared = await requests.prepare(session=job.session, leaf_id=job.parent_id, model=resolved.model)
+            # the assistant's enabled tools decide what is offered (its profile was just read)
+            registry = await handler._assemble(job.session, resolved.model, prepared.profile.assistant, job.tools)
         except SidecarError as exc:
             return Failed(exc, close_open=False)
         except Exception as exc:  # a bug: keep serving, report it as internal
@@ -260,6 +301,7 @@ class _StepLoop(ReplyDriver):
         job = self._job
         settings = self._settings
         requests = self._handler._requests
+        reasoning = job.reasoning if job.reasoning is not None else settings.reasoning
         try:
             request, info = await requests.build_detailed(
                 session=job.session,
@@ -269,13 +311,15 @@ class _StepLoop(ReplyDriver):
                     temperature=job.temperature if job.temperature is not None else settings.temperature,
                     top_p=settings.top_p,
                     max_tokens=settings.max_tokens,
-                    reasoning=settings.reasoning,
+                    reasoning=reasoning,
                 ),
                 tools=registry.specs(),
                 tool_prompts=registry.prompts(),
                 capability_note=registry.capability_note,
                 prepared=prepared,
                 citations=self._ledger,
+                # the steps so far (text, tool calls and their results) continue the reply
+                continuation=reply.content.parts,
             )
         except SidecarError as exc:
             return exc
@@ -283,13 +327,28 @@ class _StepLoop(ReplyDriver):
             log.exception("building the request of %s failed", job.message_id)
             return _internal("preparing the request", exc)
         await self._cite(reply, info.citations)  # before the text that may use them
-        parts = reply.content.parts
-        if parts:
-            # the steps so far (text, tool calls and their results) continue the reply
-            request.messages.append(RequestMessage(role="assistant", parts=list(parts)))
+        dropped = info.budget.dropped
+        if dropped and dropped != self._trimmed:
+            self._trimmed = dropped
+            window = resolved.model.context_window or 0
+            await reply.notice(
+                f"{dropped} older message{'s were' if dropped != 1 else ' was'} left out of this request so it "
+                f"fits the context window of {resolved.model.id} ({window:,} tokens)",
+                "context_trimmed",
+            )
+        output = requests.output
         try:
             # think tags in text become reasoning while streaming (pipeline/output.py)
-            await self._consume(requests.output.stream(resolved.provider.stream(request)), reply)
+            if not resolved.model.stream or self._whole:
+                await self._consume(output.stream(_replay(await resolved.provider.generate(request))), reply)
+                return None
+            refused = await self._consume(output.stream(resolved.provider.stream(request)), reply)
+            if refused is not None:
+                if not says_streaming_unsupported(refused):
+                    return refused
+                await self._stream_refused(reply, resolved)
+                self._whole = True
+                await self._consume(output.stream(_replay(await resolved.provider.generate(request))), reply)
         except SidecarError as exc:
             return exc
         except Exception as exc:
@@ -297,30 +356,56 @@ class _StepLoop(ReplyDriver):
             return _internal("streaming", exc)
         return None
 
-    async def _consume(self, parts: AsyncGenerator[StreamPart, None], reply: ReplyFeed) -> None:
+    async def _stream_refused(self, reply: ReplyFeed, resolved: ResolvedModel) -> None:
+        """The endpoint refused to stream this model: say so, and remember it."""
+        model = resolved.model
+        provider_id = self._job.provider_id
+        log.warning("provider %s cannot stream %s: asking for whole replies from now on", provider_id, model.id)
+        await reply.notice(
+            f"The endpoint does not stream {model.id}: its replies are asked for whole from now on "
+            "(the model's stream setting is now off)",
+            "stream_unsupported",
+        )
+        try:
+            await self._handler._providers.disable_streaming(provider_id, model.id)
+        except SidecarError as failure:  # the reply goes on; the next one finds out again
+            log.warning("could not store that %s cannot stream: %s", model.id, failure.message)
+
+    async def _consume(self, parts: AsyncGenerator[StreamPart, None], reply: ReplyFeed) -> ProviderCallError | None:
+        """Feed the step's parts to the reply. A ProviderCallError raised before the first
+        part (nothing of the step was received) is returned instead of raised: the caller may
+        ask again another way."""
         tool_names: dict[str, str] = {}
         base = reply.content.usage  # usage of earlier steps: a step's updates are cumulative within it
         ids = CallIds(c.id for c in reply.content.tool_calls)
         text = reply.text
+        received = False
         async with aclosing(parts):
-            async for part in parts:
-                if isinstance(part, TextDelta):
-                    await text(part.text)
-                elif isinstance(part, ThinkingDelta):
-                    await reply.thinking(part.text, part.signature)
-                elif isinstance(part, ToolCallStart):
-                    call_id = ids.start(part.id)
-                    tool_names[call_id] = part.name
-                    await reply.tool_call_started(call_id, part.name)
-                elif isinstance(part, ToolCallDelta):
-                    call_id = ids.delta(part.id)
-                    await reply.tool_call_arguments(call_id, tool_names.get(call_id, ""), part.arguments)
-                elif isinstance(part, ToolCallEnd):
-                    await reply.tool_use(ids.end(part.id), part.name, part.arguments)
-                elif isinstance(part, UsageUpdate):
-                    await reply.report_usage(_add_usage(base, part.usage))
-                elif isinstance(part, Finish):
-                    self._finish_reason = part.reason
+            try:
+                async for part in parts:
+                    received = True
+                    if isinstance(part, TextDelta):
+                        await text(part.text)
+                    elif isinstance(part, ThinkingDelta):
+                        await reply.thinking(part.text, part.signature)
+                    elif isinstance(part, ToolCallStart):
+                        call_id = ids.start(part.id)
+                        tool_names[call_id] = part.name
+                        await reply.tool_call_started(call_id, part.name)
+                    elif isinstance(part, ToolCallDelta):
+                        call_id = ids.delta(part.id)
+                        await reply.tool_call_arguments(call_id, tool_names.get(call_id, ""), part.arguments)
+                    elif isinstance(part, ToolCallEnd):
+                        await reply.tool_use(ids.end(part.id), part.name, part.arguments)
+                    elif isinstance(part, UsageUpdate):
+                        await reply.report_usage(_add_usage(base, part.usage))
+                    elif isinstance(part, Finish):
+                        self._finish_reason = part.reason
+            except ProviderCallError as exc:
+                if received:
+                    raise
+                return exc
+        return None
 
     # -- the lifecycle's hooks -------------------------------------------------------------
 

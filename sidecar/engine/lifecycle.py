@@ -22,7 +22,9 @@ shim), the life of the reply is the same, and it is owned here, once:
   the session as stored after the ending;
 - the ending: shielded (a stop that arrives meanwhile waits for it) and bounded
   (FINALIZE_TIMEOUT_S); the last throttled state is flushed, then one final row and exactly
-  one final event (``stream_end`` | ``error`` | ``aborted``); an ending that fails or runs
+  one final event (``stream_end`` | ``error`` | ``aborted``); when the driver's ``finalize``
+  stored other text than was streamed, ``content_replaced`` with the stored text comes right
+  before ``stream_end`` (the renderer never keeps text that is not stored); an ending that fails or runs
   out of time falls back to ``error`` with the content so far (FALLBACK_TIMEOUT_S); if that
   cannot store its row in time either, the ``error`` event is still sent (the row is left
   to restart recovery).
@@ -138,7 +140,7 @@ from protocol.errors import ErrorCode
 from protocol.events import (
     AbortedEvent,
     CitationsEvent,
-    ContentReplaced,
+    ContentReplacedEvent,
     ErrorEvent,
     FinishReason,
     NoticeEvent,
@@ -155,6 +157,7 @@ from protocol.events import (
     ToolResultEvent,
     UsageEvent,
 )
+from protocol.providers import ReasoningLevel
 from protocol.settings import ChatSettings
 from protocol.types import Citation, ContentPart, MessageV2, SessionV2, ToolResultPart, Usage
 from sidecar.engine.relay import Notify, StreamRelay
@@ -265,6 +268,10 @@ class ReplyJob(msgspec.Struct, kw_only=True):
     provider_id: str
     model_id: str
     temperature: float | None = None
+    reasoning: ReasoningLevel | None = None
+    """A reasoning level for this reply only (a per-send option); None: the settings'."""
+    tools: bool = True
+    """False: no tools are offered for this reply (a per-send option)."""
     resume: MessageV2 | None = None
     """A paused reply to continue (its stored content, usage and seq), instead of a new one."""
     steps: int = 0
@@ -627,16 +634,20 @@ class ReplyLifecycle:
             if (snap.citations or None) != (streamed.citations or None):
                 self._content.citations = list(snap.citations or [])
                 await relay.emit(CitationsEvent, citations=list(snap.citations or []))
-            replaced = None
             if (snap.text_content, snap.parts) != (streamed.text_content, streamed.parts):
-                replaced = ContentReplaced(text_content=snap.text_content, parts=snap.parts)
+                # a rewrite after streaming (output regex rules, think tags, images to files,
+                # citation markers normalized): the renderer must show what is stored
+                await relay.emit(
+                    ContentReplacedEvent, text=snap.text_content,
+                    parts=snap.parts if snap.content_type == "multipart" else None,
+                )
             # the cost first: the final row and the session's counters are then written in
             # one worker-thread hop, back to back
             cost = await self._cost(usage)
             job.ended_session = await self._write_final(driver, COMPLETED, snap, cost=cost, best_effort=False)
             job.outcome = COMPLETED
             await relay.emit(
-                StreamEndEvent, finish_reason=ending.finish_reason, usage=usage, content_replaced=replaced
+                StreamEndEvent, finish_reason=ending.finish_reason, usage=usage
             )
             return
         if isinstance(ending, Paused):

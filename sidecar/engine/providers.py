@@ -184,6 +184,19 @@ class ProviderService:
         await self._close_retired()
         return ResolvedModel(provider=provider, model=_model_info(record, model_id), record=record)
 
+    async def disable_streaming(self, provider_id: str, model_id: str) -> None:
+        """Remember that ``model_id`` of this provider must be asked for whole replies (its
+        endpoint refused to stream it): its ModelConfig gets ``stream: false``. An empty
+        ``provider_id`` is the default provider, as for ``resolve``."""
+        if not provider_id:
+            provider_id = await self._setting(DEFAULT_PROVIDER_KEY) or ""
+        record = await self._store.run(lambda s: s.providers.set_model_stream(provider_id, model_id, False))
+        # the cached record goes; the live client stays (the same endpoint, only the flag changed)
+        self._records[provider_id] = record
+        live = self._live.get(provider_id)
+        if live is not None:
+            live.version = record.updated_at
+
     async def engine(self, provider_id: str) -> ProviderRecord:
         """The configuration of an ``acp-engine`` provider (for ACP sessions)."""
         if not provider_id:
@@ -327,7 +340,7 @@ def _model_info(record: ProviderRecord, model_id: str) -> ModelInfo:
     model = record.model(model_id)
     if model is None:
         # a model the user typed but did not describe: safe defaults, no images
-        return ModelInfo(id=model_id)
+        return ModelInfo(id=model_id, stream=record.stream)
     return ModelInfo(
         id=model.id,
         context_window=model.context_window,
@@ -335,4 +348,5 @@ def _model_info(record: ProviderRecord, model_id: str) -> ModelInfo:
         supports_tools=model.supports_tools,
         supports_reasoning=model.supports_reasoning,
         supports_images=model.supports_images,
+        stream=record.stream and model.stream,
     )

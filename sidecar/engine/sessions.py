@@ -29,14 +29,23 @@ from typing import Any, TypeVar
 import msgspec
 
 from protocol.common import IdParams, SuccessResult
+from protocol.limits import MAX_SEARCH_OFFSET, MAX_SEARCH_PAGE
 from protocol.messages import (
+    MessageQueryOptions,
     MessagesGetParams,
+    MessagesPage,
+    MessagesPageParams,
     MessagesSearchParams,
     MessagesSelectParams,
     MessagesTreeParams,
+    MessagesUpdateParams,
+    SearchOptions,
+    SearchPage,
+    SearchPageParams,
 )
 from protocol.sessions import (
     CreateSessionOptions,
+    SessionExportParams,
     SessionFilter,
     SessionForkParams,
     SessionImportParams,
@@ -45,7 +54,8 @@ from protocol.sessions import (
     SessionUpdateParams,
 )
 from protocol.types import MessageTreeNode, MessageV2, SearchResult, SessionExport, SessionV2
-from sidecar.errors import NotFound, SidecarError
+from sidecar.engine.progress import work_progress
+from sidecar.errors import InvalidParams, NotFound, SidecarError
 from sidecar.store import AsyncStore
 from sidecar.store.store import Store
 
@@ -59,6 +69,9 @@ DeleteHook = Callable[[str, str], Awaitable[Callable[[], None] | None]]
 
 _encoder = msgspec.json.Encoder()
 T = TypeVar("T")
+
+DEFAULT_PAGE = 100
+"""``chat:messages:page`` without ``options.limit``."""
 
 
 class SessionService:
@@ -130,21 +143,26 @@ class SessionService:
     async def fork_session(self, params: SessionForkParams) -> SessionV2:
         return await self.store.run(lambda s: s.sessions.fork(params.id, params.message_id))
 
-    async def export_session(self, params: IdParams) -> SessionExport:
-        return await self.store.run(lambda s: s.sessions.export(params.id))
+    async def export_session(self, params: SessionExportParams) -> SessionExport:
+        async with work_progress(self._notify, params.progress_token, "exporting messages") as progress:
+            report = progress.from_thread if progress is not None else None
+            return await self.store.run(lambda s: s.sessions.export(params.id, report))
 
     async def import_session(self, params: SessionImportParams) -> SessionV2:
         session = params.session
 
-        def write(s: Store) -> SessionV2:
-            return s.sessions.import_(
-                session, params.messages, params.replace, trust_workspace=params.trust_workspace
-            )
+        async with work_progress(self._notify, params.progress_token, "importing messages") as progress:
+            report = progress.from_thread if progress is not None else None
 
-        exists = isinstance(session, SessionV2) and await self.store.run(lambda s: s.sessions.exists(session.id))
-        if params.replace and exists:
-            return await self._delete_path(session.id, "the session was replaced by an import", write)
-        return await self.store.run(write)
+            def write(s: Store) -> SessionV2:
+                return s.sessions.import_(
+                    session, params.messages, params.replace, report, trust_workspace=params.trust_workspace
+                )
+
+            exists = isinstance(session, SessionV2) and await self.store.run(lambda s: s.sessions.exists(session.id))
+            if params.replace and exists:
+                return await self._delete_path(session.id, "the session was replaced by an import", write)
+            return await self.store.run(write)
 
     # ---- messages -------------------------------------------------------------------
 
@@ -161,6 +179,59 @@ class SessionService:
         return await self._live(
             await self.store.run(lambda s: s.messages.select_branch(params.session_id, params.leaf_id))
         )
+
+    async def update_message(self, params: MessagesUpdateParams) -> MessageV2:
+        """``chat:messages:update``: the user's correction of a finished reply's text. A
+        rolling summary that covers the message is dropped with it (it summarized the old
+        text; the next request that needs one writes it again)."""
+
+        def edit(s: Store) -> MessageV2:
+            with s.transaction():
+                edited = s.messages.edit_text(params.session_id, params.message_id, params.content)
+                covered = s.context.summary_ids(params.session_id)
+                if covered is not None and params.message_id in covered:
+                    s.context.delete_summary(params.session_id)
+            return edited
+
+        return await self.store.run(edit)
+
+    async def get_page(self, params: MessagesPageParams) -> MessagesPage:
+        """``chat:messages:page``: one page of ``chat:messages:get`` (one more message is read
+        to know whether another page follows)."""
+        options = params.options or MessageQueryOptions()
+        limit = options.limit if options.limit is not None else DEFAULT_PAGE
+        before = params.cursor if params.cursor is not None else options.before
+        query = msgspec.structs.replace(options, limit=min(limit + 1, 10_000), before=before)
+        found = await self.store.run(lambda s: s.messages.query(params.session_id, query))
+        more = len(found) > limit
+        items = await self._live(found[1:] if more else found)
+        return MessagesPage(items=items, has_more=more, next_cursor=items[0].id if more and items else None)
+
+    async def search_page(self, params: SearchPageParams) -> SearchPage:
+        """``chat:messages:searchPage``: one page of ``chat:messages:search``; the cursor is
+        the offset of the next page."""
+        options = params.options or SearchOptions()
+        offset = options.offset
+        if params.cursor is not None:
+            if not params.cursor.isdigit() or int(params.cursor) > MAX_SEARCH_OFFSET:
+                raise InvalidParams("invalid params: cursor is not one this method gave - at `$.cursor`")
+            offset = int(params.cursor)
+        limit = options.limit
+        if offset + limit > MAX_SEARCH_OFFSET:  # the last page search can reach
+            limit = max(1, MAX_SEARCH_OFFSET - offset)
+        page = msgspec.structs.replace(options, offset=offset, limit=min(limit + 1, MAX_SEARCH_PAGE))
+        probe = msgspec.structs.replace(options, offset=min(offset + limit, MAX_SEARCH_OFFSET), limit=1)
+
+        def read(s: Store) -> tuple[list[SearchResult], bool]:
+            found = s.search.messages(params.query, page)
+            if len(found) > limit:
+                return found[:limit], True
+            if len(found) < limit or offset + limit >= MAX_SEARCH_OFFSET:
+                return found, False
+            return found, bool(s.search.messages(params.query, probe))  # a full page of 200
+
+        items, more = await self.store.run(read)
+        return SearchPage(items=items, has_more=more, next_cursor=str(offset + limit) if more else None)
 
     async def _live(self, messages: list[MessageV2]) -> list[MessageV2]:
         """In-flight rows with the live content of their reply. A row read in flight whose

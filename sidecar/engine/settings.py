@@ -26,6 +26,7 @@ _RANGES: dict[str, tuple[float, float]] = {
     "max_tokens": (1, 10_000_000),
     "temperature": (0, 2),
     "top_p": (0, 1),
+    "summary_every": (0, 10_000),
 }
 
 

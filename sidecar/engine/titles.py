@@ -27,7 +27,7 @@ from protocol.sessions import SessionUpdates
 from protocol.settings import ChatSettings
 from protocol.types import SessionV2, TextPart
 from sidecar.engine.usage import SideUsage, usage_of
-from sidecar.errors import EngineError, SidecarError
+from sidecar.errors import EngineError, ProviderError, SidecarError
 from sidecar.pipeline.calls import ModelResolver, ResolvedModel
 from sidecar.providers.types import ChatRequest, GenerationParams, RequestMessage, TextDelta
 from sidecar.store.async_store import AsyncStore
@@ -141,6 +141,48 @@ class TitleGenerator:
             await self._store.run(lambda s: s.sessions.mark_title_attempted(session_id))
         except SidecarError:
             pass  # deleted meanwhile
+
+
+    async def title_now(self, session: SessionV2) -> SessionV2:
+        """``chat:session:title``: name the session again from its active branch (its first
+        user message and latest reply), replacing whatever title it has; the same model as
+        an automatic title (``_model``), its usage counted as ``side:title``. SidecarError
+        when there is nothing to name it from or the model fails."""
+        path = await self._store.run(lambda s: s.messages.path(session.id))
+        user = next((m for m in path if m.role == "user" and m.text_content), None)
+        reply = next((m for m in reversed(path) if m.role == "assistant" and m.text_content), None)
+        if user is None:
+            raise EngineError("the session has no message to name it after")
+        resolved, provider_id, model_id = await self._model(session, session.provider_id, session.model_id)
+        excerpt = f"User: {(user.text_content or '')[:1000]}"
+        if reply is not None:
+            excerpt += f"\n\nAssistant: {(reply.text_content or '')[:1000]}"
+        request = ChatRequest(
+            model=resolved.model,
+            messages=[
+                RequestMessage(role="system", parts=[TextPart(text=_PROMPT)]),
+                RequestMessage(role="user", parts=[TextPart(text=excerpt)]),
+            ],
+            params=GenerationParams(max_tokens=64),
+            stream=False,
+        )
+        try:
+            with anyio.fail_after(TITLE_TIMEOUT_S):
+                parts = await resolved.provider.generate(request)
+        except TimeoutError:
+            raise ProviderError(f"the model {resolved.model.id} gave no title within {TITLE_TIMEOUT_S:g}s") from None
+        if self._usage is not None:
+            await self._usage.record(session.id, provider_id, model_id, usage_of(parts), kind="side:title")
+        title = clean_title("".join(p.text for p in parts if isinstance(p, TextDelta)))
+        if not title:
+            raise ProviderError(f"the model {resolved.model.id} gave no usable title")
+
+        def write(s: Store) -> SessionV2:
+            with s.transaction():
+                s.sessions.mark_title_attempted(session.id)
+                return s.sessions.update(session.id, SessionUpdates(title=title))
+
+        return await self._store.run(write)
 
 
 def clean_title(raw: str) -> str:

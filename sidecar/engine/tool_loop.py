@@ -249,7 +249,7 @@ class ReplyTools:
         calls = reply.content.unanswered_calls()
         begin = None if self._has_run else ToolRun(
             message_id=job.message_id, session_id=job.session.id, provider_id=job.provider_id,
-            model_id=job.model_id, temperature=job.temperature, steps=job.steps,
+            model_id=job.model_id, temperature=job.temperature, steps=job.steps, reasoning=job.reasoning,
         )
 
         def read(s: Store) -> list[ToolCallRecord]:

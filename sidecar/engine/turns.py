@@ -16,7 +16,8 @@ from typing import Any
 
 import msgspec
 
-from protocol.chat import EditResendParams, RegenerateParams, SendParams, UserInput
+from protocol.chat import EditResendParams, RegenerateOptions, RegenerateParams, SendParams, UserInput
+from protocol.providers import ReasoningLevel
 from protocol.types import FilePart, ImagePart, MessageV2, SessionV2, TextPart
 from sidecar.errors import EngineError, InvalidParams, NotFound
 from sidecar.store.attachments import AttachmentStore, PreparedInput
@@ -34,6 +35,8 @@ class Turn(msgspec.Struct, kw_only=True):
     provider_id: str
     model_id: str
     temperature: float | None = None
+    reasoning: ReasoningLevel | None = None
+    tools: bool = True
 
 
 class TurnWriter:
@@ -44,13 +47,23 @@ class TurnWriter:
 
     def check_send(self, store: Store, params: SendParams) -> Turn:
         session = store.sessions.get(params.session_id)
+        options = params.options
+        if options is not None and session.mode == "acp" and _overrides(options):
+            raise InvalidParams(
+                "invalid params: per-send options are for direct-mode sessions (an ACP agent "
+                "chooses its own model and tools) - at `$.options`"
+            )
+        _check_options(options)
         stored = self._attachments.prepare_input(params.input)
         return Turn(
             session=session,
             user_input=stored,
             parent_id=session.active_leaf_id,
-            provider_id=session.provider_id,
-            model_id=session.model_id,
+            provider_id=(options.provider_id if options else None) or session.provider_id,
+            model_id=(options.model_id if options else None) or session.model_id,
+            temperature=options.temperature if options else None,
+            reasoning=options.reasoning if options else None,
+            tools=options.tools is not False if options else True,
         )
 
     def check_regenerate(self, store: Store, params: RegenerateParams) -> Turn:
@@ -59,12 +72,19 @@ class TurnWriter:
         if target.parent_id is None:
             raise EngineError("this assistant message has no user message to answer")
         options = params.options
+        if options is not None and session.mode == "acp" and (options.reasoning is not None or options.tools is not None):
+            raise InvalidParams(
+                "invalid params: reasoning and tools options are for direct-mode sessions - at `$.options`"
+            )
+        _check_options(options)
         return Turn(
             session=session,
             parent_id=target.parent_id,
             provider_id=(options.provider_id if options else None) or session.provider_id,
             model_id=(options.model_id if options else None) or session.model_id,
             temperature=options.temperature if options else None,
+            reasoning=options.reasoning if options else None,
+            tools=options.tools is not False if options else True,
         )
 
     def check_edit(self, store: Store, params: EditResendParams) -> Turn:
@@ -139,6 +159,17 @@ class TurnWriter:
             if message.role == "assistant":
                 return message
         raise EngineError("there is no assistant reply to regenerate in this session")
+
+
+def _overrides(options: RegenerateOptions) -> bool:
+    return any(getattr(options, f) is not None for f in options.__struct_fields__)
+
+
+def _check_options(options: RegenerateOptions | None) -> None:
+    if options is None:
+        return
+    if options.temperature is not None and not 0 <= options.temperature <= 2:
+        raise InvalidParams("invalid params: temperature must be between 0 and 2 - at `$.options.temperature`")
 
 
 def _message_of(store: Store, session_id: str, message_id: str, field: str) -> MessageV2:

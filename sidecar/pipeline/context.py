@@ -62,6 +62,8 @@ class ContextWindow(msgspec.Struct, kw_only=True):
     refreshed: bool = False
     failure: str | None = None
     """Why the summary refresh failed (the request then carries the recent window only)."""
+    tokens: list[int] = []
+    """The estimated tokens of each of ``messages`` (the ledger's counts)."""
 
 
 class CompactOutcome(msgspec.Struct, kw_only=True):
@@ -112,27 +114,41 @@ class RollingContext:
         strategy: TruncationStrategy,
         encoding: str,
         read: BranchRead | None = None,
+        threshold: int | None = None,
+        summary_max_tokens: int | None = None,
+        refresh: bool = True,
     ) -> ContextWindow:
         """``read``: the result of ``read_branch`` for these arguments when the caller already
-        made it (in the same worker-thread hop as its own reads)."""
-        threshold = planner.effective_threshold(assistant.context.compress_threshold)
+        made it (in the same worker-thread hop as its own reads). ``threshold``: the one in
+        effect (the context budget's: the smaller of compressThreshold and what fits), default
+        compressThreshold; ``summary_max_tokens`` bounds a refreshed summary; ``refresh=False``
+        plans without calling a model (the current summary, the planned window)."""
+        if threshold is None:
+            threshold = planner.effective_threshold(assistant.context.compress_threshold)
         if read is None:
             read = await self._store.run(lambda _: self.read_branch(session.id, leaf_id, encoding, strategy))
         if strategy not in ("sliding-window", "smart-select"):
-            return await self._prepare_summarized(session, leaf_id, assistant, strategy, encoding, read, threshold)
+            if not refresh:
+                return _plan_summarize(read, strategy, threshold)[1]
+            return await self._prepare_summarized(
+                session, leaf_id, assistant, strategy, encoding, read, threshold, summary_max_tokens
+            )
         length = read.covered_count + len(read.tail)
         if strategy == "sliding-window":
             plan = planner.plan_sliding(read.tokens, [m.role for m in read.tail], threshold=threshold)
             return ContextWindow(
                 messages=read.tail[plan.window_start :], strategy=strategy, estimated=plan.estimated,
-                branch_length=length,
+                branch_length=length, tokens=read.tokens[plan.window_start :],
             )
         # smart-select
         plan = planner.plan_smart(
             read.tokens, [m.role for m in read.tail], [_plain_text(m) for m in read.tail], threshold=threshold
         )
-        kept = [read.tail[i] for i in plan.kept_older] + read.tail[plan.window_start :]
-        return ContextWindow(messages=kept, strategy=strategy, estimated=plan.estimated, branch_length=length)
+        indices = plan.kept_older + list(range(plan.window_start, len(read.tail)))
+        return ContextWindow(
+            messages=[read.tail[i] for i in indices], strategy=strategy, estimated=plan.estimated,
+            branch_length=length, tokens=[read.tokens[i] for i in indices],
+        )
 
     async def _prepare_summarized(
         self,
@@ -143,6 +159,7 @@ class RollingContext:
         encoding: str,
         read: BranchRead,
         threshold: int,
+        summary_max_tokens: int | None,
     ) -> ContextWindow:
         plan, window = _plan_summarize(read, strategy, threshold)
         if not plan.refresh:
@@ -156,7 +173,8 @@ class RollingContext:
                 return window
             try:
                 window.summary = await self._refresh(
-                    session, assistant, read.summary, read.tail[: plan.window_start], encoding, None
+                    session, assistant, read.summary, read.tail[: plan.window_start], encoding, None,
+                    max_tokens=summary_max_tokens,
                 )
                 window.refreshed = True
             except SidecarError as exc:
@@ -270,6 +288,8 @@ class RollingContext:
         newly: list[MessageV2],
         encoding: str,
         instructions: str | None,
+        *,
+        max_tokens: int | None = None,
     ) -> StoredSummary:
         if self._summarizer is None:
             raise SidecarError("no summary model is available")
@@ -283,6 +303,7 @@ class RollingContext:
             model_id=model_id,
             instructions=instructions,
             session_id=session.id,
+            max_tokens=max_tokens,
         )
 
         def store(_: Store) -> StoredSummary:
@@ -315,6 +336,7 @@ def _plan_summarize(read: BranchRead, strategy: TruncationStrategy, threshold: i
     window = ContextWindow(
         messages=read.tail[plan.window_start :], summary=read.summary, strategy=strategy,
         estimated=plan.estimated, branch_length=read.covered_count + len(read.tail),
+        tokens=read.tokens[plan.window_start :],
     )
     return plan, window
 

@@ -72,7 +72,9 @@ __all__ = [
     "encoding_for_model",
     "get_encoding",
     "count_text",
+    "truncate_text",
     "message_tokens",
+    "attachment_tokens",
     "content_hash",
     "preload",
     "vocabulary_path",
@@ -208,6 +210,21 @@ def count_text(text: str, encoding: str = "cl100k_base") -> int:
     return len(get_encoding(encoding).encode_ordinary(text))
 
 
+def truncate_text(text: str, max_tokens: int, encoding: str = "cl100k_base", *, keep: str = "head") -> str:
+    """``text`` cut to at most ``max_tokens`` tokens: its beginning (``keep="head"``) or its
+    end (``"tail"``). A cut never splits a character (its partial bytes are left out)."""
+    if max_tokens <= 0 or not text:
+        return ""
+    enc = get_encoding(encoding)
+    ids = enc.encode_ordinary(text)
+    if len(ids) <= max_tokens:
+        return text
+    # re-encoding a decoded cut can merge differently at its edge: keep a little slack
+    room = max(1, max_tokens - 2)
+    ids = ids[:room] if keep == "head" else ids[-room:]
+    return enc.decode(ids, errors="ignore")
+
+
 def content_hash(message: MessageV2) -> str:
     """A digest of what a message's token count depends on (its stored content)."""
     h = hashlib.blake2b(digest_size=12)
@@ -239,6 +256,13 @@ def _part_tokens(part: ContentPart, count: Callable[[str], int], file_size: Call
         return count(part.code) + 4
     if isinstance(part, DiffPart):
         return 0  # display-only: not sent to providers
+    return 0
+
+
+def attachment_tokens(part: ContentPart, *, file_size: Callable[[str], int | None] = lambda uri: None) -> int:
+    """The estimate of an image or file part (0 for any other part)."""
+    if isinstance(part, (ImagePart, FilePart)):
+        return _part_tokens(part, lambda text: 0, file_size)
     return 0
 
 

@@ -101,6 +101,8 @@ class ModelInfo(msgspec.Struct, kw_only=True):
     supports_tools: bool = True
     supports_reasoning: bool = False
     supports_images: bool = False
+    stream: bool = True
+    """False: ask for whole replies (``generate``); the endpoint or model cannot stream."""
 
 
 class ToolSpec(msgspec.Struct, kw_only=True):

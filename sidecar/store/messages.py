@@ -25,7 +25,7 @@ __all__ = ["MessageStore", "MAX_DEPTH"]
 MAX_DEPTH = 1_000_000
 """Guard on tree walks: a corrupted parent cycle ends the walk instead of looping."""
 
-_INSERT = f"INSERT INTO messages_v2 ({MESSAGE_COLUMNS}) VALUES ({', '.join('?' * 21)})"
+_INSERT = f"INSERT INTO messages_v2 ({MESSAGE_COLUMNS}) VALUES ({', '.join('?' * len(MESSAGE_COLUMNS.split(',')))})"
 _M_COLUMNS = ", ".join("m." + c.strip() for c in MESSAGE_COLUMNS.split(","))
 _SELECT_ONE = f"SELECT {MESSAGE_COLUMNS} FROM messages_v2 WHERE id = ?"
 # The walk carries the whole row up the parent links (one primary-key lookup per step,

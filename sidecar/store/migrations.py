@@ -770,3 +770,36 @@ def m_data_lifecycle(conn: apsw.Connection) -> None:
     from sidecar.store.files import backfill_owned_files
 
     backfill_owned_files(conn)
+
+
+@migration
+def m_generation_completeness(conn: apsw.Connection) -> None:
+    # Generation completeness: follow-up suggestions and the user's correction mark of a
+    # reply (messages_v2.suggestions JSON list, edited_at ms); who wrote a session's summary
+    # (sessions_v2.summary_source 'user' | 'ai'; a summary stored before is the user's); a
+    # provider endpoint that cannot stream (providers.stream); the reasoning override of a
+    # reply in the tool loop (tool_runs.reasoning, so a resumed reply keeps it); and the
+    # stored assistant profiles' "enabledTools": [] dropped: it was the default value and
+    # ignored until now, and [] now means "no tools" (omitted means every tool).
+    # Re-runnable (each column checked first), like m_channels.
+    def columns(table: str) -> set[str]:
+        return {row[1] for row in conn.execute(f"PRAGMA table_info({table})")}
+
+    for table, column, ddl in (
+        ("messages_v2", "suggestions", "TEXT"),
+        ("messages_v2", "edited_at", "INTEGER"),
+        ("sessions_v2", "summary_source", "TEXT"),
+        ("providers", "stream", "INTEGER NOT NULL DEFAULT 1"),
+        ("tool_runs", "reasoning", "TEXT"),
+    ):
+        if column not in columns(table):
+            conn.execute(f"ALTER TABLE {table} ADD COLUMN {column} {ddl}")
+    conn.execute(
+        "UPDATE sessions_v2 SET summary_source = 'user'"
+        " WHERE summary IS NOT NULL AND summary <> '' AND summary_source IS NULL"
+    )
+    conn.execute(
+        "UPDATE assistants SET config = json_remove(config, '$.enabledTools')"
+        " WHERE json_valid(config) AND json_type(config, '$.enabledTools') = 'array'"
+        " AND json_array_length(config, '$.enabledTools') = 0"
+    )

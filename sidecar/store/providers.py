@@ -38,7 +38,7 @@ from sidecar.store.rows import lenient_json
 
 _COLUMNS = (
     "id, name, type, base_url, api_key, api_key_env, headers, body, models, enabled, "
-    "created_at, updated_at, engine"
+    "created_at, updated_at, engine, stream"
 )
 MASK = "***"
 ACP_TOOL_KINDS = frozenset(
@@ -64,6 +64,8 @@ class ProviderRecord(msgspec.Struct, kw_only=True):
     """A stored secret of this provider could not be opened (it is left out above)."""
     has_stored_key: bool = False
     """A key is stored (``api_key`` is None when it is locked)."""
+    stream: bool = True
+    """False: the endpoint cannot stream (every model is asked for whole replies)."""
 
     def __repr__(self) -> str:  # never print the key, even in a traceback
         return f"ProviderRecord(id={self.id!r}, name={self.name!r}, type={self.type!r})"
@@ -88,6 +90,7 @@ class ProviderRecord(msgspec.Struct, kw_only=True):
             body=self.body,
             models=self.models,
             enabled=self.enabled,
+            stream=self.stream,
             engine=_masked_engine(self.engine),
             is_default=is_default,
             created_at=self.created_at,
@@ -140,6 +143,7 @@ def _row(row: tuple[Any, ...], sealer: Sealer) -> ProviderRecord:
         engine=engine,
         secrets_locked=key_locked or headers_locked or env_locked,
         has_stored_key=bool(row[4]),
+        stream=row[13] is None or bool(row[13]),
     )
 
 
@@ -241,7 +245,7 @@ class ProviderRepo:
             stored_headers = _headers.decode(existing[3]) if existing is not None and existing[3] else {}
             headers = self._sealer.seal_map(_unmasked(params.headers, stored_headers), HEADERS)
             conn.execute(
-                f"INSERT OR REPLACE INTO providers ({_COLUMNS}) VALUES (?,?,?,?,?,?,?,?,?,?,?,?,?)",
+                f"INSERT OR REPLACE INTO providers ({_COLUMNS}) VALUES (?,?,?,?,?,?,?,?,?,?,?,?,?,?)",
                 (
                     provider_id,
                     params.name.strip(),
@@ -256,12 +260,34 @@ class ProviderRepo:
                     existing[1] if existing else now,
                     now,
                     enc(engine).decode() if engine is not None else None,
+                    int(params.stream),
                 ),
             )
             row = conn.execute(
                 f"SELECT {_COLUMNS} FROM providers WHERE id = ?", (provider_id,)
             ).fetchone()
         assert row is not None  # written just above, in this transaction
+        return _row(row, self._sealer)
+
+    def set_model_stream(self, provider_id: str, model_id: str, stream: bool) -> ProviderRecord:
+        """Set one model's ``stream`` (a model the provider does not list yet is added with
+        the defaults); the rest of the configuration stays as it is."""
+        with self._db.write() as conn:
+            row = conn.execute("SELECT models FROM providers WHERE id = ?", (provider_id,)).fetchone()
+            if row is None:
+                raise NotFound(f"no provider {provider_id!r}")
+            models = _models.decode(row[0])
+            if any(m.id == model_id for m in models):
+                models = [msgspec.structs.replace(m, stream=stream) if m.id == model_id else m for m in models]
+            else:
+                models.append(ModelConfig(id=model_id, stream=stream))
+            conn.execute(
+                "UPDATE providers SET models = ?, updated_at = ? WHERE id = ?",
+                (msgspec.json.encode(models).decode(), now_ms(), provider_id),
+            )
+            row = conn.execute(f"SELECT {_COLUMNS} FROM providers WHERE id = ?", (provider_id,)).fetchone()
+        if row is None:  # not reachable inside the transaction that just updated it
+            raise NotFound(f"no provider {provider_id!r}")
         return _row(row, self._sealer)
 
     def delete(self, provider_id: str) -> None:

@@ -56,12 +56,12 @@ SESSION_COLUMNS = (
     "id, title, summary, provider_id, model_id, system_prompt, mode, acp_session_id, tags,"
     " folder, is_pinned, is_archived, message_count, total_tokens, total_cost, channel_id,"
     " channel_meta, created_at, updated_at, last_message_at, active_leaf_id, workspace_dir,"
-    " usage_by_kind"
+    " usage_by_kind, summary_source"
 )
 MESSAGE_COLUMNS = (
     "id, session_id, parent_id, role, content_type, text_content, parts, tool_calls,"
     " tool_call_id, tool_name, model_id, usage, latency_ms, acp_message_id, acp_parts, status,"
-    " error, created_at, updated_at, seq, delivery"
+    " error, created_at, updated_at, seq, delivery, suggestions, edited_at"
 )
 
 log = logging.getLogger(__name__)
@@ -160,6 +160,7 @@ def session_from_row(r: SessionRow) -> SessionV2:
         active_leaf_id=r[20],
         workspace_dir=r[21],
         usage_by_kind=lenient_json(_dec_usage_by_kind, r[22], "usage_by_kind", sid) or {},
+        summary_source=r[23] if r[23] in ("user", "ai") else None,
     )
 
 
@@ -189,6 +190,7 @@ def session_values(s: SessionV2) -> tuple[Any, ...]:
         s.active_leaf_id,
         s.workspace_dir,
         to_json(s.usage_by_kind) if s.usage_by_kind else None,
+        s.summary_source,
     )
 
 
@@ -217,6 +219,8 @@ def message_from_row(r: MessageRow, *, acp_parts: bool = True) -> MessageV2:
         updated_at=r[18],
         seq=r[19],
         delivery=None if r[20] is None else _delivery_or_none(r[20], mid),
+        suggestions=None if r[21] is None else lenient_json(_dec_tags, r[21], "suggestions", mid),
+        edited_at=r[22],
     )
 
 
@@ -254,6 +258,8 @@ def message_values(m: MessageV2) -> tuple[Any, ...]:
         m.updated_at,
         m.seq,
         to_json(m.delivery),
+        to_json(m.suggestions),
+        m.edited_at,
     )
 
 

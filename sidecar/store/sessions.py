@@ -41,7 +41,7 @@ _FEW_MATCHES = 2000
 """Below this many tag matches a list page is fetched through the tag index."""
 
 _INSERT = (
-    f"INSERT INTO sessions_v2 ({SESSION_COLUMNS}) VALUES ({', '.join('?' * 23)})"
+    f"INSERT INTO sessions_v2 ({SESSION_COLUMNS}) VALUES ({', '.join('?' * len(SESSION_COLUMNS.split(',')))})"
 )
 _SELECT_ONE = f"SELECT {SESSION_COLUMNS} FROM sessions_v2 WHERE id = ?"
 _PREFIXED_COLUMNS = ", ".join("s." + c.strip() for c in SESSION_COLUMNS.split(","))
@@ -227,6 +227,8 @@ class SessionRepo:
             value = getattr(u, column)
             if value is not UNSET:
                 put(column, check_text(f"updates.{field}", value) or None)
+                if column == "summary":  # the user's own summary (never replaced automatically)
+                    put("summary_source", "user" if value else None)
         # None: the configured default (resolved when a reply starts)
         for field, column in (("providerId", "provider_id"), ("modelId", "model_id")):
             value = getattr(u, column)
@@ -255,6 +257,25 @@ class SessionRepo:
         if tags is not None:
             SessionRepo._write_tags(conn, session_id, tags, replace=True)
         return True
+
+    @staticmethod
+    def set_summary(
+        conn: apsw.Connection, session_id: str, text: str, source: str, now: int, *, keep_users: bool
+    ) -> bool:
+        """Write ``summary`` as written by ``source``; with ``keep_users`` a summary that is not
+        the sidecar's own (``summary_source`` other than 'ai') is left as it is. Returns
+        whether it was written."""
+        check_text("summary", text)
+        check_choice("summarySource", source, frozenset({"user", "ai"}))
+        guard = " AND (summary IS NULL OR summary = '' OR summary_source = 'ai')" if keep_users else ""
+        conn.execute(
+            f"UPDATE sessions_v2 SET summary = ?, summary_source = ?, updated_at = ? WHERE id = ?{guard}",
+            (text or None, source if text else None, now, session_id),
+        )
+        if conn.changes():
+            return True
+        SessionRepo.require(conn, session_id)
+        return False
 
     @staticmethod
     def set_flag(conn: apsw.Connection, session_id: str, column: str, value: bool, now: int) -> None:

@@ -70,9 +70,11 @@ from protocol.types import (
     SearchResult,
     SessionExport,
     SessionV2,
+    TextPart,
     ToolCall,
     Usage,
 )
+from protocol.errors import ErrorCode
 from sidecar.errors import InvalidParams, NotFound, StoreError
 from sidecar.store import transfer
 from sidecar.store.citations import Citations, CitationRows
@@ -237,19 +239,35 @@ class Sessions:
         with self._db.write() as conn:
             return transfer.fork_session(conn, session_id, message_id, self._clock())
 
-    def export(self, session_id: str) -> SessionExport:
+    def export(self, session_id: str, progress: transfer.Progress | None = None) -> SessionExport:
+        """``progress(done, total)`` is called as messages are read (every 1000)."""
         with self._db.read() as conn:
-            return transfer.export_session(conn, session_id)
+            return transfer.export_session(conn, session_id, progress)
 
     def import_(
-        self, session: SessionV2, messages: list[MessageV2], replace: bool = False, *, trust_workspace: bool = False
+        self,
+        session: SessionV2,
+        messages: list[MessageV2],
+        replace: bool = False,
+        progress: transfer.Progress | None = None,
+        *,
+        trust_workspace: bool = False,
     ) -> SessionV2:
         """Store an exported session; its ``workspaceDir`` only with ``trust_workspace`` (and
-        only an existing directory), see transfer.py."""
+        only an existing directory), see transfer.py. ``progress(done, total)`` is called as
+        messages are stored (every 1000)."""
         with self._db.write() as conn:
             return transfer.import_session(
-                conn, session, messages, replace=replace, trust_workspace=trust_workspace,
+                conn, session, messages, replace=replace, progress=progress, trust_workspace=trust_workspace,
             )
+
+    def set_summary(self, session_id: str, text: str, source: str, *, keep_users: bool) -> SessionV2 | None:
+        """Write the session's summary as ``source`` wrote it ('user' | 'ai'); with
+        ``keep_users`` a summary the sidecar did not write stays (None is returned)."""
+        with self._db.write() as conn:
+            if not SessionRepo.set_summary(conn, session_id, text, source, self._clock(), keep_users=keep_users):
+                return None
+            return SessionRepo.get(conn, session_id)
 
     def add_usage(self, session_id: str, usage: Usage | None, cost: float, *, kind: str = "reply") -> SessionV2:
         """Attribute one model call's usage and cost to the session: its totals and its
@@ -549,6 +567,54 @@ class Messages:
                 session_id = str(conn.execute("SELECT session_id FROM messages_v2 WHERE id = ?", (message_id,)).fetchall()[0][0])
                 record_message_files(conn, data_dir_of(conn), session_id, message_id, text_content, parts, self._clock())
 
+    def set_suggestions(self, message_id: str, suggestions: list[str]) -> MessageV2:
+        """Store the follow-up questions proposed for a finished reply."""
+        if not isinstance(suggestions, list) or not all(isinstance(q, str) for q in suggestions):
+            raise InvalidParams("suggestions must be a list of strings")
+        with self._db.write() as conn:
+            conn.execute(
+                "UPDATE messages_v2 SET suggestions = ? WHERE id = ? AND status IN ('completed')",
+                (to_json(suggestions), message_id),
+            )
+            if conn.changes() == 0:
+                MessageStore.get(conn, message_id)  # NotFound, else it is no longer completed
+                raise StoreError(
+                    f"message {message_id!r} is not a completed reply", code=ErrorCode.BAD_STATE,
+                    data={"messageId": message_id},
+                )
+            return MessageStore.get(conn, message_id)
+
+    def edit_text(self, session_id: str, message_id: str, content: str) -> MessageV2:
+        """The user's correction of a finished assistant reply: its text parts become one text
+        part with ``content`` (where the last text part was; thinking, tool calls and images
+        stay in order), ``edited_at`` is set, the search index follows."""
+        check_text("content", content, optional=False)
+        if not content.strip():
+            raise InvalidParams("invalid params: content must not be empty - at `$.content`")
+        with self._db.write() as conn:
+            message = MessageStore.get_in_session(conn, session_id, message_id)
+            if message.role != "assistant":
+                raise InvalidParams("invalid params: messageId must be an assistant message - at `$.messageId`")
+            if message.status not in FINAL_STATUSES:
+                raise StoreError(
+                    f"message {message_id!r} is {message.status}: only a finished reply can be edited",
+                    code=ErrorCode.BAD_STATE, data={"messageId": message_id, "status": message.status},
+                )
+            parts = edited_parts(message.parts, content)
+            now = self._clock()
+            conn.execute(
+                "UPDATE messages_v2 SET text_content = ?, parts = ?,"
+                " content_type = CASE WHEN ? IS NOT NULL THEN 'multipart' ELSE 'text' END,"
+                " edited_at = ?, updated_at = ? WHERE id = ?",
+                (content, to_json(parts), to_json(parts), now, now, message_id),
+            )
+            SessionRepo.touch(conn, session_id, now)
+            edited = MessageStore.get(conn, message_id)
+            MessageSearch.index(
+                conn, [(edited.id, session_id, edited.role, searchable_text(edited.text_content, edited.parts))]
+            )
+            return edited
+
     def delete_branch(self, message_id: str) -> int:
         """Delete a message and everything below it; returns how many messages went.
 
@@ -728,6 +794,21 @@ def _with_live_acp_parts(conn: Any, m: MessageV2) -> MessageV2:
     items = [b[1:-1].strip() for b in bodies]
     raw = "[" + ",".join(i for i in items if i) + "]"
     return msgspec.structs.replace(m, acp_parts=(m.acp_parts or []) + msgspec.json.decode(raw))
+def edited_parts(parts: list[ContentPart] | None, content: str) -> list[ContentPart] | None:
+    """``parts`` with their text replaced by ``content`` (None: a text-only message)."""
+    if not parts:
+        return None
+    last_text = max((i for i, p in enumerate(parts) if isinstance(p, TextPart)), default=None)
+    out: list[ContentPart] = []
+    for i, part in enumerate(parts):
+        if isinstance(part, TextPart):
+            if i == last_text and content:
+                out.append(TextPart(text=content))
+            continue
+        out.append(part)
+    if last_text is None and content:
+        out.append(TextPart(text=content))
+    return out if any(not isinstance(p, TextPart) for p in out) else None
 
 
 def _check_list(field: str, value: Any) -> None:

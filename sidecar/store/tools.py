@@ -27,13 +27,14 @@ from __future__ import annotations
 
 from collections.abc import Callable, Iterable
 from pathlib import Path
-from typing import Any
+from typing import Any, get_args
 
 import apsw
 import msgspec
 
 from protocol import limits
 from protocol.events import ApprovalSource, ToolApprovalOption
+from protocol.providers import ReasoningLevel
 from protocol.tools import AuditActor, AuditDecision, ToolAuditEntry, ToolPolicy
 from protocol.types import MessageV2, ToolResultPart
 from sidecar.errors import InvalidParams, NotFound
@@ -52,6 +53,7 @@ OPEN_STATES = frozenset({"pending", "approved", "denied", "answered", "running"}
 DECIDED_STATES = frozenset({"approved", "denied", "answered"})
 CALL_STATES = OPEN_STATES | {"done", "cancelled"}
 POLICIES = frozenset({"auto", "ask", "deny"})
+REASONING_LEVELS = frozenset(get_args(ReasoningLevel))
 
 
 INTERRUPTED_NOTE = "cancelled: the sidecar stopped while this tool call was running; it may or may not have completed"
@@ -66,6 +68,8 @@ class ToolRun(msgspec.Struct, kw_only=True):
     steps: int = 0
     state: str = "running"
     updated_at: int = 0
+    reasoning: ReasoningLevel | None = None
+    """The reply's reasoning override (a per-send option), kept for its resumption."""
 
 
 class ToolCallRecord(msgspec.Struct, kw_only=True):
@@ -89,7 +93,7 @@ _CALL_COLUMNS = (
     "message_id, tool_call_id, session_id, tool_name, arguments, source, policy_key, options,"
     " state, answer, option_id, step, created_at, updated_at"
 )
-_RUN_COLUMNS = "message_id, session_id, provider_id, model_id, temperature, steps, state, updated_at"
+_RUN_COLUMNS = "message_id, session_id, provider_id, model_id, temperature, steps, state, updated_at, reasoning"
 _AUDIT_COLUMNS = (
     "id, at, session_id, message_id, tool_call_id, tool_name, arguments, decision, actor, source,"
     " answer, note"
@@ -126,6 +130,7 @@ def _run(r: tuple[Any, ...]) -> ToolRun:
         steps=r[5],
         state=r[6],
         updated_at=r[7],
+        reasoning=r[8] if r[8] in REASONING_LEVELS else None,  # a level this build does not know: the default
     )
 
 
@@ -151,15 +156,19 @@ class ToolStore:
         self._db = db
         self._clock = clock
         self._sealer = sealer if sealer is not None else Sealer(SecretBox(Path(db.path).parent, use_keychain=False))
+        self.policy_version = 0
+        """Bumped after every committed write of a policy (this process is the only writer;
+        each such write is a transaction of its own): a reader that caches the policies reads
+        the counter before it reads them and reads again once the counter moved."""
 
     # ---- runs -------------------------------------------------------------------------
 
     def begin_run(self, run: ToolRun) -> None:
         with self._db.write() as conn:
             conn.execute(
-                f"INSERT OR REPLACE INTO tool_runs ({_RUN_COLUMNS}) VALUES (?, ?, ?, ?, ?, ?, ?, ?)",
+                f"INSERT OR REPLACE INTO tool_runs ({_RUN_COLUMNS}) VALUES (?, ?, ?, ?, ?, ?, ?, ?, ?)",
                 (run.message_id, run.session_id, run.provider_id, run.model_id, run.temperature,
-                 run.steps, run.state, self._clock()),
+                 run.steps, run.state, self._clock(), run.reasoning),
             )
 
     def get_run(self, message_id: str) -> ToolRun | None:
@@ -290,13 +299,16 @@ class ToolStore:
             self._insert_audit(conn, audit, now)
             if remember is not None:
                 self._put_policy(conn, remember[0], remember[1], now)
-            return int(
+            pending = int(
                 fetch_all(
                     conn,
                     "SELECT count(*) FROM tool_calls WHERE message_id = ? AND state = 'pending'",
                     (call.message_id,),
                 )[0][0]
             )
+        if remember is not None:
+            self.policy_version += 1  # once committed (see set_policy)
+        return pending
 
     def list_open(
         self, *, session_id: str | None = None, states: Iterable[str] = ("pending",)
@@ -433,6 +445,7 @@ class ToolStore:
                 conn.execute("DELETE FROM tool_policies WHERE key = ?", (key,))
             else:
                 self._put_policy(conn, key, policy, self._clock())
+        self.policy_version += 1  # once committed: a reader that sees it reads the new rows
 
     def _put_policy(self, conn: apsw.Connection, key: str, policy: str, now: int) -> None:
         if policy not in POLICIES:

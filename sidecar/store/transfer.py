@@ -19,6 +19,7 @@ Owns: the rules for copies. Must stay true:
 from __future__ import annotations
 
 from pathlib import Path
+from collections.abc import Callable
 
 import apsw
 import msgspec
@@ -40,13 +41,14 @@ from sidecar.store.citations import CitationRows
 from sidecar.store.citations import check_import as check_citations
 from sidecar.store.ids import new_id
 from sidecar.store.messages import MessageStore
-from sidecar.store.rows import searchable_text
+from sidecar.store.rows import MESSAGE_COLUMNS, message_from_row, searchable_text
 from sidecar.store.search import MessageSearch
 from sidecar.store.sessions import SessionRepo
 
 __all__ = ["fork_session", "export_session", "import_session", "MAX_IMPORT_MESSAGES"]
 
 MAX_IMPORT_MESSAGES = 200_000
+_ALL_MESSAGES = f"SELECT {MESSAGE_COLUMNS} FROM messages_v2 WHERE session_id = ? ORDER BY created_at, id"
 
 
 def _index_docs(messages: list[MessageV2]) -> list[tuple[str, str, str, str]]:
@@ -90,12 +92,15 @@ def fork_session(conn: apsw.Connection, session_id: str, message_id: str, now: i
                 created_at=m.created_at,
                 updated_at=m.updated_at,
                 seq=m.seq,
+                suggestions=m.suggestions,
+                edited_at=m.edited_at,
             )
         )
     forked = SessionV2(
         id=new_session_id,
         title=f"{src.title} (fork)",
         summary=src.summary,
+        summary_source=src.summary_source,
         provider_id=src.provider_id,
         model_id=src.model_id,
         system_prompt=src.system_prompt,
@@ -116,9 +121,25 @@ def fork_session(conn: apsw.Connection, session_id: str, message_id: str, now: i
     return forked
 
 
-def export_session(conn: apsw.Connection, session_id: str) -> SessionExport:
+Progress = Callable[[int, int], None]
+"""``progress(done, total)``: messages handled so far of all (called from the store's thread)."""
+PROGRESS_STEP = 1000
+
+
+def export_session(conn: apsw.Connection, session_id: str, progress: Progress | None = None) -> SessionExport:
     session = SessionRepo.get(conn, session_id)
-    return SessionExport(session=session, messages=CitationRows.attach(conn, MessageStore.all(conn, session_id)))
+    if progress is None:
+        return SessionExport(session=session, messages=CitationRows.attach(conn, MessageStore.all(conn, session_id)))
+    counted = conn.execute("SELECT count(*) FROM messages_v2 WHERE session_id = ?", (session_id,)).fetchall()[0][0]
+    total = counted if isinstance(counted, int) else 0
+    progress(0, total)
+    messages = []
+    for row in conn.execute(_ALL_MESSAGES, (session_id,)):
+        messages.append(message_from_row(row))
+        if len(messages) % PROGRESS_STEP == 0:
+            progress(len(messages), total)
+    progress(len(messages), total)
+    return SessionExport(session=session, messages=CitationRows.attach(conn, messages))
 
 
 def _trusted_workspace(session: SessionV2, trust: bool) -> str | None:
@@ -194,6 +215,7 @@ def import_session(
     *,
     replace: bool,
     trust_workspace: bool = False,
+    progress: Progress | None = None,
 ) -> SessionV2:
     messages = _validate_import(session, messages)
     workspace_dir = _trusted_workspace(session, trust_workspace)
@@ -220,6 +242,8 @@ def import_session(
                     code=ErrorCode.BAD_STATE,
                     data={"messageId": taken[0][0]},
                 )
+    if progress is not None:  # refused before this point: no progress at all
+        progress(0, len(messages))
     stored = msgspec.structs.replace(
         session,
         tags=check_tags("session.tags", session.tags),
@@ -230,7 +254,10 @@ def import_session(
     )
     SessionRepo.insert(conn, stored)
     if messages:
-        MessageStore.insert_many(conn, messages)
+        for start in range(0, len(messages), PROGRESS_STEP):
+            MessageStore.insert_many(conn, messages[start : start + PROGRESS_STEP])
+            if progress is not None:
+                progress(min(start + PROGRESS_STEP, len(messages)), len(messages))
         for m in messages:
             if m.citations:
                 CitationRows.insert(conn, m.id, stored.id, m.citations)

@@ -1,15 +1,27 @@
 """ToolService: tool settings and the per-request assembly of the ToolRegistry.
 
-``assemble(session, model)`` builds the registry of one request in seed 000's order
-(section 3): ``knowledge_search`` first when the session's assistant has knowledge bases
-(the knowledge tools come before the others), web search (when configured), the enabled local tools, conversation search,
-workspace tools (when the session has a workspace dir), skill tools (when skills exist),
-MCP tools, then ``read_tool_output`` and ``get_session_capabilities``. A model without
-tool support (ModelInfo.supports_tools false), or tools switched off in the settings,
-gets an empty registry and a short ``capability_note`` for the system prompt instead, so
-the model does not claim to run tools it cannot. MCP tools are those of the servers that
-are ready at that moment (assembly never waits for a server to connect); the enabled
-servers that are not get named in a capability note (``mcp_unavailable_note``).
+``assemble(session, model, assistant=, enabled=)`` builds the registry of one request in
+seed 000's order (section 3): ``knowledge_search`` first when the session's assistant
+has knowledge bases (the knowledge tools come before the others), web search (when configured), the enabled local tools,
+conversation search, workspace tools (when the session has a workspace dir), skill tools
+(when skills exist), MCP tools, then ``read_tool_output`` and ``get_session_capabilities``
+(which serve the others, so they come when at least one other tool is offered). Then:
+- the assistant's ``enabledTools`` (names, or ``mcp:<server>`` for a whole server) keep only
+  what they name; ``[]`` offers nothing; None leaves the list as the settings make it;
+- a tool whose policy is ``deny`` (its own stored policy, else its MCP server's) is not
+  offered at all: the model never sees it.
+A model without tool support (ModelInfo.supports_tools false), tools switched off in the
+settings or for the reply (``enabled`` false: a per-send option), or nothing left to
+offer, gives an empty registry and a short ``capability_note`` for the system prompt
+instead, so the model does not claim to run tools it cannot. MCP tools are those of the
+servers that are ready at that moment (assembly never waits for a server to connect); the
+enabled servers that are not, and that the assistant would be offered, get named in a
+capability note (``mcp_unavailable_note``).
+
+``tool:list {sessionId}`` is the same assembly for the session's assistant and model: it
+shows exactly what the model gets. Stored policies are cached and read again only when the
+store's policy counter moved (``policy_version``), so assembling costs no database read on
+the way to a reply's first delta.
 
 Settings live in the settings table under ``tools`` (JSON of protocol ToolSettings).
 """
@@ -19,14 +31,23 @@ from __future__ import annotations
 import logging
 from collections.abc import Awaitable, Callable, Sequence
 from pathlib import Path
-from typing import Any, Protocol
+from typing import Any, Protocol, cast
 
 import anyio
 import msgspec
 
 from protocol.common import EmptyParams
+from protocol.context import AssistantProfile
 from protocol.messages import SearchOptions
-from protocol.tools import ToolInfo, ToolListParams, ToolSettings, ToolSettingsUpdate, WebSearchConfig
+from protocol.tools import (
+    ToolInfo,
+    ToolListParams,
+    ToolPolicy,
+    ToolPolicyValue,
+    ToolSettings,
+    ToolSettingsUpdate,
+    WebSearchConfig,
+)
 from protocol.types import SearchResult, SessionV2
 from sidecar.errors import InvalidParams
 from sidecar.providers.types import ModelInfo
@@ -82,7 +103,12 @@ class ToolService:
         extra_tools: Callable[[], list[Tool]] | None = None,
         web_transport: Any = None,
         knowledge: KnowledgeSource | None = None,
+        all_policies: Callable[[], Awaitable[dict[str, ToolPolicy]]] | None = None,
+        policy_version: Callable[[], int] | None = None,
     ) -> None:
+        """``all_policies`` (every stored policy) with ``policy_version`` (the store's counter
+        of policy writes) let assembly cache the policies; without them each assembly reads
+        the policies of its tools."""
         self._data_dir = data_dir
         self._get_setting = get_setting
         self._set_setting = set_setting
@@ -96,6 +122,10 @@ class ToolService:
         """The knowledge bases' tools and retrieval capabilities (sidecar/retrieval)."""
         self._settings = ToolSettings()
         self._web: SearxngBackend | None = None
+        self._all_policies = all_policies
+        self._policy_version = policy_version
+        self._cached: dict[str, ToolPolicy] | None = None
+        self._cached_version = -1
 
     async def load(self) -> None:
         raw = await self._get_setting(SETTINGS_KEY)
@@ -104,6 +134,7 @@ class ToolService:
                 self._settings = msgspec.json.decode(raw, type=ToolSettings)
             except msgspec.DecodeError:
                 log.error("stored tool settings are unreadable; using the defaults")
+        await self._stored_policies([])  # the cache, before the first reply needs it
 
     @property
     def settings(self) -> ToolSettings:
@@ -162,24 +193,37 @@ class ToolService:
         return updated
 
     async def list_tools(self, params: ToolListParams) -> list[ToolInfo]:
+        """The tools a session's model is offered (its assistant's, its model's), with their
+        effective policy; without a session, what the default assistant's model would get."""
         session = None
+        assistant = None
+        model = ModelInfo(id="", supports_tools=True)
         if params.session_id is not None and self._session_lookup is not None:
             session = await self._session_lookup(params.session_id)
-        registry = await self.assemble(session, ModelInfo(id="", supports_tools=True))
-        names = [t.name for t in registry.tools]
-        keys = names + [t.server_key for t in registry.tools if t.server_key]
-        stored = await self._policies(keys)
+        if self._context_lookup is not None:
+            assistant, found = await self._context_lookup(session)
+            model = found or model
+        registry = await self.assemble(session, model, assistant=assistant)
+        stored = await self._stored_policies(_policy_keys(registry.tools))
         out = []
         for t in registry.tools:
-            policy = stored.get(t.name) or (stored.get(t.server_key) if t.server_key else None)
+            policy = _effective(t, stored)
             out.append(
                 ToolInfo(
-                    name=t.name, description=t.description, source=t.source,
-                    policy=policy.policy if policy is not None else t.default_policy,
+                    name=t.name, description=t.description, source=t.source, policy=policy,
                     default_policy=t.default_policy, parameters=t.parameters,
                 )
             )
         return out
+
+    _context_lookup: Callable[[SessionV2 | None], Awaitable[tuple[AssistantProfile | None, ModelInfo | None]]] | None = None
+
+    def set_context_lookup(
+        self, lookup: Callable[[SessionV2 | None], Awaitable[tuple[AssistantProfile | None, ModelInfo | None]]]
+    ) -> None:
+        """``await lookup(session)`` -> (its assistant profile, its model's facts or None when
+        it cannot be resolved): what ``tool:list`` assembles for."""
+        self._context_lookup = lookup
 
     _session_lookup: Callable[[str], Awaitable[SessionV2]] | None = None
 
@@ -188,12 +232,25 @@ class ToolService:
 
     # ---- assembly -------------------------------------------------------------------
 
-    async def assemble(self, session: SessionV2 | None, model: ModelInfo) -> ToolRegistry:
+    async def assemble(
+        self,
+        session: SessionV2 | None,
+        model: ModelInfo,
+        *,
+        assistant: AssistantProfile | None = None,
+        enabled: bool = True,
+    ) -> ToolRegistry:
         s = self._settings
         registry = ToolRegistry(default_timeout_s=s.tool_timeout_s)
-        if not s.enabled or not model.supports_tools:
+        named = assistant.enabled_tools if assistant is not None else None
+        if not s.enabled or not model.supports_tools or not enabled or named == []:
             registry.capability_note = NO_TOOLS_NOTE
             return registry
+        wanted = set(named) if named is not None else None
+
+        def offered(tool: Tool) -> bool:
+            return wanted is None or tool.name in wanted or (tool.server_key is not None and tool.server_key in wanted)
+
         knowledge = NO_KNOWLEDGE
         if self.knowledge is not None:
             try:
@@ -202,43 +259,73 @@ class ToolService:
                 raise
             except Exception:  # knowledge is an addition: the other tools still come
                 log.exception("the knowledge tools could not be assembled")
-        for tool in knowledge.tools:
-            registry.add(tool)
+        candidates: list[Tool] = list(knowledge.tools)  # the knowledge tools come first
         if s.web_search is not None:
             if self._web is None:
                 self._web = SearxngBackend(s.web_search, transport=self._web_transport)
-            registry.add(WebSearch(self._web, s.web_search.max_results))
+            candidates.append(WebSearch(self._web, s.web_search.max_results))
         for name in s.local_tools:
             factory = LOCAL_TOOLS.get(name)
             if factory is not None:
-                registry.add(factory())
+                candidates.append(factory())
         if s.conversation_search:
-            registry.add(ConversationSearch(self._search))
+            candidates.append(ConversationSearch(self._search))
         if session is not None and session.workspace_dir:
-            for tool in workspace_tools(s.command_timeout_s):
-                registry.add(tool)
+            candidates.extend(workspace_tools(s.command_timeout_s))
         roots = [r for r in skill_roots(s.skills_dirs, self._data_dir) if r.is_dir()]
         # one stat per root on the loop is short; the scan itself runs in a worker thread
         skills = await anyio.to_thread.run_sync(find_skills, roots) if roots else []
         if skills:
-            for tool in skill_tools(skills):
-                registry.add(tool)
+            candidates.extend(skill_tools(skills))
+        unavailable: list[tuple[str, str]] = []
         if self.mcp is not None and self.mcp.configured:
-            for tool in self.mcp.tools():
-                registry.add(tool)
-            unavailable = self.mcp.unavailable()
-            if unavailable:
-                registry.add_note(mcp_unavailable_note(unavailable))
+            candidates.extend(self.mcp.tools())
+            unavailable = [
+                (name, state) for name, state in self.mcp.unavailable()
+                if wanted is None or f"mcp:{name}" in wanted or any(w.startswith(f"mcp__{name}__") for w in wanted)
+            ]
         if self._extra is not None:
-            for tool in self._extra():
+            candidates.extend(self._extra())
+        candidates = [t for t in candidates if offered(t)]
+        system: list[Tool] = [ReadToolOutput(), SessionCapabilities(lambda: _capabilities(registry, session, knowledge))]
+        stored = await self._stored_policies(_policy_keys(candidates + system))
+        for tool in candidates:
+            if _effective(tool, stored) != "deny":
                 registry.add(tool)
-        registry.add(ReadToolOutput())
-        registry.add(SessionCapabilities(lambda: _capabilities(registry, session, knowledge)))
+        if len(registry):
+            for tool in system:
+                if _effective(tool, stored) != "deny":
+                    registry.add(tool)
+        else:
+            registry.capability_note = NO_TOOLS_NOTE
+        if unavailable:
+            registry.add_note(mcp_unavailable_note(unavailable))
         return registry
+
+    async def _stored_policies(self, keys: list[str]) -> dict[str, ToolPolicy]:
+        """The stored policies of ``keys`` (maybe more): from the cache while the store's
+        policy counter has not moved since it was filled."""
+        if self._all_policies is None or self._policy_version is None:
+            return dict(await self._policies(keys)) if keys else {}
+        version = self._policy_version()  # before the read: a write meanwhile moves it again
+        if self._cached is None or version != self._cached_version:
+            self._cached = await self._all_policies()
+            self._cached_version = version
+        return self._cached
 
     async def aclose(self) -> None:
         if self._web is not None:
             await self._web.aclose()
+
+
+def _policy_keys(tools: Sequence[Tool]) -> list[str]:
+    return [t.name for t in tools] + [t.server_key for t in tools if t.server_key]
+
+
+def _effective(tool: Tool, stored: dict[str, Any]) -> ToolPolicyValue:
+    """The policy in effect: the tool's stored one, else its MCP server's, else its default."""
+    policy = stored.get(tool.name) or (stored.get(tool.server_key) if tool.server_key else None)
+    return cast(ToolPolicyValue, policy.policy) if policy is not None else tool.default_policy
 
 
 def _capabilities(registry: ToolRegistry, session: SessionV2 | None, knowledge: KnowledgeOffer) -> dict[str, Any]:

@@ -1,7 +1,7 @@
 #!/usr/bin/env python3
 """Request-pipeline benchmark (issue 6): building a request from a 10,000-message branch.
 
-    python3 dev.py bench bench_pipeline [--messages 10000] [--rounds 30]
+    python3 dev.py bench bench_pipeline [--messages 10000] [--rounds 30] [--window 0]
 
 In one run, on a temporary database holding one session whose active branch has N messages
 (realistic mixed English/Chinese/code text, 40-250 tokens each):
@@ -14,6 +14,8 @@ In one run, on a temporary database holding one session whose active branch has 
   branch (target: median < 20 ms), and of builds where each round first appends a new
   exchange (user + assistant) as a real conversation does;
 - baseline: Store.messages.path of the whole branch (what reading the branch alone costs).
+With ``--window N`` the model has a context window of N tokens: every build then also counts
+the request as it will be sent and fits it to the window (the context budget).
 The summary model is an in-process stand-in that answers at once: model latency is not
 the pipeline's cost.
 """
@@ -33,6 +35,7 @@ ROOT = Path(__file__).resolve().parents[2]
 sys.path.insert(0, str(ROOT))
 
 import anyio  # noqa: E402
+import msgspec  # noqa: E402
 
 from protocol.context import AssistantUpsertParams, ContextOptions  # noqa: E402
 from protocol.sessions import CreateSessionOptions
@@ -119,11 +122,14 @@ async def main(args: argparse.Namespace) -> None:
 
         # -- request building ---------------------------------------------------------------
         builder = RequestBuilder(AsyncStore(store), AttachmentStore(Path(tmp)), call_model=stand_in_model)
+        model = msgspec.structs.replace(MODEL, context_window=args.window or None)
+        if args.window:
+            print(f"\nthe model has a context window of {args.window:,} tokens (the budget counts every request)")
         leaf = messages[-1].id
 
         async def build_once(leaf_id: str) -> Any:
             session = store.sessions.get(session_id)
-            return await builder.build_detailed(session=session, leaf_id=leaf_id, model=MODEL, params=GenerationParams())
+            return await builder.build_detailed(session=session, leaf_id=leaf_id, model=model, params=GenerationParams())
 
         started = time.perf_counter()
         request, info = await build_once(leaf)
@@ -153,6 +159,8 @@ async def main(args: argparse.Namespace) -> None:
             store.messages.path(session_id, leaf)
         path_ms = (time.perf_counter() - started) * 1000 / 5
 
+        if args.window:
+            print(f"  last request: {info.budget.total:,} of {args.window:,} tokens, {info.budget.dropped} dropped")
         print(f"\nwarm builds with a valid summary ({args.rounds} rounds each):")
         print(f"  same branch           median {statistics.median(same):6.2f} ms   p90 {pct(same, 0.9):6.2f} ms"
               f"   (target: median < 20 ms)")
@@ -167,4 +175,5 @@ if __name__ == "__main__":
     parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     parser.add_argument("--messages", type=int, default=10_000)
     parser.add_argument("--rounds", type=int, default=30)
+    parser.add_argument("--window", type=int, default=0, help="the model's context window (0: none)")
     anyio.run(main, parser.parse_args())
