@@ -1,5 +1,5 @@
 """Assistant profiles and a session's context window: the types of ``assistant:*`` and
-``chat:context:*`` (issue 6; seed 000 sections 1, 2, 4, 7; seed 004 section 4.3).
+``chat:context:*`` (seed 000 sections 1, 2, 4, 7; seed 004 section 4.3).
 
 An AssistantProfile holds what seed 000 attaches to an "assistant": its system prompt and
 whether a session's own prompt may override it, regex rules, enabled tools, knowledge bases,

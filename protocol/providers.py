@@ -53,7 +53,7 @@ class ModelConfig(Struct, kw_only=True):
 
 
 class AcpEngineConfig(Struct, kw_only=True):
-    """How to run an agent engine (a provider of type ``acp-engine``, issue 7).
+    """How to run an agent engine (a provider of type ``acp-engine``).
 
     The engine is one subprocess speaking the Agent Client Protocol on its stdin/stdout,
     shared by every ``mode: "acp"`` session that uses this provider and started on first use.

@@ -247,7 +247,7 @@ export interface AbortedEvent {
 }
 
 /**
- * How to run an agent engine (a provider of type ``acp-engine``, issue 7).
+ * How to run an agent engine (a provider of type ``acp-engine``).
  *
  * The engine is one subprocess speaking the Agent Client Protocol on its stdin/stdout,
  * shared by every ``mode: "acp"`` session that uses this provider and started on first use.

@@ -1,6 +1,6 @@
 """AcpEngines: one running process per ``acp-engine`` provider, shared by its sessions.
 
-Owns the lifetime of engine processes (issue 7 item 2):
+Owns the lifetime of engine processes:
 - an engine starts on first use (``connect``), is initialized with our client
   capabilities, and is reused by every session of that provider;
 - an engine that exited (crash, or it closed its stdout) is replaced on the next

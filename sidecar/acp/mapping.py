@@ -1,6 +1,6 @@
 """UpdateMapper: ``session/update`` notifications -> ChatStreamEvents and message parts.
 
-Owns the meaning of every update kind for the chat (issue 7 item 4):
+Owns the meaning of every update kind for the chat:
 
     agent_message_chunk   text -> text delta; image -> ImagePart; resource(_link) -> FilePart
     agent_thought_chunk   text -> thinking delta

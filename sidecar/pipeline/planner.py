@@ -1,6 +1,6 @@
 """The context-window planner: pure functions over a branch's token counts and roles.
 
-Rules (seed 000 section 2, exactly as issue 6 lists them):
+Rules (seed 000 section 2):
 - a threshold of 0 or less (the legacy "disabled" value) means the default, 32,000
   estimated tokens;
 - a branch of fewer than four messages gets no plan;

@@ -1,4 +1,4 @@
-"""AcpRepo: the ACP-only columns and table (issue 7).
+"""AcpRepo: the ACP-only columns and table.
 
 Owns:
 - ``acp_turns``: for every reply of an ACP session, the engine and the agent session it

@@ -222,7 +222,7 @@ def m006_search_index(conn: apsw.Connection) -> None:
 
 @migration
 def m007_providers(conn: apsw.Connection) -> None:
-    # provider:* configuration (issue 4). JSON columns hold the typed values of
+    # provider:* configuration. JSON columns hold the typed values of
     # protocol.ModelConfig / headers / body; api_key never leaves sidecar/store/providers.py
     # except inside the provider adapter's request headers.
     conn.execute(
@@ -247,7 +247,7 @@ def m007_providers(conn: apsw.Connection) -> None:
 
 @migration
 def m008_session_workspace_dir(conn: apsw.Connection) -> None:
-    # The session's working directory (issue 5 workspace tools, issue 7 ACP cwd).
+    # The session's working directory (the workspace tools, the ACP cwd).
     conn.execute("ALTER TABLE sessions_v2 ADD COLUMN workspace_dir TEXT;")
 
 

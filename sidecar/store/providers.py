@@ -5,7 +5,7 @@ desktop app's business) and leave this module only inside ProviderRecord, which 
 engine uses to build requests; ``to_info`` is the only shape that goes on the wire and it
 carries ``hasApiKey`` instead of the key.
 
-Agent engines (type ``acp-engine``, issue 7) keep their AcpEngineConfig in the ``engine``
+Agent engines (type ``acp-engine``) keep their AcpEngineConfig in the ``engine``
 column (migration of sidecar/store/acp.py); its ``env`` may hold secrets and gets the same
 treatment as the key: values whose name looks secret are masked in ``to_info``, and an
 update that sends a masked value back keeps the stored one. Custom headers likewise: a

@@ -1,4 +1,4 @@
-"""sidecar.tools: the tools a model can call in direct mode (issue 5).
+"""sidecar.tools: the tools a model can call in direct mode.
 
     base.py          Tool, ToolContext, ToolOutput, ToolError
     registry.py      ToolRegistry: one request's tools; checking and running a call

@@ -1,5 +1,5 @@
 #!/usr/bin/env python3
-"""ACP benchmark (issue 7): 10,000 agent_message_chunk updates through the sidecar.
+"""ACP benchmark: 10,000 agent_message_chunk updates through the sidecar.
 
     python3 dev.py bench bench_acp [--chunks 10000] [--rounds 5]
 

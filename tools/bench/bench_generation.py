@@ -1,5 +1,5 @@
 #!/usr/bin/env python3
-"""Generation benchmark (issue 4): the sidecar's streaming overhead against raw httpx.
+"""Generation benchmark: the sidecar's streaming overhead against raw httpx.
 
     python3 dev.py bench bench_generation [--chunks 10000] [--rounds 5] [--sessions 50]
 

@@ -1,5 +1,5 @@
 #!/usr/bin/env python3
-"""Request-pipeline benchmark (issue 6): building a request from a 10,000-message branch.
+"""Request-pipeline benchmark: building a request from a 10,000-message branch.
 
     python3 dev.py bench bench_pipeline [--messages 10000] [--rounds 30] [--window 0]
 

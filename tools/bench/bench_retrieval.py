@@ -4,7 +4,7 @@
     python3 dev.py bench bench_retrieval [--chunks 100000] [--dims 384] [--queries 300]
                                          [--skip-quality] [--quality-docs N] [--keep]
 
-Figures (targets from issue 14), each beside a baseline measured in the same run:
+Figures (with their targets), each beside a baseline measured in the same run:
 1. query latency, embedding call excluded: hybrid top 6 (lexical leg + vector leg + fusion
    + fetching the chunks, the HybridRetriever itself) over CHUNKS chunks x DIMS dims,
    p50 and p99 (target p50 <= 10 ms, p99 <= 25 ms), against plain numpy brute force

@@ -5,7 +5,7 @@ measured in the same run.
 
     python3 dev.py bench bench_store [--scale 1.0] [--data-dir DIR] [--keep] [--no-subprocess]
 
-Figures printed (targets from issue 3):
+Figures printed (with their targets):
 - chat:session:list with folder + tag filter, page of 50: median (< 10 ms)
 - chat:messages:search, common and rare words, Chinese and English, top 20: median (< 30 ms)
 - chat:messages:get of a 2,000-message branch: median (< 30 ms)
