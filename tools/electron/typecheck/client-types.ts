@@ -81,7 +81,7 @@ export async function checks(): Promise<void> {
   const wrongSource: ToolSource = "plugin";
   const decision: AuditDecision = "remember:auto";
   const audit: ToolAuditEntry[] = await client.call("tool:audit:list", { limit: 10, offset: 0 });
-  const actor: "user" | "policy" | "system" | undefined = audit[0]?.actor;
+  const actor: "user" | "policy" | "system" | "compat" | undefined = audit[0]?.actor;
   void [source, wrongSource, decision, actor];
   const mcp: McpServerInfo[] = await client.call("mcp:server:list");
   void mcp;
