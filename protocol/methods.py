@@ -13,12 +13,13 @@ from protocol import compat
 from protocol import channels
 from protocol import kb
 from protocol import sync
+from protocol import memory
 from protocol.channels import ChannelReplyParams
 from protocol.common import CancelRequestParams, MethodSpec, ProgressParams
 from protocol.events import ChatStreamEvent
 from protocol.types import SessionV2
 
-_DOMAIN_TABLES = (lifecycle, sessions, messages, chat, providers, settings, tools, mcp, context, compat, channels, kb, sync)
+_DOMAIN_TABLES = (lifecycle, sessions, messages, chat, providers, settings, tools, mcp, context, compat, channels, kb, sync, memory)
 
 METHODS: dict[str, MethodSpec] = {}
 for _domain in _DOMAIN_TABLES:
@@ -47,3 +48,4 @@ NOTIFICATIONS: dict[str, MethodSpec] = {
     ),
 }
 NOTIFICATIONS.update(sync.NOTIFICATIONS)
+NOTIFICATIONS.update(memory.NOTIFICATIONS)

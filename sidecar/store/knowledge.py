@@ -24,7 +24,6 @@ Synchronous: ``Store.knowledge``, reached from async code through ``AsyncStore.r
 
 from __future__ import annotations
 
-import hashlib
 import threading
 from collections.abc import Callable, Sequence
 from typing import Any, Protocol
@@ -164,39 +163,18 @@ class VectorSink(Protocol):
 
 def kb_token(kb_id: str) -> str:
     """A single unicode61 token standing for a base (the ``kb`` column of the index)."""
-    return "k" + hashlib.blake2b(kb_id.encode(), digest_size=10).hexdigest()
+    return fts.key_token("k", kb_id)
 
 
-def lexical_terms(query: str) -> list[str]:
-    """The MATCH terms of a retrieval query: a CJK run counts as its bigrams, each a term of
-    its own (a question rarely contains a passage's exact phrase); a single CJK character is
-    a prefix term; a Latin word is a quoted term (all built by ``fts.build_match``)."""
-    terms: list[str] = []
-    seen: set[str] = set()
-    for piece in fts.parse_query(query[: fts.MAX_QUERY_CHARS]):
-        if piece.cjk and len(piece.text) > 2:
-            units = [fts.QueryPiece(a + b, True) for a, b in zip(piece.text[:-1], piece.text[1:])]
-        else:
-            units = [piece]
-        for unit in units:
-            expr = fts.build_match([unit])
-            if expr is not None and expr not in seen:
-                seen.add(expr)
-                terms.append(expr)
-    return terms
+lexical_terms = fts.retrieval_terms
+"""The MATCH terms of a retrieval query (``fts.retrieval_terms``, shared with memories)."""
 
 
 def lexical_match(query: str, kb_ids: Sequence[str], terms: Sequence[str] | None = None) -> str | None:
     """The MATCH expression of a retrieval query (any of its terms, ranked by BM25) within the
     given bases (an empty ``kb_ids``: no filter). None when nothing is searchable."""
     terms = lexical_terms(query) if terms is None else list(terms)
-    if not terms:
-        return None
-    expr = "(" + " OR ".join(terms) + ")"
-    if not kb_ids:
-        return expr
-    bases = " OR ".join('"' + kb_token(k) + '"' for k in dict.fromkeys(kb_ids))
-    return "{kb} : (" + bases + ") AND " + expr
+    return fts.retrieval_match(list(terms), "kb", [kb_token(k) for k in kb_ids])
 
 
 def _doc(row: tuple[Any, ...]) -> DocRecord:

@@ -16,6 +16,8 @@ repositories exist. Every repository is an attribute built here on the one Datab
     channels    ChannelRepo    IM channels: configs, chat links, the inbox, deliveries (channels.py)
     knowledge   KnowledgeRepo  knowledge bases, documents, chunks, vectors, chunk FTS (knowledge.py)
     sync        SyncRepo       Qiming server: the account (token sealed), links, message map (sync.py)
+    memory      MemoryRepo     long-term memories, their vectors and FTS, encoder proposals (memory.py)
+    souls       SoulRepo       every version of every Soul.md (memory.py)
 
 A new repository takes the Database in its constructor and is attached here; nothing
 outside the store package sees the Database. Each repository method is one transaction
@@ -90,6 +92,7 @@ from sidecar.store.assistants import AssistantRepo
 from sidecar.store.channels import ChannelRepo
 from sidecar.store.context import ContextRepo
 from sidecar.store.knowledge import KnowledgeRepo
+from sidecar.store.memory import MemoryRepo, SoulRepo
 from sidecar.store.providers import ProviderRepo
 from sidecar.store.rows import parts_or_none, searchable_text, to_json
 from sidecar.store.search import MessageSearch
@@ -618,6 +621,8 @@ class Store:
         self.channels = ChannelRepo(db, clock)
         self.knowledge = KnowledgeRepo(db, clock)
         self.sync = SyncRepo(db, sealer)
+        self.memory = MemoryRepo(db, clock)
+        self.souls = SoulRepo(db, clock)
         try:
             self.schema_version = migrate(db)
             self.recovered = self.messages.recover_interrupted()
