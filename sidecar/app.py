@@ -51,6 +51,10 @@ Attributes:
               the retriever of the KnowledgeRetrieval transformer and the knowledge_search tool.
     sync:     SyncService (sidecar/sync/service.py): server:*, sync:*, server:conversation:*;
               its periodic task stops on exit.
+    memory:   MemoryService (sidecar/memory/service.py): memory:*, the memory retrieval of
+              requests, the memory tools, the MemoryEncoder; its background jobs (embedding,
+              encoding) run in its task group, cancelled on exit after the chat engine stopped.
+    souls:    SoulService (sidecar/memory/soul.py): assistant:soul:*.
     (later)   ... attached by the services that own them.
 """
 
@@ -85,6 +89,8 @@ if TYPE_CHECKING:
     from sidecar.engine.sessions import SessionService
     from sidecar.engine.settings import SettingsService
     from sidecar.pipeline.builder import RequestBuilder
+    from sidecar.memory.service import MemoryService
+    from sidecar.memory.soul import SoulService
     from sidecar.retrieval.service import KnowledgeService
     from sidecar.store import AsyncStore
     from sidecar.store.attachments import AttachmentStore
@@ -117,6 +123,8 @@ class App:
     channels: ChannelService
     knowledge: KnowledgeService
     sync: SyncService
+    memory: MemoryService
+    souls: SoulService
 
     def __init__(self, config: Config, data_dir: Path, notify: Notify) -> None:
         self.config = config
@@ -179,9 +187,11 @@ async def open_app(
         await anyio.to_thread.run_sync(_import_services)
         # before the chat engine: it closes after the engine has stopped the replies using it
         app.knowledge = await _open_knowledge(app, stack)
+        await _open_memory(app, stack)  # before the chat engine: it closes after the engine
         await _open_chat(app, stack)
         _open_context(app)
         await _start_knowledge(app)
+        await _start_memory(app)
         await _open_compat(app, stack)
         await _open_channels(app, stack)
         await _open_sync(app, stack)
@@ -219,6 +229,8 @@ _SERVICE_MODULES = (
     "sidecar.channels.service",
     "sidecar.retrieval.service",
     "sidecar.sync.service",
+    "sidecar.memory.service",
+    "sidecar.memory.soul",
 )
 
 
@@ -275,7 +287,9 @@ async def _open_chat(app: App, stack: AsyncExitStack) -> None:
     app.attachments = AttachmentStore(app.data_dir)
     # one builder: the generation loop and chat:context:* share its token cache, summary
     # checks and per-session summary locks
-    app.requests = RequestBuilder(store, app.attachments, providers=app.providers, knowledge=app.knowledge)
+    app.requests = RequestBuilder(
+        store, app.attachments, providers=app.providers, knowledge=app.knowledge, memory=app.memory
+    )
     app.approvals = ApprovalService(store)
     # before the engine's task group: cancelling that group must not reach the engines
     app.acp = await _open_acp(app, stack)
@@ -405,6 +419,35 @@ async def _open_knowledge(app: App, stack: AsyncExitStack) -> KnowledgeService:
 
     service = KnowledgeService(store=store, notify=app.notify, connections=None, assistant_for=assistant_for)
     return await stack.enter_async_context(service)
+
+
+async def _open_memory(app: App, stack: AsyncExitStack) -> None:
+    """Long-term memory and Soul.md. Embeddings go through the knowledge service's embedders
+    (one per model key, the same provider transport)."""
+    from sidecar.memory.service import MemoryService
+    from sidecar.memory.soul import SoulService
+    from sidecar.pipeline.profiles import ProfileResolver
+
+    store = app.store
+    profiles = ProfileResolver(store.sync.assistants, store.sync.context)
+
+    async def assistant_for(session_id: str | None) -> AssistantProfile:
+        if session_id is None:
+            return await store.run(lambda s: s.assistants.default())
+        return await store.run(lambda _: profiles.for_session(session_id).assistant)
+
+    app.souls = SoulService(store, app.data_dir)
+    app.memory = await stack.enter_async_context(
+        MemoryService(store=store, notify=app.notify, embedder_for=app.knowledge.embedder_for,
+                      assistant_for=assistant_for)
+    )
+
+
+async def _start_memory(app: App) -> None:
+    """Deleting an assistant deletes its memories and Soul.md (README "Memory"); what a
+    previous run left without vectors is embedded."""
+    app.assistants.on_delete.append(app.memory.forget_assistant)
+    await app.memory.start()
 
 
 async def _start_knowledge(app: App) -> None:

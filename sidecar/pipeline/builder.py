@@ -1,7 +1,8 @@
 """RequestBuilder: one provider request from a session's stored branch (DESIGN.md section 4).
 
 The single entry point the generation loop calls before each model step:
-1. the session's assistant profile and truncation strategy (profiles.py), Soul.md;
+1. the session's assistant profile and truncation strategy (profiles.py), Soul.md and the
+   basic memory text (sidecar/memory), whose tokens are taken off the history's share;
 2. the context window (context.py, RollingContext): which messages of the branch root ->
    ``leaf_id`` are carried, with a validated (possibly refreshed) rolling summary;
 3. the system prompt (system.py), composed in the seed's order;
@@ -33,6 +34,8 @@ from sidecar.pipeline.profiles import ProfileResolver, SessionProfile
 from sidecar.pipeline.request import build_drafts, finalize
 from sidecar.pipeline.summary import Summarizer
 from sidecar.pipeline.system import SoulFiles, compose_system_prompt
+from sidecar.memory.service import basic_text as basic_memory_text
+from sidecar.memory.soul import effective_soul
 from sidecar.pipeline.token_cache import TokenLedger
 from sidecar.pipeline.transformers import default_transformers, run_transformers
 from sidecar.pipeline.transformers.base import (
@@ -79,6 +82,10 @@ class Prepared(msgspec.Struct, kw_only=True):
     model_id: str = ""
     profile: SessionProfile
     soul: str | None
+    memory_text: str | None = None
+    """The basic memory block (memory on, memory RAG off; sidecar/memory/service.py)."""
+    reserved: int = 0
+    """Estimated tokens of Soul.md and the basic memory text, taken off the history's share."""
     read: BranchRead
     """The branch as RollingContext.read_branch returned it."""
 
@@ -164,6 +171,7 @@ class RequestBuilder:
             strategy=prepared.profile.strategy,
             encoding=prepared.encoding,
             read=prepared.read,
+            reserved=prepared.reserved,
         )
         soul = prepared.soul
         summary = window.summary
@@ -175,6 +183,7 @@ class RequestBuilder:
             summary=summary.text if summary else None,
             summary_count=summary.covered_count if summary else 0,
             tool_prompts=tool_prompts,
+            memory_text=prepared.memory_text,
         )
         drafts = build_drafts(window.messages)
         if system:
@@ -222,10 +231,17 @@ class RequestBuilder:
         makes the first request's reads in the same hop)."""
         encoding = tk.encoding_for_model(model_id).encoding
         profile = self.profiles.for_session(session.id)
-        soul = self._souls.read(profile.assistant.id) if profile.assistant.context.use_soul else None
+        assistant = profile.assistant
+        store = self._store.sync
+        soul = None
+        if assistant.context.use_soul:
+            soul = effective_soul(store, self._souls, assistant.id).content.strip() or None
+        memory_text = basic_memory_text(store, assistant)
+        reserved = sum(tk.count_text(t, encoding) for t in (soul, memory_text) if t)
         branch = self.context.read_branch(session.id, leaf_id, encoding, profile.strategy)
         return Prepared(
-            leaf_id=leaf_id, encoding=encoding, profile=profile, soul=soul, read=branch, model_id=model_id
+            leaf_id=leaf_id, encoding=encoding, profile=profile, soul=soul, read=branch, model_id=model_id,
+            memory_text=memory_text, reserved=reserved,
         )
 
     # ---- internals --------------------------------------------------------------------

@@ -112,10 +112,14 @@ class RollingContext:
         strategy: TruncationStrategy,
         encoding: str,
         read: BranchRead | None = None,
+        reserved: int = 0,
     ) -> ContextWindow:
         """``read``: the result of ``read_branch`` for these arguments when the caller already
-        made it (in the same worker-thread hop as its own reads)."""
+        made it (in the same worker-thread hop as its own reads); ``reserved``: tokens the
+        system prompt needs beyond the history (Soul.md, the basic memory text), taken off
+        the threshold (never below half of it)."""
         threshold = planner.effective_threshold(assistant.context.compress_threshold)
+        threshold = max(threshold - max(0, reserved), threshold // 2)
         if read is None:
             read = await self._store.run(lambda _: self.read_branch(session.id, leaf_id, encoding, strategy))
         if strategy not in ("sliding-window", "smart-select"):
