@@ -305,6 +305,7 @@ async def _open_chat(app: App, stack: AsyncExitStack) -> None:
         policies=app.approvals.policies_for,
         mcp=app.mcp,
         knowledge=app.knowledge,
+        memory=app.memory,
     )
     await app.tools.load()
     app.tools.set_session_lookup(get_session)
@@ -441,6 +442,7 @@ async def _open_memory(app: App, stack: AsyncExitStack) -> None:
         MemoryService(store=store, notify=app.notify, embedder_for=app.knowledge.embedder_for,
                       assistant_for=assistant_for)
     )
+    app.memory.souls = app.souls
 
 
 async def _start_memory(app: App) -> None:

@@ -77,6 +77,15 @@ log = logging.getLogger(__name__)
 
 CANCELLED_NOTE = "cancelled: the generation was stopped before this tool call finished"
 SUPERSEDED_NOTE = "not run: the user moved on before deciding (superseded by a newer message or aborted)"
+def _preview(tool: object, args: dict[str, object]) -> str | None:
+    """The tool's preview of a call (a broken preview is logged: the approval still comes)."""
+    try:
+        return tool.preview(args)  # type: ignore[attr-defined, no-any-return]
+    except Exception:
+        log.exception("the approval preview of %s failed", getattr(tool, "name", "?"))
+        return None
+
+
 DENIED_RESULT = json.dumps({"error": "denied", "message": "The user denied this tool call. Do not retry it; continue without it."})
 POLICY_DENIED_RESULT = json.dumps({"error": "denied", "message": "This tool is disabled by the user's policy."})
 
@@ -197,6 +206,7 @@ class ReplyTools:
         results: dict[str, ToolOutput] = {}
         runnable: list[tuple[ToolCall, CheckedCall]] = []
         to_ask: list[ApprovalRequest] = []
+        previews: dict[str, str | None] = {}
         new_rows: list[ToolCallRecord] = []
         audits = []
         for call, checked in zip(calls, checks):
@@ -225,6 +235,7 @@ class ReplyTools:
                     audits.append(audit_entry(row, "policy:deny", "policy"))
                     results[call.id] = ToolOutput(text=POLICY_DENIED_RESULT, is_error=True)
                 else:
+                    previews[call.id] = _preview(tool, checked.args)
                     to_ask.append(
                         ApprovalRequest(
                             session_id=job.session.id, message_id=job.message_id, tool_call_id=call.id,
@@ -233,6 +244,8 @@ class ReplyTools:
                         )
                     )
             elif record.state == "pending":
+                if checked.error is None:
+                    previews[call.id] = _preview(checked.tool, checked.args)
                 to_ask.append(ApprovalRequest(
                     session_id=job.session.id, message_id=job.message_id, tool_call_id=call.id,
                     tool_name=call.name, arguments=call.arguments,
@@ -261,7 +274,8 @@ class ReplyTools:
                 await self._add_result(reply, call.id, output)
         for request in to_ask:
             await reply.approval_required(
-                StreamToolCall(id=request.tool_call_id, name=request.tool_name, arguments=request.arguments)
+                StreamToolCall(id=request.tool_call_id, name=request.tool_name, arguments=request.arguments),
+                preview=previews.get(request.tool_call_id),
             )
         return bool(to_ask)
 

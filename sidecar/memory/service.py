@@ -34,7 +34,7 @@ from __future__ import annotations
 
 import logging
 from collections.abc import Awaitable, Callable, Sequence
-from typing import Any, Protocol
+from typing import TYPE_CHECKING, Any, Protocol
 
 import anyio
 import anyio.abc
@@ -65,6 +65,10 @@ from sidecar.retrieval.indexes import VectorIndexes
 from sidecar.store.async_store import AsyncStore
 from sidecar.store.memory import MemoryRecord, NewMemory, ProposalRecord
 from sidecar.store.store import Store
+
+if TYPE_CHECKING:
+    from protocol.types import SessionV2
+    from sidecar.memory.soul import SoulService
 
 __all__ = ["MemoryService", "Written", "MAX_RESULTS", "model_key"]
 
@@ -137,6 +141,8 @@ class MemoryService:
         self._checked: set[tuple[str, str]] = set()
         """(scope, model) pairs with no memory lacking a vector since the last write."""
         self._dirty: set[tuple[str, str]] = set()
+        self.souls: SoulService | None = None
+        """The SoulService the ``soul_update`` tool writes through (set by the app)."""
 
     # ---- lifetime -------------------------------------------------------------------
 
@@ -183,7 +189,7 @@ class MemoryService:
 
     # ---- writing ----------------------------------------------------------------------
 
-    def _new(
+    def new_memory(
         self, *, scope: str, kind: str, text: str, source_kind: str, task: str | None = None,
         outcome: str | None = None, context: str | None = None, key: str | None = None,
         session_id: str | None = None, message_id: str | None = None, tool_call_id: str | None = None,
@@ -303,7 +309,7 @@ class MemoryService:
         text = _clean(params.text, "text", required=True)
         assert text is not None
         scope = await self._check_scope(params.scope)
-        new = self._new(
+        new = self.new_memory(
             scope=scope, kind=params.kind, text=text, source_kind="manual",
             task=_clean(params.task, "task"), outcome=_clean(params.outcome, "outcome"),
             context=_clean(params.context, "context"), key=_clean(params.key, "key"),
@@ -321,7 +327,7 @@ class MemoryService:
                 code=_bad_state(), data={"memoryId": params.id, "status": old.status},
             )
         text = given or old.text
-        new = self._new(
+        new = self.new_memory(
             scope=old.scope, kind=params.kind or old.kind, text=text, source_kind="manual",
             task=_clean(params.task, "task") if params.task is not None else old.task,
             outcome=_clean(params.outcome, "outcome") if params.outcome is not None else old.outcome,
@@ -337,10 +343,17 @@ class MemoryService:
         return record
 
     async def delete_memory(self, params: IdParams) -> Memory:
-        record = await self._store.run(lambda s: s.memory.delete(params.id))
+        return (await self.forget(params.id)).to_wire()
+
+    async def forget(self, memory_id: str) -> MemoryRecord:
+        """Soft delete: out of every request, index and tool."""
+        record = await self._store.run(lambda s: s.memory.delete(memory_id))
         self.retriever.generation += 1
         await self.indexes.update(record.scope, None, [], [record.rowid])
-        return record.to_wire()
+        return record
+
+    async def get_record(self, memory_id: str) -> MemoryRecord:
+        return await self._store.run(lambda s: s.memory.get(memory_id))
 
     async def restore_memory(self, params: IdParams) -> Memory:
         record = await self._store.run(lambda s: s.memory.restore(params.id))
@@ -404,7 +417,7 @@ class MemoryService:
                                              params.outcome, params.context))
         text = given or proposal.text
         scope = await self._check_scope(params.scope) if params.scope is not None else proposal.scope
-        new = self._new(
+        new = self.new_memory(
             scope=scope, kind=params.kind or proposal.kind, text=text,
             source_kind="manual" if edited else "encoder",
             task=_clean(params.task, "task") if params.task is not None else proposal.task,
@@ -458,6 +471,13 @@ class MemoryService:
     def basic_text_blocking(self, store: Store, assistant: AssistantProfile) -> str | None:
         """The basic memory block (blocking, in a store thread): see the module docstring."""
         return basic_text(store, assistant)
+
+    async def offer(self, session: SessionV2 | None) -> Any:
+        """The memory tools (first among a request's tools) and the capabilities, for ToolService."""
+        from sidecar.memory.tools import offer
+
+        assistant = await self._assistant_for(session.id if session is not None else None)
+        return await offer(self, self.souls, assistant)
 
     async def forget_assistant(self, assistant_id: str) -> None:
         """After an assistant was deleted: its scope's vectors leave the indexes."""

@@ -108,6 +108,9 @@ class SoulService:
                            data={"assistantId": scope})
         return scope
 
+    async def effective(self, scope: str) -> SoulView:
+        return await self._store.run(lambda s: effective_soul(s, self.files, scope))
+
     async def view(self, scope: str) -> AssistantSoul:
         from sidecar.pipeline.tokens import count_text
 

@@ -1,7 +1,8 @@
 """ToolService: tool settings and the per-request assembly of the ToolRegistry.
 
 ``assemble(session, model)`` builds the registry of one request in seed 000's order
-(section 3): ``knowledge_search`` first when the session's assistant has knowledge bases
+(section 3): the memory tools first when the session's assistant has memory on (and
+``soul_update`` when it may evolve its Soul.md; sidecar/memory/tools.py), then ``knowledge_search`` when the session's assistant has knowledge bases
 (the knowledge tools come before the others), web search (when configured), the enabled local tools, conversation search,
 workspace tools (when the session has a workspace dir), skill tools (when skills exist),
 MCP tools, then ``read_tool_output`` and ``get_session_capabilities``. A model without
@@ -69,6 +70,12 @@ class McpSource(Protocol):
     def unavailable(self) -> list[tuple[str, str]]: ...
 
 
+class MemorySource(Protocol):
+    """The memory side (sidecar/memory MemoryService.offer): ``.tools`` and ``.retrieval``."""
+
+    async def offer(self, session: SessionV2 | None) -> Any: ...
+
+
 class ToolService:
     def __init__(
         self,
@@ -82,6 +89,7 @@ class ToolService:
         extra_tools: Callable[[], list[Tool]] | None = None,
         web_transport: Any = None,
         knowledge: KnowledgeSource | None = None,
+        memory: MemorySource | None = None,
     ) -> None:
         self._data_dir = data_dir
         self._get_setting = get_setting
@@ -94,6 +102,8 @@ class ToolService:
         self._web_transport = web_transport
         self.knowledge = knowledge
         """The knowledge bases' tools and retrieval capabilities (sidecar/retrieval)."""
+        self.memory = memory
+        """The memory tools and memory capabilities (sidecar/memory)."""
         self._settings = ToolSettings()
         self._web: SearxngBackend | None = None
 
@@ -182,6 +192,18 @@ class ToolService:
         if not s.enabled or not model.supports_tools:
             registry.capability_note = NO_TOOLS_NOTE
             return registry
+        memory_retrieval: dict[str, Any] = {"enabled": False}
+        if self.memory is not None:
+            try:
+                memory = await self.memory.offer(session)
+            except anyio.get_cancelled_exc_class():
+                raise
+            except Exception:  # memory is an addition: the other tools still come
+                log.exception("the memory tools could not be assembled")
+            else:
+                memory_retrieval = memory.retrieval
+                for tool in memory.tools:
+                    registry.add(tool)
         knowledge = NO_KNOWLEDGE
         if self.knowledge is not None:
             try:
@@ -221,7 +243,7 @@ class ToolService:
             for tool in self._extra():
                 registry.add(tool)
         registry.add(ReadToolOutput())
-        registry.add(SessionCapabilities(lambda: _capabilities(registry, session, knowledge)))
+        registry.add(SessionCapabilities(lambda: _capabilities(registry, session, knowledge, memory_retrieval)))
         return registry
 
     async def aclose(self) -> None:
@@ -229,11 +251,13 @@ class ToolService:
             await self._web.aclose()
 
 
-def _capabilities(registry: ToolRegistry, session: SessionV2 | None, knowledge: KnowledgeOffer) -> dict[str, Any]:
+def _capabilities(
+    registry: ToolRegistry, session: SessionV2 | None, knowledge: KnowledgeOffer, memory: dict[str, Any]
+) -> dict[str, Any]:
     return {
         "tools": [{"name": t.name, "source": t.source, "description": t.description} for t in registry.tools],
         "workspace": session.workspace_dir if session is not None else None,
-        "retrieval": {"knowledge_base": knowledge.retrieval, "memory": False},
+        "retrieval": {"knowledge_base": knowledge.retrieval, "memory": memory},
         "web_search": registry.get("web_search") is not None,
         "conversation_search": registry.get("search_conversations") is not None,
         "max_steps": 256,
