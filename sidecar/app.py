@@ -448,8 +448,16 @@ async def _open_memory(app: App, stack: AsyncExitStack) -> None:
 async def _start_memory(app: App) -> None:
     """Deleting an assistant deletes its memories and Soul.md (README "Memory"); what a
     previous run left without vectors is embedded."""
+    from sidecar.memory.encoder import MemoryEncoder
+
     app.assistants.on_delete.append(app.memory.forget_assistant)
-    await app.memory.start()
+    memory = app.memory
+    async def assistant_of(session_id: str) -> AssistantProfile:
+        return await memory.assistant_for(session_id)
+
+    memory.encoder = MemoryEncoder(memory, app.providers, app.providers, assistant_of)
+    app.chat.on_completed.append(memory.reply_completed)
+    await memory.start()
 
 
 async def _start_knowledge(app: App) -> None:

@@ -49,8 +49,6 @@ def validate_profile(p: AssistantUpsertParams) -> None:
         p.memory.embedding_model.provider_id.strip() and p.memory.embedding_model.model_id.strip()
     ):
         raise _bad("memory.embeddingModel", "needs a providerId and a modelId")
-    if p.memory.encoder != "off":
-        raise _bad("memory.encoder", "must be 'off': the MemoryEncoder is not available in this version")
     if p.context.evolve_soul:
         raise _bad("context.evolveSoul", "must be false: the soul_update tool is not available in this version")
     if len(p.system_prompt) > MAX_PROMPT:

@@ -150,6 +150,9 @@ class ChatEngine:
         self._deleting: dict[str, int] = {}
         """Sessions whose delete is in progress (a count: two deletes may overlap)."""
         self._closing = False
+        self.on_completed: list[Callable[[str, ReplyJob], None]] = []
+        """Called (session id, job) after a reply completed; must not wait (the memory
+        encoder schedules its work in its own task group)."""
 
     # -- methods ---------------------------------------------------------------------
 
@@ -386,6 +389,11 @@ class ChatEngine:
         session = job.ended_session
         if job.outcome != COMPLETED or session is None or self._closing:
             return
+        for hook in self.on_completed:
+            try:
+                hook(session.id, job)
+            except Exception:
+                log.exception("a completed-reply hook failed for %s", job.message_id)
         try:
             if await self._titles.wants_title(session, job):
                 self._tg.start_soon(self._title, session, job)

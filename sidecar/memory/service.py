@@ -68,6 +68,7 @@ from sidecar.store.store import Store
 
 if TYPE_CHECKING:
     from protocol.types import SessionV2
+    from sidecar.memory.encoder import MemoryEncoder
     from sidecar.memory.soul import SoulService
 
 __all__ = ["MemoryService", "Written", "MAX_RESULTS", "model_key"]
@@ -134,6 +135,8 @@ class MemoryService:
         self._notify = notify
         self._embedder_for = embedder_for
         self._assistant_for = assistant_for
+        self.assistant_for = assistant_for
+        """The profile in effect for a session (its own, else the default)."""
         self.indexes = VectorIndexes(store, source=lambda s: s.memory)
         self.retriever = MemoryRetriever(store, self.indexes, embedder_for)
         self._tg: anyio.abc.TaskGroup | None = None
@@ -141,6 +144,8 @@ class MemoryService:
         self._checked: set[tuple[str, str]] = set()
         """(scope, model) pairs with no memory lacking a vector since the last write."""
         self._dirty: set[tuple[str, str]] = set()
+        self.encoder: MemoryEncoder | None = None
+        """The MemoryEncoder (set by the app once providers exist)."""
         self.souls: SoulService | None = None
         """The SoulService the ``soul_update`` tool writes through (set by the app)."""
 
@@ -162,6 +167,10 @@ class MemoryService:
     @property
     def task_group(self) -> anyio.abc.TaskGroup | None:
         return self._tg
+
+    @property
+    def store(self) -> AsyncStore:
+        return self._store
 
     async def start(self) -> None:
         """Embed what a previous run left without vectors."""
@@ -227,6 +236,28 @@ class MemoryService:
         if written.action != "duplicate":
             await self._changed(written.record.scope, removed=[written.old.rowid] if written.old else [])
         return written
+
+    async def proposal_target(self, new: NewMemory, supersedes: str | None) -> str | None:
+        """What ``write(new, supersedes=...)`` would do, for a proposal: ``"duplicate"``, the
+        id of the memory it would supersede, or None (a new memory)."""
+
+        def check(s: Store) -> str | None:
+            if s.memory.same_text([new.scope], new.norm_hash) is not None:
+                return "duplicate"
+            if supersedes is not None:
+                try:
+                    target = s.memory.get(supersedes)
+                except NotFound:
+                    target = None
+                if target is not None and target.scope == new.scope and target.active:
+                    return target.id
+            if new.key:
+                keyed = s.memory.with_key(new.scope, new.key)
+                if keyed is not None:
+                    return keyed.id
+            return None
+
+        return await self._store.run(check)
 
     async def _changed(self, scope: str, *, removed: Sequence[int] = ()) -> None:
         self.retriever.generation += 1
@@ -478,6 +509,11 @@ class MemoryService:
 
         assistant = await self._assistant_for(session.id if session is not None else None)
         return await offer(self, self.souls, assistant)
+
+    def reply_completed(self, session_id: str, job: Any) -> None:
+        """A reply completed (ChatEngine hook): the encoder reads it in the background."""
+        if self.encoder is not None:
+            self.encoder.schedule(session_id, job)
 
     async def forget_assistant(self, assistant_id: str) -> None:
         """After an assistant was deleted: its scope's vectors leave the indexes."""
