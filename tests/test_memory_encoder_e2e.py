@@ -68,6 +68,12 @@ async def test_auto_mode_remembers_dedups_and_supersedes(tmp_path: Path) -> None
         await exchange(proc, sid, "As I said, I live in Lyon.")
         await wait_log(proc, "duplicate memory")
         assert [m["id"] for m in await active(proc, "cook")] == [memory["id"]]
+        # a near duplicate (similar words, no key) is skipped too
+        await chat.script({"text": "Right."}, encoded({"kind": "fact", "text": "The user lives in Lyon, France.",
+                                                       "subject": "user"}))
+        await exchange(proc, sid, "Lyon in France, that is where I live.")
+        await wait_log(proc, "duplicate memory", 2)
+        assert [m["id"] for m in await active(proc, "cook")] == [memory["id"]]
         # the encoder was shown the memory it already had, as data with its id
         side = [b for b in await chat.requests() if not b.get("stream")]
         assert f'id="{memory["id"]}"' in side[-1]["messages"][1]["content"]

@@ -22,9 +22,9 @@ One job:
    text and must not be phrased as a statement about the user ("Bob, the user's brother,
    lives in Oslo" is kept; "The user is Bob" with subject Bob is dropped, logged): asking
    about someone never becomes a fact about the user;
-5. every item goes through MemoryService's write rule (same normalized text: skipped; same
-   key or the ``supersedes`` it named: a new version, history kept); in ``propose`` mode a
-   duplicate is not proposed.
+5. every item goes through MemoryService's write rule with the near-duplicate check (same
+   normalized text, or similar above a threshold: skipped; same key or the ``supersedes``
+   it named: a new version, history kept); in ``propose`` mode a duplicate is not proposed.
 The side call's tokens and cost are added to the session's totals (``sessions.add_usage``);
 every decision (skipped, dropped, created, superseded, duplicate, proposed, failed) is
 logged at INFO with the session and reply ids; a failed call (HTTP error, timeout, invalid
@@ -280,11 +280,11 @@ class MemoryEncoder:
             session_id=session_id, message_id=message_id,
         )
         if mode == "auto":
-            written = await self._service.write(new, supersedes=item.supersedes)
+            written = await self._service.write(new, supersedes=item.supersedes, similar_to=assistant)
             log.info("memory encoder: session %s reply %s: %s memory %s in %s", session_id, message_id,
                      written.action, written.record.id, scope)
             return
-        target = await self._service.proposal_target(new, item.supersedes)
+        target = await self._service.proposal_target(new, item.supersedes, assistant)
         if target == "duplicate":
             log.info("memory encoder: session %s reply %s: not proposed (already remembered): %r",
                      session_id, message_id, text[:200])

@@ -9,7 +9,8 @@ Owns:
   (text.py) are computed; an active memory of the same scope with the same normalized text
   makes the write a ``duplicate`` (nothing is written); an active memory of the same scope
   with the same ``key``, or the one named by ``supersedes``, is superseded (new version,
-  history kept); otherwise a new memory;
+  history kept); for the memory tools and the encoder, a near duplicate (terms or vector
+  similar above a threshold) is also a ``duplicate``; otherwise a new memory;
 - the basic memory text (memory on, memory RAG off): the assistant's ``entries``, then the
   active memories of its scope and ``global``, most used and newest first, within
   ``budgetTokens``;
@@ -78,6 +79,10 @@ log = logging.getLogger(__name__)
 MAX_RESULTS = 6
 BASIC_DEPTH = 200
 EMBED_BATCH = 64
+SIMILAR_TERMS = 0.8
+"""Jaccard similarity of terms from which a new memory counts as a near duplicate."""
+SIMILAR_COSINE = 0.92
+"""Cosine (the viewing assistant's embedding model) from which it counts as one."""
 ELEMENT_OVERHEAD_TOKENS = 24
 """Tokens of a ``<memory ...>`` element around its text (attributes, tags), for the budget."""
 
@@ -212,8 +217,15 @@ class MemoryService:
             tokens=count_text("\n".join(t for t in (text, task, outcome, context) if t)),
         )
 
-    async def write(self, new: NewMemory, *, supersedes: str | None = None) -> Written:
-        """The write rule (module docstring): duplicate, supersede or create, in one store hop."""
+    async def write(
+        self, new: NewMemory, *, supersedes: str | None = None, similar_to: AssistantProfile | None = None
+    ) -> Written:
+        """The write rule (module docstring): duplicate, supersede or create, in one store hop.
+        ``similar_to``: also skip a near duplicate as that assistant would retrieve it (the
+        memory tools and the encoder): an active memory of the scope whose terms are at least
+        SIMILAR_TERMS alike, or whose vector is at least SIMILAR_COSINE close; a memory it
+        supersedes (``supersedes``, ``key``) is not a duplicate but the version it replaces."""
+        near = await self._near_duplicate(new, similar_to) if similar_to is not None else None
 
         def run(s: Store) -> Written:
             with s.transaction():
@@ -230,6 +242,10 @@ class MemoryService:
                 if target is not None:
                     record, old = s.memory.supersede(target.id, new)
                     return Written(record=record, action="superseded", old=old)
+                if near is not None:
+                    current = s.memory.by_rowids([near.rowid], active_only=True).get(near.rowid)
+                    if current is not None:
+                        return Written(record=current, action="duplicate")
                 return Written(record=s.memory.create(new), action="created")
 
         written = await self._store.run(run)
@@ -237,9 +253,37 @@ class MemoryService:
             await self._changed(written.record.scope, removed=[written.old.rowid] if written.old else [])
         return written
 
-    async def proposal_target(self, new: NewMemory, supersedes: str | None) -> str | None:
-        """What ``write(new, supersedes=...)`` would do, for a proposal: ``"duplicate"``, the
-        id of the memory it would supersede, or None (a new memory)."""
+    async def _near_duplicate(self, new: NewMemory, assistant: AssistantProfile) -> MemoryRecord | None:
+        scope = new.scope
+        hits = await self._store.run(lambda s: s.memory.lexical([scope], new.text, 10))
+        if hits:
+            records = await self._store.run(lambda s: s.memory.by_rowids([r for r, _ in hits], active_only=True))
+            for rowid, _ in hits:
+                record = records.get(rowid)
+                if record is not None and mtext.similarity(record.text, new.text) >= SIMILAR_TERMS:
+                    return record
+        model = model_key(assistant)
+        if model is None:
+            return None
+        try:
+            embedder = await self._embedder_for(model)
+            with anyio.fail_after(15):
+                vector = (await embedder.embed([new.text]))[0]
+        except (SidecarError, TimeoutError) as exc:
+            log.info("near-duplicate check of a memory without vectors (embedding failed: %s)", exc)
+            return None
+        close = [(r, c) for r, c in await self.indexes.search([(scope, model)], vector, 3) if c >= SIMILAR_COSINE]
+        if not close:
+            return None
+        records = await self._store.run(lambda s: s.memory.by_rowids([close[0][0]], active_only=True))
+        return records.get(close[0][0])
+
+    async def proposal_target(
+        self, new: NewMemory, supersedes: str | None, assistant: AssistantProfile
+    ) -> str | None:
+        """What ``write(new, supersedes=..., similar_to=assistant)`` would do, for a proposal:
+        ``"duplicate"``, the id of the memory it would supersede, or None (a new memory)."""
+        near = await self._near_duplicate(new, assistant)
 
         def check(s: Store) -> str | None:
             if s.memory.same_text([new.scope], new.norm_hash) is not None:
@@ -255,7 +299,7 @@ class MemoryService:
                 keyed = s.memory.with_key(new.scope, new.key)
                 if keyed is not None:
                     return keyed.id
-            return None
+            return "duplicate" if near is not None else None
 
         return await self._store.run(check)
 

@@ -24,6 +24,8 @@ __all__ = [
     "normalize",
     "norm_hash",
     "flags_of",
+    "terms",
+    "similarity",
     "escape",
     "render_memory",
     "render_block",
@@ -64,6 +66,30 @@ def normalize(text: str) -> str:
 
 def norm_hash(text: str) -> str:
     return hashlib.blake2b(normalize(text).encode("utf-8"), digest_size=16).hexdigest()
+
+
+_WORD = re.compile(r"[^\W\d_]+|\d+", re.UNICODE)
+_CJK = re.compile(r"[\u3400-\u9fff\uf900-\ufaff]")
+
+
+def terms(text: str) -> set[str]:
+    """The comparable terms of a text: Latin words and numbers, CJK character bigrams."""
+    out: set[str] = set()
+    for word in _WORD.findall(normalize(text)):
+        chars = [c for c in word if _CJK.match(c)]
+        if chars and len(chars) == len(word):
+            out.update(a + b for a, b in zip(word, word[1:])) if len(word) > 1 else out.add(word)
+        else:
+            out.add(word)
+    return out
+
+
+def similarity(a: str, b: str) -> float:
+    """Jaccard similarity of the two texts' terms (0..1)."""
+    ta, tb = terms(a), terms(b)
+    if not ta or not tb:
+        return 0.0
+    return len(ta & tb) / len(ta | tb)
 
 
 def flags_of(*texts: str | None) -> list[str]:

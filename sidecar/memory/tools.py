@@ -127,7 +127,7 @@ class MemorySave(_MemoryTool):
             scope=scope, kind=str(args.get("kind") or "fact"), text=text, key=key, source_kind="tool",
             session_id=ctx.session.id, message_id=ctx.message_id, tool_call_id=ctx.tool_call_id,
         )
-        written = await self._service.write(new)
+        written = await self._service.write(new, similar_to=self._assistant)
         if written.action == "duplicate":
             return ToolOutput(text=f"Already remembered (id {written.record.id}); nothing new was saved.")
         verb = "Updated (the older version is kept in its history)" if written.action == "superseded" else "Saved"
