@@ -49,8 +49,6 @@ def validate_profile(p: AssistantUpsertParams) -> None:
         p.memory.embedding_model.provider_id.strip() and p.memory.embedding_model.model_id.strip()
     ):
         raise _bad("memory.embeddingModel", "needs a providerId and a modelId")
-    if p.context.evolve_soul:
-        raise _bad("context.evolveSoul", "must be false: the soul_update tool is not available in this version")
     if len(p.system_prompt) > MAX_PROMPT:
         raise _bad("systemPrompt", f"is longer than {MAX_PROMPT} characters")
     for field, items in (("regexRules", p.regex_rules), ("enabledTools", p.enabled_tools),

@@ -10,9 +10,11 @@ forget ``ask`` (they change or hide what the user told it), so they wait for the
 approval through the tool policy and approval flow like any tool.
 
 ``soul_update`` (offered with ``context.useSoul`` and ``context.evolveSoul``) proposes a
-whole new Soul.md for the assistant; policy ``ask`` by default, and the approval carries
-the unified diff against the current version (``preview``). It is written against the
-version it was proposed on: if Soul.md changed meanwhile the call fails and writes nothing.
+whole new Soul.md for the assistant with the version it is based on (``baseVersion``; the
+tool's description names the current one); policy ``ask`` by default, and the approval
+carries the unified diff against the current version (``preview``). The write checks that
+the base is still the current version when it runs (after approval): if Soul.md changed
+meanwhile the call fails and writes nothing.
 """
 
 from __future__ import annotations
@@ -196,24 +198,35 @@ class SoulUpdate(Tool):
         self._scope = assistant.id
         self._current = current
         self._version = version
+        self.description = SoulUpdate.description + f" Your Soul.md is at version {version}: send baseVersion {version}."
         self.parameters = obj(
             {
                 "content": {"type": "string", "maxLength": MAX_SOUL_BYTES,
                             "description": f"The whole new Soul.md (at most {MAX_SOUL_BYTES} bytes)."},
                 "reason": {"type": "string", "maxLength": 1000, "description": "Why, in one sentence."},
+                "baseVersion": {"type": "integer", "minimum": 0, "maximum": 2**62,
+                                "description": "The version this edit is based on."},
             },
-            ["content", "reason"],
+            ["content", "reason", "baseVersion"],
         )
 
     def preview(self, args: dict[str, Any]) -> str | None:
         from sidecar.memory.soul import soul_diff
 
-        return soul_diff(self._current, str(args.get("content", "")), self._scope)
+        diff = soul_diff(self._current, str(args.get("content", "")), self._scope)
+        base = args.get("baseVersion")
+        if base != self._version:
+            return f"(proposed against version {base}; Soul.md is at version {self._version} now)\n" + diff
+        return diff
 
     async def run(self, args: dict[str, Any], ctx: ToolContext) -> ToolOutput:
+        base = int(args["baseVersion"])
+        if base != self._version:
+            raise ToolError(f"Soul.md was not changed: it is at version {self._version}, not {base} (it changed "
+                            "meanwhile); read it again before proposing an edit")
         try:
             soul = await self._souls.add_from_tool(
-                self._scope, str(args["content"]), base_version=self._version,
+                self._scope, str(args["content"]), base_version=base,
                 reason=str(args.get("reason") or "").strip() or None, session_id=ctx.session.id,
                 message_id=ctx.message_id,
             )
