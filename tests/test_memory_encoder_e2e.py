@@ -146,3 +146,22 @@ async def test_a_failing_side_call_changes_nothing_and_is_logged(tmp_path: Path,
         await exchange(proc, sid, "I drink coffee now, remember it.")
         assert len(await wait_memories(proc, "cook", 2)) == 2
         await proc.close()
+
+
+async def test_a_slow_encoder_delays_neither_the_next_send_nor_shutdown(tmp_path: Path) -> None:
+    async with scripted_provider() as chat, spawn_sidecar(tmp_path / "data") as proc:
+        await configure_provider(proc, chat.base_url)
+        await assistant(proc, "cook", encoder="auto")
+        sid = await session_of(proc, "cook")
+        stalled = dict(encoded({"kind": "fact", "text": "The user owns a wok.", "subject": "user"}), whole_delay_s=45)
+        await chat.script({"text": "A wok, nice."}, stalled, {"text": "Second reply."})
+        await exchange(proc, sid, "I just bought a big wok for stir fries.")
+        with anyio.fail_after(20):  # the encoder's call is in flight
+            while not [b for b in await chat.requests() if not b.get("stream")]:
+                await anyio.sleep(0.05)
+        # the next send streams while the encoder waits for its model
+        sent = await proc.call("chat:send", {"sessionId": sid, "input": {"content": "Another question now?"}})
+        final = await wait_final(proc, sent["messageId"])
+        assert final["type"] == "stream_end"
+        assert await active(proc, "cook") == []  # the stalled encoder has written nothing
+        await proc.close(timeout=10)  # shutdown cancels it (the stall is 45 s)
