@@ -175,3 +175,36 @@ async def test_deleting_an_assistant_deletes_its_memories(tmp_path: Path) -> Non
         assert await active(proc, "temp") == []
         assert (await proc.call("assistant:soul:get", {"id": "temp"}))["version"] == 0
         await proc.close()
+
+
+async def test_hybrid_retrieval_uses_the_assistants_embeddings_and_falls_back_to_lexical(tmp_path: Path) -> None:
+    import anyio
+
+    from kb_helpers import concept, embedding_provider, embedding_server
+
+    async with embedding_server() as embeddings, spawn_sidecar(tmp_path / "data") as proc:
+        await proc.call("sidecar:initialize", {"protocolVersion": 1})
+        await embeddings.config(rules=[{"contains": "dog", "vector": concept(3)},
+                                       {"contains": "puppy", "vector": concept(3)}])
+        provider = await embedding_provider(proc, embeddings)
+        model = {"providerId": provider["id"], "modelId": "embed-1"}
+        await assistant(proc, "walker", rag=True, embeddingModel=model)
+        await assistant(proc, "plain", rag=True)
+        dog = await proc.call("memory:create", {"text": "The user's dog is called Rex.", "scope": "walker"})
+        await proc.call("memory:create", {"text": "The user walks every morning at seven.", "scope": "walker"})
+        with anyio.fail_after(20):  # embedded in the background after the write
+            while not all(m["embeddingModels"] for m in await active(proc, "walker")):
+                await anyio.sleep(0.05)
+        assert (await active(proc, "walker"))[0]["embeddingModels"] == [f"{provider['id']}/embed-1"]
+        found = await proc.call("memory:search", {"query": "what is the name of my puppy", "assistantId": "walker"})
+        assert found["mode"] == "hybrid" and found["hits"][0]["memory"]["id"] == dog["id"]
+        assert found["hits"][0]["vectorRank"] == 1 and found["hits"][0]["cosine"] > 0.5
+        # an assistant without a model: lexical only (no shared word with the puppy question)
+        plain = await proc.call("memory:search", {"query": "what is the name of my puppy", "assistantId": "plain"})
+        assert plain["mode"] == "lexical" and all(h["vectorRank"] is None for h in plain["hits"])
+        # the embedding server fails: lexical, with a note
+        await embeddings.config(status=500)
+        lexical = await proc.call("memory:search", {"query": "when does the user walk", "assistantId": "walker"})
+        assert lexical["mode"] == "lexical" and lexical["notes"] and lexical["hits"]
+        assert "walks every morning" in lexical["hits"][0]["memory"]["text"]
+        await proc.close()
