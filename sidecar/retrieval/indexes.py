@@ -149,8 +149,26 @@ class VectorIndexes:
         return hits[:k]
 
     async def search(self, targets: Sequence[tuple[str, str]], query: np.ndarray, k: int) -> list[tuple[int, float]]:
-        """``search_blocking`` in worker threads, a large index split over the cores."""
+        """``search_blocking`` in worker threads, a large index split over the cores (small
+        indexes together in one worker-thread hop)."""
         hits: list[tuple[int, float]] = []
+        slots = []
+        for kb_id, model in targets:
+            slot = self._slot(kb_id, model)
+            if slot.index is None:  # first use: read from the database (a store hop)
+                await self._store.run(lambda s, kb_id=kb_id, model=model, slot=slot: self._loaded(
+                    self._source(s), kb_id, model, slot))
+            slots.append(slot)
+        if sum(slot.index.rows for slot in slots if slot.index is not None) < SPLIT_ROWS or PARTS == 1:
+            def together() -> list[tuple[int, float]]:
+                found: list[tuple[int, float]] = []
+                for slot in slots:
+                    found.extend(self._search_part(slot, query, k, 0, None))
+                return found
+
+            hits = await anyio.to_thread.run_sync(together)
+            hits.sort(key=lambda h: -h[1])
+            return hits[:k]
         for kb_id, model in targets:
             slot = self._slot(kb_id, model)
             index = slot.index

@@ -64,6 +64,10 @@ _ACTIVE_M = "m.superseded_by IS NULL AND m.deleted_at IS NULL"
 _flags_decoder = msgspec.json.Decoder(list[str])
 _encode = msgspec.json.encode
 
+LEXICAL_CANDIDATES = 1500
+"""Rows (summed over the kept terms' document counts) a lexical search scores at most,
+unless its rarest term alone matches more."""
+
 VectorRow = tuple[str, int, bytes]
 """(scope, memory rowid, vector bytes): what a vector write changed, for the in-memory index."""
 
@@ -398,11 +402,34 @@ class MemoryRepo:
         return _record(rows[0]) if rows else None
 
     def lexical(self, scopes: Sequence[str], query: str, limit: int) -> list[tuple[int, float]]:
-        """(rowid, BM25 score, higher is better) of the best ``limit`` active memories of the scopes."""
-        expr = fts.retrieval_match(fts.retrieval_terms(query), "scope", [scope_token(s) for s in scopes])
-        if expr is None or not scopes:
+        """(rowid, BM25 score, higher is better) of the best ``limit`` active memories of the scopes.
+
+        Scoring every row a term matches is most of a search's cost, and the commonest
+        terms weigh least: so the terms are taken rarest first, and a term is dropped (while
+        a rarer one remains) when it is in more than half of the index's rows (BM25 gives it
+        no weight: FTS5 clamps its IDF at zero; "the user ..." is in most memories) or when
+        it would bring the rows to score above LEXICAL_CANDIDATES."""
+        terms = fts.retrieval_terms(query)
+        if not terms or not scopes:
             return []
         with self._db.read() as conn:
+            if len(terms) > 1:
+                # every row of the index is a row of ``memories`` (its own b-tree: cheaper to count)
+                total = conn.execute("SELECT count(*) FROM memories").fetchall()[0][0]
+                counts = [conn.execute("SELECT count(*) FROM memories_fts WHERE memories_fts MATCH ?",
+                                       (t,)).fetchall()[0][0] for t in terms]
+                found = sorted((n, i) for i, n in enumerate(counts) if n > 0)
+                kept: list[int] = []
+                candidates = 0
+                for n, i in found:  # rarest first: the terms BM25 weighs most
+                    if kept and (n > total // 2 or candidates + n > LEXICAL_CANDIDATES):
+                        break
+                    kept.append(i)
+                    candidates += n
+                terms = [terms[i] for i in sorted(kept)] or terms
+            expr = fts.retrieval_match(terms, "scope", [scope_token(s) for s in scopes])
+            if expr is None:
+                return []
             rows = conn.execute(
                 "SELECT memories_fts.rowid, bm25(memories_fts, 1.0, 0.0) AS r FROM memories_fts"
                 f" JOIN memories m ON m.rowid = memories_fts.rowid WHERE memories_fts MATCH ? AND {_ACTIVE_M}"
