@@ -90,3 +90,26 @@ async def test_tools_write_memories_the_next_session_gets(tmp_path: Path) -> Non
         elements = [line for line in block.splitlines() if line.startswith("<memory ")]
         assert 1 <= len(elements) <= 6 and "Paris" in elements[0]
         await proc.close()
+
+
+async def test_the_tools_cannot_reach_another_assistants_memories(tmp_path: Path) -> None:
+    async with scripted_provider() as chat, spawn_sidecar(tmp_path / "data") as proc:
+        await configure_provider(proc, chat.base_url)
+        await assistant(proc, "cook")
+        await assistant(proc, "coach")
+        await proc.call("tool:policy:set", {"key": "memory_forget", "policy": "auto"})
+        theirs = await proc.call("memory:create", {"text": "The coach's private note about the user.", "scope": "coach"})
+        sid = await session_of(proc, "cook")
+        await chat.script(
+            {"tool_calls": [call("f1", "memory_forget", {"id": theirs["id"]}),
+                            call("q1", "memory_search", {"query": "private note about the user"})]},
+            {"text": "Done."},
+        )
+        sent = await proc.call("chat:send", {"sessionId": sid, "input": {"content": "Forget the coach's note."}})
+        mid = sent["messageId"]
+        assert (await wait_final(proc, mid))["type"] == "stream_end"
+        results = {e["toolResult"]["toolCallId"]: e["toolResult"] for e in events_of(proc, mid) if e["type"] == "tool_result"}
+        assert results["f1"]["isError"] and "no memory" in results["f1"]["output"]
+        assert "private note" not in results["q1"]["output"]
+        assert [m["id"] for m in await active(proc, "coach")] == [theirs["id"]]  # untouched
+        await proc.close()
