@@ -121,7 +121,8 @@ async def test_propose_mode_sends_memory_proposed(tmp_path: Path) -> None:
         accepted = await proc.call("memory:accept", {"id": proposals[0]["id"], "text": "The user runs on Sunday mornings."})
         assert accepted["action"] == "created" and accepted["memory"]["source"]["kind"] == "manual"
         await proc.call("memory:reject", {"id": proposals[1]["id"]})
-        assert await proc.call("memory:proposal:list", {"sessionId": sid}) == []
+        left = await proc.call("memory:proposal:list", {"sessionId": sid})
+        assert left == [], (left, proposals, accepted)
         assert [m["text"] for m in await active(proc, "coach")] == ["The user runs on Sunday mornings."]
         with pytest.raises(Exception):
             await proc.call("memory:accept", {"id": proposals[1]["id"]})

@@ -2310,6 +2310,11 @@ export interface ToolApprovalRequiredEvent {
   options?: ToolApprovalOption[] | null;
   /** ``tool`` (a tool of the direct-mode loop) or ``acp`` (an agent engine's request). */
   source?: ApprovalSource;
+  /**
+   * What the call would change, for the user to judge (e.g. ``soul_update``: a unified
+   * diff of Soul.md); None when the tool has nothing to show beyond its arguments.
+   */
+  preview?: string | null;
 }
 
 /** ``chat:tool:approve``: decide one pending tool call. */

@@ -218,24 +218,36 @@ class MemoryService:
         )
 
     async def write(
-        self, new: NewMemory, *, supersedes: str | None = None, similar_to: AssistantProfile | None = None
+        self,
+        new: NewMemory,
+        *,
+        supersedes: str | None = None,
+        similar_to: AssistantProfile | None = None,
+        first: Callable[[Store], None] | None = None,
     ) -> Written:
         """The write rule (module docstring): duplicate, supersede or create, in one store hop.
         ``similar_to``: also skip a near duplicate as that assistant would retrieve it (the
         memory tools and the encoder): an active memory of the scope whose terms are at least
         SIMILAR_TERMS alike, or whose vector is at least SIMILAR_COSINE close; a memory it
-        supersedes (``supersedes``, ``key``) is not a duplicate but the version it replaces."""
+        supersedes (``supersedes``, ``key``) is not a duplicate but the version it replaces.
+        ``first(store)`` runs in the same transaction before anything else (it may raise:
+        then nothing is written)."""
         near = await self._near_duplicate(new, similar_to) if similar_to is not None else None
 
         def run(s: Store) -> Written:
             with s.transaction():
+                if first is not None:
+                    first(s)
                 same = s.memory.same_text([new.scope], new.norm_hash)
                 if same is not None:
                     return Written(record=same, action="duplicate")
                 target: MemoryRecord | None = None
                 if supersedes is not None:
-                    target = s.memory.get(supersedes)
-                    if target.scope != new.scope or not target.active:
+                    try:
+                        target = s.memory.get(supersedes)
+                    except NotFound:
+                        target = None
+                    if target is not None and (target.scope != new.scope or not target.active):
                         target = None  # stale or foreign: a new memory instead
                 if target is None and new.key:
                     target = s.memory.with_key(new.scope, new.key)
@@ -500,9 +512,13 @@ class MemoryService:
             context=_clean(params.context, "context") if params.context is not None else proposal.context,
             key=proposal.key, session_id=proposal.session_id, message_id=proposal.message_id,
         )
-        if not await self._store.run(lambda s: s.memory.decide_proposal(params.id, "accepted")):
-            raise SidecarError(f"memory proposal {params.id!r} was decided meanwhile", code=_bad_state())
-        written = await self.write(new, supersedes=proposal.supersedes if scope == proposal.scope else None)
+
+        def decide(s: Store) -> None:
+            if not s.memory.decide_proposal(params.id, "accepted"):
+                raise SidecarError(f"memory proposal {params.id!r} was decided meanwhile", code=_bad_state())
+
+        written = await self.write(new, supersedes=proposal.supersedes if scope == proposal.scope else None,
+                                   first=decide)
         action = {"created": "created", "superseded": "superseded", "duplicate": "duplicate"}[written.action]
         return MemoryAcceptResult(memory=written.record.to_wire(), action=action)  # type: ignore[arg-type]
 
