@@ -5,7 +5,8 @@ Runs per assistant mode (``memory.encoder``): ``off`` nothing; ``propose`` a
 ``auto`` the items are written. It is scheduled by the chat engine once a reply completed
 (``schedule``) and runs in MemoryService's task group: the reply has ended before it
 starts, a new send never waits for it, and shutdown cancels it (nothing half-written).
-At most one job per session runs at a time; a newer reply's job waits for the older one.
+At most one job per session runs at a time (a newer reply's job waits for the older one),
+and at most CONCURRENT_CALLS side calls are in flight over all sessions.
 
 One job:
 1. reads the exchange (the last user message and the reply) from the store and strips
@@ -61,6 +62,8 @@ ENCODER_TIMEOUT_S = 60.0
 MIN_EXCHANGE_CHARS = 12
 MAX_EXCHANGE_CHARS = 6000
 MAX_ITEMS = 5
+CONCURRENT_CALLS = 2
+"""Encoder side calls in flight at once over all sessions (the others wait their turn)."""
 RELATED = 8
 
 _INJECTED = re.compile(
@@ -153,6 +156,7 @@ class MemoryEncoder:
         self._pricing = pricing
         self._assistant_for = assistant_for
         self._locks = KeyedLocks()
+        self._calls = anyio.CapacityLimiter(CONCURRENT_CALLS)
         self.running = 0
 
     def schedule(self, session_id: str, job: Job) -> None:
@@ -227,7 +231,8 @@ class MemoryEncoder:
             params=GenerationParams(max_tokens=800, temperature=0),
             stream=False,
         )
-        parts = await resolved.provider.generate(request)
+        async with self._calls:
+            parts = await resolved.provider.generate(request)
         usage = next((p.usage for p in reversed(parts) if isinstance(p, UsageUpdate)), None)
         await self._attribute(session_id, call_provider, call_model, usage)
         raw = "".join(p.text for p in parts if isinstance(p, TextDelta))

@@ -19,7 +19,8 @@ Owns:
 - embeddings: for each model some assistant with memory on uses (``memory.embeddingModel``),
   every active memory of the scopes that assistant sees gets a vector, in the background
   (after every write, at start, and when a search meets a (scope, model) not checked yet);
-  a failing embedding call is logged and retried at the next write or search;
+  a failing embedding call is logged and retried at the next write, or at a search
+  EMBED_RETRY_S later;
 - the in-memory vector indexes follow every write (superseded, deleted and purged rows
   leave them; a restored row comes back).
 
@@ -34,6 +35,7 @@ is one transaction).
 from __future__ import annotations
 
 import logging
+import time
 from collections.abc import Awaitable, Callable, Sequence
 from typing import TYPE_CHECKING, Any, Protocol
 
@@ -79,6 +81,8 @@ log = logging.getLogger(__name__)
 MAX_RESULTS = 6
 BASIC_DEPTH = 200
 EMBED_BATCH = 64
+EMBED_RETRY_S = 60.0
+"""After a failed embedding job, searches do not start another for this long (writes do)."""
 SIMILAR_TERMS = 0.8
 """Jaccard similarity of terms from which a new memory counts as a near duplicate."""
 SIMILAR_COSINE = 0.92
@@ -149,6 +153,7 @@ class MemoryService:
         self._checked: set[tuple[str, str]] = set()
         """(scope, model) pairs with no memory lacking a vector since the last write."""
         self._dirty: set[tuple[str, str]] = set()
+        self._failed_at: dict[tuple[str, str], float] = {}
         self.encoder: MemoryEncoder | None = None
         """The MemoryEncoder (set by the app once providers exist)."""
         self.souls: SoulService | None = None
@@ -321,6 +326,8 @@ class MemoryService:
             await self.indexes.update(scope, None, [], list(removed))
         for key in [k for k in self._checked if k[0] == scope]:
             self._checked.discard(key)
+        for key in [k for k in self._failed_at if k[0] == scope]:
+            del self._failed_at[key]
         await self._embed_for_scope(scope)
 
     async def _embed_for_scope(self, scope: str) -> None:
@@ -362,9 +369,11 @@ class MemoryService:
         except anyio.get_cancelled_exc_class():
             raise
         except SidecarError as exc:
-            log.warning("embedding memories of scope %s with %s failed: %s (retried at the next write or search)",
-                        scope, model, exc.message)
+            self._failed_at[key] = time.monotonic()
+            log.warning("embedding memories of scope %s with %s failed: %s (retried at the next write, or a "
+                        "search after %gs)", scope, model, exc.message, EMBED_RETRY_S)
         except Exception:
+            self._failed_at[key] = time.monotonic()
             log.exception("embedding memories of scope %s with %s failed", scope, model)
         finally:
             self._embedding.discard(key)
@@ -544,8 +553,10 @@ class MemoryService:
     ) -> MemorySearch:
         model = model_key(assistant)
         if model is not None:
+            now = time.monotonic()
             for scope in scopes_of(assistant):
-                if (scope, model) not in self._checked:
+                key = (scope, model)
+                if key not in self._checked and now - self._failed_at.get(key, -EMBED_RETRY_S) >= EMBED_RETRY_S:
                     self._schedule_embed(scope, model)
         result, cached = await self.retriever.search(scopes_of(assistant), query, limit=limit, model=model)
         if count_use and not cached and result.hits:
