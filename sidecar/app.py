@@ -448,6 +448,9 @@ async def _open_memory(app: App, stack: AsyncExitStack) -> None:
 async def _start_memory(app: App) -> None:
     """Deleting an assistant deletes its memories and Soul.md (README "Memory"); what a
     previous run left without vectors is embedded."""
+    import logging
+
+    from protocol.types import Usage
     from sidecar.memory.encoder import MemoryEncoder
 
     app.assistants.on_delete.append(app.memory.forget_assistant)
@@ -455,7 +458,25 @@ async def _start_memory(app: App) -> None:
     async def assistant_of(session_id: str) -> AssistantProfile:
         return await memory.assistant_for(session_id)
 
-    memory.encoder = MemoryEncoder(memory, app.providers, app.providers, assistant_of)
+    providers = app.providers
+    store = app.store
+    log = logging.getLogger("sidecar.memory.encoder")
+
+    async def record_usage(session_id: str, provider_id: str, model_id: str, usage: Usage) -> None:
+        # the encoder's side call counts in its session's totals
+        tokens = int(usage.input_tokens + usage.output_tokens)
+        try:
+            cost = await providers.cost(provider_id, model_id, usage)
+        except SidecarError:
+            cost = 0.0
+        try:
+            await store.run(lambda s: s.sessions.add_usage(session_id, tokens, cost))
+        except SidecarError as exc:
+            log.info("memory encoder: the usage of session %s was not added: %s", session_id, exc.message)
+            return
+        log.info("memory encoder: session %s: side call used %d tokens (cost %.6f)", session_id, tokens, cost)
+
+    memory.encoder = MemoryEncoder(memory, providers, record_usage, assistant_of)
     app.chat.on_completed.append(memory.reply_completed)
     await memory.start()
 

@@ -26,7 +26,8 @@ One job:
 5. every item goes through MemoryService's write rule with the near-duplicate check (same
    normalized text, or similar above a threshold: skipped; same key or the ``supersedes``
    it named: a new version, history kept); in ``propose`` mode a duplicate is not proposed.
-The side call's tokens and cost are added to the session's totals (``sessions.add_usage``);
+The side call's tokens and cost are added to the session's totals (``record_usage``, the
+app's side-call attribution);
 every decision (skipped, dropped, created, superseded, duplicate, proposed, failed) is
 logged at INFO with the session and reply ids; a failed call (HTTP error, timeout, invalid
 JSON) is logged at WARNING and changes nothing.
@@ -128,8 +129,10 @@ def parse_answer(raw: str) -> EncoderAnswer:
     return _answer.decode(text)
 
 
-class Pricing(Protocol):
-    async def cost(self, provider_id: str, model_id: str, usage: Usage) -> float: ...
+class RecordUsage(Protocol):
+    """Adds a side call's usage (priced) to its session; never raises (the app's wiring)."""
+
+    async def __call__(self, session_id: str, provider_id: str, model_id: str, usage: Usage) -> None: ...
 
 
 class Job(Protocol):
@@ -148,12 +151,12 @@ class MemoryEncoder:
         self,
         service: MemoryService,
         providers: ModelResolver,
-        pricing: Pricing,
+        record_usage: RecordUsage,
         assistant_for: Callable[[str], Awaitable[AssistantProfile]],
     ) -> None:
         self._service = service
         self._providers = providers
-        self._pricing = pricing
+        self._record_usage = record_usage
         self._assistant_for = assistant_for
         self._locks = KeyedLocks()
         self._calls = anyio.CapacityLimiter(CONCURRENT_CALLS)
@@ -234,7 +237,8 @@ class MemoryEncoder:
         async with self._calls:
             parts = await resolved.provider.generate(request)
         usage = next((p.usage for p in reversed(parts) if isinstance(p, UsageUpdate)), None)
-        await self._attribute(session_id, call_provider, call_model, usage)
+        if usage is not None:
+            await self._record_usage(session_id, call_provider, call_model, usage)
         raw = "".join(p.text for p in parts if isinstance(p, TextDelta))
         try:
             answer = parse_answer(raw)
@@ -248,20 +252,6 @@ class MemoryEncoder:
             return
         for item in answer.memories:
             await self._item(session_id, message_id, assistant, mode, item, answer.reason)
-
-    async def _attribute(self, session_id: str, provider_id: str, model_id: str, usage: Usage | None) -> None:
-        if usage is None:
-            return
-        tokens = int(usage.input_tokens + usage.output_tokens)
-        try:
-            cost = await self._pricing.cost(provider_id, model_id, usage)
-        except SidecarError:
-            cost = 0.0
-        try:
-            await self._service.store.run(lambda s: s.sessions.add_usage(session_id, tokens, cost))
-        except NotFound:
-            return
-        log.info("memory encoder: session %s: side call used %d tokens (cost %.6f)", session_id, tokens, cost)
 
     async def _item(
         self, session_id: str, message_id: str, assistant: AssistantProfile, mode: str, item: EncoderItem,
