@@ -391,7 +391,7 @@ class MemoryService:
         query = _clean(params.query, "query") if params.query is not None else None
         if params.query is not None and query is None:
             raise _bad("query", "must not be empty")
-        records, total = await self._store.run(lambda s: s.memory.list(
+        records, total = await self._store.run(lambda s: s.memory.list_page(
             scopes=scopes, kind=params.kind, query=query, status=params.status,
             limit=params.limit, offset=params.offset))
         return MemoryListResult(memories=[r.to_wire() for r in records], total=total)
@@ -455,10 +455,18 @@ class MemoryService:
         record = await self._store.run(lambda s: s.memory.restore(params.id))
         self.retriever.generation += 1
         if record.active:
-            for model in record.models:
-                vectors = await self._store.run(lambda s, m=model: s.memory.vectors_of([record.rowid], m))
-                if record.rowid in vectors:
-                    await self.indexes.update(record.scope, model, [(record.rowid, vectors[record.rowid][1])], [])
+            rowid, models = record.rowid, list(record.models)
+
+            def read(s: Store) -> dict[str, bytes]:
+                found: dict[str, bytes] = {}
+                for model in models:
+                    vector = s.memory.vectors_of([rowid], model).get(rowid)
+                    if vector is not None:
+                        found[model] = vector[1]
+                return found
+
+            for model, blob in (await self._store.run(read)).items():
+                await self.indexes.update(record.scope, model, [(rowid, blob)], [])
         return record.to_wire()
 
     async def purge_memory(self, params: IdParams) -> SuccessResult:

@@ -131,6 +131,9 @@ class VectorIndexes:
                 slot.index = index
             return slot.index
 
+    def _loader(self, key: str, model: str, slot: _Slot) -> Callable[[Store], VectorIndex]:
+        return lambda s: self._loaded(self._source(s), key, model, slot)
+
     def _search_part(self, slot: _Slot, query: np.ndarray, k: int, lo: int, hi: int | None) -> list[tuple[int, float]]:
         with slot.lock.read():
             return slot.index.search(query, k, lo, hi) if slot.index is not None else []
@@ -156,8 +159,7 @@ class VectorIndexes:
         for kb_id, model in targets:
             slot = self._slot(kb_id, model)
             if slot.index is None:  # first use: read from the database (a store hop)
-                await self._store.run(lambda s, kb_id=kb_id, model=model, slot=slot: self._loaded(
-                    self._source(s), kb_id, model, slot))
+                await self._store.run(self._loader(kb_id, model, slot))
             slots.append(slot)
         if sum(slot.index.rows for slot in slots if slot.index is not None) < SPLIT_ROWS or PARTS == 1:
             def together() -> list[tuple[int, float]]:

@@ -30,8 +30,8 @@ Synchronous: ``Store.memory`` and ``Store.souls``, reached from async code throu
 
 from __future__ import annotations
 
-from collections.abc import Callable, Iterable, Sequence
-from typing import Any
+from collections.abc import Callable, Iterable, Iterator, Sequence
+from typing import Any, cast
 
 import msgspec
 
@@ -219,6 +219,16 @@ def _body(m: NewMemory | MemoryRecord) -> str:
     return fts.index_text("\n".join(t for t in (m.text, m.task, m.outcome, m.context) if t))
 
 
+def _q(conn: Any, sql: str, args: Any = ()) -> list[tuple[Any, ...]]:
+    """Every row of ``sql`` (apsw rows typed as the columns each caller selects)."""
+    return cast(list[tuple[Any, ...]], conn.execute(sql, args).fetchall())
+
+
+def _it(conn: Any, sql: str, args: Any = ()) -> Iterator[tuple[Any, ...]]:
+    """The rows of ``sql`` one at a time (the statement stays open while iterated)."""
+    return cast(Iterator[tuple[Any, ...]], conn.execute(sql, args))
+
+
 def _marks(n: int) -> str:
     return ",".join("?" * n)
 
@@ -298,7 +308,7 @@ class MemoryRepo:
     def purge_scope(self, scope: str) -> int:
         """Delete every memory (all versions) and pending proposal of a scope; how many rows."""
         with self._db.write() as conn:
-            count = conn.execute("SELECT count(*) FROM memories WHERE scope = ?", (scope,)).fetchall()[0][0]
+            count = _q(conn, "SELECT count(*) FROM memories WHERE scope = ?", (scope,))[0][0]
             conn.execute("DELETE FROM memories WHERE scope = ?", (scope,))
             conn.execute("DELETE FROM memory_proposals WHERE scope = ? OR assistant_id = ?", (scope, scope))
             return int(count)
@@ -330,11 +340,11 @@ class MemoryRepo:
             for i in range(0, len(ids), 500):
                 part = ids[i : i + 500]
                 where = f"rowid IN ({_marks(len(part))})" + (f" AND {_ACTIVE}" if active_only else "")
-                records = [_record(r) for r in conn.execute(f"SELECT {_COLUMNS} FROM memories WHERE {where}", part)]
+                records = [_record(r) for r in _it(conn, f"SELECT {_COLUMNS} FROM memories WHERE {where}", part)]
                 out.update((r.rowid, r) for r in self._with_models(conn, records))
         return out
 
-    def list(
+    def list_page(
         self,
         *,
         scopes: Sequence[str] | None,
@@ -371,12 +381,12 @@ class MemoryRepo:
             args.append(expr)
         clause = (" WHERE " + " AND ".join(where)) if where else ""
         with self._db.read() as conn:
-            total = conn.execute(f"SELECT count(*) FROM memories m{join}{clause}", args).fetchall()[0][0]
-            rows = conn.execute(
+            total = _q(conn, f"SELECT count(*) FROM memories m{join}{clause}", args)[0][0]
+            rows = _q(conn, 
                 f"SELECT {', '.join('m.' + c.strip() for c in _COLUMNS.split(','))} FROM memories m{join}{clause}"
                 " ORDER BY m.created_at DESC, m.rowid DESC LIMIT ? OFFSET ?",
                 [*args, limit, offset],
-            ).fetchall()
+            )
             return self._with_models(conn, [_record(r) for r in rows]), int(total)
 
     def same_text(self, scopes: Sequence[str], norm_hash: str) -> MemoryRecord | None:
@@ -384,21 +394,21 @@ class MemoryRepo:
         if not scopes:
             return None
         with self._db.read() as conn:
-            rows = conn.execute(
+            rows = _q(conn, 
                 f"SELECT {_COLUMNS} FROM memories WHERE scope IN ({_marks(len(scopes))}) AND norm_hash = ?"
                 f" AND {_ACTIVE} ORDER BY created_at DESC LIMIT 1",
                 [*scopes, norm_hash],
-            ).fetchall()
+            )
         return _record(rows[0]) if rows else None
 
     def with_key(self, scope: str, key: str) -> MemoryRecord | None:
         """The active memory of ``scope`` with topic ``key`` (the newest, if several)."""
         with self._db.read() as conn:
-            rows = conn.execute(
+            rows = _q(conn, 
                 f"SELECT {_COLUMNS} FROM memories WHERE scope = ? AND topic_key = ? AND {_ACTIVE}"
                 " ORDER BY created_at DESC LIMIT 1",
                 (scope, key),
-            ).fetchall()
+            )
         return _record(rows[0]) if rows else None
 
     def lexical(self, scopes: Sequence[str], query: str, limit: int) -> list[tuple[int, float]]:
@@ -415,9 +425,9 @@ class MemoryRepo:
         with self._db.read() as conn:
             if len(terms) > 1:
                 # every row of the index is a row of ``memories`` (its own b-tree: cheaper to count)
-                total = conn.execute("SELECT count(*) FROM memories").fetchall()[0][0]
-                counts = [conn.execute("SELECT count(*) FROM memories_fts WHERE memories_fts MATCH ?",
-                                       (t,)).fetchall()[0][0] for t in terms]
+                total = _q(conn, "SELECT count(*) FROM memories")[0][0]
+                counts = [_q(conn, "SELECT count(*) FROM memories_fts WHERE memories_fts MATCH ?",
+                                       (t,))[0][0] for t in terms]
                 found = sorted((n, i) for i, n in enumerate(counts) if n > 0)
                 kept: list[int] = []
                 candidates = 0
@@ -430,12 +440,12 @@ class MemoryRepo:
             expr = fts.retrieval_match(terms, "scope", [scope_token(s) for s in scopes])
             if expr is None:
                 return []
-            rows = conn.execute(
+            rows = _q(conn, 
                 "SELECT memories_fts.rowid, bm25(memories_fts, 1.0, 0.0) AS r FROM memories_fts"
                 f" JOIN memories m ON m.rowid = memories_fts.rowid WHERE memories_fts MATCH ? AND {_ACTIVE_M}"
                 " ORDER BY r LIMIT ?",
                 (expr, limit),
-            ).fetchall()
+            )
         return [(rowid, -score) for rowid, score in rows]
 
     def basic(self, scopes: Sequence[str], depth: int) -> tuple[list[int], list[int]]:
@@ -445,10 +455,10 @@ class MemoryRepo:
             return [], []
         marks = _marks(len(scopes))
         with self._db.read() as conn:
-            newest = [r[0] for r in conn.execute(
+            newest = [r[0] for r in _it(conn, 
                 f"SELECT rowid FROM memories WHERE scope IN ({marks}) AND {_ACTIVE}"
                 " ORDER BY created_at DESC, rowid DESC LIMIT ?", [*scopes, depth])]
-            used = [r[0] for r in conn.execute(
+            used = [r[0] for r in _it(conn, 
                 f"SELECT rowid FROM memories WHERE scope IN ({marks}) AND {_ACTIVE} AND use_count > 0"
                 " ORDER BY use_count DESC, created_at DESC LIMIT ?", [*scopes, depth])]
         return newest, used
@@ -457,14 +467,14 @@ class MemoryRepo:
         if not scopes:
             return 0
         with self._db.read() as conn:
-            return int(conn.execute(
+            return int(_q(conn, 
                 f"SELECT count(*) FROM memories WHERE scope IN ({_marks(len(scopes))}) AND {_ACTIVE}", list(scopes)
-            ).fetchall()[0][0])
+            )[0][0])
 
     def scopes(self) -> list[str]:
         """Every scope that holds an active memory."""
         with self._db.read() as conn:
-            return [r[0] for r in conn.execute(f"SELECT DISTINCT scope FROM memories WHERE {_ACTIVE}")]
+            return [r[0] for r in _it(conn, f"SELECT DISTINCT scope FROM memories WHERE {_ACTIVE}")]
 
     # ---- vectors ------------------------------------------------------------------
 
@@ -475,12 +485,12 @@ class MemoryRepo:
                 " FROM memory_vectors v JOIN memories m ON m.rowid = v.memory_rowid"
                 f" WHERE v.scope = ? AND v.model = ? AND {_ACTIVE_M}"
             )
-            count, dims = conn.execute(f"SELECT count(*), max(v.dims){query}", (scope, model)).fetchall()[0]
+            count, dims = _q(conn, f"SELECT count(*), max(v.dims){query}", (scope, model))[0]
             if not count:
                 return 0
             sink.reserve(count, dims)
             i = 0
-            for rowid, blob in conn.execute(f"SELECT v.memory_rowid, v.vector{query} ORDER BY v.memory_rowid",
+            for rowid, blob in _it(conn, f"SELECT v.memory_rowid, v.vector{query} ORDER BY v.memory_rowid",
                                             (scope, model)):
                 if i >= count:
                     break
@@ -495,7 +505,7 @@ class MemoryRepo:
         with self._db.read() as conn:
             return {
                 rowid: (scope, blob)
-                for rowid, scope, blob in conn.execute(
+                for rowid, scope, blob in _it(conn, 
                     f"SELECT memory_rowid, scope, vector FROM memory_vectors WHERE model = ?"
                     f" AND memory_rowid IN ({_marks(len(rowids))})",
                     [model, *rowids],
@@ -507,7 +517,7 @@ class MemoryRepo:
         with self._db.read() as conn:
             return [
                 (rowid, text)
-                for rowid, text in conn.execute(
+                for rowid, text in _it(conn, 
                     "SELECT m.rowid, m.text FROM memories m LEFT JOIN memory_vectors v"
                     " ON v.scope = m.scope AND v.model = ? AND v.memory_rowid = m.rowid"
                     f" WHERE m.scope = ? AND {_ACTIVE_M} AND v.memory_rowid IS NULL"
@@ -521,11 +531,11 @@ class MemoryRepo:
         written: list[VectorRow] = []
         with self._db.write() as conn:
             for rowid, blob in rows:
-                found = conn.execute(
+                found = _q(conn, 
                     "INSERT OR REPLACE INTO memory_vectors(memory_rowid, model, scope, dims, vector)"
                     " SELECT rowid, ?, scope, ?, ? FROM memories WHERE rowid = ? RETURNING scope",
                     (model, dims, blob, rowid),
-                ).fetchall()
+                )
                 if found:
                     written.append((found[0][0], rowid, blob))
         return written
@@ -549,8 +559,8 @@ class MemoryRepo:
 
     def get_proposal(self, proposal_id: str) -> ProposalRecord:
         with self._db.read() as conn:
-            rows = conn.execute(f"SELECT {_PROPOSAL_COLUMNS} FROM memory_proposals WHERE id = ?",
-                                (proposal_id,)).fetchall()
+            rows = _q(conn, f"SELECT {_PROPOSAL_COLUMNS} FROM memory_proposals WHERE id = ?",
+                                (proposal_id,))
         if not rows:
             raise NotFound(f"memory proposal {proposal_id!r} not found", data={"proposalId": proposal_id})
         return _proposal(rows[0])
@@ -559,7 +569,7 @@ class MemoryRepo:
         where = "status = 'pending'" + (" AND session_id = ?" if session_id is not None else "")
         args: list[Any] = [session_id] if session_id is not None else []
         with self._db.read() as conn:
-            return [_proposal(r) for r in conn.execute(
+            return [_proposal(r) for r in _it(conn, 
                 f"SELECT {_PROPOSAL_COLUMNS} FROM memory_proposals WHERE {where} ORDER BY created_at, id LIMIT ?",
                 [*args, limit])]
 
@@ -575,7 +585,7 @@ class MemoryRepo:
     # ---- internals ----------------------------------------------------------------
 
     def _get(self, conn: Any, memory_id: str) -> MemoryRecord:
-        rows = conn.execute(f"SELECT {_COLUMNS} FROM memories WHERE id = ?", (memory_id,)).fetchall()
+        rows = _q(conn, f"SELECT {_COLUMNS} FROM memories WHERE id = ?", (memory_id,))
         if not rows:
             raise NotFound(f"memory {memory_id!r} not found", data={"memoryId": memory_id})
         return _record(rows[0])
@@ -586,7 +596,7 @@ class MemoryRepo:
         seen = {record.id}
         current = record
         while current.supersedes and len(seen) < 10_000:
-            rows = conn.execute(f"SELECT {_COLUMNS} FROM memories WHERE id = ?", (current.supersedes,)).fetchall()
+            rows = _q(conn, f"SELECT {_COLUMNS} FROM memories WHERE id = ?", (current.supersedes,))
             if not rows or rows[0][1] in seen:
                 break
             current = _record(rows[0])
@@ -595,7 +605,7 @@ class MemoryRepo:
         newer: list[MemoryRecord] = []
         current = record
         while current.superseded_by and len(seen) < 10_000:
-            rows = conn.execute(f"SELECT {_COLUMNS} FROM memories WHERE id = ?", (current.superseded_by,)).fetchall()
+            rows = _q(conn, f"SELECT {_COLUMNS} FROM memories WHERE id = ?", (current.superseded_by,))
             if not rows or rows[0][1] in seen:
                 break
             current = _record(rows[0])
@@ -610,7 +620,7 @@ class MemoryRepo:
         ids = list(by_row)
         for i in range(0, len(ids), 500):
             part = ids[i : i + 500]
-            for rowid, model in conn.execute(
+            for rowid, model in _it(conn, 
                 f"SELECT memory_rowid, model FROM memory_vectors WHERE memory_rowid IN ({_marks(len(part))})"
                 " ORDER BY model", part,
             ):
@@ -697,15 +707,15 @@ class SoulRepo:
 
     def version(self, scope: str, version: int) -> SoulRecord:
         with self._db.read() as conn:
-            rows = conn.execute(f"SELECT {_SOUL_COLUMNS} FROM soul_versions WHERE scope = ? AND version = ?",
-                                (scope, version)).fetchall()
+            rows = _q(conn, f"SELECT {_SOUL_COLUMNS} FROM soul_versions WHERE scope = ? AND version = ?",
+                                (scope, version))
         if not rows:
             raise NotFound(f"Soul.md of {scope!r} has no version {version}", data={"version": version})
         return _soul(rows[0])
 
     def history(self, scope: str, limit: int, offset: int) -> list[SoulRecord]:
         with self._db.read() as conn:
-            return [_soul(r) for r in conn.execute(
+            return [_soul(r) for r in _it(conn, 
                 f"SELECT {_SOUL_COLUMNS} FROM soul_versions WHERE scope = ? ORDER BY version DESC LIMIT ? OFFSET ?",
                 (scope, limit, offset))]
 
@@ -715,7 +725,7 @@ class SoulRepo:
             return int(conn.changes())
 
     def _current(self, conn: Any, scope: str) -> SoulRecord | None:
-        rows = conn.execute(
+        rows = _q(conn, 
             f"SELECT {_SOUL_COLUMNS} FROM soul_versions WHERE scope = ? ORDER BY version DESC LIMIT 1", (scope,)
-        ).fetchall()
+        )
         return _soul(rows[0]) if rows else None

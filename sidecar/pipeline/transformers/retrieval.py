@@ -76,8 +76,11 @@ class MemoryRetrievalTransformer:
         query = _query(drafts)
         if not query.strip():
             return drafts
+        memory = ctx.memory
+        if memory is None:
+            return drafts
         try:
-            found = await ctx.memory.retrieve(query=query, assistant_id=ctx.assistant.id, limit=MAX_RESULTS)
+            found = await memory.retrieve(query=query, assistant_id=ctx.assistant.id, limit=MAX_RESULTS)
         except SidecarError as exc:
             log.warning("memory retrieval failed: %s", exc.message)
             return drafts
