@@ -90,3 +90,41 @@ def test_repo_supersede_keeps_history_and_refuses_a_fork(tmp_path: Path) -> None
         assert not store.memory.lexical(["global"], "Lyon", 5)  # superseded: out of retrieval
     finally:
         store.close()
+
+
+def test_lexical_drops_terms_most_memories_share(tmp_path: Path) -> None:
+    store = Store(tmp_path)
+    try:
+        for i in range(12):
+            store.memory.create(_new(f"The user visited city number {i}."))
+        basil = store.memory.create(_new("The user grows basil."))
+        hits = store.memory.lexical(["global"], "does the user grow basil", 10)
+        assert [rowid for rowid, _ in hits] == [basil.rowid]  # "the", "user" match all: dropped
+        assert len(store.memory.lexical(["global"], "the user", 50)) == 13  # nothing rarer: kept
+    finally:
+        store.close()
+
+
+def test_soul_and_basic_memory_text_are_counted_in_the_budget(tmp_path: Path) -> None:
+    from protocol.context import AssistantUpsertParams, MemorySettings
+    from protocol.sessions import CreateSessionOptions
+    from sidecar.pipeline.builder import RequestBuilder
+    from sidecar.store.async_store import AsyncStore
+    from sidecar.store.attachments import AttachmentStore
+
+    store = Store(tmp_path)
+    try:
+        builder = RequestBuilder(AsyncStore(store), AttachmentStore(tmp_path))
+        store.assistants.upsert(AssistantUpsertParams(id="default", name="A", memory=MemorySettings(enabled=True)), now=1)
+        session = store.sessions.create(CreateSessionOptions(provider_id="p", model_id="m"))
+        store.messages.append(session.id, role="user", text_content="hi")
+        leaf = store.sessions.get(session.id).active_leaf_id or ""
+        empty = builder.prepare_blocking(store.sessions.get(session.id), leaf, "gpt-4o")
+        assert empty.reserved == 0 and empty.soul is None and empty.memory_text is None
+        store.souls.add("default", "I am a careful cook. " * 40, source="user")
+        store.memory.create(_new("The user likes basil.", scope="default"))
+        full = builder.prepare_blocking(store.sessions.get(session.id), leaf, "gpt-4o")
+        assert full.soul is not None and full.memory_text is not None and "basil" in full.memory_text
+        assert full.reserved > 200
+    finally:
+        store.close()
