@@ -64,6 +64,8 @@ _ACTIVE_M = "m.superseded_by IS NULL AND m.deleted_at IS NULL"
 _flags_decoder = msgspec.json.Decoder(list[str])
 _encode = msgspec.json.encode
 
+DOC_COUNT_CACHE = 10_000
+"""Terms whose document counts are kept at most (then the cache starts over)."""
 LEXICAL_CANDIDATES = 1500
 """Rows (summed over the kept terms' document counts) a lexical search scores at most,
 unless its rarest term alone matches more."""
@@ -237,6 +239,8 @@ class MemoryRepo:
     def __init__(self, db: Database, clock: Callable[[], int] = now_ms) -> None:
         self._db = db
         self._clock = clock
+        self._df: dict[str, int] = {}
+        """Document counts of lexical terms (``_doc_count``), cleared by every write to the index."""
 
     # ---- writing ------------------------------------------------------------------
 
@@ -273,6 +277,7 @@ class MemoryRepo:
              supersedes, new.tokens, now, now),
         )
         record = self._get(conn, mid)
+        self._df.clear()
         conn.execute(
             "INSERT INTO memories_fts(rowid, body, scope) VALUES (?, ?, ?)",
             (record.rowid, _body(new), scope_token(new.scope)),
@@ -302,6 +307,7 @@ class MemoryRepo:
         """Delete the memory and every version of it for real: (scope, rowid) of the rows gone."""
         with self._db.write() as conn:
             chain = self._chain(conn, self._get(conn, memory_id))
+            self._df.clear()
             conn.execute(f"DELETE FROM memories WHERE rowid IN ({_marks(len(chain))})", [r.rowid for r in chain])
             return [(r.scope, r.rowid) for r in chain]
 
@@ -310,6 +316,7 @@ class MemoryRepo:
         with self._db.write() as conn:
             count = _q(conn, "SELECT count(*) FROM memories WHERE scope = ?", (scope,))[0][0]
             conn.execute("DELETE FROM memories WHERE scope = ?", (scope,))
+            self._df.clear()
             conn.execute("DELETE FROM memory_proposals WHERE scope = ? OR assistant_id = ?", (scope, scope))
             return int(count)
 
@@ -426,8 +433,7 @@ class MemoryRepo:
             if len(terms) > 1:
                 # every row of the index is a row of ``memories`` (its own b-tree: cheaper to count)
                 total = _q(conn, "SELECT count(*) FROM memories")[0][0]
-                counts = [_q(conn, "SELECT count(*) FROM memories_fts WHERE memories_fts MATCH ?",
-                                       (t,))[0][0] for t in terms]
+                counts = [self._doc_count(conn, t) for t in terms]
                 found = sorted((n, i) for i, n in enumerate(counts) if n > 0)
                 kept: list[int] = []
                 candidates = 0
@@ -447,6 +453,18 @@ class MemoryRepo:
                 (expr, limit),
             )
         return [(rowid, -score) for rowid, score in rows]
+
+    def _doc_count(self, conn: Any, term: str) -> int:
+        """Rows of the index a MATCH term matches, cached until the next write to the index
+        (a count computed across a concurrent write may be one write old: it only steers
+        which terms are scored)."""
+        count = self._df.get(term)
+        if count is None:
+            count = int(_q(conn, "SELECT count(*) FROM memories_fts WHERE memories_fts MATCH ?", (term,))[0][0])
+            if len(self._df) >= DOC_COUNT_CACHE:
+                self._df.clear()
+            self._df[term] = count
+        return count
 
     def basic(self, scopes: Sequence[str], depth: int) -> tuple[list[int], list[int]]:
         """Rowids of the active memories of the scopes: the ``depth`` newest, and the ``depth``
