@@ -140,7 +140,7 @@ class MemoryRetriever:
             return MemorySearch(mode=mode, hits=[], notes=notes)
         lexical_rank = {rowid: i for i, (rowid, _) in enumerate(lexical, start=1)}
         vector_rank = {rowid: (i, cos) for i, (rowid, cos) in enumerate(vector_hits or [], start=1)}
-        wanted = [rowid for rowid, _ in fused[: limit * 3]]
+        wanted = [rowid for rowid, _ in fused[: limit * 2]]
         records = await self._store.run(lambda s: s.memory.by_rowids(wanted, active_only=True))
         allowed = set(scopes)
         hits: list[MemoryFound] = []

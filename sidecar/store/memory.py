@@ -66,7 +66,7 @@ _encode = msgspec.json.encode
 
 DOC_COUNT_CACHE = 10_000
 """Terms whose document counts are kept at most (then the cache starts over)."""
-LEXICAL_CANDIDATES = 1500
+LEXICAL_CANDIDATES = 1000
 """Rows (summed over the kept terms' document counts) a lexical search scores at most,
 unless its rarest term alone matches more."""
 
