@@ -128,3 +128,18 @@ def test_soul_and_basic_memory_text_are_counted_in_the_budget(tmp_path: Path) ->
         assert full.reserved > 200
     finally:
         store.close()
+
+
+def test_list_query_needs_every_word(tmp_path: Path) -> None:
+    store = Store(tmp_path)
+    try:
+        store.memory.create(_new("The user lives in Berlin."))
+        store.memory.create(_new("The user likes tea."))
+        store.memory.create(_new("用户住在柏林。"))
+        page = lambda q: [r.text for r in store.memory.list_page(  # noqa: E731
+            scopes=None, kind=None, query=q, status="active", limit=10, offset=0)[0]]
+        assert page("user Berlin") == ["The user lives in Berlin."]
+        assert sorted(page("user")) == ["The user likes tea.", "The user lives in Berlin."]
+        assert page("柏林") == ["用户住在柏林。"] and page("Berlin tea") == []
+    finally:
+        store.close()

@@ -361,7 +361,8 @@ class MemoryRepo:
         limit: int,
         offset: int,
     ) -> tuple[list[MemoryRecord], int]:
-        """Newest first; ``scopes`` None: every scope; ``query``: full-text (any term)."""
+        """Newest first; ``scopes`` None: every scope; ``query``: full-text, every word of it
+        (as message search: a CJK run as a phrase of its bigrams)."""
         where: list[str] = []
         args: list[Any] = []
         join = ""
@@ -380,7 +381,7 @@ class MemoryRepo:
         elif status == "deleted":
             where.append("m.deleted_at IS NOT NULL")
         if query is not None:
-            expr = fts.retrieval_match(fts.retrieval_terms(query))
+            expr = fts.build_match(fts.parse_query(query[: fts.MAX_QUERY_CHARS]))
             if expr is None:
                 return [], 0
             join = " JOIN memories_fts ON memories_fts.rowid = m.rowid"
