@@ -208,3 +208,34 @@ async def test_hybrid_retrieval_uses_the_assistants_embeddings_and_falls_back_to
         assert lexical["mode"] == "lexical" and lexical["notes"] and lexical["hits"]
         assert "walks every morning" in lexical["hits"][0]["memory"]["text"]
         await proc.close()
+
+
+async def test_memories_missing_vectors_are_embedded_after_a_restart(tmp_path: Path) -> None:
+    import anyio
+
+    from kb_helpers import embedding_provider, embedding_server
+
+    async with embedding_server() as embeddings:
+        await embeddings.config(status=500)
+        async with spawn_sidecar(tmp_path / "data") as proc:
+            await proc.call("sidecar:initialize", {"protocolVersion": 1})
+            provider = await embedding_provider(proc, embeddings)
+            await assistant(proc, "walker", rag=True,
+                            embeddingModel={"providerId": provider["id"], "modelId": "embed-1"})
+            kept = await proc.call("memory:create", {"text": "The user walks the dog at seven.", "scope": "walker"})
+            with anyio.fail_after(20):  # the background embedding failed and said so
+                while "embedding memories of scope walker" not in proc.stderr_text():
+                    await anyio.sleep(0.05)
+            assert (await active(proc, "walker"))[0]["embeddingModels"] == []
+            await proc.close()
+        await embeddings.config(status=None)
+        async with spawn_sidecar(tmp_path / "data") as proc:
+            await proc.call("sidecar:initialize", {"protocolVersion": 1})
+            await proc.call("memory:list", {"scope": "walker"})  # the services are open
+            with anyio.fail_after(20):
+                while not (await active(proc, "walker"))[0]["embeddingModels"]:
+                    await anyio.sleep(0.05)
+            assert (await active(proc, "walker"))[0]["id"] == kept["id"]
+            found = await proc.call("memory:search", {"query": "dog", "assistantId": "walker"})
+            assert found["mode"] == "hybrid" and found["hits"][0]["memory"]["id"] == kept["id"]
+            await proc.close()
