@@ -29,6 +29,8 @@ async def test_memories_keep_their_history_and_come_back(tmp_path: Path) -> None
         # the same text (case, spaces, final punctuation aside) is the same memory
         again = await proc.call("memory:create", {"text": "  the user lives in LYON ", "scope": "cook"})
         assert again["id"] == first["id"]
+        same = await proc.call("memory:update", {"id": first["id"], "text": "The user lives in Lyon."})
+        assert same["id"] == first["id"] and same["status"] == "active"  # nothing changed: no new version
         updated = await proc.call("memory:update", {"id": first["id"], "text": "The user lives in Paris."})
         assert updated["supersedes"] == first["id"] and updated["key"] == "user.city"
         detail = await proc.call("memory:get", {"id": first["id"]})

@@ -433,7 +433,12 @@ class MemoryService:
         return (await self.supersede(old.id, new)).to_wire()
 
     async def supersede(self, old_id: str, new: NewMemory) -> MemoryRecord:
-        """A new version of ``old_id`` (BAD_STATE when it is no longer active)."""
+        """A new version of ``old_id`` (BAD_STATE when it is no longer active); an update that
+        changes nothing returns the memory as it is (no new version)."""
+        current = await self._store.run(lambda s: s.memory.get(old_id))
+        if current.active and (current.text, current.kind, current.task, current.outcome, current.context,
+                               current.key) == (new.text, new.kind, new.task, new.outcome, new.context, new.key):
+            return current
         record, old = await self._store.run(lambda s: s.memory.supersede(old_id, new))
         await self._changed(record.scope, removed=[old.rowid])
         return record
