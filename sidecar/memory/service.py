@@ -25,7 +25,8 @@ Owns:
   leave them; a restored row comes back).
 
 Deleting an assistant deletes its memories (every version), its proposals and its Soul.md
-versions (``forget_assistant``, README "Memory"); global memories stay.
+versions in the transaction of the delete (AssistantService.delete_assistant); afterwards
+``forget_assistant`` drops its scope's vector indexes. Global memories stay (README "Memory").
 
 Lifetime: ``async with MemoryService(...)``: its task group runs the embedding jobs and
 the encoder's jobs (encoder.py); leaving it cancels them (nothing half-written: each write
