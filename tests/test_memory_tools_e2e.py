@@ -113,3 +113,22 @@ async def test_the_tools_cannot_reach_another_assistants_memories(tmp_path: Path
         assert "private note" not in results["q1"]["output"]
         assert [m["id"] for m in await active(proc, "coach")] == [theirs["id"]]  # untouched
         await proc.close()
+
+
+async def test_a_denied_forget_leaves_the_memory(tmp_path: Path) -> None:
+    async with scripted_provider() as chat, spawn_sidecar(tmp_path / "data") as proc:
+        await configure_provider(proc, chat.base_url)
+        await assistant(proc, "cook")
+        kept = await proc.call("memory:create", {"text": "The user is allergic to nuts.", "scope": "cook"})
+        sid = await session_of(proc, "cook")
+        await chat.script({"tool_calls": [call("f1", "memory_forget", {"id": kept["id"]})]}, {"text": "Kept it."})
+        sent = await proc.call("chat:send", {"sessionId": sid, "input": {"content": "Forget my allergy."}})
+        mid = sent["messageId"]
+        await wait_event(proc, mid, "tool_approval_required")
+        with anyio.fail_after(10):
+            while not await proc.call("tool:pending:list", {"sessionId": sid}):
+                await anyio.sleep(0.02)
+        await proc.call("chat:tool:approve", {"sessionId": sid, "toolCallId": "f1", "decision": "denied"})
+        assert (await wait_final(proc, mid))["type"] == "stream_end"
+        assert [m["id"] for m in await active(proc, "cook")] == [kept["id"]]
+        await proc.close()
