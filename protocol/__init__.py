@@ -5,7 +5,7 @@ domain: the stored shapes (``types``: SessionV2, MessageV2, ContentPart), the st
 events (``events``: ChatStreamEvent), the error codes (``errors``), and the params/result
 of every method with the domain's part of the method table (``lifecycle``, ``sessions``,
 ``messages``, ``chat``, ``providers``, ``settings``, ``tools``, ``mcp``, ``context``, ``compat``,
-``channels``, ``kb``, ``sync``, ``storage``); ``common`` also holds the ``sidecar:progress`` convention.
+``channels``, ``kb``, ``sync``, ``storage``, ``memory``); ``common`` also holds the ``sidecar:progress`` convention.
 ``methods`` joins the parts into one table (METHODS) mapping each method name to its types.
 ``limits`` holds the bounds the fields are annotated with (int64, string lengths, page
 sizes, the nesting depth of free-form JSON).
@@ -21,6 +21,7 @@ from protocol import channels
 from protocol import kb
 from protocol import sync
 from protocol import storage
+from protocol import memory
 from protocol.errors import ErrorCode
 from protocol.events import *  # noqa: F401,F403
 from protocol.events import __all__ as _events_all
@@ -31,7 +32,7 @@ from protocol.types import __all__ as _types_all
 
 PROTOCOL_VERSION = 1
 
-_DOMAINS = (common, lifecycle, sessions, messages, chat, providers, settings, tools, mcp, context, compat, channels, kb, sync, storage)
+_DOMAINS = (common, lifecycle, sessions, messages, chat, providers, settings, tools, mcp, context, compat, channels, kb, sync, storage, memory)
 for _domain in _DOMAINS:
     globals().update({name: getattr(_domain, name) for name in _domain.__all__})
 

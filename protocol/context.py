@@ -16,6 +16,7 @@ import msgspec
 from msgspec import UNSET, UnsetType
 
 from protocol.limits import Id, Int64, Title
+from protocol.kb import EmbeddingModelRef
 from protocol.providers import DefaultModel
 from protocol.types import Struct
 from protocol.common import EmptyParams, SuccessResult
@@ -29,6 +30,7 @@ __all__ = [
     "RegexRule",
     "PromptInjection",
     "LorebookEntry",
+    "EncoderMode",
     "MemorySettings",
     "OcrOptions",
     "TemplateOptions",
@@ -106,12 +108,33 @@ class LorebookEntry(Struct, kw_only=True):
     enabled: bool = True
 
 
+EncoderMode = Literal["off", "propose", "auto"]
+"""What the MemoryEncoder does after a completed reply: nothing; propose what it would
+remember (``memory_proposed``); or remember it."""
+
+
 class MemorySettings(Struct, kw_only=True):
+    """Long-term memory of an assistant (sidecar/memory; README "Memory")."""
+
     enabled: bool = False
+    """Its memories (own scope and ``global``) reach its requests, and the memory tools
+    (memory_search, memory_save, memory_update, memory_forget) come first among its tools."""
     rag: bool = False
-    """Retrieve relevant memories per request (MemoryRetrieval); off = the basic memory text
-    (these ``entries``) goes into the system prompt."""
+    """Retrieve at most six relevant memories per request (MemoryRetrieval, hybrid search);
+    off = the basic memory text (these ``entries``, then the scope's memories, newest and
+    most used first, within ``budgetTokens``) goes into the system prompt."""
     entries: list[str] = []
+    """Fixed lines of the profile, always first in the basic memory text."""
+    encoder: EncoderMode = "off"
+    encoder_model: DefaultModel | None = None
+    """The model of the encoder's side call; default: the session's model."""
+    embedding_model: EmbeddingModelRef | None = None
+    """Embeds this assistant's memories (and the global ones) for the vector leg of memory
+    retrieval; none: lexical retrieval only."""
+    save_scope: Literal["assistant", "global"] = "assistant"
+    """Where memory_save and the encoder put new memories by default."""
+    budget_tokens: Int64 = 1024
+    """Tokens the basic memory text may take (64..32768)."""
 
 
 class OcrOptions(Struct, kw_only=True):
@@ -151,8 +174,11 @@ class ContextOptions(Struct, kw_only=True):
     summary_model: DefaultModel | None = None
     """Model that writes rolling summaries; default: the session's model."""
     use_soul: bool = True
-    """Put Soul.md (``<dataDir>/assistants/<id>/Soul.md``, else ``<dataDir>/Soul.md``) into the
+    """Put the assistant's Soul.md (``assistant:soul:*``; else the global one) into the
     system prompt (seed 004 section 4.1)."""
+    evolve_soul: bool = False
+    """Offer the ``soul_update`` tool (with ``useSoul``): the assistant proposes an edit of
+    its own Soul.md, which the user approves seeing the diff (policy ``ask`` by default)."""
 
 
 class AssistantProfile(Struct, omit_defaults=False, kw_only=True):

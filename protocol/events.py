@@ -171,6 +171,9 @@ class ToolApprovalRequiredEvent(_Event, tag="tool_approval_required", kw_only=Tr
     """ACP permission options, when the call comes from an agent engine."""
     source: ApprovalSource = "tool"
     """``tool`` (a tool of the direct-mode loop) or ``acp`` (an agent engine's request)."""
+    preview: str | None = None
+    """What the call would change, for the user to judge (e.g. ``soul_update``: a unified
+    diff of Soul.md); None when the tool has nothing to show beyond its arguments."""
 
 
 class NoticeEvent(_Event, tag="notice", kw_only=True):

@@ -37,7 +37,7 @@ __all__ = [
 ]
 
 
-ToolSource = Literal["knowledge", "web", "local", "conversation", "workspace", "skill", "mcp", "system"]
+ToolSource = Literal["memory", "knowledge", "web", "local", "conversation", "workspace", "skill", "mcp", "system"]
 """Where a tool comes from (``tool:list``)."""
 
 AuditDecision = Literal[

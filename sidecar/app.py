@@ -61,6 +61,10 @@ Attributes:
     storage:  StorageService (sidecar/engine/storage.py): storage:gc and ``release()``, which
               removes the files of deleted sessions and messages (run after every delete);
               its start-up pass (interrupted removals, orphans) runs in the background.
+    memory:   MemoryService (sidecar/memory/service.py): memory:*, the memory retrieval of
+              requests, the memory tools, the MemoryEncoder; its background jobs (embedding,
+              encoding) run in its task group, cancelled on exit after the chat engine stopped.
+    souls:    SoulService (sidecar/memory/soul.py): assistant:soul:*.
     (later)   ... attached by the services that own them.
 """
 
@@ -100,6 +104,8 @@ if TYPE_CHECKING:
     from sidecar.engine.storage import StorageService
     from sidecar.engine.usage import SideUsage
     from sidecar.pipeline.builder import RequestBuilder
+    from sidecar.memory.service import MemoryService
+    from sidecar.memory.soul import SoulService
     from sidecar.retrieval.service import KnowledgeService
     from sidecar.store import AsyncStore
     from sidecar.store.attachments import AttachmentStore
@@ -135,6 +141,8 @@ class App:
     sync: SyncService
     storage: StorageService
     side_usage: SideUsage
+    memory: MemoryService
+    souls: SoulService
 
     def __init__(self, config: Config, data_dir: Path, notify: Notify) -> None:
         self.config = config
@@ -201,10 +209,12 @@ async def open_app(
         # before the chat engine: its server client must outlive the forwarded turns the
         # engine aborts on exit
         await _open_sync(app, stack)
+        await _open_memory(app, stack)  # before the chat engine: it closes after the engine
         await _open_chat(app, stack)
         await _open_forwarding(app, stack)
         _open_context(app)
         await _start_knowledge(app)
+        await _start_memory(app)
         await _open_compat(app, stack)
         await _open_channels(app, stack)
         await _start_background(app, stack)
@@ -245,6 +255,8 @@ _SERVICE_MODULES = (
     "sidecar.sync.service",
     "sidecar.sync.forward",
     "sidecar.engine.storage",
+    "sidecar.memory.service",
+    "sidecar.memory.soul",
 )
 
 
@@ -305,7 +317,8 @@ async def _open_chat(app: App, stack: AsyncExitStack) -> None:
     # one builder: the generation loop and chat:context:* share its token cache, summary
     # checks and per-session summary locks
     app.requests = RequestBuilder(
-        store, app.attachments, providers=app.providers, knowledge=app.knowledge, side_usage=app.side_usage
+        store, app.attachments, providers=app.providers, knowledge=app.knowledge, memory=app.memory,
+        side_usage=app.side_usage,
     )
     app.approvals = ApprovalService(store)
     # before the engine's task group: cancelling that group must not reach the engines
@@ -324,6 +337,7 @@ async def _open_chat(app: App, stack: AsyncExitStack) -> None:
         knowledge=app.knowledge,
         all_policies=lambda: store.run(lambda s: s.tools.policies()),
         policy_version=lambda: store.sync.tools.policy_version,
+        memory=app.memory,
     )
     await app.tools.load()
     app.tools.set_session_lookup(get_session)
@@ -483,6 +497,52 @@ async def _open_knowledge(app: App, stack: AsyncExitStack) -> KnowledgeService:
 
     service = KnowledgeService(store=store, notify=app.notify, connections=None, assistant_for=assistant_for)
     return await stack.enter_async_context(service)
+
+
+async def _open_memory(app: App, stack: AsyncExitStack) -> None:
+    """Long-term memory and Soul.md. Embeddings go through the knowledge service's embedders
+    (one per model key, the same provider transport)."""
+    from sidecar.memory.service import MemoryService
+    from sidecar.memory.soul import SoulService
+    from sidecar.pipeline.profiles import ProfileResolver
+
+    store = app.store
+    profiles = ProfileResolver(store.sync.assistants, store.sync.context)
+
+    async def assistant_for(session_id: str | None) -> AssistantProfile:
+        if session_id is None:
+            return await store.run(lambda s: s.assistants.default())
+        return await store.run(lambda _: profiles.for_session(session_id).assistant)
+
+    app.souls = SoulService(store, app.data_dir)
+    app.memory = await stack.enter_async_context(
+        MemoryService(store=store, notify=app.notify, embedder_for=app.knowledge.embedder_for,
+                      assistant_for=assistant_for)
+    )
+    app.memory.souls = app.souls
+
+
+async def _start_memory(app: App) -> None:
+    """Deleting an assistant deletes its memories and Soul.md (README "Memory"); what a
+    previous run left without vectors is embedded."""
+    from protocol.types import Usage
+    from sidecar.memory.encoder import MemoryEncoder
+
+    app.assistants.on_delete.append(app.memory.forget_assistant)
+    memory = app.memory
+
+    async def assistant_of(session_id: str) -> AssistantProfile:
+        return await memory.assistant_for(session_id)
+
+    side_usage = app.side_usage
+
+    async def record_usage(session_id: str, provider_id: str, model_id: str, usage: Usage) -> None:
+        # the encoder's side call counts in its session's totals (and in usageByKind)
+        await side_usage.record(session_id, provider_id, model_id, usage, kind="side:memory-encoder")
+
+    memory.encoder = MemoryEncoder(memory, app.providers, record_usage, assistant_of)
+    app.chat.on_completed.append(memory.reply_completed)
+    await memory.start()
 
 
 async def _start_knowledge(app: App) -> None:

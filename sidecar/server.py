@@ -144,6 +144,21 @@ BINDINGS: dict[str, str] = {
     "chat:messages:searchPage": "sessions.search_page",
     "chat:session:summarize": "side.summarize_session",
     "chat:session:title": "side.title_session",
+    "memory:list": "memory.list_memories",
+    "memory:get": "memory.get_memory",
+    "memory:create": "memory.create_memory",
+    "memory:update": "memory.update_memory",
+    "memory:delete": "memory.delete_memory",
+    "memory:restore": "memory.restore_memory",
+    "memory:purge": "memory.purge_memory",
+    "memory:search": "memory.search_memories",
+    "memory:proposal:list": "memory.list_proposals",
+    "memory:accept": "memory.accept",
+    "memory:reject": "memory.reject",
+    "assistant:soul:get": "souls.get",
+    "assistant:soul:set": "souls.set",
+    "assistant:soul:history": "souls.history",
+    "assistant:soul:revert": "souls.revert",
 }
 """Method name -> attribute path on the App of the ``async def f(params) -> result`` that answers it."""
 

@@ -126,6 +126,11 @@ export type DeliveryStatus = "delivered" | "failed" | "pending" | "sending";
 export type DocumentErrorCode = "binary" | "corrupt" | "embedding_failed" | "empty" | "encrypted" | "internal" | "no_text" | "too_large" | "unreadable";
 export type DocumentKind = "code" | "csv" | "html" | "json" | "markdown" | "pdf" | "text";
 export type DocumentStatus = "error" | "indexing" | "pending" | "ready";
+/**
+ * What the MemoryEncoder does after a completed reply: nothing; propose what it would
+ * remember (``memory_proposed``); or remember it.
+ */
+export type EncoderMode = "auto" | "off" | "propose";
 /** The events that end a message's stream: exactly one of them is its last event. */
 export type FinalEvent = StreamEndEvent | ErrorEvent | AbortedEvent;
 export type FinishReason = "content_filter" | "length" | "max_turn_requests" | "other" | "refusal" | "stop" | "tool_calls";
@@ -154,6 +159,26 @@ export type InputPart = TextPart | ImagePart | FilePart;
 export type McpServerStatus = "connecting" | "disabled" | "failed" | "ready";
 export type McpTransport = "http" | "stdio";
 /**
+ * Why a memory's text is suspicious (it is escaped whatever its flags): ``markup``: it
+ * holds tag-like text (``</memories>``, ``<system>``); ``instruction-like``: it reads like an
+ * instruction to a model ("ignore previous instructions"); ``role-marker``: a line starts
+ * like a chat role or template token (``system:``, ``<|im_start|>``, ``[INST]``).
+ */
+export type MemoryFlag = "instruction-like" | "markup" | "role-marker";
+/**
+ * ``fact``: something true about the user or their world; ``preference``: how they like
+ * things; ``task-outcome``: what a piece of work came to (with task / outcome / context);
+ * ``instruction-from-user``: a standing request the user made ("answer in metric units");
+ * ``event``: something that happened; ``note``: anything else.
+ */
+export type MemoryKind = "event" | "fact" | "instruction-from-user" | "note" | "preference" | "task-outcome";
+/**
+ * ``manual``: ``memory:create`` / ``memory:update`` / an accepted proposal edited by the
+ * user; ``tool``: a memory tool the model called; ``encoder``: the MemoryEncoder.
+ */
+export type MemorySourceKind = "encoder" | "manual" | "tool";
+export type MemoryStatus = "active" | "deleted" | "superseded";
+/**
  * What ``channel:message`` does with a message: answer it; store it without a reply (a group
  * message that does not mention the bot); start a new session (``/new``); nothing (already
  * received); store it without a reply because the chat is cooling down (loop guard); nothing
@@ -180,6 +205,7 @@ export type NoticeCode = "acp_content_not_sent" | "acp_history_unavailable" | "a
 export type ProgressKind = "begin" | "end" | "report";
 /** Chosen by the caller (a number or a string of at most 256 characters). */
 export type ProgressToken = number | string;
+export type ProposalAction = "create" | "supersede";
 export type ProviderKind = "acp-engine" | "anthropic" | "ollama" | "openai-compat";
 export type ReasoningLevel = "auto" | "high" | "low" | "max" | "medium" | "off";
 export type RegexScope = "assistant" | "both" | "user";
@@ -213,6 +239,11 @@ export type SessionSortBy = "created_at" | "last_message_at" | "updated_at";
  */
 export type SizeUnit = "chars" | "json_bytes" | "utf8_bytes";
 /**
+ * Who wrote a version: ``assistant:soul:set``, the ``soul_update`` tool (approved),
+ * ``assistant:soul:revert``, or the import of a Soul.md file of an older version.
+ */
+export type SoulSource = "import" | "revert" | "tool" | "user";
+/**
  * Who wrote a session's ``summary``: the user (``chat:session:update``, an import) or the
  * sidecar (``chat:session:summarize``, the automatic summary).
  */
@@ -222,7 +253,7 @@ export type ToolDecision = "answered" | "approved" | "denied";
 /** auto: run without asking; ask: a pending approval first; deny: never run (denied result). */
 export type ToolPolicyValue = "ask" | "auto" | "deny";
 /** Where a tool comes from (``tool:list``). */
-export type ToolSource = "conversation" | "knowledge" | "local" | "mcp" | "skill" | "system" | "web" | "workspace";
+export type ToolSource = "conversation" | "knowledge" | "local" | "mcp" | "memory" | "skill" | "system" | "web" | "workspace";
 /**
  * How the request copy is cut to the context threshold (seed 004 section 4.3):
  * ``summarize-old`` (default): rolling summary of the old prefix + recent window (seed 000 §2);
@@ -311,6 +342,23 @@ export interface AssistantProfile {
   isDefault: boolean;
   createdAt: number;
   updatedAt: number;
+}
+
+export interface AssistantSoul {
+  /** The id asked for (an assistant id or ``global``). */
+  assistantId: string;
+  /** What requests of this assistant get (its own Soul.md, else the global one). */
+  content: string;
+  /** Its own current version (0: none yet). */
+  version: number;
+  /** ``content`` is the global Soul.md (the assistant has none of its own). */
+  inherited: boolean;
+  source: SoulSource | null;
+  updatedAt: number | null;
+  bytes: number;
+  /** Estimated tokens of ``content`` in a request's system prompt. */
+  tokens: number;
+  maxBytes: number;
 }
 
 /** ``assistant:upsert``: create (no id / unknown id) or replace a profile whole. */
@@ -922,10 +970,15 @@ export interface ContextOptions {
   /** Model that writes rolling summaries; default: the session's model. */
   summaryModel?: DefaultModel | null;
   /**
-   * Put Soul.md (``<dataDir>/assistants/<id>/Soul.md``, else ``<dataDir>/Soul.md``) into the
+   * Put the assistant's Soul.md (``assistant:soul:*``; else the global one) into the
    * system prompt (seed 004 section 4.1).
    */
   useSoul?: boolean;
+  /**
+   * Offer the ``soul_update`` tool (with ``useSoul``): the assistant proposes an edit of
+   * its own Soul.md, which the user approves seeing the diff (policy ``ask`` by default).
+   */
+  evolveSoul?: boolean;
 }
 
 /** A field left out keeps the session's choice; ``null`` (or ``""``) inherits again. */
@@ -1323,14 +1376,201 @@ export interface McpServerUpsertParams {
   connectTimeoutS?: number;
 }
 
+export interface Memory {
+  id: string;
+  /** ``global`` or an assistant's id. */
+  scope: string;
+  kind: MemoryKind;
+  text: string;
+  task: string | null;
+  outcome: string | null;
+  context: string | null;
+  /**
+   * A short topic key (``user.home_city``): a newer memory with the same key in the same
+   * scope supersedes the older one (the encoder uses it so contradictions never pile up).
+   */
+  key: string | null;
+  source: MemorySource;
+  flags: MemoryFlag[];
+  status: MemoryStatus;
+  /** The previous version (this one replaced it). */
+  supersedes: string | null;
+  /** The next version (it replaced this one). */
+  supersededBy: string | null;
+  deletedAt: number | null;
+  /** How many requests it was put into. */
+  useCount: number;
+  lastUsedAt: number | null;
+  /** The models (``providerId/modelId``) it has a vector of. */
+  embeddingModels: string[];
+  tokens: number;
+  createdAt: number;
+  updatedAt: number;
+}
+
+/** ``memory:accept``: store a proposal, with the user's edits of the fields given. */
+export interface MemoryAcceptParams {
+  /** The proposal's id. */
+  id: string;
+  text?: string | null;
+  kind?: MemoryKind | null;
+  scope?: string | null;
+  task?: string | null;
+  outcome?: string | null;
+  context?: string | null;
+}
+
+export interface MemoryAcceptResult {
+  memory: Memory;
+  /** ``duplicate``: an equal memory existed already (``memory`` is that one). */
+  action: "created" | "duplicate" | "superseded";
+}
+
+/** ``memory:create``: a manual memory. */
+export interface MemoryCreateParams {
+  text: string;
+  scope?: string;
+  kind?: MemoryKind;
+  task?: string | null;
+  outcome?: string | null;
+  context?: string | null;
+  key?: string | null;
+}
+
+export interface MemoryDetail {
+  memory: Memory;
+  /** Every version of it, oldest first (``memory`` is one of them). */
+  versions: Memory[];
+}
+
+export interface MemoryGetParams {
+  id: string;
+}
+
+export interface MemoryHit {
+  memory: Memory;
+  /** The fused (reciprocal-rank) score. */
+  score: number;
+  lexicalRank: number | null;
+  vectorRank: number | null;
+  cosine: number | null;
+}
+
+/** ``memory:list``: newest first. */
+export interface MemoryListParams {
+  /** Only this scope (``global`` or an assistant id). */
+  scope?: string | null;
+  /** Only what this assistant sees: its own scope and ``global``. */
+  assistantId?: string | null;
+  kind?: MemoryKind | null;
+  /** Full-text search (Chinese and English, as message search). */
+  query?: string | null;
+  status?: MemoryStatus | "all";
+  limit?: number;
+  offset?: number;
+}
+
+export interface MemoryListResult {
+  memories: Memory[];
+  total: number;
+}
+
+/** What the encoder would remember (``memory_proposed``; ``memory:proposal:list``). */
+export interface MemoryProposal {
+  id: string;
+  sessionId: string;
+  /** The reply it was read from. */
+  messageId: string;
+  assistantId: string;
+  scope: string;
+  kind: MemoryKind;
+  text: string;
+  task: string | null;
+  outcome: string | null;
+  context: string | null;
+  key: string | null;
+  action: ProposalAction;
+  /** ``supersede``: the memory it would replace. */
+  supersedes: string | null;
+  supersedesText: string | null;
+  reason: string;
+  flags: MemoryFlag[];
+  status: "accepted" | "pending" | "rejected";
+  createdAt: number;
+}
+
+export interface MemoryProposalListParams {
+  sessionId?: string | null;
+  limit?: number;
+}
+
+/** ``memory:search``: exactly the retrieval a request of that assistant uses. */
+export interface MemorySearchParams {
+  query: string;
+  /** Whose view (its scope and ``global``); default: the default assistant. */
+  assistantId?: string | null;
+  limit?: number;
+}
+
+export interface MemorySearchResult {
+  mode: RetrievalMode;
+  hits: MemoryHit[];
+  notes: string[];
+}
+
+/** Long-term memory of an assistant (sidecar/memory; README "Memory"). */
 export interface MemorySettings {
+  /**
+   * Its memories (own scope and ``global``) reach its requests, and the memory tools
+   * (memory_search, memory_save, memory_update, memory_forget) come first among its tools.
+   */
   enabled?: boolean;
   /**
-   * Retrieve relevant memories per request (MemoryRetrieval); off = the basic memory text
-   * (these ``entries``) goes into the system prompt.
+   * Retrieve at most six relevant memories per request (MemoryRetrieval, hybrid search);
+   * off = the basic memory text (these ``entries``, then the scope's memories, newest and
+   * most used first, within ``budgetTokens``) goes into the system prompt.
    */
   rag?: boolean;
+  /** Fixed lines of the profile, always first in the basic memory text. */
   entries?: string[];
+  encoder?: EncoderMode;
+  /** The model of the encoder's side call; default: the session's model. */
+  encoderModel?: DefaultModel | null;
+  /**
+   * Embeds this assistant's memories (and the global ones) for the vector leg of memory
+   * retrieval; none: lexical retrieval only.
+   */
+  embeddingModel?: EmbeddingModelRef | null;
+  /** Where memory_save and the encoder put new memories by default. */
+  saveScope?: "assistant" | "global";
+  /** Tokens the basic memory text may take (64..32768). */
+  budgetTokens?: number;
+}
+
+export interface MemorySource {
+  kind: MemorySourceKind;
+  /** The session it came from (tool, encoder). */
+  sessionId: string | null;
+  /**
+   * The assistant message whose reply made it (tool: the reply that called the tool;
+   * encoder: the reply it read).
+   */
+  messageId: string | null;
+  toolCallId: string | null;
+}
+
+/**
+ * ``memory:update``: a new version of an active memory (the fields given change, the
+ * others are copied); the old one stays in its history, superseded.
+ */
+export interface MemoryUpdateParams {
+  id: string;
+  text?: string | null;
+  kind?: MemoryKind | null;
+  task?: string | null;
+  outcome?: string | null;
+  context?: string | null;
+  key?: string | null;
 }
 
 /** How a reply to an IM message (``channel:message``) is being delivered by the host. */
@@ -2227,6 +2467,42 @@ export interface SlackText {
   text: string;
 }
 
+export interface SoulGetParams {
+  id: string;
+}
+
+/** Newest first. */
+export interface SoulHistoryParams {
+  id: string;
+  limit?: number;
+  offset?: number;
+}
+
+/** A new version with the content of ``version`` (the versions after it stay). */
+export interface SoulRevertParams {
+  id: string;
+  version: number;
+}
+
+/** A new version; ``""`` clears it (an assistant then inherits the global Soul.md). */
+export interface SoulSetParams {
+  id: string;
+  content: string;
+  reason?: string | null;
+}
+
+export interface SoulVersion {
+  version: number;
+  content: string;
+  bytes: number;
+  source: SoulSource;
+  reason: string | null;
+  sessionId: string | null;
+  messageId: string | null;
+  revertedFrom: number | null;
+  createdAt: number;
+}
+
 export interface StepFinishPart {
   type: "step_finish";
   stepId: string;
@@ -2462,6 +2738,11 @@ export interface ToolApprovalRequiredEvent {
   options?: ToolApprovalOption[] | null;
   /** ``tool`` (a tool of the direct-mode loop) or ``acp`` (an agent engine's request). */
   source?: ApprovalSource;
+  /**
+   * What the call would change, for the user to judge (e.g. ``soul_update``: a unified
+   * diff of Soul.md); None when the tool has nothing to show beyond its arguments.
+   */
+  preview?: string | null;
 }
 
 /** ``chat:tool:approve``: decide one pending tool call. */
@@ -2736,6 +3017,14 @@ export interface Methods {
   "assistant:list": { params: EmptyParams; result: AssistantProfile[] };
   /** The profile of sessions that did not choose one. */
   "assistant:setDefault": { params: AssistantIdParams; result: SuccessResult };
+  /** An assistant's Soul.md as requests get it. */
+  "assistant:soul:get": { params: SoulGetParams; result: AssistantSoul };
+  /** Every version of a Soul.md. */
+  "assistant:soul:history": { params: SoulHistoryParams; result: SoulVersion[] };
+  /** A new version with the content of an earlier one. */
+  "assistant:soul:revert": { params: SoulRevertParams; result: AssistantSoul };
+  /** A new version of an assistant's Soul.md. */
+  "assistant:soul:set": { params: SoulSetParams; result: AssistantSoul };
   /** Create or replace an assistant profile (validated). */
   "assistant:upsert": { params: AssistantUpsertParams; result: AssistantProfile };
   /** The host delivered (or failed to deliver) a channel:reply. */
@@ -2844,6 +3133,28 @@ export interface Methods {
   "mcp:server:list": { params: EmptyParams; result: McpServerInfo[] };
   /** Create or replace an MCP server (stdio command or HTTP URL); an enabled one starts connecting at once. */
   "mcp:server:upsert": { params: McpServerUpsertParams; result: McpServerInfo };
+  /** Store a proposal (optionally edited). */
+  "memory:accept": { params: MemoryAcceptParams; result: MemoryAcceptResult };
+  /** Remember something (a manual memory). */
+  "memory:create": { params: MemoryCreateParams; result: Memory };
+  /** Hide a memory from every request (memory:restore undoes it). */
+  "memory:delete": { params: IdParams; result: Memory };
+  /** One memory with every version of it. */
+  "memory:get": { params: MemoryGetParams; result: MemoryDetail };
+  /** Memories by scope, kind, text; paged. */
+  "memory:list": { params: MemoryListParams; result: MemoryListResult };
+  /** Proposals of the MemoryEncoder still waiting for an answer. */
+  "memory:proposal:list": { params: MemoryProposalListParams; result: MemoryProposal[] };
+  /** Remove a memory and its whole history for real. */
+  "memory:purge": { params: IdParams; result: SuccessResult };
+  /** Drop a proposal. */
+  "memory:reject": { params: IdParams; result: SuccessResult };
+  /** Bring a deleted memory back. */
+  "memory:restore": { params: IdParams; result: Memory };
+  /** Search memories as a request does. */
+  "memory:search": { params: MemorySearchParams; result: MemorySearchResult };
+  /** A new version of a memory; the old one stays in its history. */
+  "memory:update": { params: MemoryUpdateParams; result: Memory };
   /** Delete a provider. */
   "provider:delete": { params: IdParams; result: SuccessResult };
   /** Configured providers (keys never shown). */
@@ -2917,6 +3228,8 @@ export interface Notifications {
   "chat:stream": { params: ChatStreamEvent; direction: "server->client" };
   /** Follow-up questions proposed for a finished reply (stored with it). */
   "chat:suggestions": { params: SuggestionsParams; direction: "server->client" };
+  /** The MemoryEncoder (mode propose) would remember this; answer with memory:accept or memory:reject. */
+  "memory_proposed": { params: MemoryProposal; direction: "server->client" };
   /** The server account's state changed (auth required, a sync finished). */
   "server:status:updated": { params: ServerStatus; direction: "server->client" };
   /** Progress of a long request, under the caller's progressToken. */

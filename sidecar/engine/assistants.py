@@ -8,17 +8,19 @@ invalid-params error naming the field; nothing is stored.
 
 from __future__ import annotations
 
-from collections.abc import Callable
+from collections.abc import Awaitable, Callable
 
 import anyio
 
 from protocol.context import AssistantIdParams, AssistantProfile, AssistantUpsertParams
+from protocol.memory import GLOBAL_SCOPE
 from protocol.common import EmptyParams, SuccessResult
 from sidecar.errors import InvalidParams
 from sidecar.pipeline.transformers.regex import compile_rules
 from sidecar.pipeline.transformers.template import check_template
 from sidecar.store.async_store import AsyncStore
 from sidecar.store.ids import now_ms
+from sidecar.store.store import Store
 
 __all__ = ["AssistantService", "validate_profile"]
 
@@ -26,6 +28,8 @@ MAX_NAME = 200
 MAX_PROMPT = 200_000
 MAX_ITEMS = 500
 MAX_THRESHOLD = 10_000_000
+MIN_MEMORY_BUDGET = 64
+MAX_MEMORY_BUDGET = 32768
 
 
 def _bad(field: str, why: str) -> InvalidParams:
@@ -37,6 +41,14 @@ def validate_profile(p: AssistantUpsertParams) -> None:
         raise _bad("name", f"must be 1..{MAX_NAME} characters")
     if p.id is not None and (not p.id.strip() or len(p.id) > 200):
         raise _bad("id", "must be 1..200 characters")
+    if p.id == GLOBAL_SCOPE:
+        raise _bad("id", f"must not be {GLOBAL_SCOPE!r} (the memory scope every assistant shares)")
+    if not MIN_MEMORY_BUDGET <= p.memory.budget_tokens <= MAX_MEMORY_BUDGET:
+        raise _bad("memory.budgetTokens", f"must be {MIN_MEMORY_BUDGET}..{MAX_MEMORY_BUDGET}")
+    if p.memory.embedding_model is not None and not (
+        p.memory.embedding_model.provider_id.strip() and p.memory.embedding_model.model_id.strip()
+    ):
+        raise _bad("memory.embeddingModel", "needs a providerId and a modelId")
     if len(p.system_prompt) > MAX_PROMPT:
         raise _bad("systemPrompt", f"is longer than {MAX_PROMPT} characters")
     for field, items in (("regexRules", p.regex_rules), ("enabledTools", p.enabled_tools or []),
@@ -74,6 +86,8 @@ class AssistantService:
     def __init__(self, store: AsyncStore, *, clock: Callable[[], int] = now_ms) -> None:
         self._store = store
         self._clock = clock
+        self.on_delete: list[Callable[[str], Awaitable[None]]] = []
+        """Awaited after an assistant was deleted (its memory scope leaves the indexes)."""
 
     async def list_assistants(self, params: EmptyParams | None = None) -> list[AssistantProfile]:
         return await self._store.run(lambda s: s.assistants.list())
@@ -87,7 +101,18 @@ class AssistantService:
         return await self._store.run(lambda s: s.assistants.upsert(params, now))
 
     async def delete_assistant(self, params: AssistantIdParams) -> SuccessResult:
-        await self._store.run(lambda s: s.assistants.delete(params.id))
+        """Its memories (every version), proposals and Soul.md versions go with it, in the
+        same transaction (README "Memory": they are not moved to ``global``)."""
+
+        def delete(s: Store) -> None:
+            with s.transaction():
+                s.assistants.delete(params.id)
+                s.memory.purge_scope(params.id)
+                s.souls.delete_scope(params.id)
+
+        await self._store.run(delete)
+        for hook in self.on_delete:
+            await hook(params.id)
         return SuccessResult()
 
     async def set_default_assistant(self, params: AssistantIdParams) -> SuccessResult:

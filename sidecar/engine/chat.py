@@ -194,6 +194,9 @@ class ChatEngine:
         self._closing = False
         self._titling: set[str] = set()
         """Sessions whose title is being asked for."""
+        self.on_completed: list[Callable[[str, ReplyJob], None]] = []
+        """Called (session id, job) after a reply completed; must not wait (the memory
+        encoder schedules its work in its own task group)."""
 
     # -- methods ---------------------------------------------------------------------
 
@@ -473,6 +476,11 @@ class ChatEngine:
         session = job.ended_session
         if job.outcome != COMPLETED or session is None or self._closing or session.mode == "server":
             return
+        for hook in self.on_completed:
+            try:
+                hook(session.id, job)
+            except Exception:
+                log.exception("a completed-reply hook failed for %s", job.message_id)
         try:
             if await self._titles.wants_title(session, job.message_id):
                 self._tg.start_soon(self._title, session, job.message_id, job.provider_id, job.model_id)

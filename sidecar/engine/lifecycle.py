@@ -356,6 +356,7 @@ class ReplyFeed(Protocol):
         decisions: list[str] | None = None,
         options: list[ToolApprovalOption] | None = None,
         source: str = "tool",
+        preview: str | None = None,
     ) -> None: ...
 
 
@@ -534,8 +535,9 @@ class ReplyLifecycle:
         decisions: list[str] | None = None,
         options: list[ToolApprovalOption] | None = None,
         source: str = "tool",
+        preview: str | None = None,
     ) -> None:
-        fields: dict[str, Any] = {"tool_call": call, "options": options, "source": source}
+        fields: dict[str, Any] = {"tool_call": call, "options": options, "source": source, "preview": preview}
         if decisions is not None:
             fields["decisions"] = decisions
         await self._relay.emit(ToolApprovalRequiredEvent, **fields)

@@ -41,6 +41,7 @@ import json
 import logging
 from collections.abc import Callable
 from pathlib import Path
+from typing import Any
 
 import anyio
 
@@ -65,7 +66,7 @@ from sidecar.retrieval.citations import CitationLedger
 from sidecar.store.async_store import AsyncStore
 from sidecar.store.store import Store
 from sidecar.store.tools import INTERRUPTED_NOTE, OPEN_STATES, ToolCallRecord, ToolRun, audit_entry
-from sidecar.tools.base import ToolContext, ToolOutput
+from sidecar.tools.base import Tool, ToolContext, ToolOutput
 from sidecar.tools.registry import CheckedCall, ToolRegistry
 
 __all__ = [
@@ -82,6 +83,15 @@ log = logging.getLogger(__name__)
 
 CANCELLED_NOTE = "cancelled: the generation was stopped before this tool call finished"
 SUPERSEDED_NOTE = "not run: the user moved on before deciding (superseded by a newer message or aborted)"
+def _preview(tool: Tool, args: dict[str, Any]) -> str | None:
+    """The tool's preview of a call (a broken preview is logged: the approval still comes)."""
+    try:
+        return tool.preview(args)
+    except Exception:
+        log.exception("the approval preview of %s failed", getattr(tool, "name", "?"))
+        return None
+
+
 DENIED_RESULT = json.dumps({"error": "denied", "message": "The user denied this tool call. Do not retry it; continue without it."})
 POLICY_DENIED_RESULT = json.dumps({"error": "denied", "message": "This tool is disabled by the user's policy."})
 
@@ -266,6 +276,7 @@ class ReplyTools:
         results: dict[str, ToolOutput] = {}
         runnable: list[tuple[ToolCall, CheckedCall]] = []
         to_ask: list[ApprovalRequest] = []
+        previews: dict[str, str | None] = {}
         new_rows: list[ToolCallRecord] = []
         audits = []
         for call, check in zip(calls, checks):
@@ -294,6 +305,7 @@ class ReplyTools:
                     audits.append(audit_entry(row, "policy:deny", "policy"))
                     results[call.id] = ToolOutput(text=POLICY_DENIED_RESULT, is_error=True)
                 else:
+                    previews[call.id] = _preview(tool, check.args)
                     to_ask.append(
                         ApprovalRequest(
                             session_id=job.session.id, message_id=job.message_id, tool_call_id=call.id,
@@ -302,6 +314,8 @@ class ReplyTools:
                         )
                     )
             elif record.state == "pending":
+                if check.error is None:
+                    previews[call.id] = _preview(check.tool, check.args)
                 to_ask.append(ApprovalRequest(
                     session_id=job.session.id, message_id=job.message_id, tool_call_id=call.id,
                     tool_name=call.name, arguments=call.arguments,
@@ -342,7 +356,8 @@ class ReplyTools:
         for request in to_ask:
             if request.tool_call_id in waiting:
                 await reply.approval_required(
-                    StreamToolCall(id=request.tool_call_id, name=request.tool_name, arguments=request.arguments)
+                    StreamToolCall(id=request.tool_call_id, name=request.tool_name, arguments=request.arguments),
+                    preview=previews.get(request.tool_call_id),
                 )
         return True
 

@@ -1,7 +1,8 @@
 """RequestBuilder: one provider request from a session's stored branch (DESIGN.md section 4).
 
 The single entry point the generation loop calls before each model step:
-1. the session's assistant profile and truncation strategy (profiles.py), Soul.md;
+1. the session's assistant profile and truncation strategy (profiles.py), Soul.md and the
+   basic memory text (sidecar/memory), whose tokens are taken off the history's share;
 2. the context window (context.py, RollingContext): which messages of the branch root ->
    ``leaf_id`` are carried, with a validated (possibly refreshed) rolling summary;
 3. the system prompt (system.py), composed in the seed's order;
@@ -42,6 +43,8 @@ from sidecar.pipeline.profiles import ProfileResolver, SessionProfile
 from sidecar.pipeline.request import build_drafts, finalize
 from sidecar.pipeline.summary import Summarizer
 from sidecar.pipeline.system import SoulFiles, compose_system_prompt
+from sidecar.memory.service import basic_text as basic_memory_text
+from sidecar.memory.soul import effective_soul
 from sidecar.pipeline.token_cache import TokenLedger
 from sidecar.pipeline.transformers import default_transformers, run_transformers
 from sidecar.pipeline.transformers.base import (
@@ -99,6 +102,10 @@ class Prepared(msgspec.Struct, kw_only=True):
     model_id: str = ""
     profile: SessionProfile
     soul: str | None
+    memory_text: str | None = None
+    """The basic memory block (memory on, memory RAG off; sidecar/memory/service.py)."""
+    reserved: int = 0
+    """Estimated tokens of Soul.md and the basic memory text, taken off the history's share."""
     read: BranchRead
     """The branch as RollingContext.read_branch returned it."""
 
@@ -213,6 +220,7 @@ class RequestBuilder:
             read=prepared.read,
             threshold=plan.parts.threshold,
             summary_max_tokens=plan.summary_max,
+            reserved=prepared.reserved,
         )
         summary = window.summary
         system = compose_system_prompt(
@@ -223,6 +231,7 @@ class RequestBuilder:
             summary=summary.text if summary else None,
             summary_count=summary.covered_count if summary else 0,
             tool_prompts=tool_prompts,
+            memory_text=prepared.memory_text,
         )
         drafts = build_drafts(window.messages)
         if system:
@@ -290,7 +299,7 @@ class RequestBuilder:
         system = compose_system_prompt(
             session=session, assistant=assistant, soul=prepared.soul, capability_note=capability_note,
             summary=summary.text if summary else None, summary_count=summary.covered_count if summary else 0,
-            tool_prompts=tool_prompts,
+            tool_prompts=tool_prompts, memory_text=prepared.memory_text,
         )
         encoding = prepared.encoding
         parts = msgspec.structs.replace(plan.parts)
@@ -335,10 +344,17 @@ class RequestBuilder:
         makes the first request's reads in the same hop)."""
         encoding = tk.encoding_for_model(model_id).encoding
         profile = self.profiles.for_session(session.id)
-        soul = self._souls.read(profile.assistant.id) if profile.assistant.context.use_soul else None
+        assistant = profile.assistant
+        store = self._store.sync
+        soul = None
+        if assistant.context.use_soul:
+            soul = effective_soul(store, self._souls, assistant.id).content.strip() or None
+        memory_text = basic_memory_text(store, assistant)
+        reserved = sum(tk.count_text(t, encoding) for t in (soul, memory_text) if t)
         branch = self.context.read_branch(session.id, leaf_id, encoding, profile.strategy)
         return Prepared(
-            leaf_id=leaf_id, encoding=encoding, profile=profile, soul=soul, read=branch, model_id=model_id
+            leaf_id=leaf_id, encoding=encoding, profile=profile, soul=soul, read=branch, model_id=model_id,
+            memory_text=memory_text, reserved=reserved,
         )
 
     # ---- internals --------------------------------------------------------------------
@@ -363,11 +379,13 @@ class RequestBuilder:
         limit = bg.input_limit(model.context_window, reserve, exact)
         tools_cost = bg.tool_tokens(specs, encoding, counts)
         threshold = planner.effective_threshold(assistant.context.compress_threshold)
+        # Soul.md and the basic memory text come out of the history's share (never below half)
+        threshold = max(threshold - max(0, prepared.reserved), threshold // 2)
         summary_max: int | None = None
         if limit is not None:
             base = compose_system_prompt(
                 session=session, assistant=assistant, soul=prepared.soul, capability_note=capability_note,
-                tool_prompts=tool_prompts,
+                tool_prompts=tool_prompts, memory_text=prepared.memory_text,
             )
             base_cost = (counts.count(base, encoding) + tk.MESSAGE_OVERHEAD) if base else 0
             reply_cost = sum(bg.part_tokens(p, encoding, counts)[0] for p in continuation)

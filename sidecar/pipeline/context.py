@@ -117,14 +117,18 @@ class RollingContext:
         threshold: int | None = None,
         summary_max_tokens: int | None = None,
         refresh: bool = True,
+        reserved: int = 0,
     ) -> ContextWindow:
         """``read``: the result of ``read_branch`` for these arguments when the caller already
         made it (in the same worker-thread hop as its own reads). ``threshold``: the one in
         effect (the context budget's: the smaller of compressThreshold and what fits), default
-        compressThreshold; ``summary_max_tokens`` bounds a refreshed summary; ``refresh=False``
-        plans without calling a model (the current summary, the planned window)."""
+        compressThreshold less ``reserved``, the tokens the system prompt needs beyond the
+        history (Soul.md, the basic memory text; never below half of it);
+        ``summary_max_tokens`` bounds a refreshed summary; ``refresh=False`` plans without
+        calling a model (the current summary, the planned window)."""
         if threshold is None:
             threshold = planner.effective_threshold(assistant.context.compress_threshold)
+            threshold = max(threshold - max(0, reserved), threshold // 2)
         if read is None:
             read = await self._store.run(lambda _: self.read_branch(session.id, leaf_id, encoding, strategy))
         if strategy not in ("sliding-window", "smart-select"):

@@ -1,11 +1,16 @@
-"""KnowledgeIndexes: the in-memory VectorIndex of each (base, model), loaded on first search.
+"""VectorIndexes: the in-memory VectorIndex of each (key, model), loaded on first search.
+
+A key partitions the vectors: a knowledge base's id (KnowledgeService, the default source
+``Store.knowledge``) or a memory scope (MemoryService, source ``Store.memory``). The source
+is the repository whose ``read_vectors(key, model, sink)`` streams a partition's vectors.
 
 Owns when an index is loaded, updated and dropped:
-- ``search`` loads the (base, model) index from the database the first time it is needed
+- ``search`` loads the (key, model) index from the database the first time it is needed
   (a store hop), then answers from memory;
-- ``apply`` hands a committed write's IndexDelta to the loaded index (an index not loaded
-  yet ignores it: it will read the committed rows when it loads);
-- ``drop`` forgets a base's indexes (base deleted, model switched or cleared).
+- ``apply`` (a knowledge IndexDelta) and ``update`` hand a committed write's vectors to
+  the loaded index (an index not loaded yet ignores them: it will read the committed
+  rows when it loads);
+- ``drop`` forgets a key's indexes (base deleted, model switched or cleared; scope gone).
 ``generation`` counts every change, so callers can cache results per generation.
 
 A search of an index of at least SPLIT_ROWS rows is split into one row range per core,
@@ -23,21 +28,32 @@ from __future__ import annotations
 
 import os
 import threading
-from collections.abc import Iterator, Sequence
+from collections.abc import Callable, Iterator, Sequence
 from contextlib import contextmanager
-from typing import TYPE_CHECKING
+from typing import TYPE_CHECKING, Protocol
 
 import anyio
 
 from sidecar.store.async_store import AsyncStore
-from sidecar.store.knowledge import IndexDelta, KnowledgeRepo
+from sidecar.store.knowledge import IndexDelta, VectorSink
 
 if TYPE_CHECKING:
     import numpy as np
 
     from sidecar.retrieval.vectors import VectorIndex
+    from sidecar.store.store import Store
 
-__all__ = ["KnowledgeIndexes"]
+__all__ = ["VectorIndexes", "KnowledgeIndexes", "VectorSource"]
+
+
+class VectorSource(Protocol):
+    """A repository holding vectors by (key, model): KnowledgeRepo, MemoryRepo."""
+
+    def read_vectors(self, key: str, model: str, sink: VectorSink, /) -> int: ...
+
+
+def _knowledge(store: Store) -> VectorSource:
+    return store.knowledge
 
 
 SPLIT_ROWS = 32_768
@@ -85,9 +101,10 @@ class _Slot:
         self.index: VectorIndex | None = None
 
 
-class KnowledgeIndexes:
-    def __init__(self, store: AsyncStore) -> None:
+class VectorIndexes:
+    def __init__(self, store: AsyncStore, source: Callable[[Store], VectorSource] = _knowledge) -> None:
         self._store = store
+        self._source = source
         self._slots: dict[tuple[str, str], _Slot] = {}
         self._guard = threading.Lock()
         self.generation = 0
@@ -99,7 +116,7 @@ class KnowledgeIndexes:
                 slot = self._slots[(kb_id, model)] = _Slot()
             return slot
 
-    def _loaded(self, repo: KnowledgeRepo, kb_id: str, model: str, slot: _Slot) -> VectorIndex:
+    def _loaded(self, repo: VectorSource, kb_id: str, model: str, slot: _Slot) -> VectorIndex:
         """The slot's index, loaded first from ``repo`` if need be (blocking: a store hop)."""
         with slot.lock.read():
             if slot.index is not None:
@@ -114,12 +131,15 @@ class KnowledgeIndexes:
                 slot.index = index
             return slot.index
 
+    def _loader(self, key: str, model: str, slot: _Slot) -> Callable[[Store], VectorIndex]:
+        return lambda s: self._loaded(self._source(s), key, model, slot)
+
     def _search_part(self, slot: _Slot, query: np.ndarray, k: int, lo: int, hi: int | None) -> list[tuple[int, float]]:
         with slot.lock.read():
             return slot.index.search(query, k, lo, hi) if slot.index is not None else []
 
     def search_blocking(
-        self, repo: KnowledgeRepo, targets: Sequence[tuple[str, str]], query: np.ndarray, k: int
+        self, repo: VectorSource, targets: Sequence[tuple[str, str]], query: np.ndarray, k: int
     ) -> list[tuple[int, float]]:
         """The best ``k`` (rowid, cosine) over the (base, model) indexes of one model, in the
         calling thread (no split; an index not loaded yet is read from ``repo``)."""
@@ -132,13 +152,30 @@ class KnowledgeIndexes:
         return hits[:k]
 
     async def search(self, targets: Sequence[tuple[str, str]], query: np.ndarray, k: int) -> list[tuple[int, float]]:
-        """``search_blocking`` in worker threads, a large index split over the cores."""
+        """``search_blocking`` in worker threads, a large index split over the cores (small
+        indexes together in one worker-thread hop)."""
         hits: list[tuple[int, float]] = []
+        slots = []
+        for kb_id, model in targets:
+            slot = self._slot(kb_id, model)
+            if slot.index is None:  # first use: read from the database (a store hop)
+                await self._store.run(self._loader(kb_id, model, slot))
+            slots.append(slot)
+        if sum(slot.index.rows for slot in slots if slot.index is not None) < SPLIT_ROWS or PARTS == 1:
+            def together() -> list[tuple[int, float]]:
+                found: list[tuple[int, float]] = []
+                for slot in slots:
+                    found.extend(self._search_part(slot, query, k, 0, None))
+                return found
+
+            hits = await anyio.to_thread.run_sync(together)
+            hits.sort(key=lambda h: -h[1])
+            return hits[:k]
         for kb_id, model in targets:
             slot = self._slot(kb_id, model)
             index = slot.index
             if index is None:  # first use: read from the database (a store hop)
-                index = await self._store.run(lambda s: self._loaded(s.knowledge, kb_id, model, slot))
+                index = await self._store.run(lambda s: self._loaded(self._source(s), kb_id, model, slot))
             rows = index.rows
             if rows < SPLIT_ROWS or PARTS == 1:
                 hits.extend(await anyio.to_thread.run_sync(self._search_part, slot, query, k, 0, None))
@@ -158,17 +195,24 @@ class KnowledgeIndexes:
         return hits[:k]
 
     def apply_blocking(self, delta: IndexDelta) -> None:
+        self.update_blocking(delta.kb_id, delta.model, delta.upserted, delta.removed)
+
+    def update_blocking(
+        self, key: str, model: str | None, upserted: list[tuple[int, bytes]], removed: list[int]
+    ) -> None:
+        """Vectors of ``key`` a committed write added or replaced (for ``model``) and rows it
+        removed (``model`` None: removed from every model's index of the key)."""
         self.generation += 1
-        if delta.model is None or (not delta.upserted and not delta.removed):
-            if delta.removed:
-                self._remove_everywhere(delta.kb_id, delta.removed)
+        if model is None or (not upserted and not removed):
+            if removed:
+                self._remove_everywhere(key, removed)
             return
-        slot = self._slot(delta.kb_id, delta.model)
+        slot = self._slot(key, model)
         with slot.lock.write():
             if slot.index is not None:
-                slot.index.apply(delta.upserted, delta.removed)
-        if delta.removed:
-            self._remove_everywhere(delta.kb_id, delta.removed, skip=delta.model)
+                slot.index.apply(upserted, removed)
+        if removed:
+            self._remove_everywhere(key, removed, skip=model)
 
     def _remove_everywhere(self, kb_id: str, rowids: list[int], skip: str | None = None) -> None:
         with self._guard:
@@ -181,6 +225,9 @@ class KnowledgeIndexes:
     async def apply(self, delta: IndexDelta) -> None:
         await anyio.to_thread.run_sync(self.apply_blocking, delta)
 
+    async def update(self, key: str, model: str | None, upserted: list[tuple[int, bytes]], removed: list[int]) -> None:
+        await anyio.to_thread.run_sync(self.update_blocking, key, model, upserted, removed)
+
     def drop(self, kb_id: str, *, keep_model: str | None = None) -> None:
         self.generation += 1
         with self._guard:
@@ -191,3 +238,7 @@ class KnowledgeIndexes:
         with self._guard:
             slots = list(self._slots.values())
         return sum(s.index.nbytes for s in slots if s.index is not None)
+
+
+KnowledgeIndexes = VectorIndexes
+"""The knowledge bases' VectorIndexes (source ``Store.knowledge``, keys are base ids)."""

@@ -39,6 +39,9 @@ __all__ = [
     "index_text",
     "session_token",
     "snippet",
+    "retrieval_terms",
+    "retrieval_match",
+    "key_token",
     "MAX_QUERY_CHARS",
 ]
 
@@ -136,6 +139,47 @@ def build_match(pieces: list[QueryPiece]) -> str | None:
     if not terms:
         return None
     return "{body} : (" + " AND ".join(terms) + ")"
+
+
+def retrieval_terms(query: str) -> list[str]:
+    """The MATCH terms of a retrieval query (knowledge chunks, memories): a CJK run counts as
+    its bigrams, each a term of its own (a question rarely contains a passage's exact
+    phrase); a single CJK character is a prefix term; a Latin word is a quoted term (all
+    built by ``build_match``)."""
+    terms: list[str] = []
+    seen: set[str] = set()
+    for piece in parse_query(query[:MAX_QUERY_CHARS]):
+        if piece.cjk and len(piece.text) > 2:
+            units = [QueryPiece(a + b, True) for a, b in zip(piece.text[:-1], piece.text[1:])]
+        else:
+            units = [piece]
+        for unit in units:
+            expr = build_match([unit])
+            if expr is not None and expr not in seen:
+                seen.add(expr)
+                terms.append(expr)
+    return terms
+
+
+def retrieval_match(terms: list[str], column: str | None = None, tokens: list[str] | None = None) -> str | None:
+    """Any of ``terms`` (ranked by BM25), within the rows whose ``column`` holds one of
+    ``tokens`` (``key_token`` values; no ``column``: no filter). None when nothing is
+    searchable."""
+    if not terms:
+        return None
+    expr = "(" + " OR ".join(terms) + ")"
+    if not column or not tokens:
+        return expr
+    keys = " OR ".join('"' + t + '"' for t in dict.fromkeys(tokens))
+    return "{" + column + "} : (" + keys + ") AND " + expr
+
+
+def key_token(prefix: str, key: str) -> str:
+    """A single unicode61 token standing for ``key`` (a base, a memory scope) in a filter
+    column of an index; ``prefix`` is one letter that keeps kinds of keys apart."""
+    import hashlib  # lazily, as session_token
+
+    return prefix + hashlib.blake2b(key.encode(), digest_size=10).hexdigest()
 
 
 def _hit_spans(text: str, pieces: list[QueryPiece]) -> list[tuple[int, int]]:

@@ -24,7 +24,6 @@ Synchronous: ``Store.knowledge``, reached from async code through ``AsyncStore.r
 
 from __future__ import annotations
 
-import hashlib
 import threading
 from collections.abc import Callable, Iterator, Sequence
 from typing import Any, Protocol
@@ -34,7 +33,7 @@ import msgspec
 from protocol.kb import KbChunk, KbDocument, KnowledgeBase
 from sidecar.errors import NotFound
 from sidecar.store import fts
-from sidecar.store.db import Database
+from sidecar.store.db import Database, fetch_all, fetch_iter
 from sidecar.store.ids import new_id, now_ms
 
 __all__ = [
@@ -164,51 +163,18 @@ class VectorSink(Protocol):
 
 def kb_token(kb_id: str) -> str:
     """A single unicode61 token standing for a base (the ``kb`` column of the index)."""
-    return "k" + hashlib.blake2b(kb_id.encode(), digest_size=10).hexdigest()
+    return fts.key_token("k", kb_id)
 
 
-def lexical_terms(query: str) -> list[str]:
-    """The MATCH terms of a retrieval query: a CJK run counts as its bigrams, each a term of
-    its own (a question rarely contains a passage's exact phrase); a single CJK character is
-    a prefix term; a Latin word is a quoted term (all built by ``fts.build_match``)."""
-    terms: list[str] = []
-    seen: set[str] = set()
-    for piece in fts.parse_query(query[: fts.MAX_QUERY_CHARS]):
-        if piece.cjk and len(piece.text) > 2:
-            units = [fts.QueryPiece(a + b, True) for a, b in zip(piece.text[:-1], piece.text[1:])]
-        else:
-            units = [piece]
-        for unit in units:
-            expr = fts.build_match([unit])
-            if expr is not None and expr not in seen:
-                seen.add(expr)
-                terms.append(expr)
-    return terms
+lexical_terms = fts.retrieval_terms
+"""The MATCH terms of a retrieval query (``fts.retrieval_terms``, shared with memories)."""
 
 
 def lexical_match(query: str, kb_ids: Sequence[str], terms: Sequence[str] | None = None) -> str | None:
     """The MATCH expression of a retrieval query (any of its terms, ranked by BM25) within the
     given bases (an empty ``kb_ids``: no filter). None when nothing is searchable."""
     terms = lexical_terms(query) if terms is None else list(terms)
-    if not terms:
-        return None
-    expr = "(" + " OR ".join(terms) + ")"
-    if not kb_ids:
-        return expr
-    bases = " OR ".join('"' + kb_token(k) + '"' for k in dict.fromkeys(kb_ids))
-    return "{kb} : (" + bases + ") AND " + expr
-
-
-def _rows(conn: Any, sql: str, args: Any = ()) -> list[tuple[Any, ...]]:
-    """The rows of a query on this module's tables (their column types are the schema's)."""
-    rows: list[tuple[Any, ...]] = conn.execute(sql, args).fetchall()
-    return rows
-
-
-def _cursor(conn: Any, sql: str, args: Any = ()) -> Iterator[tuple[Any, ...]]:
-    """The rows of a query one at a time (not materialized)."""
-    cursor: Iterator[tuple[Any, ...]] = conn.execute(sql, args)
-    return cursor
+    return fts.retrieval_match(list(terms), "kb", [kb_token(k) for k in kb_ids])
 
 
 def _doc(row: tuple[Any, ...]) -> DocRecord:
@@ -272,12 +238,12 @@ class KnowledgeRepo:
         """The given bases that exist (all when None), oldest first."""
         with self._db.read() as conn:
             if kb_ids is None:
-                rows = _rows(conn, f"SELECT {_KB_COLUMNS} FROM kb_bases ORDER BY created_at, id")
+                rows = fetch_all(conn, f"SELECT {_KB_COLUMNS} FROM kb_bases ORDER BY created_at, id")
             else:
                 ids = list(dict.fromkeys(kb_ids))
                 if not ids:
                     return []
-                rows = _rows(conn,
+                rows = fetch_all(conn,
                     f"SELECT {_KB_COLUMNS} FROM kb_bases WHERE id IN ({','.join('?' * len(ids))})"
                     " ORDER BY created_at, id", ids,
                 )
@@ -291,7 +257,7 @@ class KnowledgeRepo:
             marks = ",".join("?" * len(records))
             stats = {
                 row[0]: row[1:]
-                for row in _cursor(conn,
+                for row in fetch_iter(conn,
                     "SELECT kb_id, count(*), coalesce(sum(chunk_count), 0),"
                     " sum(status IN ('pending', 'indexing')), sum(status = 'error')"
                     f" FROM kb_documents WHERE kb_id IN ({marks}) GROUP BY kb_id",
@@ -361,7 +327,7 @@ class KnowledgeRepo:
         with self._db.write() as conn:
             self._kb(conn, kb_id)
             if content_hash is not None:
-                rows = _rows(conn,
+                rows = fetch_all(conn,
                     f"SELECT {_DOC_COLUMNS} FROM kb_documents WHERE kb_id = ? AND content_hash = ?",
                     (kb_id, content_hash),
                 )
@@ -388,7 +354,7 @@ class KnowledgeRepo:
             if status is not None:
                 where += " AND status = ?"
                 args.append(status)
-            rows = _rows(conn,
+            rows = fetch_all(conn,
                 f"SELECT {_DOC_COLUMNS} FROM kb_documents WHERE {where} ORDER BY created_at, id LIMIT ? OFFSET ?",
                 [*args, limit, offset],
             )
@@ -396,7 +362,7 @@ class KnowledgeRepo:
 
     def document_body(self, doc_id: str) -> str | None:
         with self._db.read() as conn:
-            rows = _rows(conn, "SELECT body FROM kb_documents WHERE id = ?", (doc_id,))
+            rows = fetch_all(conn, "SELECT body FROM kb_documents WHERE id = ?", (doc_id,))
         if not rows:
             raise NotFound(f"document {doc_id!r} not found", data={"documentId": doc_id})
         body: str | None = rows[0][0]
@@ -405,7 +371,7 @@ class KnowledgeRepo:
     def chunks(self, doc_id: str) -> list[KbChunk]:
         with self._db.read() as conn:
             self._doc(conn, doc_id)
-            rows = _rows(conn,
+            rows = fetch_all(conn,
                 f"SELECT {_CHUNK_COLUMNS} FROM kb_chunks WHERE document_id = ? ORDER BY ordinal", (doc_id,)
             )
         return [
@@ -430,7 +396,7 @@ class KnowledgeRepo:
         """Queue every document of a base again (a new chunk size); their ids."""
         with self._db.write() as conn:
             self._kb(conn, kb_id)
-            ids = [r[0] for r in _cursor(conn, "SELECT id FROM kb_documents WHERE kb_id = ? ORDER BY created_at, id", (kb_id,))]
+            ids = [r[0] for r in fetch_iter(conn, "SELECT id FROM kb_documents WHERE kb_id = ? ORDER BY created_at, id", (kb_id,))]
             conn.execute(
                 "UPDATE kb_documents SET status = 'pending', error = NULL, error_code = NULL,"
                 " revision = revision + 1, updated_at = ? WHERE kb_id = ?",
@@ -441,7 +407,7 @@ class KnowledgeRepo:
     def claim(self, doc_id: str) -> DocRecord | None:
         """Mark a queued document ``indexing``; None when it is gone or already indexed."""
         with self._db.write() as conn:
-            rows = _rows(conn,
+            rows = fetch_all(conn,
                 f"SELECT {_DOC_COLUMNS} FROM kb_documents WHERE id = ?", (doc_id,)
             )
             if not rows:
@@ -458,7 +424,7 @@ class KnowledgeRepo:
         """Documents left ``pending`` or ``indexing`` (by a restart), oldest first."""
         with self._db.read() as conn:
             return [
-                r[0] for r in _cursor(conn,
+                r[0] for r in fetch_iter(conn,
                     "SELECT id FROM kb_documents WHERE status IN ('pending', 'indexing') ORDER BY created_at, id"
                 )
             ]
@@ -468,7 +434,7 @@ class KnowledgeRepo:
         with self._db.read() as conn:
             return {
                 cid: (ehash, blob)
-                for cid, ehash, blob in _cursor(conn,
+                for cid, ehash, blob in fetch_iter(conn,
                     "SELECT c.id, v.embed_hash, v.vector FROM kb_chunks c JOIN kb_vectors v"
                     " ON v.chunk_rowid = c.rowid AND v.kb_id = c.kb_id AND v.model = ?"
                     " WHERE c.document_id = ?",
@@ -485,7 +451,7 @@ class KnowledgeRepo:
         revision was requested meanwhile."""
         now = self._clock()
         with self._db.write() as conn:
-            rows = _rows(conn,
+            rows = fetch_all(conn,
                 "SELECT revision, kb_id FROM kb_documents WHERE id = ?", (doc.id,)
             )
             if not rows or rows[0][0] != doc.revision:
@@ -494,7 +460,7 @@ class KnowledgeRepo:
             token = kb_token(kb_id)
             old = {
                 cid: (rowid, ehash)
-                for rowid, cid, ehash in _cursor(conn,
+                for rowid, cid, ehash in fetch_iter(conn,
                     "SELECT rowid, id, embed_hash FROM kb_chunks WHERE document_id = ?", (doc.id,)
                 )
             }
@@ -512,7 +478,7 @@ class KnowledgeRepo:
             rowid_of = {cid: rowid for cid, (rowid, _) in old.items()}
             if fresh:
                 rowid_of.update(
-                    (cid, rowid) for rowid, cid in _cursor(conn,
+                    (cid, rowid) for rowid, cid in fetch_iter(conn,
                         "SELECT rowid, id FROM kb_chunks WHERE document_id = ?", (doc.id,)
                     )
                 )
@@ -561,7 +527,7 @@ class KnowledgeRepo:
     def mark_error(self, doc: DocRecord, code: str, message: str) -> bool:
         """Status ``error`` for this revision of the document (False: gone or superseded)."""
         with self._db.write() as conn:
-            changed = _rows(conn,
+            changed = fetch_all(conn,
                 "UPDATE kb_documents SET status = 'error', error = ?, error_code = ?, updated_at = ?"
                 " WHERE id = ? AND revision = ? RETURNING id",
                 (message[:2000], code, self._clock(), doc.id, doc.revision),
@@ -572,7 +538,7 @@ class KnowledgeRepo:
         """Delete a document; (its base, the rowids of its chunks that went with it)."""
         with self._db.write() as conn:
             doc = self._doc(conn, doc_id)
-            rowids = [r[0] for r in _cursor(conn, "SELECT rowid FROM kb_chunks WHERE document_id = ?", (doc_id,))]
+            rowids = [r[0] for r in fetch_iter(conn, "SELECT rowid FROM kb_chunks WHERE document_id = ?", (doc_id,))]
             conn.execute("DELETE FROM kb_documents WHERE id = ?", (doc_id,))
             return doc.kb_id, rowids
 
@@ -583,7 +549,7 @@ class KnowledgeRepo:
         Rows are read one at a time (the cursor is not materialized): at most one BLOB
         beside the sink's own storage."""
         with self._db.read() as conn:
-            rows = _rows(conn,
+            rows = fetch_all(conn,
                 "SELECT count(*), max(dims) FROM kb_vectors WHERE kb_id = ? AND model = ?", (kb_id, model)
             )
             count, dims = rows[0]
@@ -591,7 +557,7 @@ class KnowledgeRepo:
                 return 0
             sink.reserve(count, dims)
             i = 0
-            for rowid, blob in _cursor(conn,
+            for rowid, blob in fetch_iter(conn,
                 "SELECT chunk_rowid, vector FROM kb_vectors WHERE kb_id = ? AND model = ? ORDER BY chunk_rowid",
                 (kb_id, model),
             ):
@@ -607,7 +573,7 @@ class KnowledgeRepo:
         with self._db.read() as conn:
             return [
                 (rowid, ehash, heading + "\x00" + text)
-                for rowid, ehash, heading, text in _cursor(conn,
+                for rowid, ehash, heading, text in fetch_iter(conn,
                     "SELECT c.rowid, c.embed_hash, c.heading, c.text FROM kb_chunks c"
                     " LEFT JOIN kb_vectors v ON v.kb_id = c.kb_id AND v.model = ? AND v.chunk_rowid = c.rowid"
                     " WHERE c.kb_id = ? AND (v.chunk_rowid IS NULL OR v.embed_hash != c.embed_hash)"
@@ -619,8 +585,8 @@ class KnowledgeRepo:
     def count_vectors(self, kb_id: str, model: str) -> tuple[int, int, int | None]:
         """(chunks of the base, those with a current ``model`` vector, their dimensions)."""
         with self._db.read() as conn:
-            total = _rows(conn, "SELECT count(*) FROM kb_chunks WHERE kb_id = ?", (kb_id,))[0][0]
-            done, dims = _rows(conn,
+            total = fetch_all(conn, "SELECT count(*) FROM kb_chunks WHERE kb_id = ?", (kb_id,))[0][0]
+            done, dims = fetch_all(conn,
                 "SELECT count(*), max(v.dims) FROM kb_chunks c JOIN kb_vectors v ON v.kb_id = c.kb_id AND v.model = ?"
                 " AND v.chunk_rowid = c.rowid AND v.embed_hash = c.embed_hash WHERE c.kb_id = ?",
                 (model, kb_id),
@@ -632,7 +598,7 @@ class KnowledgeRepo:
         with self._db.write() as conn:
             written = 0
             for rowid, ehash, blob in rows:
-                written += len(_rows(conn,
+                written += len(fetch_all(conn,
                     "INSERT OR REPLACE INTO kb_vectors(kb_id, model, chunk_rowid, embed_hash, dims, vector)"
                     " SELECT ?, ?, rowid, embed_hash, ?, ? FROM kb_chunks WHERE rowid = ? AND embed_hash = ?"
                     " RETURNING chunk_rowid",
@@ -644,7 +610,7 @@ class KnowledgeRepo:
         """Make ``model`` answer the base's searches and drop its other vectors (False: the
         base is gone or now wants another model)."""
         with self._db.write() as conn:
-            rows = _rows(conn,
+            rows = fetch_all(conn,
                 "SELECT embed_provider_id, embed_model_id FROM kb_bases WHERE id = ?", (kb_id,)
             )
             if not rows or f"{rows[0][0]}/{rows[0][1]}" != model:
@@ -672,7 +638,7 @@ class KnowledgeRepo:
             return []
         ids = list(dict.fromkeys(kb_ids))
         with self._db.read() as conn:
-            sizes = dict(_rows(conn, "SELECT kb_id, sum(chunk_count) FROM kb_documents GROUP BY kb_id"))
+            sizes: dict[str, int | None] = dict(fetch_all(conn, "SELECT kb_id, sum(chunk_count) FROM kb_documents GROUP BY kb_id"))
             total = sum(v or 0 for v in sizes.values())
             mine = sum(sizes.get(k) or 0 for k in ids)
             if not mine:
@@ -690,7 +656,7 @@ class KnowledgeRepo:
                 args = ids
             else:
                 expr, join, where, args = lexical_match("", ids, terms), "", "", []
-            rows = _rows(conn,
+            rows = fetch_all(conn,
                 f"SELECT kb_chunks_fts.rowid, bm25(kb_chunks_fts, 1.0, 0.0) AS r FROM kb_chunks_fts{join}"
                 f" WHERE kb_chunks_fts MATCH ?{where} ORDER BY r LIMIT ?",
                 [expr, *args, limit],
@@ -704,7 +670,7 @@ class KnowledgeRepo:
             known = self._df.get(term)
         if known is not None and abs(known[1] - total) <= total // 5:
             return known[0]
-        count = _rows(conn,
+        count = fetch_all(conn,
             "SELECT count(*) FROM (SELECT 1 FROM kb_chunks_fts WHERE kb_chunks_fts MATCH ? LIMIT ?)", (term, cap)
         )[0][0]
         with self._df_lock:
@@ -721,7 +687,7 @@ class KnowledgeRepo:
             for i in range(0, len(ids), 500):
                 part = ids[i : i + 500]
                 out.update(
-                    (rowid, (did, tokens)) for rowid, did, tokens in _cursor(conn,
+                    (rowid, (did, tokens)) for rowid, did, tokens in fetch_iter(conn,
                         f"SELECT rowid, document_id, tokens FROM kb_chunks WHERE rowid IN ({','.join('?' * len(part))})",
                         part,
                     )
@@ -736,7 +702,7 @@ class KnowledgeRepo:
             ids = list(rowids)
             for i in range(0, len(ids), 500):
                 part = ids[i : i + 500]
-                for row in _cursor(conn,
+                for row in fetch_iter(conn,
                     "SELECT c.rowid, c.id, c.kb_id, c.document_id, d.name, c.ordinal, c.heading, c.char_start,"
                     " c.char_end, c.page, c.tokens, c.text FROM kb_chunks c JOIN kb_documents d ON d.id = c.document_id"
                     f" WHERE c.rowid IN ({','.join('?' * len(part))})",
@@ -753,13 +719,13 @@ class KnowledgeRepo:
     # ---- internals ----------------------------------------------------------------
 
     def _kb(self, conn: Any, kb_id: str) -> KbRecord:
-        rows = _rows(conn, f"SELECT {_KB_COLUMNS} FROM kb_bases WHERE id = ?", (kb_id,))
+        rows = fetch_all(conn, f"SELECT {_KB_COLUMNS} FROM kb_bases WHERE id = ?", (kb_id,))
         if not rows:
             raise NotFound(f"knowledge base {kb_id!r} not found", data={"kbId": kb_id})
         return _kb(rows[0])
 
     def _doc(self, conn: Any, doc_id: str) -> DocRecord:
-        rows = _rows(conn, f"SELECT {_DOC_COLUMNS} FROM kb_documents WHERE id = ?", (doc_id,))
+        rows = fetch_all(conn, f"SELECT {_DOC_COLUMNS} FROM kb_documents WHERE id = ?", (doc_id,))
         if not rows:
             raise NotFound(f"document {doc_id!r} not found", data={"documentId": doc_id})
         return _doc(rows[0])

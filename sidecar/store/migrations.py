@@ -803,3 +803,101 @@ def m_generation_completeness(conn: apsw.Connection) -> None:
         " WHERE json_valid(config) AND json_type(config, '$.enabledTools') = 'array'"
         " AND json_array_length(config, '$.enabledTools') = 0"
     )
+
+
+@migration
+def m_memory(conn: apsw.Connection) -> None:
+    # Long-term memory and Soul.md versions (sidecar/store/memory.py). A memory row is one
+    # version: its content never changes, a newer version supersedes it (``superseded_by``
+    # / ``supersedes`` by id), a soft delete sets ``deleted_at``. Rows get AUTOINCREMENT rowids
+    # (never reused) that the contentless FTS table and the in-memory vector index key on;
+    # vectors cascade with their row. Proposals of the encoder go with their session. Soul.md
+    # versions are numbered per scope (``global`` or an assistant id) and never rewritten.
+    # IF NOT EXISTS: a database whose version was set back passes through unchanged.
+    conn.execute(
+        """
+        CREATE TABLE IF NOT EXISTS memories (
+          rowid         INTEGER PRIMARY KEY AUTOINCREMENT,
+          id            TEXT NOT NULL UNIQUE,
+          scope         TEXT NOT NULL,
+          kind          TEXT NOT NULL,
+          text          TEXT NOT NULL,
+          task          TEXT,
+          outcome       TEXT,
+          context       TEXT,
+          topic_key     TEXT,
+          norm_hash     TEXT NOT NULL,
+          source_kind   TEXT NOT NULL,
+          session_id    TEXT,
+          message_id    TEXT,
+          tool_call_id  TEXT,
+          flags         TEXT NOT NULL DEFAULT '[]',
+          supersedes    TEXT,
+          superseded_by TEXT,
+          deleted_at    INTEGER,
+          use_count     INTEGER NOT NULL DEFAULT 0,
+          last_used_at  INTEGER,
+          tokens        INTEGER NOT NULL DEFAULT 0,
+          created_at    INTEGER NOT NULL,
+          updated_at    INTEGER NOT NULL
+        );
+        CREATE INDEX IF NOT EXISTS idx_memories_active ON memories(scope, created_at)
+          WHERE superseded_by IS NULL AND deleted_at IS NULL;
+        CREATE INDEX IF NOT EXISTS idx_memories_used ON memories(scope, use_count, created_at)
+          WHERE superseded_by IS NULL AND deleted_at IS NULL;
+        CREATE INDEX IF NOT EXISTS idx_memories_hash ON memories(scope, norm_hash);
+        CREATE INDEX IF NOT EXISTS idx_memories_key ON memories(scope, topic_key) WHERE topic_key IS NOT NULL;
+        CREATE INDEX IF NOT EXISTS idx_memories_created ON memories(created_at);
+        CREATE TABLE IF NOT EXISTS memory_vectors (
+          memory_rowid INTEGER NOT NULL REFERENCES memories(rowid) ON DELETE CASCADE,
+          model        TEXT NOT NULL,
+          scope        TEXT NOT NULL,
+          dims         INTEGER NOT NULL,
+          vector       BLOB NOT NULL,
+          PRIMARY KEY (scope, model, memory_rowid)
+        ) WITHOUT ROWID;
+        CREATE INDEX IF NOT EXISTS idx_memory_vectors_row ON memory_vectors(memory_rowid);
+        CREATE VIRTUAL TABLE IF NOT EXISTS memories_fts USING fts5(
+          body, scope,
+          content = '', contentless_delete = 1,
+          tokenize = 'porter unicode61 remove_diacritics 2'
+        );
+        CREATE TRIGGER IF NOT EXISTS memories_after_delete AFTER DELETE ON memories BEGIN
+          DELETE FROM memories_fts WHERE rowid = old.rowid;
+        END;
+        CREATE TABLE IF NOT EXISTS memory_proposals (
+          id           TEXT PRIMARY KEY,
+          session_id   TEXT NOT NULL REFERENCES sessions_v2(id) ON DELETE CASCADE,
+          message_id   TEXT NOT NULL,
+          assistant_id TEXT NOT NULL,
+          scope        TEXT NOT NULL,
+          kind         TEXT NOT NULL,
+          text         TEXT NOT NULL,
+          task         TEXT,
+          outcome      TEXT,
+          context      TEXT,
+          topic_key    TEXT,
+          action       TEXT NOT NULL,
+          supersedes   TEXT,
+          reason       TEXT NOT NULL DEFAULT '',
+          flags        TEXT NOT NULL DEFAULT '[]',
+          status       TEXT NOT NULL DEFAULT 'pending',
+          created_at   INTEGER NOT NULL,
+          decided_at   INTEGER
+        );
+        CREATE INDEX IF NOT EXISTS idx_memory_proposals_open ON memory_proposals(session_id, created_at)
+          WHERE status = 'pending';
+        CREATE TABLE IF NOT EXISTS soul_versions (
+          scope         TEXT NOT NULL,
+          version       INTEGER NOT NULL,
+          content       TEXT NOT NULL,
+          source        TEXT NOT NULL,
+          reason        TEXT,
+          session_id    TEXT,
+          message_id    TEXT,
+          reverted_from INTEGER,
+          created_at    INTEGER NOT NULL,
+          PRIMARY KEY (scope, version)
+        ) WITHOUT ROWID;
+        """
+    )

@@ -18,6 +18,8 @@ repositories exist. Every repository is an attribute built here on the one Datab
     sync        SyncRepo       Qiming server: the account (token sealed), links, message map (sync.py)
     citations   Citations      the citations of replies (citations.py; read onto MessageV2 below)
     files       FileRepo       files on disk owned by sessions and messages, the deletion journal (files.py)
+    memory      MemoryRepo     long-term memories, their vectors and FTS, encoder proposals (memory.py)
+    souls       SoulRepo       every version of every Soul.md (memory.py)
 
 A new repository takes the Database in its constructor and is attached here; nothing
 outside the store package sees the Database. Each repository method is one transaction
@@ -101,6 +103,7 @@ from sidecar.store.assistants import AssistantRepo
 from sidecar.store.channels import ChannelRepo
 from sidecar.store.context import ContextRepo
 from sidecar.store.knowledge import KnowledgeRepo
+from sidecar.store.memory import MemoryRepo, SoulRepo
 from sidecar.store.providers import ProviderRepo
 from sidecar.store.rows import SESSION_COLUMNS, parts_or_none, searchable_text, session_from_row, to_json
 from sidecar.store.search import MessageSearch
@@ -760,6 +763,8 @@ class Store:
         self.sync = SyncRepo(db, sealer)
         self.citations = Citations(db)
         self.files = FileRepo(db, self.data_dir, clock)
+        self.memory = MemoryRepo(db, clock)
+        self.souls = SoulRepo(db, clock)
         try:
             self.schema_version = migrate(db)
             self.recovered = self.messages.recover_interrupted()

@@ -68,6 +68,10 @@ class Tool:
     prompt: str | None = None
     """Text this tool adds to the system prompt (seed 000 section 4, item 5)."""
 
+    def preview(self, args: dict[str, Any]) -> str | None:
+        """What a call with ``args`` would change, shown with its approval (None: nothing)."""
+        return None
+
     def spec(self) -> ToolSpec:
         return ToolSpec(name=self.name, description=self.description, parameters=self.parameters)
 

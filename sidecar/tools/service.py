@@ -1,8 +1,10 @@
 """ToolService: tool settings and the per-request assembly of the ToolRegistry.
 
 ``assemble(session, model, assistant=, enabled=)`` builds the registry of one request in
-seed 000's order (section 3): ``knowledge_search`` first when the session's assistant
-has knowledge bases (the knowledge tools come before the others), web search (when configured), the enabled local tools,
+seed 000's order (section 3): the memory tools first when the session's assistant has
+memory on (and ``soul_update`` when it may evolve its Soul.md; sidecar/memory/tools.py),
+then ``knowledge_search`` when it has knowledge bases (the knowledge tools come before
+the others), web search (when configured), the enabled local tools,
 conversation search, workspace tools (when the session has a workspace dir), skill tools
 (when skills exist), MCP tools, then ``read_tool_output`` and ``get_session_capabilities``
 (which serve the others, so they come when at least one other tool is offered). Then:
@@ -90,6 +92,12 @@ class McpSource(Protocol):
     def unavailable(self) -> list[tuple[str, str]]: ...
 
 
+class MemorySource(Protocol):
+    """The memory side (sidecar/memory MemoryService.offer): ``.tools`` and ``.retrieval``."""
+
+    async def offer(self, session: SessionV2 | None) -> Any: ...
+
+
 class ToolService:
     def __init__(
         self,
@@ -105,6 +113,7 @@ class ToolService:
         knowledge: KnowledgeSource | None = None,
         all_policies: Callable[[], Awaitable[dict[str, ToolPolicy]]] | None = None,
         policy_version: Callable[[], int] | None = None,
+        memory: MemorySource | None = None,
     ) -> None:
         """``all_policies`` (every stored policy) with ``policy_version`` (the store's counter
         of policy writes) let assembly cache the policies; without them each assembly reads
@@ -120,6 +129,8 @@ class ToolService:
         self._web_transport = web_transport
         self.knowledge = knowledge
         """The knowledge bases' tools and retrieval capabilities (sidecar/retrieval)."""
+        self.memory = memory
+        """The memory tools and memory capabilities (sidecar/memory)."""
         self._settings = ToolSettings()
         self._web: SearxngBackend | None = None
         self._all_policies = all_policies
@@ -251,6 +262,18 @@ class ToolService:
         def offered(tool: Tool) -> bool:
             return wanted is None or tool.name in wanted or (tool.server_key is not None and tool.server_key in wanted)
 
+        memory_retrieval: dict[str, Any] = {"enabled": False}
+        memory_tools: list[Tool] = []
+        if self.memory is not None:
+            try:
+                memory = await self.memory.offer(session)
+            except anyio.get_cancelled_exc_class():
+                raise
+            except Exception:  # memory is an addition: the other tools still come
+                log.exception("the memory tools could not be assembled")
+            else:
+                memory_retrieval = memory.retrieval
+                memory_tools = list(memory.tools)
         knowledge = NO_KNOWLEDGE
         if self.knowledge is not None:
             try:
@@ -259,7 +282,7 @@ class ToolService:
                 raise
             except Exception:  # knowledge is an addition: the other tools still come
                 log.exception("the knowledge tools could not be assembled")
-        candidates: list[Tool] = list(knowledge.tools)  # the knowledge tools come first
+        candidates: list[Tool] = [*memory_tools, *knowledge.tools]  # these come first, in this order
         if s.web_search is not None:
             if self._web is None:
                 self._web = SearxngBackend(s.web_search, transport=self._web_transport)
@@ -287,7 +310,10 @@ class ToolService:
         if self._extra is not None:
             candidates.extend(self._extra())
         candidates = [t for t in candidates if offered(t)]
-        system: list[Tool] = [ReadToolOutput(), SessionCapabilities(lambda: _capabilities(registry, session, knowledge))]
+        system: list[Tool] = [
+            ReadToolOutput(),
+            SessionCapabilities(lambda: _capabilities(registry, session, knowledge, memory_retrieval)),
+        ]
         stored = await self._stored_policies(_policy_keys(candidates + system))
         for tool in candidates:
             if _effective(tool, stored) != "deny":
@@ -328,11 +354,13 @@ def _effective(tool: Tool, stored: dict[str, Any]) -> ToolPolicyValue:
     return cast(ToolPolicyValue, policy.policy) if policy is not None else tool.default_policy
 
 
-def _capabilities(registry: ToolRegistry, session: SessionV2 | None, knowledge: KnowledgeOffer) -> dict[str, Any]:
+def _capabilities(
+    registry: ToolRegistry, session: SessionV2 | None, knowledge: KnowledgeOffer, memory: dict[str, Any]
+) -> dict[str, Any]:
     return {
         "tools": [{"name": t.name, "source": t.source, "description": t.description} for t in registry.tools],
         "workspace": session.workspace_dir if session is not None else None,
-        "retrieval": {"knowledge_base": knowledge.retrieval, "memory": False},
+        "retrieval": {"knowledge_base": knowledge.retrieval, "memory": memory},
         "web_search": registry.get("web_search") is not None,
         "conversation_search": registry.get("search_conversations") is not None,
         "max_steps": 256,

@@ -1,0 +1,740 @@
+"""MemoryRepo and SoulRepo: long-term memories, their vectors and full-text index, the
+encoder's proposals, and the versions of each Soul.md.
+
+Owns the tables of migration ``m_memory``:
+- ``memories``: one row per version of a memory. A row's content (scope, kind, text,
+  task/outcome/context, key, source, flags) never changes after it is written; only its
+  state does: ``superseded_by`` (a newer version replaced it), ``deleted_at`` (soft delete),
+  the use counter. Active = neither superseded nor deleted; only active rows reach
+  retrieval, the basic memory text and the tools.
+- ``memory_vectors``: float32 little-endian BLOBs (L2-normalized) per (scope, model, row),
+  cascading with their row; ``read_vectors`` streams only those of active rows.
+- ``memories_fts``: contentless FTS5 over each row's text (+ task, outcome, context)
+  rewritten by the CJK bigram scheme of ``sidecar/store/fts.py``, plus a token of its scope
+  (``fts.key_token``) so a search is confined to the scopes asked for.
+- ``memory_proposals``: what the encoder proposed (``pending`` until accepted or rejected;
+  they go with their session).
+- ``soul_versions``: every version of every Soul.md (scope ``global`` or an assistant id),
+  numbered from 1 per scope; a version is never rewritten.
+
+Must stay true:
+- every method is one transaction; ``supersede`` writes the new version and marks the old
+  one in the same transaction and refuses an old version that is no longer active, so two
+  updates of one memory never both succeed (no fork of its history);
+- user text reaches MATCH only through ``fts`` quoting;
+- a scope's rows are never read for another scope: every read takes the scopes explicitly.
+
+Synchronous: ``Store.memory`` and ``Store.souls``, reached from async code through
+``AsyncStore.run``.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Callable, Iterable, Iterator, Sequence
+from typing import Any, cast
+
+import msgspec
+
+from protocol.errors import ErrorCode
+from protocol.memory import Memory, MemoryProposal, MemorySource, SoulVersion
+from sidecar.errors import NotFound, StoreError
+from sidecar.store import fts
+from sidecar.store.db import Database, fetch_all, fetch_iter
+from sidecar.store.ids import new_id, now_ms
+from sidecar.store.knowledge import VectorSink
+
+__all__ = [
+    "MemoryRepo",
+    "SoulRepo",
+    "MemoryRecord",
+    "NewMemory",
+    "ProposalRecord",
+    "SoulRecord",
+    "scope_token",
+    "VectorRow",
+]
+
+_COLUMNS = (
+    "rowid, id, scope, kind, text, task, outcome, context, topic_key, norm_hash, source_kind, session_id,"
+    " message_id, tool_call_id, flags, supersedes, superseded_by, deleted_at, use_count, last_used_at, tokens,"
+    " created_at, updated_at"
+)
+_ACTIVE = "superseded_by IS NULL AND deleted_at IS NULL"
+_ACTIVE_M = "m.superseded_by IS NULL AND m.deleted_at IS NULL"
+_flags_decoder = msgspec.json.Decoder(list[str])
+_encode = msgspec.json.encode
+
+DOC_COUNT_CACHE = 10_000
+"""Terms whose document counts are kept at most (then the cache starts over)."""
+LEXICAL_CANDIDATES = 1000
+"""Rows (summed over the kept terms' document counts) a lexical search scores at most,
+unless its rarest term alone matches more."""
+
+VectorRow = tuple[str, int, bytes]
+"""(scope, memory rowid, vector bytes): what a vector write changed, for the in-memory index."""
+
+
+def scope_token(scope: str) -> str:
+    """The token of a scope in the ``scope`` column of ``memories_fts``."""
+    return fts.key_token("m", scope)
+
+
+class NewMemory(msgspec.Struct, kw_only=True):
+    """A version to write (the service computes hash, tokens and flags)."""
+
+    scope: str
+    kind: str
+    text: str
+    task: str | None = None
+    outcome: str | None = None
+    context: str | None = None
+    key: str | None = None
+    norm_hash: str
+    source_kind: str
+    session_id: str | None = None
+    message_id: str | None = None
+    tool_call_id: str | None = None
+    flags: list[str] = []
+    tokens: int = 0
+
+
+class MemoryRecord(msgspec.Struct, kw_only=True):
+    rowid: int
+    id: str
+    scope: str
+    kind: str
+    text: str
+    task: str | None
+    outcome: str | None
+    context: str | None
+    key: str | None
+    norm_hash: str
+    source_kind: str
+    session_id: str | None
+    message_id: str | None
+    tool_call_id: str | None
+    flags: list[str]
+    supersedes: str | None
+    superseded_by: str | None
+    deleted_at: int | None
+    use_count: int
+    last_used_at: int | None
+    tokens: int
+    created_at: int
+    updated_at: int
+    models: list[str] = []
+
+    @property
+    def active(self) -> bool:
+        return self.superseded_by is None and self.deleted_at is None
+
+    @property
+    def status(self) -> str:
+        if self.deleted_at is not None:
+            return "deleted"
+        return "superseded" if self.superseded_by is not None else "active"
+
+    def to_wire(self) -> Memory:
+        return Memory(
+            id=self.id, scope=self.scope, kind=self.kind, text=self.text,  # type: ignore[arg-type]
+            task=self.task, outcome=self.outcome, context=self.context, key=self.key,
+            source=MemorySource(
+                kind=self.source_kind,  # type: ignore[arg-type]
+                session_id=self.session_id, message_id=self.message_id, tool_call_id=self.tool_call_id,
+            ),
+            flags=list(self.flags),  # type: ignore[arg-type]
+            status=self.status,  # type: ignore[arg-type]
+            supersedes=self.supersedes, superseded_by=self.superseded_by, deleted_at=self.deleted_at,
+            use_count=self.use_count, last_used_at=self.last_used_at, embedding_models=list(self.models),
+            tokens=self.tokens, created_at=self.created_at, updated_at=self.updated_at,
+        )
+
+
+class ProposalRecord(msgspec.Struct, kw_only=True):
+    id: str
+    session_id: str
+    message_id: str
+    assistant_id: str
+    scope: str
+    kind: str
+    text: str
+    task: str | None = None
+    outcome: str | None = None
+    context: str | None = None
+    key: str | None = None
+    action: str
+    supersedes: str | None = None
+    reason: str = ""
+    flags: list[str] = []
+    status: str = "pending"
+    created_at: int = 0
+
+    def to_wire(self, supersedes_text: str | None = None) -> MemoryProposal:
+        return MemoryProposal(
+            id=self.id, session_id=self.session_id, message_id=self.message_id, assistant_id=self.assistant_id,
+            scope=self.scope, kind=self.kind,  # type: ignore[arg-type]
+            text=self.text, task=self.task, outcome=self.outcome, context=self.context, key=self.key,
+            action=self.action,  # type: ignore[arg-type]
+            supersedes=self.supersedes, supersedes_text=supersedes_text, reason=self.reason,
+            flags=list(self.flags),  # type: ignore[arg-type]
+            status=self.status,  # type: ignore[arg-type]
+            created_at=self.created_at,
+        )
+
+
+class SoulRecord(msgspec.Struct, kw_only=True):
+    scope: str
+    version: int
+    content: str
+    source: str
+    reason: str | None
+    session_id: str | None
+    message_id: str | None
+    reverted_from: int | None
+    created_at: int
+
+    def to_wire(self) -> SoulVersion:
+        return SoulVersion(
+            version=self.version, content=self.content, bytes=len(self.content.encode("utf-8")),
+            source=self.source,  # type: ignore[arg-type]
+            reason=self.reason, session_id=self.session_id, message_id=self.message_id,
+            reverted_from=self.reverted_from, created_at=self.created_at,
+        )
+
+
+def _record(row: tuple[Any, ...]) -> MemoryRecord:
+    (rowid, mid, scope, kind, text, task, outcome, context, key, nhash, skind, sid, msg, call, flags, sup,
+     sup_by, deleted, uses, used_at, tokens, created, updated) = row
+    try:
+        flag_list = _flags_decoder.decode(flags) if flags else []
+    except msgspec.DecodeError:
+        flag_list = []
+    return MemoryRecord(
+        rowid=rowid, id=mid, scope=scope, kind=kind, text=text, task=task, outcome=outcome, context=context,
+        key=key, norm_hash=nhash, source_kind=skind, session_id=sid, message_id=msg, tool_call_id=call,
+        flags=flag_list, supersedes=sup, superseded_by=sup_by, deleted_at=deleted, use_count=uses,
+        last_used_at=used_at, tokens=tokens, created_at=created, updated_at=updated,
+    )
+
+
+def _body(m: NewMemory | MemoryRecord) -> str:
+    return fts.index_text("\n".join(t for t in (m.text, m.task, m.outcome, m.context) if t))
+
+
+def _marks(n: int) -> str:
+    return ",".join("?" * n)
+
+
+class MemoryRepo:
+    def __init__(self, db: Database, clock: Callable[[], int] = now_ms) -> None:
+        self._db = db
+        self._clock = clock
+        self._df: dict[str, int] = {}
+        """Document counts of lexical terms (``_doc_count``), cleared by every write to the index."""
+
+    # ---- writing ------------------------------------------------------------------
+
+    def create(self, new: NewMemory) -> MemoryRecord:
+        with self._db.write() as conn:
+            return self._insert(conn, new, supersedes=None)
+
+    def supersede(self, old_id: str, new: NewMemory) -> tuple[MemoryRecord, MemoryRecord]:
+        """Write ``new`` as the next version of the active memory ``old_id``: (new, old as
+        it is now). BAD_STATE when ``old_id`` is superseded or deleted already."""
+        with self._db.write() as conn:
+            old = self._get(conn, old_id)
+            if not old.active:
+                raise StoreError(
+                    f"memory {old_id!r} is {old.status}: only an active memory can be updated",
+                    code=ErrorCode.BAD_STATE, data={"memoryId": old_id, "status": old.status},
+                )
+            record = self._insert(conn, new, supersedes=old_id)
+            conn.execute(
+                "UPDATE memories SET superseded_by = ?, updated_at = ? WHERE rowid = ?",
+                (record.id, record.created_at, old.rowid),
+            )
+            return record, self._get(conn, old_id)
+
+    def _insert(self, conn: Any, new: NewMemory, *, supersedes: str | None) -> MemoryRecord:
+        now = self._clock()
+        mid = new_id()
+        conn.execute(
+            "INSERT INTO memories(id, scope, kind, text, task, outcome, context, topic_key, norm_hash, source_kind,"
+            " session_id, message_id, tool_call_id, flags, supersedes, tokens, created_at, updated_at)"
+            " VALUES (?, ?, ?, ?, ?, ?, ?, ?, ?, ?, ?, ?, ?, ?, ?, ?, ?, ?)",
+            (mid, new.scope, new.kind, new.text, new.task, new.outcome, new.context, new.key, new.norm_hash,
+             new.source_kind, new.session_id, new.message_id, new.tool_call_id, _encode(new.flags).decode(),
+             supersedes, new.tokens, now, now),
+        )
+        record = self._get(conn, mid)
+        self._df.clear()
+        conn.execute(
+            "INSERT INTO memories_fts(rowid, body, scope) VALUES (?, ?, ?)",
+            (record.rowid, _body(new), scope_token(new.scope)),
+        )
+        return record
+
+    def delete(self, memory_id: str) -> MemoryRecord:
+        """Soft delete (idempotent): the row stays, out of every request."""
+        with self._db.write() as conn:
+            record = self._get(conn, memory_id)
+            if record.deleted_at is None:
+                now = self._clock()
+                conn.execute("UPDATE memories SET deleted_at = ?, updated_at = ? WHERE rowid = ?",
+                             (now, now, record.rowid))
+            return self._get(conn, memory_id)
+
+    def restore(self, memory_id: str) -> MemoryRecord:
+        """Undo a soft delete (idempotent); a superseded version comes back superseded."""
+        with self._db.write() as conn:
+            record = self._get(conn, memory_id)
+            if record.deleted_at is not None:
+                conn.execute("UPDATE memories SET deleted_at = NULL, updated_at = ? WHERE rowid = ?",
+                             (self._clock(), record.rowid))
+            return self._get(conn, memory_id)
+
+    def purge(self, memory_id: str) -> list[tuple[str, int]]:
+        """Delete the memory and every version of it for real: (scope, rowid) of the rows gone."""
+        with self._db.write() as conn:
+            chain = self._chain(conn, self._get(conn, memory_id))
+            self._df.clear()
+            conn.execute(f"DELETE FROM memories WHERE rowid IN ({_marks(len(chain))})", [r.rowid for r in chain])
+            return [(r.scope, r.rowid) for r in chain]
+
+    def purge_scope(self, scope: str) -> int:
+        """Delete every memory (all versions) and pending proposal of a scope; how many rows."""
+        with self._db.write() as conn:
+            count = fetch_all(conn, "SELECT count(*) FROM memories WHERE scope = ?", (scope,))[0][0]
+            conn.execute("DELETE FROM memories WHERE scope = ?", (scope,))
+            self._df.clear()
+            conn.execute("DELETE FROM memory_proposals WHERE scope = ? OR assistant_id = ?", (scope, scope))
+            return int(count)
+
+    def mark_used(self, rowids: Sequence[int]) -> None:
+        if not rowids:
+            return
+        with self._db.write() as conn:
+            conn.execute(
+                f"UPDATE memories SET use_count = use_count + 1, last_used_at = ? WHERE rowid IN ({_marks(len(rowids))})",
+                [self._clock(), *rowids],
+            )
+
+    # ---- reading ------------------------------------------------------------------
+
+    def get(self, memory_id: str) -> MemoryRecord:
+        with self._db.read() as conn:
+            return self._with_models(conn, [self._get(conn, memory_id)])[0]
+
+    def versions(self, memory_id: str) -> list[MemoryRecord]:
+        """Every version of the memory, oldest first."""
+        with self._db.read() as conn:
+            return self._with_models(conn, self._chain(conn, self._get(conn, memory_id)))
+
+    def by_rowids(self, rowids: Sequence[int], *, active_only: bool = True) -> dict[int, MemoryRecord]:
+        ids = list(dict.fromkeys(rowids))
+        out: dict[int, MemoryRecord] = {}
+        with self._db.read() as conn:
+            for i in range(0, len(ids), 500):
+                part = ids[i : i + 500]
+                where = f"rowid IN ({_marks(len(part))})" + (f" AND {_ACTIVE}" if active_only else "")
+                records = [_record(r) for r in fetch_iter(conn, f"SELECT {_COLUMNS} FROM memories WHERE {where}", part)]
+                out.update((r.rowid, r) for r in self._with_models(conn, records))
+        return out
+
+    def list_page(
+        self,
+        *,
+        scopes: Sequence[str] | None,
+        kind: str | None,
+        query: str | None,
+        status: str,
+        limit: int,
+        offset: int,
+    ) -> tuple[list[MemoryRecord], int]:
+        """Newest first; ``scopes`` None: every scope; ``query``: full-text, every word of it
+        (as message search: a CJK run as a phrase of its bigrams)."""
+        where: list[str] = []
+        args: list[Any] = []
+        join = ""
+        if scopes is not None:
+            if not scopes:
+                return [], 0
+            where.append(f"m.scope IN ({_marks(len(scopes))})")
+            args.extend(scopes)
+        if kind is not None:
+            where.append("m.kind = ?")
+            args.append(kind)
+        if status == "active":
+            where.append(_ACTIVE_M)
+        elif status == "superseded":
+            where.append("m.superseded_by IS NOT NULL AND m.deleted_at IS NULL")
+        elif status == "deleted":
+            where.append("m.deleted_at IS NOT NULL")
+        if query is not None:
+            expr = fts.build_match(fts.parse_query(query[: fts.MAX_QUERY_CHARS]))
+            if expr is None:
+                return [], 0
+            join = " JOIN memories_fts ON memories_fts.rowid = m.rowid"
+            where.append("memories_fts MATCH ?")
+            args.append(expr)
+        clause = (" WHERE " + " AND ".join(where)) if where else ""
+        with self._db.read() as conn:
+            total = fetch_all(conn, f"SELECT count(*) FROM memories m{join}{clause}", args)[0][0]
+            rows = fetch_all(conn, 
+                f"SELECT {', '.join('m.' + c.strip() for c in _COLUMNS.split(','))} FROM memories m{join}{clause}"
+                " ORDER BY m.created_at DESC, m.rowid DESC LIMIT ? OFFSET ?",
+                [*args, limit, offset],
+            )
+            return self._with_models(conn, [_record(r) for r in rows]), int(total)
+
+    def same_text(self, scopes: Sequence[str], norm_hash: str) -> MemoryRecord | None:
+        """An active memory of the scopes whose normalized text hashes to ``norm_hash``."""
+        if not scopes:
+            return None
+        with self._db.read() as conn:
+            rows = fetch_all(conn, 
+                f"SELECT {_COLUMNS} FROM memories WHERE scope IN ({_marks(len(scopes))}) AND norm_hash = ?"
+                f" AND {_ACTIVE} ORDER BY created_at DESC LIMIT 1",
+                [*scopes, norm_hash],
+            )
+        return _record(rows[0]) if rows else None
+
+    def with_key(self, scope: str, key: str) -> MemoryRecord | None:
+        """The active memory of ``scope`` with topic ``key`` (the newest, if several)."""
+        with self._db.read() as conn:
+            rows = fetch_all(conn, 
+                f"SELECT {_COLUMNS} FROM memories WHERE scope = ? AND topic_key = ? AND {_ACTIVE}"
+                " ORDER BY created_at DESC LIMIT 1",
+                (scope, key),
+            )
+        return _record(rows[0]) if rows else None
+
+    def lexical(self, scopes: Sequence[str], query: str, limit: int) -> list[tuple[int, float]]:
+        """(rowid, BM25 score, higher is better) of the best ``limit`` active memories of the scopes.
+
+        Scoring every row a term matches is most of a search's cost, and the commonest
+        terms weigh least: so the terms are taken rarest first, and a term is dropped (while
+        a rarer one remains) when it is in more than half of the index's rows (BM25 gives it
+        no weight: FTS5 clamps its IDF at zero; "the user ..." is in most memories) or when
+        it would bring the rows to score above LEXICAL_CANDIDATES."""
+        terms = fts.retrieval_terms(query)
+        if not terms or not scopes:
+            return []
+        with self._db.read() as conn:
+            if len(terms) > 1:
+                # every row of the index is a row of ``memories`` (its own b-tree: cheaper to count)
+                total = fetch_all(conn, "SELECT count(*) FROM memories")[0][0]
+                counts = [self._doc_count(conn, t) for t in terms]
+                found = sorted((n, i) for i, n in enumerate(counts) if n > 0)
+                kept: list[int] = []
+                candidates = 0
+                for n, i in found:  # rarest first: the terms BM25 weighs most
+                    if kept and (n > total // 2 or candidates + n > LEXICAL_CANDIDATES):
+                        break
+                    kept.append(i)
+                    candidates += n
+                terms = [terms[i] for i in sorted(kept)] or terms
+            expr = fts.retrieval_match(terms, "scope", [scope_token(s) for s in scopes])
+            if expr is None:
+                return []
+            rows = fetch_all(conn, 
+                "SELECT memories_fts.rowid, bm25(memories_fts, 1.0, 0.0) AS r FROM memories_fts"
+                f" JOIN memories m ON m.rowid = memories_fts.rowid WHERE memories_fts MATCH ? AND {_ACTIVE_M}"
+                " ORDER BY r LIMIT ?",
+                (expr, limit),
+            )
+        return [(rowid, -score) for rowid, score in rows]
+
+    def _doc_count(self, conn: Any, term: str) -> int:
+        """Rows of the index a MATCH term matches, cached until the next write to the index
+        (a count computed across a concurrent write may be one write old: it only steers
+        which terms are scored)."""
+        count = self._df.get(term)
+        if count is None:
+            count = int(fetch_all(conn, "SELECT count(*) FROM memories_fts WHERE memories_fts MATCH ?", (term,))[0][0])
+            if len(self._df) >= DOC_COUNT_CACHE:
+                self._df.clear()
+            self._df[term] = count
+        return count
+
+    def basic(self, scopes: Sequence[str], depth: int) -> tuple[list[int], list[int]]:
+        """Rowids of the active memories of the scopes: the ``depth`` newest, and the ``depth``
+        most used (ties: newest first)."""
+        if not scopes:
+            return [], []
+        marks = _marks(len(scopes))
+        with self._db.read() as conn:
+            newest = [r[0] for r in fetch_iter(conn, 
+                f"SELECT rowid FROM memories WHERE scope IN ({marks}) AND {_ACTIVE}"
+                " ORDER BY created_at DESC, rowid DESC LIMIT ?", [*scopes, depth])]
+            used = [r[0] for r in fetch_iter(conn, 
+                f"SELECT rowid FROM memories WHERE scope IN ({marks}) AND {_ACTIVE} AND use_count > 0"
+                " ORDER BY use_count DESC, created_at DESC LIMIT ?", [*scopes, depth])]
+        return newest, used
+
+    def active_count(self, scopes: Sequence[str]) -> int:
+        if not scopes:
+            return 0
+        with self._db.read() as conn:
+            return int(fetch_all(conn, 
+                f"SELECT count(*) FROM memories WHERE scope IN ({_marks(len(scopes))}) AND {_ACTIVE}", list(scopes)
+            )[0][0])
+
+    def scopes(self) -> list[str]:
+        """Every scope that holds an active memory."""
+        with self._db.read() as conn:
+            return [r[0] for r in fetch_iter(conn, f"SELECT DISTINCT scope FROM memories WHERE {_ACTIVE}")]
+
+    # ---- vectors ------------------------------------------------------------------
+
+    def read_vectors(self, scope: str, model: str, sink: VectorSink, /) -> int:
+        """Hand every ``model`` vector of the active memories of ``scope`` to ``sink`` in rowid order."""
+        with self._db.read() as conn:
+            query = (
+                " FROM memory_vectors v JOIN memories m ON m.rowid = v.memory_rowid"
+                f" WHERE v.scope = ? AND v.model = ? AND {_ACTIVE_M}"
+            )
+            count, dims = fetch_all(conn, f"SELECT count(*), max(v.dims){query}", (scope, model))[0]
+            if not count:
+                return 0
+            sink.reserve(count, dims)
+            i = 0
+            for rowid, blob in fetch_iter(conn, f"SELECT v.memory_rowid, v.vector{query} ORDER BY v.memory_rowid",
+                                            (scope, model)):
+                if i >= count:
+                    break
+                sink.put(i, rowid, blob)
+                i += 1
+            return i
+
+    def vectors_of(self, rowids: Sequence[int], model: str) -> dict[int, tuple[str, bytes]]:
+        """rowid -> (scope, vector) of ``model`` for the rows that have one."""
+        if not rowids:
+            return {}
+        with self._db.read() as conn:
+            return {
+                rowid: (scope, blob)
+                for rowid, scope, blob in fetch_iter(conn, 
+                    f"SELECT memory_rowid, scope, vector FROM memory_vectors WHERE model = ?"
+                    f" AND memory_rowid IN ({_marks(len(rowids))})",
+                    [model, *rowids],
+                )
+            }
+
+    def missing_vectors(self, scope: str, model: str, limit: int) -> list[tuple[int, str]]:
+        """Up to ``limit`` active memories of ``scope`` without a ``model`` vector: (rowid, text)."""
+        with self._db.read() as conn:
+            return [
+                (rowid, text)
+                for rowid, text in fetch_iter(conn, 
+                    "SELECT m.rowid, m.text FROM memories m LEFT JOIN memory_vectors v"
+                    " ON v.scope = m.scope AND v.model = ? AND v.memory_rowid = m.rowid"
+                    f" WHERE m.scope = ? AND {_ACTIVE_M} AND v.memory_rowid IS NULL"
+                    " ORDER BY m.rowid LIMIT ?",
+                    (model, scope, limit),
+                )
+            ]
+
+    def write_vectors(self, model: str, dims: int, rows: Iterable[tuple[int, bytes]]) -> list[VectorRow]:
+        """Store vectors of rows that still exist; (scope, rowid, vector) of those written."""
+        written: list[VectorRow] = []
+        with self._db.write() as conn:
+            for rowid, blob in rows:
+                found = fetch_all(conn, 
+                    "INSERT OR REPLACE INTO memory_vectors(memory_rowid, model, scope, dims, vector)"
+                    " SELECT rowid, ?, scope, ?, ? FROM memories WHERE rowid = ? RETURNING scope",
+                    (model, dims, blob, rowid),
+                )
+                if found:
+                    written.append((found[0][0], rowid, blob))
+        return written
+
+    # ---- proposals ----------------------------------------------------------------
+
+    def add_proposal(self, proposal: ProposalRecord) -> ProposalRecord:
+        with self._db.write() as conn:
+            proposal = msgspec.structs.replace(proposal, id=proposal.id or new_id(),
+                                               created_at=proposal.created_at or self._clock())
+            conn.execute(
+                "INSERT INTO memory_proposals(id, session_id, message_id, assistant_id, scope, kind, text, task,"
+                " outcome, context, topic_key, action, supersedes, reason, flags, status, created_at)"
+                " VALUES (?, ?, ?, ?, ?, ?, ?, ?, ?, ?, ?, ?, ?, ?, ?, 'pending', ?)",
+                (proposal.id, proposal.session_id, proposal.message_id, proposal.assistant_id, proposal.scope,
+                 proposal.kind, proposal.text, proposal.task, proposal.outcome, proposal.context, proposal.key,
+                 proposal.action, proposal.supersedes, proposal.reason, _encode(proposal.flags).decode(),
+                 proposal.created_at),
+            )
+            return proposal
+
+    def get_proposal(self, proposal_id: str) -> ProposalRecord:
+        with self._db.read() as conn:
+            rows = fetch_all(conn, f"SELECT {_PROPOSAL_COLUMNS} FROM memory_proposals WHERE id = ?",
+                                (proposal_id,))
+        if not rows:
+            raise NotFound(f"memory proposal {proposal_id!r} not found", data={"proposalId": proposal_id})
+        return _proposal(rows[0])
+
+    def pending_proposals(self, session_id: str | None, limit: int) -> list[ProposalRecord]:
+        where = "status = 'pending'" + (" AND session_id = ?" if session_id is not None else "")
+        args: list[Any] = [session_id] if session_id is not None else []
+        with self._db.read() as conn:
+            return [_proposal(r) for r in fetch_iter(conn, 
+                f"SELECT {_PROPOSAL_COLUMNS} FROM memory_proposals WHERE {where} ORDER BY created_at, id LIMIT ?",
+                [*args, limit])]
+
+    def decide_proposal(self, proposal_id: str, status: str) -> bool:
+        """``pending`` -> ``status``; False when it was decided already (or is gone)."""
+        with self._db.write() as conn:
+            conn.execute(
+                "UPDATE memory_proposals SET status = ?, decided_at = ? WHERE id = ? AND status = 'pending'",
+                (status, self._clock(), proposal_id),
+            )
+            return bool(conn.changes())
+
+    # ---- internals ----------------------------------------------------------------
+
+    def _get(self, conn: Any, memory_id: str) -> MemoryRecord:
+        rows = fetch_all(conn, f"SELECT {_COLUMNS} FROM memories WHERE id = ?", (memory_id,))
+        if not rows:
+            raise NotFound(f"memory {memory_id!r} not found", data={"memoryId": memory_id})
+        return _record(rows[0])
+
+    def _chain(self, conn: Any, record: MemoryRecord) -> list[MemoryRecord]:
+        """Every version ``record`` belongs to, oldest first (bounded against a broken link loop)."""
+        older: list[MemoryRecord] = []
+        seen = {record.id}
+        current = record
+        while current.supersedes and len(seen) < 10_000:
+            rows = fetch_all(conn, f"SELECT {_COLUMNS} FROM memories WHERE id = ?", (current.supersedes,))
+            if not rows or rows[0][1] in seen:
+                break
+            current = _record(rows[0])
+            seen.add(current.id)
+            older.append(current)
+        newer: list[MemoryRecord] = []
+        current = record
+        while current.superseded_by and len(seen) < 10_000:
+            rows = fetch_all(conn, f"SELECT {_COLUMNS} FROM memories WHERE id = ?", (current.superseded_by,))
+            if not rows or rows[0][1] in seen:
+                break
+            current = _record(rows[0])
+            seen.add(current.id)
+            newer.append(current)
+        return [*reversed(older), record, *newer]
+
+    def _with_models(self, conn: Any, records: list[MemoryRecord]) -> list[MemoryRecord]:
+        if not records:
+            return records
+        by_row = {r.rowid: r for r in records}
+        ids = list(by_row)
+        for i in range(0, len(ids), 500):
+            part = ids[i : i + 500]
+            for rowid, model in fetch_iter(conn, 
+                f"SELECT memory_rowid, model FROM memory_vectors WHERE memory_rowid IN ({_marks(len(part))})"
+                " ORDER BY model", part,
+            ):
+                by_row[rowid].models.append(model)
+        return records
+
+
+_PROPOSAL_COLUMNS = (
+    "id, session_id, message_id, assistant_id, scope, kind, text, task, outcome, context, topic_key, action,"
+    " supersedes, reason, flags, status, created_at"
+)
+
+
+def _proposal(row: tuple[Any, ...]) -> ProposalRecord:
+    (pid, sid, mid, aid, scope, kind, text, task, outcome, context, key, action, sup, reason, flags, status,
+     created) = row
+    try:
+        flag_list = _flags_decoder.decode(flags) if flags else []
+    except msgspec.DecodeError:
+        flag_list = []
+    return ProposalRecord(
+        id=pid, session_id=sid, message_id=mid, assistant_id=aid, scope=scope, kind=kind, text=text, task=task,
+        outcome=outcome, context=context, key=key, action=action, supersedes=sup, reason=reason, flags=flag_list,
+        status=status, created_at=created,
+    )
+
+
+_SOUL_COLUMNS = "scope, version, content, source, reason, session_id, message_id, reverted_from, created_at"
+
+
+def _soul(row: tuple[Any, ...]) -> SoulRecord:
+    scope, version, content, source, reason, sid, mid, reverted, created = row
+    return SoulRecord(scope=scope, version=version, content=content, source=source, reason=reason,
+                      session_id=sid, message_id=mid, reverted_from=reverted, created_at=created)
+
+
+class SoulRepo:
+    """Soul.md versions per scope (``global`` or an assistant id)."""
+
+    def __init__(self, db: Database, clock: Callable[[], int] = now_ms) -> None:
+        self._db = db
+        self._clock = clock
+
+    def current(self, scope: str) -> SoulRecord | None:
+        with self._db.read() as conn:
+            return self._current(conn, scope)
+
+    def effective(self, assistant_id: str, global_scope: str) -> tuple[SoulRecord | None, SoulRecord | None]:
+        """(the assistant's own current version, the global current version), one snapshot."""
+        with self._db.read() as conn:
+            own = self._current(conn, assistant_id)
+            shared = self._current(conn, global_scope) if assistant_id != global_scope else own
+            return own, shared
+
+    def add(
+        self,
+        scope: str,
+        content: str,
+        *,
+        source: str,
+        reason: str | None = None,
+        session_id: str | None = None,
+        message_id: str | None = None,
+        reverted_from: int | None = None,
+        base_version: int | None = None,
+    ) -> SoulRecord:
+        """The next version of ``scope``. ``base_version``: BAD_STATE unless it is still the
+        current one (an edit proposed against an older text is refused, not merged blindly)."""
+        with self._db.write() as conn:
+            current = self._current(conn, scope)
+            number = current.version if current is not None else 0
+            if base_version is not None and base_version != number:
+                raise StoreError(
+                    f"Soul.md of {scope!r} is at version {number}, not {base_version}: it changed meanwhile",
+                    code=ErrorCode.BAD_STATE, data={"version": number, "baseVersion": base_version},
+                )
+            conn.execute(
+                f"INSERT INTO soul_versions({_SOUL_COLUMNS}) VALUES (?, ?, ?, ?, ?, ?, ?, ?, ?)",
+                (scope, number + 1, content, source, reason, session_id, message_id, reverted_from, self._clock()),
+            )
+            record = self._current(conn, scope)
+            assert record is not None
+            return record
+
+    def version(self, scope: str, version: int) -> SoulRecord:
+        with self._db.read() as conn:
+            rows = fetch_all(conn, f"SELECT {_SOUL_COLUMNS} FROM soul_versions WHERE scope = ? AND version = ?",
+                                (scope, version))
+        if not rows:
+            raise NotFound(f"Soul.md of {scope!r} has no version {version}", data={"version": version})
+        return _soul(rows[0])
+
+    def history(self, scope: str, limit: int, offset: int) -> list[SoulRecord]:
+        with self._db.read() as conn:
+            return [_soul(r) for r in fetch_iter(conn, 
+                f"SELECT {_SOUL_COLUMNS} FROM soul_versions WHERE scope = ? ORDER BY version DESC LIMIT ? OFFSET ?",
+                (scope, limit, offset))]
+
+    def delete_scope(self, scope: str) -> int:
+        with self._db.write() as conn:
+            conn.execute("DELETE FROM soul_versions WHERE scope = ?", (scope,))
+            return int(conn.changes())
+
+    def _current(self, conn: Any, scope: str) -> SoulRecord | None:
+        rows = fetch_all(conn, 
+            f"SELECT {_SOUL_COLUMNS} FROM soul_versions WHERE scope = ? ORDER BY version DESC LIMIT 1", (scope,)
+        )
+        return _soul(rows[0]) if rows else None
