@@ -55,6 +55,8 @@ class World:
         self.release = anyio.Event()
         self.violations: list[str] = []
         self.resumed_true: list[tuple[str, str]] = []
+        self.waiting = 0
+        """Slow tools waiting for their release right now."""
 
 
 class Model:
@@ -115,7 +117,11 @@ class Slow(Tool):
 
     async def run(self, args: dict[str, Any], ctx: ToolContext) -> ToolOutput:
         self._world.runs.append((self.name, ctx.message_id, ctx.tool_call_id))
-        await self._world.release.wait()
+        self._world.waiting += 1
+        try:
+            await self._world.release.wait()
+        finally:
+            self._world.waiting -= 1
         return ToolOutput(text="slow ran")
 
 
@@ -226,9 +232,11 @@ async def scenario(ops: list[tuple[str, int]], data_dir: Path) -> World:
             elif op == "release":
                 release(world)
                 await anyio.sleep(0.01)
-            elif op == "pending":  # until the step has stored its pending call (or nothing runs)
+            elif op == "pending":
+                # until the step has stored its pending call, or nothing runs, or all that runs
+                # is a slow tool waiting for a release (the step cannot store more before it)
                 with anyio.fail_after(20):
-                    while rig.engine.is_generating(sid) and not await rig.store.run(
+                    while rig.engine.is_generating(sid) and not world.waiting and not await rig.store.run(
                         lambda db: db.tools.list_open(session_id=sid, states=("pending",))
                     ):
                         await anyio.sleep(0.005)
