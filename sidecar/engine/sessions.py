@@ -244,17 +244,12 @@ class SessionService:
         await self.store.run(check)
 
         def write(s: Store) -> MessagesDeleteResult:
-            with s.transaction():
-                gone = set(s.messages.subtree_ids(session_id, message_id)) if mode == "branch" else {message_id}
+            with s.transaction():  # (reads inside it see the state before it)
+                gone = s.messages.delete(session_id, message_id, mode)
                 covered = s.context.summary_ids(session_id)
-                if mode == "branch":
-                    deleted = s.messages.delete_branch(message_id, session_id=session_id)
-                else:
-                    deleted = s.messages.delete_message(session_id, message_id)
-                if covered is not None and not gone.isdisjoint(covered):
+                if covered is not None and not set(gone.ids).isdisjoint(covered):
                     s.context.delete_summary(session_id)
-                leaf = s.sessions.get(session_id).active_leaf_id
-            return MessagesDeleteResult(success=True, deleted=deleted, active_leaf_id=leaf)
+            return MessagesDeleteResult(success=True, deleted=len(gone.ids), active_leaf_id=gone.active_leaf_id)
 
         reason = "its branch was deleted" if mode == "branch" else "a message of its branch was deleted"
         result = await self._delete_path(session_id, reason, write, below=message_id)

@@ -113,10 +113,17 @@ from sidecar.store.sync import SyncRepo
 from sidecar.store.tools import ToolStore
 from sidecar.store.settings import DEFAULT_MODEL_KEY, DEFAULT_PROVIDER_KEY, SettingsRepo
 
-__all__ = ["Store", "Sessions", "Messages", "Search", "Settings", "ACTIVE_LEAF", "MAX_MESSAGES_LIMIT"]
+__all__ = ["Store", "Sessions", "Messages", "Search", "Settings", "ACTIVE_LEAF", "MAX_MESSAGES_LIMIT", "Deleted"]
 
 MAX_MESSAGES_LIMIT = limits.MAX_MESSAGES_PAGE
 _USAGE_KIND = re.compile(r"^(reply|side:[a-z0-9_.-]{1,48})$")
+
+
+class Deleted(msgspec.Struct, frozen=True, kw_only=True):
+    """What ``Messages.delete`` removed, and the session's active leaf afterwards."""
+
+    ids: list[str]
+    active_leaf_id: str | None
 
 
 class _Default(enum.Enum):
@@ -632,14 +639,7 @@ class Messages:
         the active leaf moves as ``_move_active_leaf`` says when it was inside the branch."""
         with self._db.write() as conn:
             root = self._in_session(conn, session_id, message_id)
-            ids = MessageStore.subtree_ids(conn, message_id)
-            active = self._active_leaf(conn, root.session_id)
-            conn.executemany("DELETE FROM messages_v2 WHERE id = ?", [(i,) for i in ids])
-            SessionRepo.recount(conn, root.session_id)
-            if active is None or active in set(ids):
-                self._move_active_leaf(conn, root)
-            SessionRepo.touch(conn, root.session_id, self._clock())
-            return len(ids)
+            return len(self._delete(conn, root, "branch").ids)
 
     def delete_message(self, session_id: str, message_id: str) -> int:
         """Delete one message of the session; its children move up to its parent (they
@@ -652,17 +652,14 @@ class Messages:
         now skips the message."""
         with self._db.write() as conn:
             message = MessageStore.get_in_session(conn, session_id, message_id)
-            active = self._active_leaf(conn, session_id)
-            conn.execute(
-                "UPDATE messages_v2 SET parent_id = ? WHERE parent_id = ? AND session_id = ?",
-                (message.parent_id, message_id, session_id),
-            )
-            conn.execute("DELETE FROM messages_v2 WHERE id = ?", (message_id,))
-            SessionRepo.recount(conn, session_id)
-            if active is None or active == message_id:
-                self._move_active_leaf(conn, message)
-            SessionRepo.touch(conn, session_id, self._clock())
-            return 1
+            return len(self._delete(conn, message, "message").ids)
+
+    def delete(self, session_id: str, message_id: str, mode: Literal["message", "branch"]) -> Deleted:
+        """``delete_message`` (mode ``message``) or ``delete_branch`` (mode ``branch``) of a
+        message of the session: the ids removed and the active leaf afterwards."""
+        check_choice("mode", mode, frozenset(("message", "branch")))
+        with self._db.write() as conn:
+            return self._delete(conn, MessageStore.get_in_session(conn, session_id, message_id), mode)
 
     def recover_interrupted(self) -> int:
         """Rows left 'pending'/'streaming' by a dead process become 'aborted' (content kept,
@@ -686,6 +683,24 @@ class Messages:
     # ---- internals ------------------------------------------------------------------
 
 
+    def _delete(self, conn: Any, target: MessageV2, mode: Literal["message", "branch"]) -> Deleted:
+        sid = target.session_id
+        active = self._active_leaf(conn, sid)
+        if mode == "branch":
+            ids = MessageStore.subtree_ids(conn, target.id)
+        else:
+            ids = [target.id]
+            conn.execute(
+                "UPDATE messages_v2 SET parent_id = ? WHERE parent_id = ? AND session_id = ?",
+                (target.parent_id, target.id, sid),
+            )
+        conn.executemany("DELETE FROM messages_v2 WHERE id = ?", [(i,) for i in ids])
+        SessionRepo.recount(conn, sid)
+        if active is None or active in set(ids):
+            active = self._move_active_leaf(conn, target)
+        SessionRepo.touch(conn, sid, self._clock())
+        return Deleted(ids=ids, active_leaf_id=active)
+
     def _in_session(self, conn: Any, session_id: str | None, message_id: str) -> MessageV2:
         if session_id is None:
             return MessageStore.get(conn, message_id)
@@ -695,7 +710,7 @@ class Messages:
         rows = conn.execute("SELECT active_leaf_id FROM sessions_v2 WHERE id = ?", (session_id,)).fetchall()
         return None if not rows or rows[0][0] is None else str(rows[0][0])
 
-    def _move_active_leaf(self, conn: Any, removed: MessageV2) -> None:
+    def _move_active_leaf(self, conn: Any, removed: MessageV2) -> str | None:
         """The active leaf after ``removed`` (already deleted) took it: the newest leaf below
         the nearest surviving sibling of ``removed`` (the newest sibling created before it,
         else the oldest created after it; the roots are the siblings of a root; after
@@ -720,6 +735,7 @@ class Messages:
         if leaf is None:  # a dangling parent link: any leaf rather than a missing one
             leaf = MessageStore.newest_leaf(conn, sid)
         SessionRepo.set_active_leaf(conn, sid, leaf)
+        return leaf
 
     def _leaf(self, conn: Any, session_id: str, leaf_id: str | None) -> str | None:
         """The given leaf (checked to be in the session), else the active leaf, else the
