@@ -1,7 +1,8 @@
 """chat:messages:delete over a real subprocess: a branch and a single message with the
 counters and the active leaf after each, the root, under a streaming reply and under a
 paused one (stopped first: ``aborted`` before the answer, no stranded approval), the files
-of deleted messages removed, search forgetting their text, and bad input."""
+of deleted messages removed, search forgetting their text, a send racing the delete, an
+ACP session (an agent session no reply runs on any more is closed), and bad input."""
 
 from __future__ import annotations
 
@@ -12,7 +13,8 @@ from typing import Any
 import anyio
 import pytest
 
-from chat_helpers import configure_provider, events_of, wait_final
+from acp_helpers import acp_session, add_engine, send_and_wait
+from chat_helpers import configure_provider, events_of, streamed_text, wait_final
 from scripted_server import ScriptedServer, scripted_provider
 from sidecar_proc import CallError, SidecarProcess, spawn_sidecar
 
@@ -280,5 +282,30 @@ async def test_a_send_during_the_delete_waits_or_is_busy_and_nothing_is_lost(tmp
                 await wait_final(proc, reply)
             assert reply not in ids or {raced["result"]["userMessageId"], reply} <= ids
         await no_stranded_pause(proc, sid)
+        await proc.close()
+        assert "Traceback" not in proc.stderr_text()
+
+
+async def test_an_acp_sessions_messages_are_deleted_and_an_unused_agent_session_is_closed(tmp_path: Path) -> None:
+    async with spawn_sidecar(tmp_path / "data") as proc:
+        await proc.call("sidecar:initialize", {})
+        await proc.call("settings:update", {"generateTitles": False})
+        engine = await add_engine(proc, "--fork", "--close")
+        sid = (await acp_session(proc, engine["id"]))["id"]
+        await send_and_wait(proc, sid, "a")
+        second, _ = await send_and_wait(proc, sid, "b")
+        regen = await proc.call("chat:regenerate", {"sessionId": sid, "messageId": second["messageId"]})
+        assert (await wait_final(proc, regen["messageId"]))["type"] == "stream_end"  # on a fork: sess-2
+        result = await delete(proc, sid, regen["messageId"], "branch")
+        assert result == {"success": True, "deleted": 1, "activeLeafId": second["messageId"]}
+        with anyio.fail_after(15):  # no reply runs on the fork any more: it is closed
+            while "closed sess-2" not in proc.stderr_text():
+                await proc.call("provider:list", {})
+        assert "closed sess-1" not in proc.stderr_text()
+        # the next turn continues the agent session of the reply it follows
+        sent, final = await send_and_wait(proc, sid, "c")
+        assert final["type"] == "stream_end"
+        assert streamed_text(events_of(proc, sent["messageId"])) == "echo: c [turn 3 of sess-1]"
+        assert (await proc.call("chat:session:get", {"id": sid}))["messageCount"] == 6
         await proc.close()
         assert "Traceback" not in proc.stderr_text()

@@ -383,7 +383,7 @@ class ChatEngine:
         marks.pop(session_id, None)
         if marks is self._deleting:
             self._handler.forget_session(session_id)
-        else:  # what was read about the branch (a verified summary, the last budget) is stale
+        else:  # a summary verified before is checked again
             self._handler.forget_branch(session_id)
 
     async def _stop_below(self, session_id: str, below: str, reason: str) -> None:

@@ -190,8 +190,9 @@ class GenerationHandler:
         self._requests.forget(session_id)
 
     def forget_branch(self, session_id: str) -> None:
-        """Drop what is kept about the session's branches once some of its messages went."""
-        self._requests.forget(session_id)
+        """Some of the session's messages were deleted: its summary is verified again (one
+        id comparison; a summary that covered a deleted message was dropped with it)."""
+        self._requests.context.forget(session_id)
 
     async def close_paused(self, session_id: str, reason: str, only: Collection[str] | None = None) -> bool:
         """End the session's paused replies (``only``: those whose message is in it) as
