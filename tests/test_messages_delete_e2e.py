@@ -259,7 +259,7 @@ async def test_bad_input_is_refused_and_nothing_is_deleted(tmp_path: Path) -> No
         assert "Traceback" not in proc.stderr_text()
 
 
-async def test_a_send_during_the_delete_waits_or_is_busy_and_nothing_is_lost(tmp_path: Path) -> None:
+async def test_a_send_racing_the_delete_is_refused_or_stored_whole_or_deleted_whole(tmp_path: Path) -> None:
     async with scripted_provider() as server, spawn_sidecar(tmp_path / "data") as proc:
         sid = await setup(proc, server)
         u1, a1 = await exchange(proc, sid, "hello")
@@ -270,17 +270,20 @@ async def test_a_send_during_the_delete_waits_or_is_busy_and_nothing_is_lost(tmp
         deleting = await proc.request("chat:messages:delete",
                                       {"sessionId": sid, "messageId": sent["userMessageId"], "mode": "branch"})
         racing = await proc.request("chat:send", {"sessionId": sid, "input": {"content": "meanwhile"}})
-        assert (await proc.response(deleting, timeout=30))["result"]["deleted"] == 2
+        deleted = (await proc.response(deleting, timeout=30))["result"]["deleted"]
         raced = await proc.response(racing, timeout=30)
         ids = await every_id(proc, sid)
-        if "error" in raced:  # it came while the delete ran
+        if "error" in raced:  # it came while the delete ran: refused, nothing of it stored
             assert raced["error"]["code"] == -32002
-            assert ids == {u1, a1}
-        else:  # it came before or after: its turn is stored whole, or deleted whole
-            reply = raced["result"]["messageId"]
+            assert (deleted, ids) == (2, {u1, a1})
+        else:
+            turn = {raced["result"]["userMessageId"], raced["result"]["messageId"]}
             with anyio.fail_after(30):
-                await wait_final(proc, reply)
-            assert reply not in ids or {raced["result"]["userMessageId"], reply} <= ids
+                final = await wait_final(proc, raced["result"]["messageId"])
+            if deleted == 4:  # it came first: stored under the streaming reply, deleted with it
+                assert final["type"] == "aborted" and ids == {u1, a1}
+            else:  # it came after: a turn of its own on what is left
+                assert deleted == 2 and ids == {u1, a1} | turn
         await no_stranded_pause(proc, sid)
         await proc.close()
         assert "Traceback" not in proc.stderr_text()
