@@ -15,6 +15,7 @@ from protocol.types import FilePart, MessageV2
 from sidecar.engine.sessions import SessionService
 from sidecar.errors import NotFound, SidecarError
 from sidecar.store import AsyncStore, Store
+from test_context_rolling import World, texts
 from test_store_support import FakeClock, count, open_store
 
 pytestmark = pytest.mark.anyio
@@ -189,3 +190,26 @@ async def test_a_server_session_refuses_and_keeps_its_messages(tmp_path: Path) -
 class _Quiet:
     async def __call__(self, method: str, params: Any) -> None:
         return None
+
+
+async def test_after_deleting_a_summarized_message_the_next_request_neither_uses_nor_quotes_it(tmp_path: Path) -> None:
+    w = World(tmp_path, threshold=1000)
+    msgs = w.chain(20)
+    await w.build(msgs[-1].id)
+    old = w.builder.context._repo.get_summary(w.session.id)
+    assert old is not None and old.covered_count > 2
+    assert (await w.build(msgs[-1].id))[1].window.summary is not None  # valid, and verified once
+    svc = SessionService(AsyncStore(w.store), _Quiet())
+    # one covered message, mode message: its child moves up, the walk from the leaf would
+    # still meet the last covered id; the summary that quoted it must not be used again
+    await svc.delete_messages(MessagesDeleteParams(session_id=w.session.id, message_id=msgs[1].id, mode="message"))
+    calls = len(w.model.calls)
+    request, info = await w.build(msgs[-1].id)
+    used = info.window.summary
+    assert used is None or (used.text, used.updated_at) != (old.text, old.updated_at)
+    assert "m1 word" not in "\n".join(texts(request))
+    if len(w.model.calls) > calls:  # a new summary was written: from what is left only
+        assert "m1 word" not in w.model.prompt()
+        ids = w.builder.context._repo.summary_ids(w.session.id)
+        assert ids is not None and msgs[1].id not in ids
+    w.store.close()
