@@ -1,6 +1,7 @@
 """chat:messages:delete against the real chat engine, in process: turns are refused with
-BUSY while a message delete runs (and taken again after it, also after a failed one), and
-a reply running on another branch is not stopped by a delete elsewhere."""
+BUSY while a message delete runs (and taken again after it, also after a failed one), a
+reply running on another branch is not stopped by a delete elsewhere, and a reply that
+does not stop in time makes the delete BUSY with nothing deleted."""
 
 from __future__ import annotations
 
@@ -14,6 +15,7 @@ import pytest
 from protocol.chat import EditResendParams
 from protocol.errors import ErrorCode
 from protocol.messages import MessagesDeleteParams
+from sidecar.engine import chat as chat_module
 from sidecar.engine.sessions import SessionService
 from sidecar.errors import SidecarError
 from sidecar.providers.types import ChatRequest, Finish, TextDelta
@@ -115,3 +117,35 @@ async def test_a_reply_on_another_branch_keeps_running(tmp_path: Path) -> None:
         assert not r.engine.is_generating(r.session_id)
         stored = await r.store.run(lambda s: s.messages.get(running))
         assert stored.status == "aborted"
+
+
+async def test_a_reply_that_does_not_stop_makes_the_delete_busy_and_nothing_goes(tmp_path: Path, monkeypatch: Any) -> None:
+    monkeypatch.setattr(chat_module, "STOP_TIMEOUT_S", 0.2)
+    release = anyio.Event()
+    streaming = anyio.Event()
+
+    class Stubborn:
+        async def stream(self, request: ChatRequest) -> AsyncIterator[Any]:
+            yield TextDelta(text="a")
+            streaming.set()
+            with anyio.CancelScope(shield=True):  # ignores the stop until released
+                await release.wait()
+            yield Finish(reason="stop")
+
+    async with rig(tmp_path, Stubborn()) as r:
+        try:
+            first = await send(r)
+            with anyio.fail_after(10):
+                await streaming.wait()
+            before = await branch(r)
+            with pytest.raises(SidecarError) as caught:
+                await service(r).delete_messages(
+                    MessagesDeleteParams(session_id=r.session_id, message_id=before[0], mode="branch")
+                )
+            assert caught.value.code == ErrorCode.BUSY
+            assert await branch(r) == before and r.engine._pruning == {}
+            assert r.engine._jobs[r.session_id].job.message_id == first
+        finally:
+            release.set()
+        assert await r.events.final(first) in ("StreamEndEvent", "AbortedEvent")
+        assert len(await branch(r)) == 2
