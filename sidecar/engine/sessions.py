@@ -228,7 +228,9 @@ class SessionService:
           the rolling summary when it covered a deleted message (it quoted what is gone;
           the next request that needs one writes it again).
         - Then the released files are removed and agent sessions no reply runs on any more
-          are closed (``on_deleted``), and ``chat:session:updated`` carries the session."""
+          are closed (``on_deleted``), and ``chat:session:updated`` carries the session.
+          An ACP agent is not told otherwise: an agent session that still carries a
+          surviving reply keeps the deleted turns in its own context."""
         session_id, message_id, mode = params.session_id, params.message_id, params.mode
 
         def check(s: Store) -> None:
