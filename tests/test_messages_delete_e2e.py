@@ -312,3 +312,32 @@ async def test_an_acp_sessions_messages_are_deleted_and_an_unused_agent_session_
         assert (await proc.call("chat:session:get", {"id": sid}))["messageCount"] == 6
         await proc.close()
         assert "Traceback" not in proc.stderr_text()
+
+
+async def test_messages_pulled_from_the_qiming_server_stay_and_local_ones_of_the_session_go(tmp_path: Path) -> None:
+    from qiming_helpers import all_messages, all_sessions, configure, qiming_server, sync
+
+    async with qiming_server() as server, scripted_provider() as chat, spawn_sidecar(tmp_path / "data") as proc:
+        await proc.call("sidecar:initialize", {})
+        await server.control("seed", {"count": 1, "messages": 4})
+        await configure(proc, server)
+        assert (await sync(proc, "sync:pull"))["pulled"] == 1
+        [session] = await all_sessions(proc)
+        pulled = await all_messages(proc, session["id"])
+        assert len(pulled) == 4
+        for mode, target in (("message", pulled[-1]), ("branch", pulled[0])):
+            with pytest.raises(CallError) as err:  # the next pull would bring them back
+                await proc.call("chat:messages:delete", {"sessionId": session["id"], "messageId": target["id"], "mode": mode})
+            assert err.value.code == -32003 and "Qiming server" in err.value.message
+        assert len(await all_messages(proc, session["id"])) == 4
+        # a reply made here, in the synced session, is the user's own: it can go
+        await configure_provider(proc, chat.base_url)
+        await chat.script({"text": "a local answer"})
+        sent = await proc.call("chat:send", {"sessionId": session["id"], "input": {"content": "a local question"}})
+        assert (await wait_final(proc, sent["messageId"]))["type"] == "stream_end"
+        local_user = (await proc.call("chat:messages:get", {"sessionId": session["id"]}))[-2]
+        assert local_user["textContent"] == "a local question"
+        done = await proc.call("chat:messages:delete", {"sessionId": session["id"], "messageId": local_user["id"], "mode": "branch"})
+        assert done["deleted"] == 2
+        assert [m["id"] for m in await proc.call("chat:messages:get", {"sessionId": session["id"]})] == [m["id"] for m in pulled]
+        await proc.close()

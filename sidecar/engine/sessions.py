@@ -218,7 +218,9 @@ class SessionService:
         its parent) or a message with its subtree (mode ``branch``).
 
         - The message must be in the session (NotFound); a server-mode session refuses
-          (BAD_STATE: its Qiming conversation is linear and would not follow).
+          (BAD_STATE: its Qiming conversation is linear and would not follow), and so does a
+          delete of messages a pull brought from the server (the next pull would bring them
+          back); local messages of a synced session can go.
         - A reply being generated or paused at or below the message is stopped first (the
           ``on_delete`` hooks with ``below``: its final event is ``aborted``, its pending
           approvals end); BUSY, with nothing deleted, when it does not stop in time.
@@ -235,7 +237,13 @@ class SessionService:
 
         def check(s: Store) -> None:
             session = s.sessions.get(session_id)
-            s.messages.subtree_ids(session_id, message_id)  # NotFound unless it is in the session
+            below = s.messages.subtree_ids(session_id, message_id)  # NotFound unless it is in the session
+            if s.sync.server_messages(below if mode == "branch" else [message_id]):
+                raise StoreError(
+                    "messages that came from the Qiming server cannot be deleted here: the next pull"
+                    " would bring them back (server:conversation:delete removes the conversation)",
+                    code=ErrorCode.BAD_STATE, data={"sessionId": session_id, "messageId": message_id},
+                )
             if session.mode == "server":
                 raise StoreError(
                     "messages of a server session cannot be deleted here: its conversation on the"
