@@ -3,6 +3,7 @@
 
 from __future__ import annotations
 
+from typing import Literal
 
 from protocol.limits import Id, MessagesPageLimit, QueryText, SearchOffset, SearchPageLimit, Title
 from protocol.types import DateRange, MessageRole, Struct
@@ -17,6 +18,9 @@ __all__ = [
     "MessagesSearchParams",
     "MessagesSelectParams",
     "MessagesUpdateParams",
+    "MessagesDeleteParams",
+    "MessagesDeleteResult",
+    "DeleteMode",
     "MessagesPageParams",
     "MessagesPage",
     "SearchPageParams",
@@ -83,6 +87,29 @@ class MessagesUpdateParams(Struct, kw_only=True):
     """The new text; the reply's thinking, tool calls and images stay as they are."""
 
 
+DeleteMode = Literal["message", "branch"]
+"""``message``: only that message (its children move up to its parent); ``branch``: the
+message and everything below it."""
+
+
+class MessagesDeleteParams(Struct, kw_only=True):
+    """``chat:messages:delete``: remove one message, or a message with its subtree."""
+
+    session_id: Id
+    message_id: Id
+    """A message of the session (any role, any status: a streaming or paused reply it
+    reaches is stopped first)."""
+    mode: DeleteMode
+
+
+class MessagesDeleteResult(Struct, omit_defaults=False, kw_only=True):
+    success: bool
+    deleted: int
+    """How many messages were removed."""
+    active_leaf_id: str | None = None
+    """The session's active leaf after the delete (None: the session has no messages left)."""
+
+
 class MessagesPageParams(Struct, kw_only=True):
     """``chat:messages:page``: ``chat:messages:get`` one page at a time."""
 
@@ -134,6 +161,10 @@ METHODS: dict[str, MethodSpec] = {
     ),
     "chat:messages:update": MethodSpec(
         MessagesUpdateParams, MessageV2, "Correct the text of a finished assistant reply (marked edited)."
+    ),
+    "chat:messages:delete": MethodSpec(
+        MessagesDeleteParams, MessagesDeleteResult,
+        "Delete a message (its children move up) or a message with its subtree; stops a reply it reaches.",
     ),
     "chat:messages:page": MethodSpec(
         MessagesPageParams, MessagesPage, "chat:messages:get one page at a time, with hasMore and a cursor."

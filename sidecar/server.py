@@ -140,6 +140,7 @@ BINDINGS: dict[str, str] = {
     "server:chat:pageResult": "sync.page_result",
     "storage:gc": "storage.gc",
     "chat:messages:update": "sessions.update_message",
+    "chat:messages:delete": "sessions.delete_messages",
     "chat:messages:page": "sessions.get_page",
     "chat:messages:searchPage": "sessions.search_page",
     "chat:session:summarize": "side.summarize_session",

@@ -104,6 +104,11 @@ export type CompatFlavor = "electron" | "rcoder";
 export type ContentPart = TextPart | ImagePart | FilePart | CodePart | ToolUsePart | ToolResultPart | ThinkingPart | StepStartPart | StepFinishPart | DiffPart;
 export type ContentType = "multipart" | "text";
 /**
+ * ``message``: only that message (its children move up to its parent); ``branch``: the
+ * message and everything below it.
+ */
+export type DeleteMode = "branch" | "message";
+/**
  * ``send`` a new platform message; ``edit`` (stream mode) replace the content of the message
  * sent by delivery ``editOf``; ``delete`` recall that message (a streamed message the final
  * reply no longer needs).
@@ -1706,6 +1711,25 @@ export interface MessageV2Input {
   editedAt?: number | null;
 }
 
+/** ``chat:messages:delete``: remove one message, or a message with its subtree. */
+export interface MessagesDeleteParams {
+  sessionId: string;
+  /**
+   * A message of the session (any role, any status: a streaming or paused reply it
+   * reaches is stopped first).
+   */
+  messageId: string;
+  mode: DeleteMode;
+}
+
+export interface MessagesDeleteResult {
+  success: boolean;
+  /** How many messages were removed. */
+  deleted: number;
+  /** The session's active leaf after the delete (None: the session has no messages left). */
+  activeLeafId: string | null;
+}
+
 export interface MessagesGetParams {
   sessionId: string;
   options?: MessageQueryOptions | null;
@@ -3049,6 +3073,8 @@ export interface Methods {
   "chat:context:update": { params: ContextUpdateParams; result: SessionContextInfo };
   /** Add an edited sibling of a user message and generate. */
   "chat:editResend": { params: EditResendParams; result: SendResult };
+  /** Delete a message (its children move up) or a message with its subtree; stops a reply it reaches. */
+  "chat:messages:delete": { params: MessagesDeleteParams; result: MessagesDeleteResult };
   /** Messages of the active branch (or another leaf, a page, all). */
   "chat:messages:get": { params: MessagesGetParams; result: MessageV2[] };
   /** chat:messages:get one page at a time, with hasMore and a cursor. */

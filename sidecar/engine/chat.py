@@ -32,7 +32,13 @@ cancel timeout) makes the request that needed it fail with BUSY (nothing is writ
 session never runs two jobs.
 Deleting a session: the delete hook (``stop_session``) stops its job and marks the session
 as being deleted until the delete is over; sends, regenerates, edits and resumes on it are
-refused meanwhile (NOT_FOUND). Per-session locks exist only while in use.
+refused meanwhile (NOT_FOUND). Deleting messages (``chat:messages:delete``): the same hook
+with ``below`` stops only the job and the paused replies whose message is at or below
+``below`` (read under the session's lock after the session is marked, so no new turn can
+land in that subtree), and marks the session as pruning until the delete is over: sends,
+regenerates and edits are refused with BUSY meanwhile. A resume needs no such refusal: a
+reply it reopens is outside the subtree (the hook closed those first) and so are its
+ancestors. Per-session locks exist only while in use.
 
 Paused replies (tool calls waiting for approval, see tool_loop.py): a paused reply holds
 no job slot. ``resume`` (called by the ApprovalService when the last pending call of a
@@ -191,6 +197,8 @@ class ChatEngine:
         self._locks = KeyedLocks()
         self._deleting: dict[str, int] = {}
         """Sessions whose delete is in progress (a count: two deletes may overlap)."""
+        self._pruning: dict[str, int] = {}
+        """Sessions whose messages are being deleted (a count, as ``_deleting``)."""
         self._closing = False
         self._titling: set[str] = set()
         """Sessions whose title is being asked for."""
@@ -351,26 +359,56 @@ class ChatEngine:
             return message
         return running.job.live.overlay(message)
 
-    async def stop_session(self, session_id: str, reason: str) -> Callable[[], None]:
+    async def stop_session(self, session_id: str, reason: str, below: str | None = None) -> Callable[[], None]:
         """The delete hook: stop the session's job and refuse new ones until the returned
         callable is called (SessionService calls it once the delete is over, done or not).
+        With ``below`` (messages at and below it are being deleted): only a job or paused
+        reply in that subtree is stopped, and new turns are refused with BUSY meanwhile.
         BUSY (and no mark left) when the job does not stop in time."""
+        marks = self._deleting if below is None else self._pruning
         async with self._locks.hold(session_id):
-            self._deleting[session_id] = self._deleting.get(session_id, 0) + 1
+            marks[session_id] = marks.get(session_id, 0) + 1
             try:
-                await self._stop(session_id, reason)
+                if below is None:
+                    await self._stop(session_id, reason)
+                else:
+                    await self._stop_below(session_id, below, reason)
             except BaseException:
-                self._unmark_deleting(session_id)
+                self._unmark(marks, session_id)
                 raise
-        return lambda: self._unmark_deleting(session_id)
+        return lambda: self._unmark(marks, session_id)
 
-    def _unmark_deleting(self, session_id: str) -> None:
-        count = self._deleting.get(session_id, 0) - 1
+    def _unmark(self, marks: dict[str, int], session_id: str) -> None:
+        count = marks.get(session_id, 0) - 1
         if count > 0:
-            self._deleting[session_id] = count
+            marks[session_id] = count
             return
-        self._deleting.pop(session_id, None)
-        self._handler.forget_session(session_id)
+        marks.pop(session_id, None)
+        if marks is self._deleting:
+            self._handler.forget_session(session_id)
+        else:  # a summary verified before is checked again
+            self._handler.forget_branch(session_id)
+
+    async def _stop_below(self, session_id: str, below: str, reason: str) -> None:
+        """Stop the job and close the paused replies whose message is ``below`` or under it."""
+        def read(s: Store) -> tuple[set[str], str | None]:
+            return set(s.messages.subtree_ids(session_id, below)), s.sessions.get(session_id).active_leaf_id
+
+        doomed, active = await self._store.run(read)
+        if self._side is not None and active in doomed:
+            self._side.cancel(session_id)  # suggestions are only stored for the active leaf
+        running = self._jobs.get(session_id)
+        if running is not None and running.job.message_id in doomed:
+            await self._stop_job(running, reason)
+        if self._closing or self._handler.is_idle(session_id):
+            return
+        await self._handler.close_paused(session_id, reason, only=doomed)
+
+        def left(s: Store) -> bool:
+            return any(r.message_id in doomed for r in s.tools.runs(session_id=session_id, state="paused"))
+
+        if await self._store.run(left):  # closing is bounded: one that did not end keeps its rows
+            raise SidecarError("a paused reply of this session could not be ended in time", code=ErrorCode.BUSY)
 
     async def aclose(self) -> None:
         """Abort every running job (their partial replies are stored as aborted): all are
@@ -398,6 +436,8 @@ class ChatEngine:
     def _check_not_deleting(self, session_id: str) -> None:
         if session_id in self._deleting:
             raise NotFound(f"session {session_id!r} is being deleted")
+        if session_id in self._pruning:
+            raise SidecarError("messages of this session are being deleted: try again", code=ErrorCode.BUSY)
 
     async def _begin(
         self, turn: Turn, reason: str, *, after_active_leaf: bool
@@ -533,12 +573,7 @@ class ChatEngine:
         if self._side is not None:
             self._side.cancel(session_id)
         if running is not None:
-            running.job.abort_reason = reason
-            running.scope.cancel()
-            with anyio.move_on_after(STOP_TIMEOUT_S + running.job.stop_grace):
-                await running.done.wait()
-            if not running.done.is_set():
-                raise SidecarError("the previous reply of this session did not stop in time", code=ErrorCode.BUSY)
+            await self._stop_job(running, reason)
             stopped = True
         if not self._closing:  # at shutdown a paused reply stays paused (it survives restarts)
             try:
@@ -546,3 +581,13 @@ class ChatEngine:
             except SidecarError:
                 log.exception("could not end the paused replies of %s", session_id)
         return stopped
+
+    async def _stop_job(self, running: _RunningJob, reason: str) -> None:
+        """Cancel a running job and wait for its end; BUSY when it does not end within
+        STOP_TIMEOUT_S (the caller writes nothing)."""
+        running.job.abort_reason = reason
+        running.scope.cancel()
+        with anyio.move_on_after(STOP_TIMEOUT_S + running.job.stop_grace):
+            await running.done.wait()
+        if not running.done.is_set():
+            raise SidecarError("the previous reply of this session did not stop in time", code=ErrorCode.BUSY)

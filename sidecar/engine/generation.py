@@ -43,7 +43,7 @@ from __future__ import annotations
 import logging
 import re
 from collections import deque
-from collections.abc import AsyncGenerator, Callable, Iterable, Sequence
+from collections.abc import AsyncGenerator, Callable, Collection, Iterable, Sequence
 from contextlib import aclosing
 from pathlib import Path
 from typing import Protocol
@@ -189,9 +189,15 @@ class GenerationHandler:
         self.tool_loop.forget(session_id)
         self._requests.forget(session_id)
 
-    async def close_paused(self, session_id: str, reason: str) -> bool:
-        """End the session's paused replies as ``aborted`` (see ToolLoop.close_paused)."""
-        return await self.tool_loop.close_paused(session_id, reason)
+    def forget_branch(self, session_id: str) -> None:
+        """Some of the session's messages were deleted: its summary is verified again (one
+        id comparison; a summary that covered a deleted message was dropped with it)."""
+        self._requests.context.forget(session_id)
+
+    async def close_paused(self, session_id: str, reason: str, only: Collection[str] | None = None) -> bool:
+        """End the session's paused replies (``only``: those whose message is in it) as
+        ``aborted`` (see ToolLoop.close_paused)."""
+        return await self.tool_loop.close_paused(session_id, reason, only)
 
     async def _assemble(
         self, session: SessionV2, model: ModelInfo, assistant: AssistantProfile, enabled: bool

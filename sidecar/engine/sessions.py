@@ -7,7 +7,10 @@ what is not storage:
   with the session id and why (the chat engine registers one that cancels the session's
   running generation and waits for it, and ends its paused replies, so no job writes into
   a session that is going away). A hook may return a callable: it is called once the
-  delete is over, done or failed (the chat engine refuses new replies until then);
+  delete is over, done or failed (the chat engine refuses new replies until then). Before
+  messages are deleted (``chat:messages:delete``) the same hooks run with ``below``: the
+  message whose subtree holds everything the delete removes; the chat engine then stops
+  only a reply inside that subtree (running or paused);
 - ``on_deleted``: async hooks run once a delete (or a replacing import) is committed:
   StorageService.release, which removes the files the delete released and closes the
   agent sessions no reply uses any more. ``chat:session:import {replace: true}`` takes
@@ -24,7 +27,7 @@ from __future__ import annotations
 
 import logging
 from collections.abc import Awaitable, Callable
-from typing import Any, TypeVar
+from typing import Any, Protocol, TypeVar
 
 import msgspec
 
@@ -32,6 +35,8 @@ from protocol.common import IdParams, SuccessResult
 from protocol.limits import MAX_SEARCH_OFFSET, MAX_SEARCH_PAGE
 from protocol.messages import (
     MessageQueryOptions,
+    MessagesDeleteParams,
+    MessagesDeleteResult,
     MessagesGetParams,
     MessagesPage,
     MessagesPageParams,
@@ -55,7 +60,8 @@ from protocol.sessions import (
 )
 from protocol.types import MessageTreeNode, MessageV2, SearchResult, SessionExport, SessionV2
 from sidecar.engine.progress import work_progress
-from sidecar.errors import InvalidParams, NotFound, SidecarError
+from protocol.errors import ErrorCode
+from sidecar.errors import InvalidParams, NotFound, SidecarError, StoreError
 from sidecar.store import AsyncStore
 from sidecar.store.store import Store
 
@@ -64,8 +70,17 @@ __all__ = ["SessionService", "encode_tree", "DeleteHook", "Notify"]
 log = logging.getLogger(__name__)
 
 Notify = Callable[[str, Any], Awaitable[None]]
-DeleteHook = Callable[[str, str], Awaitable[Callable[[], None] | None]]
-"""``(session_id, reason)`` -> what to call once the delete is over (or None)."""
+
+
+class DeleteHook(Protocol):
+    """``(session_id, reason)`` before a session goes, ``(session_id, reason, below)``
+    before the messages at and below ``below`` go -> what to call once the delete is over
+    (or None)."""
+
+    def __call__(
+        self, session_id: str, reason: str, below: str | None = None
+    ) -> Awaitable[Callable[[], None] | None]: ...
+
 
 _encoder = msgspec.json.Encoder()
 T = TypeVar("T")
@@ -108,13 +123,16 @@ class SessionService:
         await self._delete_path(params.id, "the session was deleted", lambda s: s.sessions.delete(params.id))
         return SuccessResult(success=True)
 
-    async def _delete_path(self, session_id: str, reason: str, write: Callable[[Store], T]) -> T:
-        """The delete path: stop what runs on the session (hooks), ``write`` (one
-        transaction), then release what it freed."""
+    async def _delete_path(
+        self, session_id: str, reason: str, write: Callable[[Store], T], *, below: str | None = None
+    ) -> T:
+        """The delete path: stop what runs on the session (hooks; with ``below``: what runs
+        on the messages at and below it), ``write`` (one transaction), then release what it
+        freed."""
         after: list[Callable[[], None]] = []
         try:
             for hook in list(self.on_delete):
-                done = await hook(session_id, reason)
+                done = await (hook(session_id, reason) if below is None else hook(session_id, reason, below))
                 if done is not None:
                     after.append(done)
             result = await self.store.run(write)
@@ -194,6 +212,62 @@ class SessionService:
             return edited
 
         return await self.store.run(edit)
+
+    async def delete_messages(self, params: MessagesDeleteParams) -> MessagesDeleteResult:
+        """``chat:messages:delete``: one message (mode ``message``: its children move up to
+        its parent) or a message with its subtree (mode ``branch``).
+
+        - The message must be in the session (NotFound); a server-mode session refuses
+          (BAD_STATE: its Qiming conversation is linear and would not follow), and so does a
+          delete of messages a pull brought from the server (the next pull would bring them
+          back); local messages of a synced session can go.
+        - A reply being generated or paused at or below the message is stopped first (the
+          ``on_delete`` hooks with ``below``: its final event is ``aborted``, its pending
+          approvals end); BUSY, with nothing deleted, when it does not stop in time.
+        - One transaction: the rows, their search index, citations, tool runs, agent turns
+          (cascades), counters, the active leaf (Messages._move_active_leaf: when it was
+          removed, the newest leaf of the nearest surviving sibling, else the parent), and
+          the rolling summary when it covered a deleted message (it quoted what is gone;
+          the next request that needs one writes it again).
+        - Then the released files are removed and agent sessions no reply runs on any more
+          are closed (``on_deleted``), and ``chat:session:updated`` carries the session.
+          An ACP agent is not told otherwise: an agent session that still carries a
+          surviving reply keeps the deleted turns in its own context."""
+        session_id, message_id, mode = params.session_id, params.message_id, params.mode
+
+        def check(s: Store) -> None:
+            session = s.sessions.get(session_id)
+            below = s.messages.subtree_ids(session_id, message_id)  # NotFound unless it is in the session
+            if s.sync.server_messages(below if mode == "branch" else [message_id]):
+                raise StoreError(
+                    "messages that came from the Qiming server cannot be deleted here: the next pull"
+                    " would bring them back (server:conversation:delete removes the conversation)",
+                    code=ErrorCode.BAD_STATE, data={"sessionId": session_id, "messageId": message_id},
+                )
+            if session.mode == "server":
+                raise StoreError(
+                    "messages of a server session cannot be deleted here: its conversation on the"
+                    " server is linear and would keep them",
+                    code=ErrorCode.BAD_STATE, data={"sessionId": session_id, "mode": session.mode},
+                )
+
+        await self.store.run(check)
+
+        def write(s: Store) -> MessagesDeleteResult:
+            with s.transaction():  # (reads inside it see the state before it)
+                gone = s.messages.delete(session_id, message_id, mode)
+                covered = s.context.summary_ids(session_id)
+                if covered is not None and not set(gone.ids).isdisjoint(covered):
+                    s.context.delete_summary(session_id)
+            return MessagesDeleteResult(success=True, deleted=len(gone.ids), active_leaf_id=gone.active_leaf_id)
+
+        reason = "its branch was deleted" if mode == "branch" else "a message of its branch was deleted"
+        result = await self._delete_path(session_id, reason, write, below=message_id)
+        try:
+            await self.publish(session_id)
+        except NotFound:  # the session itself was deleted meanwhile: nothing to announce
+            pass
+        return result
 
     async def get_page(self, params: MessagesPageParams) -> MessagesPage:
         """``chat:messages:page``: one page of ``chat:messages:get`` (one more message is read

@@ -6,7 +6,7 @@ journaled files from disk:
 
 - ``release()``: the one function for "sessions or messages are gone, remove their files".
   Call it after anything that deleted sessions or messages (``chat:session:delete``, an
-  import that replaces a session, a deleted branch: ``store.messages.delete_branch``), once
+  import that replaces a session, deleted messages: ``chat:messages:delete``), once
   the delete is committed::
 
       await store.run(lambda s: s.messages.delete_branch(message_id))

@@ -39,7 +39,7 @@ from __future__ import annotations
 
 import json
 import logging
-from collections.abc import Callable
+from collections.abc import Callable, Collection
 from pathlib import Path
 from typing import Any
 
@@ -187,10 +187,10 @@ class ToolLoop:
         if self._paused is not None:
             self._paused.discard(session_id)
 
-    async def close_paused(self, session_id: str, reason: str) -> bool:
-        """End the session's paused replies as ``aborted``: pending calls are cancelled and
-        every unanswered call gets a "not run" result; an ``aborted`` event closes each
-        reply's stream (its seq continued).
+    async def close_paused(self, session_id: str, reason: str, only: Collection[str] | None = None) -> bool:
+        """End the session's paused replies (``only``: those whose message id is in it) as
+        ``aborted``: pending calls are cancelled and every unanswered call gets a "not run"
+        result; an ``aborted`` event closes each reply's stream (its seq continued).
 
         Shielded and bounded; the session counts as idle only once every one of its paused
         replies is closed (a failure raises and leaves it to the next call)."""
@@ -203,8 +203,10 @@ class ToolLoop:
         with anyio.CancelScope(shield=True), anyio.move_on_after(FINALIZE_TIMEOUT_S):
             runs = await self._store.run(lambda s: s.tools.runs(session_id=session_id, state="paused"))
             for run in runs:
-                closed = await self._close_paused_run(session_id, run, reason) or closed
-            self._paused.discard(session_id)
+                if only is None or run.message_id in only:
+                    closed = await self._close_paused_run(session_id, run, reason) or closed
+            if only is None or all(run.message_id in only for run in runs):
+                self._paused.discard(session_id)
         return closed
 
     async def _close_paused_run(self, session_id: str, run: ToolRun, reason: str) -> bool:

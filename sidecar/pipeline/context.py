@@ -8,8 +8,10 @@ Must stay true:
 - the stored branch is never changed; only which messages the request copy carries;
 - a summary is used only while the exact ids it covers are still the prefix of the branch
   being answered. Checked cheaply on every request: walking up from the leaf must meet the
-  summary's last covered id (parent links never change, and deleting a message deletes
-  everything below it, so meeting it means the prefix root -> it is the one summarized).
+  summary's last covered id (the parent links above it never change: deleting a branch
+  deletes everything below it, and ``chat:messages:delete`` of one message, which re-parents
+  its children, drops a summary that covers it in the same transaction; so meeting it
+  means the prefix root -> it is the one summarized).
   Once per process and summary, the full id list is also compared one by one. An edit (a
   new sibling), a delete or a branch switch above that id makes the walk miss it;
 - a refresh stores the new summary with the ids of the whole prefix it now covers; it

@@ -45,10 +45,12 @@ Conventions:
   abort the first one's in-flight replies), so a Store holds ``dirlock.DirLock`` from open
   to close and a second Store on the same dir fails with StoreError ("another
   chat-sidecar is using <dir>") before touching the database.
-- ``messages.delete_branch`` (not on the wire yet) removes a message and its subtree with
-  counters, search index and active leaf kept true; the files and agent sessions only
-  the subtree used are journaled by the same transaction (files.py, acp.py): call
-  ``StorageService.release()`` (sidecar/engine/storage.py) after it.
+- ``messages.delete_branch`` removes a message and its subtree, ``messages.delete_message``
+  one message (its children move up to its parent), with counters, search index and
+  active leaf kept true; the files and agent sessions only the deleted rows used are
+  journaled by the same transaction (files.py, acp.py): call ``StorageService.release()``
+  (sidecar/engine/storage.py) after it. On the wire: ``chat:messages:delete``
+  (SessionService.delete_messages, which also stops a reply the delete reaches).
 """
 
 from __future__ import annotations
@@ -114,10 +116,17 @@ from sidecar.store.sync import SyncRepo
 from sidecar.store.tools import ToolStore
 from sidecar.store.settings import DEFAULT_MODEL_KEY, DEFAULT_PROVIDER_KEY, SettingsRepo
 
-__all__ = ["Store", "Sessions", "Messages", "Search", "Settings", "ACTIVE_LEAF", "MAX_MESSAGES_LIMIT"]
+__all__ = ["Store", "Sessions", "Messages", "Search", "Settings", "ACTIVE_LEAF", "MAX_MESSAGES_LIMIT", "Deleted"]
 
 MAX_MESSAGES_LIMIT = limits.MAX_MESSAGES_PAGE
 _USAGE_KIND = re.compile(r"^(reply|side:[a-z0-9_.-]{1,48})$")
+
+
+class Deleted(msgspec.Struct, frozen=True, kw_only=True):
+    """What ``Messages.delete`` removed, and the session's active leaf afterwards."""
+
+    ids: list[str]
+    active_leaf_id: str | None
 
 
 class _Default(enum.Enum):
@@ -618,29 +627,42 @@ class Messages:
             )
             return edited
 
-    def delete_branch(self, message_id: str) -> int:
-        """Delete a message and everything below it; returns how many messages went.
+    def subtree_ids(self, session_id: str, message_id: str) -> list[str]:
+        """Ids of ``message_id`` (which must be in the session) and everything below it."""
+        with self._db.read() as conn:
+            MessageStore.get_in_session(conn, session_id, message_id)
+            return MessageStore.subtree_ids(conn, message_id)
 
-        Counters are recomputed; if the active leaf was inside the deleted branch the
-        active branch moves to the newest leaf below the deleted message's parent (or the
-        newest leaf of the session)."""
+    def delete_branch(self, message_id: str, *, session_id: str | None = None) -> int:
+        """Delete a message and everything below it; returns how many messages went.
+        ``session_id``: the message must belong to it (NotFound otherwise).
+
+        Counters are recomputed, the search index, citations, tool runs and agent turns of
+        the rows go with them (ON DELETE CASCADE), their files are journaled (files.py);
+        the active leaf moves as ``_move_active_leaf`` says when it was inside the branch."""
         with self._db.write() as conn:
-            root = MessageStore.get(conn, message_id)
-            ids = MessageStore.subtree_ids(conn, message_id)
-            active = conn.execute(
-                "SELECT active_leaf_id FROM sessions_v2 WHERE id = ?", (root.session_id,)
-            ).fetchall()[0][0]
-            conn.executemany("DELETE FROM messages_v2 WHERE id = ?", [(i,) for i in ids])
-            SessionRepo.recount(conn, root.session_id)
-            if active is None or active in set(ids):
-                leaf = None
-                if root.parent_id is not None:
-                    leaf = MessageStore.newest_leaf(conn, root.session_id, below=root.parent_id)
-                if leaf is None:
-                    leaf = MessageStore.newest_leaf(conn, root.session_id)
-                SessionRepo.set_active_leaf(conn, root.session_id, leaf)
-            SessionRepo.touch(conn, root.session_id, self._clock())
-            return len(ids)
+            root = self._in_session(conn, session_id, message_id)
+            return len(self._delete(conn, root, "branch").ids)
+
+    def delete_message(self, session_id: str, message_id: str) -> int:
+        """Delete one message of the session; its children move up to its parent (they
+        become roots when it was a root). Returns 1.
+
+        ``parent_id`` has no foreign key: the children are re-parented first, then the row
+        goes, in one transaction, with the guarantees of ``delete_branch`` (counters, the
+        search index and what cascades, files journaled, touch). The active leaf moves only
+        when it was this message (``_move_active_leaf``); a leaf below it stays, its path
+        now skips the message."""
+        with self._db.write() as conn:
+            message = MessageStore.get_in_session(conn, session_id, message_id)
+            return len(self._delete(conn, message, "message").ids)
+
+    def delete(self, session_id: str, message_id: str, mode: Literal["message", "branch"]) -> Deleted:
+        """``delete_message`` (mode ``message``) or ``delete_branch`` (mode ``branch``) of a
+        message of the session: the ids removed and the active leaf afterwards."""
+        check_choice("mode", mode, frozenset(("message", "branch")))
+        with self._db.write() as conn:
+            return self._delete(conn, MessageStore.get_in_session(conn, session_id, message_id), mode)
 
     def recover_interrupted(self) -> int:
         """Rows left 'pending'/'streaming' by a dead process become 'aborted' (content kept,
@@ -663,6 +685,60 @@ class Messages:
 
     # ---- internals ------------------------------------------------------------------
 
+
+    def _delete(self, conn: Any, target: MessageV2, mode: Literal["message", "branch"]) -> Deleted:
+        sid = target.session_id
+        active = self._active_leaf(conn, sid)
+        if mode == "branch":
+            ids = MessageStore.subtree_ids(conn, target.id)
+        else:
+            ids = [target.id]
+            conn.execute(
+                "UPDATE messages_v2 SET parent_id = ? WHERE parent_id = ? AND session_id = ?",
+                (target.parent_id, target.id, sid),
+            )
+        conn.executemany("DELETE FROM messages_v2 WHERE id = ?", [(i,) for i in ids])
+        SessionRepo.recount(conn, sid)
+        if active is None or active in set(ids):
+            active = self._move_active_leaf(conn, target)
+        SessionRepo.touch(conn, sid, self._clock())
+        return Deleted(ids=ids, active_leaf_id=active)
+
+    def _in_session(self, conn: Any, session_id: str | None, message_id: str) -> MessageV2:
+        if session_id is None:
+            return MessageStore.get(conn, message_id)
+        return MessageStore.get_in_session(conn, session_id, message_id)
+
+    def _active_leaf(self, conn: Any, session_id: str) -> str | None:
+        rows = conn.execute("SELECT active_leaf_id FROM sessions_v2 WHERE id = ?", (session_id,)).fetchall()
+        return None if not rows or rows[0][0] is None else str(rows[0][0])
+
+    def _move_active_leaf(self, conn: Any, removed: MessageV2) -> str | None:
+        """The active leaf after ``removed`` (already deleted) took it: the newest leaf below
+        the nearest surviving sibling of ``removed`` (the newest sibling created before it,
+        else the oldest created after it; the roots are the siblings of a root; after
+        ``delete_message`` its former children are siblings too), else its parent (then a
+        leaf itself), else none (the session is empty)."""
+        sid = removed.session_id
+        before = conn.execute(
+            "SELECT id FROM messages_v2 WHERE session_id = ?1 AND parent_id IS ?2"
+            " AND (created_at, id) < (?3, ?4) ORDER BY created_at DESC, id DESC LIMIT 1",
+            (sid, removed.parent_id, removed.created_at, removed.id),
+        ).fetchall()
+        after = before or conn.execute(
+            "SELECT id FROM messages_v2 WHERE session_id = ?1 AND parent_id IS ?2"
+            " AND (created_at, id) > (?3, ?4) ORDER BY created_at, id LIMIT 1",
+            (sid, removed.parent_id, removed.created_at, removed.id),
+        ).fetchall()
+        leaf: str | None = None
+        if after:
+            leaf = MessageStore.newest_leaf(conn, sid, below=str(after[0][0]))
+        elif removed.parent_id is not None:
+            leaf = MessageStore.newest_leaf(conn, sid, below=removed.parent_id)
+        if leaf is None:  # a dangling parent link: any leaf rather than a missing one
+            leaf = MessageStore.newest_leaf(conn, sid)
+        SessionRepo.set_active_leaf(conn, sid, leaf)
+        return leaf
 
     def _leaf(self, conn: Any, session_id: str, leaf_id: str | None) -> str | None:
         """The given leaf (checked to be in the session), else the active leaf, else the

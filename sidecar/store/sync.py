@@ -45,7 +45,7 @@ import msgspec
 
 from protocol.types import MessageV2, SessionV2
 from sidecar.errors import SidecarError, StoreError
-from sidecar.store.db import Database
+from sidecar.store.db import Database, fetch_all
 from sidecar.store.ids import new_id
 from sidecar.store.messages import MessageStore
 from sidecar.store.rows import SESSION_COLUMNS, searchable_text, session_from_row, to_json
@@ -378,6 +378,17 @@ class SyncRepo:
                 (state, now, account_key, conversation_id),
             )
             return outcome
+
+    def server_messages(self, message_ids: list[str]) -> int:
+        """How many of ``message_ids`` are copies of server messages (a pull maps them)."""
+        count = 0
+        with self._db.read() as conn:
+            for start in range(0, len(message_ids), 500):
+                part = message_ids[start : start + 500]
+                marks = ",".join("?" * len(part))
+                sql = f"SELECT count(*) FROM sync_messages WHERE message_id IN ({marks})"
+                count += int(fetch_all(conn, sql, part)[0][0])
+        return count
 
     def delete_session(self, session_id: str) -> bool:
         """Delete a local session (its link stays as the tombstone); False if it was gone."""
