@@ -23,16 +23,15 @@ from __future__ import annotations
 import logging
 import time
 from collections import OrderedDict
-from collections.abc import Awaitable, Callable, Sequence
+from collections.abc import Sequence
 from typing import Any
 
 import anyio
 import msgspec
 
-from sidecar.errors import SidecarError
 from sidecar.retrieval import fusion
 from sidecar.retrieval.indexes import VectorIndexes
-from sidecar.retrieval.retriever import LEG_DEPTH, QUERY_EMBED_TIMEOUT_S
+from sidecar.retrieval.retriever import LEG_DEPTH, EmbedderFor, embed_query
 from sidecar.store.async_store import AsyncStore
 from sidecar.store.memory import MemoryRecord
 
@@ -43,7 +42,6 @@ log = logging.getLogger(__name__)
 CACHE_TTL_S = 60.0
 CACHE_ENTRIES = 128
 
-EmbedderFor = Callable[[str], Awaitable[Any]]
 
 
 class MemoryFound(msgspec.Struct, kw_only=True):
@@ -109,17 +107,8 @@ class MemoryRetriever:
             nonlocal vector_hits
             query_vector = vector
             if query_vector is None:
-                try:
-                    embedder = await self._embedder_for(model)
-                    with anyio.fail_after(QUERY_EMBED_TIMEOUT_S):
-                        query_vector = (await embedder.embed([query]))[0]
-                except TimeoutError:
-                    notes.append(f"embedding the query with {model} took longer than {QUERY_EMBED_TIMEOUT_S:g}s")
-                    log.warning("memory query embedding with %s timed out; lexical memory retrieval only", model)
-                    return
-                except SidecarError as exc:
-                    notes.append(f"embedding the query with {model} failed: {exc.message}")
-                    log.warning("memory query embedding with %s failed (%s); lexical only", model, exc.message)
+                query_vector = await embed_query(self._embedder_for, model, query, notes, "memory retrieval")
+                if query_vector is None:
                     return
             hits = await self._indexes.search([(scope, model) for scope in scopes], query_vector, LEG_DEPTH)
             vector_hits = fusion.vector_floor(hits)

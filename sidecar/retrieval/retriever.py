@@ -57,6 +57,23 @@ CACHE_TTL_S = 60.0
 CACHE_ENTRIES = 128
 
 EmbedderFor = Callable[[str], Awaitable[Any]]
+
+
+async def embed_query(embedder_for: EmbedderFor, model: str, query: str, notes: list[str], what: str) -> Any | None:
+    """``query`` embedded by ``model`` (a unit vector), or None when that takes longer than
+    QUERY_EMBED_TIMEOUT_S or fails: then ``notes`` says why, and the caller's ``what``
+    (its results) is lexical only."""
+    try:
+        embedder = await embedder_for(model)
+        with anyio.fail_after(QUERY_EMBED_TIMEOUT_S):
+            return (await embedder.embed([query]))[0]
+    except TimeoutError:
+        notes.append(f"embedding the query with {model} took longer than {QUERY_EMBED_TIMEOUT_S:g}s")
+        log.warning("query embedding with %s timed out; lexical %s only", model, what)
+    except SidecarError as exc:
+        notes.append(f"embedding the query with {model} failed: {exc.message}")
+        log.warning("query embedding with %s failed (%s); lexical %s only", model, exc.message, what)
+    return None
 """``await embedder_for(model_key)`` -> an Embedder (sidecar/retrieval/embeddings.py)."""
 
 
@@ -103,19 +120,10 @@ class HybridRetriever:
             lexical = await self._store.run(lambda s: s.knowledge.lexical(kb_ids, query, LEG_DEPTH))
 
         async def vector_leg(model: str, members: list[KbRecord]) -> None:
-            try:
-                embedder = await self._embedder_for(model)
-                with anyio.fail_after(QUERY_EMBED_TIMEOUT_S):
-                    vectors = await embedder.embed([query])
-            except TimeoutError:
-                notes.append(f"embedding the query with {model} took longer than {QUERY_EMBED_TIMEOUT_S:g}s")
-                log.warning("query embedding with %s timed out; lexical results only for its bases", model)
+            vector = await embed_query(self._embedder_for, model, query, notes, "results for its bases")
+            if vector is None:
                 return
-            except SidecarError as exc:
-                notes.append(f"embedding the query with {model} failed: {exc.message}")
-                log.warning("query embedding with %s failed (%s); lexical results only for its bases", model, exc.message)
-                return
-            hits = await self._indexes.search([(kb.id, model) for kb in members], vectors[0], LEG_DEPTH)
+            hits = await self._indexes.search([(kb.id, model) for kb in members], vector, LEG_DEPTH)
             vector_legs.append(fusion.vector_floor(hits))
             hybrid_kbs.update(kb.id for kb in members)
 
