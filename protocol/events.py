@@ -204,8 +204,9 @@ class PlanEvent(_Event, tag="plan", kw_only=True):
 
 class ContentReplacedEvent(_Event, tag="content_replaced", kw_only=True):
     """The stored text of the reply differs from what was streamed (an output rewrite after
-    streaming: assistant regex rules, think tags closed, images moved to files...): show
-    ``text`` instead of the streamed text. Sent at most once, right before ``stream_end``."""
+    streaming: citation markers normalized, assistant regex rules, think tags closed, images
+    moved to files...): show ``text`` (and ``parts``) instead of what was streamed. Sent at
+    most once, right before ``stream_end``."""
 
     text: str
     """The reply's stored ``textContent``."""
