@@ -36,6 +36,8 @@ class WorkProgress:
         self.begun = False
         self.done = 0
         self.total: int | None = None
+        self.summary: str | None = None
+        """What the ``end`` of a successful piece of work says (default ``done``)."""
         self._last = 0.0
 
     def from_thread(self, done: int, total: int | None) -> None:
@@ -49,6 +51,14 @@ class WorkProgress:
         elif now - self._last >= REPORT_INTERVAL_S:
             self._last = now
             anyio.from_thread.run(self._send, "report", done, total, None)
+
+    async def report(self, done: int, total: int | None, message: str | None = None) -> None:
+        """Progress of the work from the event loop (at most every REPORT_INTERVAL_S)."""
+        self.done, self.total = done, total
+        now = time.monotonic()
+        if self.begun and now - self._last >= REPORT_INTERVAL_S:
+            self._last = now
+            await self._send("report", done, total, message)
 
     async def begin(self, total: int | None) -> None:
         if not self.begun:
@@ -87,4 +97,4 @@ async def work_progress(notify: Notify, token: ProgressToken | None, what: str) 
         if progress.total is not None:
             progress.done = progress.total
         with anyio.CancelScope(shield=True), anyio.move_on_after(1):
-            await progress.end("done")
+            await progress.end(progress.summary or "done")

@@ -37,8 +37,8 @@ from typing import Any
 import anyio
 import anyio.abc
 
-from protocol.common import ProgressParams
 from protocol.storage import StorageGcParams, StorageGcResult
+from sidecar.engine.progress import WorkProgress, work_progress
 from sidecar.errors import InvalidParams, SidecarError
 from sidecar.store.async_store import AsyncStore
 from sidecar.store.files import Deletion
@@ -113,21 +113,17 @@ class StorageService:
         grace_ms = GC_GRACE_S * 1000 if params.grace_ms is None else params.grace_ms
         if not 0 <= grace_ms <= MAX_GRACE_MS:
             raise InvalidParams(f"invalid params: graceMs must be between 0 and {MAX_GRACE_MS} - at `$.graceMs`")
-        token = params.progress_token
-        progress = _Progress(self._notify, token)
-        await progress.send("begin", 0, None, "finishing pending removals")
-        try:
+        async with work_progress(self._notify, params.progress_token, "finishing pending removals") as progress:
+            if progress is not None:
+                await progress.begin(None)
             pending = await self.release()
             swept = await self._sweep(grace_ms / 1000, progress)
-        except BaseException as exc:
-            with anyio.CancelScope(shield=True), anyio.move_on_after(1):
-                await progress.send("end", progress.done, progress.total, f"error: {_why(exc)}")
-            raise
-        total = Freed(files=pending.files + swept.files, bytes=pending.bytes + swept.bytes)
-        await progress.send("end", progress.done, progress.total, f"freed {total.files} files, {total.bytes} bytes")
+            total = Freed(files=pending.files + swept.files, bytes=pending.bytes + swept.bytes)
+            if progress is not None:
+                progress.summary = f"freed {total.files} files, {total.bytes} bytes"
         return StorageGcResult(files=total.files, bytes=total.bytes, pending=pending.files)
 
-    async def _sweep(self, grace_s: float, progress: _Progress) -> Freed:
+    async def _sweep(self, grace_s: float, progress: WorkProgress | None) -> Freed:
         data_dir = self._data_dir
 
         def read(s: Store) -> tuple[set[str], set[str], list[str]]:
@@ -140,8 +136,8 @@ class StorageService:
             )
             leftovers = [rel for rel, is_trash in found if is_trash]
             candidates = [rel for rel, is_trash in found if not is_trash]
-            progress.total = len(found)
             freed = Freed()
+            done = 0
             trash = [data_dir / rel for rel in leftovers]
 
             def remove(rel: str) -> None:
@@ -153,11 +149,13 @@ class StorageService:
             for start in range(0, len(candidates), BATCH):
                 batch = candidates[start : start + BATCH]
                 await self._store.run(lambda s: s.files.sweep(batch, remove))
-                progress.done += len(batch)
-                await progress.send("report", progress.done, progress.total, f"{freed.files} files removed")
+                done += len(batch)
+                if progress is not None:
+                    await progress.report(done, len(found), f"{freed.files} files removed")
             for folder in trash:
                 freed.add(await anyio.to_thread.run_sync(purge, folder))
-            progress.done += len(leftovers)
+            if progress is not None:
+                progress.done, progress.total = len(found), len(found)
         if freed.files:
             log.info("removed %d orphaned files (%d bytes) from the data dir", freed.files, freed.bytes)
         return freed
@@ -182,29 +180,3 @@ class StorageService:
             "start-up storage pass: freed %d files (%d bytes; %d of earlier deletes)",
             result.files, result.bytes, result.pending,
         )
-
-
-class _Progress:
-    """``sidecar:progress`` under the caller's token (nothing without one)."""
-
-    def __init__(self, notify: Notify, token: int | str | None) -> None:
-        self._notify = notify
-        self._token = token
-        self.done = 0
-        self.total: int | None = None
-
-    async def send(self, kind: str, done: int, total: int | None, message: str) -> None:
-        if self._token is None:
-            return
-        await self._notify(
-            "sidecar:progress",
-            ProgressParams(token=self._token, kind=kind, done=done, total=total, message=message),  # type: ignore[arg-type]
-        )
-
-
-def _why(exc: BaseException) -> str:
-    if isinstance(exc, SidecarError):
-        return exc.message
-    if isinstance(exc, anyio.get_cancelled_exc_class()):
-        return "cancelled"
-    return type(exc).__name__
