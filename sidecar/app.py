@@ -554,32 +554,15 @@ async def _open_sync(app: App, stack: AsyncExitStack) -> None:
     """Qiming server sync: the account, sync runs, the periodic task (its own task group,
     cancelled first on exit), the server conversation calls.
 
-    A session the sync deletes (deleted on the server, unchanged here) takes the same delete
-    path as ``chat:session:delete``: the on_delete hooks first (its generation and ACP session
-    stop), the on_deleted ones once it is gone (its files are removed).
+    A session the sync deletes (deleted on the server, unchanged here) takes the delete path
+    of ``chat:session:delete`` (SessionService.delete_path: its generation and ACP session
+    stop first, its files are removed once it is gone).
     """
     import anyio
 
     from sidecar.sync.service import SyncService
 
-    async def before_delete(session_id: str) -> Callable[[], None]:
-        done: list[Callable[[], None]] = []
-
-        def finished() -> None:
-            for after in done:
-                after()
-
-        try:
-            for hook in list(app.sessions.on_delete):
-                after = await hook(session_id, "the conversation was deleted on the server")
-                if after is not None:
-                    done.append(after)
-        except BaseException:
-            finished()
-            raise
-        return finished
-
-    app.sync = SyncService(app.store, app.notify, before_delete=before_delete, released=app.sessions.released)
+    app.sync = SyncService(app.store, app.notify, delete_path=app.sessions.delete_path)
     await app.sync.load()
     stack.push_async_callback(app.sync.aclose)
     group = await stack.enter_async_context(anyio.create_task_group())

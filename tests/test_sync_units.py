@@ -285,13 +285,10 @@ async def test_periodic_sync_runs_when_enabled(tmp_path: Path, monkeypatch):
         async def notify(method: str, params: object) -> None:
             notes.append((method, params))
 
-        async def no_hooks(session_id: str):
-            return lambda: None
+        async def delete_path(session_id: str, reason: str, write):
+            return await store.run(write)
 
-        async def nothing_released() -> None:
-            return None
-
-        svc = service_module.SyncService(store, notify, before_delete=no_hooks, released=nothing_released)
+        svc = service_module.SyncService(store, notify, delete_path=delete_path)
         try:
             await svc.load()
             async with anyio.create_task_group() as tg:

@@ -120,10 +120,10 @@ class SessionService:
 
     async def delete_session(self, params: IdParams) -> SuccessResult:
         await self.store.run(lambda s: s.sessions.get(params.id))  # NotFound before any hook runs
-        await self._delete_path(params.id, "the session was deleted", lambda s: s.sessions.delete(params.id))
+        await self.delete_path(params.id, "the session was deleted", lambda s: s.sessions.delete(params.id))
         return SuccessResult(success=True)
 
-    async def _delete_path(
+    async def delete_path(
         self, session_id: str, reason: str, write: Callable[[Store], T], *, below: str | None = None
     ) -> T:
         """The delete path: stop what runs on the session (hooks; with ``below``: what runs
@@ -179,7 +179,7 @@ class SessionService:
 
             exists = isinstance(session, SessionV2) and await self.store.run(lambda s: s.sessions.exists(session.id))
             if params.replace and exists:
-                return await self._delete_path(session.id, "the session was replaced by an import", write)
+                return await self.delete_path(session.id, "the session was replaced by an import", write)
             return await self.store.run(write)
 
     # ---- messages -------------------------------------------------------------------
@@ -262,7 +262,7 @@ class SessionService:
             return MessagesDeleteResult(success=True, deleted=len(gone.ids), active_leaf_id=gone.active_leaf_id)
 
         reason = "its branch was deleted" if mode == "branch" else "a message of its branch was deleted"
-        result = await self._delete_path(session_id, reason, write, below=message_id)
+        result = await self.delete_path(session_id, reason, write, below=message_id)
         try:
             await self.publish(session_id)
         except NotFound:  # the session itself was deleted meanwhile: nothing to announce

@@ -51,7 +51,8 @@ per conversation or session and the run goes on.
 from __future__ import annotations
 
 import logging
-from collections.abc import Awaitable, Callable
+from collections.abc import Callable
+from typing import Protocol, TypeVar
 
 import anyio
 import anyio.abc
@@ -61,6 +62,7 @@ from anyio.streams.memory import MemoryObjectReceiveStream
 from protocol.sync import NotPushed, SyncConflict
 from protocol.types import MessageV2, SessionMode, SessionV2
 from sidecar.errors import SidecarError
+from sidecar.store import Store
 from sidecar.store.ids import new_id, now_ms
 from sidecar.store.sync import (
     ConversationUpdate,
@@ -98,10 +100,17 @@ NO_MESSAGE_IMPORT = (
 )
 NO_APPEND = "the server takes messages only when a conversation is created: these stay on this device"
 
-DeleteHooks = Callable[[str], Awaitable[Callable[[], None]]]
-"""Run before the sync deletes a local session (stops its work); returns the after-hook."""
-Released = Callable[[], Awaitable[None]]
-"""Run once a delete is committed: the files it released are removed (the delete path's end)."""
+_T = TypeVar("_T")
+
+
+class DeletePath(Protocol):
+    """The sessions' delete path (SessionService.delete_path): what runs on the session is
+    stopped, ``write`` runs as one transaction, then the files it released are removed."""
+
+    async def __call__(self, session_id: str, reason: str, write: Callable[[Store], _T]) -> _T: ...
+
+
+SERVER_DELETED = "the conversation was deleted on the server"
 
 
 class _Job(msgspec.Struct, kw_only=True):
@@ -121,9 +130,8 @@ class _Ready(msgspec.Struct, kw_only=True):
 
 
 class ConversationSyncAdapter:
-    def __init__(self, *, before_delete: DeleteHooks, released: Released) -> None:
-        self.before_delete = before_delete
-        self.released = released
+    def __init__(self, *, delete_path: DeletePath) -> None:
+        self.delete_path = delete_path
 
     # ==== pull ==========================================================================
 
@@ -489,19 +497,18 @@ class ConversationSyncAdapter:
 
     async def _server_deleted(self, ctx: RunContext, link: SyncLink) -> None:
         key = ctx.account.account_key
-        after: Callable[[], None] | None = None
+
+        def mark(s: Store) -> str:
+            return s.sync.mark_server_deleted(key, link.conversation_id, now_ms())
+
         if link.session_exists and await ctx.db(lambda s: s.sync.deletable(key, link.conversation_id)):
-            # It goes with the server's copy: stop its work first, as chat:session:delete does
-            # (the repository checks again inside the transaction that deletes it).
-            after = await self.before_delete(link.session_id)
-        try:
-            outcome = await ctx.db(lambda s: s.sync.mark_server_deleted(key, link.conversation_id, now_ms()))
-        finally:
-            if after is not None:
-                after()
+            # It goes with the server's copy, on the path chat:session:delete takes (the
+            # repository checks again inside the transaction that deletes it).
+            outcome = await self.delete_path(link.session_id, SERVER_DELETED, mark)
+        else:
+            outcome = await ctx.db(mark)
         if outcome == "deleted_local":
             ctx.result.deleted += 1
-            await self.released()
         elif outcome == "kept":
             ctx.conflict(SyncConflict(
                 kind="deleted_on_server", session_id=link.session_id, conversation_id=link.conversation_id,

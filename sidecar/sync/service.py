@@ -51,7 +51,7 @@ from sidecar.errors import EngineError, InvalidParams, NotFound, SecretsLocked, 
 from sidecar.store import AsyncStore
 from sidecar.store.ids import now_ms
 from sidecar.sync.account import ServerAccount
-from sidecar.sync.adapter import ConversationSyncAdapter, DeleteHooks, Released
+from sidecar.sync.adapter import SERVER_DELETED, ConversationSyncAdapter, DeletePath
 from sidecar.sync.client import QimingClient
 from sidecar.sync.errors import AuthRequired, ConversationGone, NotConfigured, QimingError, ServerMalformed
 from sidecar.sync.mapping import MAX_TITLE_CHARS, conversation_title
@@ -80,15 +80,14 @@ class SyncService:
         store: AsyncStore,
         notify: Notify,
         *,
-        before_delete: DeleteHooks,
-        released: Released,
+        delete_path: DeletePath,
         transport: Any = None,
     ) -> None:
         self.store = store
         self._notify = notify
         self._running = 0
         self.account = ServerAccount(store, notify, syncing=lambda: self._running > 0, transport=transport)
-        self.adapter = ConversationSyncAdapter(before_delete=before_delete, released=released)
+        self.adapter = ConversationSyncAdapter(delete_path=delete_path)
         self._run_lock = anyio.Lock()
         self._db_lock = anyio.Lock()
         self._settings = SyncSettings()
@@ -266,12 +265,7 @@ class SyncService:
             state = "deleted" if params.delete_local else "server_deleted"
             await self.store.run(lambda s: s.sync.set_link_state(account.account_key, cid, state, now_ms()))
             if params.delete_local:
-                after = await self.adapter.before_delete(session_id)
-                try:
-                    await self.store.run(lambda s: s.sync.delete_session(session_id))
-                finally:
-                    after()
-                await self.adapter.released()
+                await self.adapter.delete_path(session_id, SERVER_DELETED, lambda s: s.sync.delete_session(session_id))
         return SuccessResult(success=True)
 
     async def share_conversation(self, params: ServerConversationShareParams) -> ServerShare:
