@@ -44,12 +44,12 @@ from protocol.types import MessageV2, SessionV2, TextPart
 from sidecar.engine.lifecycle import Pricing, ReplyJob
 from sidecar.engine.relay import Notify
 from sidecar.engine.titles import TitleGenerator
-from sidecar.engine.usage import SideUsage, usage_of
+from sidecar.engine.usage import SideUsage
 from sidecar.errors import EngineError, ProviderError, SidecarError
 from sidecar.pipeline import tokens as tk
-from sidecar.pipeline.calls import ModelResolver, ResolvedModel
+from sidecar.pipeline.calls import ModelResolver, ProviderModelCall, ResolvedModel
 from sidecar.pipeline.summary import render_transcript
-from sidecar.providers.types import ChatRequest, GenerationParams, RequestMessage, TextDelta
+from sidecar.providers.types import RequestMessage
 from sidecar.store.async_store import AsyncStore
 from sidecar.store.store import Store
 
@@ -127,7 +127,7 @@ class SideCalls:
         self._settings = settings
         self._notify = notify
         self._tg = task_group
-        self._usage = usage
+        self._model_call = ProviderModelCall(providers, timeout_s=SIDE_TIMEOUT_S, usage=usage)
         self._titles = TitleGenerator(store=store, providers=providers, settings=settings, usage=usage)
         self._pending: dict[str, tuple[str, anyio.CancelScope]] = {}
         """session id -> (message id, scope) of its suggestions call in flight."""
@@ -273,31 +273,20 @@ class SideCalls:
         content: str,
         max_tokens: int,
     ) -> str:
-        request = ChatRequest(
-            model=resolved.model,
-            messages=[
-                RequestMessage(role="system", parts=[TextPart(text=system)]),
-                RequestMessage(role="user", parts=[TextPart(text=content)]),
-            ],
-            params=GenerationParams(max_tokens=max_tokens),
-            stream=False,
+        """One side call (the pipeline's ProviderModelCall: bounded, its usage attributed to
+        the session as ``side:<kind>``); the answer's text."""
+        text = await self._model_call(
+            provider_id, resolved.model.id,
+            [RequestMessage(role="system", parts=[TextPart(text=system)]),
+             RequestMessage(role="user", parts=[TextPart(text=content)])],
+            max_tokens=max_tokens, session_id=session_id, kind=f"side:{kind}", resolved=resolved,
         )
-        try:
-            with anyio.fail_after(SIDE_TIMEOUT_S):
-                parts = await resolved.provider.generate(request)
-        except TimeoutError:
-            raise ProviderError(f"the model {resolved.model.id} gave no answer within {SIDE_TIMEOUT_S:g}s") from None
-        usage = usage_of(parts)
-        if usage is not None:
-            await self._usage.record(session_id, provider_id, resolved.model.id, usage, kind=f"side:{kind}")
-            if kind == "suggestions":  # its cost shows in the session's counters
-                try:
-                    updated = await self._store.run(lambda s: s.sessions.get(session_id))
-                except SidecarError:
-                    updated = None  # deleted meanwhile
-                if updated is not None:
-                    await self._notify("chat:session:updated", updated)
-        return "".join(p.text for p in parts if isinstance(p, TextDelta)).strip()
+        if kind == "suggestions":  # its cost shows in the session's counters
+            try:
+                await self._notify("chat:session:updated", await self._store.run(lambda s: s.sessions.get(session_id)))
+            except SidecarError:
+                pass  # deleted meanwhile
+        return text
 
 
 def _text(message: MessageV2) -> str:

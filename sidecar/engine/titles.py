@@ -26,10 +26,10 @@ import anyio
 from protocol.sessions import SessionUpdates
 from protocol.settings import ChatSettings
 from protocol.types import SessionV2, TextPart
-from sidecar.engine.usage import SideUsage, usage_of
+from sidecar.engine.usage import SideUsage
 from sidecar.errors import EngineError, ProviderError, SidecarError
-from sidecar.pipeline.calls import ModelResolver, ResolvedModel
-from sidecar.providers.types import ChatRequest, GenerationParams, RequestMessage, TextDelta
+from sidecar.pipeline.calls import ModelResolver, ProviderModelCall, ResolvedModel
+from sidecar.providers.types import RequestMessage
 from sidecar.store.async_store import AsyncStore
 from sidecar.store.store import Store
 
@@ -58,7 +58,7 @@ class TitleGenerator:
         self._store = store
         self._providers = providers
         self._settings = settings
-        self._usage = usage
+        self._call = ProviderModelCall(providers, timeout_s=TITLE_TIMEOUT_S, usage=usage)
 
     async def wants_title(self, session: SessionV2, reply_id: str) -> bool:
         if not self._settings().generate_titles or session.title not in DEFAULT_TITLES:
@@ -105,23 +105,7 @@ class TitleGenerator:
             return None
         user_text = (path[0].text_content or "")[:1000]
         reply_text = (path[-1].text_content or "")[:1000]
-        resolved, used_provider, used_model = await self._model(session, provider_id, model_id)
-        request = ChatRequest(
-            model=resolved.model,
-            messages=[
-                RequestMessage(role="system", parts=[TextPart(text=_PROMPT)]),
-                RequestMessage(
-                    role="user",
-                    parts=[TextPart(text=f"User: {user_text}\n\nAssistant: {reply_text}")],
-                ),
-            ],
-            params=GenerationParams(max_tokens=64),
-            stream=False,
-        )
-        parts = await resolved.provider.generate(request)
-        if self._usage is not None:
-            await self._usage.record(session.id, used_provider, used_model, usage_of(parts), kind="side:title")
-        title = clean_title("".join(p.text for p in parts if isinstance(p, TextDelta)))
+        title = await self._ask(session, provider_id, model_id, f"User: {user_text}\n\nAssistant: {reply_text}")
         if not title:
             await self._attempted(session.id)
             return None
@@ -135,6 +119,18 @@ class TitleGenerator:
                 return s.sessions.update(session.id, SessionUpdates(title=title))
 
         return await self._store.run(write)
+
+    async def _ask(self, session: SessionV2, provider_id: str, model_id: str, excerpt: str) -> str:
+        """The title the model (``_model``) gives ``excerpt``, cleaned ("" when unusable); its
+        usage counts for the session as ``side:title``."""
+        resolved, used_provider, used_model = await self._model(session, provider_id, model_id)
+        text = await self._call(
+            used_provider, used_model,
+            [RequestMessage(role="system", parts=[TextPart(text=_PROMPT)]),
+             RequestMessage(role="user", parts=[TextPart(text=excerpt)])],
+            max_tokens=64, session_id=session.id, kind="side:title", resolved=resolved,
+        )
+        return clean_title(text)
 
     async def _attempted(self, session_id: str) -> None:
         try:
@@ -153,29 +149,12 @@ class TitleGenerator:
         reply = next((m for m in reversed(path) if m.role == "assistant" and m.text_content), None)
         if user is None:
             raise EngineError("the session has no message to name it after")
-        resolved, provider_id, model_id = await self._model(session, session.provider_id, session.model_id)
         excerpt = f"User: {(user.text_content or '')[:1000]}"
         if reply is not None:
             excerpt += f"\n\nAssistant: {(reply.text_content or '')[:1000]}"
-        request = ChatRequest(
-            model=resolved.model,
-            messages=[
-                RequestMessage(role="system", parts=[TextPart(text=_PROMPT)]),
-                RequestMessage(role="user", parts=[TextPart(text=excerpt)]),
-            ],
-            params=GenerationParams(max_tokens=64),
-            stream=False,
-        )
-        try:
-            with anyio.fail_after(TITLE_TIMEOUT_S):
-                parts = await resolved.provider.generate(request)
-        except TimeoutError:
-            raise ProviderError(f"the model {resolved.model.id} gave no title within {TITLE_TIMEOUT_S:g}s") from None
-        if self._usage is not None:
-            await self._usage.record(session.id, provider_id, model_id, usage_of(parts), kind="side:title")
-        title = clean_title("".join(p.text for p in parts if isinstance(p, TextDelta)))
+        title = await self._ask(session, session.provider_id, session.model_id, excerpt)
         if not title:
-            raise ProviderError(f"the model {resolved.model.id} gave no usable title")
+            raise ProviderError("the model gave no usable title")
 
         def write(s: Store) -> SessionV2:
             with s.transaction():

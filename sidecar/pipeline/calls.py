@@ -78,8 +78,11 @@ class ProviderModelCall:
         max_tokens: int | None = None,
         session_id: str | None = None,
         kind: str = "side:call",
+        resolved: ResolvedModel | None = None,
     ) -> str:
-        resolved = await self._providers.resolve(provider_id, model_id)
+        """``resolved``: the model when the caller already resolved ``provider_id``/``model_id``."""
+        if resolved is None:
+            resolved = await self._providers.resolve(provider_id, model_id)
         request = ChatRequest(
             model=resolved.model,
             messages=messages,
