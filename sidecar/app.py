@@ -525,7 +525,6 @@ async def _open_memory(app: App, stack: AsyncExitStack) -> None:
 async def _start_memory(app: App) -> None:
     """Deleting an assistant deletes its memories and Soul.md (README "Memory"); what a
     previous run left without vectors is embedded."""
-    from protocol.types import Usage
     from sidecar.memory.encoder import MemoryEncoder
 
     app.assistants.on_delete.append(app.memory.forget_assistant)
@@ -534,13 +533,7 @@ async def _start_memory(app: App) -> None:
     async def assistant_of(session_id: str) -> AssistantProfile:
         return await memory.assistant_for(session_id)
 
-    side_usage = app.side_usage
-
-    async def record_usage(session_id: str, provider_id: str, model_id: str, usage: Usage) -> None:
-        # the encoder's side call counts in its session's totals (and in usageByKind)
-        await side_usage.record(session_id, provider_id, model_id, usage, kind="side:memory-encoder")
-
-    memory.encoder = MemoryEncoder(memory, app.providers, record_usage, assistant_of)
+    memory.encoder = MemoryEncoder(memory, app.providers, app.side_usage, assistant_of)
     app.chat.on_completed.append(memory.reply_completed)
     await memory.start()
 

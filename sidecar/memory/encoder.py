@@ -26,8 +26,8 @@ One job:
 5. every item goes through MemoryService's write rule with the near-duplicate check (same
    normalized text, or similar above a threshold: skipped; same key or the ``supersedes``
    it named: a new version, history kept); in ``propose`` mode a duplicate is not proposed.
-The side call's tokens and cost are added to the session's totals (``record_usage``, the
-app's side-call attribution);
+The side call is the pipeline's ProviderModelCall: its tokens and cost count for the session
+as ``side:memory-encoder`` (the app passes its SideUsage);
 every decision (skipped, dropped, created, superseded, duplicate, proposed, failed) is
 logged at INFO with the session and reply ids; a failed call (HTTP error, timeout, invalid
 JSON) is logged at WARNING and changes nothing.
@@ -45,10 +45,11 @@ import msgspec
 
 from protocol.context import AssistantProfile
 from protocol.memory import GLOBAL_SCOPE, MAX_MEMORY_CHARS, MAX_MEMORY_DETAIL_CHARS
-from protocol.types import TextPart, Usage
+from protocol.types import TextPart
 from sidecar.errors import NotFound, SidecarError
+from sidecar.pipeline.calls import ProviderModelCall, UsageSink
 from sidecar.pipeline.locks import KeyedLocks
-from sidecar.providers.types import ChatRequest, GenerationParams, RequestMessage, TextDelta, UsageUpdate
+from sidecar.providers.types import RequestMessage
 from sidecar.store.memory import ProposalRecord
 
 if TYPE_CHECKING:
@@ -129,12 +130,6 @@ def parse_answer(raw: str) -> EncoderAnswer:
     return _answer.decode(text)
 
 
-class RecordUsage(Protocol):
-    """Adds a side call's usage (priced) to its session; never raises (the app's wiring)."""
-
-    async def __call__(self, session_id: str, provider_id: str, model_id: str, usage: Usage) -> None: ...
-
-
 class Job(Protocol):
     """What the encoder needs of a completed reply (engine ReplyJob)."""
 
@@ -151,12 +146,12 @@ class MemoryEncoder:
         self,
         service: MemoryService,
         providers: ModelResolver,
-        record_usage: RecordUsage,
+        usage: UsageSink,
         assistant_for: Callable[[str], Awaitable[AssistantProfile]],
     ) -> None:
         self._service = service
         self._providers = providers
-        self._record_usage = record_usage
+        self._call = ProviderModelCall(providers, timeout_s=ENCODER_TIMEOUT_S, usage=usage)
         self._assistant_for = assistant_for
         self._locks = KeyedLocks()
         self._calls = anyio.CapacityLimiter(CONCURRENT_CALLS)
@@ -222,24 +217,18 @@ class MemoryEncoder:
         call_provider = chosen.provider_id if chosen else provider_id
         call_model = chosen.model_id if chosen else model_id
         resolved = await self._providers.resolve(call_provider, call_model)
-        request = ChatRequest(
-            model=resolved.model,
-            messages=[
-                RequestMessage(role="system", parts=[TextPart(text=_PROMPT)]),
-                RequestMessage(role="user", parts=[TextPart(text=(
-                    f"Existing memories:\n{known}\n\n<exchange>\n<user>{escape(user_text)}</user>\n"
-                    f"<assistant>{escape(reply_text)}</assistant>\n</exchange>"
-                ))]),
-            ],
-            params=GenerationParams(max_tokens=800, temperature=0),
-            stream=False,
-        )
-        async with self._calls:
-            parts = await resolved.provider.generate(request)
-        usage = next((p.usage for p in reversed(parts) if isinstance(p, UsageUpdate)), None)
-        if usage is not None:
-            await self._record_usage(session_id, call_provider, call_model, usage)
-        raw = "".join(p.text for p in parts if isinstance(p, TextDelta))
+        messages = [
+            RequestMessage(role="system", parts=[TextPart(text=_PROMPT)]),
+            RequestMessage(role="user", parts=[TextPart(text=(
+                f"Existing memories:\n{known}\n\n<exchange>\n<user>{escape(user_text)}</user>\n"
+                f"<assistant>{escape(reply_text)}</assistant>\n</exchange>"
+            ))]),
+        ]
+        async with self._calls:  # the side call: bounded, its usage the session's side:memory-encoder
+            raw = await self._call(
+                call_provider, call_model, messages, max_tokens=800, temperature=0,
+                session_id=session_id, kind="side:memory-encoder", resolved=resolved,
+            )
         try:
             answer = parse_answer(raw)
         except (msgspec.DecodeError, msgspec.ValidationError) as exc:

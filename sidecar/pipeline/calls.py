@@ -76,6 +76,7 @@ class ProviderModelCall:
         messages: list[RequestMessage],
         *,
         max_tokens: int | None = None,
+        temperature: float | None = None,
         session_id: str | None = None,
         kind: str = "side:call",
         resolved: ResolvedModel | None = None,
@@ -86,7 +87,7 @@ class ProviderModelCall:
         request = ChatRequest(
             model=resolved.model,
             messages=messages,
-            params=GenerationParams(max_tokens=max_tokens),
+            params=GenerationParams(max_tokens=max_tokens, temperature=temperature),
             stream=False,
         )
         try:
