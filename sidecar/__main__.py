@@ -11,58 +11,111 @@ are parsed, so ``--help`` and start-up stay fast.
 
 from __future__ import annotations
 
-import argparse
 import os
 import sys
 from collections.abc import Sequence
+from typing import TYPE_CHECKING, Any, NamedTuple
+
+if TYPE_CHECKING:
+    import argparse
+
+
+class Option(NamedTuple):
+    flag: str
+    dest: str
+    kind: type[str] | type[int] | bool
+    """``str``/``int``: takes a value; ``True``/``False``: a switch storing that value."""
+    help: str | None
+    """None: hidden from ``--help``."""
+
+
+OPTIONS = (
+    Option("--data-dir", "data_dir", str,
+           "data directory (env CHAT_SIDECAR_DATA_DIR; default: the platform's user data dir)"),
+    Option("--log-level", "log_level", str,
+           "DEBUG, INFO, WARNING, ERROR, CRITICAL (env CHAT_SIDECAR_LOG_LEVEL; default WARNING)"),
+    Option("--max-line-bytes", "max_line_bytes", int,
+           "reject input lines longer than this (env CHAT_SIDECAR_MAX_LINE_BYTES; default 16 MiB)"),
+    Option("--secret-key-fd", "secret_key_fd", int,
+           "read the secrets key (base64 of 32 bytes) from this inherited fd (env CHAT_SIDECAR_SECRET_KEY_FD)"),
+    Option("--no-keychain", "keychain", False,
+           "keep the secrets key in a key file, never in the OS keychain (env CHAT_SIDECAR_KEYCHAIN=off)"),
+    Option("--bench", "bench", True, None),
+)
+"""The command line's options: ``_parser`` (help, errors) and ``_quick_parse`` read this one table."""
+COMMANDS = ("serve",)
 
 
 def _parser() -> argparse.ArgumentParser:
+    import argparse
+
     from sidecar import __version__
 
     parser = argparse.ArgumentParser(
         prog="chat-sidecar",
         description="Local chat engine: JSON-RPC 2.0 (NDJSON) over stdin/stdout.",
     )
-    parser.add_argument("command", nargs="?", default="serve", choices=["serve"], help="what to run (default: serve)")
-    parser.add_argument(
-        "--data-dir", help="data directory (env CHAT_SIDECAR_DATA_DIR; default: the platform's user data dir)"
-    )
-    parser.add_argument(
-        "--log-level", help="DEBUG, INFO, WARNING, ERROR, CRITICAL (env CHAT_SIDECAR_LOG_LEVEL; default WARNING)"
-    )
-    parser.add_argument(
-        "--max-line-bytes",
-        type=int,
-        help="reject input lines longer than this (env CHAT_SIDECAR_MAX_LINE_BYTES; default 16 MiB)",
-    )
-    parser.add_argument(
-        "--secret-key-fd",
-        type=int,
-        help="read the secrets key (base64 of 32 bytes) from this inherited fd (env CHAT_SIDECAR_SECRET_KEY_FD)",
-    )
-    parser.add_argument(
-        "--no-keychain",
-        dest="keychain",
-        action="store_false",
-        default=None,
-        help="keep the secrets key in a key file, never in the OS keychain (env CHAT_SIDECAR_KEYCHAIN=off)",
-    )
-    parser.add_argument("--bench", action="store_true", default=None, help=argparse.SUPPRESS)
+    parser.add_argument("command", nargs="?", default="serve", choices=COMMANDS, help="what to run (default: serve)")
+    for option in OPTIONS:
+        shown = option.help if option.help is not None else argparse.SUPPRESS
+        if isinstance(option.kind, bool):
+            action = "store_true" if option.kind else "store_false"
+            parser.add_argument(option.flag, dest=option.dest, action=action, default=None, help=shown)
+        else:
+            parser.add_argument(option.flag, dest=option.dest, type=option.kind, help=shown)
     parser.add_argument("--version", action="version", version=f"chat-sidecar {__version__}")
     return parser
 
 
+def _quick_parse(argv: Sequence[str]) -> dict[str, Any] | None:
+    """The options of an ordinary command line, without importing argparse (several ms of
+    every start); None for anything else (help, version, a mistake), which ``_parser``
+    then handles with its messages."""
+    by_flag = {option.flag: option for option in OPTIONS}
+    values: dict[str, Any] = {option.dest: None for option in OPTIONS}
+    commands = 0
+    i = 0
+    while i < len(argv):
+        arg = argv[i]
+        i += 1
+        if arg in COMMANDS and commands == 0:
+            commands = 1
+            continue
+        flag, has_value, value = arg.partition("=")
+        option = by_flag.get(flag)
+        if option is None:
+            return None
+        if isinstance(option.kind, bool):
+            if has_value:
+                return None
+            values[option.dest] = option.kind
+            continue
+        if not has_value:
+            if i == len(argv) or argv[i].startswith("-"):
+                return None  # argparse's own rules (and message) for a missing value
+            value = argv[i]
+            i += 1
+        if option.kind is int:
+            try:
+                values[option.dest] = int(value)
+            except ValueError:
+                return None
+        else:
+            values[option.dest] = value
+    return values
+
+
 def main(argv: Sequence[str] | None = None) -> int:
-    args = _parser().parse_args(argv)
+    args = sys.argv[1:] if argv is None else argv
+    overrides = _quick_parse(args)
+    if overrides is None:
+        parsed = _parser().parse_args(args)
+        overrides = {option.dest: getattr(parsed, option.dest) for option in OPTIONS}
     from sidecar.config import build_config
     from sidecar.errors import SidecarError
 
     try:
-        config = build_config(
-            {"data_dir": args.data_dir, "log_level": args.log_level, "max_line_bytes": args.max_line_bytes,
-             "bench": args.bench, "secret_key_fd": args.secret_key_fd, "keychain": args.keychain}
-        )
+        config = build_config(overrides)
     except SidecarError as exc:
         print(f"chat-sidecar: {exc.message}", file=sys.stderr)
         return 2
@@ -74,6 +127,11 @@ def _serve_stdio(config: object) -> int:
 
     import anyio
 
+    from sidecar.coldstart import EarlySignals
+
+    signals = EarlySignals()
+    signals.install()  # from now on a stop signal always ends in the clean exit
+
     from sidecar.rpc.stdio import take_stdio, uses_blocking_thread
 
     # fd 1 is guarded before anything else loads: a module (or a library it imports) that
@@ -82,17 +140,25 @@ def _serve_stdio(config: object) -> int:
 
     from sidecar.config import Config
     from sidecar.errors import SidecarError
+    from sidecar.coldstart import answer_waiting
     from sidecar.logging_setup import setup_logging
-    from sidecar.server import serve
-    from sidecar.supervision import Supervisor
 
     assert isinstance(config, Config)
     setup_logging(config.log_level)
+    # The first requests, when already waiting, are answered before the event loop and
+    # the server load.
+    cold = answer_waiting(config, receive, send, signals)
+
+    from sidecar.server import serve
+    from sidecar.supervision import Supervisor
+
     log = logging.getLogger("sidecar")
     code = 0
     supervisor = Supervisor()
     try:
-        anyio.run(lambda: serve(config, receive, send, handle_signals=True, supervisor=supervisor))
+        anyio.run(
+            lambda: serve(config, receive, send, handle_signals=True, supervisor=supervisor, cold=cold)
+        )
     except Exception as exc:
         leaves = _leaf_exceptions(exc)
         if all(isinstance(leaf, SidecarError) for leaf in leaves):

@@ -107,7 +107,7 @@ if TYPE_CHECKING:
     from sidecar.memory.service import MemoryService
     from sidecar.memory.soul import SoulService
     from sidecar.retrieval.service import KnowledgeService
-    from sidecar.store import AsyncStore
+    from sidecar.store import AsyncStore, Store
     from sidecar.store.attachments import AttachmentStore
     from sidecar.sync.service import SyncService
     from sidecar.tools.mcp import McpManager
@@ -158,6 +158,7 @@ async def open_app(
     *,
     on_store: Callable[[App], Awaitable[None]] | None = None,
     services_wanted: Callable[[], Awaitable[bool]] | None = None,
+    store: Store | None = None,
 ) -> AsyncIterator[App]:
     """Open the App in two steps: the store (and what reads it alone: sessions, secrets),
     then every other service once ``services_wanted()`` returns True (default: at once;
@@ -166,7 +167,8 @@ async def open_app(
     ``on_store(app)`` is awaited between the two: from then on the methods that need only
     the store can be served (the first session list of a cold start needs nothing else),
     while the services' modules (providers, pipeline, tools, ACP, MCP...) are imported in
-    a worker thread and opened."""
+    a worker thread and opened. ``store``: already open (by the cold start,
+    sidecar/coldstart.py); the App owns it from this call on and closes it."""
     data_dir = Path(config.data_dir)
     try:
         # One mkdir: provably short, no need for a worker thread.
@@ -185,12 +187,12 @@ async def open_app(
         from sidecar.secrets.box import SecretBox
         from sidecar.store import AsyncStore
 
-        box = SecretBox(data_dir, host_key=_host_key_from_fd(config), use_keychain=config.keychain)
-        app.store = await AsyncStore.open(data_dir, secrets=box)
+        if store is not None:
+            app.store = AsyncStore(store)
+        else:
+            box = SecretBox(data_dir, host_key=_host_key_from_fd(config), use_keychain=config.keychain)
+            app.store = await AsyncStore.open(data_dir, secrets=box)
         stack.push_async_callback(app.store.close)
-        # crash recovery of tool calls left running by a dead process (a "cancelled"
-        # result), before anything reads those messages
-        await app.store.run(lambda s: s.tools.complete_interrupted())
         app.secrets = SecretsService(app.store)
         if config.secret_key_fd is not None:  # the host's key is known now: settle at once
             await app.secrets.settle()

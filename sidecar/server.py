@@ -1,9 +1,9 @@
 """The server: binds protocol method names to code and runs the process's lifetime.
 
-This is the only place that knows method names. ``BINDINGS`` maps every method of
-``protocol.METHODS`` to an attribute path on the App (``"sessions.create_session"``
--> ``app.sessions.create_session``); ``sidecar:initialize`` and ``sidecar:shutdown`` are
-handled here. A bound function is ``async def f(params: <params Struct>) -> result``.
+``BINDINGS`` (sidecar/bindings.py) maps every method of ``protocol.METHODS`` to an
+attribute path on the App (``"sessions.create_session"`` -> ``app.sessions.create_session``);
+``sidecar:initialize`` (with sidecar/handshake.py) and ``sidecar:shutdown`` are handled
+here. A bound function is ``async def f(params: <params Struct>) -> result``.
 A path that does not resolve once the App is open (the service is not built yet) is
 still registered and answers NOT_IMPLEMENTED, so the method list the client sees is
 always the whole contract. tests/test_rpc_server.py fails if a method of the contract
@@ -37,13 +37,15 @@ from typing import Any
 import anyio
 import msgspec
 
-import sidecar
-from protocol import METHODS, NOTIFICATIONS, PROTOCOL_VERSION
+from protocol import METHODS
 from protocol.errors import ErrorCode
 from protocol.events import TextDeltaEvent
 from protocol.common import EmptyParams, SuccessResult
-from protocol.lifecycle import InitializeParams, InitializeResult, ServerCapabilities, ServerInfo
+from protocol.lifecycle import InitializeParams, InitializeResult
 from sidecar.app import App, open_app
+from sidecar.bindings import BINDINGS, INITIALIZE, LIFECYCLE_METHODS, SHUTDOWN
+from sidecar.coldstart import ColdStart, EarlySignals, loaded_heavy_modules
+from sidecar.handshake import BOUND_METHODS, check_version, initialize_result
 from sidecar.config import Config
 from sidecar.errors import InvalidParams, SidecarError
 from sidecar.rpc import Handler, JsonRpcPeer
@@ -53,136 +55,12 @@ from sidecar.supervision import SHUTDOWN_CLOCK, SHUTDOWN_DEADLINE_S, Supervisor
 
 logger = logging.getLogger(__name__)
 
-INITIALIZE = "sidecar:initialize"
-SHUTDOWN = "sidecar:shutdown"
-LIFECYCLE_METHODS = (INITIALIZE, SHUTDOWN)
-"""Methods of the contract handled by the Server itself."""
-
-BINDINGS: dict[str, str] = {
-    "chat:session:create": "sessions.create_session",
-    "chat:session:list": "sessions.list_sessions",
-    "chat:session:get": "sessions.get_session",
-    "chat:session:update": "sessions.update_session",
-    "chat:session:delete": "sessions.delete_session",
-    "chat:session:archive": "sessions.archive_session",
-    "chat:session:pin": "sessions.pin_session",
-    "chat:session:fork": "sessions.fork_session",
-    "chat:session:export": "sessions.export_session",
-    "chat:session:import": "sessions.import_session",
-    "chat:messages:get": "sessions.get_messages",
-    "chat:messages:tree": "sessions.get_tree",
-    "chat:messages:search": "sessions.search_messages",
-    "chat:messages:select": "sessions.select_branch",
-    "chat:send": "chat.send",
-    "chat:abort": "chat.abort",
-    "chat:regenerate": "chat.regenerate",
-    "chat:editResend": "chat.edit_resend",
-    "provider:list": "providers.list_providers",
-    "provider:upsert": "providers.upsert_provider",
-    "provider:delete": "providers.delete_provider",
-    "provider:setDefault": "providers.set_default",
-    "settings:get": "settings.get_settings",
-    "settings:update": "settings.update_settings",
-    "chat:tool:approve": "approvals.approve",
-    "tool:pending:list": "approvals.list_pending",
-    "tool:policy:get": "approvals.get_policies",
-    "tool:policy:set": "approvals.set_policy",
-    "tool:audit:list": "approvals.list_audit",
-    "tool:list": "tools.list_tools",
-    "tool:settings:get": "tools.get_settings",
-    "tool:settings:update": "tools.update_settings",
-    "mcp:server:upsert": "mcp.upsert_server",
-    "mcp:server:list": "mcp.list_servers",
-    "mcp:server:delete": "mcp.delete_server",
-    "assistant:list": "assistants.list_assistants",
-    "assistant:get": "assistants.get_assistant",
-    "assistant:upsert": "assistants.upsert_assistant",
-    "assistant:delete": "assistants.delete_assistant",
-    "assistant:setDefault": "assistants.set_default_assistant",
-    "chat:context:get": "context.get_context",
-    "chat:context:update": "context.update_context",
-    "chat:context:compact": "context.compact",
-    "compat:start": "compat.start",
-    "compat:stop": "compat.stop",
-    "compat:status": "compat.status",
-    "channel:message": "channels.message",
-    "channel:ack": "channels.ack",
-    "channel:config:list": "channels.list_configs",
-    "channel:config:get": "channels.get_config",
-    "channel:config:upsert": "channels.upsert_config",
-    "channel:config:delete": "channels.delete_config",
-    "kb:create": "knowledge.create_kb",
-    "kb:list": "knowledge.list_kbs",
-    "kb:get": "knowledge.get_kb",
-    "kb:update": "knowledge.update_kb",
-    "kb:delete": "knowledge.delete_kb",
-    "kb:document:add": "knowledge.add_document",
-    "kb:document:list": "knowledge.list_documents",
-    "kb:document:get": "knowledge.get_document",
-    "kb:document:delete": "knowledge.delete_document",
-    "kb:document:reindex": "knowledge.reindex_document",
-    "kb:search": "knowledge.search",
-    "kb:settings:get": "knowledge.get_settings",
-    "kb:settings:update": "knowledge.update_settings",
-    "server:configure": "sync.configure",
-    "server:status": "sync.status",
-    "server:logout": "sync.logout",
-    "sync:pull": "sync.pull",
-    "sync:push": "sync.push",
-    "sync:run": "sync.run",
-    "sync:settings:get": "sync.get_settings",
-    "sync:settings:update": "sync.update_settings",
-    "server:conversation:update": "sync.update_conversation",
-    "server:conversation:delete": "sync.delete_conversation",
-    "server:conversation:share": "sync.share_conversation",
-    "server:session:create": "sync.create_server_session",
-    "chat:suggest": "sync.suggest",
-    "server:chat:pageResult": "sync.page_result",
-    "storage:gc": "storage.gc",
-    "chat:messages:update": "sessions.update_message",
-    "chat:messages:delete": "sessions.delete_messages",
-    "chat:messages:page": "sessions.get_page",
-    "chat:messages:searchPage": "sessions.search_page",
-    "chat:session:summarize": "side.summarize_session",
-    "chat:session:title": "side.title_session",
-    "memory:list": "memory.list_memories",
-    "memory:get": "memory.get_memory",
-    "memory:create": "memory.create_memory",
-    "memory:update": "memory.update_memory",
-    "memory:delete": "memory.delete_memory",
-    "memory:restore": "memory.restore_memory",
-    "memory:purge": "memory.purge_memory",
-    "memory:search": "memory.search_memories",
-    "memory:proposal:list": "memory.list_proposals",
-    "memory:accept": "memory.accept",
-    "memory:reject": "memory.reject",
-    "assistant:soul:get": "souls.get",
-    "assistant:soul:set": "souls.set",
-    "assistant:soul:history": "souls.history",
-    "assistant:soul:revert": "souls.revert",
-}
-"""Method name -> attribute path on the App of the ``async def f(params) -> result`` that answers it."""
 
 STORE_METHODS = frozenset(
     {"chat:session:list", "chat:session:get", "chat:messages:get", "chat:messages:tree", "chat:messages:search"}
 )
 """Answered as soon as the store is open (they read it and nothing else): a cold start's
 first screen needs no provider, pipeline or tool module."""
-HEAVY_MODULES = (
-    "sidecar.providers", "sidecar.pipeline", "sidecar.tools", "sidecar.acp", "sidecar.retrieval",
-    "sidecar.channels", "sidecar.compat", "sidecar.sync", "sidecar.engine.chat", "mcp", "jsonschema",
-    "jinja2", "pypdf", "numpy", "tiktoken", "httpx2", "uvicorn", "selectolax", "markdown_it",
-)
-"""What the store step must not import (``sidecar:bench:modules`` reports which are loaded)."""
-
-
-
-def loaded_heavy_modules() -> list[str]:
-    import sys
-
-    return sorted(m for m in HEAVY_MODULES if m in sys.modules)
-
-
 BENCH_NOTIFY = "sidecar:bench:notify"
 BENCH_PING = "sidecar:bench:ping"
 BENCH_MODULES = "sidecar:bench:modules"
@@ -238,25 +116,29 @@ class Server:
     the answers are exactly those of an App that was open from the start.
     """
 
-    def __init__(self, config: Config, app: App | None, stop: anyio.Event) -> None:
+    def __init__(self, config: Config, app: App | None, stop: anyio.Event, *, cold: ColdStart | None = None) -> None:
         self.config = config
         self.app: App | None = None
         self.stop = stop
         self.closing = False
         """Set when shutdown begins: every request from then on is answered BUSY."""
-        self.initialized = False
-        """The handshake came: the secrets key is settled as soon as the store is open."""
+        cold = cold or ColdStart()
+        self.initialized = cold.initialized
+        """The handshake came (maybe before the loop, sidecar/coldstart.py): the secrets
+        key is settled as soon as the store is open."""
         self._replies_stopped = False
         self.store_ready = anyio.Event()
         """The store is open: STORE_METHODS are served."""
         self.stopping = anyio.Event()
         """Set when shutdown begins (an App still waiting to load its services stops without)."""
-        self.modules_at_first_answer: list[str] | None = None
+        self.modules_at_first_answer = cold.modules_at_first_read
         self.want_services = anyio.Event()
         """Set by the first request that needs the other services, by the first answer of
         a store method, or after an idle delay (``serve``): the App then loads them."""
+        if cold.store_read:
+            self.want_services.set()
         self.ready = anyio.Event()
-        self.implemented: list[str] = sorted([*LIFECYCLE_METHODS, *BINDINGS])
+        self.implemented: list[str] = BOUND_METHODS
         """Before ``attach``: every bound method (``open_app`` attaches a service for each,
         tests/test_rpc_server.py checks it); after: the bindings that resolved."""
         self._funcs: dict[str, Callable[[Any], Awaitable[Any]]] = {}
@@ -350,7 +232,7 @@ class Server:
             logger.warning("running replies did not end within %.1f s of shutdown", REPLY_STOP_BUDGET_S)
 
     def _bound(self, method: str) -> Callable[[msgspec.Raw], Awaitable[Any]]:
-        params = Handler(METHODS[method].params, _unused)
+        params = Handler.for_params(METHODS[method].params)
         unimplemented = not_implemented(method)
 
         if method in STORE_METHODS:
@@ -393,34 +275,8 @@ class Server:
         secrets = None
         if self.store_ready.is_set() and self.app is not None:
             secrets = await self.app.secrets.settle(host_key)
-        client = params.client_info
-        logger.info(
-            "initialize from %s %s (protocol %s)",
-            client.name if client else "unknown client",
-            (client.version or "") if client else "",
-            params.protocol_version,
-        )
-        if params.protocol_version is not None and params.protocol_version != PROTOCOL_VERSION:
-            # A client built for another version would misread this wire: refuse the
-            # handshake (the client shows the error); the process keeps serving.
-            raise SidecarError(
-                f"protocol version mismatch: the client speaks protocol {params.protocol_version},"
-                f" this sidecar speaks protocol {PROTOCOL_VERSION}",
-                code=ErrorCode.BAD_STATE,
-                data={"expected": PROTOCOL_VERSION, "got": params.protocol_version},
-            )
-        return InitializeResult(
-            protocol_version=PROTOCOL_VERSION,
-            server_info=ServerInfo(name=sidecar.SERVER_NAME, version=sidecar.__version__),
-            capabilities=ServerCapabilities(
-                methods=sorted(METHODS),
-                implemented=self.implemented,
-                notifications=sorted(n for n, spec in NOTIFICATIONS.items() if spec.direction == "server->client"),
-                max_line_bytes=self.config.max_line_bytes,
-            ),
-            data_dir=self.config.data_dir,
-            secrets=secrets,
-        )
+        check_version(params)
+        return initialize_result(self.config, self.implemented, secrets)
 
     async def shutdown(self, params: EmptyParams) -> SuccessResult:
         """Abort running replies (their final events go out before this answer), answer,
@@ -477,9 +333,11 @@ async def serve(
     handle_signals: bool = False,
     stop: anyio.Event | None = None,
     supervisor: Supervisor | None = None,
+    cold: ColdStart | None = None,
 ) -> None:
     """Serve one client over the given streams until EOF, shutdown, a signal, ``stop`` or
-    (with a ``supervisor``) the parent's death."""
+    (with a ``supervisor``) the parent's death. ``cold``: what was answered and opened on
+    these streams before the event loop (sidecar/coldstart.py)."""
     stop = stop or anyio.Event()
     # In-process (tests, embedding) the clock is reset on both sides: the deadline of this
     # server's shutdown must not bound the waits of whatever runs after it returns. With a
@@ -487,7 +345,10 @@ async def serve(
     if supervisor is None:
         SHUTDOWN_CLOCK.reset()
     try:
-        await _serve(config, receive_stream, send_stream, handle_signals=handle_signals, stop=stop, supervisor=supervisor)
+        await _serve(
+            config, receive_stream, send_stream,
+            handle_signals=handle_signals, stop=stop, supervisor=supervisor, cold=cold or ColdStart(),
+        )
     finally:
         if supervisor is None:
             SHUTDOWN_CLOCK.reset()
@@ -501,6 +362,7 @@ async def _serve(
     handle_signals: bool,
     stop: anyio.Event,
     supervisor: Supervisor | None,
+    cold: ColdStart,
 ) -> None:
     if supervisor is not None:
         loop = asyncio.get_running_loop()
@@ -513,7 +375,7 @@ async def _serve(
     app_scope = anyio.CancelScope()
     async with anyio.create_task_group() as watchers:
         if handle_signals:
-            watchers.start_soon(_watch_signals, stop)
+            watchers.start_soon(_watch_signals, stop, cold.signals)
         async with JsonRpcPeer(
             receive_stream,
             send_stream,
@@ -522,7 +384,7 @@ async def _serve(
             autostart=False,
             shutdown_grace=DRAIN_GRACE_S,
         ) as peer:
-            server = Server(config, None, stop)
+            server = Server(config, None, stop, cold=cold)
             for method, handler in server.handlers().items():
                 peer.dispatcher.add(method, handler)
             peer.start_reading()  # the handshake is answered while the App opens
@@ -531,7 +393,8 @@ async def _serve(
             watchers.start_soon(_warm_up, server, config.warmup_ms / 1000)
             with app_scope:  # its deadline is set when shutdown begins (_on_stop)
                 async with open_app(
-                    config, peer.notify, on_store=server.attach_store, services_wanted=server.services_wanted
+                    config, peer.notify,
+                    on_store=server.attach_store, services_wanted=server.services_wanted, store=cold.store,
                 ) as app:
                     server.attach(app)
                     logger.info("serving (data dir %s, pid %s)", app.data_dir, os.getpid())
@@ -581,12 +444,16 @@ async def _set_when(event: anyio.Event, target: anyio.Event) -> None:
     target.set()
 
 
-async def _watch_signals(stop: anyio.Event) -> None:
+async def _watch_signals(stop: anyio.Event, early: EarlySignals) -> None:
     try:
         receiver = anyio.open_signal_receiver(signal.SIGTERM, signal.SIGINT)
     except NotImplementedError:  # Windows: the client ends us by closing stdin or with shutdown
         return
     with receiver as signals:
+        # the loop's handlers are in place: a signal that came before them counts now
+        if early.received is not None:
+            logger.info("signal %s (before the event loop): stopping", signal.Signals(early.received).name)
+            stop.set()
         async for signum in signals:
             if stop.is_set():
                 logger.info("signal %s: already stopping", signal.Signals(signum).name)
@@ -594,7 +461,3 @@ async def _watch_signals(stop: anyio.Event) -> None:
                 logger.info("signal %s: stopping", signal.Signals(signum).name)
                 stop.set()
 
-
-
-async def _unused(params: Any) -> Any:  # Handler used only for its params decoder
-    raise AssertionError("not called")

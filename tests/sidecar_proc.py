@@ -111,8 +111,10 @@ def sidecar_command(data_dir: str | os.PathLike[str], *args: str) -> list[str]:
 class SidecarProcess:
     """A running sidecar subprocess. Create it with ``spawn_sidecar``."""
 
-    def __init__(self, process: anyio.abc.Process) -> None:
+    def __init__(self, process: anyio.abc.Process, stdin: anyio.abc.ByteSendStream | None = None) -> None:
         self.process = process
+        self.stdin = stdin if stdin is not None else process.stdin
+        """Our end of the child's stdin."""
         self.lines: list[bytes] = []
         """Every stdout line (without the newline), in arrival order."""
         self.messages: list[Any] = []
@@ -131,8 +133,8 @@ class SidecarProcess:
         data = line.encode() if isinstance(line, str) else line
         if not data.endswith(b"\n"):
             data += b"\n"
-        assert self.process.stdin is not None
-        await self.process.stdin.send(data)
+        assert self.stdin is not None
+        await self.stdin.send(data)
 
     async def send(self, message: Any) -> None:
         """Encode ``message`` (dicts, lists, msgspec Structs) as one compact JSON line."""
@@ -265,8 +267,8 @@ class SidecarProcess:
         return self.process.returncode
 
     async def close_stdin(self) -> None:
-        assert self.process.stdin is not None
-        await self.process.stdin.aclose()
+        assert self.stdin is not None
+        await self.stdin.aclose()
 
     def send_signal(self, sig: int) -> None:
         self.process.send_signal(sig)
@@ -362,12 +364,14 @@ async def spawn_sidecar(
     *args: str,
     env: Mapping[str, str] | None = None,
     command: Sequence[str] | None = None,
+    waiting: bytes = b"",
 ) -> AsyncIterator[SidecarProcess]:
     """Start ``python -m sidecar --data-dir DATA_DIR ARGS...`` and yield a SidecarProcess.
 
-    ``env`` entries are added to the current environment. On exit the child is killed
-    if it is still running (tests that expect a clean exit call ``close()`` or
-    ``assert_exit()`` inside the block).
+    ``env`` entries are added to the current environment. ``waiting``: bytes already in
+    the child's stdin when it starts (as when a host writes its first requests right
+    after the spawn). On exit the child is killed if it is still running (tests that
+    expect a clean exit call ``close()`` or ``assert_exit()`` inside the block).
     """
     full_env = dict(os.environ)
     full_env.setdefault("CHAT_SIDECAR_LOG_LEVEL", "INFO")
@@ -375,8 +379,20 @@ async def spawn_sidecar(
     if env:
         full_env.update(env)
     cmd = list(command) if command is not None else sidecar_command(data_dir, *args)
-    process = await anyio.open_process(cmd, env=full_env, cwd=ROOT)
-    proc = SidecarProcess(process)
+    stdin: anyio.abc.ByteSendStream | None = None
+    if waiting:
+        read_end, write_end = os.pipe()
+        os.write(write_end, waiting)  # smaller than a pipe's buffer
+        try:
+            process = await anyio.open_process(cmd, env=full_env, cwd=ROOT, stdin=read_end)
+        finally:
+            os.close(read_end)
+        from sidecar.rpc.stdio import FdSendStream
+
+        stdin = FdSendStream(write_end)
+    else:
+        process = await anyio.open_process(cmd, env=full_env, cwd=ROOT)
+    proc = SidecarProcess(process, stdin)
     try:
         async with anyio.create_task_group() as tg:
             tg.start_soon(proc._read_stdout)
@@ -395,6 +411,8 @@ async def spawn_sidecar(
                 tg.cancel_scope.cancel()
     finally:
         with anyio.CancelScope(shield=True):
+            if stdin is not None:
+                await stdin.aclose()
             await process.aclose()
 
 

@@ -4,11 +4,18 @@ load afterwards (or when first needed), and every method still works."""
 
 from __future__ import annotations
 
+import base64
+import json
+import signal
+import sys
 from pathlib import Path
+from typing import Any
 
 import anyio
 import pytest
-from sidecar_proc import spawn_sidecar
+from sidecar_proc import SidecarProcess, spawn_sidecar
+
+from protocol.errors import ErrorCode
 
 pytestmark = pytest.mark.anyio
 
@@ -46,3 +53,131 @@ async def test_shutdown_before_the_services_loaded_is_quick_and_clean(tmp_path: 
         await proc.call("sidecar:shutdown", {})
         await proc.close_stdin()
         assert await proc.wait_exit(timeout=10) == 0
+
+
+# ---- the first answers, given before the event loop (sidecar/coldstart.py) ----------
+
+EARLY_LOG = "answered before the event loop: "
+
+
+def _lines(*messages: dict[str, Any]) -> bytes:
+    return b"".join(json.dumps(m).encode() + b"\n" for m in messages)
+
+
+def _request(request_id: str, method: str, params: Any = None) -> dict[str, Any]:
+    message: dict[str, Any] = {"jsonrpc": "2.0", "id": request_id, "method": method}
+    if params is not None:
+        message["params"] = params
+    return message
+
+
+def _early(proc: SidecarProcess) -> str | None:
+    """What the cold start says it answered, or None."""
+    for line in proc.stderr_text().splitlines():
+        if EARLY_LOG in line:
+            return line.split(EARLY_LOG, 1)[1].strip()
+    return None
+
+
+async def _data_dir_with_a_session(tmp_path: Path) -> tuple[Path, str]:
+    data = tmp_path / "data"
+    async with spawn_sidecar(data) as proc:
+        created = await proc.call("chat:session:create", {"title": "first screen"})
+        await proc.close()
+    return data, created["id"]
+
+
+async def test_waiting_handshake_and_list_are_answered_as_the_server_answers_them(tmp_path: Path) -> None:
+    data, session_id = await _data_dir_with_a_session(tmp_path)
+    waiting = _lines(_request("w1", "sidecar:initialize", {}), _request("w2", "chat:session:list", {"limit": 5}))
+    env = {"CHAT_SIDECAR_WARMUP_MS": "600000"}
+    async with spawn_sidecar(data, "--bench", waiting=waiting, env=env) as proc:
+        early_init = (await proc.response("w1"))["result"]
+        early_list = (await proc.response("w2"))["result"]
+        assert [s["id"] for s in early_list["sessions"]] == [session_id]
+        # the same requests, now answered by the server (the list first: the store is the App's then)
+        assert early_list == await proc.call("chat:session:list", {"limit": 5})
+        init = await proc.call("sidecar:initialize", {})
+        assert early_init["secrets"] is None  # the store was not the App's yet
+        assert init["secrets"]["state"] == "ready"  # settled once it was: the handshake counted
+        assert {**early_init, "secrets": None} == {**init, "secrets": None}
+        assert _early(proc) == "sidecar:initialize, chat:session:list"
+        # nothing heavy was imported for them, and a first read wants the services at once
+        modules = await proc.call("sidecar:bench:modules", {})
+        assert modules["atFirstAnswer"] == [], modules
+        with anyio.fail_after(20):
+            while "sidecar.engine.chat" not in (await proc.call("sidecar:bench:modules", {}))["now"]:
+                await anyio.sleep(0.05)
+        assert await proc.call("provider:list", {}) == []
+        await proc.close()
+
+
+async def test_a_leading_request_of_another_method_leaves_everything_to_the_server(tmp_path: Path) -> None:
+    data, first = await _data_dir_with_a_session(tmp_path)
+    waiting = _lines(
+        _request("w1", "chat:session:create", {"title": "second"}),
+        _request("w2", "sidecar:initialize", {}),
+        _request("w3", "chat:session:list", {}),
+    )
+    async with spawn_sidecar(data, waiting=waiting) as proc:
+        assert (await proc.response("w1"))["result"]["title"] == "second"
+        assert "result" in await proc.response("w2")
+        assert first in {s["id"] for s in (await proc.response("w3"))["result"]["sessions"]}
+        await proc.close()
+    assert _early(proc) is None
+
+
+async def test_what_is_not_a_plain_success_stops_the_cold_start_there(tmp_path: Path) -> None:
+    data, session_id = await _data_dir_with_a_session(tmp_path)
+    waiting = _lines(
+        _request("w1", "sidecar:initialize", {"clientInfo": {"name": "host", "version": "1"}}),
+        _request("w2", "chat:session:list", {"limit": -1}),  # refused: the server says why
+        _request("w3", "chat:session:list", {}),
+        _request("w4", "sidecar:initialize", {"protocolVersion": 99}),
+    ) + b'{"jsonrpc":"2.0","id":"w5","method":"chat:session:li'  # not whole yet
+    async with spawn_sidecar(data, waiting=waiting) as proc:
+        assert "result" in await proc.response("w1")
+        assert (await proc.response("w2"))["error"]["code"] == ErrorCode.INVALID_PARAMS
+        assert [s["id"] for s in (await proc.response("w3"))["result"]["sessions"]] == [session_id]
+        refused = (await proc.response("w4"))["error"]
+        assert refused["code"] == ErrorCode.BAD_STATE and refused["data"] == {"expected": 1, "got": 99}
+        await proc.send_line(b'st","params":{}}')
+        assert [s["id"] for s in (await proc.response("w5"))["result"]["sessions"]] == [session_id]
+        await proc.close()
+    assert _early(proc) == "sidecar:initialize"
+
+
+async def test_a_store_that_needs_its_schema_is_opened_by_the_app(tmp_path: Path) -> None:
+    data = tmp_path / "fresh"  # no database yet: its migrations run in the event loop
+    waiting = _lines(_request("w1", "sidecar:initialize", {}), _request("w2", "chat:session:list", {}))
+    async with spawn_sidecar(data, waiting=waiting) as proc:
+        info = (await proc.response("w1"))["result"]
+        assert info["dataDir"] == str(data) and data.is_dir()  # it exists when it is named
+        assert (await proc.response("w2"))["result"] == {"sessions": [], "total": 0}
+        await proc.close()
+    assert _early(proc) == "sidecar:initialize"
+
+
+async def test_a_handshake_with_a_secret_key_waits_for_the_store(tmp_path: Path) -> None:
+    data, _ = await _data_dir_with_a_session(tmp_path)
+    key = base64.b64encode(b"K" * 32).decode()
+    waiting = _lines(_request("w1", "sidecar:initialize", {"secretKey": key}), _request("w2", "chat:session:list", {}))
+    async with spawn_sidecar(data, waiting=waiting) as proc:
+        secrets = (await proc.response("w1"))["result"]["secrets"]
+        assert secrets["state"] == "ready" and secrets["source"] == "host"
+        assert (await proc.response("w2"))["result"]["total"] == 1
+        await proc.close()
+    assert _early(proc) is None
+
+
+@pytest.mark.skipif(sys.platform == "win32", reason="POSIX signals")
+@pytest.mark.parametrize("sig", [signal.SIGTERM, signal.SIGINT])
+async def test_a_signal_right_after_an_early_answer_is_a_clean_exit(tmp_path: Path, sig: signal.Signals) -> None:
+    data, _ = await _data_dir_with_a_session(tmp_path)
+    waiting = _lines(_request("w1", "sidecar:initialize", {}), _request("w2", "chat:session:list", {}))
+    async with spawn_sidecar(data, waiting=waiting) as proc:
+        await proc.response("w2")
+        proc.send_signal(sig)  # the server's own handlers may not be in place yet
+        await proc.assert_exit(0)
+    assert "stopping" in proc.stderr_text()
+    assert _early(proc) == "sidecar:initialize, chat:session:list"

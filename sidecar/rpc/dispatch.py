@@ -72,16 +72,36 @@ class Handler(Generic[P]):
     """``func(params)`` answers a method whose params decode into ``params_type``.
 
     The result is encoded with msgspec: a Struct, a list of Structs, plain values, or
-    None (``null``).
+    None (``null``). The decoder and the depth check are built at the first decode: a
+    method table of two hundred handlers costs nothing at start-up, and a method never
+    called never pays for its params type.
     """
 
-    __slots__ = ("params_type", "func", "decoder", "depth")
+    __slots__ = ("params_type", "func", "_decoder", "_depth")
 
     def __init__(self, params_type: type[P], func: Callable[[P], Awaitable[Any]]) -> None:
         self.params_type = params_type
         self.func = func
-        self.decoder: msgspec.json.Decoder[P] = msgspec.json.Decoder(params_type)
-        self.depth = DepthCheck.for_type(params_type)
+        self._decoder: msgspec.json.Decoder[P] | None = None
+        self._depth: DepthCheck | None = None
+
+    @classmethod
+    def for_params(cls, params_type: type[P]) -> Handler[P]:
+        """A Handler used only to decode params (``decode``, ``decode_params``)."""
+        return cls(params_type, _not_called)
+
+    @property
+    def decoder(self) -> msgspec.json.Decoder[P]:
+        # Built at most a few times if threads race here: each build is the same decoder.
+        if self._decoder is None:
+            self._decoder = msgspec.json.Decoder(self.params_type)
+        return self._decoder
+
+    @property
+    def depth(self) -> DepthCheck:
+        if self._depth is None:
+            self._depth = DepthCheck.for_type(self.params_type)
+        return self._depth
 
     async def decode(self, raw: msgspec.Raw) -> P:
         """``decode_params``, in a worker thread when the params are large."""
@@ -116,6 +136,10 @@ class Handler(Generic[P]):
 
     def __repr__(self) -> str:
         return f"Handler({self.params_type.__name__}, {getattr(self.func, '__qualname__', self.func)!r})"
+
+
+async def _not_called(params: Any) -> Any:
+    raise AssertionError("a Handler made by for_params only decodes")
 
 
 def _may_nest(data: msgspec.Raw | bytes) -> bool:

@@ -15,11 +15,16 @@ How the streams wait (what must stay true: the event loop never blocks on the wi
   (``anyio.to_thread.run_sync``). A read blocked in a thread cannot be interrupted, so
   ``uses_blocking_thread()`` tells the caller to end the process with ``os._exit`` once
   everything is written.
+
+Before the event loop runs (the cold start, sidecar/coldstart.py) the streams are used
+synchronously: ``read_waiting`` takes what has already arrived without waiting, ``unread``
+puts back what was not used (the next receives return it first), ``write_now`` writes whole.
 """
 
 from __future__ import annotations
 
 import os
+import select
 import stat
 import sys
 from dataclasses import dataclass
@@ -74,10 +79,29 @@ class FdReceiveStream(ByteReceiveStream):
         if self._mode.thread:
             _threaded = True
         self._closed = False
+        self._unread = b""
+
+    def read_waiting(self) -> bytes:
+        """What has already arrived, without waiting: b"" when nothing has (or at end of
+        input), and always when reads block in a thread. For use before the event loop."""
+        if self._mode.thread:
+            return b""
+        try:
+            return os.read(self._fd, READ_SIZE)
+        except (BlockingIOError, InterruptedError):
+            return b""
+
+    def unread(self, data: bytes) -> None:
+        """Put ``data`` back: the next receives return it before reading the fd again."""
+        self._unread = data + self._unread
 
     async def receive(self, max_bytes: int = READ_SIZE) -> bytes:
         if self._closed:
             raise anyio.ClosedResourceError
+        if self._unread:
+            data, self._unread = self._unread[:max_bytes], self._unread[max_bytes:]
+            await anyio.lowlevel.checkpoint()
+            return data
         if self._mode.thread:
             data = await anyio.to_thread.run_sync(os.read, self._fd, max_bytes, abandon_on_cancel=True)
         else:
@@ -116,6 +140,18 @@ class FdSendStream(ByteSendStream):
             self._was_blocking = os.get_blocking(fd)
             os.set_blocking(fd, False)
         self._closed = False
+
+    def write_now(self, item: bytes) -> None:
+        """Write ``item`` whole before the event loop runs (waiting for room if the pipe is
+        full). Raises OSError (BrokenPipeError: the reader is gone)."""
+        view = memoryview(item)
+        while view:
+            try:
+                written = os.write(self._fd, view)
+            except BlockingIOError:
+                select.select([], [self._fd], [])
+                continue
+            view = view[written:]
 
     async def send(self, item: bytes) -> None:
         if self._closed:

@@ -35,7 +35,7 @@ import anyio.to_thread
 
 from sidecar.secrets.box import SecretBox
 from sidecar.store.ids import now_ms
-from sidecar.store.store import Store
+from sidecar.store.store import Store, open_store
 
 __all__ = ["AsyncStore"]
 
@@ -59,9 +59,9 @@ class AsyncStore:
         readers: int = 2,
         secrets: SecretBox | None = None,
     ) -> AsyncStore:
-        """Open (migrate, recover) a Store in a worker thread; ``secrets`` as for Store."""
+        """``open_store`` (migrate, recover) in a worker thread; ``secrets`` as for Store."""
         store = await anyio.to_thread.run_sync(
-            partial(Store, data_dir, clock=clock, readers=readers, secrets=secrets)
+            partial(open_store, data_dir, clock=clock, readers=readers, secrets=secrets)
         )
         return cls(store, limiter=anyio.CapacityLimiter(readers + 1))
 

@@ -28,7 +28,6 @@ import mimetypes
 import re
 from pathlib import Path
 from urllib.parse import urlparse
-from urllib.request import url2pathname
 
 from protocol.chat import UserInput
 from protocol.types import ContentPart, FilePart, ImagePart, TextPart
@@ -202,6 +201,8 @@ def uri_to_path(uri: str) -> str | None:
     parsed = urlparse(uri)
     if parsed.scheme != "file":
         return None
+    from urllib.request import url2pathname  # urllib.request (http.client, email) is ~15 ms: not at start-up
+
     host = parsed.netloc if parsed.netloc not in ("", "localhost") else ""
     return url2pathname(("//" + host if host else "") + parsed.path)
 

@@ -37,7 +37,7 @@ import apsw
 from sidecar.errors import StoreError
 from sidecar.store.db import Database
 
-__all__ = ["migration", "MIGRATIONS", "migrate", "schema_version"]
+__all__ = ["migration", "MIGRATIONS", "migrate", "schema_is_current", "schema_version"]
 
 log = logging.getLogger(__name__)
 
@@ -53,6 +53,11 @@ def migration(fn: Migration) -> Migration:
 
 def schema_version(conn: apsw.Connection) -> int:
     return cast(int, conn.execute("PRAGMA user_version").fetchall()[0][0])
+
+
+def schema_is_current(db: Database) -> bool:
+    """The database is at this program's schema version (``migrate`` has nothing to do)."""
+    return int(db.pragma("user_version")) == len(MIGRATIONS)
 
 
 def migrate(db: Database) -> int:

@@ -99,7 +99,7 @@ from sidecar.store.files import FileRepo, data_dir_of, record_message_files
 from sidecar.store.dirlock import DirLock
 from sidecar.store.ids import new_id, now_ms
 from sidecar.store.messages import MessageStore
-from sidecar.store.migrations import migrate
+from sidecar.store.migrations import migrate, schema_is_current
 from sidecar.store.acp import AcpRepo
 from sidecar.store.assistants import AssistantRepo
 from sidecar.store.channels import ChannelRepo
@@ -806,8 +806,11 @@ class Store:
         clock: Callable[[], int] = now_ms,
         readers: int = 2,
         secrets: SecretBox | None = None,
+        migrate_schema: bool = True,
     ) -> None:
-        """``secrets`` seals the stored secrets (default: a box with the data dir's key file)."""
+        """``secrets`` seals the stored secrets (default: a box with the data dir's key file).
+        ``migrate_schema=False``: open only a database already at the current schema version
+        (StoreError otherwise, nothing changed)."""
         path = Path(data_dir)
         try:
             path.mkdir(parents=True, exist_ok=True)
@@ -842,6 +845,8 @@ class Store:
         self.memory = MemoryRepo(db, clock)
         self.souls = SoulRepo(db, clock)
         try:
+            if not migrate_schema and not schema_is_current(db):
+                raise StoreError("the database needs a schema migration")
             self.schema_version = migrate(db)
             self.recovered = self.messages.recover_interrupted()
             self.acp.join_left_chunks()
@@ -861,6 +866,25 @@ class Store:
             self._db.close()
         finally:
             self._lock.release()
+
+
+def open_store(
+    data_dir: str | Path,
+    *,
+    clock: Callable[[], int] = now_ms,
+    readers: int = 2,
+    secrets: SecretBox | None = None,
+    migrate_schema: bool = True,
+) -> Store:
+    """The Store as the process opens it: ``Store(...)``, then the tool calls left running
+    by a dead process get their "cancelled" result, before anything reads their messages."""
+    store = Store(data_dir, clock=clock, readers=readers, secrets=secrets, migrate_schema=migrate_schema)
+    try:
+        store.tools.complete_interrupted()
+    except BaseException:
+        store.close()
+        raise
+    return store
 
 
 def _with_live_acp_parts(conn: Any, m: MessageV2) -> MessageV2:

@@ -1,0 +1,59 @@
+"""The handshake: the one answer to ``sidecar:initialize``.
+
+``check_version`` and ``initialize_result`` are the whole of it: ``Server.initialize``
+(sidecar/server.py) answers with them, and so does the cold start (sidecar/coldstart.py)
+when the handshake is already waiting before the event loop runs. Light on imports for
+that reason: the protocol and the method names, nothing of the server.
+"""
+
+from __future__ import annotations
+
+import logging
+
+import sidecar
+from protocol import METHODS, NOTIFICATIONS, PROTOCOL_VERSION
+from protocol.errors import ErrorCode
+from protocol.lifecycle import InitializeParams, InitializeResult, SecretsInfo, ServerCapabilities, ServerInfo
+from sidecar.bindings import BINDINGS, LIFECYCLE_METHODS
+from sidecar.config import Config
+from sidecar.errors import SidecarError
+
+logger = logging.getLogger(__name__)
+
+BOUND_METHODS: list[str] = sorted([*LIFECYCLE_METHODS, *BINDINGS])
+"""What ``implemented`` lists until the App is open (each binding resolves once it is)."""
+
+
+def check_version(params: InitializeParams) -> None:
+    """Log the client; refuse a client built for another protocol version (BAD_STATE)."""
+    client = params.client_info
+    logger.info(
+        "initialize from %s %s (protocol %s)",
+        client.name if client else "unknown client",
+        (client.version or "") if client else "",
+        params.protocol_version,
+    )
+    if params.protocol_version is not None and params.protocol_version != PROTOCOL_VERSION:
+        # A client built for another version would misread this wire: refuse the
+        # handshake (the client shows the error); the process keeps serving.
+        raise SidecarError(
+            f"protocol version mismatch: the client speaks protocol {params.protocol_version},"
+            f" this sidecar speaks protocol {PROTOCOL_VERSION}",
+            code=ErrorCode.BAD_STATE,
+            data={"expected": PROTOCOL_VERSION, "got": params.protocol_version},
+        )
+
+
+def initialize_result(config: Config, implemented: list[str], secrets: SecretsInfo | None) -> InitializeResult:
+    return InitializeResult(
+        protocol_version=PROTOCOL_VERSION,
+        server_info=ServerInfo(name=sidecar.SERVER_NAME, version=sidecar.__version__),
+        capabilities=ServerCapabilities(
+            methods=sorted(METHODS),
+            implemented=implemented,
+            notifications=sorted(n for n, spec in NOTIFICATIONS.items() if spec.direction == "server->client"),
+            max_line_bytes=config.max_line_bytes,
+        ),
+        data_dir=config.data_dir,
+        secrets=secrets,
+    )
