@@ -20,7 +20,7 @@ import pytest
 from kb_helpers import pdf_bytes
 from sidecar.errors import InvalidParams, SidecarError
 from sidecar.providers.types import ProviderSettings
-from sidecar.retrieval import fusion
+from sidecar.retrieval import fusion, vectors
 from sidecar.retrieval.chunking import chunk_document, chunk_id, effective_size
 from sidecar.retrieval.citations import CitationLedger, render_block
 from sidecar.retrieval.embeddings import HttpEmbedder, LocalEmbedder, local_embeddings_available
@@ -182,6 +182,70 @@ def test_incremental_index_equals_brute_force() -> None:
     assert any(r == 2 for r, _ in index.search(data[1], 3))
 
 
+def _unit(rows: np.ndarray) -> np.ndarray:
+    return (rows / np.linalg.norm(rows, axis=1, keepdims=True)).astype(np.float32)
+
+
+def _exact(index: VectorIndex, query: np.ndarray, k: int, monkeypatch: pytest.MonkeyPatch) -> list[tuple[int, float]]:
+    with monkeypatch.context() as m:
+        m.setattr(vectors, "APPROX_ROWS", 10**12)
+        return index.search(query, k)
+
+
+@pytest.mark.parametrize("dims", [64, 100])
+def test_a_large_index_ranks_by_sign_codes_and_returns_exact_cosines(
+    dims: int, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    rng = np.random.default_rng(11)
+    n = vectors.APPROX_ROWS + 3000
+    # real embeddings share a component (anisotropy): the codes are taken around the mean
+    data = _unit(rng.standard_normal((n, dims)) + 2.0)
+    index = VectorIndex()
+    index.reserve(n, dims)
+    for i in range(n):
+        index.put(i, i + 1, data[i].tobytes())
+    index.finish_load(n)
+    queries = _unit(data[rng.integers(0, n, 40)] + 0.05 * rng.standard_normal((40, dims)))
+    overlap = []
+    for q in queries:
+        coded = index.search(q, 20)
+        exact = _exact(index, q, 20, monkeypatch)
+        assert coded[0] == exact[0]  # the near duplicate
+        for rowid, score in coded:  # the scores are the exact cosines
+            assert score == pytest.approx(float(data[rowid - 1] @ q), abs=1e-5)
+        assert [s for _, s in coded] == sorted((s for _, s in coded), reverse=True)
+        overlap.append(len({r for r, _ in coded} & {r for r, _ in exact}) / 20)
+    assert np.mean(overlap) > 0.6  # random vectors: the worst case for sign codes
+
+
+def test_coded_search_follows_every_update(monkeypatch: pytest.MonkeyPatch) -> None:
+    rng = np.random.default_rng(12)
+    dims = 64
+    n = vectors.APPROX_ROWS + 2000
+    data = _unit(rng.standard_normal((n, dims)) + 1.0)
+    index = VectorIndex()
+    # grown by deltas alone (no load): the center is taken again as it doubles
+    for lo in range(0, n, 4000):
+        index.apply([(2 * i + 2, data[i].tobytes()) for i in range(lo, min(n, lo + 4000))], [])
+    planted = _unit(rng.standard_normal((3, dims)) - 3.0)  # far from everything else
+    index.apply([(3, planted[0].tobytes())], [])  # out of order: inserted between rows
+    index.apply([(2 * n + 10, planted[1].tobytes())], [])  # appended
+    index.apply([(2, planted[2].tobytes())], [])  # an existing row replaced
+    for rowid, vector in ((3, planted[0]), (2 * n + 10, planted[1]), (2, planted[2])):
+        assert index.search(vector, 5)[0][0] == rowid
+    index.apply([], [3])
+    assert all(r != 3 for r, _ in index.search(planted[0], 50))  # tombstoned: never returned
+    removed = [2 * i + 2 for i in range(1, n, 2)]  # half the rows: compacted
+    index.apply([], removed)
+    assert len(index) == n - len(removed) + 1
+    gone = set(removed)
+    for q in _unit(data[:50:5] + 0.01):
+        coded = index.search(q, 10)
+        assert not gone & {r for r, _ in coded}
+        assert coded[0] == _exact(index, q, 10, monkeypatch)[0]
+    assert index.search(planted[1], 1)[0][0] == 2 * n + 10
+
+
 # ---- confinement ---------------------------------------------------------------------------
 
 
@@ -318,3 +382,34 @@ def test_lexical_leg_keeps_to_the_bases_whatever_the_filter(tmp_path: Path) -> N
         assert repo.hits([top[0][0]])[top[0][0]].kb_id == small.id  # the rare word decides
     finally:
         store.close()
+
+
+def test_lexical_leg_ranks_within_its_budget(tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> None:
+    from sidecar.store import knowledge
+
+    monkeypatch.setattr(knowledge, "LEXICAL_BUDGET", 8)
+    store = Store(tmp_path)
+    try:
+        repo = store.knowledge
+        kb = repo.create_kb(name="kb", description="", embed=None, chunk_size=64, chunk_overlap=0)
+        _fill(repo, kb.id, [
+            f"note {i}" + (" lantern" if i < 15 else "") + (" harbor" if i % 10 == 0 else "") for i in range(40)
+        ])
+        notes = lambda rows: {int(repo.hits([r])[r].text.split()[1]) for r, _ in rows}  # noqa: E731
+        # "lantern" (15 chunks, fewer than half) would pass the budget: the rarer "harbor" (4) decides
+        assert notes(repo.lexical([kb.id], "lantern harbor", 10)) == {0, 10, 20, 30}
+        assert notes(repo.lexical([kb.id], "harbor", 10)) == {0, 10, 20, 30}
+        # a term too common on its own: the newest chunks it matches, as many as the budget
+        assert notes(repo.lexical([kb.id], "lantern", 50)) == set(range(7, 15))
+    finally:
+        store.close()
+
+
+def test_affordable_terms_take_the_rarest_within_the_budget() -> None:
+    from sidecar.store.fts import affordable_terms
+
+    assert affordable_terms([5, 0, 3, 900], 1000, 100) == [0, 2]  # 0: matches nothing; 900: too many
+    assert affordable_terms([600, 700], 1000, 10_000) == [0]  # in more than half: only the rarest
+    assert affordable_terms([50, 60], 1000, 100) == [0]  # the second would pass the budget
+    assert affordable_terms([500], 100, 10) == [0]  # one term is always kept
+    assert affordable_terms([0, 0], 10, 10) == []

@@ -25,6 +25,7 @@ from __future__ import annotations
 import math
 import operator
 import re
+from collections.abc import Sequence
 from functools import cache
 from typing import Any, NamedTuple
 
@@ -41,6 +42,7 @@ __all__ = [
     "snippet",
     "retrieval_terms",
     "retrieval_match",
+    "affordable_terms",
     "key_token",
     "MAX_QUERY_CHARS",
 ]
@@ -159,6 +161,24 @@ def retrieval_terms(query: str) -> list[str]:
                 seen.add(expr)
                 terms.append(expr)
     return terms
+
+
+def affordable_terms(counts: Sequence[int], total: int, budget: int) -> list[int]:
+    """Which terms of a retrieval query to score, given how many rows each matches
+    (``counts``, possibly capped above ``budget``) of the ``total`` rows: their indexes, in
+    query order. Scoring every row a term matches is most of a search's cost, and the
+    commonest terms weigh least, so terms are taken rarest first, and a term is dropped
+    (while a rarer one remains) when it is in more than half of the rows (BM25 gives it no
+    weight: FTS5 clamps its IDF at zero) or when it would bring the rows to score above
+    ``budget``. Terms that match nothing are left out; [] when none matches."""
+    kept: list[int] = []
+    rows = 0
+    for n, i in sorted((n, i) for i, n in enumerate(counts) if n > 0):
+        if kept and (n > total // 2 or rows + n > budget):
+            break
+        kept.append(i)
+        rows += n
+    return sorted(kept)
 
 
 def retrieval_match(terms: list[str], column: str | None = None, tokens: list[str] | None = None) -> str | None:

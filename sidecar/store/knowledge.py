@@ -203,8 +203,8 @@ _KB_COLUMNS = (
 )
 
 
-COMMON_SHARE = 0.3
-COMMON_MIN = 5000
+LEXICAL_BUDGET = 10_000
+"""Chunks a lexical query ranks at most (about 10 ms at 10^5 chunks here): see ``lexical``."""
 DF_CACHE_ENTRIES = 50_000
 
 
@@ -625,10 +625,14 @@ class KnowledgeRepo:
         """(rowid, BM25 score, higher is better) of the best ``limit`` chunks of the bases.
 
         What keeps it fast at 10^5 chunks (measured in tools/bench/bench_retrieval.py):
-        - terms in more than COMMON_SHARE of all chunks (and at least COMMON_MIN: small bases
-          keep every term) are left out when the query has rarer ones: ranking every match of a common term costs as much as it is
-          common, and its BM25 weight is small anyway. Document frequencies come from a
-          capped count, cached (they change slowly; only this decision uses them);
+        - ranking is paid per matching chunk, so the terms ranked are
+          ``fts.affordable_terms`` within LEXICAL_BUDGET chunks: rarest first, the commonest
+          dropped while a rarer one remains (they weigh least in BM25 anyway). Document
+          frequencies come from a count capped just above the budget, cached (they change
+          slowly; only this decision uses them);
+        - a query whose rarest term alone is in more chunks than the budget ranks the
+          newest LEXICAL_BUDGET chunks that term matches (a term that common barely
+          separates chunks: the vector leg carries such a query);
         - the base filter is left out when the bases hold every chunk there is (a single
           base: the usual case), applied after the match when they hold most of them, and
           as the ``kb`` column's token otherwise (its doclist costs as much as the bases are
@@ -643,10 +647,10 @@ class KnowledgeRepo:
             mine = sum(sizes.get(k) or 0 for k in ids)
             if not mine:
                 return []
-            if len(terms) > 1:
-                cap = max(COMMON_MIN, int(total * COMMON_SHARE))
-                rare = [t for t in terms if self._doc_freq(conn, t, cap, total) < cap]
-                terms = rare or terms
+            counts = [self._doc_freq(conn, t, LEXICAL_BUDGET + 1, total) for t in terms]
+            kept = fts.affordable_terms(counts, total, LEXICAL_BUDGET)
+            sampled = len(kept) == 1 and counts[kept[0]] > LEXICAL_BUDGET
+            terms = [terms[i] for i in kept] or terms
             if mine >= total:
                 expr, join, where, args = lexical_match("", [], terms), "", "", []
             elif mine * 2 >= total:
@@ -656,11 +660,13 @@ class KnowledgeRepo:
                 args = ids
             else:
                 expr, join, where, args = lexical_match("", ids, terms), "", "", []
-            rows = fetch_all(conn,
-                f"SELECT kb_chunks_fts.rowid, bm25(kb_chunks_fts, 1.0, 0.0) AS r FROM kb_chunks_fts{join}"
-                f" WHERE kb_chunks_fts MATCH ?{where} ORDER BY r LIMIT ?",
-                [expr, *args, limit],
+            ranked = (
+                f"SELECT kb_chunks_fts.rowid AS id, bm25(kb_chunks_fts, 1.0, 0.0) AS r FROM kb_chunks_fts{join}"
+                f" WHERE kb_chunks_fts MATCH ?{where}"
             )
+            if sampled:
+                ranked += f" ORDER BY kb_chunks_fts.rowid DESC LIMIT {LEXICAL_BUDGET}"
+            rows = fetch_all(conn, f"SELECT id, r FROM ({ranked}) ORDER BY r LIMIT ?", [expr, *args, limit])
         return [(rowid, -score) for rowid, score in rows]
 
     def _doc_freq(self, conn: Any, term: str, cap: int, total: int) -> int:

@@ -412,11 +412,8 @@ class MemoryRepo:
     def lexical(self, scopes: Sequence[str], query: str, limit: int) -> list[tuple[int, float]]:
         """(rowid, BM25 score, higher is better) of the best ``limit`` active memories of the scopes.
 
-        Scoring every row a term matches is most of a search's cost, and the commonest
-        terms weigh least: so the terms are taken rarest first, and a term is dropped (while
-        a rarer one remains) when it is in more than half of the index's rows (BM25 gives it
-        no weight: FTS5 clamps its IDF at zero; "the user ..." is in most memories) or when
-        it would bring the rows to score above LEXICAL_CANDIDATES."""
+        The terms scored are ``fts.affordable_terms`` with LEXICAL_CANDIDATES rows at most
+        ("the user ..." is in most memories: it is dropped while a rarer term remains)."""
         terms = fts.retrieval_terms(query)
         if not terms or not scopes:
             return []
@@ -425,15 +422,8 @@ class MemoryRepo:
                 # every row of the index is a row of ``memories`` (its own b-tree: cheaper to count)
                 total = fetch_all(conn, "SELECT count(*) FROM memories")[0][0]
                 counts = [self._doc_count(conn, t) for t in terms]
-                found = sorted((n, i) for i, n in enumerate(counts) if n > 0)
-                kept: list[int] = []
-                candidates = 0
-                for n, i in found:  # rarest first: the terms BM25 weighs most
-                    if kept and (n > total // 2 or candidates + n > LEXICAL_CANDIDATES):
-                        break
-                    kept.append(i)
-                    candidates += n
-                terms = [terms[i] for i in sorted(kept)] or terms
+                kept = fts.affordable_terms(counts, total, LEXICAL_CANDIDATES)
+                terms = [terms[i] for i in kept] or terms
             expr = fts.retrieval_match(terms, "scope", [scope_token(s) for s in scopes])
             if expr is None:
                 return []

@@ -8,8 +8,9 @@ Figures (with their targets), each beside a baseline measured in the same run:
 1. query latency, embedding call excluded: hybrid top 6 (lexical leg + vector leg + fusion
    + fetching the chunks, the HybridRetriever itself) over CHUNKS chunks x DIMS dims,
    p50 and p99 (target p50 <= 10 ms, p99 <= 25 ms), against plain numpy brute force
-   (cosine computed with the norms per query, full argsort); the vector leg alone and the
-   lexical leg alone (FTS5 over the chunks' CJK-bigram text) at the same size;
+   (cosine computed with the norms per query, full argsort); the vector leg alone (and
+   exact, without its sign codes, with the leg's recall against it) and the lexical leg
+   alone (FTS5 over the chunks' CJK-bigram text) at the same size;
 2. ingestion: chunking and storing (chunks, full-text rows, vectors given), chunks/s
    (target >= 2,000), embedding excluded;
 3. embedding throughput: texts/s through HttpEmbedder (batches, the provider transport)
@@ -24,7 +25,9 @@ Figures (with their targets), each beside a baseline measured in the same run:
    removed), the page being the one relevant document. Install the data with
        apt-get install python3-doc manpages-zh
    and the embedder with ``pip install 'chat-sidecar[local-embeddings]'``; without them
-   the quality part is skipped with a message.
+   the quality part is skipped with a message. Then the vector index's sign-code search
+   against exact search on real vectors, at a size where it is used (overlapping windows
+   of the English pages): recall, the known page found, latency.
 
 The synthetic corpus for 1-4 is generated (Zipf-distributed words, a fifth of the chunks
 Chinese) and written through KnowledgeRepo.write_index, the product's own write path.
@@ -52,6 +55,7 @@ import anyio  # noqa: E402
 import numpy as np  # noqa: E402
 
 from sidecar.retrieval import chunking  # noqa: E402
+from sidecar.retrieval import vectors as vectors_module  # noqa: E402
 from sidecar.retrieval.embeddings import HttpEmbedder, local_embeddings_available  # noqa: E402
 from sidecar.retrieval.extract import extract  # noqa: E402
 from sidecar.retrieval.indexes import KnowledgeIndexes  # noqa: E402
@@ -188,7 +192,23 @@ def latency(store: Store, kb_id: str, matrix: np.ndarray, corpus: Corpus, n_quer
             lexical.append(time.perf_counter() - t)
         return hybrid, vector, lexical, found
 
+    async def recall() -> tuple[float, list[float]]:
+        """The vector leg's top 50 against exact search (sign codes off) over the same index."""
+        shares, exact_times = [], []
+        for i in range(min(n_queries, 100)):
+            coded = await indexes.search([(kb_id, MODEL)], vectors[i], 50)
+            vectors_module.APPROX_ROWS, approx_rows = 10**12, vectors_module.APPROX_ROWS
+            try:
+                t = time.perf_counter()
+                exact = await indexes.search([(kb_id, MODEL)], vectors[i], 50)
+                exact_times.append(time.perf_counter() - t)
+            finally:
+                vectors_module.APPROX_ROWS = approx_rows
+            shares.append(len({r for r, _ in coded} & {r for r, _ in exact}) / max(1, len(exact)))
+        return statistics.mean(shares), exact_times
+
     hybrid, vector, lexical, found = anyio.run(run)
+    coded_recall, exact_vector = anyio.run(recall)
     brute: list[float] = []
     for i in range(min(n_queries, 100)):
         q = vectors[i]
@@ -198,6 +218,8 @@ def latency(store: Store, kb_id: str, matrix: np.ndarray, corpus: Corpus, n_quer
         brute.append(time.perf_counter() - t)
     say(f"  hybrid top 6 (HybridRetriever)   {ms(hybrid)}   (chunks returned: median {statistics.median(found):.0f})")
     say(f"  vector leg alone (top 50)           {ms(vector)}")
+    say(f"    the same, exact (no sign codes)   {ms(exact_vector)}   recall@50 of the leg against it {coded_recall:.3f}"
+        " (random vectors: the worst case for sign codes; real embeddings in 5.)")
     say(f"  lexical leg alone (FTS5, top 50)    {ms(lexical)}")
     say(f"  baseline: plain numpy brute force   {ms(brute)}")
     say(f"  ratio hybrid/brute force: p50 {pct(hybrid, 50) / pct(brute, 50):.2f}  p99 {pct(hybrid, 99) / pct(brute, 99):.2f}"
@@ -471,6 +493,50 @@ def quality(data_dir: Path, limit: int) -> None:
         say(f"  hybrid recall@6 {'>=' if got >= best else '<'} the better leg ({got} vs {best} of {len(queries)})")
     finally:
         store.close()
+    coded_search_on_real_vectors([(text, query) for lang, _name, text, query in items if lang == "en"], embedder)
+
+
+def coded_search_on_real_vectors(pages: list[tuple[str, str]], embedder: Any) -> None:
+    """The vector index's sign-code search against exact search on real embeddings, at a
+    size where it is used: overlapping 48-word windows of the English pages (every 12
+    words), embedded with wordllama, searched with the pages' known-item queries."""
+    windows: list[str] = []
+    page_of: list[int] = []
+    for p, (text, _query) in enumerate(pages):
+        words = text.split()
+        for i in range(0, max(1, len(words) - 10), 12):
+            windows.append(" ".join(words[i : i + 48]))
+            page_of.append(p)
+    t = time.perf_counter()
+    matrix = embedder.embed_blocking(windows)
+    queries = embedder.embed_blocking([query for _text, query in pages])
+    index = vectors_module.VectorIndex()
+    index.reserve(len(windows), int(matrix.shape[1]))
+    for i, row in enumerate(matrix):
+        index.put(i, i, row.astype("<f4").tobytes())
+    index.finish_load(len(windows))
+    say(f"  sign-code search on real vectors: {len(windows):,} windows x {matrix.shape[1]} (wordllama),"
+        f" {len(pages)} queries, embedded in {time.perf_counter() - t:.1f} s")
+    approx_rows = vectors_module.APPROX_ROWS
+    for k in (6, 50):
+        shares, coded_hits, exact_hits, coded_t, exact_t = [], 0, 0, [], []
+        for p, q in enumerate(queries):
+            started = time.perf_counter()
+            coded = index.search(q, k)
+            coded_t.append(time.perf_counter() - started)
+            vectors_module.APPROX_ROWS = 10**12
+            try:
+                started = time.perf_counter()
+                exact = index.search(q, k)
+                exact_t.append(time.perf_counter() - started)
+            finally:
+                vectors_module.APPROX_ROWS = approx_rows
+            shares.append(len({r for r, _ in coded} & {r for r, _ in exact}) / max(1, len(exact)))
+            coded_hits += any(page_of[r] == p for r, _ in coded)
+            exact_hits += any(page_of[r] == p for r, _ in exact)
+        say(f"    top {k:2}: recall against exact {statistics.mean(shares):.3f}; the page found by exact"
+            f" {exact_hits / len(pages):.3f}, by sign codes {coded_hits / len(pages):.3f};"
+            f" p50 {pct(exact_t, 50) * 1000:.2f} ms exact, {pct(coded_t, 50) * 1000:.2f} ms coded (one thread)")
 
 
 # ---- main ----------------------------------------------------------------------------------
