@@ -34,7 +34,6 @@ from collections.abc import Awaitable, Callable, Sequence
 from typing import TYPE_CHECKING, Any
 
 import anyio
-import numpy as np
 
 from sidecar.errors import SidecarError
 from sidecar.retrieval import fusion
@@ -43,6 +42,8 @@ from sidecar.store.async_store import AsyncStore
 from sidecar.store.knowledge import ChunkHit, KbRecord, KnowledgeRepo
 
 if TYPE_CHECKING:
+    import numpy as np
+
     from sidecar.pipeline.calls import UsageSink
     from sidecar.retrieval.embeddings import Embedded, Embedder
     from sidecar.retrieval.indexes import KnowledgeIndexes
