@@ -212,7 +212,9 @@ class SessionV2(Struct, omit_defaults=False, kw_only=True):
     usage_by_kind: dict[str, UsageTotals] = {}
     """What ``totalTokens``/``totalCost`` add up, per kind of call: ``reply`` (every reply,
     whatever its ending: completed, error, aborted), and side calls ``side:<what>``
-    (``side:title``, ``side:summary``, ``side:ocr``; other features add their own)."""
+    (``side:title``, ``side:summary``, ``side:ocr``, ``side:suggestions``,
+    ``side:memory-encoder``, ``side:embedding``: the query embeddings of the session's
+    retrieval; other features add their own)."""
 
 
 DeliveryStatus = Literal["pending", "sending", "delivered", "failed"]

@@ -57,7 +57,8 @@ Attributes:
               the chat engine's ``server``.
     side_usage: SideUsage (sidecar/engine/usage.py): ``await record(session_id, provider_id,
               model_id, usage, kind="side:<what>")`` attributes a side call's usage to a
-              session (titles, summaries, OCR; every feature that spends tokens for one).
+              session (titles, summaries, OCR, the query embeddings of its retrievals;
+              every feature that spends tokens for one).
     storage:  StorageService (sidecar/engine/storage.py): storage:gc and ``release()``, which
               removes the files of deleted sessions and messages (run after every delete);
               its start-up pass (interrupted removals, orphans) runs in the background.
@@ -537,12 +538,13 @@ async def _start_memory(app: App) -> None:
 
     memory.encoder = MemoryEncoder(memory, app.providers, app.side_usage, assistant_of)
     app.chat.on_completed.append(memory.reply_completed)
-    await memory.start()
+    await memory.start(usage=app.side_usage)
 
 
 async def _start_knowledge(app: App) -> None:
-    """The providers are there now (embedding calls): resume ingestion."""
-    await app.knowledge.start(connections=app.providers)
+    """The providers are there now (embedding calls): resume ingestion; a session's query
+    embeddings are charged to it through the SideUsage."""
+    await app.knowledge.start(connections=app.providers, usage=app.side_usage)
 
 
 async def _open_sync(app: App, stack: AsyncExitStack) -> None:

@@ -14,6 +14,7 @@ from typing import Any
 
 import anyio
 import httpx2
+import msgspec
 import numpy as np
 import pytest
 
@@ -23,7 +24,7 @@ from sidecar.providers.types import ProviderSettings
 from sidecar.retrieval import fusion, vectors
 from sidecar.retrieval.chunking import chunk_document, chunk_id, effective_size
 from sidecar.retrieval.citations import CitationLedger, render_block
-from sidecar.retrieval.embeddings import HttpEmbedder, LocalEmbedder, local_embeddings_available
+from sidecar.retrieval.embeddings import HttpEmbedder, LocalEmbedder, local_embeddings_available, usage_of_answer
 from sidecar.retrieval.extract import DocumentError, detect_kind, extract, extract_text
 from sidecar.retrieval.paths import confine, read_bounded
 from sidecar.retrieval.results import RetrievedChunk
@@ -307,8 +308,9 @@ async def test_http_embedder_checks_answers() -> None:
     embedder = HttpEmbedder(settings, "m", key="p/m", transport=httpx2.MockTransport(handler))
     try:
         answers.append({"data": [{"index": 1, "embedding": [0, 2]}, {"index": 0, "embedding": [3, 4]}]})
-        vectors = await embedder.embed(["a", "b"])
-        assert np.allclose(vectors, [[0.6, 0.8], [0, 1]])  # index order, unit rows
+        embedded = await embedder.embed(["a", "b"])
+        assert np.allclose(embedded.vectors, [[0.6, 0.8], [0, 1]])  # index order, unit rows
+        assert embedded.usage == ()  # the answer reported none
         for bad in [{"data": [{"index": 0, "embedding": [1, 2]}]},                       # too few
                     {"data": [{"index": 0, "embedding": [1]}, {"index": 1, "embedding": [1, 2]}]},  # ragged
                     {"data": [{"index": 0, "embedding": [1e39, 1]}, {"index": 1, "embedding": [1, 2]}]},
@@ -320,6 +322,61 @@ async def test_http_embedder_checks_answers() -> None:
         await embedder.aclose()
     with pytest.raises(SidecarError):
         HttpEmbedder(ProviderSettings(type="anthropic", base_url="http://x"), "m", key="a/m")
+
+
+def test_embedding_usage_is_read_only_when_it_is_plausible() -> None:
+    def parse(kind: str, value: bytes | None, ceiling: int = 1000) -> int | None:
+        usage = usage_of_answer(kind, msgspec.Raw(value) if value is not None else msgspec.Raw(), ceiling)
+        assert usage is None or (usage.output_tokens == 0 and usage.cache_read_tokens is None)
+        return None if usage is None else usage.input_tokens
+
+    assert parse("openai", b'{"prompt_tokens": 7, "total_tokens": 7}') == 7
+    assert parse("openai", b'{"total_tokens": 9}') == 9  # a server that only gives the total
+    assert parse("openai", b'{"prompt_tokens": 0}') == 0
+    assert parse("openai", b'{"prompt_tokens": 1000}') == 1000  # at the ceiling
+    assert parse("ollama", b"12") == 12
+    for bad in (None, b"null", b"[]", b'"7"', b"7", b"{}", b'{"prompt_tokens": -1}', b'{"prompt_tokens": 1001}',
+                b'{"prompt_tokens": 1e400}', b'{"prompt_tokens": 99999999999999999999999999}',
+                b'{"prompt_tokens": 7.0}', b'{"prompt_tokens": true}', b'{"prompt_tokens": "7"}',
+                b'{"prompt_tokens": null, "total_tokens": 7}', b'{"prompt_tokens": {"n": 7}}'):
+        assert parse("openai", bad) is None, bad
+    for bad in (None, b"null", b"-3", b"1001", b"1e400", b"true", b'"12"', b'{"n": 1}', b"12.5"):
+        assert parse("ollama", bad) is None, bad
+
+
+async def test_http_embedder_reports_the_usage_of_each_request(monkeypatch: pytest.MonkeyPatch) -> None:
+    import json
+
+    import sidecar.retrieval.embeddings as embeddings
+
+    monkeypatch.setattr(embeddings, "BATCH_TEXTS", 2)
+    answers: list[bytes] = []
+
+    def handler(request: httpx2.Request) -> httpx2.Response:
+        return httpx2.Response(200, content=answers.pop(0))
+
+    def answer(kind: str, rows: list[list[float]], usage: str) -> bytes:
+        """An answer with ``usage`` spliced in as raw JSON text (it may be invalid on purpose)."""
+        if kind == "ollama":
+            return f'{{"embeddings": {json.dumps(rows)}, "prompt_eval_count": {usage}}}'.encode()
+        data = [{"index": i, "embedding": r} for i, r in enumerate(rows)]
+        return f'{{"data": {json.dumps(data)}, "usage": {{"prompt_tokens": {usage}}}}}'.encode()
+
+    for kind, base in (("openai-compat", "http://embed.test/v1"), ("ollama", "http://embed.test")):
+        settings = ProviderSettings(type=kind, base_url=base, max_retries=0)  # type: ignore[arg-type]
+        embedder = HttpEmbedder(settings, "m", key="p/m", transport=httpx2.MockTransport(handler))
+        try:
+            # three texts, two requests: one usage entry per request
+            answers += [answer(kind, [[1, 0], [0, 1]], "5"), answer(kind, [[3, 4]], "4")]
+            embedded = await embedder.embed(["a b", "c", "d"])
+            assert embedded.vectors.shape == (3, 2) and [u.input_tokens for u in embedded.usage] == [5, 4]
+            # untrusted counts: the vectors are kept, the usage is dropped
+            for bad in ("-1", "1e400", '"5"', "10000000", "null", "[5]", "true"):
+                answers.append(answer(kind, [[1, 0], [0, 1]], bad))
+                embedded = await embedder.embed(["a", "b"])
+                assert embedded.vectors.shape == (2, 2) and embedded.usage == (), (kind, bad)
+        finally:
+            await embedder.aclose()
 
 
 @pytest.mark.skipif(not local_embeddings_available(), reason="the local-embeddings extra is not installed")
@@ -343,8 +400,9 @@ async def test_local_embedder_loads_offline_behind_a_socket_guard(monkeypatch: p
     monkeypatch.setattr(socket, "getaddrinfo", refuse)
     embedder = LocalEmbedder()
     with anyio.fail_after(60):
-        vectors = await embedder.embed(["the kitten sleeps on the rug", "a cat naps on a mat", "quarterly revenue"])
-    assert attempts == [] and vectors.shape == (3, 256)
+        embedded = await embedder.embed(["the kitten sleeps on the rug", "a cat naps on a mat", "quarterly revenue"])
+    vectors = embedded.vectors
+    assert attempts == [] and vectors.shape == (3, 256) and embedded.usage == ()  # in process: no cost
     assert np.allclose(np.linalg.norm(vectors, axis=1), 1.0, atol=1e-5)
     assert vectors[0] @ vectors[1] > vectors[0] @ vectors[2]
 

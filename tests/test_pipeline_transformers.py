@@ -41,7 +41,8 @@ class Knowledge:
     def __init__(self) -> None:
         self.queries: list[str] = []
 
-    async def retrieve(self, *, query: str, knowledge_base_ids: list[str], limit: int) -> RetrievalResult:
+    async def retrieve(self, *, query: str, knowledge_base_ids: list[str], limit: int, session_id: str) -> RetrievalResult:
+        assert session_id  # retrieval runs for the request's session (its embeddings are charged to it)
         self.queries.append(query)
         chunks = [
             RetrievedChunk(chunk=ChunkHit(rowid=i, id=f"d:k{i}", kb_id=knowledge_base_ids[0], document_id="d",
@@ -53,7 +54,8 @@ class Knowledge:
 
 
 class Memory:
-    async def retrieve(self, *, query: str, assistant_id: str, limit: int) -> list[str]:
+    async def retrieve(self, *, query: str, assistant_id: str, limit: int, session_id: str) -> list[str]:
+        assert session_id
         return ["likes tea", "lives in Lyon"]
 
 

@@ -2437,7 +2437,9 @@ export interface SessionV2 {
   /**
    * What ``totalTokens``/``totalCost`` add up, per kind of call: ``reply`` (every reply,
    * whatever its ending: completed, error, aborted), and side calls ``side:<what>``
-   * (``side:title``, ``side:summary``, ``side:ocr``; other features add their own).
+   * (``side:title``, ``side:summary``, ``side:ocr``, ``side:suggestions``,
+   * ``side:memory-encoder``, ``side:embedding``: the query embeddings of the session's
+   * retrieval; other features add their own).
    */
   usageByKind: Record<string, UsageTotals>;
 }
@@ -2476,7 +2478,9 @@ export interface SessionV2Input {
   /**
    * What ``totalTokens``/``totalCost`` add up, per kind of call: ``reply`` (every reply,
    * whatever its ending: completed, error, aborted), and side calls ``side:<what>``
-   * (``side:title``, ``side:summary``, ``side:ocr``; other features add their own).
+   * (``side:title``, ``side:summary``, ``side:ocr``, ``side:suggestions``,
+   * ``side:memory-encoder``, ``side:embedding``: the query embeddings of the session's
+   * retrieval; other features add their own).
    */
   usageByKind?: Record<string, UsageTotalsInput>;
 }

@@ -11,7 +11,14 @@ which prices ``usage`` with the model's prices (ProviderService.cost: cached pro
 their own prices) and adds it to the session's totals and to ``usageByKind[kind]``
 (the repository call underneath, for code that already runs in the store's thread with a
 cost in hand: ``s.sessions.add_usage(session_id, usage, cost, kind="side:...")``).
-``kind`` is ``side:<what>`` (lowercase letters, digits, ``.``, ``_``, ``-``).
+``kind`` is ``side:<what>`` (lowercase letters, digits, ``.``, ``_``, ``-``). The kinds in
+use: ``side:title``, ``side:summary`` (rolling and session summaries), ``side:ocr``,
+``side:suggestions``, ``side:memory-encoder``, and ``side:embedding``: the query
+embeddings of a session's knowledge and memory retrieval (a request's, ``knowledge_search``,
+``memory_search``) and the near-duplicate check of a memory its tools or encoder write, one
+record per embedding request (sidecar/retrieval/retriever.py ``charge_embedding``).
+Ingestion (documents indexed, memories' stored vectors) belongs to no session and is not
+recorded.
 
 Must stay true: recording never fails the caller's work (a session deleted meanwhile, a
 price that cannot be known: logged, nothing added).

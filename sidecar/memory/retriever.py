@@ -16,6 +16,10 @@ can come out: the legs filter by scope, and the chosen rows are re-read active-o
 
 Results are cached briefly per (scopes, query, limit, model) and ``generation`` (bumped by
 every memory write), so the model steps of one reply embed the query once.
+
+A search made for a session (``session_id``: a request's retrieval, ``memory_search``)
+charges its query embedding to it as a side call (``side:embedding``, the knowledge
+retriever's ``charge_embedding``); ``memory:search`` and a cached result charge nothing.
 """
 
 from __future__ import annotations
@@ -24,7 +28,7 @@ import logging
 import time
 from collections import OrderedDict
 from collections.abc import Sequence
-from typing import Any
+from typing import TYPE_CHECKING, Any
 
 import anyio
 import msgspec
@@ -34,6 +38,9 @@ from sidecar.retrieval.indexes import VectorIndexes
 from sidecar.retrieval.retriever import LEG_DEPTH, EmbedderFor, embed_query
 from sidecar.store.async_store import AsyncStore
 from sidecar.store.memory import MemoryRecord
+
+if TYPE_CHECKING:
+    from sidecar.pipeline.calls import UsageSink
 
 __all__ = ["MemoryRetriever", "MemorySearch", "MemoryFound"]
 
@@ -59,17 +66,23 @@ class MemorySearch(msgspec.Struct, kw_only=True):
 
 
 class MemoryRetriever:
-    def __init__(self, store: AsyncStore, indexes: VectorIndexes, embedder_for: EmbedderFor) -> None:
+    def __init__(
+        self, store: AsyncStore, indexes: VectorIndexes, embedder_for: EmbedderFor, usage: UsageSink | None = None
+    ) -> None:
         self._store = store
         self._indexes = indexes
         self._embedder_for = embedder_for
+        self.usage = usage
+        """Where the query embeddings of a session's searches are charged (the engine's
+        SideUsage; MemoryService.start sets it). None: nowhere."""
         self.generation = 0
         self._cache: OrderedDict[tuple[Any, ...], tuple[float, int, MemorySearch]] = OrderedDict()
 
     async def search(
-        self, scopes: Sequence[str], query: str, *, limit: int, model: str | None
+        self, scopes: Sequence[str], query: str, *, limit: int, model: str | None, session_id: str | None = None
     ) -> tuple[MemorySearch, bool]:
-        """(the result, whether it came from the cache)."""
+        """(the result, whether it came from the cache); ``session_id``: the session it is made
+        for (charged for the query embedding), None for none."""
         scopes = sorted(set(scopes))
         if not scopes or not query.strip():
             return MemorySearch(mode="lexical", hits=[]), False
@@ -80,7 +93,7 @@ class MemoryRetriever:
         if cached is not None and now - cached[0] < CACHE_TTL_S and cached[1] == generation:
             self._cache.move_to_end(key)
             return cached[2], True
-        result = await self._search(scopes, query, limit, model)
+        result = await self._search(scopes, query, limit, model, session_id=session_id)
         self._cache[key] = (now, generation, result)
         while len(self._cache) > CACHE_ENTRIES:
             self._cache.popitem(last=False)
@@ -93,7 +106,8 @@ class MemoryRetriever:
         return await self._search(sorted(set(scopes)), query, limit, model, vector)
 
     async def _search(
-        self, scopes: list[str], query: str, limit: int, model: str | None, vector: Any = None
+        self, scopes: list[str], query: str, limit: int, model: str | None, vector: Any = None,
+        *, session_id: str | None = None,
     ) -> MemorySearch:
         notes: list[str] = []
         lexical: list[tuple[int, float]] = []
@@ -107,7 +121,8 @@ class MemoryRetriever:
             nonlocal vector_hits
             query_vector = vector
             if query_vector is None:
-                query_vector = await embed_query(self._embedder_for, model, query, notes, "memory retrieval")
+                query_vector = await embed_query(self._embedder_for, model, query, notes, "memory retrieval",
+                                                 usage=self.usage, session_id=session_id)
                 if query_vector is None:
                     return
             hits = await self._indexes.search([(scope, model) for scope in scopes], query_vector, LEG_DEPTH)

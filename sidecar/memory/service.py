@@ -20,7 +20,10 @@ Owns:
   every active memory of the scopes that assistant sees gets a vector, in the background
   (after every write, at start, and when a search meets a (scope, model) not checked yet);
   a failing embedding call is logged and retried at the next write, or at a search
-  EMBED_RETRY_S later;
+  EMBED_RETRY_S later. These stored vectors belong to no session (charged to nobody); the
+  embeddings made for a session's turn are charged to it as ``side:embedding`` (through the
+  SideUsage given to ``start``): the query of its retrieval and of ``memory_search``, and
+  the near-duplicate check of a memory its tools or its encoder write;
 - the in-memory vector indexes follow every write (superseded, deleted and purged rows
   leave them; a restored row comes back).
 
@@ -66,6 +69,7 @@ from sidecar.errors import InvalidParams, NotFound, SidecarError
 from sidecar.memory import text as mtext
 from sidecar.memory.retriever import MemoryRetriever, MemorySearch
 from sidecar.retrieval.indexes import VectorIndexes
+from sidecar.retrieval.retriever import EmbedderFor, charge_embedding
 from sidecar.store.async_store import AsyncStore
 from sidecar.store.memory import MemoryRecord, NewMemory, ProposalRecord
 from sidecar.store.store import Store
@@ -74,6 +78,7 @@ if TYPE_CHECKING:
     from protocol.types import SessionV2
     from sidecar.memory.encoder import MemoryEncoder
     from sidecar.memory.soul import SoulService
+    from sidecar.pipeline.calls import UsageSink
 
 __all__ = ["MemoryService", "Written", "MAX_RESULTS", "model_key"]
 
@@ -92,7 +97,6 @@ ELEMENT_OVERHEAD_TOKENS = 24
 """Tokens of a ``<memory ...>`` element around its text (attributes, tags), for the budget."""
 
 Notify = Callable[[str, Any], Awaitable[None]]
-EmbedderFor = Callable[[str], Awaitable[Any]]
 
 
 class AssistantFor(Protocol):
@@ -183,8 +187,11 @@ class MemoryService:
     def store(self) -> AsyncStore:
         return self._store
 
-    async def start(self) -> None:
-        """Embed what a previous run left without vectors."""
+    async def start(self, usage: UsageSink | None = None) -> None:
+        """Embed what a previous run left without vectors. ``usage``: where the embeddings
+        made for a session are charged (the engine's SideUsage)."""
+        if usage is not None:
+            self.retriever.usage = usage
         for assistant in await self._store.run(lambda s: s.assistants.list()):
             model = model_key(assistant)
             if assistant.memory.enabled and model is not None:
@@ -286,10 +293,12 @@ class MemoryService:
         try:
             embedder = await self._embedder_for(model)
             with anyio.fail_after(15):
-                vector = (await embedder.embed([new.text]))[0]
+                embedded = await embedder.embed([new.text])
         except (SidecarError, TimeoutError) as exc:
             log.info("near-duplicate check of a memory without vectors (embedding failed: %s)", exc)
             return None
+        await charge_embedding(self.retriever.usage, new.session_id, model, embedded)
+        vector = embedded.vectors[0]
         close = [(r, c) for r, c in await self.indexes.search([(scope, model)], vector, 3) if c >= SIMILAR_COSINE]
         if not close:
             return None
@@ -359,7 +368,7 @@ class MemoryService:
                         return
                     continue
                 embedder = await self._embedder_for(model)
-                vectors = await embedder.embed([text for _, text in missing])
+                vectors = (await embedder.embed([text for _, text in missing])).vectors
                 rows = [(rowid, vectors[i].astype("<f4").tobytes()) for i, (rowid, _) in enumerate(missing)]
                 dims = int(vectors.shape[1])
                 written = await self._store.run(lambda s: s.memory.write_vectors(model, dims, rows))
@@ -563,8 +572,11 @@ class MemoryService:
     # ---- for requests and tools -----------------------------------------------------------
 
     async def search(
-        self, assistant: AssistantProfile, query: str, limit: int, *, count_use: bool = True
+        self, assistant: AssistantProfile, query: str, limit: int, *, count_use: bool = True,
+        session_id: str | None = None,
     ) -> MemorySearch:
+        """``session_id``: the session the search is made for (charged for its query
+        embedding), None for none (``memory:search``)."""
         model = model_key(assistant)
         if model is not None:
             now = time.monotonic()
@@ -572,16 +584,19 @@ class MemoryService:
                 key = (scope, model)
                 if key not in self._checked and now - self._failed_at.get(key, -EMBED_RETRY_S) >= EMBED_RETRY_S:
                     self._schedule_embed(scope, model)
-        result, cached = await self.retriever.search(scopes_of(assistant), query, limit=limit, model=model)
+        result, cached = await self.retriever.search(
+            scopes_of(assistant), query, limit=limit, model=model, session_id=session_id
+        )
         if count_use and not cached and result.hits:
             rowids = [h.record.rowid for h in result.hits]
             await self._store.run(lambda s: s.memory.mark_used(rowids))
         return result
 
-    async def retrieve(self, *, query: str, assistant_id: str, limit: int) -> list[str]:
-        """The rendered ``<memory>`` elements a request gets (MemoryRetrievalTransformer)."""
+    async def retrieve(self, *, query: str, assistant_id: str, limit: int, session_id: str) -> list[str]:
+        """The rendered ``<memory>`` elements a request of ``session_id`` gets
+        (MemoryRetrievalTransformer)."""
         assistant = await self._store.run(lambda s: s.assistants.resolve(assistant_id))
-        result = await self.search(assistant, query, min(limit, MAX_RESULTS))
+        result = await self.search(assistant, query, min(limit, MAX_RESULTS), session_id=session_id)
         return [render(h.record) for h in result.hits]
 
     def basic_text_blocking(self, store: Store, assistant: AssistantProfile) -> str | None:

@@ -92,7 +92,9 @@ class MemorySearchTool(_MemoryTool):
         query = str(args["query"]).strip()
         if not query:
             raise ToolError("query must not be empty")
-        result = await self._service.search(self._assistant, query, int(args.get("limit", MAX_TOOL_RESULTS)))
+        result = await self._service.search(
+            self._assistant, query, int(args.get("limit", MAX_TOOL_RESULTS)), session_id=ctx.session.id
+        )
         text = render_block([render(h.record, with_id=True) for h in result.hits])
         return ToolOutput(text=text or "No memory matches that.")
 

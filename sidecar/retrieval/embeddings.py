@@ -1,6 +1,8 @@
 """Embedding models: texts in, L2-normalized float32 vectors out.
 
-    Embedder.embed(texts) -> numpy array (len(texts), dims), float32, unit rows
+    Embedder.embed(texts) -> Embedded(vectors, usage)
+        vectors: numpy array (len(texts), dims), float32, unit rows
+        usage:   one Usage per HTTP request whose answer reported its tokens
         HttpEmbedder   OpenAI-compatible  POST {baseUrl}/embeddings   {"model", "input": [...]}
                        Ollama             POST {baseUrl}/api/embed    {"model", "input": [...]}
         LocalEmbedder  wordllama, in process (the optional extra ``local-embeddings``)
@@ -10,6 +12,15 @@ its custom chat body) and the provider transport (``sidecar/providers/transport.
 same client settings and the same retry rules as chat (connect errors, timeouts, 408,
 429, 5xx, ``retry-after``), then a ProviderCallError. Texts go in batches of at most
 ``BATCH_TEXTS`` texts and ``BATCH_CHARS`` characters, one request at a time.
+
+Usage: what a request's answer says it used, as ``Usage(input_tokens=n)``: OpenAI's
+``usage.prompt_tokens`` (else ``usage.total_tokens``), Ollama's ``prompt_eval_count``. It is
+untrusted and never fails the embedding: a count that is missing, not an integer, negative,
+or larger than the request could hold (more tokens than its body has bytes, plus
+``USAGE_SLACK_PER_TEXT`` special tokens a text) is dropped, that request reports none. The
+local embedder reports none (no provider, no cost). Who pays is the caller's business:
+query embeddings made for a session are charged to it (``retriever.charge_embedding``);
+ingestion reports are not used.
 
 Must stay true:
 - an answer is checked before it is used: one finite vector per input, all of one
@@ -26,6 +37,7 @@ from __future__ import annotations
 import logging
 import threading
 from collections.abc import Sequence
+from dataclasses import dataclass
 from pathlib import Path
 from typing import Any, Protocol
 
@@ -35,6 +47,7 @@ import msgspec
 import numpy as np
 
 from protocol.kb import LOCAL_EMBEDDING_PROVIDER
+from protocol.types import Usage
 from sidecar.errors import SidecarError
 from sidecar.providers.errors import ProviderCallError, error_detail
 from sidecar.providers.redact import Redactor, safe_url
@@ -43,6 +56,7 @@ from sidecar.providers.types import ProviderSettings
 
 __all__ = [
     "Embedder",
+    "Embedded",
     "HttpEmbedder",
     "LocalEmbedder",
     "LOCAL_MODELS",
@@ -50,6 +64,7 @@ __all__ = [
     "BATCH_CHARS",
     "normalize_rows",
     "local_embeddings_available",
+    "usage_of_answer",
 ]
 
 log = logging.getLogger(__name__)
@@ -59,7 +74,20 @@ BATCH_CHARS = 120_000
 MAX_RESPONSE_BYTES = 256 * 1024 * 1024
 LOCAL_MODELS = {"wordllama": 256}
 """Local model id -> its dimensions."""
+USAGE_SLACK_PER_TEXT = 8
+"""Special tokens a model may add to each text on top of one token per byte at most."""
 _encode = msgspec.json.Encoder().encode
+
+
+@dataclass(frozen=True, slots=True)
+class Embedded:
+    """What one ``embed`` call gave."""
+
+    vectors: np.ndarray
+    """(len(texts), dims), float32, unit rows, in input order."""
+    usage: tuple[Usage, ...] = ()
+    """One entry per request whose answer reported a plausible token count (module
+    docstring); a request that reported none has no entry. Empty for the local embedder."""
 
 
 class Embedder(Protocol):
@@ -68,7 +96,7 @@ class Embedder(Protocol):
     input_limit: int | None
     """Input tokens the model takes (None: unknown)."""
 
-    async def embed(self, texts: Sequence[str]) -> np.ndarray: ...
+    async def embed(self, texts: Sequence[str]) -> Embedded: ...
 
     async def aclose(self) -> None: ...
 
@@ -88,14 +116,45 @@ class _OpenAIItem(msgspec.Struct):
 
 class _OpenAIAnswer(msgspec.Struct):
     data: list[_OpenAIItem]
+    usage: msgspec.Raw = msgspec.Raw()
+    """Raw (empty when absent): a malformed usage must not fail decoding the vectors."""
 
 
 class _OllamaAnswer(msgspec.Struct):
     embeddings: list[list[float]]
+    prompt_eval_count: msgspec.Raw = msgspec.Raw()
 
 
 _openai = msgspec.json.Decoder(_OpenAIAnswer)
 _ollama = msgspec.json.Decoder(_OllamaAnswer)
+
+
+def _count(value: object, ceiling: int) -> int | None:
+    if isinstance(value, bool) or not isinstance(value, int) or not 0 <= value <= ceiling:
+        return None
+    return value
+
+
+def usage_of_answer(kind: str, raw: msgspec.Raw, ceiling: int) -> Usage | None:
+    """The usage an embeddings answer reported, or None when it is missing or implausible.
+
+    ``kind``: ``openai`` (``raw`` is the answer's ``usage`` object: ``prompt_tokens``, else
+    ``total_tokens``) or ``ollama`` (``raw`` is its ``prompt_eval_count``); ``ceiling``: the
+    most tokens the request could hold. Never raises."""
+    if not raw:
+        return None
+    try:
+        value = msgspec.json.decode(raw)
+    except msgspec.DecodeError:  # e.g. a number out of range
+        return None
+    if kind == "ollama":
+        tokens = _count(value, ceiling)
+    elif isinstance(value, dict):
+        field = "prompt_tokens" if "prompt_tokens" in value else "total_tokens"
+        tokens = _count(value.get(field), ceiling)
+    else:
+        tokens = None
+    return Usage(input_tokens=tokens) if tokens is not None else None
 
 
 class HttpEmbedder:
@@ -149,18 +208,22 @@ class HttpEmbedder:
         headers.update(self._settings.headers)
         return headers
 
-    async def embed(self, texts: Sequence[str]) -> np.ndarray:
+    async def embed(self, texts: Sequence[str]) -> Embedded:
         if not texts:
-            return np.zeros((0, 0), dtype=np.float32)
+            return Embedded(vectors=np.zeros((0, 0), dtype=np.float32))
         parts: list[np.ndarray] = []
+        usage: list[Usage] = []
         for batch in _batches(texts):
-            parts.append(await self._call(batch))
+            vectors, used = await self._call(batch)
+            parts.append(vectors)
+            if used is not None:
+                usage.append(used)
         dims = {p.shape[1] for p in parts}
         if len(dims) != 1:
             raise self._error(f"the model answered vectors of different sizes {sorted(dims)}", "malformed")
-        return parts[0] if len(parts) == 1 else np.vstack(parts)
+        return Embedded(vectors=parts[0] if len(parts) == 1 else np.vstack(parts), usage=tuple(usage))
 
-    async def _call(self, batch: list[str]) -> np.ndarray:
+    async def _call(self, batch: list[str]) -> tuple[np.ndarray, Usage | None]:
         # an empty input is refused by some servers; a space embeds as "nothing"
         inputs = [t if t.strip() else " " for t in batch]
         body = _encode({"model": self.model_id, "input": inputs})
@@ -178,14 +241,20 @@ class HttpEmbedder:
                 raise self._error("no complete answer in time", "timeout", retryable=True) from exc
             except httpx2.TransportError as exc:
                 raise self._error(f"connection lost ({type(exc).__name__})", "disconnect", retryable=True) from exc
-        return self._parse(bytes(raw), len(batch))
+        return self._parse(bytes(raw), len(batch), len(body) + USAGE_SLACK_PER_TEXT * len(batch))
 
-    def _parse(self, raw: bytes, count: int) -> np.ndarray:
+    def _parse(self, raw: bytes, count: int, ceiling: int) -> tuple[np.ndarray, Usage | None]:
+        """The vectors (checked) and the usage of one answer; ``ceiling``: the most tokens
+        the request could hold."""
         try:
             if self._settings.type == "ollama":
-                rows = _ollama.decode(raw).embeddings
+                ollama = _ollama.decode(raw)
+                rows = ollama.embeddings
+                usage = usage_of_answer("ollama", ollama.prompt_eval_count, ceiling)
             else:
-                items = _openai.decode(raw).data
+                answer = _openai.decode(raw)
+                usage = usage_of_answer("openai", answer.usage, ceiling)
+                items = answer.data
                 if all(item.index is not None for item in items):
                     items = sorted(items, key=lambda item: item.index or 0)
                     if [item.index for item in items] != list(range(len(items))):
@@ -201,7 +270,7 @@ class HttpEmbedder:
         matrix = np.asarray(rows, dtype=np.float64)
         if not np.isfinite(matrix).all() or (np.abs(matrix) > np.finfo(np.float32).max).any():
             raise self._error("the answer holds numbers that are not finite float32 values", "malformed")
-        return normalize_rows(matrix)
+        return normalize_rows(matrix), usage
 
     async def aclose(self) -> None:
         with anyio.CancelScope(shield=True):
@@ -264,11 +333,12 @@ class LocalEmbedder:
             out.append(np.asarray(model.embed(list(texts[i : i + 512]), norm=True), dtype=np.float32))
         return normalize_rows(np.vstack(out))
 
-    async def embed(self, texts: Sequence[str]) -> np.ndarray:
+    async def embed(self, texts: Sequence[str]) -> Embedded:
         try:
-            return await anyio.to_thread.run_sync(self.embed_blocking, list(texts))
+            vectors = await anyio.to_thread.run_sync(self.embed_blocking, list(texts))
         except (OSError, ValueError, RuntimeError) as exc:
             raise SidecarError(f"the local embedder failed: {type(exc).__name__}: {exc}") from exc
+        return Embedded(vectors=vectors)  # in process: no usage, no cost
 
     async def aclose(self) -> None:
         return None

@@ -15,6 +15,9 @@ transaction. A restart resumes it where it was (the stored vectors are kept).
 
 Progress: ``progress(done, total, message)``; only the last call has ``done == total``
 (indexing: one unit per chunk embedded plus one for the final write; an error: 0 of 0).
+
+Ingestion belongs to no session: the usage its embedding calls report is charged to nobody
+(a document serves every session that retrieves from its base).
 """
 
 from __future__ import annotations
@@ -166,7 +169,7 @@ class Indexer:
             await progress(done, len(chunks) + 1, f"{done} vectors kept")
         for i in range(0, len(todo), EMBED_BATCH):
             batch = todo[i : i + EMBED_BATCH]
-            vectors = await embedder.embed([c.embed_text for c in batch])
+            vectors = (await embedder.embed([c.embed_text for c in batch])).vectors
             if dims is not None and vectors.shape[1] != dims:
                 raise SidecarError(f"the model answered {vectors.shape[1]} dimensions, earlier {dims}")
             dims = int(vectors.shape[1])
@@ -195,7 +198,7 @@ class Indexer:
             for _, _, packed in rows:
                 heading_json, _, text = packed.partition("\x00")
                 texts.append(chunking.embed_text(msgspec.json.decode(heading_json), text))
-            vectors = await embedder.embed(texts)
+            vectors = (await embedder.embed(texts)).vectors
             dims = int(vectors.shape[1])
             blobs = [(rowid, ehash, row.astype("<f4").tobytes()) for (rowid, ehash, _), row in zip(rows, vectors)]
             await self._db(lambda k: k.write_vectors(kb_id, model, dims, blobs))

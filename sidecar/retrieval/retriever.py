@@ -16,6 +16,13 @@ named in ``notes``), the lexical leg alone answers: the result's ``mode`` and ea
 Results are cached briefly per (bases, query, limit, budget) and the index generation, so
 the model steps of one reply (the request is rebuilt for each) see the same chunks and
 embed the query once.
+
+Cost: a search made for a session (``session_id``: a request's retrieval, the knowledge
+tool) charges each query-embedding request it makes to that session as a side call of kind
+``side:embedding`` (``charge_embedding``: one ``usage`` record per request whose answer
+reported its tokens, priced as the embedding model of its provider); a search for no
+session (``kb:search``) and a cached result charge nothing. Recording never fails the
+search (SideUsage logs and drops what it cannot add).
 """
 
 from __future__ import annotations
@@ -24,9 +31,7 @@ import logging
 import time
 from collections import OrderedDict
 from collections.abc import Awaitable, Callable, Sequence
-from typing import Any
-
-from typing import TYPE_CHECKING
+from typing import TYPE_CHECKING, Any
 
 import anyio
 
@@ -37,6 +42,10 @@ from sidecar.store.async_store import AsyncStore
 from sidecar.store.knowledge import ChunkHit, KbRecord, KnowledgeRepo
 
 if TYPE_CHECKING:
+    import numpy as np
+
+    from sidecar.pipeline.calls import UsageSink
+    from sidecar.retrieval.embeddings import Embedded, Embedder
     from sidecar.retrieval.indexes import KnowledgeIndexes
 
 __all__ = [
@@ -46,6 +55,9 @@ __all__ = [
     "LEG_DEPTH",
     "DEFAULT_BUDGET_TOKENS",
     "QUERY_EMBED_TIMEOUT_S",
+    "EMBEDDING_KIND",
+    "embed_query",
+    "charge_embedding",
 ]
 
 log = logging.getLogger(__name__)
@@ -55,38 +67,70 @@ DEFAULT_BUDGET_TOKENS = 4096
 QUERY_EMBED_TIMEOUT_S = 15.0
 CACHE_TTL_S = 60.0
 CACHE_ENTRIES = 128
+EMBEDDING_KIND = "side:embedding"
+"""The side-call kind of the embeddings made for a session (its ``usageByKind``)."""
 
-EmbedderFor = Callable[[str], Awaitable[Any]]
-
-
-async def embed_query(embedder_for: EmbedderFor, model: str, query: str, notes: list[str], what: str) -> Any | None:
-    """``query`` embedded by ``model`` (a unit vector), or None when that takes longer than
-    QUERY_EMBED_TIMEOUT_S or fails: then ``notes`` says why, and the caller's ``what``
-    (its results) is lexical only."""
-    try:
-        embedder = await embedder_for(model)
-        with anyio.fail_after(QUERY_EMBED_TIMEOUT_S):
-            return (await embedder.embed([query]))[0]
-    except TimeoutError:
-        notes.append(f"embedding the query with {model} took longer than {QUERY_EMBED_TIMEOUT_S:g}s")
-        log.warning("query embedding with %s timed out; lexical %s only", model, what)
-    except SidecarError as exc:
-        notes.append(f"embedding the query with {model} failed: {exc.message}")
-        log.warning("query embedding with %s failed (%s); lexical %s only", model, exc.message, what)
-    return None
+EmbedderFor = Callable[[str], Awaitable["Embedder"]]
 """``await embedder_for(model_key)`` -> an Embedder (sidecar/retrieval/embeddings.py)."""
 
 
+async def charge_embedding(
+    usage: UsageSink | None, session_id: str | None, model_key: str, embedded: Embedded
+) -> None:
+    """Charge the requests behind ``embedded`` to ``session_id`` as side calls of kind
+    EMBEDDING_KIND: one record per request that reported its usage, priced as ``model_key``
+    (``providerId/modelId``). Nothing without a session or a sink."""
+    if usage is None or session_id is None:
+        return
+    provider_id, _, model_id = model_key.partition("/")
+    for used in embedded.usage:
+        await usage(session_id, provider_id, model_id, used, kind=EMBEDDING_KIND)
+
+
+async def embed_query(
+    embedder_for: EmbedderFor, model: str, query: str, notes: list[str], what: str,
+    *, usage: UsageSink | None = None, session_id: str | None = None,
+) -> np.ndarray | None:
+    """``query`` embedded by ``model`` (a unit vector), or None when that takes longer than
+    QUERY_EMBED_TIMEOUT_S or fails: then ``notes`` says why, and the caller's ``what``
+    (its results) is lexical only. With a ``session_id`` the call is charged to it
+    (``charge_embedding``)."""
+    try:
+        embedder = await embedder_for(model)
+        with anyio.fail_after(QUERY_EMBED_TIMEOUT_S):
+            embedded = await embedder.embed([query])
+    except TimeoutError:
+        notes.append(f"embedding the query with {model} took longer than {QUERY_EMBED_TIMEOUT_S:g}s")
+        log.warning("query embedding with %s timed out; lexical %s only", model, what)
+        return None
+    except SidecarError as exc:
+        notes.append(f"embedding the query with {model} failed: {exc.message}")
+        log.warning("query embedding with %s failed (%s); lexical %s only", model, exc.message, what)
+        return None
+    await charge_embedding(usage, session_id, model, embedded)
+    vector: np.ndarray = embedded.vectors[0]
+    return vector
+
+
 class HybridRetriever:
-    def __init__(self, store: AsyncStore, indexes: KnowledgeIndexes, embedder_for: EmbedderFor) -> None:
+    def __init__(
+        self, store: AsyncStore, indexes: KnowledgeIndexes, embedder_for: EmbedderFor,
+        usage: UsageSink | None = None,
+    ) -> None:
         self._store = store
         self._indexes = indexes
         self._embedder_for = embedder_for
+        self.usage = usage
+        """Where the query embeddings of a session's searches are charged (the engine's
+        SideUsage; KnowledgeService.start sets it once it exists). None: nowhere."""
         self._cache: OrderedDict[tuple[Any, ...], tuple[float, int, RetrievalResult]] = OrderedDict()
 
     async def search(
-        self, kb_ids: Sequence[str], query: str, *, limit: int = 6, budget: int | None = DEFAULT_BUDGET_TOKENS
+        self, kb_ids: Sequence[str], query: str, *, limit: int = 6, budget: int | None = DEFAULT_BUDGET_TOKENS,
+        session_id: str | None = None,
     ) -> RetrievalResult:
+        """``session_id``: the session the search is made for (its query embeddings are
+        charged to it), None for none."""
         wanted = list(kb_ids)
         kbs = await self._store.run(lambda s: s.knowledge.kbs(wanted))
         if not kbs or not query.strip():
@@ -98,13 +142,15 @@ class HybridRetriever:
             self._cache.move_to_end(key)
             return cached[2]
         generation = self._indexes.generation
-        result = await self._search(kbs, query, limit, budget)
+        result = await self._search(kbs, query, limit, budget, session_id=session_id)
         self._cache[key] = (now, generation, result)
         while len(self._cache) > CACHE_ENTRIES:
             self._cache.popitem(last=False)
         return result
 
-    async def _search(self, kbs: list[KbRecord], query: str, limit: int, budget: int | None) -> RetrievalResult:
+    async def _search(
+        self, kbs: list[KbRecord], query: str, limit: int, budget: int | None, *, session_id: str | None = None
+    ) -> RetrievalResult:
         notes: list[str] = []
         kb_ids = [k.id for k in kbs]
         by_model: dict[str, list[KbRecord]] = {}
@@ -120,7 +166,8 @@ class HybridRetriever:
             lexical = await self._store.run(lambda s: s.knowledge.lexical(kb_ids, query, LEG_DEPTH))
 
         async def vector_leg(model: str, members: list[KbRecord]) -> None:
-            vector = await embed_query(self._embedder_for, model, query, notes, "results for its bases")
+            vector = await embed_query(self._embedder_for, model, query, notes, "results for its bases",
+                                       usage=self.usage, session_id=session_id)
             if vector is None:
                 return
             hits = await self._indexes.search([(kb.id, model) for kb in members], vector, LEG_DEPTH)

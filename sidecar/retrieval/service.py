@@ -17,7 +17,10 @@ Owns:
 - for requests: ``retrieve`` (the HybridRetriever of ``retriever.py``, bases that no
   longer exist skipped), ``offer(session)`` (``knowledge_search`` and the retrieval
   capabilities for ToolService) and ``tool_search`` (what the tool runs, numbering its
-  passages in the reply's citation ledger).
+  passages in the reply's citation ledger); both charge their query embeddings to the
+  session they run for (``side:embedding``, through the SideUsage given to ``start``).
+  ``kb:search`` runs for no session and ingestion (indexing, re-embedding) belongs to none:
+  their embeddings are charged to nobody.
 
 Lifetime: ``async with KnowledgeService(...)`` runs its task group, ``start()`` starts the
 workers and resumes; leaving it cancels ingestion and closes the embedders' HTTP clients.
@@ -29,7 +32,7 @@ import logging
 import math
 import os
 from collections.abc import Awaitable, Callable
-from typing import Any, Protocol
+from typing import TYPE_CHECKING, Any, Protocol
 
 import anyio
 import anyio.abc
@@ -71,6 +74,10 @@ from sidecar.store.async_store import AsyncStore
 from sidecar.store.knowledge import IndexDelta
 from sidecar.store.providers import ProviderRecord
 from sidecar.tools.knowledge import KnowledgeOffer, KnowledgeSearch
+
+if TYPE_CHECKING:
+    from sidecar.pipeline.calls import UsageSink
+    from sidecar.retrieval.embeddings import Embedder
 
 __all__ = ["KnowledgeService", "SETTINGS_KEY", "INGEST_WORKERS", "MAX_SEARCH_LIMIT"]
 
@@ -116,8 +123,8 @@ class KnowledgeService:
         self.indexes = KnowledgeIndexes(store)
         self.retriever = HybridRetriever(store, self.indexes, self.embedder_for)
         self._indexer = Indexer(store, self.indexes, self.embedder_for, self._limits)
-        self._embedders: dict[str, tuple[int, Any]] = {}
-        self._retired: list[Any] = []
+        self._embedders: dict[str, tuple[int, Embedder]] = {}
+        self._retired: list[Embedder] = []
         self._send, self._receive = anyio.create_memory_object_stream[str](math.inf)
         self._queued: set[str] = set()
         self._running: dict[str, anyio.CancelScope] = {}
@@ -138,12 +145,15 @@ class KnowledgeService:
         await self._tg.__aenter__()
         return self
 
-    async def start(self, connections: Connections | None = None) -> None:
+    async def start(self, connections: Connections | None = None, usage: UsageSink | None = None) -> None:
         """Start the ingestion workers and resume what a previous run left: documents still
-        ``pending``/``indexing`` and bases whose embedding model changed."""
+        ``pending``/``indexing`` and bases whose embedding model changed. ``usage``: where
+        the query embeddings of a session's retrievals are charged (the engine's SideUsage)."""
         assert self._tg is not None, "enter the service first"
         if connections is not None:
             self._connections = connections
+        if usage is not None:
+            self.retriever.usage = usage
         for _ in range(self._workers):
             self._tg.start_soon(self._worker)
         for doc_id in await self._store.run(lambda s: s.knowledge.open_documents()):
@@ -199,7 +209,7 @@ class KnowledgeService:
 
     # ---- embedders ------------------------------------------------------------------
 
-    async def embedder_for(self, model_key: str) -> Any:
+    async def embedder_for(self, model_key: str) -> Embedder:
         """The Embedder of ``providerId/modelId`` (SidecarError when it cannot be had)."""
         from sidecar.retrieval.embeddings import HttpEmbedder, LocalEmbedder
 
@@ -567,15 +577,21 @@ class KnowledgeService:
 
     # ---- for requests ---------------------------------------------------------------
 
-    async def retrieve(self, *, query: str, knowledge_base_ids: list[str], limit: int) -> RetrievalResult:
-        """The chunks a request gets (KnowledgeRetrievalTransformer); unknown bases are skipped."""
-        return await self.retriever.search(knowledge_base_ids, query[:MAX_QUERY_CHARS], limit=limit)
+    async def retrieve(
+        self, *, query: str, knowledge_base_ids: list[str], limit: int, session_id: str
+    ) -> RetrievalResult:
+        """The chunks a request of ``session_id`` gets (KnowledgeRetrievalTransformer); unknown
+        bases are skipped."""
+        return await self.retriever.search(
+            knowledge_base_ids, query[:MAX_QUERY_CHARS], limit=limit, session_id=session_id
+        )
 
     async def tool_search(
-        self, ledger: CitationLedger, kb_ids: list[str], query: str, limit: int
+        self, ledger: CitationLedger, kb_ids: list[str], query: str, limit: int, *, session_id: str
     ) -> tuple[str, list[Citation]]:
-        """What ``knowledge_search`` runs: the passages numbered in the reply's ``ledger``."""
-        result = await self.retriever.search(kb_ids, query[:MAX_QUERY_CHARS], limit=limit)
+        """What ``knowledge_search`` runs for ``session_id``: the passages numbered in the
+        reply's ``ledger``."""
+        result = await self.retriever.search(kb_ids, query[:MAX_QUERY_CHARS], limit=limit, session_id=session_id)
         citations = ledger.cite(result.chunks)
         return render_results(citations, query), citations
 

@@ -5,7 +5,8 @@ other tool (seed 000 section 3: the knowledge tools come before the app's tools)
 the same retrieval a request does (KnowledgeService.tool_search) and returns the passages
 with citation markers that continue the request's own numbering (the reply's ledger, given
 in its ToolContext); its ToolOutput carries the Citation records of what it showed, so the
-reply may cite them.
+reply may cite them. The search runs for the call's session (its query embeddings are
+charged to it).
 
 ``KnowledgeOffer`` is what ToolService.assemble asks the knowledge side for: the tools to
 register and the truth about retrieval for ``get_session_capabilities``.
@@ -13,7 +14,6 @@ register and the truth about retrieval for ``get_session_capabilities``.
 
 from __future__ import annotations
 
-from collections.abc import Awaitable, Callable
 from typing import Any, Protocol
 
 import msgspec
@@ -26,9 +26,14 @@ __all__ = ["KnowledgeSearch", "KnowledgeOffer", "KnowledgeSource", "NO_KNOWLEDGE
 
 MAX_TOOL_RESULTS = 6
 
-Search = Callable[[CitationLedger, list[str], str, int], Awaitable[tuple[str, list[Citation]]]]
-"""``await search(ledger, kb_ids, query, limit)`` -> (result text, Citation records numbered
-in ``ledger``)."""
+class Search(Protocol):
+    """KnowledgeService.tool_search."""
+
+    async def __call__(
+        self, ledger: CitationLedger, kb_ids: list[str], query: str, limit: int, *, session_id: str
+    ) -> tuple[str, list[Citation]]:
+        """(result text, Citation records numbered in ``ledger``), searched for ``session_id``."""
+        ...
 
 
 class KnowledgeOffer(msgspec.Struct, kw_only=True):
@@ -77,5 +82,5 @@ class KnowledgeSearch(Tool):
         limit = int(args.get("limit", MAX_TOOL_RESULTS))
         # outside a reply (no ledger) the markers number from [1] and are kept nowhere
         ledger = ctx.citations if ctx.citations is not None else CitationLedger()
-        text, citations = await self._search(ledger, self._kb_ids, query, limit)
+        text, citations = await self._search(ledger, self._kb_ids, query, limit, session_id=ctx.session.id)
         return ToolOutput(text=text, citations=citations)

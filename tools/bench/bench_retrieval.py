@@ -56,7 +56,7 @@ import numpy as np  # noqa: E402
 
 from sidecar.retrieval import chunking  # noqa: E402
 from sidecar.retrieval import vectors as vectors_module  # noqa: E402
-from sidecar.retrieval.embeddings import HttpEmbedder, local_embeddings_available  # noqa: E402
+from sidecar.retrieval.embeddings import Embedded, HttpEmbedder, local_embeddings_available  # noqa: E402
 from sidecar.retrieval.extract import extract  # noqa: E402
 from sidecar.retrieval.indexes import KnowledgeIndexes  # noqa: E402
 from sidecar.retrieval.retriever import HybridRetriever  # noqa: E402
@@ -149,8 +149,8 @@ class FixedEmbedder:
     def __init__(self) -> None:
         self.vector = np.zeros((1, 1), dtype=np.float32)
 
-    async def embed(self, texts: list[str]) -> np.ndarray:
-        return self.vector
+    async def embed(self, texts: list[str]) -> Embedded:
+        return Embedded(vectors=self.vector)
 
     async def aclose(self) -> None:
         return None
@@ -289,7 +289,7 @@ async def embedding_throughput(corpus: Corpus, n_texts: int) -> None:
         embedder = HttpEmbedder(ProviderSettings(type="openai-compat", base_url=f"{root}/v1"), "m", key="b/m")
         try:
             t = time.perf_counter()
-            vectors = await embedder.embed(texts)
+            vectors = (await embedder.embed(texts)).vectors
             elapsed = time.perf_counter() - t
         finally:
             await embedder.aclose()
@@ -465,7 +465,7 @@ def quality(data_dir: Path, limit: int) -> None:
         async def evaluate() -> dict[tuple[str, str], list[float]]:
             ranks: dict[tuple[str, str], list[float]] = {}
             for lang, query, target in queries:
-                qv = (await embedder.embed([query]))[0]
+                qv = (await embedder.embed([query])).vectors[0]
                 lexical_rowids = [r for r, _ in repo.lexical([kb.id], query, 6)]
                 vector_rowids = [r for r, _ in indexes.search_blocking(repo, [(kb.id, embedder.key)], qv, 6)]
                 hybrid = await retriever._search(kbs, query, 6, None)

@@ -14,6 +14,7 @@ knowledge tool returned, may be cited by the reply.
 
 A build without a ledger (a preview, chat:context:*) numbers into a ledger of its own that
 nobody keeps. A retriever that fails is logged and the request goes on without knowledge.
+The retrieval runs for the request's session: its query embeddings are charged to it.
 """
 
 from __future__ import annotations
@@ -35,13 +36,17 @@ MAX_RESULTS = 6
 class KnowledgeRetriever(Protocol):
     """What the transformer needs (KnowledgeService provides it)."""
 
-    async def retrieve(self, *, query: str, knowledge_base_ids: list[str], limit: int) -> RetrievalResult: ...
+    async def retrieve(
+        self, *, query: str, knowledge_base_ids: list[str], limit: int, session_id: str
+    ) -> RetrievalResult: ...
 
 
 class NoKnowledge:
     """The retriever of a builder without knowledge bases (tests, tools): finds nothing."""
 
-    async def retrieve(self, *, query: str, knowledge_base_ids: list[str], limit: int) -> RetrievalResult:
+    async def retrieve(
+        self, *, query: str, knowledge_base_ids: list[str], limit: int, session_id: str
+    ) -> RetrievalResult:
         return RetrievalResult(mode="lexical", chunks=[])
 
 
@@ -67,7 +72,8 @@ class KnowledgeRetrievalTransformer:
         if chunks is None:
             try:
                 result = await ctx.knowledge.retrieve(
-                    query=query, knowledge_base_ids=list(ctx.assistant.knowledge_base_ids), limit=MAX_RESULTS
+                    query=query, knowledge_base_ids=list(ctx.assistant.knowledge_base_ids), limit=MAX_RESULTS,
+                    session_id=ctx.session.id,
                 )
             except SidecarError as exc:
                 log.warning("knowledge retrieval failed: %s", exc.message)

@@ -9,6 +9,7 @@ a relevance floor) gives at most ``MAX_RESULTS`` (6) memories, each already rend
 escaped ``<memory>`` element (sidecar/memory/text.py). They go into the system prompt in
 one ``<memories>`` block under a header that says they are information, not
 instructions. A retriever that fails is logged and the request goes on without them.
+The retrieval runs for the request's session: its query embeddings are charged to it.
 """
 
 from __future__ import annotations
@@ -46,15 +47,15 @@ log = logging.getLogger(__name__)
 
 
 class MemoryRetriever(Protocol):
-    async def retrieve(self, *, query: str, assistant_id: str, limit: int) -> list[str]:
-        """Rendered ``<memory>`` elements, best first."""
+    async def retrieve(self, *, query: str, assistant_id: str, limit: int, session_id: str) -> list[str]:
+        """Rendered ``<memory>`` elements, best first, retrieved for ``session_id``."""
         ...
 
 
 class NoMemory:
     """The retriever of a builder without a MemoryService (tests, tools): finds nothing."""
 
-    async def retrieve(self, *, query: str, assistant_id: str, limit: int) -> list[str]:
+    async def retrieve(self, *, query: str, assistant_id: str, limit: int, session_id: str) -> list[str]:
         return []
 
 
@@ -80,7 +81,9 @@ class MemoryRetrievalTransformer:
         if memory is None:
             return drafts
         try:
-            found = await memory.retrieve(query=query, assistant_id=ctx.assistant.id, limit=MAX_RESULTS)
+            found = await memory.retrieve(
+                query=query, assistant_id=ctx.assistant.id, limit=MAX_RESULTS, session_id=ctx.session.id
+            )
         except SidecarError as exc:
             log.warning("memory retrieval failed: %s", exc.message)
             return drafts
