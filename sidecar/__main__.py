@@ -127,22 +127,19 @@ def _serve_stdio(config: object) -> int:
 
     import anyio
 
-    from sidecar.coldstart import EarlySignals
-
-    signals = EarlySignals()
-    signals.install()  # from now on a stop signal always ends in the clean exit
-
     from sidecar.rpc.stdio import take_stdio, uses_blocking_thread
 
     # fd 1 is guarded before anything else loads: a module (or a library it imports) that
     # prints at import time must not reach the wire.
     receive, send = take_stdio()
 
+    from sidecar.coldstart import EarlySignals, answer_waiting
     from sidecar.config import Config
     from sidecar.errors import SidecarError
-    from sidecar.coldstart import answer_waiting
     from sidecar.logging_setup import setup_logging
 
+    signals = EarlySignals()
+    signals.install()  # from now on a stop signal always ends in the clean exit
     assert isinstance(config, Config)
     setup_logging(config.log_level)
     # The first requests, when already waiting, are answered before the event loop and

@@ -17,7 +17,6 @@ from sidecar_proc import spawn_sidecar
 from protocol.chat import Attachment, UserInput
 from sidecar.config import DEFAULT_MAX_LINE_BYTES
 from sidecar.errors import InvalidParams
-from sidecar.store import attachments
 from sidecar.store.attachments import MAX_ATTACHMENT_BYTES, AttachmentStore, uri_to_path
 
 pytestmark = pytest.mark.anyio
@@ -106,7 +105,9 @@ def test_file_uris_map_back_to_the_stored_file_even_with_escaped_characters(tmp_
 
 def test_windows_file_uris_become_windows_paths(monkeypatch: pytest.MonkeyPatch) -> None:
     # What urllib.request.url2pathname is on Windows, checked here on any OS.
-    monkeypatch.setattr(attachments, "url2pathname", nturl2path.url2pathname)
+    import urllib.request
+
+    monkeypatch.setattr(urllib.request, "url2pathname", nturl2path.url2pathname)
     assert uri_to_path("file:///C:/Users/me/a%20b.png") == "C:\\Users\\me\\a b.png"
     assert uri_to_path("file://localhost/D:/x.txt") == "D:\\x.txt"
     assert uri_to_path("file://server/share/f.txt") == "\\\\server\\share\\f.txt"
