@@ -278,7 +278,9 @@ async def test_a_client_that_never_reads_stalls_nothing(tmp_path: Path) -> None:
         try:
             await v1.wait_clients(1)
             big = "0123456789abcdef" * 4096  # 64 KiB per delta
-            await v1.server.script({"text": big, "repeat": 160, "delay_ms": 1})  # type: ignore[union-attr]
+            # 20 MiB in all: well past what the slow client's queue (4 MiB) and the loopback
+            # socket buffers (up to 4 MiB more) hold, so it is cut off well before the end
+            await v1.server.script({"text": big, "repeat": 320, "delay_ms": 1})  # type: ignore[union-attr]
             data = await v1.client.chat(v1.direct("a long one", session_id=session_id))
             turn = Turn(session_id=session_id, chat=data)
             with anyio.fail_after(120):
@@ -288,9 +290,9 @@ async def test_a_client_that_never_reads_stalls_nothing(tmp_path: Path) -> None:
                     await v1.wait_clients(1)
                     status = await v1.client.status("d1", "5", with_key=True)
                     assert status.json()["data"]["status"] == "Idle"
-            assert turn.completed and len(turn.text) == len(big) * 160
+            assert turn.completed and len(turn.text) == len(big) * 320
             reply = await v1.proc.call("chat:messages:get", {"sessionId": session_id})
-            assert reply[-1]["status"] == "completed" and len(reply[-1]["textContent"]) == len(big) * 160
+            assert reply[-1]["status"] == "completed" and len(reply[-1]["textContent"]) == len(big) * 320
             # what the slow client got ends before the end of the turn
             slow.setblocking(False)
             received = b""
