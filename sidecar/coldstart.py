@@ -116,7 +116,11 @@ def answer_waiting(
     start = 0
     while (end := waiting.find(b"\n", start)) >= 0:
         line = waiting[start:end]
-        answer = _answer(config, line, cold) if 0 < len(line) <= config.max_line_bytes else None
+        try:
+            answer = _answer(config, line, cold) if 0 < len(line) <= config.max_line_bytes else None
+        except Exception:  # a bug here must not cost the start: the server answers it instead
+            logger.exception("the cold start failed on a waiting request; the server answers it")
+            answer = None
         if answer is None:
             break
         start = end + 1
@@ -158,10 +162,11 @@ def _initialize(config: Config, envelope: Envelope, cold: ColdStart) -> bytes | 
     except OSError:  # the App reports it
         return None
     check_version(params)
-    cold.answered.append(INITIALIZE)
     # the secrets key is settled once the App has the store (``secrets`` null, as in any
     # handshake answered before the store is open)
-    return encode(OutResult(id=envelope.id, result=initialize_result(config, BOUND_METHODS, None)))
+    answer = encode(OutResult(id=envelope.id, result=initialize_result(config, BOUND_METHODS, None)))
+    cold.answered.append(INITIALIZE)
+    return answer
 
 
 def _session_list(config: Config, envelope: Envelope, cold: ColdStart) -> bytes | None:
@@ -173,10 +178,11 @@ def _session_list(config: Config, envelope: Envelope, cold: ColdStart) -> bytes 
         result = store.sessions.query(params)
     except SidecarError:
         return None
+    answer = encode(OutResult(id=envelope.id, result=result))
     if not cold.store_read:
         cold.modules_at_first_read = loaded_heavy_modules()
     cold.answered.append(SESSION_LIST)
-    return encode(OutResult(id=envelope.id, result=result))
+    return answer
 
 
 def _open_store(config: Config, cold: ColdStart) -> Store | None:

@@ -4,7 +4,8 @@
     chunking.py    structure-aware chunks sized in tokens, content-addressed ids
     embeddings.py  embedding models: OpenAI-compatible / Ollama over the provider transport,
                    the local wordllama embedder
-    vectors.py     VectorIndex: exact cosine over an in-memory float32 matrix, updated in place
+    vectors.py     VectorIndex: cosine over an in-memory float32 matrix, updated in place
+                   (exact; a large one ranks by sign codes first, exact scores after)
     indexes.py     the VectorIndex of each (base, model): lazy load, deltas, a search over cores
     fusion.py      weighted reciprocal-rank fusion, relevance floors, diversity, token budget
     retriever.py   HybridRetriever: the lexical leg + vector legs -> ranked chunks (results.py)
