@@ -52,20 +52,22 @@ class WorkProgress:
             self._last = now
             anyio.from_thread.run(self._send, "report", done, total, None)
 
-    async def report(self, done: int, total: int | None, message: str | None = None) -> None:
-        """Progress of the work from the event loop (at most every REPORT_INTERVAL_S)."""
+    async def report(self, done: int, total: int | None, message: str | None = None, *, force: bool = False) -> None:
+        """Progress of the work from the event loop (at most every REPORT_INTERVAL_S, unless
+        ``force``: a step worth showing at once)."""
         self.done, self.total = done, total
         now = time.monotonic()
-        if self.begun and now - self._last >= REPORT_INTERVAL_S:
+        if self.begun and (force or now - self._last >= REPORT_INTERVAL_S):
             self._last = now
             await self._send("report", done, total, message)
 
-    async def begin(self, total: int | None) -> None:
+    async def begin(self, total: int | None, message: str | None = None) -> None:
+        """The work starts (its ``message``, default the name it was given)."""
         if not self.begun:
             self.begun = True
             self.total = total
             self._last = time.monotonic()
-            await self._send("begin", 0, total, self._what)
+            await self._send("begin", 0, total, message or self._what)
 
     async def end(self, message: str) -> None:
         if self.begun:

@@ -38,7 +38,7 @@ import anyio
 import anyio.abc
 import msgspec
 
-from protocol.common import EmptyParams, IdParams, ProgressKind, ProgressParams, SuccessResult
+from protocol.common import EmptyParams, IdParams, SuccessResult
 from protocol.context import AssistantProfile
 from protocol.kb import (
     LOCAL_EMBEDDING_PROVIDER,
@@ -60,6 +60,7 @@ from protocol.kb import (
     KnowledgeBase,
 )
 from protocol.types import Citation, SessionV2
+from sidecar.engine.progress import WorkProgress
 from sidecar.errors import InvalidParams, NotFound, SidecarError
 from sidecar.retrieval import chunking
 from sidecar.retrieval.citations import CitationLedger, render_results
@@ -294,22 +295,22 @@ class KnowledgeService:
                 self._tokens.pop(doc_id, None)
 
     def _progress(self, token: int | str | None, work: str) -> Callable[[int, int, str], Awaitable[None]]:
-        """The Indexer's progress callback as ``sidecar:progress`` notifications: ``begin``
-        at the first call, ``report`` after, ``end`` at the last (``done == total``, as
-        the Indexer promises); ``work`` (``kb:index``, ``kb:reembed``) leads the message."""
-        begun = False
+        """The Indexer's progress callback as ``sidecar:progress`` (a WorkProgress): ``begin``
+        at the first call, throttled ``report``s, ``end`` at the last (``done == total``, as
+        the Indexer promises); ``work`` (``kb:index``, ``kb:reembed``) leads each message."""
+        progress = WorkProgress(self._notify, token, work) if token is not None else None
 
         async def report(done: int, total: int, message: str) -> None:
-            nonlocal begun
-            if token is None:
+            if progress is None:
                 return
-            kinds: list[ProgressKind] = [] if begun else ["begin"]
-            kinds.append("end" if done == total else ("report" if begun else "begin"))
-            begun = True
+            text = f"{work}: {message}"
             try:
-                for kind in dict.fromkeys(kinds):
-                    await self._notify("sidecar:progress", ProgressParams(
-                        token=token, kind=kind, done=done, total=total, message=f"{work}: {message}"))
+                await progress.begin(total, text)
+                if done == total:
+                    progress.done, progress.total = done, total
+                    await progress.end(text)
+                else:
+                    await progress.report(done, total, text)
             except anyio.get_cancelled_exc_class():
                 raise
             except Exception:  # the client went away: the work goes on

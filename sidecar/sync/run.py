@@ -1,7 +1,8 @@
 """RunContext: what one sync run carries (client, account, settings) and what it reports.
 
 Owns: collecting the SyncResult (counts, conflicts, issues, messages that stay local),
-progress notifications under the caller's token (throttled, ``end`` always sent), and
+progress notifications under the caller's token (a WorkProgress: throttled, ``end``
+always sent), and
 the run's database work: through the store gateway (``store.run``), one call at a time
 (the run's lock), so a sync never holds more than one of the store's connections and chat
 keeps the others.
@@ -10,15 +11,15 @@ keeps the others.
 from __future__ import annotations
 
 import logging
-import time
 from collections.abc import Awaitable, Callable
 from typing import Any, TypeVar
 
 import anyio
 import msgspec
 
-from protocol.common import ProgressParams, ProgressToken
+from protocol.common import ProgressToken
 from protocol.sync import AgentMode, ChatApi, NotPushed, SyncConflict, SyncIssue, SyncResult, SyncSettings
+from sidecar.engine.progress import WorkProgress
 from sidecar.errors import SidecarError
 from sidecar.store import AsyncStore, Store
 from sidecar.store.ids import now_ms
@@ -31,7 +32,6 @@ log = logging.getLogger(__name__)
 
 T = TypeVar("T")
 Notify = Callable[[str, Any], Awaitable[None]]
-_PROGRESS_EVERY_S = 0.1
 
 
 class AccountConfig(msgspec.Struct, frozen=True, kw_only=True):
@@ -64,11 +64,9 @@ class RunContext:
         self.account = account
         self.settings = settings
         self.result = SyncResult(started_at=now_ms())
-        self._notify = notify
-        self._token = progress_token
+        self._progress = WorkProgress(notify, progress_token, "sync") if progress_token is not None else None
         self._store = store
         self._db_lock = db_lock
-        self._last_report = 0.0
         self.done = 0
         self.total: int | None = None
 
@@ -107,22 +105,16 @@ class RunContext:
         self.result.not_pushed.append(item)
 
     async def begin(self, message: str) -> None:
-        await self._send("begin", message)
+        if self._progress is not None:
+            await self._progress.begin(self.total, message)
 
     async def report(self, message: str, *, force: bool = False) -> None:
-        now = time.monotonic()
-        if not force and now - self._last_report < _PROGRESS_EVERY_S and self.done != self.total:
-            return
-        self._last_report = now
-        await self._send("report", message)
+        """Throttled (WorkProgress), but the last step of a phase always shows."""
+        if self._progress is not None:
+            await self._progress.report(self.done, self.total, message, force=force or self.done == self.total)
 
     async def end(self, message: str) -> None:
-        with anyio.move_on_after(5, shield=True):
-            await self._send("end", message)
-
-    async def _send(self, kind: str, message: str) -> None:
-        if self._token is None:
-            return
-        await self._notify("sidecar:progress", ProgressParams(
-            token=self._token, kind=kind, done=self.done, total=self.total, message=message,  # type: ignore[arg-type]
-        ))
+        if self._progress is not None:
+            self._progress.done, self._progress.total = self.done, self.total
+            with anyio.move_on_after(5, shield=True):
+                await self._progress.end(message)
