@@ -6,16 +6,18 @@ database (``load``: rows streamed into a preallocated matrix, no second copy), t
 to date by ``apply`` (the vectors a committed write added, replaced or removed) instead of
 being rebuilt.
 
-A search over fewer than APPROX_ROWS rows is exact: one matrix-vector product and a partial
-sort. Over more, reading the whole float32 matrix for every query is what costs (it is
+A search of fewer than APPROX_ROWS rows (counted per ``lo:hi`` range: a large index is
+searched in one range per core) is exact: one matrix-vector product and a partial sort.
+Over more, reading the whole float32 matrix for every query is what costs (it is
 memory-bound: 10-15 ms for 10^5 x 384 here), so each row also keeps a sign code, one bit
 per dimension of the row minus the index's mean vector (48 bytes for 384 dimensions, 3% of
 the row), and a search ranks every row by the Hamming distance of its code to the query's,
 then computes the exact cosine of the RERANK_FACTOR x k nearest codes (at least
 RERANK_MIN) and returns the best k of those: the scores returned are exact; a row can be
 missed only when its code ranks it outside that pool (recall against the exact search is
-printed by tools/bench/bench_retrieval.py). The mean is taken at load and again whenever
-the index has doubled since (codes without it lose the dimensions every vector shares).
+printed by tools/bench/bench_retrieval.py). The mean is taken at load and compaction, and
+again whenever the index has doubled since (codes without it lose the dimensions every
+vector shares).
 
 Must stay true:
 - ``apply`` is idempotent and order-tolerant: a row added twice is stored once, removing an
