@@ -7,13 +7,14 @@ asyncio, the server and the services are imported (about half of the time to tho
 answers), and hands what it opened to the server (``ColdStart``).
 
 It answers, in order, the leading requests of the waiting input that are
-- ``sidecar:initialize`` without ``secretKey`` (which waits for the store), answered by
-  sidecar/handshake.py;
+- ``sidecar:initialize``, answered by sidecar/handshake.py; with ``secretKey`` the key is
+  first settled on the store opened here (``SecretsService.settle``'s repository call);
 - ``chat:session:list``, read from the store (``SessionRepo.query``, what the App's
-  SessionService answers it with), opened here when its schema is current and no key comes
-  on a file descriptor (both are left to the App: a migration may take long, and runs where
-  signals and the parent's death are served; the key can be read only once);
-and stops at the first other line. What must stay true:
+  SessionService answers it with).
+The store is opened here when its schema is current and no key comes on a file descriptor
+(both are left to the App: a migration may take long, and runs where signals and the
+parent's death are served; the key can be read only once). It stops at the first other
+line. What must stay true:
 - an answer given here is the one the server would give at that moment, and only a success:
   anything else (params that do not decode, an error of the store, a version mismatch, a
   partial or oversized line, a batch, a notification, another method) stops it, and that
@@ -34,7 +35,7 @@ from typing import TYPE_CHECKING
 import msgspec
 
 from protocol import METHODS, PROTOCOL_VERSION
-from protocol.lifecycle import InitializeParams
+from protocol.lifecycle import InitializeParams, SecretsInfo
 from sidecar.bindings import INITIALIZE
 from sidecar.config import Config
 from sidecar.errors import SidecarError
@@ -155,18 +156,43 @@ def _initialize(config: Config, envelope: Envelope, cold: ColdStart) -> bytes | 
         params = Handler.for_params(InitializeParams).decode_params(envelope.params)
     except SidecarError:
         return None
-    if params.secret_key is not None or params.protocol_version not in (None, PROTOCOL_VERSION):
+    if params.protocol_version not in (None, PROTOCOL_VERSION):
         return None
     try:  # the answer names the data dir: it exists by then, as when the App answers
         Path(config.data_dir).mkdir(parents=True, exist_ok=True)
     except OSError:  # the App reports it
         return None
-    check_version(params)
-    # the secrets key is settled once the App has the store (``secrets`` null, as in any
+    secrets = None
+    if params.secret_key is not None:
+        # the host's key is applied to the store before the answer, which reports it
+        secrets = _settle(config, params.secret_key, cold)
+        if secrets is None:
+            return None
+    # without a key, it is settled once the App has the store (``secrets`` null, as in any
     # handshake answered before the store is open)
-    answer = encode(OutResult(id=envelope.id, result=initialize_result(config, BOUND_METHODS, None)))
+    check_version(params)
+    answer = encode(OutResult(id=envelope.id, result=initialize_result(config, BOUND_METHODS, secrets)))
     cold.answered.append(INITIALIZE)
     return answer
+
+
+def _settle(config: Config, secret_key: str, cold: ColdStart) -> SecretsInfo | None:
+    """``SecretsService.settle`` with the host's key, on the store opened here; None when
+    it cannot be done here (a key that does not parse, a store left to the App)."""
+    from sidecar.engine.secrets import secrets_info
+    from sidecar.secrets.keys import parse_key
+
+    try:
+        host_key = parse_key(secret_key)
+    except ValueError:  # the server says why
+        return None
+    store = cold.store or _open_store(config, cold)
+    if store is None:
+        return None
+    try:
+        return secrets_info(store.secrets.settle(host_key))
+    except SidecarError:
+        return None
 
 
 def _session_list(config: Config, envelope: Envelope, cold: ColdStart) -> bytes | None:

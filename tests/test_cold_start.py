@@ -158,13 +158,39 @@ async def test_a_store_that_needs_its_schema_is_opened_by_the_app(tmp_path: Path
     assert _early(proc) == "sidecar:initialize"
 
 
-async def test_a_handshake_with_a_secret_key_waits_for_the_store(tmp_path: Path) -> None:
+async def test_a_handshake_with_a_secret_key_settles_it_on_the_store_first(tmp_path: Path) -> None:
     data, _ = await _data_dir_with_a_session(tmp_path)
     key = base64.b64encode(b"K" * 32).decode()
+    async with spawn_sidecar(data) as proc:  # a secret sealed with the sidecar's own key
+        await proc.call("provider:upsert", {"name": "p", "type": "openai-compat",
+                                            "baseUrl": "http://127.0.0.1:9/v1", "apiKey": "sk-SEALED"})
+        await proc.close()
     waiting = _lines(_request("w1", "sidecar:initialize", {"secretKey": key}), _request("w2", "chat:session:list", {}))
     async with spawn_sidecar(data, waiting=waiting) as proc:
         secrets = (await proc.response("w1"))["result"]["secrets"]
-        assert secrets["state"] == "ready" and secrets["source"] == "host"
+        assert secrets == {"state": "ready", "source": "host", "locked": 0}  # re-sealed with it
+        assert (await proc.response("w2"))["result"]["total"] == 1
+        assert (await proc.call("sidecar:initialize", {"secretKey": key}))["secrets"] == secrets
+        assert [p["hasApiKey"] for p in await proc.call("provider:list", {})] == [True]
+        await proc.close()
+    assert _early(proc) == "sidecar:initialize, chat:session:list"
+    # the next start with the same key: nothing locked; without it: the host's values are locked
+    async with spawn_sidecar(data, waiting=waiting) as proc:
+        assert (await proc.response("w1"))["result"]["secrets"]["locked"] == 0
+        await proc.close()
+    async with spawn_sidecar(data) as proc:
+        await proc.call("sidecar:initialize", {})
+        assert [p["secretsLocked"] for p in await proc.call("provider:list", {})] == [True]
+        await proc.close()
+
+
+async def test_a_secret_key_that_does_not_parse_is_refused_by_the_server(tmp_path: Path) -> None:
+    data, _ = await _data_dir_with_a_session(tmp_path)
+    waiting = _lines(_request("w1", "sidecar:initialize", {"secretKey": "not a key"}),
+                     _request("w2", "chat:session:list", {}))
+    async with spawn_sidecar(data, waiting=waiting) as proc:
+        error = (await proc.response("w1"))["error"]
+        assert error["code"] == ErrorCode.INVALID_PARAMS and "secretKey" in error["message"]
         assert (await proc.response("w2"))["result"]["total"] == 1
         await proc.close()
     assert _early(proc) is None

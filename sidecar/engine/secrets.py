@@ -23,9 +23,10 @@ class SecretsService:
     async def settle(self, host_key: bytes | None = None) -> SecretsInfo:
         async with self._lock:  # two handshakes must not re-seal at once
             status = await self._store.run(lambda s: s.secrets.settle(host_key))
-        return _info(status)
+        return secrets_info(status)
 
 
-def _info(status: SecretsStatus) -> SecretsInfo:
+def secrets_info(status: SecretsStatus) -> SecretsInfo:
+    """What ``sidecar:initialize`` reports of a settled key."""
     assert status.source is not None  # settled
     return SecretsInfo(state="locked" if status.locked else "ready", source=status.source, locked=status.locked)

@@ -6,8 +6,9 @@ Both requests are written at once, as Electron does (they wait in the pipe). Pri
 medians of N runs (default 20) and the ratios to the baseline measured in the same run,
 interleaved: ``python -c "import msgspec, anyio"`` (the interpreter plus the two libraries
 the process cannot start without). Goals on a 2-core machine: initialize <= 100 ms,
-first list <= 150 ms. Then, with ``python -X importtime``, the heaviest imports on the way
-to those two answers, so a regression shows where it comes from.
+first list <= 150 ms. Also the handshake README recommends, with the host's ``secretKey``
+(it needs the database). Then, with ``python -X importtime``, the heaviest imports on the
+way to those answers, so a regression shows where it comes from.
 
     python3 dev.py bench bench_startup [--runs N] [--sessions 1000]
 """
@@ -15,6 +16,7 @@ to those two answers, so a regression shows where it comes from.
 from __future__ import annotations
 
 import argparse
+import base64
 import compileall
 import os
 import statistics
@@ -31,6 +33,11 @@ sys.path.insert(0, str(ROOT))
 INITIALIZE = b'{"jsonrpc":"2.0","id":1,"method":"sidecar:initialize","params":{}}\n'
 LIST = b'{"jsonrpc":"2.0","id":2,"method":"chat:session:list","params":{"limit":50}}\n'
 SHUTDOWN = b'{"jsonrpc":"2.0","id":3,"method":"sidecar:shutdown"}\n'
+INITIALIZE_WITH_KEY = (
+    b'{"jsonrpc":"2.0","id":1,"method":"sidecar:initialize","params":{"secretKey":"'
+    + base64.b64encode(b"k" * 32) + b'"}}\n'
+)
+"""The handshake README recommends (the host's key from Electron safeStorage): it needs the database."""
 
 
 def time_baseline() -> float:
@@ -39,7 +46,7 @@ def time_baseline() -> float:
     return time.perf_counter() - started
 
 
-def time_sidecar(data_dir: str) -> tuple[float, float]:
+def time_sidecar(data_dir: str, initialize: bytes = INITIALIZE) -> tuple[float, float]:
     """(spawn -> initialize answer, spawn -> list answer) in seconds."""
     env = dict(os.environ, CHAT_SIDECAR_LOG_LEVEL="WARNING", CHAT_SIDECAR_KEYCHAIN="off")
     started = time.perf_counter()
@@ -52,7 +59,7 @@ def time_sidecar(data_dir: str) -> tuple[float, float]:
         env=env,
     )
     assert proc.stdin is not None and proc.stdout is not None
-    proc.stdin.write(INITIALIZE + LIST)
+    proc.stdin.write(initialize + LIST)
     proc.stdin.flush()
     answers: dict[bytes, float] = {}
     while len(answers) < 2:
@@ -139,11 +146,13 @@ def main() -> int:
         init_runs: list[float] = []
         list_runs: list[float] = []
         baseline_runs: list[float] = []
+        keyed_runs: list[float] = []
         for _ in range(args.runs):  # interleaved, so machine noise hits all alike
             baseline_runs.append(time_baseline())
             first, listed = time_sidecar(data_dir)
             init_runs.append(first)
             list_runs.append(listed)
+            keyed_runs.append(time_sidecar(data_dir, INITIALIZE_WITH_KEY)[0])
         imports = heaviest_imports(data_dir, 12)
     base = statistics.median(baseline_runs) * 1000
     init = statistics.median(init_runs) * 1000
@@ -155,6 +164,9 @@ def main() -> int:
           f"  {init / base:5.2f}x  goal <= 100 ms: {'met' if init <= 100 else 'NOT met'}")
     print(f"sidecar   spawn -> first chat:session:list      median {listed:7.1f} ms  (min {min(list_runs) * 1000:.1f})"
           f"  {listed / base:5.2f}x  goal <= 150 ms: {'met' if listed <= 150 else 'NOT met'}")
+    keyed = statistics.median(keyed_runs) * 1000
+    print(f"sidecar   the same with secretKey (initialize)  median {keyed:7.1f} ms  (min {min(keyed_runs) * 1000:.1f})"
+          f"  {keyed / base:5.2f}x")
     print("heaviest top-level imports before the first list answer (python -X importtime, one run):")
     for us, name in imports:
         print(f"  {us / 1000:7.1f} ms  {name}")
