@@ -13,36 +13,64 @@ sizes, the nesting depth of free-form JSON).
 Field names are snake_case in Python and camelCase on the wire (``rename="camel"``).
 This package imports nothing from ``sidecar``; generated copies of it live in
 ``protocol/generated/`` (JSON Schema and TypeScript).
+
+The names this package re-exports (every domain's ``__all__``, METHODS, NOTIFICATIONS...)
+load on first use: importing one module of it (``protocol.errors``, ``protocol.sessions``)
+does not import every domain, which the first answers of a cold start do without.
 """
 
-from protocol import chat, common, context, lifecycle, mcp, messages, providers, sessions, settings, tools
-from protocol import compat
-from protocol import channels
-from protocol import kb
-from protocol import sync
-from protocol import storage
-from protocol import memory
-from protocol.errors import ErrorCode
-from protocol.events import *  # noqa: F401,F403
-from protocol.events import __all__ as _events_all
-from protocol.common import MethodSpec
-from protocol.methods import METHODS, NOTIFICATIONS
-from protocol.types import *  # noqa: F401,F403
-from protocol.types import __all__ as _types_all
+from typing import TYPE_CHECKING, Any
 
 PROTOCOL_VERSION = 1
 
-_DOMAINS = (common, lifecycle, sessions, messages, chat, providers, settings, tools, mcp, context, compat, channels, kb, sync, storage, memory)
-for _domain in _DOMAINS:
-    globals().update({name: getattr(_domain, name) for name in _domain.__all__})
+if TYPE_CHECKING:
+    from protocol import channels, chat, common, compat, context, kb, lifecycle, mcp, memory, messages
+    from protocol import providers, sessions, settings, storage, sync, tools
+    from protocol.common import MethodSpec as MethodSpec
+    from protocol.errors import ErrorCode as ErrorCode
+    from protocol.events import *  # noqa: F401,F403
+    from protocol.methods import METHODS as METHODS
+    from protocol.methods import NOTIFICATIONS as NOTIFICATIONS
+    from protocol.types import *  # noqa: F401,F403
 
-__all__ = [
-    "PROTOCOL_VERSION",
-    "ErrorCode",
-    "METHODS",
-    "NOTIFICATIONS",
-    "MethodSpec",
-    *_types_all,
-    *_events_all,
-    *(name for domain in _DOMAINS for name in domain.__all__ if name != "MethodSpec"),
-]
+_DOMAIN_NAMES = (
+    "common", "lifecycle", "sessions", "messages", "chat", "providers", "settings", "tools", "mcp", "context",
+    "compat", "channels", "kb", "sync", "storage", "memory",
+)
+_SUBMODULES = frozenset({*_DOMAIN_NAMES, "errors", "events", "types", "limits", "methods", "generated"})
+
+
+def _load() -> None:
+    """Import every domain and re-export their names here (once)."""
+    import importlib
+
+    from protocol.common import MethodSpec
+    from protocol.errors import ErrorCode
+    from protocol.events import __all__ as events_all
+    from protocol.methods import METHODS, NOTIFICATIONS
+    from protocol.types import __all__ as types_all
+
+    names: dict[str, Any] = {"ErrorCode": ErrorCode, "METHODS": METHODS, "NOTIFICATIONS": NOTIFICATIONS,
+                             "MethodSpec": MethodSpec}
+    for module_name, exported in (("protocol.events", events_all), ("protocol.types", types_all)):
+        module = importlib.import_module(module_name)
+        names.update({name: getattr(module, name) for name in exported})
+    domains = [importlib.import_module(f"protocol.{name}") for name in _DOMAIN_NAMES]
+    for domain in domains:
+        names.update({name: getattr(domain, name) for name in domain.__all__})
+    names["__all__"] = [
+        "PROTOCOL_VERSION", "ErrorCode", "METHODS", "NOTIFICATIONS", "MethodSpec", *types_all, *events_all,
+        *(name for domain in domains for name in domain.__all__ if name != "MethodSpec"),
+    ]
+    globals().update(names)
+
+
+def __getattr__(name: str) -> Any:
+    if name in _SUBMODULES or (name.startswith("__") and name != "__all__"):
+        # a submodule not imported yet: the import system loads it (``from protocol import limits``)
+        raise AttributeError(f"module 'protocol' has no attribute {name!r}")
+    _load()
+    try:
+        return globals()[name]
+    except KeyError:
+        raise AttributeError(f"module 'protocol' has no attribute {name!r}") from None

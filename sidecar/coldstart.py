@@ -29,12 +29,11 @@ import os
 import signal
 import sys
 from dataclasses import dataclass, field
-from pathlib import Path
 from typing import TYPE_CHECKING
 
 import msgspec
 
-from protocol import METHODS, PROTOCOL_VERSION
+from protocol import PROTOCOL_VERSION
 from protocol.lifecycle import InitializeParams, SecretsInfo
 from sidecar.bindings import INITIALIZE
 from sidecar.config import Config
@@ -159,7 +158,7 @@ def _initialize(config: Config, envelope: Envelope, cold: ColdStart) -> bytes | 
     if params.protocol_version not in (None, PROTOCOL_VERSION):
         return None
     try:  # the answer names the data dir: it exists by then, as when the App answers
-        Path(config.data_dir).mkdir(parents=True, exist_ok=True)
+        os.makedirs(config.data_dir, exist_ok=True)
     except OSError:  # the App reports it
         return None
     secrets = None
@@ -197,6 +196,8 @@ def _settle(config: Config, secret_key: str, cold: ColdStart) -> SecretsInfo | N
 
 def _session_list(config: Config, envelope: Envelope, cold: ColdStart) -> bytes | None:
     try:
+        from protocol.methods import METHODS  # (the store imports most domains anyway)
+
         params = Handler.for_params(METHODS[SESSION_LIST].params).decode_params(envelope.params)
         store = cold.store or _open_store(config, cold)
         if store is None:
@@ -214,6 +215,8 @@ def _session_list(config: Config, envelope: Envelope, cold: ColdStart) -> bytes 
 def _open_store(config: Config, cold: ColdStart) -> Store | None:
     if config.secret_key_fd is not None:
         return None
+    from pathlib import Path
+
     from sidecar.secrets.box import SecretBox
     from sidecar.store.store import open_store
 

@@ -3,7 +3,8 @@
 ``check_version`` and ``initialize_result`` are the whole of it: ``Server.initialize``
 (sidecar/server.py) answers with them, and so does the cold start (sidecar/coldstart.py)
 when the handshake is already waiting before the event loop runs. Light on imports for
-that reason: the protocol and the method names, nothing of the server.
+that reason: the handshake's own types and the names of methods and notifications, no
+other domain of the protocol and nothing of the server.
 """
 
 from __future__ import annotations
@@ -11,7 +12,7 @@ from __future__ import annotations
 import logging
 
 import sidecar
-from protocol import METHODS, NOTIFICATIONS, PROTOCOL_VERSION
+from protocol import PROTOCOL_VERSION
 from protocol.errors import ErrorCode
 from protocol.lifecycle import InitializeParams, InitializeResult, SecretsInfo, ServerCapabilities, ServerInfo
 from sidecar.bindings import BINDINGS, LIFECYCLE_METHODS
@@ -21,7 +22,15 @@ from sidecar.errors import SidecarError
 logger = logging.getLogger(__name__)
 
 BOUND_METHODS: list[str] = sorted([*LIFECYCLE_METHODS, *BINDINGS])
-"""What ``implemented`` lists until the App is open (each binding resolves once it is)."""
+"""Every method this process answers: the contract's (tests/test_rpc_server.py holds them
+equal to ``protocol.METHODS``), and what ``implemented`` lists until the App is open."""
+SERVER_NOTIFICATIONS = (
+    "channel:reply", "chat:session:updated", "chat:stream", "chat:suggestions", "memory_proposed",
+    "server:status:updated", "sidecar:progress",
+)
+"""The notifications this process sends: the server->client ones of ``protocol.NOTIFICATIONS``
+(tests/test_rpc_server.py holds them equal), named here so the handshake needs no domain of
+the protocol."""
 
 
 def check_version(params: InitializeParams) -> None:
@@ -49,9 +58,9 @@ def initialize_result(config: Config, implemented: list[str], secrets: SecretsIn
         protocol_version=PROTOCOL_VERSION,
         server_info=ServerInfo(name=sidecar.SERVER_NAME, version=sidecar.__version__),
         capabilities=ServerCapabilities(
-            methods=sorted(METHODS),
+            methods=BOUND_METHODS,
             implemented=implemented,
-            notifications=sorted(n for n, spec in NOTIFICATIONS.items() if spec.direction == "server->client"),
+            notifications=list(SERVER_NOTIFICATIONS),
             max_line_bytes=config.max_line_bytes,
         ),
         data_dir=config.data_dir,

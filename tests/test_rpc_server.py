@@ -32,6 +32,14 @@ def test_every_method_of_the_contract_is_bound_or_handled() -> None:
         assert service.isidentifier() and func.isidentifier(), path
 
 
+def test_the_handshake_names_the_notifications_of_the_contract() -> None:
+    from protocol import NOTIFICATIONS
+    from sidecar.handshake import SERVER_NOTIFICATIONS
+
+    sent = sorted(n for n, spec in NOTIFICATIONS.items() if spec.direction == "server->client")
+    assert list(SERVER_NOTIFICATIONS) == sent
+
+
 def test_bench_methods_are_not_part_of_the_contract() -> None:
     assert BENCH_NOTIFY not in METHODS and BENCH_PING not in METHODS
 
