@@ -35,6 +35,7 @@ import msgspec
 
 from protocol import PROTOCOL_VERSION
 from protocol.lifecycle import InitializeParams, SecretsInfo
+from protocol.sessions import SessionFilter
 from sidecar.bindings import INITIALIZE
 from sidecar.config import Config
 from sidecar.errors import SidecarError
@@ -49,6 +50,9 @@ if TYPE_CHECKING:
 logger = logging.getLogger(__name__)
 
 SESSION_LIST = "chat:session:list"
+SESSION_LIST_PARAMS = SessionFilter
+"""Its params type (``protocol.METHODS`` has the same: tests/test_cold_start.py), named
+directly so that the first list imports no other domain of the protocol."""
 
 HEAVY_MODULES = (
     "sidecar.providers", "sidecar.pipeline", "sidecar.tools", "sidecar.acp", "sidecar.retrieval",
@@ -196,9 +200,7 @@ def _settle(config: Config, secret_key: str, cold: ColdStart) -> SecretsInfo | N
 
 def _session_list(config: Config, envelope: Envelope, cold: ColdStart) -> bytes | None:
     try:
-        from protocol.methods import METHODS  # (the store imports most domains anyway)
-
-        params = Handler.for_params(METHODS[SESSION_LIST].params).decode_params(envelope.params)
+        params = Handler.for_params(SESSION_LIST_PARAMS).decode_params(envelope.params)
         store = cold.store or _open_store(config, cold)
         if store is None:
             return None

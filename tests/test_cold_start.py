@@ -60,6 +60,13 @@ async def test_shutdown_before_the_services_loaded_is_quick_and_clean(tmp_path: 
 EARLY_LOG = "answered before the event loop: "
 
 
+def test_the_cold_start_decodes_the_params_the_contract_names() -> None:
+    from protocol import METHODS
+    from sidecar.coldstart import SESSION_LIST, SESSION_LIST_PARAMS
+
+    assert METHODS[SESSION_LIST].params is SESSION_LIST_PARAMS
+
+
 def _lines(*messages: dict[str, Any]) -> bytes:
     return b"".join(json.dumps(m).encode() + b"\n" for m in messages)
 
