@@ -57,10 +57,11 @@ from __future__ import annotations
 
 import enum
 import re
+import threading
 from collections.abc import Callable, Iterator
 from contextlib import contextmanager
 from pathlib import Path
-from typing import Any, Final, Literal, cast
+from typing import TYPE_CHECKING, Any, Final, Generic, Literal, TypeVar, cast, overload
 
 import msgspec
 
@@ -101,20 +102,22 @@ from sidecar.store.ids import new_id, now_ms
 from sidecar.store.messages import MessageStore
 from sidecar.store.migrations import migrate, schema_is_current
 from sidecar.store.acp import AcpRepo
-from sidecar.store.assistants import AssistantRepo
-from sidecar.store.channels import ChannelRepo
-from sidecar.store.context import ContextRepo
-from sidecar.store.knowledge import KnowledgeRepo
-from sidecar.store.memory import MemoryRepo, SoulRepo
-from sidecar.store.providers import ProviderRepo
 from sidecar.store.rows import SESSION_COLUMNS, parts_or_none, searchable_text, session_from_row, to_json
 from sidecar.store.search import MessageSearch
 from sidecar.store.secrets import SecretsRepo, Sealer
 from sidecar.secrets.box import SecretBox
 from sidecar.store.sessions import SessionRepo
-from sidecar.store.sync import SyncRepo
 from sidecar.store.tools import ToolStore
 from sidecar.store.settings import DEFAULT_MODEL_KEY, DEFAULT_PROVIDER_KEY, SettingsRepo
+
+if TYPE_CHECKING:
+    from sidecar.store.assistants import AssistantRepo
+    from sidecar.store.channels import ChannelRepo
+    from sidecar.store.context import ContextRepo
+    from sidecar.store.knowledge import KnowledgeRepo
+    from sidecar.store.memory import MemoryRepo, SoulRepo
+    from sidecar.store.providers import ProviderRepo
+    from sidecar.store.sync import SyncRepo
 
 __all__ = ["Store", "Sessions", "Messages", "Search", "Settings", "ACTIVE_LEAF", "MAX_MESSAGES_LIMIT", "Deleted"]
 
@@ -796,8 +799,96 @@ class Settings:
             SettingsRepo.set(conn, key, value)
 
 
+R = TypeVar("R")
+
+
+class _Repository(Generic[R]):
+    """A repository of the Store built at its first use (under the Store's lock, once): the
+    ones opening the store and the first session list need nothing of are not imported by
+    them. A non-data descriptor: once built it is a plain instance attribute."""
+
+    def __init__(self, build: Callable[[Store], R]) -> None:
+        self._build = build
+        self._name = ""
+
+    def __set_name__(self, owner: type, name: str) -> None:
+        self._name = name
+
+    @overload
+    def __get__(self, store: None, owner: type) -> _Repository[R]: ...
+    @overload
+    def __get__(self, store: Store, owner: type) -> R: ...
+    def __get__(self, store: Store | None, owner: type) -> R | _Repository[R]:
+        if store is None:
+            return self
+        with store._repos_lock:
+            if self._name not in store.__dict__:
+                store.__dict__[self._name] = self._build(store)
+            return cast(R, store.__dict__[self._name])
+
+
+def _assistants(store: Store) -> AssistantRepo:
+    from sidecar.store.assistants import AssistantRepo
+
+    return AssistantRepo(store._db)
+
+
+def _context(store: Store) -> ContextRepo:
+    from sidecar.store.context import ContextRepo
+
+    return ContextRepo(store._db)
+
+
+def _channels(store: Store) -> ChannelRepo:
+    from sidecar.store.channels import ChannelRepo
+
+    return ChannelRepo(store._db, store._clock)
+
+
+def _knowledge(store: Store) -> KnowledgeRepo:
+    from sidecar.store.knowledge import KnowledgeRepo
+
+    return KnowledgeRepo(store._db, store._clock)
+
+
+def _sync(store: Store) -> SyncRepo:
+    from sidecar.store.sync import SyncRepo
+
+    return SyncRepo(store._db, store._sealer)
+
+
+def _memory(store: Store) -> MemoryRepo:
+    from sidecar.store.memory import MemoryRepo
+
+    return MemoryRepo(store._db, store._clock)
+
+
+def _souls(store: Store) -> SoulRepo:
+    from sidecar.store.memory import SoulRepo
+
+    return SoulRepo(store._db, store._clock)
+
+
+def _providers(store: Store) -> ProviderRepo:
+    from sidecar.store.providers import ProviderRepo
+
+    return ProviderRepo(store._db, store._sealer)
+
+
 class Store:
-    """The database of one data dir. Open = migrate + recover interrupted messages."""
+    """The database of one data dir. Open = migrate + recover interrupted messages.
+
+    Its repositories are attributes; those of the features around a chat (providers,
+    assistants, context, channels, knowledge, sync, memory, souls) are built at first use."""
+
+    providers = _Repository(_providers)
+    assistants = _Repository(_assistants)
+    context = _Repository(_context)
+    channels = _Repository(_channels)
+    knowledge = _Repository(_knowledge)
+    sync = _Repository(_sync)
+    memory = _Repository(_memory)
+    souls = _Repository(_souls)
 
     def __init__(
         self,
@@ -830,20 +921,13 @@ class Store:
         self.messages = Messages(db, clock)
         self.search = Search(db)
         self.settings = Settings(db)
-        sealer = Sealer(secrets if secrets is not None else SecretBox(path, use_keychain=False))
+        self._sealer = sealer = Sealer(secrets if secrets is not None else SecretBox(path, use_keychain=False))
+        self._repos_lock = threading.Lock()
         self.secrets = SecretsRepo(db, sealer, path)
-        self.providers = ProviderRepo(db, sealer)
         self.acp = AcpRepo(db)
         self.tools = ToolStore(db, clock, sealer)
-        self.assistants = AssistantRepo(db)
-        self.context = ContextRepo(db)
-        self.channels = ChannelRepo(db, clock)
-        self.knowledge = KnowledgeRepo(db, clock)
-        self.sync = SyncRepo(db, sealer)
         self.citations = Citations(db)
         self.files = FileRepo(db, self.data_dir, clock)
-        self.memory = MemoryRepo(db, clock)
-        self.souls = SoulRepo(db, clock)
         try:
             if not migrate_schema and not schema_is_current(db):
                 raise StoreError("the database needs a schema migration")
