@@ -21,7 +21,10 @@ repositories exist. Every repository is an attribute built here on the one Datab
     memory      MemoryRepo     long-term memories, their vectors and FTS, encoder proposals (memory.py)
     souls       SoulRepo       every version of every Soul.md (memory.py)
 
-A new repository takes the Database in its constructor and is attached here; nothing
+Those of the features around a chat (providers, assistants, context, channels, knowledge,
+sync, memory, souls) are built at their first use (``_Repository``), so opening the store
+and the first session list do not import them; the others are built at open. A new
+repository takes the Database in its constructor and is attached here; nothing
 outside the store package sees the Database. Each repository method is one transaction
 (``Database.write`` or ``Database.read``); ``Store.transaction()`` joins several calls, of
 any repositories, into one. Sessions, Messages, Search and Settings compose the stateless
