@@ -105,7 +105,7 @@ if TYPE_CHECKING:
     from sidecar.engine.storage import StorageService
     from sidecar.engine.usage import SideUsage
     from sidecar.pipeline.builder import RequestBuilder
-    from sidecar.memory.service import MemoryService
+    from sidecar.memory.service import AssistantFor, MemoryService
     from sidecar.memory.soul import SoulService
     from sidecar.retrieval.service import KnowledgeService
     from sidecar.store import AsyncStore, Store
@@ -485,10 +485,10 @@ async def _open_channels(app: App, stack: AsyncExitStack) -> None:
     await app.channels.load()
 
 
-async def _open_knowledge(app: App, stack: AsyncExitStack) -> KnowledgeService:
-    """Knowledge bases: the service runs its ingestion task group until exit."""
+def _assistant_for(app: App) -> AssistantFor:
+    """The assistant a session runs with (None: the default one), as the knowledge and
+    memory services ask for it."""
     from sidecar.pipeline.profiles import ProfileResolver
-    from sidecar.retrieval.service import KnowledgeService
 
     store = app.store
     profiles = ProfileResolver(store.sync.assistants, store.sync.context)
@@ -498,7 +498,16 @@ async def _open_knowledge(app: App, stack: AsyncExitStack) -> KnowledgeService:
             return await store.run(lambda s: s.assistants.default())
         return await store.run(lambda _: profiles.for_session(session_id).assistant)
 
-    service = KnowledgeService(store=store, notify=app.notify, connections=None, assistant_for=assistant_for)
+    return assistant_for
+
+
+async def _open_knowledge(app: App, stack: AsyncExitStack) -> KnowledgeService:
+    """Knowledge bases: the service runs its ingestion task group until exit."""
+    from sidecar.retrieval.service import KnowledgeService
+
+    service = KnowledgeService(
+        store=app.store, notify=app.notify, connections=None, assistant_for=_assistant_for(app)
+    )
     return await stack.enter_async_context(service)
 
 
@@ -507,15 +516,9 @@ async def _open_memory(app: App, stack: AsyncExitStack) -> None:
     (one per model key, the same provider transport)."""
     from sidecar.memory.service import MemoryService
     from sidecar.memory.soul import SoulService
-    from sidecar.pipeline.profiles import ProfileResolver
 
     store = app.store
-    profiles = ProfileResolver(store.sync.assistants, store.sync.context)
-
-    async def assistant_for(session_id: str | None) -> AssistantProfile:
-        if session_id is None:
-            return await store.run(lambda s: s.assistants.default())
-        return await store.run(lambda _: profiles.for_session(session_id).assistant)
+    assistant_for = _assistant_for(app)
 
     app.souls = SoulService(store, app.data_dir)
     app.memory = await stack.enter_async_context(
