@@ -1,11 +1,10 @@
 """RunContext: what one sync run carries (client, account, settings) and what it reports.
 
 Owns: collecting the SyncResult (counts, conflicts, issues, messages that stay local),
-progress notifications under the caller's token (a WorkProgress: throttled, ``end``
-always sent), and
-the run's database work: through the store gateway (``store.run``), one call at a time
-(the run's lock), so a sync never holds more than one of the store's connections and chat
-keeps the others.
+progress notifications under the caller's token (a WorkProgress: throttled, ``end`` always
+sent), and the run's database work: through the store gateway (``store.run``), one call at
+a time (the run's lock), so a sync never holds more than one of the store's connections
+and chat keeps the others.
 """
 
 from __future__ import annotations
