@@ -38,6 +38,13 @@ class ScriptedServer:
             r.raise_for_status()
             return r.json()
 
+    async def targets(self) -> list[dict[str, Any]]:
+        """The request target (path and query) and headers of each completion request."""
+        async with httpx2.AsyncClient() as client:
+            r = await client.get(f"{self.root}/_targets")
+            r.raise_for_status()
+            return r.json()
+
     async def config(self, **settings: Any) -> None:
         """``streaming=False``: the endpoint refuses every streaming request with a 400."""
         async with httpx2.AsyncClient() as client:
