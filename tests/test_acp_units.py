@@ -21,7 +21,7 @@ from protocol.providers import AcpEngineConfig, ProviderUpsertParams
 from protocol.types import ContentPart, DiffPart, ToolResultPart, Usage
 from sidecar.acp import fs, mapping
 from sidecar.acp.client import AcpConnection, PromptCall
-from sidecar.acp.lines import JsonLines
+from sidecar.children.lines import JsonLines
 from sidecar.rpc.framing import LineReader
 from sidecar.acp.mapping import UpdateMapper, diff_hunks
 from sidecar.acp.types import (
@@ -623,9 +623,9 @@ def _pair() -> tuple[Any, Any]:
 
 
 def test_engine_spec_reprs_keep_env_values_out() -> None:
-    from sidecar.acp.process import EngineSpec
+    from sidecar.children.stdio import ChildSpec
 
-    spec = EngineSpec(name="e", command="agent", env={"SECRET_TOKEN": "env-secret-1"})
+    spec = ChildSpec(name="e", kind="agent engine", command="agent", env={"SECRET_TOKEN": "env-secret-1"})
     for text in (repr(spec), str(spec), repr(list(spec.__rich_repr__()))):
         assert "env-secret-1" not in text and "SECRET_TOKEN" in text
 

@@ -327,7 +327,7 @@ async def test_an_http_mcp_server(tmp_path: Path) -> None:
 async def test_what_a_server_writes_while_shutting_down_is_still_drained(
     tmp_path: Path, caplog: pytest.LogCaptureFixture
 ) -> None:
-    caplog.set_level(logging.INFO, logger="sidecar.acp.agent")
+    caplog.set_level(logging.INFO, logger="sidecar.children.stderr")
     # the fixture server, with a last stderr line written after stdin closed (at exit)
     wrapper = (
         "import atexit, runpy, sys\n"

@@ -13,8 +13,8 @@ session), ``session/cancel``, and the routing of what the agent sends us:
 
 Must stay true:
 - ``TurnSink.on_update`` is called synchronously, in arrival order, before the response
-  that followed the updates on the wire is processed: with an AgentProcess the line
-  filter hands each update over as it reads it (sidecar/acp/lines.py, the fast path);
+  that followed the updates on the wire is processed: with a ChildProcess the line
+  filter hands each update over as it reads it (sidecar/children/lines.py, the fast path);
   without one (in-memory tests) the peer starts one task per notification in arrival
   order and the handler enqueues before any await, and those tasks run before the task
   waiting for the response. The turn therefore sees every update of a prompt before it
@@ -38,7 +38,7 @@ import anyio.abc
 import msgspec
 
 from sidecar.acp import fs
-from sidecar.acp.process import AgentProcess
+from sidecar.children.stdio import ChildProcess
 from sidecar.acp.types import (
     PROTOCOL_VERSION,
     AgentFeatures,
@@ -132,7 +132,7 @@ class AcpConnection:
         self,
         *,
         peer: JsonRpcPeer,
-        agent: AgentProcess | None,
+        agent: ChildProcess | None,
         task_group: anyio.abc.TaskGroup,
         engine_id: str,
         name: str,
@@ -171,7 +171,7 @@ class AcpConnection:
             return f"the agent engine {self.name!r} closed its connection"
         with anyio.move_on_after(1.0):  # EOF usually comes a moment before the exit status
             await self.agent.exited.wait()
-        return self.agent.describe_exit()
+        return f"the agent engine {self.name!r} {self.agent.exit_reason()}"
 
     def closing(self) -> None:
         """The connection is going away: nothing new starts, waiting approvals end."""

@@ -6,7 +6,7 @@ Owns the lifetime of engine processes:
 - an engine that exited (crash, or it closed its stdout) is replaced on the next
   ``connect``; one whose configuration changed (provider:upsert) is stopped and replaced;
 - ``aclose`` stops every engine: close stdin, wait, SIGTERM, wait, SIGKILL (see
-  sidecar.acp.process), all within a bounded time.
+  sidecar.children.stdio), all within a bounded time.
 
 Each engine runs in a task of this service's task group (``_run``): the process, the
 JSON-RPC peer over its pipes and a task group for its prompt calls live exactly as
@@ -28,7 +28,7 @@ import anyio.abc
 
 from protocol.providers import AcpEngineConfig
 from sidecar.acp.client import AcpConnection
-from sidecar.acp.process import MAX_LINE_BYTES, EngineSpec, spawn_agent
+from sidecar.children.stdio import MAX_LINE_BYTES, ChildSpec, spawn_child
 from sidecar.errors import ProviderError, SidecarError
 from sidecar.rpc import JsonRpcPeer
 
@@ -143,8 +143,9 @@ class AcpEngines:
         *,
         task_status: anyio.abc.TaskStatus[AcpConnection] = anyio.TASK_STATUS_IGNORED,
     ) -> None:
-        spec = EngineSpec(
+        spec = ChildSpec(
             name=name,
+            kind="agent engine",
             command=config.command,
             args=tuple(config.args),
             env=dict(config.env),
@@ -154,7 +155,7 @@ class AcpEngines:
         started = False
         failed: SidecarError | None = None
         try:
-            async with spawn_agent(spec) as agent:
+            async with spawn_child(spec) as agent:
                 for hook in self.on_spawn:
                     hook(provider_id, agent.pid)
                 async with JsonRpcPeer(

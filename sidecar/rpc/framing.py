@@ -3,7 +3,7 @@
 ``LineReader`` splits a byte stream on ``\\n``: the one NDJSON splitter of the process
 (our stdin, ACP agents, MCP stdio servers). An optional filter stage (``line_filter``)
 sees every line, oversized ones included, and passes it on, replaces it, or drops it
-(``None``): a peer that is not our client uses it to drop junk (sidecar/acp/lines.py).
+(``None``): a peer that is not our client uses it to drop junk (sidecar/children/lines.py).
 What must stay true:
 - memory is bounded by ``max_line_bytes`` plus one chunk: a line that grows past the
   limit is dropped as it streams (never buffered whole) and reported once, when its end

@@ -18,7 +18,7 @@ Must stay true:
   stayed ready for STABLE_S;
 - ``stop(deadline)`` ends the connection at once (a connect in progress is abandoned) and
   gives its teardown until ``deadline``; a stdio server's stop is close stdin, SIGTERM and
-  SIGKILL to its process group, each wait bounded (shielded inside spawn_agent), and
+  SIGKILL to its process group, each wait bounded (shielded inside spawn_child), and
   ``kill()`` sends SIGKILL to the group for a teardown that is still running after it;
 - everything the connection opens is entered and left in this supervisor's own task, in
   nested ``async with`` blocks; cancellation is never swallowed;

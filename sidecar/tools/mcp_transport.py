@@ -4,11 +4,11 @@
 (the SDK's SessionMessage streams), ``closed`` (set when the server can no longer answer:
 its process exited, its stdout ended, a write failed) and, for a stdio server, ``pid``.
 
-stdio: the process runs under sidecar/acp/process.py's ``spawn_agent``, the one place that
-owns child processes speaking JSON-RPC on stdio: its own session and process group (so
-what it starts is signalled with it), stderr always drained into our log, a short
-environment allow-list plus the configured ``env``, stdout lines that are not JSON
-dropped (and lines over its limit). Leaving the block closes stdin, waits, sends SIGTERM and then SIGKILL to the
+stdio: the process runs under sidecar/children/stdio.py's ``spawn_child``, the one place
+that owns child processes speaking JSON-RPC on stdio: its own session and process group
+(so what it starts is signalled with it), stderr always drained into our log, the
+environment allow-list of sidecar/children/env.py plus the configured ``env``, stdout
+lines that are not JSON dropped (and lines over its limit). Leaving the block closes stdin, waits, sends SIGTERM and then SIGKILL to the
 whole group (each wait ``STOP_STEP_S``), reaps the process and kills what is left of its
 group. Its stdout is read until the process is gone, so a server flushing output on its
 way out never blocks on a full pipe.
@@ -25,7 +25,6 @@ unwinding a cancellation through an anyio task group can make a CancelledError i
 from __future__ import annotations
 
 import logging
-import signal
 from collections.abc import AsyncIterator, Callable
 from contextlib import asynccontextmanager
 from dataclasses import dataclass, field
@@ -34,8 +33,7 @@ from typing import TYPE_CHECKING, Any
 
 import anyio
 
-from sidecar.acp.process import MAX_LINE_BYTES, EngineSpec, spawn_agent
-from sidecar.errors import ProviderError
+from sidecar.children.stdio import MAX_LINE_BYTES, ChildSpec, ChildStartError, spawn_child
 from sidecar.rpc.framing import LineReader
 from sidecar.tools.mcp_config import McpServerConfig
 
@@ -95,18 +93,17 @@ async def _stdio_link(config: McpServerConfig) -> AsyncIterator[Link]:
 
     if config.cwd is not None and not Path(config.cwd).is_dir():  # one stat: short
         raise LinkError(f"the working directory {config.cwd!r} does not exist")
-    spec = EngineSpec(
+    spec = ChildSpec(
         name=f"mcp {config.name}",
+        kind="MCP server",
         command=config.command or "",
         args=tuple(config.args),
         env=dict(config.env),
         cwd=config.cwd,
         shutdown_timeout_s=STOP_STEP_S,
     )
-    spawned = False
     try:
-        async with spawn_agent(spec) as agent:
-            spawned = True
+        async with spawn_child(spec) as agent:
             read_send, read_recv = anyio.create_memory_object_stream[SessionMessage | Exception](0)
             write_send, write_recv = anyio.create_memory_object_stream[SessionMessage](0)
             closed = anyio.Event()
@@ -145,18 +142,7 @@ async def _stdio_link(config: McpServerConfig) -> AsyncIterator[Link]:
                 closed.set()
 
             def exit_note() -> str | None:
-                code = agent.returncode
-                if code is None:
-                    return None
-                if code < 0:
-                    try:
-                        what = f"was killed by {signal.Signals(-code).name}"
-                    except ValueError:
-                        what = f"was killed by signal {-code}"
-                else:
-                    what = f"exited with code {code}"
-                tail = agent.last_stderr_line()
-                return f"the server {what}" + (f" (stderr: {tail})" if tail else "")
+                return None if agent.returncode is None else f"the server {agent.exit_reason()}"
 
             async with anyio.create_task_group() as tg:
                 tg.start_soon(read_stdout)
@@ -168,12 +154,10 @@ async def _stdio_link(config: McpServerConfig) -> AsyncIterator[Link]:
                     read_recv.close()
                     write_send.close()
                     # stdout is still read while the process stops; terminate() is shielded
-                    # and bounded, and spawn_agent's own exit finds the process gone
+                    # and bounded, and spawn_child's own exit finds the process gone
                     await agent.terminate()
                     tg.cancel_scope.cancel()  # a grandchild may still hold the pipes open
-    except ProviderError as exc:
-        if spawned:
-            raise
+    except ChildStartError as exc:
         cause: Any = exc.__cause__
         why = (getattr(cause, "strerror", None) or str(cause)) if cause is not None else str(exc)
         raise LinkError(f"cannot start {config.command!r}: {why}") from exc

@@ -7,26 +7,22 @@ What is NOT promised: a shell command run with ``workspace_run_command`` starts 
 workspace but is not sandboxed (it can ``cd /``); that is why it asks for approval by
 default.
 
-Commands: ``/bin/sh -c`` (``cmd /c`` on Windows) in its own process group, stdin closed,
-stdout+stderr captured up to MAX_CAPTURE_BYTES (the rest counted, not kept), a timeout,
-and when the command ends (exit, cancel or timeout) the whole group is killed (SIGKILL) before
-the tool returns, so background children do not outlive it; the final reap is time-bounded.
+Commands run through ``sidecar/children/command.py`` (the one way the sidecar runs a
+child: its own process group, stdin closed, the allow-listed environment and no other
+variable of ours, stdout+stderr captured up to MAX_CAPTURE_BYTES, a timeout, the whole
+group killed when the command ends, so background children do not outlive it).
 """
 
 from __future__ import annotations
 
 import os
-import signal
-import subprocess
-import sys
 from pathlib import Path
 from typing import Any
 
 import anyio
-import anyio.abc
 
 from sidecar import confine
-from sidecar.supervision import CHILDREN, SHUTDOWN_CLOCK
+from sidecar.children.command import run_command
 from sidecar.tools.base import Tool, ToolContext, ToolError, ToolOutput, obj
 
 __all__ = ["resolve_in", "workspace_tools", "MAX_PATH_CHARS", "MAX_READ_BYTES"]
@@ -203,59 +199,11 @@ class RunCommand(Tool):
         if len(command) > MAX_COMMAND_CHARS:
             raise ToolError(f"command is too long (at most {MAX_COMMAND_CHARS} characters)")
         timeout = float(args.get("timeout_s") or self.default_timeout_s)
-        code, output, dropped, timed_out = await run_command(command, root, timeout)
-        tail = f"\n[{dropped} more bytes of output not kept]" if dropped else ""
-        if timed_out:
-            return ToolOutput(text=f"timed out after {timeout:g} s (killed)\n{output}{tail}", is_error=True)
-        return ToolOutput(text=f"exit code {code}\n{output}{tail}", is_error=code != 0)
-
-
-async def run_command(command: str, cwd: Path, timeout: float) -> tuple[int | None, str, int, bool]:
-    """(exit code, output, bytes not kept, timed out). Killed (whole group) on cancel/timeout."""
-    argv = ["cmd", "/c", command] if sys.platform == "win32" else ["/bin/sh", "-c", command]
-    process = await anyio.open_process(
-        argv,
-        cwd=str(cwd),
-        stdin=subprocess.DEVNULL,
-        stdout=subprocess.PIPE,
-        stderr=subprocess.STDOUT,
-        start_new_session=sys.platform != "win32",
-    )
-    CHILDREN.add(process.pid, "workspace command", group=sys.platform != "win32")
-    kept = bytearray()
-    dropped = 0
-    timed_out = False
-    try:
-        with anyio.move_on_after(timeout) as scope:
-            assert process.stdout is not None
-            async for chunk in process.stdout:
-                room = MAX_CAPTURE_BYTES - len(kept)
-                kept += chunk[:room]
-                dropped += max(0, len(chunk) - room)
-            await process.wait()
-        timed_out = scope.cancelled_caught
-    finally:
-        with anyio.CancelScope(shield=True):
-            # on POSIX the group is killed even when the shell already exited: a background
-            # child (``sleep 60 &``) keeps the group alive and must not outlive the command
-            if sys.platform != "win32" or process.returncode is None:
-                _kill_group(process)
-            # aclose closes the pipes and reaps; the bound keeps a wedged reap from hanging us
-            with anyio.move_on_after(SHUTDOWN_CLOCK.bound(5)):
-                await process.aclose()
-            if process.returncode is not None:
-                CHILDREN.discard(process.pid)
-    return process.returncode, kept.decode("utf-8", errors="replace"), dropped, timed_out
-
-
-def _kill_group(process: anyio.abc.Process) -> None:
-    try:
-        if sys.platform == "win32":
-            process.kill()
-        else:
-            os.killpg(process.pid, signal.SIGKILL)
-    except (ProcessLookupError, PermissionError):
-        pass
+        done = await run_command(command, root, timeout, max_capture=MAX_CAPTURE_BYTES)
+        tail = f"\n[{done.dropped} more bytes of output not kept]" if done.dropped else ""
+        if done.timed_out:
+            return ToolOutput(text=f"timed out after {timeout:g} s (killed)\n{done.output}{tail}", is_error=True)
+        return ToolOutput(text=f"exit code {done.code}\n{done.output}{tail}", is_error=done.code != 0)
 
 
 def workspace_tools(command_timeout_s: float) -> list[Tool]:

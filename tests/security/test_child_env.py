@@ -165,3 +165,10 @@ async def test_every_kind_of_child_inherits_the_same_names(tmp_path: Path) -> No
         names = {kind: set(json.loads(await wait_file(path))) - SHELL_OWN for kind, path in dumps.items()}
         assert names["command"] == names["mcp"] == names["acp"], names
         await proc.close()
+
+
+def test_no_inherited_name_looks_like_a_secret() -> None:
+    from sidecar.children.env import INHERITED_POSIX, INHERITED_WINDOWS
+    from sidecar.secrets.names import is_secret_name
+
+    assert not [n for n in (*INHERITED_POSIX, *INHERITED_WINDOWS) if is_secret_name(n) or n.startswith("CHAT_")]
