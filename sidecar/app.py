@@ -79,6 +79,7 @@ from typing import TYPE_CHECKING, Any
 
 import anyio
 
+from sidecar import datadir
 from sidecar.config import Config
 from sidecar.engine.events import EventHub
 from sidecar.errors import SidecarError
@@ -172,8 +173,8 @@ async def open_app(
     sidecar/coldstart.py); the App owns it from this call on and closes it."""
     data_dir = Path(config.data_dir)
     try:
-        # One mkdir: provably short, no need for a worker thread.
-        data_dir.mkdir(parents=True, exist_ok=True)
+        # A mkdir or two: provably short, no need for a worker thread.
+        datadir.make_dirs(data_dir)
     except OSError as exc:
         raise SidecarError(f"cannot create the data directory {data_dir}: {exc.strerror or exc}") from exc
     async with AsyncExitStack() as stack:
@@ -341,6 +342,7 @@ async def _open_chat(app: App, stack: AsyncExitStack) -> None:
         all_policies=lambda: store.run(lambda s: s.tools.policies()),
         policy_version=lambda: store.sync.tools.policy_version,
         memory=app.memory,
+        spill_owners=lambda root, path: store.run(lambda s: s.files.owners(root, path)),
     )
     await app.tools.load()
     app.tools.set_session_lookup(get_session)

@@ -37,6 +37,7 @@ from protocol import PROTOCOL_VERSION
 from protocol.lifecycle import InitializeParams, SecretsInfo
 from protocol.sessions import SessionFilter
 from sidecar.bindings import INITIALIZE
+from sidecar import datadir
 from sidecar.config import Config
 from sidecar.errors import SidecarError
 from sidecar.handshake import BOUND_METHODS, check_version, initialize_result
@@ -162,7 +163,7 @@ def _initialize(config: Config, envelope: Envelope, cold: ColdStart) -> bytes | 
     if params.protocol_version not in (None, PROTOCOL_VERSION):
         return None
     try:  # the answer names the data dir: it exists by then, as when the App answers
-        os.makedirs(config.data_dir, exist_ok=True)
+        datadir.make_dirs(config.data_dir)
     except OSError:  # the App reports it
         return None
     secrets = None

@@ -74,6 +74,7 @@ from protocol.types import (
     TextPart,
     Usage,
 )
+from sidecar import datadir
 from sidecar.acp.client import AcpConnection, PromptCall
 from sidecar.acp.engines import AcpEngines
 from sidecar.acp.mapping import UpdateMapper
@@ -454,7 +455,10 @@ class AcpTurnHandler:
             await self._store.run(lambda s: s.files.own(session_id, None, path, "workspace"))
 
         def make() -> str:
-            path.mkdir(parents=True, exist_ok=True)
+            if configured:  # the user's folder: made as any program would
+                path.mkdir(parents=True, exist_ok=True)
+            else:  # in the data dir: the user's alone (sidecar/datadir.py)
+                datadir.make_dirs(path)
             return str(path.resolve())
 
         try:

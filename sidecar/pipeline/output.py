@@ -38,6 +38,7 @@ import msgspec
 
 from protocol.context import AssistantProfile
 from protocol.types import ContentPart, ImagePart, SessionV2, TextPart, ThinkingPart
+from sidecar import datadir
 from sidecar.errors import SidecarError
 from sidecar.pipeline.transformers.regex import apply_rules, compile_rules
 from sidecar.providers.types import (
@@ -173,7 +174,7 @@ def _split_text_thinking(text: str) -> list[ContentPart]:
 def _store_image(data: bytes, mime: str, image_dir: Path) -> str:
     digest = hashlib.sha256(data).hexdigest()[:32]
     ext = mimetypes.guess_extension(mime) or ".bin"
-    image_dir.mkdir(parents=True, exist_ok=True)
+    datadir.make_dirs(image_dir)
     path = image_dir / f"generated-{digest}{ext}"
     try:
         # stored already for another reply: touched, so a delete that released it just now
@@ -181,7 +182,7 @@ def _store_image(data: bytes, mime: str, image_dir: Path) -> str:
         os.utime(path)
     except FileNotFoundError:
         tmp = path.with_suffix(path.suffix + ".tmp")
-        tmp.write_bytes(data)
+        datadir.write_private(tmp, data)  # 0600 from creation, like every data-dir file
         tmp.replace(path)
     return path.as_uri()
 

@@ -9,7 +9,8 @@ the bytes on disk and gives the parts, and ``discard`` removes them again when s
 the message failed. ``store_input`` does both at once (a caller that references the files
 from its own row at once). ``load_base64`` reads a stored file back for a provider
 request. Only files under the attachments directory are ever read back, whatever a stored
-part claims.
+part claims. The files (and the folder) are the user's alone: 0600 and 0700 from
+creation (sidecar/datadir.py).
 
 Size: an attachment arrives base64-encoded (4/3 of its size) inside one JSON-RPC line,
 and a line is at most 16 MiB by default (``--max-line-bytes``), so MAX_ATTACHMENT_BYTES
@@ -31,6 +32,7 @@ from urllib.parse import urlparse
 
 from protocol.chat import UserInput
 from protocol.types import ContentPart, FilePart, ImagePart, TextPart
+from sidecar import datadir
 from sidecar.config import DEFAULT_MAX_LINE_BYTES
 from sidecar.confine import inside
 from sidecar.errors import InvalidParams
@@ -167,10 +169,10 @@ class AttachmentStore:
         return self._write_file(_checked_size(data, name), name).as_uri()
 
     def _write_file(self, data: bytes, name: str) -> Path:
-        self.root.mkdir(parents=True, exist_ok=True)
+        datadir.make_dirs(self.root)
         safe = _SAFE_NAME.sub("_", Path(name).name)[-80:] or "file"
         path = self.root / f"{new_id()}-{safe}"
-        path.write_bytes(data)
+        datadir.write_private(path, data, exclusive=True)  # a fresh name: never an existing file
         return path
 
     def local_path(self, uri: str) -> Path | None:

@@ -1,6 +1,7 @@
 """The SQLite database file: connections, pragmas and transactions (apsw).
 
-Owns: opening ``chat.db`` in the data dir, the per-connection pragmas, and the two ways to
+Owns: opening ``chat.db`` in the data dir (created 0600 first, so SQLite's own -wal and
+-shm files are 0600 too: sidecar/datadir.py), the per-connection pragmas, and the two ways to
 touch it: ``write()`` (the one writer connection, under a lock, in ``BEGIN IMMEDIATE``) and
 ``read()`` (a small pool of reader connections, each read in its own snapshot).
 
@@ -39,6 +40,7 @@ from typing import Any, cast
 import apsw
 
 from protocol.errors import ErrorCode
+from sidecar import datadir
 from sidecar.errors import InvalidParams, SidecarError, StoreError
 from sidecar.store import fts
 
@@ -86,10 +88,12 @@ class Database:
     def __init__(self, path: str | Path, *, readers: int = 2) -> None:
         self.path = str(path)
         try:
+            # made 0600 before SQLite sees it: its -wal/-shm/-journal files copy this mode
+            datadir.create_db_file(self.path)
             self._writer = apsw.Connection(self.path)
             _configure(self._writer)
             mode = self._writer.execute("PRAGMA journal_mode = WAL").fetchall()[0][0]
-        except apsw.Error as exc:
+        except (apsw.Error, OSError) as exc:
             raise StoreError(f"cannot open the database {self.path}: {exc}") from exc
         if mode != "wal":
             log.warning("database %s is in journal mode %s, not WAL", self.path, mode)

@@ -10,7 +10,8 @@ Must stay true:
   crash never leaves a stale lock behind (the file itself may stay; it means nothing);
 - the descriptor is not inherited by child processes (Python's default), so a tool
   command left running cannot keep the dir locked after we exit;
-- two Stores in one process on the same dir conflict too (flock is per open file).
+- two Stores in one process on the same dir conflict too (flock is per open file);
+- the lock file is created 0600 (sidecar/datadir.py).
 """
 
 from __future__ import annotations
@@ -20,6 +21,7 @@ import os
 import sys
 from pathlib import Path
 
+from sidecar.datadir import FILE_MODE
 from sidecar.errors import StoreError
 
 __all__ = ["DirLock", "LOCK_FILENAME"]
@@ -33,7 +35,7 @@ class DirLock:
     def __init__(self, data_dir: Path) -> None:
         self.path = data_dir / LOCK_FILENAME
         try:
-            fd = os.open(self.path, os.O_RDWR | os.O_CREAT, 0o644)
+            fd = os.open(self.path, os.O_RDWR | os.O_CREAT, FILE_MODE)
         except OSError as exc:
             raise StoreError(f"cannot open the lock file {self.path}: {exc.strerror or exc}") from exc
         try:

@@ -1,7 +1,7 @@
 """Store: the database of one data dir, and its repositories (one attribute each).
 
-Owns: opening (migrations, crash recovery, the data dir lock), closing, and which
-repositories exist. Every repository is an attribute built here on the one Database:
+Owns: opening (the data dir made private, migrations, crash recovery, the data dir
+lock), closing, and which repositories exist. Every repository is an attribute built here on the one Database:
 
     sessions    Sessions       sessions_v2, tags, counters (below)
     messages    Messages       messages_v2, the message tree, streaming and final rows (below)
@@ -98,9 +98,10 @@ from sidecar.store.checks import (
     check_text,
     check_workspace_dir,
 )
+from sidecar import datadir
 from sidecar.store.db import DB_FILENAME, Database
-from sidecar.store.files import FileRepo, data_dir_of, record_message_files
-from sidecar.store.dirlock import DirLock
+from sidecar.store.files import MANAGED_DIRS, FileRepo, data_dir_of, record_message_files
+from sidecar.store.dirlock import LOCK_FILENAME, DirLock
 from sidecar.store.ids import new_id, now_ms
 from sidecar.store.messages import MessageStore
 from sidecar.store.migrations import migrate, schema_is_current
@@ -109,6 +110,7 @@ from sidecar.store.rows import SESSION_COLUMNS, parts_or_none, searchable_text, 
 from sidecar.store.search import MessageSearch
 from sidecar.store.secrets import SecretsRepo, Sealer
 from sidecar.secrets.box import SecretBox
+from sidecar.secrets.keys import KEY_FILE
 from sidecar.store.sessions import SessionRepo
 from sidecar.store.tools import ToolStore
 from sidecar.store.settings import DEFAULT_MODEL_KEY, DEFAULT_PROVIDER_KEY, SettingsRepo
@@ -878,6 +880,18 @@ def _providers(store: Store) -> ProviderRepo:
     return ProviderRepo(store._db, store._sealer)
 
 
+def _private_data_dir(path: Path) -> None:
+    """The data dir, made (0700) or narrowed: what the store writes in it is the user's
+    alone (sidecar/datadir.py); these are the names of what is ours there."""
+    datadir.make_dirs(path)
+    datadir.tighten(
+        path,
+        files=[DB_FILENAME, *(DB_FILENAME + s for s in ("-wal", "-shm", "-journal")), LOCK_FILENAME, KEY_FILE],
+        folders=MANAGED_DIRS,
+        filled=("attachments", "tool_outputs"),
+    )
+
+
 class Store:
     """The database of one data dir. Open = migrate + recover interrupted messages.
 
@@ -907,7 +921,7 @@ class Store:
         (StoreError otherwise, nothing changed)."""
         path = Path(data_dir)
         try:
-            path.mkdir(parents=True, exist_ok=True)
+            _private_data_dir(path)
         except OSError as exc:
             raise StoreError(f"cannot create the data dir {path}: {exc}") from exc
         self._lock = DirLock(path)
