@@ -82,11 +82,16 @@ def inside(root: Path | str, candidate: Path | str) -> Path | None:
     return Path(real)
 
 
-def open_nofollow(path: Path | str, *, write: bool = False, append: bool = False, mode: int = 0o666) -> int:
+def open_nofollow(
+    path: Path | str, *, write: bool = False, append: bool = False, exclusive: bool = False, mode: int = 0o666
+) -> int:
     """A file descriptor on ``path``; OSError (ELOOP) when its last component is a symlink.
-    ``write`` truncates (or, with ``append``, appends) and creates the file if missing."""
+    ``write`` truncates (or, with ``append``, appends) and creates the file if missing;
+    ``exclusive``: the file must not exist yet (FileExistsError), as for a temporary file."""
     if write:
         flags = os.O_WRONLY | os.O_CREAT | (os.O_APPEND if append else os.O_TRUNC)
+        if exclusive:
+            flags |= os.O_EXCL
     else:
         flags = os.O_RDONLY
     return os.open(path, flags | _NOFOLLOW, mode)
