@@ -27,6 +27,8 @@ from mcp_helpers import stdio_server
 from scripted_server import scripted_provider
 from sidecar_proc import CallError, SidecarProcess, spawn_sidecar
 
+from sidecar.tools.spill import spill_name
+
 pytestmark = pytest.mark.anyio
 
 PNG = base64.b64decode(
@@ -112,11 +114,12 @@ async def test_deleting_a_session_removes_every_file_it_owns_and_nothing_else(tm
         owned = entries(data) - before
         kinds = sorted(e.split("/")[0] for e in owned)
         assert kinds == ["attachments", "attachments", "attachments", "tool_outputs"], owned
-        assert "tool_outputs/c_mcp.txt" in owned
+        assert f"tool_outputs/{spill_name(doomed['id'], 'c_mcp')}" in owned
         assert any(e.startswith("attachments/generated-") for e in owned)
         in_ws = await send(proc, with_ws["id"], "read big.txt")
         assert (await wait_final(proc, in_ws["messageId"]))["type"] == "stream_end"
-        assert (workspace / "tool_outputs" / "c_ws.txt").is_file()
+        ws_spill = workspace / "tool_outputs" / spill_name(with_ws["id"], "c_ws")
+        assert ws_spill.is_file()
 
         # a fork shares the doomed session's files: they stay while the fork has them
         messages = await proc.call("chat:messages:get", {"sessionId": doomed["id"]})
@@ -134,7 +137,7 @@ async def test_deleting_a_session_removes_every_file_it_owns_and_nothing_else(tm
         assert entries(data) == before
         # a session with the user's own workspace: only our spill file in it goes
         await proc.call("chat:session:delete", {"id": with_ws["id"]})
-        assert not (workspace / "tool_outputs" / "c_ws.txt").exists()
+        assert not ws_spill.exists()
         assert (workspace / "mine.txt").read_text() == "the user's own file"
         assert (workspace / "big.txt").exists() and workspace.is_dir()
         assert entries(data) == before

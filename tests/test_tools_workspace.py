@@ -14,8 +14,9 @@ from protocol.types import SessionV2
 from sidecar.tools.base import Tool, ToolContext, ToolError, ToolOutput, obj
 from sidecar.tools.local import CurrentTime, ReadToolOutput
 from sidecar.tools.registry import ToolRegistry
-from sidecar.tools.spill import PREVIEW_BYTES, SPILL_BYTES, maybe_spill, spill_name
-from sidecar.tools.workspace import MAX_PATH_CHARS, resolve_in, run_command, workspace_tools
+from sidecar.tools.spill import PREVIEW_BYTES, SPILL_BYTES, legacy_spill_name, maybe_spill, spill_name
+from sidecar.children.command import run_command
+from sidecar.tools.workspace import MAX_CAPTURE_BYTES, MAX_PATH_CHARS, resolve_in, workspace_tools
 
 pytestmark = pytest.mark.anyio
 
@@ -116,8 +117,9 @@ async def test_run_command_output_exit_code_and_timeout(tmp_path: Path, ws: Path
     with anyio.fail_after(10):
         out = await t.run({"command": "sleep 30", "timeout_s": 0.3}, ctx(tmp_path, ws))
     assert out.is_error and out.text.startswith("timed out after 0.3 s")
-    code, text, dropped, timed_out = await run_command("head -c 3000000 /dev/zero | tr '\\0' y", ws, 20)
-    assert code == 0 and len(text) == 1024 * 1024 and dropped == 3000000 - 1024 * 1024 and not timed_out
+    done = await run_command("head -c 3000000 /dev/zero | tr '\\0' y", ws, 20, max_capture=MAX_CAPTURE_BYTES)
+    assert done.code == 0 and len(done.output) == 1024 * 1024 and done.dropped == 3000000 - 1024 * 1024
+    assert not done.timed_out
 
 
 async def test_cancelling_a_command_kills_its_process_group(tmp_path: Path, ws: Path) -> None:
@@ -144,8 +146,8 @@ async def test_cancelling_a_command_kills_its_process_group(tmp_path: Path, ws: 
 )
 async def test_background_children_do_not_outlive_the_command(ws: Path, command: str, timeout: float) -> None:
     with anyio.fail_after(15):
-        code, text, _, _ = await run_command(command, ws, timeout)
-        assert code == 0 and "started" in text
+        done = await run_command(command, ws, timeout, max_capture=MAX_CAPTURE_BYTES)
+        assert done.code == 0 and "started" in done.output
         child = int((ws / "child.pid").read_text())
         while _alive(child):
             await anyio.sleep(0.01)
@@ -165,18 +167,19 @@ async def test_a_1_mib_output_spills_with_a_4_kib_preview(tmp_path: Path, ws: Pa
     for workspace in (ws, None):
         out = await registry.execute(registry.check("big", "{}"), ctx(tmp_path, workspace, "call_big"))
         full = "é" + "0123456789abcdef" * 65536
-        base = (workspace if workspace else tmp_path / "data") / "tool_outputs" / "call_big.txt"
+        name = spill_name("s", "call_big")
+        base = (workspace if workspace else tmp_path / "data") / "tool_outputs" / name
         assert base.read_text() == full
         preview, _, note = out.text.partition("\n\n[output truncated: ")
         assert full.startswith(preview) and len(preview.encode()) in (PREVIEW_BYTES, PREVIEW_BYTES - 1)
-        assert f"{len(full.encode())} bytes in total" in note and "tool_outputs/call_big.txt" in note
+        assert f"{len(full.encode())} bytes in total" in note and f"tool_outputs/{name}" in note
         if workspace is None:
             assert 'read_tool_output(tool_call_id="call_big"' in note
             again = await ReadToolOutput().run({"tool_call_id": "call_big", "offset": 2, "length": 16}, ctx(tmp_path, None))
             assert again.text.startswith("0123456789abcdef\n[bytes 2..18 of")
         else:
-            assert 'workspace_read_file(path="tool_outputs/call_big.txt"' in note
-    small = maybe_spill("x" * SPILL_BYTES, "c", None, tmp_path)
+            assert f'workspace_read_file(path="tool_outputs/{name}"' in note
+    small = maybe_spill("x" * SPILL_BYTES, "s", "c", None, tmp_path)
     assert small == "x" * SPILL_BYTES
 
 
@@ -197,7 +200,7 @@ async def test_spill_files_never_leave_the_workspace_through_symlinks(tmp_path: 
     else:
         (ws / "tool_outputs").mkdir()
         target = outside / "call_x.txt" if planted == "file" else ws / "sub" / "f.txt"
-        os.symlink(target, ws / "tool_outputs" / "call_x.txt")
+        os.symlink(target, ws / "tool_outputs" / spill_name("s", "call_x"))
     registry = ToolRegistry([Big(), ReadToolOutput()])
     out = await registry.execute(registry.check("big", "{}"), ctx(tmp_path, ws, "call_x"))
     assert "saving it failed" in out.text
@@ -211,10 +214,14 @@ async def test_spill_files_never_leave_the_workspace_through_symlinks(tmp_path: 
 
 
 def test_spill_names_from_untrusted_ids() -> None:
-    assert spill_name("call_AbC-1") == "call_AbC-1.txt"
+    assert legacy_spill_name("call_AbC-1") == "call_AbC-1.txt"
+    tag, _, rest = spill_name("s1", "call_AbC-1").partition("-")
+    assert rest == "call_AbC-1.txt" and len(tag) == 16
+    assert spill_name("s2", "call_AbC-1") != spill_name("s1", "call_AbC-1")  # one file per session
     for bad in ("../../etc/passwd", "a/b", "x" * 200, "", "id with space"):
-        name = spill_name(bad)
+        name = legacy_spill_name(bad)
         assert name.startswith("call-") and "/" not in name and len(name) == 41
+        assert spill_name("s1", bad) == f"{tag}-{name}"
 
 
 # ---- bad calls ---------------------------------------------------------------------------

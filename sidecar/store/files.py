@@ -203,6 +203,15 @@ class FileRepo:
         with self._db.read() as conn:
             return {r[0] for r in conn.execute("SELECT DISTINCT path FROM owned_files WHERE root = ?", (root,))}
 
+    def owners(self, root: str, path: str) -> set[str]:
+        """The sessions owning the file ``(root, path)`` (through any of their messages)."""
+        with self._db.read() as conn:
+            return {
+                r[0] for r in conn.execute(
+                    "SELECT DISTINCT session_id FROM owned_files WHERE root = ? AND path = ?", (root, path)
+                )
+            }
+
     def of_session(self, session_id: str) -> list[tuple[str, str, str]]:
         """(root, path, kind) of everything the session owns (its messages' files too)."""
         with self._db.read() as conn:

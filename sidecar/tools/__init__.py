@@ -3,7 +3,7 @@
     base.py          Tool, ToolContext, ToolOutput, ToolError
     registry.py      ToolRegistry: one request's tools; checking and running a call
     service.py       ToolService: tool settings, per-request assembly (seed 000 section 3)
-    spill.py         large outputs (> 32 KiB) to tool_outputs/{toolCallId}.txt
+    spill.py         large outputs (> 32 KiB) to tool_outputs/<session tag>-<toolCallId>.txt
     workspace.py     read/write/list/run confined to the session's workspace dir
     local.py         built-in local tools, read_tool_output, get_session_capabilities
     conversation.py  search_conversations over the message store

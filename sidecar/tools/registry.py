@@ -113,7 +113,7 @@ class ToolRegistry:
         spilled = None
         try:
             text, spilled = await anyio.to_thread.run_sync(
-                spill, output.text, ctx.tool_call_id, ctx.workspace, ctx.data_dir
+                spill, output.text, ctx.session.id, ctx.tool_call_id, ctx.workspace, ctx.data_dir
             )
         except (OSError, ToolError) as exc:  # ToolError: the spill path would leave the workspace
             log.warning("could not save a large output of %s: %s", tool.name, exc)

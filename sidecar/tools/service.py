@@ -56,7 +56,7 @@ from sidecar.providers.types import ModelInfo
 from sidecar.tools.base import Tool
 from sidecar.tools.conversation import ConversationSearch
 from sidecar.tools.knowledge import NO_KNOWLEDGE, KnowledgeOffer, KnowledgeSource
-from sidecar.tools.local import LOCAL_TOOLS, ReadToolOutput, SessionCapabilities
+from sidecar.tools.local import LOCAL_TOOLS, ReadToolOutput, SessionCapabilities, SpillOwners
 from sidecar.tools.registry import ToolRegistry
 from sidecar.tools.skills import find_skills, skill_roots, skill_tools
 from sidecar.tools.web import SearxngBackend, WebSearch
@@ -114,11 +114,14 @@ class ToolService:
         all_policies: Callable[[], Awaitable[dict[str, ToolPolicy]]] | None = None,
         policy_version: Callable[[], int] | None = None,
         memory: MemorySource | None = None,
+        spill_owners: SpillOwners | None = None,
     ) -> None:
         """``all_policies`` (every stored policy) with ``policy_version`` (the store's counter
         of policy writes) let assembly cache the policies; without them each assembly reads
-        the policies of its tools."""
+        the policies of its tools. ``spill_owners`` (the store's file ownership) lets
+        ``read_tool_output`` read a spill an older version wrote, when the session owns it."""
         self._data_dir = data_dir
+        self._spill_owners = spill_owners
         self._get_setting = get_setting
         self._set_setting = set_setting
         self._search = search
@@ -311,7 +314,7 @@ class ToolService:
             candidates.extend(self._extra())
         candidates = [t for t in candidates if offered(t)]
         system: list[Tool] = [
-            ReadToolOutput(),
+            ReadToolOutput(self._spill_owners),
             SessionCapabilities(lambda: _capabilities(registry, session, knowledge, memory_retrieval)),
         ]
         stored = await self._stored_policies(_policy_keys(candidates + system))
