@@ -35,10 +35,15 @@ class McpServerUpsertParams(Struct, kw_only=True):
     command: str | None = None
     args: list[str] = []
     env: dict[str, str] = {}
-    """Passed to the server process (never logged, never returned)."""
+    """Passed to the server process (stored sealed, never logged, never returned). The
+    process inherits only a short allow-list of the sidecar's own environment (PATH, HOME,
+    the locale...), never its keys: a secret the server needs goes here."""
     cwd: str | None = None
     url: str | None = None
+    """Its userinfo and query values are stored sealed; a ``***`` sent back where
+    ``mcp:server:list`` showed one keeps the stored part."""
     headers: dict[str, str] = {}
+    """Stored sealed, every value; never returned."""
     enabled: bool = True
     tool_timeout_s: float = 60.0
     connect_timeout_s: float = 15.0
@@ -52,6 +57,7 @@ class McpServerInfo(Struct, omit_defaults=False, kw_only=True):
     env_keys: list[str] = []
     cwd: str | None = None
     url: str | None = None
+    """Its userinfo and every query value masked (``***``)."""
     enabled: bool = True
     tool_timeout_s: float = 60.0
     connect_timeout_s: float = 15.0

@@ -63,10 +63,10 @@ class AcpEngineConfig(Struct, kw_only=True):
     """The executable (a path, or a name looked up in PATH)."""
     args: list[str] = []
     env: dict[str, str] = {}
-    """Environment of the engine, passed explicitly (only PATH, HOME, USER, LANG and a few
-    other variables of the sidecar's own environment are inherited). Never logged;
-    ``provider:list`` masks values whose name suggests a secret, and an update that sends
-    such a masked value (``***``) back keeps the stored one."""
+    """Environment of the engine, passed explicitly (only PATH, HOME, USER, the locale and a
+    few other variables of the sidecar's own environment are inherited, never its keys).
+    Stored sealed, never logged; ``provider:list`` masks every value (``***``), and an
+    update that sends a masked value back keeps the stored one."""
     cwd: str | None = None
     """Working directory of the engine process (default: the data dir). Each session's
     agent ``cwd`` is its ``workspaceDir``, else ``<dataDir>/acp/<sessionId>``."""
@@ -91,7 +91,9 @@ class ProviderUpsertParams(Struct, kw_only=True):
     name: Title
     type: ProviderKind
     base_url: str = ""
-    """Required for the HTTP provider types; unused by ``acp-engine``."""
+    """Required for the HTTP provider types; unused by ``acp-engine``. Its userinfo and query
+    values are stored sealed; a ``***`` sent back where ``provider:list`` showed one keeps
+    the stored part."""
     engine: AcpEngineConfig | None = None
     """Required for ``acp-engine``: the command that runs the agent engine."""
     api_key: str | None | UnsetType = UNSET
@@ -100,8 +102,10 @@ class ProviderUpsertParams(Struct, kw_only=True):
     api_key_env: str | None = None
     """Name of an environment variable holding the key (used when no key is stored)."""
     headers: dict[str, str] = {}
+    """Stored sealed, every value; a ``***`` value sent back keeps the stored one."""
     body: JsonObject = {}
-    """Merged into every request body last (it may override generated fields)."""
+    """Merged into every request body last (it may override generated fields). Stored
+    sealed, every field; a ``***`` field sent back keeps the stored one."""
     models: list[ModelConfig] = []
     enabled: bool = True
     stream: bool = True
@@ -115,17 +119,19 @@ class ProviderInfo(Struct, omit_defaults=False, kw_only=True):
     name: str
     type: ProviderKind
     base_url: str
+    """Its userinfo and every query value masked (``https://***@host/v1?key=***``)."""
     has_api_key: bool
     secrets_locked: bool = False
     """A stored secret (the key, a secret header or env value) was sealed with a key this
     process was not given (see ``sidecar:initialize {secretKey}``): calls that need it fail
     with SECRETS_LOCKED until the key is given again or the secret is re-entered."""
     engine: AcpEngineConfig | None = None
-    """For ``acp-engine``: env values whose name suggests a secret are masked (``***``)."""
+    """For ``acp-engine``: every env value masked (``***``)."""
     api_key_env: str | None = None
     headers: dict[str, str] = {}
-    """Header values whose name suggests a secret (auth, key, token, secret) are masked."""
+    """Every value masked (``***``), whatever the header's name."""
     body: JsonObject = {}
+    """Every field's value masked (``***``)."""
     models: list[ModelConfig] = []
     enabled: bool = True
     stream: bool = True

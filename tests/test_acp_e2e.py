@@ -523,7 +523,7 @@ async def test_engine_env_is_explicit_masked_and_kept(tmp_path: Path) -> None:
     async with spawn_sidecar(tmp_path / "data", env={"SIDECAR_ONLY_VAR": "leak"}) as proc:
         await proc.call("sidecar:initialize", {})
         engine = await add_engine(proc, env={"API_KEY": "k-SECRET-1", "MODE": "fast"})
-        assert engine["engine"]["env"] == {"API_KEY": "***", "MODE": "fast"}
+        assert engine["engine"]["env"] == {"API_KEY": "***", "MODE": "***"}
         session = await acp_session(proc, engine["id"])
 
         async def env(name: str) -> str:

@@ -644,7 +644,7 @@ def test_engine_config_is_validated_stored_and_masked(tmp_path: Path) -> None:
         ))
         assert record.engine is not None and record.engine.env["SECRET_TOKEN"] == "t-1"
         info = record.to_info(is_default=False)
-        assert info.engine is not None and info.engine.env == {"SECRET_TOKEN": "***", "MODE": "a"}
+        assert info.engine is not None and info.engine.env == {"SECRET_TOKEN": "***", "MODE": "***"}
         assert "t-1" not in repr(record)
         again = repo.upsert(ProviderUpsertParams(
             id=record.id, name="E", type="acp-engine",

@@ -293,10 +293,10 @@ export interface AcpEngineConfig {
   command: string;
   args?: string[];
   /**
-   * Environment of the engine, passed explicitly (only PATH, HOME, USER, LANG and a few
-   * other variables of the sidecar's own environment are inherited). Never logged;
-   * ``provider:list`` masks values whose name suggests a secret, and an update that sends
-   * such a masked value (``***``) back keeps the stored one.
+   * Environment of the engine, passed explicitly (only PATH, HOME, USER, the locale and a
+   * few other variables of the sidecar's own environment are inherited, never its keys).
+   * Stored sealed, never logged; ``provider:list`` masks every value (``***``), and an
+   * update that sends a masked value back keeps the stored one.
    */
   env?: Record<string, string>;
   /**
@@ -1343,6 +1343,7 @@ export interface McpServerInfo {
   args: string[];
   envKeys: string[];
   cwd: string | null;
+  /** Its userinfo and every query value masked (``***``). */
   url: string | null;
   enabled: boolean;
   toolTimeoutS: number;
@@ -1372,10 +1373,19 @@ export interface McpServerUpsertParams {
   transport?: McpTransport;
   command?: string | null;
   args?: string[];
-  /** Passed to the server process (never logged, never returned). */
+  /**
+   * Passed to the server process (stored sealed, never logged, never returned). The
+   * process inherits only a short allow-list of the sidecar's own environment (PATH, HOME,
+   * the locale...), never its keys: a secret the server needs goes here.
+   */
   env?: Record<string, string>;
   cwd?: string | null;
+  /**
+   * Its userinfo and query values are stored sealed; a ``***`` sent back where
+   * ``mcp:server:list`` showed one keeps the stored part.
+   */
   url?: string | null;
+  /** Stored sealed, every value; never returned. */
   headers?: Record<string, string>;
   enabled?: boolean;
   toolTimeoutS?: number;
@@ -1911,6 +1921,7 @@ export interface ProviderInfo {
   id: string;
   name: string;
   type: ProviderKind;
+  /** Its userinfo and every query value masked (``https://***@host/v1?key=***``). */
   baseUrl: string;
   hasApiKey: boolean;
   /**
@@ -1919,11 +1930,12 @@ export interface ProviderInfo {
    * with SECRETS_LOCKED until the key is given again or the secret is re-entered.
    */
   secretsLocked: boolean;
-  /** For ``acp-engine``: env values whose name suggests a secret are masked (``***``). */
+  /** For ``acp-engine``: every env value masked (``***``). */
   engine: AcpEngineConfig | null;
   apiKeyEnv: string | null;
-  /** Header values whose name suggests a secret (auth, key, token, secret) are masked. */
+  /** Every value masked (``***``), whatever the header's name. */
   headers: Record<string, string>;
+  /** Every field's value masked (``***``). */
   body: Record<string, unknown>;
   models: ModelConfig[];
   enabled: boolean;
@@ -1944,7 +1956,11 @@ export interface ProviderUpsertParams {
   id?: string | null;
   name: string;
   type: ProviderKind;
-  /** Required for the HTTP provider types; unused by ``acp-engine``. */
+  /**
+   * Required for the HTTP provider types; unused by ``acp-engine``. Its userinfo and query
+   * values are stored sealed; a ``***`` sent back where ``provider:list`` showed one keeps
+   * the stored part.
+   */
   baseUrl?: string;
   /** Required for ``acp-engine``: the command that runs the agent engine. */
   engine?: AcpEngineConfig | null;
@@ -1956,8 +1972,12 @@ export interface ProviderUpsertParams {
   apiKey?: string | null;
   /** Name of an environment variable holding the key (used when no key is stored). */
   apiKeyEnv?: string | null;
+  /** Stored sealed, every value; a ``***`` value sent back keeps the stored one. */
   headers?: Record<string, string>;
-  /** Merged into every request body last (it may override generated fields). */
+  /**
+   * Merged into every request body last (it may override generated fields). Stored
+   * sealed, every field; a ``***`` field sent back keeps the stored one.
+   */
   body?: Record<string, unknown>;
   models?: ModelConfig[];
   enabled?: boolean;

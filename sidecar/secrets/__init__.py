@@ -1,9 +1,13 @@
 """Secrets: which names hold them, and how they are kept encrypted at rest.
 
-- ``names``: the one rule for "this header / environment variable holds a secret";
+- ``names``: the one rule for "this header / environment variable holds a secret by its
+  name" (what the providers scrub from their messages);
+- ``urls``: which parts of a URL may hold a secret (its userinfo, its query values);
+- ``mask``: what the wire shows of stored secrets (every value ``***``) and how a masked
+  value sent back keeps the stored one;
 - ``box``: SecretBox, AES-GCM sealing of stored secret values with the keys of ``keys``;
 - ``keys``: where the key comes from (the host, the OS keychain, a key file).
 
-Below the store in the layering: the store seals and opens values, the providers and
-tools only ask ``names`` which values to mask.
+Below the store in the layering: the store seals and opens values and masks its listings,
+the tools mask the MCP listing, the providers ask ``names`` which values to scrub.
 """

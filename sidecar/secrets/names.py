@@ -1,7 +1,9 @@
 """Which header or environment variable names hold secrets: the one list.
 
-Used by the store (masking values on the wire, sealing them at rest), by the providers
-(scrubbing them from messages and logs) and by the tools (MCP server settings).
+Used by the providers (scrubbing such headers' values from messages and logs) and as a
+check of the child environment's allow-list (sidecar/children/env.py). What is sealed at
+rest and masked on the wire does not depend on names: every value is
+(sidecar/store/secrets.py, ``mask``).
 """
 
 from __future__ import annotations

@@ -6,17 +6,16 @@ engine uses to build requests; ``to_info`` is the only shape that goes on the wi
 carries ``hasApiKey`` instead of the key.
 
 Agent engines (type ``acp-engine``) keep their AcpEngineConfig in the ``engine``
-column (migration of sidecar/store/acp.py); its ``env`` may hold secrets and gets the same
-treatment as the key: values whose name looks secret are masked in ``to_info``, and an
-update that sends a masked value back keeps the stored one. Custom headers likewise: a
-secret-looking header shown as ``***`` and sent back unchanged keeps its stored value.
-Which names look secret is decided by ``sidecar.secrets.names.is_secret_name`` (one list).
+column (migration of sidecar/store/acp.py). Any configured value may hold a secret,
+whatever its name: ``to_info`` masks every header value, every body field, the base URL's
+userinfo and query values and every engine ``env`` value (``sidecar/secrets/mask.py``),
+and an update that sends a masked value back keeps the stored one.
 
-Secrets at rest: the key, secret-looking header values and secret-looking engine ``env``
-values are stored sealed (sidecar/store/secrets.py, Sealer); a record whose secrets cannot
-be opened (sealed with a key this process was not given) has ``secrets_locked`` set and
-those values left out, and stays listable and editable: a new key sent with upsert
-replaces the locked one.
+Secrets at rest: the key and all of those values are stored sealed
+(sidecar/store/secrets.py, Sealer); a record whose secrets cannot be opened (sealed with
+a key this process was not given) has ``secrets_locked`` set and those values left out
+of what requests use, and stays listable (the locked entries masked like the others) and
+editable: its listing sent back keeps every locked value, a new value replaces one.
 
 Synchronous; async code calls it through ``AsyncStore.run`` (``s.providers``).
 """
@@ -30,20 +29,29 @@ import msgspec
 
 from protocol.providers import AcpEngineConfig, ModelConfig, ProviderInfo, ProviderKind, ProviderUpsertParams
 from sidecar.errors import InvalidParams, NotFound
-from sidecar.secrets.names import is_secret_name
+from sidecar.secrets.mask import mask_map, mask_url, unmask_map, unmask_url
 from sidecar.store.db import Database
 from sidecar.store.ids import new_id, now_ms
-from sidecar.store.secrets import API_KEY, ENGINE_ENV, HEADERS, Sealer
+from sidecar.store.secrets import API_KEY, BASE_URL, BODY, ENGINE_ENV, HEADERS, Sealer
 from sidecar.store.rows import lenient_json
 
 _COLUMNS = (
     "id, name, type, base_url, api_key, api_key_env, headers, body, models, enabled, "
     "created_at, updated_at, engine, stream"
 )
-MASK = "***"
 ACP_TOOL_KINDS = frozenset(
     {"read", "edit", "delete", "move", "search", "execute", "think", "fetch", "switch_mode", "other"}
 )
+
+
+class Listed(msgspec.Struct, frozen=True, kw_only=True):
+    """What ``provider:list`` shows of the stored secrets: every value masked, names kept
+    (made from the stored form, so a locked entry is listed too)."""
+
+    base_url: str
+    headers: dict[str, str]
+    body: dict[str, str]
+    env: dict[str, str]
 
 
 class ProviderRecord(msgspec.Struct, kw_only=True):
@@ -66,6 +74,8 @@ class ProviderRecord(msgspec.Struct, kw_only=True):
     """A key is stored (``api_key`` is None when it is locked)."""
     stream: bool = True
     """False: the endpoint cannot stream (every model is asked for whole replies)."""
+    listed: Listed
+    """The masked view of the stored values (``to_info``)."""
 
     def __repr__(self) -> str:  # never print the key, even in a traceback
         return f"ProviderRecord(id={self.id!r}, name={self.name!r}, type={self.type!r})"
@@ -78,20 +88,22 @@ class ProviderRecord(msgspec.Struct, kw_only=True):
         return next((m for m in self.models if m.id == model_id), None)
 
     def to_info(self, *, is_default: bool) -> ProviderInfo:
+        listed = self.listed
+        engine = msgspec.structs.replace(self.engine, env=listed.env) if self.engine is not None else None
         return ProviderInfo(
             id=self.id,
             name=self.name,
             type=self.type,
-            base_url=self.base_url,
+            base_url=listed.base_url,
             has_api_key=self.has_stored_key,
             secrets_locked=self.secrets_locked,
             api_key_env=self.api_key_env,
-            headers=_masked(self.headers),
-            body=self.body,
+            headers=listed.headers,
+            body=listed.body,
             models=self.models,
             enabled=self.enabled,
             stream=self.stream,
-            engine=_masked_engine(self.engine),
+            engine=engine,
             is_default=is_default,
             created_at=self.created_at,
             updated_at=self.updated_at,
@@ -104,46 +116,41 @@ _headers = msgspec.json.Decoder(dict[str, str])
 _engine = msgspec.json.Decoder(AcpEngineConfig)
 
 
-def _masked(values: dict[str, str]) -> dict[str, str]:
-    return {k: (MASK if is_secret_name(k) else v) for k, v in values.items()}
-
-
-def _unmasked(sent: dict[str, str], stored: dict[str, str]) -> dict[str, str]:
-    """``sent`` with every masked value sent back replaced by the stored one."""
-    return {k: (stored.get(k, v) if v == MASK else v) for k, v in sent.items()}
-
-
-def _masked_engine(engine: AcpEngineConfig | None) -> AcpEngineConfig | None:
-    if engine is None:
-        return None
-    return msgspec.structs.replace(engine, env=_masked(engine.env))
-
-
 def _row(row: tuple[Any, ...], sealer: Sealer) -> ProviderRecord:
     api_key, key_locked = sealer.open(row[4], API_KEY)
-    headers, headers_locked = sealer.open_map(_headers.decode(row[6]), HEADERS)
+    stored_headers = _headers.decode(row[6])
+    headers, headers_locked = sealer.open_map(stored_headers, HEADERS)
+    stored_body = lenient_json(_obj, row[7], "body", f"provider {row[0]!r}", {})
+    body, body_locked = sealer.open_json_map(stored_body, BODY)
+    base_url, url_locked = sealer.open_url(row[3], BASE_URL)
     engine = _engine.decode(row[12]) if row[12] else None
     env_locked = False
+    stored_env: dict[str, str] = {}
     if engine is not None:
-        env, env_locked = sealer.open_map(engine.env, ENGINE_ENV)
+        stored_env = engine.env
+        env, env_locked = sealer.open_map(stored_env, ENGINE_ENV)
         engine = msgspec.structs.replace(engine, env=env)
     return ProviderRecord(
         id=row[0],
         name=row[1],
         type=row[2],
-        base_url=row[3],
+        base_url=base_url,
         api_key=api_key,
         api_key_env=row[5],
         headers=headers,
-        body=lenient_json(_obj, row[7], "body", f"provider {row[0]!r}", {}),
+        body=body,
         models=_models.decode(row[8]),
         enabled=bool(row[9]),
         created_at=row[10],
         updated_at=row[11],
         engine=engine,
-        secrets_locked=key_locked or headers_locked or env_locked,
+        secrets_locked=key_locked or headers_locked or body_locked or url_locked or env_locked,
         has_stored_key=bool(row[4]),
         stream=row[13] is None or bool(row[13]),
+        listed=Listed(
+            base_url=mask_url(row[3]), headers=mask_map(stored_headers), body=mask_map(stored_body),
+            env=mask_map(stored_env),
+        ),
     )
 
 
@@ -155,7 +162,10 @@ def validate(params: ProviderUpsertParams) -> None:
         return
     if params.engine is not None:
         raise InvalidParams("invalid params: engine is only for providers of type acp-engine - at `$.engine`")
-    url = urlparse(params.base_url)
+    try:
+        url = urlparse(params.base_url)
+    except ValueError:
+        url = urlparse("")
     if url.scheme not in ("http", "https") or not url.netloc:
         raise InvalidParams("invalid params: baseUrl must be an http(s) URL - at `$.baseUrl`")
     seen: set[str] = set()
@@ -228,7 +238,8 @@ class ProviderRepo:
             existing = None
             if params.id is not None:
                 existing = conn.execute(
-                    "SELECT api_key, created_at, engine, headers FROM providers WHERE id = ?", (params.id,)
+                    "SELECT api_key, created_at, engine, headers, body, base_url FROM providers WHERE id = ?",
+                    (params.id,),
                 ).fetchone()
             provider_id = params.id or new_id()
             if params.api_key is msgspec.UNSET:  # left out: the stored key stays
@@ -240,21 +251,27 @@ class ProviderRepo:
                 # a masked secret sent back (provider:list -> edit -> upsert) keeps the stored
                 # (sealed) value; the others are sealed now
                 stored_env = _engine.decode(existing[2]).env if existing is not None and existing[2] else {}
-                env = self._sealer.seal_map(_unmasked(engine.env, stored_env), ENGINE_ENV)
+                env = self._sealer.seal_map(unmask_map(engine.env, stored_env), ENGINE_ENV)
                 engine = msgspec.structs.replace(engine, env=env)
             stored_headers = _headers.decode(existing[3]) if existing is not None and existing[3] else {}
-            headers = self._sealer.seal_map(_unmasked(params.headers, stored_headers), HEADERS)
+            headers = self._sealer.seal_map(unmask_map(params.headers, stored_headers), HEADERS)
+            stored_body = lenient_json(_obj, existing[4], "body", "the stored provider", {}) if existing else {}
+            body = self._sealer.seal_json_map(unmask_map(params.body, stored_body), BODY)
+            base_url = params.base_url.rstrip("/")
+            if existing is not None:
+                base_url = unmask_url(base_url, existing[5])
+            base_url = self._sealer.seal_url(base_url, BASE_URL)
             conn.execute(
                 f"INSERT OR REPLACE INTO providers ({_COLUMNS}) VALUES (?,?,?,?,?,?,?,?,?,?,?,?,?,?)",
                 (
                     provider_id,
                     params.name.strip(),
                     params.type,
-                    params.base_url.rstrip("/"),
+                    base_url,
                     api_key,
                     params.api_key_env or None,
                     enc(headers).decode(),
-                    enc(params.body).decode(),
+                    enc(body).decode(),
                     enc(params.models).decode(),
                     int(params.enabled),
                     existing[1] if existing else now,

@@ -1,17 +1,27 @@
 """The secret fields of the database and their sealing (see sidecar/secrets/box.py).
 
-Owns the list of stored secrets and the re-seal pass:
-- ``providers.api_key``; the values of secret-looking ``providers.headers`` and of the
-  secret-looking ``env`` of an ``acp-engine`` provider's ``engine`` config;
-- ``mcp_servers.config``: every ``env`` value, and secret-looking ``headers`` values;
+Owns the list of stored secrets and the re-seal pass. Every value a user configures that
+may carry a credential is sealed, whatever its name (a header called ``X-Trace`` can
+hold a token as well as ``Authorization``):
+- ``providers.api_key``; every value of ``providers.headers``; every field of
+  ``providers.body`` (each value's JSON, sealed); the userinfo and every query value of
+  ``providers.base_url`` (``sidecar/secrets/urls.py``: the rest of the URL stays
+  readable); every ``env`` value of an ``acp-engine`` provider's ``engine`` config;
+- ``mcp_servers.config``: every ``env`` value, every ``headers`` value, the ``url``'s
+  userinfo and query values;
 - ``sync_account.token``: the Qiming server token.
+Names (header and env names, body and query keys) stay readable: they are what the
+listings show (masked values, ``sidecar/secrets/mask.py``). A sealed URL part is stored
+percent-encoded in its place, so the stored URL still parses.
 ``Sealer`` turns those fields of one row to and from their stored form; ProviderRepo,
 ToolStore and SyncRepo call it on every read and write, so plaintext never reaches the file.
 ``SecretsRepo.settle`` decides the key (SecretBox.settle) and, in one transaction,
-re-seals what is plaintext (rows of an older version) or sealed with another key we
-have, and counts what is sealed with a key we do not have (locked). It then checkpoints
-the WAL so no old page holding plaintext stays in the files (the writer connection
-runs with ``secure_delete``), and removes a key file nothing is sealed with any more.
+re-seals what is plaintext (rows of an older version, which sealed only secret-looking
+names: this pass is their migration, as it needs the key, which the schema migrations
+run without) or sealed with another key we have, and counts what is sealed with a key
+we do not have (locked). It then checkpoints the WAL so no old page holding plaintext
+stays in the files (the writer connection runs with ``secure_delete``), and removes a
+key file nothing is sealed with any more.
 
 Must stay true: a value that cannot be opened is never rewritten or dropped (it stays as
 stored, and opens again with the right key).
@@ -22,23 +32,35 @@ from __future__ import annotations
 from collections.abc import Callable
 from pathlib import Path
 from typing import Any
+from urllib.parse import quote, unquote
 
 import msgspec
 
 from sidecar.errors import SecretsLocked
 from sidecar.secrets.box import SecretBox, SecretsStatus, is_sealed
 from sidecar.secrets.keys import remove_key_file
-from sidecar.secrets.names import is_secret_name
+from sidecar.secrets.urls import map_secret_parts
 from sidecar.store.db import Database, fetch_all
 
 API_KEY = "providers.api_key"
 HEADERS = "providers.headers"
+BODY = "providers.body"
+BASE_URL = "providers.base_url"
 ENGINE_ENV = "providers.engine.env"
 MCP_ENV = "mcp_servers.env"
 MCP_HEADERS = "mcp_servers.headers"
+MCP_URL = "mcp_servers.url"
 SYNC_TOKEN = "sync_account.token"
+_MCP_MAPS = (("env", MCP_ENV), ("headers", MCP_HEADERS))
 
 _obj = msgspec.json.Decoder(dict[str, Any])
+_any = msgspec.json.Decoder()
+
+
+def _url_token(part: str) -> str | None:
+    """The sealed value a URL part holds (None: the part is plaintext)."""
+    text = unquote(part)
+    return text if is_sealed(text) else None
 
 
 class Sealer:
@@ -65,50 +87,99 @@ class Sealer:
 
     # maps of name -> value (headers, env) -------------------------------------------
 
-    def seal_map(self, values: dict[str, str], purpose: str, *, every: bool = False) -> dict[str, str]:
-        return {k: (self.seal(v, purpose) or "") if every or is_secret_name(k) else v for k, v in values.items()}
+    def seal_map(self, values: dict[str, str], purpose: str) -> dict[str, str]:
+        return {k: self.seal(v, purpose) or "" for k, v in values.items()}
 
     def open_map(self, values: dict[str, str], purpose: str) -> tuple[dict[str, str], bool]:
         """Opened values; a value that cannot be opened is left out (and locked is True)."""
         opened: dict[str, str] = {}
         locked = False
         for key, value in values.items():
-            if is_sealed(value):
-                plain, bad = self.open(value, purpose)
-                if bad:
-                    locked = True
-                    continue
-                opened[key] = plain or ""
-            else:
-                opened[key] = value
+            plain, bad = self.open(value, purpose)
+            if bad:
+                locked = True
+                continue
+            opened[key] = plain or ""
         return opened, locked
 
-    # MCP server configs (a JSON object with ``env`` and ``headers``) ------------------
+    # maps of name -> any JSON value (a provider's body) ------------------------------
+
+    def seal_json_map(self, values: dict[str, Any], purpose: str) -> dict[str, str]:
+        """Each value's JSON, sealed (a value that is sealed already is kept as it is)."""
+        return {
+            k: v if isinstance(v, str) and is_sealed(v) else self.box.seal(msgspec.json.encode(v).decode(), purpose)
+            for k, v in values.items()
+        }
+
+    def open_json_map(self, values: dict[str, Any], purpose: str) -> tuple[dict[str, Any], bool]:
+        """The values (JSON decoded); one that cannot be opened is left out (locked True).
+        A value that is not sealed (an older version's row) is itself."""
+        opened: dict[str, Any] = {}
+        locked = False
+        for key, value in values.items():
+            if not (isinstance(value, str) and is_sealed(value)):
+                opened[key] = value
+                continue
+            plain, bad = self.open(value, purpose)
+            if bad or plain is None:
+                locked = True
+                continue
+            opened[key] = _any.decode(plain)
+        return opened, locked
+
+    # URLs: the userinfo and the query values ----------------------------------------
+
+    def seal_url(self, url: str, purpose: str) -> str:
+        def seal(part: str) -> str:
+            return part if _url_token(part) else quote(self.box.seal(part, purpose), safe="")
+
+        return map_secret_parts(url, seal)
+
+    def open_url(self, url: str, purpose: str) -> tuple[str, bool]:
+        """The URL as given; a part that cannot be opened is left out (locked True)."""
+        locked = False
+
+        def opened(part: str) -> str | None:
+            nonlocal locked
+            token = _url_token(part)
+            if token is None:
+                return part
+            plain, bad = self.open(token, purpose)
+            locked = locked or bad
+            return None if bad else plain
+
+        return map_secret_parts(url, opened), locked
+
+    # MCP server configs (a JSON object with ``env``, ``headers`` and ``url``) ---------
 
     def seal_mcp_config(self, config: str) -> str:
         data = _obj.decode(config)
-        _map_fields(data, lambda values, purpose, every: self.seal_map(values, purpose, every=every))
+        for field, purpose in _MCP_MAPS:
+            values = _str_map(data.get(field))
+            if values is not None:
+                data[field] = self.seal_map(values, purpose)
+        if isinstance(data.get("url"), str):
+            data["url"] = self.seal_url(data["url"], MCP_URL)
         return msgspec.json.encode(data).decode()
 
     def open_mcp_config(self, config: str) -> tuple[str, bool]:
         data = _obj.decode(config)
         locked = False
-
-        def opened(values: dict[str, str], purpose: str, every: bool) -> dict[str, str]:
-            nonlocal locked
-            result, bad = self.open_map(values, purpose)
+        for field, purpose in _MCP_MAPS:
+            values = _str_map(data.get(field))
+            if values is not None:
+                data[field], bad = self.open_map(values, purpose)
+                locked = locked or bad
+        if isinstance(data.get("url"), str):
+            data["url"], bad = self.open_url(data["url"], MCP_URL)
             locked = locked or bad
-            return result
-
-        _map_fields(data, opened)
         return msgspec.json.encode(data).decode(), locked
 
 
-def _map_fields(data: dict[str, Any], fn: Callable[[dict[str, str], str, bool], dict[str, str]]) -> None:
-    for field, purpose, every in (("env", MCP_ENV, True), ("headers", MCP_HEADERS, False)):
-        values = data.get(field)
-        if isinstance(values, dict) and all(isinstance(v, str) for v in values.values()):
-            data[field] = fn(values, purpose, every)
+def _str_map(values: Any) -> dict[str, str] | None:
+    if isinstance(values, dict) and all(isinstance(v, str) for v in values.values()):
+        return values
+    return None
 
 
 class SecretsRepo:
@@ -120,103 +191,114 @@ class SecretsRepo:
     def settle(self, host_key: bytes | None = None) -> SecretsStatus:
         box = self._sealer.box
         box.settle(host_key)
-        kids: set[str | None] = set()
-        locked = 0
+        pass_ = _Reseal(box)
         with self._db.write() as conn:
-            for provider_id, api_key, headers, engine in fetch_all(
+            for provider_id, api_key, headers, body, base_url, engine in fetch_all(
                 conn,
-                "SELECT id, api_key, headers, engine FROM providers"
+                "SELECT id, api_key, headers, body, base_url, engine FROM providers"
             ):
-                new_key, n = self._reseal(api_key, API_KEY, kids)
-                locked += n
-                new_headers, n = self._reseal_json_map(headers, None, HEADERS, kids, every=False)
-                locked += n
-                new_engine, n = self._reseal_json_map(engine, "env", ENGINE_ENV, kids, every=False)
-                locked += n
-                if (new_key, new_headers, new_engine) != (api_key, headers, engine):
+                new = (
+                    pass_.value(api_key, API_KEY),
+                    pass_.json_field(headers, None, HEADERS, pass_.map),
+                    pass_.json_field(body, None, BODY, pass_.json_values),
+                    pass_.url(base_url, BASE_URL),
+                    pass_.json_field(engine, "env", ENGINE_ENV, pass_.map),
+                )
+                if new != (api_key, headers, body, base_url, engine):
                     conn.execute(
-                        "UPDATE providers SET api_key = ?, headers = ?, engine = ? WHERE id = ?",
-                        (new_key, new_headers, new_engine, provider_id),
+                        "UPDATE providers SET api_key = ?, headers = ?, body = ?, base_url = ?, engine = ? WHERE id = ?",
+                        (*new, provider_id),
                     )
             for name, config in fetch_all(conn, "SELECT name, config FROM mcp_servers"):
-                data = _obj.decode(config)
-                changed = False
-                for field, purpose, every in (("env", MCP_ENV, True), ("headers", MCP_HEADERS, False)):
-                    values = data.get(field)
-                    if not isinstance(values, dict):
-                        continue
-                    resealed, n = self._reseal_map(values, purpose, kids, every=every)
-                    locked += n
-                    if resealed != values:
-                        data[field] = resealed
-                        changed = True
-                if changed:
-                    conn.execute(
-                        "UPDATE mcp_servers SET config = ? WHERE name = ?", (msgspec.json.encode(data).decode(), name)
-                    )
+                resealed = config
+                for field, purpose in _MCP_MAPS:
+                    resealed = pass_.json_field(resealed, field, purpose, pass_.map)
+                data = _obj.decode(resealed)
+                if isinstance(data.get("url"), str):
+                    url = pass_.url(data["url"], MCP_URL)
+                    if url != data["url"]:
+                        data["url"] = url
+                        resealed = msgspec.json.encode(data).decode()
+                if resealed != config:
+                    conn.execute("UPDATE mcp_servers SET config = ? WHERE name = ?", (resealed, name))
             for account_id, token in fetch_all(
                 conn,
                 "SELECT id, token FROM sync_account WHERE token IS NOT NULL"
             ):
                 if not isinstance(token, str):
                     continue
-                new_token, n = self._reseal(token, SYNC_TOKEN, kids)
-                locked += n
+                new_token = pass_.value(token, SYNC_TOKEN)
                 if new_token != token:
                     conn.execute("UPDATE sync_account SET token = ? WHERE id = ?", (new_token, account_id))
         # old page images (the plaintext of an older version, a rewritten value) must not
         # stay in the WAL file
         self._db.checkpoint()
-        if box.primary_source != "file" and all(kid != _file_kid(box) for kid in kids):
+        if box.primary_source != "file" and all(kid != box.kid_of_source("file") for kid in pass_.kids):
             remove_key_file(self._data_dir)
-        box.locked = locked
+        box.locked = pass_.locked
         return box.status()
 
-    def _reseal(self, value: str | None, purpose: str, kids: set[str | None]) -> tuple[str | None, int]:
-        """(stored form, 1 if locked else 0); the value is re-sealed with the primary key
-        when it is plaintext or sealed with another key we have."""
+
+class _Reseal:
+    """One re-seal pass: every stored form brought to "sealed with the primary key"
+    (plaintext sealed, values of another key we have re-sealed); values sealed with a
+    key we do not have are kept as they are and counted (``locked``); ``kids`` collects
+    the key ids the stored values are sealed with afterwards."""
+
+    def __init__(self, box: SecretBox) -> None:
+        self.box = box
+        self.kids: set[str | None] = set()
+        self.locked = 0
+
+    def value(self, value: str | None, purpose: str) -> str | None:
         if not value:
-            return value, 0
-        box = self._sealer.box
-        verdict = box.needs_reseal(value)
+            return value
+        verdict = self.box.needs_reseal(value)
         if verdict is None:
-            kids.add(box.key_of(value))
-            return value, 1
+            self.kids.add(self.box.key_of(value))
+            self.locked += 1
+            return value
         if verdict:
-            value = box.seal(box.open(value, purpose), purpose)
-        kids.add(box.key_of(value))
-        return value, 0
+            value = self.box.seal(self.box.open(value, purpose), purpose)
+        self.kids.add(self.box.key_of(value))
+        return value
 
-    def _reseal_map(
-        self, values: dict[str, Any], purpose: str, kids: set[str | None], *, every: bool
-    ) -> tuple[dict[str, Any], int]:
-        out: dict[str, Any] = {}
-        locked = 0
-        for key, value in values.items():
-            if isinstance(value, str) and value and (every or is_secret_name(key) or is_sealed(value)):
-                value, n = self._reseal(value, purpose, kids)
-                locked += n
-            out[key] = value
-        return out, locked
+    def map(self, values: dict[str, Any], purpose: str) -> dict[str, Any]:
+        return {k: self.value(v, purpose) if isinstance(v, str) else v for k, v in values.items()}
 
-    def _reseal_json_map(
-        self, raw: str | None, field: str | None, purpose: str, kids: set[str | None], *, every: bool
-    ) -> tuple[str | None, int]:
+    def json_values(self, values: dict[str, Any], purpose: str) -> dict[str, Any]:
+        """A body: a sealed value is re-sealed like any other, a plain one (any JSON) sealed."""
+        return {
+            k: self.value(v if isinstance(v, str) and is_sealed(v) else msgspec.json.encode(v).decode(), purpose)
+            for k, v in values.items()
+        }
+
+    def url(self, url: str | None, purpose: str) -> str | None:
+        if not url:
+            return url
+
+        def part(text: str) -> str:
+            token = _url_token(text)
+            return quote(self.value(token if token is not None else text, purpose) or "", safe="")
+
+        return map_secret_parts(url, part)
+
+    def json_field(
+        self, raw: str | None, field: str | None, purpose: str, fn: Callable[[dict[str, Any], str], dict[str, Any]]
+    ) -> str | None:
+        """``raw`` (a JSON object) with its map (itself, or its ``field``) passed through
+        ``fn``; ``raw`` itself when nothing changed."""
         if not raw:
-            return raw, 0
+            return raw
         data = _obj.decode(raw)
         values = data if field is None else data.get(field)
         if not isinstance(values, dict):
-            return raw, 0
-        resealed, locked = self._reseal_map(values, purpose, kids, every=every)
+            return raw
+        resealed = fn(values, purpose)
         if resealed == values:
-            return raw, locked
+            return raw
         if field is None:
             data = resealed
         else:
             data[field] = resealed
-        return msgspec.json.encode(data).decode(), locked
-
-
-def _file_kid(box: SecretBox) -> str | None:
-    return box.kid_of_source("file")
+        return msgspec.json.encode(data).decode()

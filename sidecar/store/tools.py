@@ -45,6 +45,7 @@ from sidecar.store.messages import MessageStore
 from sidecar.store.rows import decode_parts, to_json
 from sidecar.store.secrets import Sealer
 from sidecar.secrets.box import SecretBox
+from sidecar.secrets.mask import MASK, unmask_url
 
 __all__ = ["ToolStore", "ToolRun", "ToolCallRecord", "OPEN_STATES", "DECIDED_STATES"]
 
@@ -509,22 +510,41 @@ class ToolStore:
             rows = fetch_all(conn, "SELECT name, config FROM mcp_servers ORDER BY name")
         return [(name, self._sealer.open_mcp_config(config)[0]) for name, config in rows]
 
-    def put_mcp_server(self, name: str, config: str) -> None:
-        """Store ``config`` (JSON) with its env values and secret-looking headers sealed."""
-        sealed = self._sealer.seal_mcp_config(config)
+    def put_mcp_server(self, name: str, config: str) -> str:
+        """Store ``config`` (JSON) with its secrets sealed (every env and header value, the
+        URL's userinfo and query values); returns it as ``mcp_servers()`` will (opened). A
+        masked URL part sent back (``***``, as ``mcp:server:list`` shows it) keeps the
+        stored part."""
         with self._db.write() as conn:
+            row = conn.execute("SELECT config FROM mcp_servers WHERE name = ?", (name,)).fetchone()
+            if row is not None:
+                config = _keep_masked_url(config, str(row[0]))
+            sealed = self._sealer.seal_mcp_config(config)
             now = self._clock()
             conn.execute(
                 "INSERT INTO mcp_servers(name, config, created_at, updated_at) VALUES (?, ?, ?, ?)"
                 " ON CONFLICT(name) DO UPDATE SET config = excluded.config, updated_at = excluded.updated_at",
                 (name, sealed, now, now),
             )
+        return self._sealer.open_mcp_config(sealed)[0]
 
     def delete_mcp_server(self, name: str) -> None:
         with self._db.write() as conn:
             conn.execute("DELETE FROM mcp_servers WHERE name = ?", (name,))
             if conn.changes() == 0:
                 raise NotFound(f"no MCP server named {name!r}")
+
+
+def _keep_masked_url(config: str, stored: str) -> str:
+    """``config`` with the masked parts of its ``url`` replaced by the stored ones."""
+    new, old = msgspec.json.decode(config), msgspec.json.decode(stored)
+    if not (isinstance(new, dict) and isinstance(old, dict)):
+        return config
+    url, stored_url = new.get("url"), old.get("url")
+    if not isinstance(url, str) or not isinstance(stored_url, str) or MASK not in url:
+        return config
+    new["url"] = unmask_url(url, stored_url)
+    return msgspec.json.encode(new).decode()
 
 
 def audit_entry(call: ToolCallRecord, decision: AuditDecision, actor: AuditActor, **extra: Any) -> ToolAuditEntry:

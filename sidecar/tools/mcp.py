@@ -23,7 +23,9 @@ Must stay true:
   never exited with an exception passed through (see sidecar/tools/mcp_transport.py for
   why an exit stack must not unwind a cancellation through it);
 - a stdio server never inherits our stdout and its stderr is always drained; ``env``
-  values are passed to the process and never logged or returned.
+  and header values are passed to the server and never logged or returned, and the URL
+  is listed with its userinfo and query values masked (``sidecar/secrets/mask.py``; a
+  masked part sent back keeps the stored one).
 """
 
 from __future__ import annotations
@@ -40,6 +42,8 @@ import msgspec
 from protocol.common import NameParams, SuccessResult
 from protocol.mcp import McpServerInfo, McpServerUpsertParams
 from sidecar.errors import InvalidParams, NotFound
+from sidecar.secrets.mask import mask_url
+from sidecar.secrets.urls import split_secret_parts
 from sidecar.store.async_store import AsyncStore
 from sidecar.tools.base import Tool, ToolContext, ToolError, ToolOutput
 from sidecar.tools.mcp_config import McpServerConfig, RemoteTool, mcp_tool_name, sanitize
@@ -127,7 +131,10 @@ class McpManager:
         if params.transport == "stdio":
             if not params.command or not params.command.strip():
                 raise InvalidParams("invalid params: command is required for a stdio server - at `$.command`")
-        elif not params.url or not params.url.startswith(("http://", "https://")):
+        elif (
+            not params.url or not params.url.startswith(("http://", "https://"))
+            or split_secret_parts(params.url) is None
+        ):
             raise InvalidParams("invalid params: url must be an http(s) URL for an http server - at `$.url`")
         for field, value in (("toolTimeoutS", params.tool_timeout_s), ("connectTimeoutS", params.connect_timeout_s)):
             if not 0 < value <= 3600:
@@ -142,7 +149,8 @@ class McpManager:
         async with self._lock:
             if name not in self._configs and len(self._configs) >= MAX_SERVERS:
                 raise InvalidParams(f"at most {MAX_SERVERS} MCP servers can be configured")
-            await self._store.run(lambda s: s.tools.put_mcp_server(name, raw))
+            stored = await self._store.run(lambda s: s.tools.put_mcp_server(name, raw))
+            config = msgspec.json.decode(stored, type=McpServerConfig)  # masked URL parts restored
             self._configs[name] = config
             await self._stop(name)
             if config.enabled and not self._closing:
@@ -167,7 +175,8 @@ class McpManager:
         server = self._servers.get(name)
         info = McpServerInfo(
             name=c.name, transport="http" if c.transport == "http" else "stdio",
-            command=c.command, args=c.args, env_keys=sorted(c.env), cwd=c.cwd, url=c.url,
+            command=c.command, args=c.args, env_keys=sorted(c.env), cwd=c.cwd,
+            url=mask_url(c.url) if c.url is not None else None,
             enabled=c.enabled, tool_timeout_s=c.tool_timeout_s, connect_timeout_s=c.connect_timeout_s,
             status="disabled",
         )

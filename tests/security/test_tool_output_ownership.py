@@ -75,3 +75,30 @@ async def test_the_same_call_id_in_two_sessions_keeps_two_outputs(tmp_path: Path
         again = await results(proc, server, a, read("call_1"))
         assert again["call_0"]["output"].startswith("A-PRIVATE-OUTPUT"), again
         await proc.close()
+
+
+async def test_an_untagged_spill_of_an_older_version_is_read_by_its_own_session_only(tmp_path: Path) -> None:
+    import apsw
+
+    from sidecar.tools.spill import spill_name
+
+    data = tmp_path / "data"
+    async with scripted_provider() as server:
+        async with spawn_sidecar(data) as proc:
+            a, b = await setup(proc, server)
+            await results(proc, server, a, echo("call_old", A_OUTPUT))
+            await proc.close()
+        # as an older version named and recorded it: tool_outputs/<call id>.txt
+        tagged = f"tool_outputs/{spill_name(a, 'call_old')}"
+        (data / tagged).rename(data / "tool_outputs" / "call_old.txt")
+        conn = apsw.Connection(str(data / "chat.db"))
+        conn.execute("UPDATE owned_files SET path = 'tool_outputs/call_old.txt' WHERE path = ?", (tagged,))
+        conn.close()
+        async with spawn_sidecar(data) as proc:
+            await proc.call("sidecar:initialize", {})
+            await proc.call("tool:policy:set", {"key": "mcp:fx", "policy": "auto"})
+            own = await results(proc, server, a, read("call_old"))
+            assert own["call_0"]["output"].startswith("A-PRIVATE-OUTPUT"), own
+            other = await results(proc, server, b, read("call_old"))
+            assert "A-PRIVATE" not in other["call_0"]["output"] and "no saved output" in other["call_0"]["output"]
+            await proc.close()
