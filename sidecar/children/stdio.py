@@ -17,9 +17,9 @@ Must stay true (DESIGN.md section 5, acp-notes "Process pitfalls"):
   (``ChildSpec.__repr__``);
 - shutdown: close stdin -> wait -> SIGTERM -> wait -> SIGKILL -> wait, each wait bounded,
   all shielded from cancellation (and so is the start: a cancellation that comes while
-  the process starts stops it like any other); the child is always reaped (no zombie). On POSIX the
-  child leads its own process group, so what it spawned is signalled with it and leftovers
-  of a child that exited are killed too.
+  the process starts stops it like any other); the child is always reaped (no zombie).
+  On POSIX the child leads its own process group, so what it spawned is signalled with
+  it and leftovers of a child that exited are killed too.
 """
 
 from __future__ import annotations
@@ -105,7 +105,7 @@ class ChildProcess:
     def returncode(self) -> int | None:
         return self.process.returncode
 
-    def last_stderr_line(self) -> str:
+    def _last_stderr_line(self) -> str:
         lines = [ln for ln in self.stderr_tail.decode("utf-8", "replace").splitlines() if ln.strip()]
         return lines[-1][:300] if lines else ""
 
@@ -122,7 +122,7 @@ class ChildProcess:
                 what = f"was killed by signal {-code}"
         else:
             what = f"exited with code {code}"
-        tail = self.last_stderr_line()
+        tail = self._last_stderr_line()
         return what + (f" (stderr: {tail})" if tail else "")
 
     # -- tasks -----------------------------------------------------------------------
