@@ -41,11 +41,11 @@ def test_sealed_url_parts_and_body_fields_open_to_what_was_given(tmp_path: Path)
     body = {"api_key": "sk-3", "temperature": 0.25, "nested": {"a": [1, None]}, "flag": False}
     stored = sealer.seal_json_map(body, BODY)
     assert all(v.startswith("enc1:") for v in stored.values())
-    assert sealer.open_json_map(stored, BODY) == (body, False)
-    assert sealer.open_json_map({"plain": 3}, BODY) == ({"plain": 3}, False)  # an older version's row
+    assert sealer.open_json_map(stored, BODY, "p") == (body, False)
+    assert sealer.open_json_map({"plain": 3}, BODY, "p") == ({"plain": 3}, False)  # an older version's row
     # a value sealed with a key this process was not given is left out, and says so
     (tmp_path / "other").mkdir()
     other = Sealer(SecretBox(tmp_path / "other", use_keychain=False))
     assert other.open_url(sealed, BASE_URL) == ("https://api.example.test:8443/v1?empty=#frag", True)
-    opened, locked = other.open_json_map(stored, BODY)
+    opened, locked = other.open_json_map(stored, BODY, "p")
     assert opened == {} and locked

@@ -121,7 +121,7 @@ def _row(row: tuple[Any, ...], sealer: Sealer) -> ProviderRecord:
     stored_headers = _headers.decode(row[6])
     headers, headers_locked = sealer.open_map(stored_headers, HEADERS)
     stored_body = lenient_json(_obj, row[7], "body", f"provider {row[0]!r}", {})
-    body, body_locked = sealer.open_json_map(stored_body, BODY)
+    body, body_locked = sealer.open_json_map(stored_body, BODY, f"provider {row[0]!r}")
     base_url, url_locked = sealer.open_url(row[3], BASE_URL)
     engine = _engine.decode(row[12]) if row[12] else None
     env_locked = False

@@ -41,6 +41,7 @@ from sidecar.secrets.box import SecretBox, SecretsStatus, is_sealed
 from sidecar.secrets.keys import remove_key_file
 from sidecar.secrets.urls import map_secret_parts
 from sidecar.store.db import Database, fetch_all
+from sidecar.store.rows import lenient_json
 
 API_KEY = "providers.api_key"
 HEADERS = "providers.headers"
@@ -55,6 +56,7 @@ _MCP_MAPS = (("env", MCP_ENV), ("headers", MCP_HEADERS))
 
 _obj = msgspec.json.Decoder(dict[str, Any])
 _any = msgspec.json.Decoder()
+_UNREADABLE = object()
 
 
 def _url_token(part: str) -> str | None:
@@ -111,8 +113,9 @@ class Sealer:
             for k, v in values.items()
         }
 
-    def open_json_map(self, values: dict[str, Any], purpose: str) -> tuple[dict[str, Any], bool]:
-        """The values (JSON decoded); one that cannot be opened is left out (locked True).
+    def open_json_map(self, values: dict[str, Any], purpose: str, row: str) -> tuple[dict[str, Any], bool]:
+        """The values (JSON decoded); one that cannot be opened is left out (locked True),
+        one that does not decode (or nests too deep to serve) is left out and logged.
         A value that is not sealed (an older version's row) is itself."""
         opened: dict[str, Any] = {}
         locked = False
@@ -124,7 +127,9 @@ class Sealer:
             if bad or plain is None:
                 locked = True
                 continue
-            opened[key] = _any.decode(plain)
+            decoded = lenient_json(_any, plain, f"{purpose} field {key!r}", row, _UNREADABLE)
+            if decoded is not _UNREADABLE:
+                opened[key] = decoded
         return opened, locked
 
     # URLs: the userinfo and the query values ----------------------------------------
@@ -162,8 +167,12 @@ class Sealer:
             data["url"] = self.seal_url(data["url"], MCP_URL)
         return msgspec.json.encode(data).decode()
 
-    def open_mcp_config(self, config: str) -> tuple[str, bool]:
-        data = _obj.decode(config)
+    def open_mcp_config(self, config: str, name: str) -> tuple[str, bool]:
+        """The config with its secrets opened (one that cannot be opened left out: locked
+        True); a config that does not decode comes back as stored (its reader logs it)."""
+        data = lenient_json(_obj, config, "config", f"MCP server {name!r}", None)
+        if data is None:
+            return config, False
         locked = False
         for field, purpose in _MCP_MAPS:
             values = _str_map(data.get(field))
@@ -197,12 +206,13 @@ class SecretsRepo:
                 conn,
                 "SELECT id, api_key, headers, body, base_url, engine FROM providers"
             ):
+                row = f"provider {provider_id!r}"
                 new = (
                     pass_.value(api_key, API_KEY),
-                    pass_.json_field(headers, None, HEADERS, pass_.map),
-                    pass_.json_field(body, None, BODY, pass_.json_values),
+                    pass_.json_field(headers, None, HEADERS, pass_.map, row),
+                    pass_.json_field(body, None, BODY, pass_.json_values, row),
                     pass_.url(base_url, BASE_URL),
-                    pass_.json_field(engine, "env", ENGINE_ENV, pass_.map),
+                    pass_.json_field(engine, "env", ENGINE_ENV, pass_.map, row),
                 )
                 if new != (api_key, headers, body, base_url, engine):
                     conn.execute(
@@ -212,9 +222,9 @@ class SecretsRepo:
             for name, config in fetch_all(conn, "SELECT name, config FROM mcp_servers"):
                 resealed = config
                 for field, purpose in _MCP_MAPS:
-                    resealed = pass_.json_field(resealed, field, purpose, pass_.map)
-                data = _obj.decode(resealed)
-                if isinstance(data.get("url"), str):
+                    resealed = pass_.json_field(resealed, field, purpose, pass_.map, f"MCP server {name!r}")
+                data = lenient_json(_obj, resealed, "config", f"MCP server {name!r}", None)
+                if data is not None and isinstance(data.get("url"), str):
                     url = pass_.url(data["url"], MCP_URL)
                     if url != data["url"]:
                         data["url"] = url
@@ -284,13 +294,17 @@ class _Reseal:
         return map_secret_parts(url, part)
 
     def json_field(
-        self, raw: str | None, field: str | None, purpose: str, fn: Callable[[dict[str, Any], str], dict[str, Any]]
+        self, raw: str | None, field: str | None, purpose: str,
+        fn: Callable[[dict[str, Any], str], dict[str, Any]], row: str,
     ) -> str | None:
         """``raw`` (a JSON object) with its map (itself, or its ``field``) passed through
-        ``fn``; ``raw`` itself when nothing changed."""
+        ``fn``; ``raw`` itself when nothing changed, or when it does not decode (or nests
+        too deep to serve: it is left as stored, and logged)."""
         if not raw:
             return raw
-        data = _obj.decode(raw)
+        data = lenient_json(_obj, raw, purpose, row, None)
+        if data is None:
+            return raw
         values = data if field is None else data.get(field)
         if not isinstance(values, dict):
             return raw

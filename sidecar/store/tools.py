@@ -508,7 +508,7 @@ class ToolStore:
         with a key this process was not given) is left out of the config."""
         with self._db.read() as conn:
             rows = fetch_all(conn, "SELECT name, config FROM mcp_servers ORDER BY name")
-        return [(name, self._sealer.open_mcp_config(config)[0]) for name, config in rows]
+        return [(name, self._sealer.open_mcp_config(config, name)[0]) for name, config in rows]
 
     def put_mcp_server(self, name: str, config: str) -> str:
         """Store ``config`` (JSON) with its secrets sealed (every env and header value, the
@@ -526,7 +526,7 @@ class ToolStore:
                 " ON CONFLICT(name) DO UPDATE SET config = excluded.config, updated_at = excluded.updated_at",
                 (name, sealed, now, now),
             )
-        return self._sealer.open_mcp_config(sealed)[0]
+        return self._sealer.open_mcp_config(sealed, name)[0]
 
     def delete_mcp_server(self, name: str) -> None:
         with self._db.write() as conn:
