@@ -2,11 +2,12 @@
 
 Owns: rendering the reply's Markdown for the channel's dialect (render.py), making its
 mentions inert unless the channel allows them (mentions.py: ``allowMentions`` off, the
-default), splitting it at the channel's limits (split.py) into text chunks, or for ``slack_blocks`` into section blocks
-grouped into messages (at most ``maxBlocks`` sections and ``maxMessageSize`` characters each),
-and the images and files that go as separate items after the text: images of the Markdown
-that the dialect cannot show inline, and the reply's own image/file parts (only ``file://``
-URIs inside the attachments directory, never another local path, and http(s) URLs).
+default), splitting it at the channel's limits (split.py) into text chunks, or for
+``slack_blocks`` into section blocks grouped into messages (at most ``maxBlocks`` sections
+and ``maxMessageSize`` characters each), and the images and files that go as separate
+items after the text: images of the Markdown that the dialect cannot show inline, and the
+reply's own image/file parts (only ``file://`` URIs inside the attachments directory, never
+another local path, and http(s) URLs).
 
 Blocking (it may check files): call ``compose`` through ``anyio.to_thread.run_sync``.
 """

@@ -19,9 +19,9 @@ Owns three side calls and what they leave behind:
 
 Every call is bounded in time and in tokens (the transcript it sends is cut to what the
 model's context window leaves beside its answer); the texts of its messages are written by
-the rule for untrusted text (sidecar/untrusted.py), each on its line. What a side call costs is added to its
-session through SideUsage (sidecar/engine/usage.py), as ``side:suggestions``,
-``side:summary`` and ``side:title``.
+the rule for untrusted text (sidecar/untrusted.py), each on its line. What a side call
+costs is added to its session through SideUsage (sidecar/engine/usage.py), as
+``side:suggestions``, ``side:summary`` and ``side:title``.
 
 Must stay true: a side call never blocks, fails or delays a reply; the automatic ones only
 log their failures; the explicit ones (``summarize_session``, ``title_session``) answer

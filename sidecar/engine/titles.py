@@ -111,7 +111,8 @@ class TitleGenerator:
             return None
         user_text = (path[0].text_content or "")[:1000]
         reply_text = (path[-1].text_content or "")[:1000]
-        title = await self._ask(session, provider_id, model_id, f"User: {escape(user_text)}\n\nAssistant: {escape(reply_text)}")
+        excerpt = f"User: {escape(user_text)}\n\nAssistant: {escape(reply_text)}"
+        title = await self._ask(session, provider_id, model_id, excerpt)
         if not title:
             await self._attempted(session.id)
             return None

@@ -5,9 +5,10 @@ are rendered as a plain transcript (tool calls and results shortened, images and
 named, reasoning left out), one ``Role: text`` line each: the history holds text from
 outside (pulled server messages, IM turns, tool results, web pages), so each message's text
 is written by the rule for untrusted text (sidecar/untrusted.py) and can neither close the
-``<new_messages>`` block nor start a line that poses as another message. A transcript larger than ``chunk_tokens`` is summarized in
-chunks, each merged into the summary so far, so the summary model's own context window is
-never exceeded, however long the covered prefix is. At most ``max_chunks`` calls are made
+``<new_messages>`` block nor start a line that poses as another message. A transcript
+larger than ``chunk_tokens`` is summarized in chunks, each merged into the summary so far,
+so the summary model's own context window is never exceeded, however long the covered
+prefix is. At most ``max_chunks`` calls are made
 per refresh (the first request of a long imported session must not wait for dozens of model
 calls): beyond that, the OLDEST blocks are left out and the model is told how many messages
 it did not see. Refreshes after the first cover little more than a window each, so this

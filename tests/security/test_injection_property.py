@@ -159,11 +159,11 @@ def test_untrusted_text_never_starts_a_role_or_a_block(tmp_path: Path) -> None:
             chunk=untrusted, document=untrusted, heading=st.lists(untrusted, max_size=3), memory=untrusted,
             memory_context=untrusted, sender=untrusted, quote=untrusted, quote_sender=untrusted, title=untrusted,
         )
-        def check(**fields: Any) -> None:
-            # what the platforms and the store would have refused or cleaned (not this rule's job)
-            fields = {k: [h for h in v if h.strip()] or [HARMLESS] if isinstance(v, list) else (v.strip() and v or HARMLESS)
-                      for k, v in fields.items()}
-            _, texts = anyio.run(world.body, Inputs(**fields))
+        def check(heading: list[str], **fields: str) -> None:
+            # blank values would drop the element they fill (a quote, a name): not this rule's job
+            inputs = Inputs(heading=[h for h in heading if h.strip()] or [HARMLESS],
+                            **{k: v if v.strip() else HARMLESS for k, v in fields.items()})
+            _, texts = anyio.run(world.body, inputs)
             check_request(texts, baseline)
 
         check()
