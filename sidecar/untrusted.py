@@ -1,9 +1,9 @@
 """Untrusted text in a prompt: the one rule for writing it so it stays data.
 
 Every text the process did not write and the user did not type into this turn's message,
-that goes into a request (knowledge chunks, memories, an IM sender's name and the message
-it quotes, a conversation title that came from a server or a chat), is written with
-``escape``:
+that goes into a request as text (knowledge chunks, memories, an IM sender's name and the
+message it quotes, a conversation title that came from a server or a chat, the messages of
+the transcript a summary or a side call reads), is written with ``escape``:
 
 - ``&``, ``<``, ``>`` and ``"`` become ``&amp;``, ``&lt;``, ``&gt;`` and ``&quot;``, so the text
   can neither close nor open an element of ours (``</knowledge>``, ``<memory ...>``) nor
