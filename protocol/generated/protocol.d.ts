@@ -433,6 +433,7 @@ export interface ChannelConfig {
   groupTrigger: GroupTrigger;
   dialect: ChannelDialect;
   botUserIds: string[];
+  allowMentions: boolean;
   providerId: string | null;
   modelId: string | null;
   systemPrompt: string | null;
@@ -468,6 +469,14 @@ export interface ChannelConfigUpsertParams {
    * message sent by one of them is the bot's own (ignored).
    */
   botUserIds?: string[];
+  /**
+   * Whether a reply may mention people. Off (the default): the mention syntax in a reply
+   * (Feishu/Lark ``<at ...>``, Slack/WeCom ``<@...>``, Slack ``<!here>``-style tags, and
+   * ``@all``, ``@everyone``, ``@here``, ``@channel``, ``@所有人``...) is sent with a full-width
+   * ``＜`` or ``＠`` so no platform turns it into a mention (a reply is model output). On:
+   * the reply's text is sent as rendered.
+   */
+  allowMentions?: boolean;
   /** Provider and model of the sessions this channel creates (default: provider:setDefault). */
   providerId?: string | null;
   modelId?: string | null;

@@ -8,7 +8,8 @@ The flow (seed 004 §4.1: PreProcessor 6 adapts the message, PostProcessor 5 rep
    message that does not mention the bot, when the group trigger is ``mention``),
    ``throttled`` (the chat cools down: loop guard), else ``reply``. The session is found or
    created by the scope rule (routing.py); the message is stored in the inbox under its
-   dedup key (the platform message id, else a hash of chat, sender, timestamp and content),
+   chat and dedup key (the platform message id, else a hash of chat, sender, timestamp and
+   content: the same id in another chat is another message),
    which answers a redelivery with ``duplicate`` and does nothing else, also after a
    restart. Attachments are written to the data dir before the answer.
 2. Each session has one worker that runs its inbox rows in arrival order: ``store`` and
@@ -195,7 +196,7 @@ class ChannelService:
         session_id: str | None = None
         queued: QueuedTurn | None = None
         if action != "ignored":
-            existing = await self._db(lambda r: r.find_received(config.id, key, window))
+            existing = await self._db(lambda r: r.find_received(config.id, params.chat_id, key, window))
             if existing is not None:
                 return ChannelMessageResult(action="duplicate", inbox_id=existing.id, session_id=existing.session_id)
             session_id = await self._router.route(config, params, fresh=action == "new_session")

@@ -906,3 +906,47 @@ def m_memory(conn: apsw.Connection) -> None:
         ) WITHOUT ROWID;
         """
     )
+
+
+@migration
+def m_channel_dedup_per_chat(conn: apsw.Connection) -> None:
+    # A platform message id is unique within its chat, not across a channel's chats (Slack's
+    # ``ts`` is per channel): the inbox's dedup key becomes UNIQUE(channel_id, chat_id,
+    # dedup_key), so the same id in another chat is a new message. SQLite cannot change a
+    # table constraint in place: the table is rebuilt (rows, indexes). Nothing references
+    # channel_inbox, so dropping the old table needs no foreign-key dance.
+    conn.execute(
+        """
+        CREATE TABLE channel_inbox_per_chat (
+          id                  TEXT PRIMARY KEY,
+          channel_id          TEXT NOT NULL REFERENCES channel_configs(id) ON DELETE CASCADE,
+          dedup_key           TEXT NOT NULL,
+          chat_id             TEXT NOT NULL,
+          thread_id           TEXT,
+          platform_message_id TEXT,
+          session_id          TEXT REFERENCES sessions_v2(id) ON DELETE SET NULL,
+          action              TEXT NOT NULL,
+          state               TEXT NOT NULL,
+          input               TEXT,
+          user_message_id     TEXT,
+          reply_message_id    TEXT,
+          error               TEXT,
+          received_at         INTEGER NOT NULL,
+          updated_at          INTEGER NOT NULL,
+          UNIQUE (channel_id, chat_id, dedup_key)
+        );
+        INSERT INTO channel_inbox_per_chat(id, channel_id, dedup_key, chat_id, thread_id,
+          platform_message_id, session_id, action, state, input, user_message_id, reply_message_id,
+          error, received_at, updated_at)
+        SELECT id, channel_id, dedup_key, chat_id, thread_id, platform_message_id, session_id,
+          action, state, input, user_message_id, reply_message_id, error, received_at, updated_at
+        FROM channel_inbox;
+        DROP TABLE channel_inbox;
+        ALTER TABLE channel_inbox_per_chat RENAME TO channel_inbox;
+        CREATE INDEX idx_channel_inbox_received ON channel_inbox(channel_id, received_at);
+        CREATE INDEX idx_channel_inbox_open ON channel_inbox(session_id, id)
+          WHERE state IN ('queued', 'running');
+        CREATE INDEX idx_channel_inbox_platform ON channel_inbox(channel_id, platform_message_id)
+          WHERE platform_message_id IS NOT NULL;
+        """
+    )
