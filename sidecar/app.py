@@ -66,6 +66,9 @@ Attributes:
               requests, the memory tools, the MemoryEncoder; its background jobs (embedding,
               encoding) run in its task group, cancelled on exit after the chat engine stopped.
     souls:    SoulService (sidecar/memory/soul.py): assistant:soul:*.
+    tasks:    TaskService (sidecar/tasks/service.py): task:*, and the scheduler, a task of its
+              own task group, entered last (cancelled first on exit: a run in progress stays
+              recorded and is followed again at the next start).
     (later)   ... attached by the services that own them.
 """
 
@@ -111,6 +114,7 @@ if TYPE_CHECKING:
     from sidecar.store import AsyncStore, Store
     from sidecar.store.attachments import AttachmentStore
     from sidecar.sync.service import SyncService
+    from sidecar.tasks.service import TaskService
     from sidecar.tools.mcp import McpManager
     from sidecar.tools.service import ToolService
 
@@ -144,6 +148,7 @@ class App:
     side_usage: SideUsage
     memory: MemoryService
     souls: SoulService
+    tasks: TaskService
 
     def __init__(self, config: Config, data_dir: Path, notify: Notify) -> None:
         self.config = config
@@ -221,6 +226,7 @@ async def open_app(
         await _open_compat(app, stack)
         await _open_channels(app, stack)
         await _start_background(app, stack)
+        await _open_tasks(app, stack)
         yield app
 
 
@@ -260,6 +266,7 @@ _SERVICE_MODULES = (
     "sidecar.engine.storage",
     "sidecar.memory.service",
     "sidecar.memory.soul",
+    "sidecar.tasks.service",
 )
 
 
@@ -483,6 +490,31 @@ async def _open_channels(app: App, stack: AsyncExitStack) -> None:
         task_group=task_group,
     )
     await app.channels.load()
+
+
+async def _open_tasks(app: App, stack: AsyncExitStack) -> None:
+    """Scheduled tasks: the scheduler runs in a task group entered last, so it is cancelled
+    first on exit (before the channels and the chat engine it uses close)."""
+    import anyio
+
+    from protocol.tasks import TaskDelivery
+    from protocol.types import MessageV2
+    from sidecar.tasks.clock import ManualClock, WallClock
+    from sidecar.tasks.runner import TaskRunner
+    from sidecar.tasks.service import TaskService
+
+    channels = app.channels
+
+    async def deliver(to: TaskDelivery, message: MessageV2) -> None:
+        await channels.deliver_reply(to.channel, to.chat_id, message, thread_id=to.thread_id)
+
+    runner = TaskRunner(store=app.store, chat=app.chat, events=app.events, notify=app.notify, deliver=deliver)
+    clock = ManualClock(app.config.test_clock_ms) if app.config.test_clock_ms is not None else WallClock()
+    app.tasks = TaskService(store=app.store, notify=app.notify, runner=runner, clock=clock)
+    await app.tasks.load()
+    task_group = await stack.enter_async_context(anyio.create_task_group())
+    stack.callback(task_group.cancel_scope.cancel)
+    app.tasks.start(task_group)
 
 
 def _assistant_for(app: App) -> AssistantFor:

@@ -116,5 +116,14 @@ BINDINGS: dict[str, str] = {
     "assistant:soul:set": "souls.set",
     "assistant:soul:history": "souls.history",
     "assistant:soul:revert": "souls.revert",
+    "task:create": "tasks.create_task",
+    "task:list": "tasks.list_tasks",
+    "task:get": "tasks.get_task",
+    "task:update": "tasks.update_task",
+    "task:delete": "tasks.delete_task",
+    "task:run": "tasks.run_task",
+    "task:runs": "tasks.list_runs",
+    "task:settings:get": "tasks.get_settings",
+    "task:settings:update": "tasks.update_settings",
 }
 """Method name -> attribute path on the App of the ``async def f(params) -> result`` that answers it."""

@@ -198,6 +198,11 @@ export type MessageRole = "assistant" | "system" | "tool" | "user";
  */
 export type MessageStatus = "aborted" | "completed" | "error" | "paused" | "pending" | "streaming";
 /**
+ * What a time missed while the app was closed or asleep (more than a minute late) becomes:
+ * one run at the next start (however many times were missed), or a skipped run.
+ */
+export type MissedPolicy = "run_once" | "skip";
+/**
  * ``acp_session_replaced``: the agent could not reload the conversation after a restart and
  * starts a new agent session without the earlier turns; ``acp_history_unavailable``: the agent
  * session of this branch is unknown to the engine; ``acp_content_not_sent``: parts of the user
@@ -253,6 +258,17 @@ export type SoulSource = "import" | "revert" | "tool" | "user";
  * sidecar (``chat:session:summarize``, the automatic summary).
  */
 export type SummarySource = "ai" | "user";
+/**
+ * ``prompt``: send ``prompt`` in a session; ``memory-consolidate``: ``memory:consolidate``
+ * of ``scope`` (every scope when none) in the mode of the memory settings.
+ */
+export type TaskKind = "memory-consolidate" | "prompt";
+/**
+ * ``queued``: waiting for a free slot; ``paused``: its reply waits for a tool approval;
+ * ``interrupted``: the app stopped before the run had sent anything.
+ */
+export type TaskRunStatus = "aborted" | "completed" | "error" | "interrupted" | "paused" | "queued" | "running" | "skipped";
+export type TaskTrigger = "manual" | "missed" | "schedule";
 /** What ``chat:tool:approve`` can decide. */
 export type ToolDecision = "answered" | "approved" | "denied";
 /** auto: run without asking; ask: a pending approval first; deny: never run (denied result). */
@@ -1020,6 +1036,17 @@ export interface CreateSessionOptions {
   channelMeta?: Record<string, unknown> | null;
   /** Absolute path of the session's working directory (workspace tools, ACP ``cwd``). */
   workspaceDir?: string | null;
+}
+
+/**
+ * Every time a 5-field cron expression (minute hour day-of-month month day-of-week,
+ * as Debian cron reads it, names such as ``MON`` and ``JAN`` allowed) matches.
+ */
+export interface CronSchedule {
+  kind: "cron";
+  expression: string;
+  /** An IANA zone name (``Europe/Paris``); none: the ``timezone`` of ``task:settings``. */
+  timezone?: string | null;
 }
 
 export interface DateRange {
@@ -1847,6 +1874,12 @@ export interface OcrOptions {
   /** A vision-capable model; default: the session's model. */
   model?: DefaultModel | null;
   prompt?: string;
+}
+
+/** One run at ``at`` (ms since the epoch); afterwards the task has no next run. */
+export interface OnceSchedule {
+  kind: "once";
+  at: number;
 }
 
 /** A tool call waiting for a decision (``tool:pending:list``). */
@@ -2699,6 +2732,145 @@ export interface SyncSettingsUpdate {
   messagePageSize?: number | null;
 }
 
+export interface Task {
+  id: string;
+  name: string;
+  schedule: CronSchedule | OnceSchedule;
+  /** The schedule in words (``At 09:00 every day``; for ``once``: the moment in ISO 8601). */
+  scheduleText: string;
+  /** The zone the schedule is evaluated in. */
+  timezone: string;
+  kind: TaskKind;
+  prompt: string | null;
+  sessionId: string | null;
+  newSession: CreateSessionOptions | null;
+  assistantId: string | null;
+  scope: string | null;
+  deliver: TaskDelivery | null;
+  missed: MissedPolicy;
+  enabled: boolean;
+  /** None: disabled, or a one-shot task that ran. */
+  nextRunAt: number | null;
+  lastRun: TaskRun | null;
+  createdAt: number;
+  updatedAt: number;
+}
+
+export interface TaskCreateParams {
+  name: string;
+  schedule: CronSchedule | OnceSchedule;
+  kind?: TaskKind;
+  /** Required for kind ``prompt``: what is sent, as a user message. */
+  prompt?: string | null;
+  /** Continue this session at every run (excludes ``newSession``). */
+  sessionId?: string | null;
+  /**
+   * Each run starts a new session with these options (default title: the task's name).
+   * Without ``sessionId`` and ``newSession`` each run starts a new session with defaults.
+   */
+  newSession?: CreateSessionOptions | null;
+  /** The assistant of the sessions the task starts (default: the default assistant). */
+  assistantId?: string | null;
+  /** Kind ``memory-consolidate``: ``global`` or an assistant's id; none: every scope. */
+  scope?: string | null;
+  deliver?: TaskDelivery | null;
+  missed?: MissedPolicy;
+  enabled?: boolean;
+}
+
+/** Where a prompt task's reply goes besides its session: a chat of a configured channel. */
+export interface TaskDelivery {
+  channel: string;
+  chatId: string;
+  threadId?: string | null;
+}
+
+/** Oldest first. */
+export interface TaskListParams {
+  enabled?: boolean | null;
+  limit?: number;
+  offset?: number;
+}
+
+export interface TaskListResult {
+  tasks: Task[];
+  total: number;
+}
+
+export interface TaskRun {
+  id: string;
+  taskId: string;
+  trigger: TaskTrigger;
+  /** The time of the schedule this run is for (``manual``: when it was asked for). */
+  scheduledFor: number;
+  status: TaskRunStatus;
+  sessionId: string | null;
+  /** The reply (kind ``prompt``). */
+  messageId: string | null;
+  /** Why it failed, was skipped or interrupted. */
+  error: string | null;
+  /** The reply could not be handed to its channel (the run's status is the reply's). */
+  deliveryError: string | null;
+  createdAt: number;
+  startedAt: number | null;
+  finishedAt: number | null;
+}
+
+/** Newest first. */
+export interface TaskRunsParams {
+  taskId?: string | null;
+  status?: TaskRunStatus | null;
+  limit?: number;
+  offset?: number;
+}
+
+export interface TaskRunsResult {
+  runs: TaskRun[];
+  total: number;
+}
+
+export interface TaskSettings {
+  /** Runs going at once (a paused run holds its slot until its approval is answered). */
+  maxConcurrentRuns: number;
+  /** The host's IANA time zone: cron schedules without a zone of their own use it. */
+  timezone: string;
+}
+
+export interface TaskSettingsUpdate {
+  /** absent: keep; null: clear (to the default). */
+  maxConcurrentRuns?: number;
+  /** absent: keep; null: clear (to the default). */
+  timezone?: string;
+}
+
+/**
+ * The fields given change (``null`` clears an optional one); a new schedule counts
+ * from now. A run in progress is not affected.
+ */
+export interface TaskUpdateParams {
+  id: string;
+  /** absent: keep; null: clear (to the default). */
+  name?: string;
+  /** absent: keep; null: clear (to the default). */
+  schedule?: CronSchedule | OnceSchedule;
+  /** absent: keep; null: clear (to the default). */
+  prompt?: string | null;
+  /** absent: keep; null: clear (to the default). */
+  sessionId?: string | null;
+  /** absent: keep; null: clear (to the default). */
+  newSession?: CreateSessionOptions | null;
+  /** absent: keep; null: clear (to the default). */
+  assistantId?: string | null;
+  /** absent: keep; null: clear (to the default). */
+  scope?: string | null;
+  /** absent: keep; null: clear (to the default). */
+  deliver?: TaskDelivery | null;
+  /** absent: keep; null: clear (to the default). */
+  missed?: MissedPolicy;
+  /** absent: keep; null: clear (to the default). */
+  enabled?: boolean;
+}
+
 export interface TemplateOptions {
   enabled?: boolean;
   /**
@@ -3230,6 +3402,24 @@ export interface Methods {
   "sync:settings:get": { params: EmptyParams; result: SyncSettings };
   /** Change sync settings. */
   "sync:settings:update": { params: SyncSettingsUpdate; result: SyncSettings };
+  /** Schedule a task (cron or one-shot). */
+  "task:create": { params: TaskCreateParams; result: Task };
+  /** Delete a task and its runs; it never runs again. */
+  "task:delete": { params: IdParams; result: SuccessResult };
+  /** One task with its next and last run. */
+  "task:get": { params: IdParams; result: Task };
+  /** Scheduled tasks, oldest first. */
+  "task:list": { params: TaskListParams; result: TaskListResult };
+  /** Run a task now (BUSY while its previous run is going). */
+  "task:run": { params: IdParams; result: TaskRun };
+  /** Runs of one or every task, newest first. */
+  "task:runs": { params: TaskRunsParams; result: TaskRunsResult };
+  /** The scheduler's settings. */
+  "task:settings:get": { params: EmptyParams; result: TaskSettings };
+  /** Change the scheduler's settings. */
+  "task:settings:update": { params: TaskSettingsUpdate; result: TaskSettings };
+  /** Change a task (a new schedule counts from now). */
+  "task:update": { params: TaskUpdateParams; result: Task };
   /** The audit trail of tool-call decisions, newest first. */
   "tool:audit:list": { params: ToolAuditListParams; result: ToolAuditEntry[] };
   /** The tools a session's model is offered. */
@@ -3265,6 +3455,10 @@ export interface Notifications {
   "server:status:updated": { params: ServerStatus; direction: "server->client" };
   /** Progress of a long request, under the caller's progressToken. */
   "sidecar:progress": { params: ProgressParams; direction: "server->client" };
+  /** A task's run ended (completed, error, aborted, skipped...). */
+  "task_finished": { params: TaskRun; direction: "server->client" };
+  /** A task's run started (its session and reply ids once sent). */
+  "task_fired": { params: TaskRun; direction: "server->client" };
 }
 export type NotificationName = keyof Notifications;
 

@@ -906,3 +906,46 @@ def m_memory(conn: apsw.Connection) -> None:
         ) WITHOUT ROWID;
         """
     )
+
+
+@migration
+def m_tasks(conn: apsw.Connection) -> None:
+    """Scheduled tasks (sidecar/store/tasks.py). ``spec`` is the task's definition (JSON of
+    its wire fields); ``next_run_at`` is the next time of its schedule (NULL: disabled, or
+    a one-shot that ran). A run of the schedule is claimed by inserting its row: the unique
+    index on (task, scheduled_for) makes a time run at most once, also across a crash."""
+    conn.execute(
+        """
+        CREATE TABLE IF NOT EXISTS tasks (
+          id          TEXT PRIMARY KEY,
+          name        TEXT NOT NULL,
+          kind        TEXT NOT NULL,
+          spec        TEXT NOT NULL,
+          enabled     INTEGER NOT NULL DEFAULT 1,
+          next_run_at INTEGER,
+          created_at  INTEGER NOT NULL,
+          updated_at  INTEGER NOT NULL
+        );
+        CREATE INDEX IF NOT EXISTS idx_tasks_due ON tasks(next_run_at)
+          WHERE enabled = 1 AND next_run_at IS NOT NULL;
+        CREATE TABLE IF NOT EXISTS task_runs (
+          id             TEXT PRIMARY KEY,
+          task_id        TEXT NOT NULL REFERENCES tasks(id) ON DELETE CASCADE,
+          trigger        TEXT NOT NULL,
+          scheduled_for  INTEGER NOT NULL,
+          status         TEXT NOT NULL,
+          session_id     TEXT,
+          message_id     TEXT,
+          error          TEXT,
+          delivery_error TEXT,
+          created_at     INTEGER NOT NULL,
+          started_at     INTEGER,
+          finished_at    INTEGER
+        );
+        CREATE UNIQUE INDEX IF NOT EXISTS idx_task_runs_fire ON task_runs(task_id, scheduled_for)
+          WHERE trigger != 'manual';
+        CREATE INDEX IF NOT EXISTS idx_task_runs_task ON task_runs(task_id, created_at);
+        CREATE INDEX IF NOT EXISTS idx_task_runs_open ON task_runs(status)
+          WHERE status IN ('queued', 'running', 'paused');
+        """
+    )
