@@ -261,3 +261,28 @@ async def test_a_reply_is_delivered_to_the_tasks_channel_chat_in_a_continued_ses
         third = await next_task_note(proc, "task_finished", task["id"])
         assert third["status"] == "completed" and "im" in third["deliveryError"]
         await proc.close()
+
+
+async def test_at_most_n_runs_at_once_and_a_run_going_at_shutdown_is_settled_at_the_next_start(tmp_path: Path) -> None:
+    data = tmp_path / "data"
+    async with scripted_provider() as chat:
+        async with spawn_sidecar(data, "--test-clock", str(ms(2026, 3, 10, 9, 59))) as proc:
+            await start(proc, chat.base_url)
+            assert (await proc.call("task:settings:update", {"maxConcurrentRuns": 1}))["maxConcurrentRuns"] == 1
+            hourly = {"kind": "cron", "expression": "0 * * * *"}
+            first = await proc.call("task:create", {"name": "one", "schedule": hourly, "prompt": "First."})
+            second = await proc.call("task:create", {"name": "two", "schedule": hourly, "prompt": "Second."})
+            await chat.script({"text": "slow " * 40, "delay_ms": 150})
+            await move(proc, ms(2026, 3, 10, 10, 0))
+            await next_task_note(proc, "task_fired", first["id"])
+            # one slot: the second waits queued while the first streams
+            assert [r["status"] for r in await runs(proc, second["id"])] == ["queued"]
+            await proc.close()  # the first run is going: the sidecar still stops at once
+        async with spawn_sidecar(data, "--test-clock", str(ms(2026, 3, 10, 10, 0, 20))) as proc:
+            await proc.call("sidecar:initialize", {"protocolVersion": 1})
+            one = await next_task_note(proc, "task_finished", first["id"])
+            two = await next_task_note(proc, "task_finished", second["id"])
+            # the reply aborted by the shutdown ends its run as aborted; the one that never started is interrupted
+            assert (one["status"], two["status"]) == ("aborted", "interrupted")
+            assert one["messageId"] and two["messageId"] is None
+            await proc.close()
