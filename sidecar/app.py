@@ -34,6 +34,8 @@ Attributes:
     secrets:  SecretsService (sidecar/engine/secrets.py): settles the key of secrets at rest.
     sessions: SessionService (sidecar/engine/sessions.py): chat:session:* and chat:messages:*.
     assistants: AssistantService (sidecar/engine/assistants.py): assistant:*.
+    provider_probe: ProviderProbe (sidecar/engine/provider_probe.py): provider:test and
+              provider:models, each on a throwaway client.
     attachments: AttachmentStore (sidecar/store/attachments.py): stored attachment files.
     requests: RequestBuilder (sidecar/pipeline/builder.py), built once: the generation loop and
               chat:context:* share it (token cache, summary checks, summary locks).
@@ -100,6 +102,7 @@ if TYPE_CHECKING:
     from sidecar.engine.assistants import AssistantService
     from sidecar.engine.chat import ChatEngine
     from sidecar.engine.context import ContextService
+    from sidecar.engine.provider_probe import ProviderProbe
     from sidecar.engine.providers import ProviderService
     from sidecar.engine.secrets import SecretsService
     from sidecar.engine.sessions import SessionService
@@ -129,6 +132,7 @@ class App:
     sessions: SessionService
     settings: SettingsService
     providers: ProviderService
+    provider_probe: ProviderProbe
     attachments: AttachmentStore
     requests: RequestBuilder
     acp_engines: AcpEngines
@@ -247,6 +251,7 @@ _SERVICE_MODULES = (
     "sidecar.engine.approvals",
     "sidecar.engine.chat",
     "sidecar.engine.providers",
+    "sidecar.engine.provider_probe",
     "sidecar.engine.settings",
     "sidecar.tools.mcp",
     "sidecar.tools.service",
@@ -295,6 +300,7 @@ async def _open_chat(app: App, stack: AsyncExitStack) -> None:
 
     from sidecar.engine.approvals import ApprovalService
     from sidecar.engine.chat import ChatEngine
+    from sidecar.engine.provider_probe import ProviderProbe
     from sidecar.engine.providers import ProviderService
     from sidecar.engine.settings import SettingsService
     from sidecar.engine.side import SideCalls
@@ -322,6 +328,7 @@ async def _open_chat(app: App, stack: AsyncExitStack) -> None:
     await app.settings.load()
     app.providers = ProviderService(store)
     stack.push_async_callback(app.providers.aclose)
+    app.provider_probe = ProviderProbe(store)
     app.side_usage = SideUsage(store, app.providers)
     app.attachments = AttachmentStore(app.data_dir)
     # one builder: the generation loop and chat:context:* share its token cache, summary

@@ -37,6 +37,8 @@ BINDINGS: dict[str, str] = {
     "provider:upsert": "providers.upsert_provider",
     "provider:delete": "providers.delete_provider",
     "provider:setDefault": "providers.set_default",
+    "provider:test": "provider_probe.test",
+    "provider:models": "provider_probe.models",
     "settings:get": "settings.get_settings",
     "settings:update": "settings.update_settings",
     "chat:tool:approve": "approvals.approve",

@@ -217,6 +217,14 @@ export type ProgressKind = "begin" | "end" | "report";
 export type ProgressToken = number | string;
 export type ProposalAction = "create" | "supersede";
 export type ProviderKind = "acp-engine" | "anthropic" | "ollama" | "openai-compat";
+/**
+ * ``auth``: 401/403 (a wrong or missing key); ``not_found``: 404 (a model or path that does
+ * not exist: check the model id and the base URL); ``rate_limited``: 429 (``retryAfterMs`` when
+ * the endpoint said); ``network``: no connection, or it dropped; ``timeout``: no answer within
+ * ``timeoutS``; ``bad_response``: an answer that is not the format's JSON; ``server_error``:
+ * 5xx / 529; ``bad_request``: another 4xx, or a request that cannot be built (a bad URL).
+ */
+export type ProviderTestErrorKind = "auth" | "bad_request" | "bad_response" | "network" | "not_found" | "rate_limited" | "server_error" | "timeout";
 export type ReasoningLevel = "auto" | "high" | "low" | "max" | "medium" | "off";
 export type RegexScope = "assistant" | "both" | "user";
 export type ReplyChunk = ReplyTextChunk | ReplyBlocksChunk | ReplyImageChunk | ReplyFileChunk;
@@ -1347,6 +1355,22 @@ export interface KnowledgeBase {
   updatedAt: number;
 }
 
+export interface ListedModel {
+  id: string;
+  /** A display name, when the endpoint gives one (Anthropic). */
+  name: string | null;
+  /**
+   * Tokens of context, when the endpoint says (Anthropic ``max_input_tokens``, Ollama
+   * ``/api/show``, OpenAI-compatible servers that add ``context_length``).
+   */
+  contextWindow: number | null;
+  maxOutputTokens: number | null;
+  ownedBy: string | null;
+  createdAt: number | null;
+  /** The provider's ``models`` has it already. */
+  configured: boolean;
+}
+
 /** Text injected when one of its keywords appears in the recent messages. */
 export interface LorebookEntry {
   keywords: string[];
@@ -1963,13 +1987,61 @@ export interface ProviderInfo {
   /** False: the endpoint cannot stream (see ProviderUpsertParams.stream). */
   stream: boolean;
   isDefault: boolean;
+  timeoutS: number | null;
+  maxRetries: number | null;
   createdAt: number;
   updatedAt: number;
+}
+
+/** ``provider:models``: exactly one of ``id`` and ``config`` (as for ``provider:test``). */
+export interface ProviderModelsParams {
+  id?: string | null;
+  config?: ProviderUpsertParams | null;
+}
+
+export interface ProviderModelsResult {
+  models: ListedModel[];
+  /** What could not be read (an Ollama model whose details did not come...). */
+  notes: string[];
 }
 
 export interface ProviderSetDefaultParams {
   providerId: string;
   modelId: string;
+}
+
+export interface ProviderTestError {
+  kind: ProviderTestErrorKind;
+  /** The HTTP status, when the endpoint answered with one. */
+  status: number | null;
+  /** The endpoint's own message (keys masked). */
+  message: string;
+  retryAfterMs: number | null;
+}
+
+/**
+ * ``provider:test``: exactly one of ``id`` (a stored provider) and ``config`` (one being
+ * edited: ``config.id`` of a stored one keeps its stored key and masked header values
+ * when they are left out / sent back masked, as ``provider:upsert`` would).
+ */
+export interface ProviderTestParams {
+  id?: string | null;
+  config?: ProviderUpsertParams | null;
+  /**
+   * The model of the test call (default: the provider's first model; none at all: the
+   * model list is asked for instead).
+   */
+  modelId?: string | null;
+}
+
+export interface ProviderTestResult {
+  ok: boolean;
+  /** What was asked: a one-token answer of ``modelId``, or the model list. */
+  call: "chat" | "models";
+  modelId: string | null;
+  /** From sending the request to the whole answer (or the failure). */
+  latencyMs: number;
+  error: ProviderTestError | null;
 }
 
 /** ``provider:upsert``: create (no id, or an unknown id) or replace a provider. */
@@ -1996,6 +2068,17 @@ export interface ProviderUpsertParams {
   enabled?: boolean;
   /** False: the endpoint cannot stream; every model of it is asked for whole replies. */
   stream?: boolean;
+  /**
+   * Seconds any wait on the endpoint may last: connecting (at most 10), the first byte of an
+   * answer, the gap between two bytes of a stream, and a whole non-streamed answer. None: the
+   * defaults (10 s to connect, 60 s between bytes, 600 s for a whole answer).
+   */
+  timeoutS?: number | null;
+  /**
+   * Retries of a request that failed before any answer (connection errors, 408, 429, 5xx,
+   * 529), with Retry-After honoured. None: 2.
+   */
+  maxRetries?: number | null;
 }
 
 /** Overrides for this one reply (the session keeps its own provider and model). */
@@ -3362,8 +3445,12 @@ export interface Methods {
   "provider:delete": { params: IdParams; result: SuccessResult };
   /** Configured providers (keys never shown). */
   "provider:list": { params: EmptyParams; result: ProviderInfo[] };
+  /** The models the endpoint offers, with their context sizes. */
+  "provider:models": { params: ProviderModelsParams; result: ProviderModelsResult };
   /** Provider and model for new sessions. */
   "provider:setDefault": { params: ProviderSetDefaultParams; result: SuccessResult };
+  /** One cheap real call: its latency, or its error, typed. */
+  "provider:test": { params: ProviderTestParams; result: ProviderTestResult };
   /** Create or replace a provider and its models. */
   "provider:upsert": { params: ProviderUpsertParams; result: ProviderInfo };
   /** Hand the server the HTML of a page its agent asked for. */

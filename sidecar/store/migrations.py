@@ -949,3 +949,13 @@ def m_tasks(conn: apsw.Connection) -> None:
           WHERE status IN ('queued', 'running', 'paused');
         """
     )
+
+
+@migration
+def m_provider_limits(conn: apsw.Connection) -> None:
+    """Per-provider ``timeoutS`` and ``maxRetries`` (NULL: the transport's defaults).
+    Re-runnable (each column checked first), like m_channels."""
+    columns = {row[1] for row in conn.execute("PRAGMA table_info(providers)")}
+    for column, ddl in (("timeout_s", "REAL"), ("max_retries", "INTEGER")):
+        if column not in columns:
+            conn.execute(f"ALTER TABLE providers ADD COLUMN {column} {ddl}")
