@@ -68,6 +68,9 @@ Attributes:
               requests, the memory tools, the MemoryEncoder; its background jobs (embedding,
               encoding) run in its task group, cancelled on exit after the chat engine stopped.
     souls:    SoulService (sidecar/memory/soul.py): assistant:soul:*.
+    memory_upkeep: MemoryUpkeep (sidecar/memory/upkeep.py): memory:consolidate,
+              memory:consolidation:*, memory:stats, memory:export, memory:import,
+              memory:settings:*; the expiry policy runs once at start in MemoryService's group.
     tasks:    TaskService (sidecar/tasks/service.py): task:*, and the scheduler, a task of its
               own task group, entered last (cancelled first on exit: a run in progress stays
               recorded and is followed again at the next start).
@@ -113,6 +116,7 @@ if TYPE_CHECKING:
     from sidecar.pipeline.builder import RequestBuilder
     from sidecar.memory.service import AssistantFor, MemoryService
     from sidecar.memory.soul import SoulService
+    from sidecar.memory.upkeep import MemoryUpkeep
     from sidecar.retrieval.service import KnowledgeService
     from sidecar.store import AsyncStore, Store
     from sidecar.store.attachments import AttachmentStore
@@ -152,6 +156,7 @@ class App:
     side_usage: SideUsage
     memory: MemoryService
     souls: SoulService
+    memory_upkeep: MemoryUpkeep
     tasks: TaskService
 
     def __init__(self, config: Config, data_dir: Path, notify: Notify) -> None:
@@ -271,6 +276,7 @@ _SERVICE_MODULES = (
     "sidecar.engine.storage",
     "sidecar.memory.service",
     "sidecar.memory.soul",
+    "sidecar.memory.upkeep",
     "sidecar.tasks.service",
 )
 
@@ -515,7 +521,8 @@ async def _open_tasks(app: App, stack: AsyncExitStack) -> None:
     async def deliver(to: TaskDelivery, message: MessageV2) -> None:
         await channels.deliver_reply(to.channel, to.chat_id, message, thread_id=to.thread_id)
 
-    runner = TaskRunner(store=app.store, chat=app.chat, events=app.events, notify=app.notify, deliver=deliver)
+    runner = TaskRunner(store=app.store, chat=app.chat, events=app.events, notify=app.notify, deliver=deliver,
+                        consolidate=app.memory_upkeep.consolidate_scope)
     clock = ManualClock(app.config.test_clock_ms) if app.config.test_clock_ms is not None else WallClock()
     app.tasks = TaskService(store=app.store, notify=app.notify, runner=runner, clock=clock)
     await app.tasks.load()
@@ -569,8 +576,10 @@ async def _open_memory(app: App, stack: AsyncExitStack) -> None:
 
 async def _start_memory(app: App) -> None:
     """Deleting an assistant deletes its memories and Soul.md (README "Memory"); what a
-    previous run left without vectors is embedded."""
+    previous run left without vectors is embedded; memory upkeep (its expiry runs once now,
+    in the background)."""
     from sidecar.memory.encoder import MemoryEncoder
+    from sidecar.memory.upkeep import MemoryUpkeep
 
     app.assistants.on_delete.append(app.memory.forget_assistant)
     memory = app.memory
@@ -581,6 +590,9 @@ async def _start_memory(app: App) -> None:
     memory.encoder = MemoryEncoder(memory, app.providers, app.side_usage, assistant_of)
     app.chat.on_completed.append(memory.reply_completed)
     await memory.start(usage=app.side_usage)
+    app.memory_upkeep = MemoryUpkeep(memory, app.providers, app.notify)
+    await app.memory_upkeep.load()
+    app.memory_upkeep.start()
 
 
 async def _start_knowledge(app: App) -> None:

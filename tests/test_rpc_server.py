@@ -146,8 +146,8 @@ async def test_serve_initialize_not_implemented_and_shutdown(tmp_path: Path) -> 
                 assert result["capabilities"]["methods"] == sorted(METHODS)
                 assert set(result["capabilities"]["implemented"]) >= set(LIFECYCLE_METHODS)
                 assert result["capabilities"]["notifications"] == [
-                    "channel:reply", "chat:session:updated", "chat:stream", "chat:suggestions", "memory_proposed",
-                    "server:status:updated",
+                    "channel:reply", "chat:session:updated", "chat:stream", "chat:suggestions", "memory_consolidation_proposed",
+                    "memory_proposed", "server:status:updated",
                     "sidecar:progress", "task_finished", "task_fired",
                 ]
                 assert result["capabilities"]["maxLineBytes"] == 65536

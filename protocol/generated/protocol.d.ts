@@ -101,6 +101,7 @@ export type ChatType = "group" | "private";
  * every ``data``, end reason ``EndTurn``, pings every 15 s, the stream closes after a turn).
  */
 export type CompatFlavor = "electron" | "rcoder";
+export type ConsolidationMode = "auto" | "propose";
 export type ContentPart = TextPart | ImagePart | FilePart | CodePart | ToolUsePart | ToolResultPart | ThinkingPart | StepStartPart | StepFinishPart | DiffPart;
 export type ContentType = "multipart" | "text";
 /**
@@ -163,6 +164,7 @@ export type InputPart = TextPart | ImagePart | FilePart;
  */
 export type McpServerStatus = "connecting" | "disabled" | "failed" | "ready";
 export type McpTransport = "http" | "stdio";
+export type MemoryExportFormat = "json" | "markdown";
 /**
  * Why a memory's text is suspicious (it is escaped whatever its flags): ``markup``: it
  * holds tag-like text (``</memories>``, ``<system>``); ``instruction-like``: it reads like an
@@ -1483,6 +1485,43 @@ export interface MemoryAcceptResult {
   action: "created" | "duplicate" | "superseded";
 }
 
+/**
+ * One scope (``global`` or an assistant's id), what one assistant sees (its scope and
+ * ``global``), or every scope when neither is given.
+ */
+export interface MemoryConsolidateParams {
+  scope?: string | null;
+  assistantId?: string | null;
+  /** Default: the settings' ``consolidationMode``. */
+  mode?: ConsolidationMode | null;
+}
+
+export interface MemoryConsolidateResult {
+  mode: ConsolidationMode;
+  scopes: string[];
+  /** Active memories read. */
+  examined: number;
+  /** Groups of look-alikes shown to the model. */
+  groups: number;
+  applied: MemoryMerge[];
+  proposed: MemoryMerge[];
+  /** Memories the expiry policy deleted in this run. */
+  expired: number;
+  /** What was skipped and why (a model answer that was not valid, a group that changed). */
+  notes: string[];
+}
+
+export interface MemoryConsolidationAcceptParams {
+  id: string;
+  /** The merged text as the user edited it. */
+  text?: string | null;
+}
+
+export interface MemoryConsolidationListParams {
+  scope?: string | null;
+  limit?: number;
+}
+
 /** ``memory:create``: a manual memory. */
 export interface MemoryCreateParams {
   text: string;
@@ -1500,6 +1539,30 @@ export interface MemoryDetail {
   versions: Memory[];
 }
 
+export interface MemoryExportFile {
+  scope: string;
+  /** A file name for it (``global.md``, ``<assistantId>.md``). */
+  name: string;
+  content: string;
+}
+
+export interface MemoryExportParams {
+  scope?: string | null;
+  assistantId?: string | null;
+  format?: MemoryExportFormat;
+  /** JSON: every version (superseded and deleted ones included); False: the active ones. */
+  history?: boolean;
+}
+
+export interface MemoryExportResult {
+  format: MemoryExportFormat;
+  exportedAt: number;
+  /** JSON. */
+  memories: Memory[];
+  /** Markdown: one per scope (the active memories, by kind). */
+  files: MemoryExportFile[];
+}
+
 export interface MemoryGetParams {
   id: string;
 }
@@ -1511,6 +1574,37 @@ export interface MemoryHit {
   lexicalRank: number | null;
   vectorRank: number | null;
   cosine: number | null;
+}
+
+/** One memory to import: the fields of an exported Memory (the others are ignored). */
+export interface MemoryImportItem {
+  text: string;
+  scope?: string | null;
+  kind?: MemoryKind;
+  task?: string | null;
+  outcome?: string | null;
+  context?: string | null;
+  key?: string | null;
+  /** Only active ones are imported (an export's history is not replayed). */
+  status?: MemoryStatus;
+}
+
+export interface MemoryImportParams {
+  format: MemoryExportFormat;
+  /** ``json``: the ``memories`` of a JSON export (or written by hand). */
+  memories?: MemoryImportItem[];
+  /** ``markdown``: one scope's file as ``memory:export`` writes it (or edited by hand). */
+  content?: string | null;
+  /** Where they go (required for ``markdown``; for ``json`` it overrides each item's scope). */
+  scope?: string | null;
+}
+
+export interface MemoryImportResult {
+  created: number;
+  superseded: number;
+  duplicates: number;
+  skipped: number;
+  notes: string[];
 }
 
 /** ``memory:list``: newest first. */
@@ -1530,6 +1624,25 @@ export interface MemoryListParams {
 export interface MemoryListResult {
   memories: Memory[];
   total: number;
+}
+
+/** Memories of one scope that say one thing, and the text they become. */
+export interface MemoryMerge {
+  id: string;
+  scope: string;
+  /** Oldest first: each is superseded by the next, the last by the merged version. */
+  memoryIds: string[];
+  memories: Memory[];
+  text: string;
+  kind: MemoryKind;
+  reason: string;
+  /** The model found them contradicting each other (the newest fact wins). */
+  contradiction: boolean;
+  /** ``applied``: written by an ``auto`` run; ``accepted``: a proposal the host accepted. */
+  status: "accepted" | "applied" | "pending" | "rejected";
+  /** The active memory the chain ends in, once written. */
+  resultId: string | null;
+  createdAt: number;
 }
 
 /** What the encoder would remember (``memory_proposed``; ``memory:proposal:list``). */
@@ -1559,6 +1672,24 @@ export interface MemoryProposal {
 export interface MemoryProposalListParams {
   sessionId?: string | null;
   limit?: number;
+}
+
+export interface MemoryScopeStats {
+  scope: string;
+  active: number;
+  superseded: number;
+  deleted: number;
+  /** Active memories no request used yet. */
+  neverUsed: number;
+  /** Active memories the expiry policy would delete now (0 while it is off). */
+  expirable: number;
+  /** Tokens of the active memories. */
+  tokens: number;
+  /** Active memories per kind. */
+  byKind: Record<string, number>;
+  oldestAt: number | null;
+  newestAt: number | null;
+  lastUsedAt: number | null;
 }
 
 /** ``memory:search``: exactly the retrieval a request of that assistant uses. */
@@ -1616,6 +1747,20 @@ export interface MemorySource {
   toolCallId: string | null;
 }
 
+export interface MemoryStatsParams {
+  scope?: string | null;
+  assistantId?: string | null;
+}
+
+export interface MemoryStatsResult {
+  scopes: MemoryScopeStats[];
+  active: number;
+  /** Encoder proposals waiting for an answer. */
+  pendingProposals: number;
+  /** Consolidation proposals waiting for an answer. */
+  pendingMerges: number;
+}
+
 /**
  * ``memory:update``: a new version of an active memory (the fields given change, the
  * others are copied); the old one stays in its history, superseded.
@@ -1628,6 +1773,32 @@ export interface MemoryUpdateParams {
   outcome?: string | null;
   context?: string | null;
   key?: string | null;
+}
+
+export interface MemoryUpkeepSettings {
+  /** Expire what no request used for this many days (None: never). */
+  expireAfterDays: number | null;
+  /** ... and was used at most this many times. */
+  expireMaxUses: number;
+  /** What ``memory:consolidate`` (and a ``memory-consolidate`` task) does by default. */
+  consolidationMode: ConsolidationMode;
+  /**
+   * The model that judges the groups; default: the scope's assistant's encoder model, else
+   * the default provider and model.
+   */
+  consolidationModel: DefaultModel | null;
+}
+
+/** A field left out keeps its value; ``null`` resets it. */
+export interface MemoryUpkeepSettingsUpdate {
+  /** absent: keep; null: clear (to the default). */
+  expireAfterDays?: number | null;
+  /** absent: keep; null: clear (to the default). */
+  expireMaxUses?: number | null;
+  /** absent: keep; null: clear (to the default). */
+  consolidationMode?: ConsolidationMode | null;
+  /** absent: keep; null: clear (to the default). */
+  consolidationModel?: DefaultModel | null;
 }
 
 /** How a reply to an IM message (``channel:message``) is being delivered by the host. */
@@ -3421,12 +3592,24 @@ export interface Methods {
   "mcp:server:upsert": { params: McpServerUpsertParams; result: McpServerInfo };
   /** Store a proposal (optionally edited). */
   "memory:accept": { params: MemoryAcceptParams; result: MemoryAcceptResult };
+  /** Merge near duplicates and resolve contradictions (one version chain each), expire stale memories. */
+  "memory:consolidate": { params: MemoryConsolidateParams; result: MemoryConsolidateResult };
+  /** Apply a consolidation proposal (optionally edited). */
+  "memory:consolidation:accept": { params: MemoryConsolidationAcceptParams; result: MemoryMerge };
+  /** Consolidation proposals waiting for an answer. */
+  "memory:consolidation:list": { params: MemoryConsolidationListParams; result: MemoryMerge[] };
+  /** Drop a consolidation proposal. */
+  "memory:consolidation:reject": { params: IdParams; result: SuccessResult };
   /** Remember something (a manual memory). */
   "memory:create": { params: MemoryCreateParams; result: Memory };
   /** Hide a memory from every request (memory:restore undoes it). */
   "memory:delete": { params: IdParams; result: Memory };
+  /** Memories as JSON or one Markdown file per scope. */
+  "memory:export": { params: MemoryExportParams; result: MemoryExportResult };
   /** One memory with every version of it. */
   "memory:get": { params: MemoryGetParams; result: MemoryDetail };
+  /** Memories from JSON or a Markdown file. */
+  "memory:import": { params: MemoryImportParams; result: MemoryImportResult };
   /** Memories by scope, kind, text; paged. */
   "memory:list": { params: MemoryListParams; result: MemoryListResult };
   /** Proposals of the MemoryEncoder still waiting for an answer. */
@@ -3439,6 +3622,12 @@ export interface Methods {
   "memory:restore": { params: IdParams; result: Memory };
   /** Search memories as a request does. */
   "memory:search": { params: MemorySearchParams; result: MemorySearchResult };
+  /** Expiry and consolidation settings. */
+  "memory:settings:get": { params: EmptyParams; result: MemoryUpkeepSettings };
+  /** Change the expiry and consolidation settings. */
+  "memory:settings:update": { params: MemoryUpkeepSettingsUpdate; result: MemoryUpkeepSettings };
+  /** Counts per scope: active, used, expirable... */
+  "memory:stats": { params: MemoryStatsParams; result: MemoryStatsResult };
   /** A new version of a memory; the old one stays in its history. */
   "memory:update": { params: MemoryUpdateParams; result: Memory };
   /** Delete a provider. */
@@ -3536,6 +3725,8 @@ export interface Notifications {
   "chat:stream": { params: ChatStreamEvent; direction: "server->client" };
   /** Follow-up questions proposed for a finished reply (stored with it). */
   "chat:suggestions": { params: SuggestionsParams; direction: "server->client" };
+  /** memory:consolidate (mode propose) would merge these; answer with memory:consolidation:accept or reject. */
+  "memory_consolidation_proposed": { params: MemoryMerge; direction: "server->client" };
   /** The MemoryEncoder (mode propose) would remember this; answer with memory:accept or memory:reject. */
   "memory_proposed": { params: MemoryProposal; direction: "server->client" };
   /** The server account's state changed (auth required, a sync finished). */

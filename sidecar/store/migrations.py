@@ -959,3 +959,28 @@ def m_provider_limits(conn: apsw.Connection) -> None:
     for column, ddl in (("timeout_s", "REAL"), ("max_retries", "INTEGER")):
         if column not in columns:
             conn.execute(f"ALTER TABLE providers ADD COLUMN {column} {ddl}")
+
+
+@migration
+def m_memory_upkeep(conn: apsw.Connection) -> None:
+    """Consolidation proposals and applied merges (sidecar/store/memory_upkeep.py): the
+    memories of one scope that become one version chain, and the merged text."""
+    conn.execute(
+        """
+        CREATE TABLE IF NOT EXISTS memory_merges (
+          id            TEXT PRIMARY KEY,
+          scope         TEXT NOT NULL,
+          memory_ids    TEXT NOT NULL,
+          text          TEXT NOT NULL,
+          kind          TEXT NOT NULL,
+          reason        TEXT NOT NULL DEFAULT '',
+          contradiction INTEGER NOT NULL DEFAULT 0,
+          status        TEXT NOT NULL,
+          result_id     TEXT,
+          created_at    INTEGER NOT NULL,
+          decided_at    INTEGER
+        );
+        CREATE INDEX IF NOT EXISTS idx_memory_merges_open ON memory_merges(scope, created_at)
+          WHERE status = 'pending';
+        """
+    )

@@ -21,9 +21,10 @@ repositories exist. Every repository is an attribute built here on the one Datab
     memory      MemoryRepo     long-term memories, their vectors and FTS, encoder proposals (memory.py)
     souls       SoulRepo       every version of every Soul.md (memory.py)
     tasks       TaskRepo       scheduled tasks and their runs (tasks.py)
+    memory_upkeep MemoryUpkeepRepo memory statistics, expiry, merges, consolidation proposals (memory_upkeep.py)
 
 Those of the features around a chat (providers, assistants, context, channels, knowledge,
-sync, memory, souls, tasks) are built at their first use (``_Repository``), so opening the store
+sync, memory, souls, tasks, memory_upkeep) are built at their first use (``_Repository``), so opening the store
 and the first session list do not import them; the others are built at open. A new
 repository takes the Database in its constructor and is attached here; nothing
 outside the store package sees the Database. Each repository method is one transaction
@@ -123,6 +124,7 @@ if TYPE_CHECKING:
     from sidecar.store.providers import ProviderRepo
     from sidecar.store.sync import SyncRepo
     from sidecar.store.tasks import TaskRepo
+    from sidecar.store.memory_upkeep import MemoryUpkeepRepo
 
 __all__ = ["Store", "Sessions", "Messages", "Search", "Settings", "ACTIVE_LEAF", "MAX_MESSAGES_LIMIT", "Deleted"]
 
@@ -880,6 +882,13 @@ def _tasks(store: Store) -> TaskRepo:
     return TaskRepo(store._db, store._clock)
 
 
+def _memory_upkeep(store: Store) -> MemoryUpkeepRepo:
+    from sidecar.store.memory_upkeep import MemoryUpkeepRepo
+
+    # the MemoryRepo is looked up at use, not here: this runs under the lock its lookup takes
+    return MemoryUpkeepRepo(store._db, lambda: store.memory, store._clock)
+
+
 def _providers(store: Store) -> ProviderRepo:
     from sidecar.store.providers import ProviderRepo
 
@@ -901,6 +910,7 @@ class Store:
     memory = _Repository(_memory)
     souls = _Repository(_souls)
     tasks = _Repository(_tasks)
+    memory_upkeep = _Repository(_memory_upkeep)
 
     def __init__(
         self,
