@@ -71,6 +71,8 @@ Attributes:
     memory_upkeep: MemoryUpkeep (sidecar/memory/upkeep.py): memory:consolidate,
               memory:consolidation:*, memory:stats, memory:export, memory:import,
               memory:settings:*; the expiry policy runs once at start in MemoryService's group.
+    skills:   SkillService (sidecar/skills/service.py): skill:*; its automatic proposals run
+              in a task group of their own, cancelled on exit before the chat engine closes.
     tasks:    TaskService (sidecar/tasks/service.py): task:*, and the scheduler, a task of its
               own task group, entered last (cancelled first on exit: a run in progress stays
               recorded and is followed again at the next start).
@@ -118,6 +120,7 @@ if TYPE_CHECKING:
     from sidecar.memory.soul import SoulService
     from sidecar.memory.upkeep import MemoryUpkeep
     from sidecar.retrieval.service import KnowledgeService
+    from sidecar.skills.service import SkillService
     from sidecar.store import AsyncStore, Store
     from sidecar.store.attachments import AttachmentStore
     from sidecar.sync.service import SyncService
@@ -157,6 +160,7 @@ class App:
     memory: MemoryService
     souls: SoulService
     memory_upkeep: MemoryUpkeep
+    skills: SkillService
     tasks: TaskService
 
     def __init__(self, config: Config, data_dir: Path, notify: Notify) -> None:
@@ -230,12 +234,17 @@ async def open_app(
         await _open_chat(app, stack)
         await _open_forwarding(app, stack)
         _open_context(app)
+        from sidecar.skills.service import open_skills
+
+        app.skills = await open_skills(app, stack)
         await _start_knowledge(app)
         await _start_memory(app)
         await _open_compat(app, stack)
         await _open_channels(app, stack)
         await _start_background(app, stack)
-        await _open_tasks(app, stack)
+        from sidecar.tasks.service import open_tasks
+
+        app.tasks = await open_tasks(app, stack)  # last: the scheduler is cancelled first on exit
         yield app
 
 
@@ -277,6 +286,7 @@ _SERVICE_MODULES = (
     "sidecar.memory.service",
     "sidecar.memory.soul",
     "sidecar.memory.upkeep",
+    "sidecar.skills.service",
     "sidecar.tasks.service",
 )
 
@@ -503,32 +513,6 @@ async def _open_channels(app: App, stack: AsyncExitStack) -> None:
         task_group=task_group,
     )
     await app.channels.load()
-
-
-async def _open_tasks(app: App, stack: AsyncExitStack) -> None:
-    """Scheduled tasks: the scheduler runs in a task group entered last, so it is cancelled
-    first on exit (before the channels and the chat engine it uses close)."""
-    import anyio
-
-    from protocol.tasks import TaskDelivery
-    from protocol.types import MessageV2
-    from sidecar.tasks.clock import ManualClock, WallClock
-    from sidecar.tasks.runner import TaskRunner
-    from sidecar.tasks.service import TaskService
-
-    channels = app.channels
-
-    async def deliver(to: TaskDelivery, message: MessageV2) -> None:
-        await channels.deliver_reply(to.channel, to.chat_id, message, thread_id=to.thread_id)
-
-    runner = TaskRunner(store=app.store, chat=app.chat, events=app.events, notify=app.notify, deliver=deliver,
-                        consolidate=app.memory_upkeep.consolidate_scope)
-    clock = ManualClock(app.config.test_clock_ms) if app.config.test_clock_ms is not None else WallClock()
-    app.tasks = TaskService(store=app.store, notify=app.notify, runner=runner, clock=clock)
-    await app.tasks.load()
-    task_group = await stack.enter_async_context(anyio.create_task_group())
-    stack.callback(task_group.cancel_scope.cancel)
-    app.tasks.start(task_group)
 
 
 def _assistant_for(app: App) -> AssistantFor:

@@ -26,7 +26,7 @@ BOUND_METHODS: list[str] = sorted([*LIFECYCLE_METHODS, *BINDINGS])
 equal to ``protocol.METHODS``), and what ``implemented`` lists until the App is open."""
 SERVER_NOTIFICATIONS = (
     "channel:reply", "chat:session:updated", "chat:stream", "chat:suggestions", "memory_consolidation_proposed",
-    "memory_proposed", "server:status:updated", "sidecar:progress", "task_finished", "task_fired",
+    "memory_proposed", "server:status:updated", "sidecar:progress", "skill_proposed", "task_finished", "task_fired",
 )
 """The notifications this process sends: the server->client ones of ``protocol.NOTIFICATIONS``
 (tests/test_rpc_server.py holds them equal), named here so the handshake needs no domain of

@@ -2772,6 +2772,119 @@ export interface SessionV2Input {
   usageByKind?: Record<string, UsageTotalsInput>;
 }
 
+export interface SkillAcceptParams {
+  id: string;
+  /** The SKILL.md as the user edited it. */
+  content?: string | null;
+}
+
+export interface SkillCreateParams {
+  /** The SKILL.md; its front matter's ``name`` names the skill (and its folder). */
+  content: string;
+}
+
+export interface SkillDetail {
+  skill: SkillInfo;
+  /** SKILL.md. */
+  content: string;
+  files: SkillFile[];
+}
+
+export interface SkillExportResult {
+  name: string;
+  /** The zip, base64: the folder under ``<name>/``. */
+  data: string;
+  bytes: number;
+}
+
+export interface SkillFile {
+  /** Relative to the skill's folder, ``/``-separated. */
+  path: string;
+  bytes: number;
+}
+
+export interface SkillImportParams {
+  /** The zip, base64. */
+  data: string;
+  /** A skill of that name exists: replace it (else BAD_STATE). */
+  replace?: boolean;
+}
+
+export interface SkillInfo {
+  name: string;
+  description: string;
+  /** The skill's folder. */
+  path: string;
+  /** Found in a configured ``skillsDirs`` folder: listed and loaded, never written. */
+  readOnly: boolean;
+  /** Files of the folder besides SKILL.md. */
+  files: number;
+  bytes: number;
+  updatedAt: number;
+  /**
+   * False: its front matter breaks the rules (``problem`` says how); the tools still
+   * load it under its folder's name.
+   */
+  valid: boolean;
+  problem: string | null;
+}
+
+export interface SkillProposal {
+  id: string;
+  sessionId: string;
+  messageId: string;
+  name: string;
+  description: string;
+  /** The SKILL.md the model wrote (valid: checked before it is proposed). */
+  content: string;
+  reason: string;
+  status: "accepted" | "pending" | "rejected";
+  createdAt: number;
+}
+
+export interface SkillProposalListParams {
+  sessionId?: string | null;
+  limit?: number;
+}
+
+export interface SkillProposeParams {
+  sessionId: string;
+  /** A completed reply of the session (default: the last one of its active branch). */
+  messageId?: string | null;
+}
+
+export interface SkillProposeResult {
+  /** None: the model found nothing worth a skill in that reply (``reason`` says why). */
+  proposal: SkillProposal | null;
+  reason: string;
+}
+
+export interface SkillSettings {
+  /**
+   * After a completed reply with at least ``minToolCalls`` tool calls, ask the model
+   * (in the background) whether it is worth a skill.
+   */
+  autoPropose: boolean;
+  minToolCalls: number;
+  /** The model that writes proposals; default: the reply's own. */
+  model: DefaultModel | null;
+}
+
+export interface SkillSettingsUpdate {
+  /** absent: keep; null: clear (to the default). */
+  autoPropose?: boolean;
+  /** absent: keep; null: clear (to the default). */
+  minToolCalls?: number;
+  /** absent: keep; null: clear (to the default). */
+  model?: DefaultModel | null;
+}
+
+export interface SkillUpdateParams {
+  name: string;
+  /** The new SKILL.md (its ``name`` must stay the same). */
+  content: string;
+}
+
 /** A Slack ``section`` block, in Slack's own JSON shape (the host passes it through). */
 export interface SlackSectionBlock {
   type: "section";
@@ -3666,6 +3779,32 @@ export interface Methods {
   "sidecar:initialize": { params: InitializeParams; result: InitializeResult };
   /** Finish running work, answer, then exit 0. */
   "sidecar:shutdown": { params: EmptyParams; result: SuccessResult };
+  /** Write a proposed skill (optionally edited). */
+  "skill:accept": { params: SkillAcceptParams; result: SkillInfo };
+  /** A new managed skill from a SKILL.md. */
+  "skill:create": { params: SkillCreateParams; result: SkillInfo };
+  /** Delete a managed skill's folder. */
+  "skill:delete": { params: NameParams; result: SuccessResult };
+  /** A skill's folder as a zip. */
+  "skill:export": { params: NameParams; result: SkillExportResult };
+  /** A skill's SKILL.md and its files. */
+  "skill:get": { params: NameParams; result: SkillDetail };
+  /** A skill from a zip, confined to its folder. */
+  "skill:import": { params: SkillImportParams; result: SkillInfo };
+  /** Every skill the tools can load, managed or read-only. */
+  "skill:list": { params: EmptyParams; result: SkillInfo[] };
+  /** Skill proposals still open. */
+  "skill:proposal:list": { params: SkillProposalListParams; result: SkillProposal[] };
+  /** Ask the model for a SKILL.md of what a completed reply did. */
+  "skill:propose": { params: SkillProposeParams; result: SkillProposeResult };
+  /** Drop a skill proposal. */
+  "skill:reject": { params: IdParams; result: SuccessResult };
+  /** Skill proposal settings. */
+  "skill:settings:get": { params: EmptyParams; result: SkillSettings };
+  /** Change the skill proposal settings. */
+  "skill:settings:update": { params: SkillSettingsUpdate; result: SkillSettings };
+  /** Replace a managed skill's SKILL.md. */
+  "skill:update": { params: SkillUpdateParams; result: SkillInfo };
   /** Finish pending file removals and remove orphaned files of the data dir; what it freed. */
   "storage:gc": { params: StorageGcParams; result: StorageGcResult };
   /** Import new and changed server conversations. */
@@ -3733,6 +3872,8 @@ export interface Notifications {
   "server:status:updated": { params: ServerStatus; direction: "server->client" };
   /** Progress of a long request, under the caller's progressToken. */
   "sidecar:progress": { params: ProgressParams; direction: "server->client" };
+  /** The model proposes a skill; answer with skill:accept or skill:reject. */
+  "skill_proposed": { params: SkillProposal; direction: "server->client" };
   /** A task's run ended (completed, error, aborted, skipped...). */
   "task_finished": { params: TaskRun; direction: "server->client" };
   /** A task's run started (its session and reply ids once sent). */

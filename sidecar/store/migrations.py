@@ -984,3 +984,27 @@ def m_memory_upkeep(conn: apsw.Connection) -> None:
           WHERE status = 'pending';
         """
     )
+
+
+@migration
+def m_skill_proposals(conn: apsw.Connection) -> None:
+    """Skills the model proposed (sidecar/store/skills.py): nothing on disk until accepted;
+    they go with their session."""
+    conn.execute(
+        """
+        CREATE TABLE IF NOT EXISTS skill_proposals (
+          id          TEXT PRIMARY KEY,
+          session_id  TEXT NOT NULL REFERENCES sessions_v2(id) ON DELETE CASCADE,
+          message_id  TEXT NOT NULL,
+          name        TEXT NOT NULL,
+          description TEXT NOT NULL,
+          content     TEXT NOT NULL,
+          reason      TEXT NOT NULL DEFAULT '',
+          status      TEXT NOT NULL DEFAULT 'pending',
+          created_at  INTEGER NOT NULL,
+          decided_at  INTEGER
+        );
+        CREATE INDEX IF NOT EXISTS idx_skill_proposals_open ON skill_proposals(session_id, created_at)
+          WHERE status = 'pending';
+        """
+    )

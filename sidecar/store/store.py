@@ -22,9 +22,10 @@ repositories exist. Every repository is an attribute built here on the one Datab
     souls       SoulRepo       every version of every Soul.md (memory.py)
     tasks       TaskRepo       scheduled tasks and their runs (tasks.py)
     memory_upkeep MemoryUpkeepRepo memory statistics, expiry, merges, consolidation proposals (memory_upkeep.py)
+    skills      SkillProposalRepo the skills the model proposed (skills.py)
 
 Those of the features around a chat (providers, assistants, context, channels, knowledge,
-sync, memory, souls, tasks, memory_upkeep) are built at their first use (``_Repository``), so opening the store
+sync, memory, souls, tasks, memory_upkeep, skills) are built at their first use (``_Repository``), so opening the store
 and the first session list do not import them; the others are built at open. A new
 repository takes the Database in its constructor and is attached here; nothing
 outside the store package sees the Database. Each repository method is one transaction
@@ -125,6 +126,7 @@ if TYPE_CHECKING:
     from sidecar.store.sync import SyncRepo
     from sidecar.store.tasks import TaskRepo
     from sidecar.store.memory_upkeep import MemoryUpkeepRepo
+    from sidecar.store.skills import SkillProposalRepo
 
 __all__ = ["Store", "Sessions", "Messages", "Search", "Settings", "ACTIVE_LEAF", "MAX_MESSAGES_LIMIT", "Deleted"]
 
@@ -889,6 +891,12 @@ def _memory_upkeep(store: Store) -> MemoryUpkeepRepo:
     return MemoryUpkeepRepo(store._db, lambda: store.memory, store._clock)
 
 
+def _skills(store: Store) -> SkillProposalRepo:
+    from sidecar.store.skills import SkillProposalRepo
+
+    return SkillProposalRepo(store._db, store._clock)
+
+
 def _providers(store: Store) -> ProviderRepo:
     from sidecar.store.providers import ProviderRepo
 
@@ -911,6 +919,7 @@ class Store:
     souls = _Repository(_souls)
     tasks = _Repository(_tasks)
     memory_upkeep = _Repository(_memory_upkeep)
+    skills = _Repository(_skills)
 
     def __init__(
         self,

@@ -31,7 +31,8 @@ the reply itself goes on in its session).
 from __future__ import annotations
 
 import logging
-from typing import Any
+from contextlib import AsyncExitStack
+from typing import TYPE_CHECKING, Any
 
 import anyio
 import anyio.abc
@@ -57,10 +58,15 @@ from sidecar.store.async_store import AsyncStore
 from sidecar.store.store import Store
 from sidecar.store.tasks import TaskRecord, TaskSpec
 from sidecar.tasks import schedule as sched
-from sidecar.tasks.clock import Clock, ManualClock
+from sidecar.tasks.clock import Clock, ManualClock, WallClock
 from sidecar.tasks.runner import Notify, TaskRunner
 
-__all__ = ["TaskService", "LATE_MS", "SETTINGS_KEY"]
+if TYPE_CHECKING:
+    from protocol.tasks import TaskDelivery
+    from protocol.types import MessageV2
+    from sidecar.app import App
+
+__all__ = ["TaskService", "LATE_MS", "SETTINGS_KEY", "open_tasks"]
 
 log = logging.getLogger(__name__)
 
@@ -383,3 +389,23 @@ class TaskService:
 def _camel(field: str) -> str:
     head, *rest = field.split("_")
     return head + "".join(part.title() for part in rest)
+
+
+async def open_tasks(app: App, stack: AsyncExitStack) -> TaskService:
+    """The App's TaskService: its scheduler runs in a task group entered on ``stack`` last,
+    so it is cancelled first on exit (before the channels and the chat engine it uses close);
+    the clock is the test clock when the config has one."""
+    channels = app.channels
+
+    async def deliver(to: TaskDelivery, message: MessageV2) -> None:
+        await channels.deliver_reply(to.channel, to.chat_id, message, thread_id=to.thread_id)
+
+    runner = TaskRunner(store=app.store, chat=app.chat, events=app.events, notify=app.notify, deliver=deliver,
+                        consolidate=app.memory_upkeep.consolidate_scope)
+    clock: Clock = ManualClock(app.config.test_clock_ms) if app.config.test_clock_ms is not None else WallClock()
+    service = TaskService(store=app.store, notify=app.notify, runner=runner, clock=clock)
+    await service.load()
+    task_group = await stack.enter_async_context(anyio.create_task_group())
+    stack.callback(task_group.cancel_scope.cancel)
+    service.start(task_group)
+    return service
