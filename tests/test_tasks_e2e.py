@@ -223,9 +223,21 @@ async def test_bad_tasks_are_refused_naming_the_field(tmp_path: Path) -> None:
         assert once["nextRunAt"] is None and once["scheduleText"] == "Once at 2026-03-10T09:30+01:00"
         enabled = await proc.call("task:update", {"id": once["id"], "enabled": True})
         assert enabled["nextRunAt"] == ms(2026, 3, 10, 9, 30)
+        await move(proc, ms(2026, 3, 10, 9, 30))
+        ran = await next_task_note(proc, "task_finished", once["id"])
+        assert ran["status"] == "error" and "provider" in ran["error"]  # none is configured here
+        # it ran: no next time, and it can still be renamed or run by hand
+        renamed = await proc.call("task:update", {"id": once["id"], "name": "once again"})
+        assert (renamed["name"], renamed["nextRunAt"], renamed["lastRun"]["id"]) == ("once again", None, ran["id"])
+        manual = await proc.call("task:run", {"id": once["id"]})
+        assert (await next_task_note(proc, "task_finished", once["id"]))["id"] == manual["id"]
+        with pytest.raises(CallError) as err:  # its moment is past: it cannot be scheduled again
+            await proc.call("task:update", {"id": once["id"], "enabled": False})
+            await proc.call("task:update", {"id": once["id"], "enabled": True})
+        assert err.value.code == -32602 and "schedule.at" in err.value.message
         await proc.close()
     proc.assert_all_jsonrpc()
-    assert json.dumps(proc.notifications("task_fired")) == "[]"
+    assert [n["id"] for n in proc.notifications("task_fired")] == [ran["id"], manual["id"]]
 
 
 async def test_a_reply_is_delivered_to_the_tasks_channel_chat_in_a_continued_session(tmp_path: Path) -> None:

@@ -335,10 +335,10 @@ def provider_settings(record: ProviderRecord) -> ProviderSettings:
         headers=record.headers,
         body=record.body,
     )
-    return with_limits(settings, record.timeout_s, record.max_retries)
+    return _with_limits(settings, record.timeout_s, record.max_retries)
 
 
-def with_limits(settings: ProviderSettings, timeout_s: float | None, max_retries: int | None) -> ProviderSettings:
+def _with_limits(settings: ProviderSettings, timeout_s: float | None, max_retries: int | None) -> ProviderSettings:
     """``settings`` with a provider's ``timeoutS`` (every wait on the endpoint: connecting,
     at most CONNECT_TIMEOUT_S of it, the first byte, between bytes, a whole answer) and
     ``maxRetries``; None keeps the transport's default."""

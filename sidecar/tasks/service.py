@@ -202,7 +202,7 @@ class TaskService:
             session_id=params.session_id, new_session=params.new_session, assistant_id=params.assistant_id,
             scope=params.scope, deliver=params.deliver, missed=params.missed,
         )
-        spec = await self._checked(spec)
+        spec = await self._checked(spec, schedule=True)
         next_run_at = self._next(spec) if params.enabled else None
         record = await self._store.run(lambda s: s.tasks.create(spec, enabled=params.enabled, next_run_at=next_run_at))
         self._changed()
@@ -215,11 +215,13 @@ class TaskService:
             ("name", "schedule", "prompt", "session_id", "new_session", "assistant_id", "scope", "deliver", "missed")
             if getattr(params, f) is not msgspec.UNSET
         }
-        spec = await self._checked(msgspec.structs.replace(record.spec, **changes))
         enabled = record.enabled if params.enabled is msgspec.UNSET else params.enabled
+        # the schedule is checked when it changes or comes back on (a one-shot that ran keeps its moment)
+        reschedule = "schedule" in changes or (enabled and not record.enabled)
+        spec = await self._checked(msgspec.structs.replace(record.spec, **changes), schedule=reschedule)
         if not enabled:
             next_run_at = None
-        elif "schedule" in changes or not record.enabled or record.next_run_at is None:
+        elif reschedule:
             next_run_at = self._next(spec)
         else:
             next_run_at = record.next_run_at
@@ -250,7 +252,7 @@ class TaskService:
         if await self._busy(record.id):
             raise SidecarError(f"task {record.spec.name!r} has a run going; it never overlaps itself",
                                code=ErrorCode.BUSY, data={"taskId": record.id})
-        await self._checked(record.spec)  # its session or assistant may be gone
+        await self._checked(record.spec, schedule=False)  # its session or assistant may be gone
         run = await self._store.run(lambda s: s.tasks.add_manual(record.id))
         self._follow(run, record, resume=False)
         return run
@@ -321,13 +323,14 @@ class TaskService:
         zone = sched.effective_zone(spec.schedule, self.settings.timezone)
         return sched.next_time(spec.schedule, zone, self.clock.now_ms())
 
-    async def _checked(self, spec: TaskSpec) -> TaskSpec:
+    async def _checked(self, spec: TaskSpec, *, schedule: bool) -> TaskSpec:
         """``spec`` stripped and checked (INVALID_PARAMS naming the field, NOT_FOUND for a
-        session, assistant or channel that does not exist)."""
+        session, assistant or channel that does not exist); its schedule too with ``schedule``."""
         name = spec.name.strip()
         if not name:
             raise _bad("name", "must not be empty")
-        sched.check_schedule(spec.schedule, self.settings.timezone, self.clock.now_ms())
+        if schedule:
+            sched.check_schedule(spec.schedule, self.settings.timezone, self.clock.now_ms())
         prompt = spec.prompt.strip() if spec.prompt is not None else None
         if spec.kind == "prompt":
             if not prompt:
