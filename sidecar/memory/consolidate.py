@@ -2,10 +2,10 @@
 
 One pass over a scope:
 1. reads its active memories (the newest MAX_EXAMINED) and groups look-alikes: two memories
-   are linked when the Jaccard similarity of their terms (words and CJK bigrams, text.py) is
-   at least PAIR_SIMILARITY, or when they share a topic key;
-   linked memories form a group (at most MAX_GROUP, MAX_GROUPS groups per pass); a memory an
-   open consolidation proposal names already is left out;
+   look alike when the Jaccard similarity of their terms (words and CJK bigrams, text.py) is
+   at least PAIR_SIMILARITY, or when they share a topic key; a group is a memory (newest
+   first) with its most alike look-alikes not grouped yet (at most MAX_GROUP, MAX_GROUPS
+   groups per pass); a group an open consolidation proposal names a memory of is left out;
 2. shows each group to the model (one non-streamed side call, the memories escaped as data
    with their ids and dates) and asks for JSON: ``{"merges": [{"ids", "text", "kind",
    "contradiction", "reason"}]}``, validated (msgspec; ids of the group only, two at least);
@@ -235,38 +235,33 @@ def _oldest_first(ids: list[str], by_id: dict[str, MemoryRecord]) -> list[str]:
 
 
 def _groups(s: Store, scope: str) -> tuple[list[MemoryRecord], list[list[MemoryRecord]]]:
-    """(the active memories read, the groups of look-alikes among them), blocking."""
+    """(the active memories read, the groups of look-alikes among them), blocking. Groups
+    are stars, newest memory first: a memory not grouped yet with its look-alikes not
+    grouped yet, the most alike first (never a chain of pairs that drifts away from it)."""
     records = s.memory_upkeep.active(scope, MAX_EXAMINED)
-    parent = {r.rowid: r.rowid for r in records}
-
-    def find(x: int) -> int:
-        while parent[x] != x:
-            parent[x] = parent[parent[x]]
-            x = parent[x]
-        return x
-
-    keyed: dict[str, int] = {}
     terms = [mtext.terms(r.text) for r in records]
-    for i, record in enumerate(records):
-        if record.key:
-            other = keyed.setdefault(record.key, record.rowid)
-            parent[find(record.rowid)] = find(other)
-        for j in range(i + 1, len(records)):
-            if _jaccard(terms[i], terms[j]) >= PAIR_SIMILARITY:
-                parent[find(record.rowid)] = find(records[j].rowid)
-    clusters: dict[int, list[MemoryRecord]] = {}
-    for record in records:
-        clusters.setdefault(find(record.rowid), []).append(record)
+    grouped: set[int] = set()
     groups: list[list[MemoryRecord]] = []
-    for members in clusters.values():
-        if len(members) < 2:
+    for i in reversed(range(len(records))):
+        if i in grouped:
             continue
-        members = members[-MAX_GROUP:]  # the newest of a large cluster
-        if s.memory_upkeep.pending_with([m.id for m in members]):
+        alike = sorted(
+            ((score, j) for j in range(len(records)) if j != i and j not in grouped
+             and ((score := _jaccard(terms[i], terms[j])) >= PAIR_SIMILARITY
+                  or (records[i].key is not None and records[i].key == records[j].key))),
+            reverse=True,
+        )
+        if not alike:
             continue
-        groups.append(members)
+        members = [i, *(j for _, j in alike[: MAX_GROUP - 1])]
+        chosen = [records[k] for k in sorted(members)]
+        if s.memory_upkeep.pending_with([m.id for m in chosen]):
+            continue
+        grouped.update(members)
+        groups.append(chosen)
         if len(groups) >= MAX_GROUPS:
             break
+    groups.sort(key=lambda g: (g[0].created_at, g[0].rowid))  # shown to the model oldest first
     return records, groups
 
 

@@ -23,7 +23,7 @@ from typing import Any
 import msgspec
 
 from protocol.common import EmptyParams, IdParams, SuccessResult
-from protocol.memory import GLOBAL_SCOPE, MemoryCreateParams
+from protocol.memory import GLOBAL_SCOPE
 from protocol.memory_upkeep import (
     MemoryConsolidateParams,
     MemoryConsolidateResult,
@@ -279,12 +279,9 @@ class MemoryUpkeep:
             text = item.text.strip()
             if not text or "\x00" in text:
                 raise _bad("text", "must not be empty")
-            params = MemoryCreateParams(text=text, scope=target, kind=item.kind, task=item.task, outcome=item.outcome,
-                                        context=item.context, key=item.key)
             new = self._memory.new_memory(
-                scope=target, kind=params.kind, text=text, source_kind="manual",
-                task=_clean(params.task), outcome=_clean(params.outcome), context=_clean(params.context),
-                key=_clean(params.key),
+                scope=target, kind=item.kind, text=text, source_kind="manual", task=_clean(item.task),
+                outcome=_clean(item.outcome), context=_clean(item.context), key=_clean(item.key),
             )
             written = await self._memory.write(new)
         except SidecarError as exc:
