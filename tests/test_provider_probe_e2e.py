@@ -7,16 +7,15 @@ connection); per-provider timeoutS and maxRetries honoured."""
 from __future__ import annotations
 
 import socket
-import sys
 from collections.abc import AsyncIterator
 from contextlib import asynccontextmanager
 from pathlib import Path
 from typing import Any
 
-import anyio
 import httpx2
 import pytest
 
+from loopback_fixture import fixture_port
 from sidecar_proc import CallError, SidecarProcess, spawn_sidecar
 
 pytestmark = pytest.mark.anyio
@@ -46,20 +45,8 @@ class Endpoints:
 
 @asynccontextmanager
 async def model_endpoints() -> AsyncIterator[Endpoints]:
-    process = await anyio.open_process([sys.executable, str(ROOT / "fixtures" / "model_endpoints.py")])
-    try:
-        assert process.stdout is not None
-        with anyio.fail_after(10):
-            line = b""
-            while not line.endswith(b"\n"):
-                line += await process.stdout.receive(64)
-        yield Endpoints(int(line.split()[1]))
-    finally:
-        with anyio.CancelScope(shield=True):
-            process.kill()
-            with anyio.move_on_after(5):
-                await process.wait()
-            await process.aclose()
+    async with fixture_port(ROOT / "fixtures" / "model_endpoints.py") as port:
+        yield Endpoints(port)
 
 
 def config(fake: Endpoints, kind: str, **extra: Any) -> dict[str, Any]:

@@ -22,7 +22,6 @@ else the default provider and model; its side call belongs to no session.
 from __future__ import annotations
 
 import logging
-import re
 from collections.abc import Awaitable, Callable
 from typing import TYPE_CHECKING, Annotated, Literal
 
@@ -35,7 +34,7 @@ from protocol.providers import DefaultModel
 from protocol.types import TextPart
 from sidecar.errors import InvalidParams, SidecarError
 from sidecar.memory import text as mtext
-from sidecar.pipeline.calls import ModelResolver, ProviderModelCall, ResolvedModel
+from sidecar.pipeline.calls import ModelResolver, ProviderModelCall, ResolvedModel, json_object
 from sidecar.providers.types import RequestMessage
 from sidecar.store.memory import MemoryRecord
 from sidecar.store.memory_upkeep import MergeRecord
@@ -70,7 +69,6 @@ class _Answer(msgspec.Struct, kw_only=True):
 
 
 _answer = msgspec.json.Decoder(_Answer)
-_JSON = re.compile(r"\{.*\}", re.DOTALL)
 
 _PROMPT = """You maintain the long-term memory of a chat assistant. Below is a group of memories of one scope that look alike, listed as data with their ids and dates. Decide which of them say one thing.
 
@@ -96,13 +94,7 @@ class Pass(msgspec.Struct, kw_only=True):
 
 
 def parse_answer(raw: str) -> _Answer:
-    text = raw.strip()
-    if not text.startswith("{"):
-        found = _JSON.search(text)
-        if found is None:
-            raise msgspec.DecodeError("no JSON object in the answer")
-        text = found.group(0)
-    return _answer.decode(text)
+    return _answer.decode(json_object(raw))
 
 
 class Consolidator:

@@ -14,7 +14,6 @@ from __future__ import annotations
 
 import json
 import logging
-import re
 from typing import Annotated
 
 import msgspec
@@ -22,7 +21,7 @@ import msgspec
 from protocol.skills import MAX_SKILL_MD_BYTES
 from protocol.types import MessageV2, TextPart, ToolResultPart, ToolUsePart
 from sidecar.memory.text import escape
-from sidecar.pipeline.calls import ModelResolver, ProviderModelCall, UsageSink
+from sidecar.pipeline.calls import ModelResolver, ProviderModelCall, UsageSink, json_object
 from sidecar.providers.types import RequestMessage
 from sidecar.skills.manifest import Manifest, ManifestError, parse_manifest
 
@@ -35,7 +34,6 @@ MAX_TEXT = 4000
 MAX_ARGS = 600
 MAX_RESULT = 600
 MAX_CALLS = 30
-_JSON = re.compile(r"\{.*\}", re.DOTALL)
 
 
 class _Answer(msgspec.Struct, kw_only=True):
@@ -91,13 +89,7 @@ def exchange_text(user: MessageV2 | None, reply: MessageV2) -> str:
 
 
 def parse_answer(raw: str) -> _Answer:
-    text = raw.strip()
-    if not text.startswith("{"):
-        found = _JSON.search(text)
-        if found is None:
-            raise msgspec.DecodeError("no JSON object in the answer")
-        text = found.group(0)
-    return _answer.decode(text)
+    return _answer.decode(json_object(raw))
 
 
 class SkillProposer:
