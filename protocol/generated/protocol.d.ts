@@ -45,6 +45,11 @@ export declare const ErrorCode: {
    * (another host key): calls that need it fail; nothing is lost.
    */
   readonly SECRETS_LOCKED: -32008;
+  /**
+   * A request of a batch was answered, but its answer did not fit in the batch's answer
+   * (``MAX_BATCH_ANSWER_BYTES``): send it alone.
+   */
+  readonly RESPONSE_TOO_LARGE: -32009;
 };
 /** One of the ErrorCode values. */
 export type ErrorCode = (typeof ErrorCode)[keyof typeof ErrorCode];
