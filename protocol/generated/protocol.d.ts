@@ -2150,7 +2150,11 @@ export interface ServerConfigureParams {
    * takes no messages: leave this off unless the server documents it).
    */
   messagesOnCreate?: boolean;
-  /** Per call: connecting, and each wait for the answer (1000..600000). */
+  /**
+   * Each call to the server in all (1000..600000): connecting, sending, the whole answer,
+   * and its retries; for a chat stream, the time to its response head (its events are then
+   * bounded by ``chatIdleTimeoutMs``).
+   */
   requestTimeoutMs?: number;
   /** Sent as ``x-tenant-id`` for servers that cannot tell the tenant from the host name. */
   tenantId?: number | null;
@@ -2490,6 +2494,22 @@ export interface SessionV2Input {
   usageByKind?: Record<string, UsageTotalsInput>;
 }
 
+/**
+ * A server conversation a pull could not read: a value outside the wire contract's
+ * bounds (an id or index past int64, a date past year 9999, nesting too deep). Nothing
+ * of it was stored; every later pull tries it again and reports it until the server
+ * sends it within bounds.
+ */
+export interface SkippedConversation {
+  /** None when its id itself was unusable. */
+  conversationId: number | null;
+  /** The local session linked to it, if any (left as it was). */
+  sessionId: string | null;
+  /** Where the value was, as a JSON path within the row or item (``$.modified``), when known. */
+  field: string | null;
+  message: string;
+}
+
 /** A Slack ``section`` block, in Slack's own JSON shape (the host passes it through). */
 export interface SlackSectionBlock {
   type: "section";
@@ -2677,6 +2697,8 @@ export interface SyncResult {
   messagesPushed: number;
   conflicts: SyncConflict[];
   errors: SyncIssue[];
+  /** Conversations the server sent out of bounds: not imported, the rest of the pull went on. */
+  skipped: SkippedConversation[];
   notPushed: NotPushed[];
   /** False when the run stopped early (auth expired, the list could not be read). */
   complete: boolean;
