@@ -835,10 +835,28 @@ export interface CompatStartParams {
    */
   trustAgentMode?: boolean;
   /**
+   * True: a request's ``tool_approval_rules`` rules with action ``allow`` approve the calls
+   * they match without the user (V1's behaviour: the key holder decides what runs). False
+   * (default): a request may only narrow, its ``deny`` rules decide and its ``allow`` rules
+   * leave the call to the user.
+   */
+  trustApprovalRules?: boolean;
+  /**
    * Absolute path under which ``computer-project-workspace/<user_id>/<agent_work_dir>``
    * working directories are made (default ``<dataDir>/compat``).
    */
   workspaceDir?: string | null;
+  /**
+   * Absolute directories an absolute ``agent_work_dir`` may name (it, or a directory
+   * below it); the workspace directory always may. Any other absolute path (``/``, a home
+   * directory) is refused with ``AGENT_WORK_DIR_INVALID``.
+   */
+  workDirRoots?: string[];
+  /**
+   * A connection's request head (request line and headers) must arrive within this
+   * (1000..120000); then the connection is answered 408 and closed.
+   */
+  headTimeoutMs?: number;
   /** Progress streams open at once per session (1..64); one more is refused with 429. */
   maxSseClients?: number;
   /**
@@ -858,6 +876,8 @@ export interface CompatStartResult {
   projects: number;
   runningTurns: number;
   sseClients: number;
+  connections: number;
+  maxConnections: number;
   /** The key to configure on the caller (generated unless ``token`` was given). */
   token: string;
 }
@@ -875,6 +895,14 @@ export interface CompatStatus {
   projects: number;
   runningTurns: number;
   sseClients: number;
+  /** HTTP connections open now. */
+  connections: number;
+  /**
+   * At most this many are open at once (derived from the process's file descriptor
+   * limit at ``compat:start``, so stdio, the database and providers keep theirs); half of
+   * them at most may be connections no request with the key came on yet.
+   */
+  maxConnections: number;
 }
 
 /**
