@@ -380,3 +380,13 @@ async def test_a_pump_that_falls_behind_ends_the_progress_with_an_error_and_stil
         assert published[-1] is errors[0]  # nothing of the turn is framed after the error
         assert published[0].event == "prompt_start"
         tg.cancel_scope.cancel()
+
+
+def test_connection_caps_leave_descriptors_to_the_rest_of_the_process() -> None:
+    from sidecar.compat.guard import RESERVED_FDS, Caps
+
+    for soft, total in ((256, 128), (1024, 768), (20000, 4096), (100, 16), (65536, 4096)):
+        caps = Caps.from_limits(soft)
+        assert (caps.total, caps.unauthenticated) == (total, max(8, total // 2)), soft
+        if soft >= RESERVED_FDS + 16:
+            assert soft - caps.total >= RESERVED_FDS

@@ -14,8 +14,9 @@ for good, and under a 256-descriptor limit 300 of them left the rest of the proc
   no request with the key has come yet;
 - a connection is accepted only when there is room: when there is none, the oldest
   unauthenticated connection is dropped to make it (so a caller with the key always gets
-  in: its request is read as soon as it is accepted), and when every open connection is
-  authenticated, new ones wait in the kernel's queue until one closes;
+  in: its request is read as soon as it is accepted, long before it is the oldest), and
+  when every open connection is authenticated, new ones wait in the kernel's queue until
+  one closes; the queue is taken in batches, so it drains faster than attackers fill it;
 - the request head (request line and headers) must arrive within ``head_timeout_s`` of
   the connection's start, or of the first byte of its next request on a kept-alive
   connection; else the connection is answered 408 and closed. The body has its own
@@ -24,8 +25,8 @@ for good, and under a 256-descriptor limit 300 of them left the rest of the proc
   connection authenticated for the rest of its life.
 
 Must stay true: a descriptor is taken (``accept``) only when the count of open
-connections, those dropped but not yet closed included, is below ``total``; nothing here
-blocks the event loop.
+connections, those dropped but not yet closed and those accepted but not yet handed over
+included, is below ``total``; nothing here blocks the event loop.
 """
 
 from __future__ import annotations
@@ -54,7 +55,7 @@ RESERVED_FDS = 128
 """Descriptors always left to the rest of the process (stdio, SQLite and its WAL, provider
 and MCP connections, agent pipes, logs), whatever the limit."""
 MIN_CONNECTIONS = 16
-MAX_CONNECTIONS = 1024
+MAX_CONNECTIONS = 4096
 NO_LIMIT_FDS = 65536
 """What an unlimited RLIMIT_NOFILE (or a platform without one) counts as."""
 WINDOWS_FDS = 2048
@@ -92,6 +93,8 @@ class Admission:
         self._waiting: OrderedDict[GuardedProtocol, None] = OrderedDict()
         self._closing: set[GuardedProtocol] = set()
         """Dropped, their descriptors not released yet."""
+        self._arriving = 0
+        """Accepted, not handed to their protocol yet (their descriptors count)."""
         self._freed = anyio.Event()
         self.dropped = 0
         """Unauthenticated connections dropped to make room (for the log and tests)."""
@@ -99,6 +102,14 @@ class Admission:
     @property
     def open_count(self) -> int:
         return len(self._open)
+
+    def accepted(self) -> None:
+        self._arriving += 1
+
+    def handed_over(self) -> None:
+        self._arriving -= 1
+        self._freed.set()
+        self._freed = anyio.Event()
 
     def opened(self, connection: GuardedProtocol) -> None:
         self._open.add(connection)
@@ -119,8 +130,9 @@ class Admission:
         unauthenticated connections are dropped; their descriptors count until they are
         released (False until then: ``wait_freed``)."""
         caps = self.caps
+        held = len(self._open) + self._arriving
         while self._waiting and (
-            len(self._waiting) >= caps.unauthenticated or len(self._open) - len(self._closing) >= caps.total
+            len(self._waiting) + self._arriving >= caps.unauthenticated or held - len(self._closing) >= caps.total
         ):
             oldest, _ = self._waiting.popitem(last=False)
             self._closing.add(oldest)
@@ -132,7 +144,7 @@ class Admission:
                     self.dropped, caps.unauthenticated, caps.total,
                 )
             oldest.drop()
-        return len(self._open) < caps.total
+        return held < caps.total
 
     async def wait_freed(self) -> None:
         await self._freed.wait()
@@ -209,31 +221,48 @@ class GuardedProtocol(H11Protocol):
         self.transport.close()
 
 
+MAX_ACCEPT_BATCH = 64
+"""Connections taken from the kernel's queue per wake-up (at most an eighth of the
+unauthenticated cap, so one batch can never drop a connection whose head is about to be
+read): a queue that drains faster than attackers fill it keeps the wait of the caller with
+the key short."""
+
+
 async def accept_loop(
     listener: socket.socket, admission: Admission, protocol: Callable[[], GuardedProtocol]
 ) -> None:
-    """Accept connections on ``listener`` for as long as it runs, one at a time, each only
-    when the admission has room, and hand each to a new ``protocol()``."""
+    """Accept connections on ``listener`` for as long as it runs, each only when the
+    admission has room, and hand each to a new ``protocol()``."""
     loop = asyncio.get_running_loop()
     listener.setblocking(False)
     failures = 0
-    while True:
-        await anyio.wait_readable(listener)
-        while not admission.make_room():
-            await admission.wait_freed()
+
+    async def hand_over(conn: socket.socket) -> None:
         try:
-            conn, _ = listener.accept()
-        except (BlockingIOError, InterruptedError):
-            continue  # another waiter took it, or the client gave up
-        except OSError as exc:  # out of descriptors despite the reserve, or a connection aborted
-            failures += 1
-            if failures == 1 or failures % 100 == 0:
-                log.warning("V1 endpoint: accepting a connection failed (%d times): %s", failures, exc)
-            await anyio.sleep(0.05)
-            continue
-        try:
-            conn.setblocking(False)
             await loop.connect_accepted_socket(protocol, conn)
         except OSError as exc:
             log.info("V1 endpoint: a connection closed before it was set up: %s", exc)
             conn.close()
+        finally:
+            admission.handed_over()
+
+    batch = max(1, min(MAX_ACCEPT_BATCH, admission.caps.unauthenticated // 8))
+    async with anyio.create_task_group() as tg:
+        while True:
+            await anyio.wait_readable(listener)
+            for _ in range(batch):
+                while not admission.make_room():
+                    await admission.wait_freed()
+                try:
+                    conn, _ = listener.accept()
+                except (BlockingIOError, InterruptedError):
+                    break  # the queue is empty (or the client gave up)
+                except OSError as exc:  # out of descriptors despite the reserve, or a connection aborted
+                    failures += 1
+                    if failures == 1 or failures % 100 == 0:
+                        log.warning("V1 endpoint: accepting a connection failed (%d times): %s", failures, exc)
+                    await anyio.sleep(0.05)
+                    break
+                conn.setblocking(False)
+                admission.accepted()
+                tg.start_soon(hand_over, conn)

@@ -253,6 +253,15 @@ async def test_under_a_256_descriptor_limit_half_open_connections_starve_nothing
         info = await proc.call("compat:start", {"port": 0})
         socks = await half_open(info["port"], 300)
         try:
+            session = await proc.call("chat:session:create", {})
+
+            async def reply(text: str) -> None:  # an unrelated chat:send still reaches its provider
+                await server.script({"text": text})
+                sent = await proc.call("chat:send", {"sessionId": session["id"], "input": {"content": "hi"}})
+                final = await wait_final(proc, sent["messageId"], timeout=30)
+                assert final["type"] == "stream_end", final
+
+            await reply("descriptors to spare")
             # the caller with the key (its connection comes after the 300 in the queue)
             v1 = V1(proc, info, server)
             try:
@@ -261,12 +270,7 @@ async def test_under_a_256_descriptor_limit_half_open_connections_starve_nothing
                 assert turn.completed and turn.text
             finally:
                 await v1.client.aclose()
-            # an unrelated chat:send still reaches its provider
-            session = await proc.call("chat:session:create", {})
-            await server.script({"text": "descriptors to spare"})
-            sent = await proc.call("chat:send", {"sessionId": session["id"], "input": {"content": "hi"}})
-            final = await wait_final(proc, sent["messageId"], timeout=30)
-            assert final["type"] == "stream_end", final
+            await reply("still to spare")
             assert "Too many open files" not in proc.stderr_text()
             status = await proc.call("compat:status", {})
             assert status["maxConnections"] == 128  # 256 minus the 128 kept for the rest of the process
