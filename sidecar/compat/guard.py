@@ -97,7 +97,7 @@ class Admission:
         """Accepted, not handed to their protocol yet (their descriptors count)."""
         self._freed = anyio.Event()
         self.dropped = 0
-        """Unauthenticated connections dropped to make room (for the log and tests)."""
+        """Unauthenticated connections dropped to make room (for the log)."""
 
     @property
     def open_count(self) -> int:

@@ -8,9 +8,9 @@ its response head may take is the client's (sidecar.sync.client).
 
 from __future__ import annotations
 
-from collections.abc import AsyncGenerator
+from collections.abc import AsyncGenerator, Callable
 from contextlib import aclosing
-from typing import Any
+from typing import TypeVar
 
 import httpx2
 import msgspec
@@ -20,11 +20,15 @@ from sidecar.sync.wire import AgentOutputDto, SessionFrame
 
 __all__ = ["agent_outputs", "session_frames"]
 
+T = TypeVar("T")
+Describe = Callable[[str], str]
+"""The client's redaction of a message (the token never shows)."""
+
 _outputs = msgspec.json.Decoder(AgentOutputDto)
 _frames = msgspec.json.Decoder(SessionFrame)
 
 
-async def agent_outputs(response: httpx2.Response, describe: Any) -> AsyncGenerator[AgentOutputDto, None]:
+async def agent_outputs(response: httpx2.Response, describe: Describe) -> AsyncGenerator[AgentOutputDto, None]:
     """The ``data:`` lines of the chat SSE as AgentOutputDto, up to the completed one.
 
     The server writes no ``event:`` name (Spring's default for a Flux of objects), so
@@ -32,33 +36,29 @@ async def agent_outputs(response: httpx2.Response, describe: Any) -> AsyncGenera
     with ServerMalformed; a stream that ends before ``completed: true`` simply stops (the
     caller decides whether to re-attach with ``/chat/sub``).
     """
-    decoder = _outputs
-    source = httpx2.EventSource(response).__aiter__()
-    async with aclosing(source) as events:  # type: ignore[type-var]
-        try:
-            async for event in events:
-                if not event.data.strip():
-                    continue
-                try:
-                    output = decoder.decode(event.data)
-                except (msgspec.DecodeError, msgspec.ValidationError, RecursionError) as exc:
-                    raise ServerMalformed(describe(f"chat stream: an event that is not an AgentOutputDto ({exc})")) from exc
-                yield output
-                if output.completed:
-                    return
-        except httpx2.SSEError as exc:
-            raise ServerMalformed(describe(f"chat stream: {exc}")) from exc
-        except httpx2.TimeoutException as exc:
-            raise ServerUnreachable(describe("chat stream: no event in time"), timeout=True) from exc
-        except httpx2.TransportError as exc:
-            raise ServerUnreachable(describe(f"chat stream dropped ({type(exc).__name__})")) from exc
+    async with aclosing(_events(response, describe, _outputs, "chat stream", "an event that is not an AgentOutputDto")) as events:
+        async for _, output in events:
+            yield output
+            if output.completed:
+                return
 
 
-async def session_frames(response: httpx2.Response, describe: Any) -> AsyncGenerator[SessionFrame, None]:
+async def session_frames(response: httpx2.Response, describe: Describe) -> AsyncGenerator[SessionFrame, None]:
     """The ``/computer/progress`` frames, up to the one that ends the prompt (a desktop keeps
     the stream open after it). A ``data:`` that is not a UnifiedSessionMessage ends the
     stream with ServerMalformed."""
-    decoder = _frames
+    async with aclosing(_events(response, describe, _frames, "progress stream", "a frame that is not a session message")) as frames:
+        async for name, frame in frames:
+            frame.event = "" if name == "message" else name
+            yield frame
+            if frame.message_type == "sessionPromptEnd":
+                return
+
+
+async def _events(
+    response: httpx2.Response, describe: Describe, decoder: msgspec.json.Decoder[T], what: str, not_one: str
+) -> AsyncGenerator[tuple[str, T], None]:
+    """Each event with data as (its ``event:`` name, its data decoded); failures mapped."""
     source = httpx2.EventSource(response).__aiter__()
     async with aclosing(source) as events:  # type: ignore[type-var]
         try:
@@ -66,16 +66,13 @@ async def session_frames(response: httpx2.Response, describe: Any) -> AsyncGener
                 if not event.data.strip():
                     continue
                 try:
-                    frame: SessionFrame = decoder.decode(event.data)
-                except (msgspec.DecodeError, msgspec.ValidationError, RecursionError) as exc:
-                    raise ServerMalformed(describe(f"progress stream: a frame that is not a session message ({exc})")) from exc
-                frame.event = "" if event.event == "message" else event.event
-                yield frame
-                if frame.message_type == "sessionPromptEnd":
-                    return
+                    decoded = decoder.decode(event.data)
+                except (msgspec.DecodeError, RecursionError) as exc:  # ValidationError included
+                    raise ServerMalformed(describe(f"{what}: {not_one} ({exc})")) from exc
+                yield event.event, decoded
         except httpx2.SSEError as exc:
-            raise ServerMalformed(describe(f"progress stream: {exc}")) from exc
+            raise ServerMalformed(describe(f"{what}: {exc}")) from exc
         except httpx2.TimeoutException as exc:
-            raise ServerUnreachable(describe("progress stream: no event in time"), timeout=True) from exc
+            raise ServerUnreachable(describe(f"{what}: no event in time"), timeout=True) from exc
         except httpx2.TransportError as exc:
-            raise ServerUnreachable(describe(f"progress stream dropped ({type(exc).__name__})")) from exc
+            raise ServerUnreachable(describe(f"{what} dropped ({type(exc).__name__})")) from exc
