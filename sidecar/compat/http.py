@@ -307,11 +307,20 @@ class Server(uvicorn.Server):
     """uvicorn without its signal handlers (the sidecar owns SIGTERM/SIGINT) and without its
     own accept path: connections come from sidecar.compat.guard's accept loop."""
 
-    def __init__(self, config: uvicorn.Config, *, admission: Admission, protocol: Callable[[], GuardedProtocol]) -> None:
+    def __init__(
+        self, config: uvicorn.Config, *, authorized: Callable[[list[tuple[bytes, bytes]]], bool], head_timeout_s: float
+    ) -> None:
         super().__init__(config)
-        self.admission = admission
-        self._protocol = protocol
+        self.admission = Admission(Caps.from_limits())
+        self._authorized = authorized
+        self._head_timeout_s = head_timeout_s
         self._accepting = anyio.CancelScope()
+
+    def _protocol(self) -> GuardedProtocol:
+        return GuardedProtocol(
+            config=self.config, server_state=self.server_state, admission=self.admission,
+            authorized=self._authorized, head_timeout_s=self._head_timeout_s,
+        )
 
     @contextlib.contextmanager
     def capture_signals(self) -> Iterator[None]:
@@ -373,7 +382,7 @@ class _QuietUpgrades(logging.Filter):
 _quiet = _QuietUpgrades()
 
 
-def server(app: V1App, *, head_timeout_s: float, caps: Caps | None = None) -> Server:
+def server(app: V1App, *, head_timeout_s: float) -> Server:
     uvicorn_log = logging.getLogger("uvicorn.error")
     if _quiet not in uvicorn_log.filters:
         uvicorn_log.addFilter(_quiet)
@@ -394,14 +403,4 @@ def server(app: V1App, *, head_timeout_s: float, caps: Caps | None = None) -> Se
         limit_concurrency=None,  # the admission caps connections (sidecar.compat.guard)
     )
     config.load()
-    admission = Admission(caps if caps is not None else Caps.from_limits())
-    holder: list[Server] = []
-
-    def protocol() -> GuardedProtocol:
-        return GuardedProtocol(
-            config=config, server_state=holder[0].server_state, admission=admission,
-            authorized=app.authorized, head_timeout_s=head_timeout_s,
-        )
-
-    holder.append(Server(config, admission=admission, protocol=protocol))
-    return holder[0]
+    return Server(config, authorized=app.authorized, head_timeout_s=head_timeout_s)
