@@ -45,6 +45,11 @@ export declare const ErrorCode: {
    * (another host key): calls that need it fail; nothing is lost.
    */
   readonly SECRETS_LOCKED: -32008;
+  /**
+   * A request of a batch was answered, but its answer did not fit in the batch's answer
+   * (``MAX_BATCH_ANSWER_BYTES``): send it alone.
+   */
+  readonly RESPONSE_TOO_LARGE: -32009;
 };
 /** One of the ErrorCode values. */
 export type ErrorCode = (typeof ErrorCode)[keyof typeof ErrorCode];
@@ -865,10 +870,28 @@ export interface CompatStartParams {
    */
   trustAgentMode?: boolean;
   /**
+   * True: a request's ``tool_approval_rules`` rules with action ``allow`` approve the calls
+   * they match without the user (V1's behaviour: the key holder decides what runs). False
+   * (default): a request may only narrow, its ``deny`` rules decide and its ``allow`` rules
+   * leave the call to the user.
+   */
+  trustApprovalRules?: boolean;
+  /**
    * Absolute path under which ``computer-project-workspace/<user_id>/<agent_work_dir>``
    * working directories are made (default ``<dataDir>/compat``).
    */
   workspaceDir?: string | null;
+  /**
+   * Absolute directories an absolute ``agent_work_dir`` may name (it, or a directory
+   * below it); the workspace directory always may. Any other absolute path (``/``, a home
+   * directory) is refused with ``AGENT_WORK_DIR_INVALID``.
+   */
+  workDirRoots?: string[];
+  /**
+   * A connection's request head (request line and headers) must arrive within this
+   * (1000..120000); then the connection is answered 408 and closed.
+   */
+  headTimeoutMs?: number;
   /** Progress streams open at once per session (1..64); one more is refused with 429. */
   maxSseClients?: number;
   /**
@@ -888,6 +911,8 @@ export interface CompatStartResult {
   projects: number;
   runningTurns: number;
   sseClients: number;
+  connections: number;
+  maxConnections: number;
   /** The key to configure on the caller (generated unless ``token`` was given). */
   token: string;
 }
@@ -905,6 +930,14 @@ export interface CompatStatus {
   projects: number;
   runningTurns: number;
   sseClients: number;
+  /** HTTP connections open now. */
+  connections: number;
+  /**
+   * At most this many are open at once (derived from the process's file descriptor
+   * limit at ``compat:start``, so stdio, the database and providers keep theirs); half of
+   * them at most may be connections no request with the key came on yet.
+   */
+  maxConnections: number;
 }
 
 /**
@@ -2441,7 +2474,11 @@ export interface ServerConfigureParams {
    * takes no messages: leave this off unless the server documents it).
    */
   messagesOnCreate?: boolean;
-  /** Per call: connecting, and each wait for the answer (1000..600000). */
+  /**
+   * Each call to the server in all (1000..600000): connecting, sending, the whole answer,
+   * and its retries; for a chat stream, the time to its response head (its events are then
+   * bounded by ``chatIdleTimeoutMs``).
+   */
   requestTimeoutMs?: number;
   /** Sent as ``x-tenant-id`` for servers that cannot tell the tenant from the host name. */
   tenantId?: number | null;
@@ -2894,6 +2931,22 @@ export interface SkillUpdateParams {
   content: string;
 }
 
+/**
+ * A server conversation a pull could not read: a value outside the wire contract's
+ * bounds (an id or index past int64, a date past year 9999, nesting too deep). Nothing
+ * of it was stored; every later pull tries it again and reports it until the server
+ * sends it within bounds.
+ */
+export interface SkippedConversation {
+  /** None when its id itself was unusable. */
+  conversationId: number | null;
+  /** The local session linked to it, if any (left as it was). */
+  sessionId: string | null;
+  /** Where the value was, as a JSON path within the row or item (``$.modified``), when known. */
+  field: string | null;
+  message: string;
+}
+
 /** A Slack ``section`` block, in Slack's own JSON shape (the host passes it through). */
 export interface SlackSectionBlock {
   type: "section";
@@ -3081,6 +3134,8 @@ export interface SyncResult {
   messagesPushed: number;
   conflicts: SyncConflict[];
   errors: SyncIssue[];
+  /** Conversations the server sent out of bounds: not imported, the rest of the pull went on. */
+  skipped: SkippedConversation[];
   notPushed: NotPushed[];
   /** False when the run stopped early (auth expired, the list could not be read). */
   complete: boolean;

@@ -18,6 +18,7 @@ export const ErrorCode = Object.freeze({
   MESSAGE_TOO_LARGE: -32006,
   STORE_ERROR: -32007,
   SECRETS_LOCKED: -32008,
+  RESPONSE_TOO_LARGE: -32009,
 });
 
 export const FINAL_EVENT_TYPES = Object.freeze(["stream_end", "error", "aborted"]);
