@@ -658,6 +658,11 @@ export interface ChatSettings {
   deltaCoalesceMs: number;
   /** Partial content of a streaming reply is written at least this often. */
   persistIntervalMs: number;
+  /**
+   * The output limit of a reply (at most the model's ``maxOutputTokens``); None: the
+   * model's ``maxOutputTokens``, else a quarter of its context window (at most 4,096), else
+   * the provider's own default.
+   */
   maxTokens: number | null;
   reasoning: ReasoningLevel | null;
   temperature: number | null;
@@ -666,8 +671,8 @@ export interface ChatSettings {
 
 /**
  * Fields of ChatSettings to change; unknown fields are invalid params. A field left
- * out keeps its value; ``null`` resets it to its default (``maxTokens: null``: the
- * provider's own limit again).
+ * out keeps its value; ``null`` resets it to its default (``maxTokens: null``: the context
+ * budget's reserved output, from the model's maximum output or its context window).
  */
 export interface ChatSettingsUpdate {
   /** absent: keep; null: clear (to the default). */

@@ -263,7 +263,9 @@ class RequestBuilder:
         messages, parts = await self._fit(
             messages, sources, plan, model, encoding, summary.tokens if summary else 0, window.tokens, continuation
         )
-        request = ChatRequest(model=model, messages=messages, tools=specs, params=params)
+        request = ChatRequest(
+            model=model, messages=messages, tools=specs, params=bg.sent_params(params, plan.parts.reserved_output)
+        )
         first = drafts[0] if drafts and drafts[0].role == "system" else None
         info = BuildInfo(
             window=window, assistant=assistant, applied=list(ctx.applied), citations=list(ctx.citations),
