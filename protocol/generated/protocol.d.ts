@@ -258,6 +258,15 @@ export type SoulSource = "import" | "revert" | "tool" | "user";
 export type SummarySource = "ai" | "user";
 /** What ``chat:tool:approve`` can decide. */
 export type ToolDecision = "answered" | "approved" | "denied";
+/**
+ * Why a request is offered a tool (``tool:list``): ``settings``: the assistant's
+ * ``enabledTools`` is null, so every tool the tool settings enable; ``enabledTools``: the
+ * assistant names it (or its MCP server); ``memory`` / ``soul`` / ``knowledge``: the
+ * assistant's ``memory.enabled`` / ``context.evolveSoul`` / knowledge bases bring it, whatever
+ * ``enabledTools`` says; ``helper``: ``read_tool_output`` and ``get_session_capabilities``,
+ * which come with any other tool.
+ */
+export type ToolOfferedBy = "enabledTools" | "helper" | "knowledge" | "memory" | "settings" | "soul";
 /** auto: run without asking; ask: a pending approval first; deny: never run (denied result). */
 export type ToolPolicyValue = "ask" | "auto" | "deny";
 /** Where a tool comes from (``tool:list``). */
@@ -338,7 +347,11 @@ export interface AssistantProfile {
    * The tools this assistant's replies are offered, by name (``get_current_time``,
    * ``web_search``, ``workspace_read_file``, ``mcp__files__read``...) or ``mcp:<server>`` for
    * every tool of an MCP server; ``read_tool_output`` and ``get_session_capabilities`` come
-   * with any of them. ``[]``: no tools at all. None: every tool the tool settings offer.
+   * with any of them. ``[]``: none of them. None: every tool the tool settings offer. The
+   * feature tools are not named here: the memory tools come with ``memory.enabled``,
+   * ``soul_update`` with ``context.evolveSoul``, ``knowledge_search`` with
+   * ``knowledgeBaseIds`` (``tool:list`` shows why each tool is offered). An unknown name, or
+   * a feature tool's, is invalid params listing the valid names.
    */
   enabledTools: string[] | null;
   knowledgeBaseIds: string[];
@@ -376,7 +389,10 @@ export interface AssistantUpsertParams {
   systemPrompt?: string;
   allowSessionPrompt?: boolean;
   regexRules?: RegexRule[];
-  /** See AssistantProfile.enabledTools (omitted or null: every tool; ``[]``: none). */
+  /**
+   * See AssistantProfile.enabledTools (omitted or null: every tool; ``[]``: none besides
+   * the feature tools).
+   */
   enabledTools?: string[] | null;
   knowledgeBaseIds?: string[];
   memory?: MemorySettings;
@@ -2864,6 +2880,8 @@ export interface ToolInfo {
   policy: ToolPolicyValue;
   defaultPolicy: ToolPolicyValue;
   parameters: Record<string, unknown>;
+  /** Why it is offered (see ToolOfferedBy). */
+  offeredBy: ToolOfferedBy;
 }
 
 export interface ToolListParams {
