@@ -242,7 +242,8 @@ class SessionService:
 
     async def delete_messages(self, params: MessagesDeleteParams) -> MessagesDeleteResult:
         """``chat:messages:delete``: one message (mode ``message``: its children move up to
-        its parent) or a message with its subtree (mode ``branch``).
+        its parent; a root user message takes its replies with it, so no branch starts
+        with a reply) or a message with its subtree (mode ``branch``).
 
         - The message must be in the session (NotFound); a server-mode session refuses
           (BAD_STATE: its Qiming conversation is linear and would not follow), and so does a
@@ -264,8 +265,8 @@ class SessionService:
 
         def check(s: Store) -> None:
             session = s.sessions.get(session_id)
-            below = s.messages.subtree_ids(session_id, message_id)  # NotFound unless it is in the session
-            if s.sync.server_messages(below if mode == "branch" else [message_id]):
+            gone = s.messages.delete_ids(session_id, message_id, mode)  # NotFound unless it is in the session
+            if s.sync.server_messages(gone):
                 raise StoreError(
                     "messages that came from the Qiming server cannot be deleted here: the next pull"
                     " would bring them back (server:conversation:delete removes the conversation)",
