@@ -104,8 +104,9 @@ export type CompatFlavor = "electron" | "rcoder";
 export type ContentPart = TextPart | ImagePart | FilePart | CodePart | ToolUsePart | ToolResultPart | ThinkingPart | StepStartPart | StepFinishPart | DiffPart;
 export type ContentType = "multipart" | "text";
 /**
- * ``message``: only that message (its children move up to its parent); ``branch``: the
- * message and everything below it.
+ * ``message``: only that message (its children move up to its parent; a root user message
+ * takes the replies below it, down to the next user messages, so no branch starts with a
+ * reply); ``branch``: the message and everything below it.
  */
 export type DeleteMode = "branch" | "message";
 /**
