@@ -6,8 +6,8 @@ or raises V1Error. Rules that are V1's (README "V1 /computer/chat" has the full 
 - chat: prepare the project (sidecar.compat.projects), start the turn, answer at once
   with the session id; the reply streams on the progress route;
 - progress: a session this endpoint does not know gets the idle ``end_turn`` (electron)
-  or 404 (rcoder); a client gets the buffered
-  early frames first; with nothing buffered and no turn running it gets one ``end_turn``
+  or 404 (rcoder); a client gets the buffered early frames first; with nothing
+  buffered and no turn running it gets one ``end_turn``
   ("Agent 当前无在执行任务") and the stream closes, except that in the electron flavor a
   session that ran a V1 turn since the start (and was not stopped) keeps the client
   waiting for its next turn, as V1 Electron did while its engine lived;

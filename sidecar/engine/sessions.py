@@ -423,9 +423,10 @@ def check_model_choice(
         except NotFound:
             return
     if record.models and record.model(model_id) is None:
+        listed = ", ".join(m.id for m in record.models[:20]) + (", ..." if len(record.models) > 20 else "")
         raise InvalidParams(
-            f"invalid params: {prefix}modelId: provider {record.name!r} has no model {model_id!r}"
-            f" - at `$.{prefix}modelId`"
+            f"invalid params: {prefix}modelId {model_id!r} is not a model of provider {record.name!r}"
+            f" (its models: {listed}) - at `$.{prefix}modelId`"
         )
 
 
