@@ -507,13 +507,22 @@ async def test_bad_engine_configs_are_invalid_params(tmp_path: Path) -> None:
                 {"name": "H", "type": "openai-compat", "baseUrl": "http://x", "engine": {"command": "x"}},
             )
         assert err.value.code == -32602
-        # a direct session cannot use an engine, an ACP session cannot use an HTTP provider
+        # a direct session cannot use an engine, an ACP session cannot use an HTTP provider:
+        # refused where they are chosen (and at the send, for a session whose default it is)
         engine = await add_engine(proc)
-        direct = await proc.call("chat:session:create", {"providerId": engine["id"], "modelId": "m"})
+        with pytest.raises(CallError) as err:
+            await proc.call("chat:session:create", {"providerId": engine["id"], "modelId": "m"})
+        assert err.value.code == -32602 and "is an ACP agent engine" in err.value.message
+        await proc.call("provider:setDefault", {"providerId": engine["id"], "modelId": "m"})
+        direct = await proc.call("chat:session:create", {})
         _, final = await send_and_wait(proc, direct["id"], "hi")
         assert final["type"] == "error" and "is an ACP agent engine" in final["error"]
         http = await proc.call("provider:upsert", {"name": "H", "type": "openai-compat", "baseUrl": "http://127.0.0.1:9"})
-        acp = await acp_session(proc, http["id"])
+        with pytest.raises(CallError) as err:
+            await acp_session(proc, http["id"])
+        assert err.value.code == -32602 and "needs an acp-engine provider" in err.value.message
+        await proc.call("provider:setDefault", {"providerId": http["id"], "modelId": "m"})
+        acp = await proc.call("chat:session:create", {"mode": "acp"})
         _, final = await send_and_wait(proc, acp["id"], "hi")
         assert final["type"] == "error" and "is not an ACP agent engine" in final["error"]
         await proc.close()

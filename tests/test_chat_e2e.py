@@ -292,13 +292,19 @@ async def test_provider_list_never_shows_the_key(tmp_path):
 
 
 async def test_acp_session_without_an_engine_ends_its_reply_with_a_clear_error(tmp_path):
-    # ACP mode itself is covered by tests/test_acp_*.py; here: a bad engine id is a reply error
+    # ACP mode itself is covered by tests/test_acp_*.py; here: an unknown engine id is refused
+    # at create, and an engine deleted later is a reply error
     async with spawn_sidecar(tmp_path) as proc:
         await proc.call("sidecar:initialize", {})
-        session = await proc.call("chat:session:create", {"mode": "acp", "providerId": "p", "modelId": "m"})
+        with pytest.raises(CallError) as err:
+            await proc.call("chat:session:create", {"mode": "acp", "providerId": "p", "modelId": "m"})
+        assert err.value.code == -32602 and "providerId" in err.value.message
+        engine = await proc.call("provider:upsert", {"name": "E", "type": "acp-engine", "engine": {"command": "true"}})
+        session = await proc.call("chat:session:create", {"mode": "acp", "providerId": engine["id"], "modelId": "m"})
+        await proc.call("provider:delete", {"id": engine["id"]})
         sent = await proc.call("chat:send", {"sessionId": session["id"], "input": {"content": "hi"}})
         final = await wait_final(proc, sent["messageId"])
-        assert final["type"] == "error" and "'p' does not exist" in final["error"], final
+        assert final["type"] == "error" and f"'{engine['id']}' does not exist" in final["error"], final
         assert final["code"] == -32003
         await proc.close()
 

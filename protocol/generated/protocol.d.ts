@@ -110,8 +110,9 @@ export type ConsolidationMode = "auto" | "propose";
 export type ContentPart = TextPart | ImagePart | FilePart | CodePart | ToolUsePart | ToolResultPart | ThinkingPart | StepStartPart | StepFinishPart | DiffPart;
 export type ContentType = "multipart" | "text";
 /**
- * ``message``: only that message (its children move up to its parent); ``branch``: the
- * message and everything below it.
+ * ``message``: only that message (its children move up to its parent; a root user message
+ * takes the replies below it, down to the next user messages, so no branch starts with a
+ * reply); ``branch``: the message and everything below it.
  */
 export type DeleteMode = "branch" | "message";
 /**
@@ -212,13 +213,16 @@ export type MissedPolicy = "run_once" | "skip";
 /**
  * ``acp_session_replaced``: the agent could not reload the conversation after a restart and
  * starts a new agent session without the earlier turns; ``acp_history_unavailable``: the agent
- * session of this branch is unknown to the engine; ``acp_content_not_sent``: parts of the user
+ * session of this branch is unknown to the engine; ``acp_history_kept``: the turn continues
+ * (a fork of) an agent session that went on past this point (a regenerate, an edit, an older
+ * branch): the agent cannot go back, so the later turns stay in its context;
+ * ``acp_content_not_sent``: parts of the user
  * message (e.g. images) that the agent does not accept were left out; ``stream_unsupported``:
  * the endpoint refused to stream this model, so it is asked for whole replies from now on (the
  * model's ``stream`` became false); ``context_trimmed``: older messages were left out of this
  * request so it fits the model's context window (the notice says how many).
  */
-export type NoticeCode = "acp_content_not_sent" | "acp_history_unavailable" | "acp_session_replaced" | "context_trimmed" | "stream_unsupported";
+export type NoticeCode = "acp_content_not_sent" | "acp_history_kept" | "acp_history_unavailable" | "acp_session_replaced" | "context_trimmed" | "stream_unsupported";
 export type ProgressKind = "begin" | "end" | "report";
 /** Chosen by the caller (a number or a string of at most 256 characters). */
 export type ProgressToken = number | string;
@@ -286,6 +290,15 @@ export type TaskRunStatus = "aborted" | "completed" | "error" | "interrupted" | 
 export type TaskTrigger = "manual" | "missed" | "schedule";
 /** What ``chat:tool:approve`` can decide. */
 export type ToolDecision = "answered" | "approved" | "denied";
+/**
+ * Why a request is offered a tool (``tool:list``): ``settings``: the assistant's
+ * ``enabledTools`` is null, so every tool the tool settings enable; ``enabledTools``: the
+ * assistant names it (or its MCP server); ``memory`` / ``soul`` / ``knowledge``: the
+ * assistant's ``memory.enabled`` / ``context.evolveSoul`` / knowledge bases bring it, whatever
+ * ``enabledTools`` says; ``helper``: ``read_tool_output`` and ``get_session_capabilities``,
+ * which come with any other tool.
+ */
+export type ToolOfferedBy = "enabledTools" | "helper" | "knowledge" | "memory" | "settings" | "soul";
 /** auto: run without asking; ask: a pending approval first; deny: never run (denied result). */
 export type ToolPolicyValue = "ask" | "auto" | "deny";
 /** Where a tool comes from (``tool:list``). */
@@ -366,7 +379,11 @@ export interface AssistantProfile {
    * The tools this assistant's replies are offered, by name (``get_current_time``,
    * ``web_search``, ``workspace_read_file``, ``mcp__files__read``...) or ``mcp:<server>`` for
    * every tool of an MCP server; ``read_tool_output`` and ``get_session_capabilities`` come
-   * with any of them. ``[]``: no tools at all. None: every tool the tool settings offer.
+   * with any of them. ``[]``: none of them. None: every tool the tool settings offer. The
+   * feature tools are not named here: the memory tools come with ``memory.enabled``,
+   * ``soul_update`` with ``context.evolveSoul``, ``knowledge_search`` with
+   * ``knowledgeBaseIds`` (``tool:list`` shows why each tool is offered). An unknown name, or
+   * a feature tool's, is invalid params listing the valid names.
    */
   enabledTools: string[] | null;
   knowledgeBaseIds: string[];
@@ -404,7 +421,10 @@ export interface AssistantUpsertParams {
   systemPrompt?: string;
   allowSessionPrompt?: boolean;
   regexRules?: RegexRule[];
-  /** See AssistantProfile.enabledTools (omitted or null: every tool; ``[]``: none). */
+  /**
+   * See AssistantProfile.enabledTools (omitted or null: every tool; ``[]``: none besides
+   * the feature tools).
+   */
   enabledTools?: string[] | null;
   knowledgeBaseIds?: string[];
   memory?: MemorySettings;
@@ -695,6 +715,11 @@ export interface ChatSettings {
   deltaCoalesceMs: number;
   /** Partial content of a streaming reply is written at least this often. */
   persistIntervalMs: number;
+  /**
+   * The output limit of a reply (at most the model's ``maxOutputTokens``); None: the
+   * model's ``maxOutputTokens``, else a quarter of its context window (at most 4,096), else
+   * the provider's own default.
+   */
   maxTokens: number | null;
   reasoning: ReasoningLevel | null;
   temperature: number | null;
@@ -703,8 +728,8 @@ export interface ChatSettings {
 
 /**
  * Fields of ChatSettings to change; unknown fields are invalid params. A field left
- * out keeps its value; ``null`` resets it to its default (``maxTokens: null``: the
- * provider's own limit again).
+ * out keeps its value; ``null`` resets it to its default (``maxTokens: null``: the context
+ * budget's reserved output, from the model's maximum output or its context window).
  */
 export interface ChatSettingsUpdate {
   /** absent: keep; null: clear (to the default). */
@@ -3459,6 +3484,8 @@ export interface ToolInfo {
   policy: ToolPolicyValue;
   defaultPolicy: ToolPolicyValue;
   parameters: Record<string, unknown>;
+  /** Why it is offered (see ToolOfferedBy). */
+  offeredBy: ToolOfferedBy;
 }
 
 export interface ToolListParams {

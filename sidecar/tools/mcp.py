@@ -186,6 +186,15 @@ class McpManager:
 
     # ---- tools for a request ----------------------------------------------------------
 
+    def servers(self) -> dict[str, list[str] | None]:
+        """Every configured server (enabled or not) -> the names of its tools when it is
+        ready now, None when they are not known (connecting, failed, disabled)."""
+        out: dict[str, list[str] | None] = {}
+        for name in sorted(self._configs):
+            server = self._servers.get(name)
+            out[name] = [mcp_tool_name(name, t.name) for t in server.tools] if server is not None and server.ready else None
+        return out
+
     def tools(self) -> list[McpTool]:
         """The tools of every server that is ready now (never waits for one)."""
         out: list[McpTool] = []
