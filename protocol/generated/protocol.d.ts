@@ -279,7 +279,7 @@ export interface AbortedEvent {
   messageId: string;
   timestamp: number;
   seq: number;
-  reason?: string | null;
+  reason: string | null;
 }
 
 /**
@@ -289,6 +289,39 @@ export interface AbortedEvent {
  * shared by every ``mode: "acp"`` session that uses this provider and started on first use.
  */
 export interface AcpEngineConfig {
+  /** The executable (a path, or a name looked up in PATH). */
+  command: string;
+  args: string[];
+  /**
+   * Environment of the engine, passed explicitly (only PATH, HOME, USER, LANG and a few
+   * other variables of the sidecar's own environment are inherited). Never logged;
+   * ``provider:list`` masks values whose name suggests a secret, and an update that sends
+   * such a masked value (``***``) back keeps the stored one.
+   */
+  env: Record<string, string>;
+  /**
+   * Working directory of the engine process (default: the data dir). Each session's
+   * agent ``cwd`` is its ``workspaceDir``, else ``<dataDir>/acp/<sessionId>``.
+   */
+  cwd: string | null;
+  /**
+   * ACP tool kinds (read, search, think, fetch, edit, delete, move, execute, other) whose
+   * permission requests are allowed without asking (the stored tool policy
+   * ``acp:<providerId>:<kind>`` still wins).
+   */
+  autoAllow: string[];
+  /** Start + ``initialize`` must finish within this. */
+  startupTimeoutMs: number;
+  /** session/new, load, fork and close must be answered within this. */
+  requestTimeoutMs: number;
+  /** After ``session/cancel`` the turn waits this long for the agent to end it, then ends it. */
+  cancelTimeoutMs: number;
+  /** Shutdown: after closing stdin, after SIGTERM and after SIGKILL, wait at most this long. */
+  shutdownTimeoutMs: number;
+}
+
+/** AcpEngineConfig as params accept it: fields with a default may be left out. */
+export interface AcpEngineConfigInput {
   /** The executable (a path, or a name looked up in PATH). */
   command: string;
   args?: string[];
@@ -372,15 +405,15 @@ export interface AssistantUpsertParams {
   name: string;
   systemPrompt?: string;
   allowSessionPrompt?: boolean;
-  regexRules?: RegexRule[];
+  regexRules?: RegexRuleInput[];
   /** See AssistantProfile.enabledTools (omitted or null: every tool; ``[]``: none). */
   enabledTools?: string[] | null;
   knowledgeBaseIds?: string[];
-  memory?: MemorySettings;
-  modes?: PromptInjection[];
-  lorebook?: LorebookEntry[];
+  memory?: MemorySettingsInput;
+  modes?: PromptInjectionInput[];
+  lorebook?: LorebookEntryInput[];
   transformers?: TransformerOptionsInput;
-  context?: ContextOptions;
+  context?: ContextOptionsInput;
 }
 
 export interface Attachment {
@@ -472,13 +505,26 @@ export interface ChannelConfigUpsertParams {
   providerId?: string | null;
   modelId?: string | null;
   systemPrompt?: string | null;
-  limits?: ChannelLimits | null;
-  rate?: ChannelRate | null;
-  delivery?: ChannelDeliveryPolicy | null;
+  limits?: ChannelLimitsInput | null;
+  rate?: ChannelRateInput | null;
+  delivery?: ChannelDeliveryPolicyInput | null;
 }
 
 /** Acknowledgements and retries of ``channel:reply`` deliveries. */
 export interface ChannelDeliveryPolicy {
+  /** A delivery not acknowledged within this is sent again; 100..600,000 (default 30 s). */
+  ackTimeoutMs: number | null;
+  /** Sends of one delivery before it is marked failed; 1..20 (default 4). */
+  maxAttempts: number | null;
+  /**
+   * Wait before the second attempt, doubled for each further one (capped at 5 min);
+   * 0..600,000 (default 2 s).
+   */
+  retryBackoffMs: number | null;
+}
+
+/** ChannelDeliveryPolicy as params accept it: fields with a default may be left out. */
+export interface ChannelDeliveryPolicyInput {
   /** A delivery not acknowledged within this is sent again; 100..600,000 (default 30 s). */
   ackTimeoutMs?: number | null;
   /** Sends of one delivery before it is marked failed; 1..20 (default 4). */
@@ -495,6 +541,24 @@ export interface ChannelDeliveryPolicy {
  * effective values).
  */
 export interface ChannelLimits {
+  /** The largest chunk (one platform message), in ``sizeUnit``; 256..1,000,000. */
+  maxMessageSize: number | null;
+  sizeUnit: SizeUnit | null;
+  /** slack_blocks: the largest section block (Slack: 3,000); 256..maxMessageSize. */
+  maxSectionChars: number | null;
+  /** slack_blocks: section blocks per message (Slack: 50); 1..50. */
+  maxBlocks: number | null;
+  /** The longest incoming text accepted (longer is invalid params); 1..1,000,000. */
+  maxInboundChars: number | null;
+  /**
+   * How long a received message id is remembered (redeliveries inside it are dropped);
+   * 24 h..30 days, default 48 h.
+   */
+  dedupWindowMs: number | null;
+}
+
+/** ChannelLimits as params accept it: fields with a default may be left out. */
+export interface ChannelLimitsInput {
   /** The largest chunk (one platform message), in ``sizeUnit``; 256..1,000,000. */
   maxMessageSize?: number | null;
   sizeUnit?: SizeUnit | null;
@@ -577,6 +641,21 @@ export interface ChannelQuote {
 
 /** Outgoing rate and the loop guard; an omitted field takes the platform's default. */
 export interface ChannelRate {
+  /** Platform messages (chunks, edits) per minute for the whole channel; 0 = unlimited. */
+  messagesPerMinute: number | null;
+  /** Messages that may go at once (and the most chunks one delivery carries); 1..100. */
+  burst: number | null;
+  /** stream mode: at least this long between two edits of a streaming reply; 200..60,000. */
+  editIntervalMs: number | null;
+  /** Loop guard: more replies than this in ``loopWindowMs`` in one chat start a cooldown. */
+  loopMaxEvents: number | null;
+  loopWindowMs: number | null;
+  /** While a chat cools down its messages are stored without a reply. */
+  loopCooldownMs: number | null;
+}
+
+/** ChannelRate as params accept it: fields with a default may be left out. */
+export interface ChannelRateInput {
   /** Platform messages (chunks, edits) per minute for the whole channel; 0 = unlimited. */
   messagesPerMinute?: number | null;
   /** Messages that may go at once (and the most chunks one delivery carries); 1..100. */
@@ -887,7 +966,7 @@ export interface ContentReplacedEvent {
   /** The reply's stored ``textContent``. */
   text: string;
   /** The stored parts, when the reply is multipart (text with thinking, tools, images). */
-  parts?: ContentPart[] | null;
+  parts: ContentPart[] | null;
 }
 
 /**
@@ -971,6 +1050,28 @@ export interface ContextOptions {
    * Estimated tokens above which the old prefix is summarized (or cut); 0 or negative is
    * the legacy "disabled" value and means the default 32,000.
    */
+  compressThreshold: number;
+  truncationStrategy: TruncationStrategy;
+  /** Model that writes rolling summaries; default: the session's model. */
+  summaryModel: DefaultModel | null;
+  /**
+   * Put the assistant's Soul.md (``assistant:soul:*``; else the global one) into the
+   * system prompt (seed 004 section 4.1).
+   */
+  useSoul: boolean;
+  /**
+   * Offer the ``soul_update`` tool (with ``useSoul``): the assistant proposes an edit of
+   * its own Soul.md, which the user approves seeing the diff (policy ``ask`` by default).
+   */
+  evolveSoul: boolean;
+}
+
+/** ContextOptions as params accept it: fields with a default may be left out. */
+export interface ContextOptionsInput {
+  /**
+   * Estimated tokens above which the old prefix is summarized (or cut); 0 or negative is
+   * the legacy "disabled" value and means the default 32,000.
+   */
   compressThreshold?: number;
   truncationStrategy?: TruncationStrategy;
   /** Model that writes rolling summaries; default: the session's model. */
@@ -1003,8 +1104,8 @@ export interface ContextUpdateParams {
 }
 
 export interface ConversationRef {
-  sessionId?: string | null;
-  conversationId?: number | null;
+  sessionId: string | null;
+  conversationId: number | null;
 }
 
 /** Params of ``chat:session:create``; omitted provider/model use the configured default. */
@@ -1069,10 +1170,18 @@ export interface ErrorEvent {
   seq: number;
   error: string;
   /** An ErrorCode value when one applies (for example PROVIDER_ERROR). */
-  code?: ErrorCode | null;
+  code: ErrorCode | null;
 }
 
 export interface FilePart {
+  type: "file";
+  uri: string;
+  mimeType: string | null;
+  name: string | null;
+}
+
+/** FilePart as params accept it: fields with a default may be left out. */
+export interface FilePartInput {
   type: "file";
   uri: string;
   mimeType?: string | null;
@@ -1084,6 +1193,15 @@ export interface IdParams {
 }
 
 export interface ImagePart {
+  type: "image";
+  mimeType: string;
+  /** http(s) URL or ``file://`` URI of a stored copy in the data dir. */
+  url: string | null;
+  base64: string | null;
+}
+
+/** ImagePart as params accept it: fields with a default may be left out. */
+export interface ImagePartInput {
   type: "image";
   mimeType: string;
   /** http(s) URL or ``file://`` URI of a stored copy in the data dir. */
@@ -1324,6 +1442,22 @@ export interface KnowledgeBase {
 export interface LorebookEntry {
   keywords: string[];
   content: string;
+  name: string;
+  position: InjectionPosition;
+  depth: number;
+  role: InjectionRole;
+  caseSensitive: boolean;
+  /** How many of the last messages are searched for a keyword (1..1000). */
+  scanDepth: number;
+  /** Always injected, keywords or not. */
+  constant: boolean;
+  enabled: boolean;
+}
+
+/** LorebookEntry as params accept it: fields with a default may be left out. */
+export interface LorebookEntryInput {
+  keywords: string[];
+  content: string;
   name?: string;
   position?: InjectionPosition;
   depth?: number;
@@ -1530,6 +1664,35 @@ export interface MemorySettings {
    * Its memories (own scope and ``global``) reach its requests, and the memory tools
    * (memory_search, memory_save, memory_update, memory_forget) come first among its tools.
    */
+  enabled: boolean;
+  /**
+   * Retrieve at most six relevant memories per request (MemoryRetrieval, hybrid search);
+   * off = the basic memory text (these ``entries``, then the scope's memories, newest and
+   * most used first, within ``budgetTokens``) goes into the system prompt.
+   */
+  rag: boolean;
+  /** Fixed lines of the profile, always first in the basic memory text. */
+  entries: string[];
+  encoder: EncoderMode;
+  /** The model of the encoder's side call; default: the session's model. */
+  encoderModel: DefaultModel | null;
+  /**
+   * Embeds this assistant's memories (and the global ones) for the vector leg of memory
+   * retrieval; none: lexical retrieval only.
+   */
+  embeddingModel: EmbeddingModelRef | null;
+  /** Where memory_save and the encoder put new memories by default. */
+  saveScope: "assistant" | "global";
+  /** Tokens the basic memory text may take (64..32768). */
+  budgetTokens: number;
+}
+
+/** MemorySettings as params accept it: fields with a default may be left out. */
+export interface MemorySettingsInput {
+  /**
+   * Its memories (own scope and ``global``) reach its requests, and the memory tools
+   * (memory_search, memory_save, memory_update, memory_forget) come first among its tools.
+   */
   enabled?: boolean;
   /**
    * Retrieve at most six relevant memories per request (MemoryRetrieval, hybrid search);
@@ -1690,7 +1853,7 @@ export interface MessageV2Input {
   toolCallId?: string | null;
   toolName?: string | null;
   modelId?: string | null;
-  usage?: Usage | null;
+  usage?: UsageInput | null;
   latencyMs?: number | null;
   acpMessageId?: string | null;
   acpParts?: unknown[] | null;
@@ -1795,6 +1958,29 @@ export interface MethodSpec {
 /** A model offered by a provider; prices are USD per million tokens. */
 export interface ModelConfig {
   id: string;
+  name: string | null;
+  contextWindow: number | null;
+  maxOutputTokens: number | null;
+  supportsTools: boolean;
+  supportsReasoning: boolean;
+  supportsImages: boolean;
+  inputPrice: number;
+  outputPrice: number;
+  /** Price of a prompt token read from the provider's cache (default: ``inputPrice``). */
+  cacheReadPrice: number | null;
+  /** Price of a prompt token written to the provider's cache (default: ``inputPrice``). */
+  cacheWritePrice: number | null;
+  /**
+   * False: replies are asked for whole (a non-streaming request) and go through the same
+   * events (the text arrives as one delta). Set by the sidecar itself (and kept) when the
+   * endpoint answers a streaming request with a 400 saying it cannot stream this model.
+   */
+  stream: boolean;
+}
+
+/** ModelConfig as params accept it: fields with a default may be left out. */
+export interface ModelConfigInput {
+  id: string;
   name?: string | null;
   contextWindow?: number | null;
   maxOutputTokens?: number | null;
@@ -1839,10 +2025,18 @@ export interface NoticeEvent {
   timestamp: number;
   seq: number;
   notice: string;
-  code?: NoticeCode | null;
+  code: NoticeCode | null;
 }
 
 export interface OcrOptions {
+  enabled: boolean;
+  /** A vision-capable model; default: the session's model. */
+  model: DefaultModel | null;
+  prompt: string;
+}
+
+/** OcrOptions as params accept it: fields with a default may be left out. */
+export interface OcrOptionsInput {
   enabled?: boolean;
   /** A vision-capable model; default: the session's model. */
   model?: DefaultModel | null;
@@ -1865,9 +2059,9 @@ export interface PendingToolCall {
 export interface PlanEntry {
   content: string;
   /** high | medium | low (as the agent sent it). */
-  priority?: string | null;
+  priority: string | null;
   /** pending | in_progress | completed (as the agent sent it). */
-  status?: string | null;
+  status: string | null;
 }
 
 /**
@@ -1896,6 +2090,18 @@ export interface ProgressParams {
 
 /** A "mode": text injected into every request while it is enabled. */
 export interface PromptInjection {
+  content: string;
+  name: string;
+  position: InjectionPosition;
+  /** For ``at_depth``: how many messages above the end (0 = after the last message). */
+  depth: number;
+  /** Role of the injected message for the chat positions (system text for the system positions). */
+  role: InjectionRole;
+  enabled: boolean;
+}
+
+/** PromptInjection as params accept it: fields with a default may be left out. */
+export interface PromptInjectionInput {
   content: string;
   name?: string;
   position?: InjectionPosition;
@@ -1947,7 +2153,7 @@ export interface ProviderUpsertParams {
   /** Required for the HTTP provider types; unused by ``acp-engine``. */
   baseUrl?: string;
   /** Required for ``acp-engine``: the command that runs the agent engine. */
-  engine?: AcpEngineConfig | null;
+  engine?: AcpEngineConfigInput | null;
   /**
    * Stored (sealed), never returned. Left out on update: the stored key is kept; null
    * (or "") clears it.
@@ -1959,7 +2165,7 @@ export interface ProviderUpsertParams {
   headers?: Record<string, string>;
   /** Merged into every request body last (it may override generated fields). */
   body?: Record<string, unknown>;
-  models?: ModelConfig[];
+  models?: ModelConfigInput[];
   enabled?: boolean;
   /** False: the endpoint cannot stream; every model of it is asked for whole replies. */
   stream?: boolean;
@@ -1993,6 +2199,19 @@ export interface RegexRule {
   /** Python ``re`` syntax. */
   pattern: string;
   /** ``\1`` / ``\g<name>`` refer to groups. */
+  replacement: string;
+  scope: RegexScope;
+  name: string;
+  ignoreCase: boolean;
+  multiline: boolean;
+  enabled: boolean;
+}
+
+/** RegexRule as params accept it: fields with a default may be left out. */
+export interface RegexRuleInput {
+  /** Python ``re`` syntax. */
+  pattern: string;
+  /** ``\1`` / ``\g<name>`` refer to groups. */
   replacement?: string;
   scope?: RegexScope;
   name?: string;
@@ -2011,8 +2230,8 @@ export interface ReplyBlocksChunk {
 export interface ReplyFileChunk {
   type: "file";
   uri: string;
-  name?: string | null;
-  mimeType?: string | null;
+  name: string | null;
+  mimeType: string | null;
 }
 
 /**
@@ -2022,8 +2241,8 @@ export interface ReplyFileChunk {
 export interface ReplyImageChunk {
   type: "image";
   url: string;
-  mimeType?: string | null;
-  alt?: string | null;
+  mimeType: string | null;
+  alt: string | null;
 }
 
 /** One platform message of rendered text. */
@@ -2535,10 +2754,24 @@ export interface SoulVersion {
 export interface StepFinishPart {
   type: "step_finish";
   stepId: string;
+  result: unknown;
+}
+
+/** StepFinishPart as params accept it: fields with a default may be left out. */
+export interface StepFinishPartInput {
+  type: "step_finish";
+  stepId: string;
   result?: unknown;
 }
 
 export interface StepStartPart {
+  type: "step_start";
+  stepId: string;
+  title: string | null;
+}
+
+/** StepStartPart as params accept it: fields with a default may be left out. */
+export interface StepStartPartInput {
   type: "step_start";
   stepId: string;
   title?: string | null;
@@ -2573,8 +2806,8 @@ export interface StreamEndEvent {
   messageId: string;
   timestamp: number;
   seq: number;
-  finishReason?: FinishReason | null;
-  usage?: Usage | null;
+  finishReason: FinishReason | null;
+  usage: Usage | null;
 }
 
 /** The assistant message ``messageId`` exists and starts streaming. */
@@ -2584,25 +2817,29 @@ export interface StreamStartEvent {
   messageId: string;
   timestamp: number;
   seq: number;
-  parentId?: string | null;
-  modelId?: string | null;
-  providerId?: string | null;
+  parentId: string | null;
+  modelId: string | null;
+  providerId: string | null;
 }
 
 /** ``toolCall`` of tool_call_start (whole name) and tool_call_delta (``arguments`` = fragment). */
 export interface StreamToolCall {
   id: string;
   name: string;
-  arguments?: string;
+  arguments: string;
 }
 
 export interface StreamToolResult {
   toolCallId: string;
   output: string;
-  isError?: boolean;
+  isError: boolean;
 }
 
-/** Base of every wire type: camelCase names, keyword-only, defaults omitted. */
+/**
+ * Base of every wire type: camelCase names, keyword-only, and every field written, a
+ * default too (a reader never has to know a default: what the sidecar sends is whole).
+ * A field whose default is ``msgspec.UNSET`` (an update's "keep") is still left out.
+ */
 export interface Struct {
 }
 
@@ -2700,6 +2937,16 @@ export interface SyncSettingsUpdate {
 }
 
 export interface TemplateOptions {
+  enabled: boolean;
+  /**
+   * A sandboxed Jinja template applied to the text of each user message. Variables:
+   * message, role, date, time, datetime, weekday, model_id, user, assistant, index.
+   */
+  template: string;
+}
+
+/** TemplateOptions as params accept it: fields with a default may be left out. */
+export interface TemplateOptionsInput {
   enabled?: boolean;
   /**
    * A sandboxed Jinja template applied to the text of each user message. Variables:
@@ -2738,6 +2985,17 @@ export interface ThinkingPart {
    * Anthropic's signature of this thinking block, needed to send the block back
    * when a tool-use turn continues; absent for other providers.
    */
+  signature: string | null;
+}
+
+/** ThinkingPart as params accept it: fields with a default may be left out. */
+export interface ThinkingPartInput {
+  type: "thinking";
+  text: string;
+  /**
+   * Anthropic's signature of this thinking block, needed to send the block back
+   * when a tool-use turn continues; absent for other providers.
+   */
   signature?: string | null;
 }
 
@@ -2764,14 +3022,14 @@ export interface ToolApprovalRequiredEvent {
   /** The decisions chat:tool:approve accepts for this call. */
   decisions: ToolDecision[];
   /** ACP permission options, when the call comes from an agent engine. */
-  options?: ToolApprovalOption[] | null;
+  options: ToolApprovalOption[] | null;
   /** ``tool`` (a tool of the direct-mode loop) or ``acp`` (an agent engine's request). */
-  source?: ApprovalSource;
+  source: ApprovalSource;
   /**
    * What the call would change, for the user to judge (e.g. ``soul_update``: a unified
    * diff of Soul.md); None when the tool has nothing to show beyond its arguments.
    */
-  preview?: string | null;
+  preview: string | null;
 }
 
 /** ``chat:tool:approve``: decide one pending tool call. */
@@ -2895,6 +3153,14 @@ export interface ToolResultPart {
   type: "tool_result";
   toolUseId: string;
   content: string;
+  isError: boolean;
+}
+
+/** ToolResultPart as params accept it: fields with a default may be left out. */
+export interface ToolResultPartInput {
+  type: "tool_result";
+  toolUseId: string;
+  content: string;
   isError?: boolean;
 }
 
@@ -2927,7 +3193,7 @@ export interface ToolSettingsUpdate {
   /** absent: keep; null: clear (to the default). */
   conversationSearch?: boolean | null;
   /** absent: keep; null: clear (to the default). */
-  webSearch?: WebSearchConfig | null;
+  webSearch?: WebSearchConfigInput | null;
   /** Older form of ``webSearch: null`` (kept for compatibility). */
   clearWebSearch?: boolean;
   /** absent: keep; null: clear (to the default). */
@@ -2947,16 +3213,16 @@ export interface ToolUsePart {
 
 /** Switches and settings of the input transformers (seed 000 section 4). */
 export interface TransformerOptions {
-  timeReminder?: boolean;
-  placeholders?: boolean;
-  documentAsPrompt?: boolean;
+  timeReminder: boolean;
+  placeholders: boolean;
+  documentAsPrompt: boolean;
   ocr: OcrOptions;
   template: TemplateOptions;
-  workspaceReminder?: boolean;
-  knowledgeRetrieval?: boolean;
-  memoryRetrieval?: boolean;
+  workspaceReminder: boolean;
+  knowledgeRetrieval: boolean;
+  memoryRetrieval: boolean;
   /** What ``{user}`` / ``{{user}}`` placeholders become. */
-  userName?: string;
+  userName: string;
 }
 
 /** TransformerOptions as params accept it: fields with a default may be left out. */
@@ -2964,8 +3230,8 @@ export interface TransformerOptionsInput {
   timeReminder?: boolean;
   placeholders?: boolean;
   documentAsPrompt?: boolean;
-  ocr?: OcrOptions;
-  template?: TemplateOptions;
+  ocr?: OcrOptionsInput;
+  template?: TemplateOptionsInput;
   workspaceReminder?: boolean;
   knowledgeRetrieval?: boolean;
   memoryRetrieval?: boolean;
@@ -2975,6 +3241,19 @@ export interface TransformerOptionsInput {
 
 /** Token counts of one reply (seed: inputTokens/outputTokens; the rest where given). */
 export interface Usage {
+  inputTokens: number;
+  outputTokens: number;
+  cacheReadTokens: number | null;
+  cacheWriteTokens: number | null;
+  reasoningTokens: number | null;
+  /** Tokens in the context window at the end of the reply (ACP ``usage_update.used``). */
+  contextUsed: number | null;
+  /** The context window in tokens (ACP ``usage_update.size``). */
+  contextSize: number | null;
+}
+
+/** Usage as params accept it: fields with a default may be left out. */
+export interface UsageInput {
   inputTokens?: number;
   outputTokens?: number;
   cacheReadTokens?: number | null;
@@ -3030,6 +3309,14 @@ export interface UserInput {
 
 /** A SearXNG-style JSON search endpoint: GET ``url?q=...&format=json`` -> ``results``. */
 export interface WebSearchConfig {
+  url: string;
+  kind: "searxng";
+  maxResults: number;
+  timeoutS: number;
+}
+
+/** WebSearchConfig as params accept it: fields with a default may be left out. */
+export interface WebSearchConfigInput {
   url: string;
   kind?: "searxng";
   maxResults?: number;
