@@ -22,8 +22,10 @@
 import { spawn } from "node:child_process";
 import { ClientErrorCode, SidecarError } from "./errors.js";
 import { ErrorCode, PROTOCOL_VERSION, isFinalEvent } from "./protocol.js";
+import { MessageStreams, unavailable } from "./streams.js";
 export { ClientErrorCode, IPC_ERROR_MARKER, SidecarError, fromIpcError, ipcHandler, isSidecarError, toIpcError } from "./errors.js";
 export { ErrorCode, FINAL_EVENT_TYPES, METHOD_NAMES, PROTOCOL_VERSION, SERVER_NOTIFICATIONS, isFinalEvent } from "./protocol.js";
+const ENDED = ["completed", "error", "aborted"];
 const DEFAULT_TIMEOUT_MS = 30_000;
 const DEFAULT_SHUTDOWN_MS = 5_000;
 const KILL_WAIT_MS = 5_000;
@@ -92,14 +94,19 @@ export class SidecarClient {
             throw error;
         }
     }
-    /** Send a request; resolves with its result or rejects with a SidecarError. */
+    /**
+     * Send a request; resolves with its result or rejects with a SidecarError. A call made
+     * while the handshake is under way (after `start()`, before it resolved) is written
+     * right behind `sidecar:initialize`, in order: the sidecar answers a handshake and a
+     * first `chat:session:list` that wait in its input before anything else loads.
+     */
     call(method, ...args) {
         const [params, options] = args;
         const connection = this.#connection;
-        if (!connection || connection.state !== "running") {
+        if (!connection || (connection.state !== "running" && connection.state !== "starting")) {
             return Promise.reject(new SidecarError(ClientErrorCode.NOT_RUNNING, `cannot call ${method}: the sidecar is not running`));
         }
-        return connection.call(method, params ?? {}, options ?? {});
+        return connection.call(method, params ?? {}, options ?? {}, ["starting", "running"]);
     }
     /** Listen to a notification, the exit or unreadable lines; returns the function that stops listening. */
     on(event, listener) {
@@ -115,8 +122,13 @@ export class SidecarClient {
         };
     }
     /**
-     * The events of one message, in order, ending after its final event (stream_end, error
-     * or aborted), which is yielded too. Throws PROCESS_EXITED if the sidecar exits first.
+     * The events of one message, in order from its first, ending after its final event
+     * (stream_end, error or aborted), which is yielded too; every concurrent `stream()` of
+     * a message gets every event. Throws PROCESS_EXITED if the sidecar exits first,
+     * STREAM_UNAVAILABLE if the reply ended before and its events are no longer kept
+     * (`data`: StreamUnavailableData; read the message with `chat:messages:get`), and
+     * NOT_FOUND for a message this client knows nothing of and whose stored row (with
+     * `options.sessionId`) does not exist; without `sessionId` such a message is NOT_FOUND.
      */
     stream(messageId, options = {}) {
         const connection = this.#connection;
@@ -126,8 +138,10 @@ export class SidecarClient {
         const queue = [];
         let failure = null;
         let wake = null;
+        let ended = false;
         const subscriber = {
             push(event) {
+                ended ||= isFinalEvent(event);
                 queue.push(event);
                 wake?.();
             },
@@ -136,7 +150,30 @@ export class SidecarClient {
                 wake?.();
             },
         };
-        const unsubscribe = connection.subscribe(messageId, subscriber);
+        const { outcome, unsubscribe } = connection.subscribe(messageId, subscriber);
+        if (outcome === "unknown") {
+            // nothing of it seen here: it may be a reply that ended before this process (or
+            // never existed); the stored row says, and an answer comes after every event the
+            // sidecar sent before reading it (one ordered stdout)
+            const sessionId = options.sessionId;
+            if (sessionId === undefined) {
+                subscriber.fail(new SidecarError(ErrorCode.NOT_FOUND, `message ${messageId} is unknown to this client (no event or send result of it): pass { sessionId } to check the stored message`, { messageId }));
+            }
+            else {
+                connection
+                    .call("chat:messages:get", { sessionId, options: { leafId: messageId, limit: 1 } }, {}, ["starting", "running"])
+                    .then((found) => {
+                    const message = found[0];
+                    if (message === undefined || message.id !== messageId) {
+                        subscriber.fail(new SidecarError(ErrorCode.NOT_FOUND, `message ${messageId} not found`, { messageId }));
+                    }
+                    else if (ENDED.includes(message.status) && !ended) {
+                        subscriber.fail(unavailable(messageId, sessionId, null, "ended"));
+                    }
+                })
+                    .catch((error) => subscriber.fail(error));
+            }
+        }
         const signal = options.signal;
         const onAbort = () => subscriber.fail(cancelled(`stream of ${messageId} aborted`));
         if (signal?.aborted)
@@ -219,10 +256,7 @@ class Connection {
     #onExit;
     #child = null;
     #pending = new Map();
-    #subscribers = new Map();
-    #buffered = new Map();
-    #bufferMessages;
-    #bufferEvents;
+    #streams;
     #maxLine;
     #resolveExit = () => undefined;
     #nextId = 1;
@@ -237,8 +271,10 @@ class Connection {
         this.#options = options;
         this.#emit = emit;
         this.#onExit = onExit;
-        this.#bufferMessages = Math.max(0, options.streamBuffer?.messages ?? 16);
-        this.#bufferEvents = Math.max(0, options.streamBuffer?.events ?? 5000);
+        this.#streams = new MessageStreams({
+            messages: options.streamBuffer?.messages ?? 16,
+            events: options.streamBuffer?.events ?? 5000,
+        });
         this.#maxLine = options.maxLineLength ?? DEFAULT_MAX_LINE;
         this.exited = new Promise((resolve) => {
             this.#resolveExit = resolve;
@@ -316,7 +352,10 @@ class Connection {
             const onAbort = () => this.#cancel(id, cancelled(`${method} was aborted`));
             const pending = {
                 method,
-                resolve,
+                resolve: (result) => {
+                    this.#noteMessage(params, result);
+                    resolve(result);
+                },
                 reject,
                 cleanup: () => {
                     if (timer !== null)
@@ -344,26 +383,18 @@ class Connection {
         });
     }
     subscribe(messageId, subscriber) {
-        let set = this.#subscribers.get(messageId);
-        if (!set) {
-            set = new Set();
-            this.#subscribers.set(messageId, set);
-        }
-        set.add(subscriber);
-        const early = this.#buffered.get(messageId);
-        if (early) {
-            this.#buffered.delete(messageId);
-            for (const event of early)
-                subscriber.push(event);
-        }
-        if (this.state === "exited")
+        if (this.state === "exited") {
             subscriber.fail(this.#exitError());
-        return () => {
-            const current = this.#subscribers.get(messageId);
-            current?.delete(subscriber);
-            if (current && current.size === 0)
-                this.#subscribers.delete(messageId);
-        };
+            return { outcome: "live", unsubscribe: () => undefined };
+        }
+        return this.#streams.subscribe(messageId, subscriber);
+    }
+    /** A result naming the reply it started (chat:send, chat:regenerate...) tells the session of that message. */
+    #noteMessage(params, result) {
+        const messageId = result?.messageId;
+        const sessionId = params?.sessionId;
+        if (typeof messageId === "string" && typeof sessionId === "string")
+            this.#streams.note(messageId, sessionId);
     }
     close(timeoutMs) {
         this.#closing ??= this.#close(timeoutMs);
@@ -418,7 +449,7 @@ class Connection {
         const pending = this.#settle(id);
         if (!pending)
             return;
-        if (this.state === "running" || this.state === "closing") {
+        if (this.state !== "exited") {
             this.#write({ jsonrpc: "2.0", method: "$/cancelRequest", params: { id } });
         }
         pending.reject(error);
@@ -524,32 +555,9 @@ class Connection {
                 this.#protocolError(line, "a chat:stream event without messageId or type");
                 return;
             }
-            this.#route(event);
+            this.#streams.route(event);
         }
         this.#emit(method, params);
-    }
-    #route(event) {
-        const subscribers = this.#subscribers.get(event.messageId);
-        if (subscribers && subscribers.size > 0) {
-            for (const subscriber of [...subscribers])
-                subscriber.push(event);
-            if (isFinalEvent(event))
-                this.#subscribers.delete(event.messageId);
-            return;
-        }
-        if (this.#bufferMessages === 0)
-            return;
-        let events = this.#buffered.get(event.messageId);
-        if (!events) {
-            events = [];
-            this.#buffered.set(event.messageId, events);
-            while (this.#buffered.size > this.#bufferMessages) {
-                const oldest = this.#buffered.keys().next().value;
-                this.#buffered.delete(oldest);
-            }
-        }
-        if (events.length < this.#bufferEvents)
-            events.push(event);
     }
     #onStderr(chunk) {
         this.#stderrTail = (this.#stderrTail + chunk).slice(-STDERR_TAIL);
@@ -608,11 +616,7 @@ class Connection {
         const failure = new SidecarError(ClientErrorCode.PROCESS_EXITED, `the sidecar ${end.error !== undefined ? "could not run" : "exited"} (${how})${exit.expected ? "" : " before answering"}`, exit);
         for (const id of [...this.#pending.keys()])
             this.#settle(id)?.reject(failure);
-        for (const set of this.#subscribers.values())
-            for (const subscriber of set)
-                subscriber.fail(failure);
-        this.#subscribers.clear();
-        this.#buffered.clear();
+        this.#streams.failAll(failure);
         this.#onExit(exit);
         this.#resolveExit(exit);
         this.#emit("exit", exit);

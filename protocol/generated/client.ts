@@ -28,14 +28,17 @@ import type {
   ChatStreamEvent,
   ClientInfo,
   InitializeResult,
+  MessageStatus,
   MethodName,
   MethodParams,
   MethodResult,
   Notifications,
   ServerNotificationName,
 } from "./protocol.js";
+import { MessageStreams, unavailable, type StreamSubscriber } from "./streams.js";
 
 export { ClientErrorCode, IPC_ERROR_MARKER, SidecarError, fromIpcError, ipcHandler, isSidecarError, toIpcError } from "./errors.js";
+export type * from "./errors.js";
 export { ErrorCode, FINAL_EVENT_TYPES, METHOD_NAMES, PROTOCOL_VERSION, SERVER_NOTIFICATIONS, isFinalEvent } from "./protocol.js";
 
 export type LogLevel = "DEBUG" | "INFO" | "WARNING" | "ERROR" | "CRITICAL";
@@ -68,9 +71,9 @@ export interface SidecarOptions {
   /** Sent in `sidecar:initialize`. */
   clientInfo?: ClientInfo;
   /**
-   * Events of messages that no `stream()` has asked for yet are kept for the most recent
-   * `messages` messages, at most `events` each (default 16 and 5000), so `stream(id)`
-   * called after `chat:send` answered still sees the first events.
+   * The events of the most recent `messages` messages are kept, at most `events` each
+   * (default 16 and 5000), so `stream(id)` called after `chat:send` answered, or a second
+   * `stream(id)` of the same message, still gets every event from the first.
    */
   streamBuffer?: { messages: number; events: number };
   /** Longest stdout line accepted, in characters (default 256 Mi); longer ones are dropped. */
@@ -117,7 +120,15 @@ export type SidecarEventName = keyof SidecarEvents;
 export interface StreamOptions {
   /** Aborting ends the iteration with a REQUEST_CANCELLED SidecarError (the reply goes on). */
   signal?: AbortSignal;
+  /**
+   * The message's session, for a message this client has seen nothing of (no event, no
+   * `chat:send`/`chat:regenerate`/... answer naming it): the stored message is then
+   * checked, and a reply that already ended rejects with STREAM_UNAVAILABLE.
+   */
+  sessionId?: string;
 }
+
+const ENDED: readonly MessageStatus[] = ["completed", "error", "aborted"];
 
 const DEFAULT_TIMEOUT_MS = 30_000;
 const DEFAULT_SHUTDOWN_MS = 5_000;
@@ -134,11 +145,6 @@ export async function createSidecar(options: SidecarOptions): Promise<SidecarCli
 }
 
 type Listener = (payload: never) => void;
-
-interface StreamSubscriber {
-  push(event: ChatStreamEvent): void;
-  fail(error: unknown): void;
-}
 
 export class SidecarClient {
   #options: SidecarOptions;
@@ -201,16 +207,21 @@ export class SidecarClient {
     }
   }
 
-  /** Send a request; resolves with its result or rejects with a SidecarError. */
+  /**
+   * Send a request; resolves with its result or rejects with a SidecarError. A call made
+   * while the handshake is under way (after `start()`, before it resolved) is written
+   * right behind `sidecar:initialize`, in order: the sidecar answers a handshake and a
+   * first `chat:session:list` that wait in its input before anything else loads.
+   */
   call<M extends MethodName>(method: M, ...args: CallArgs<M>): Promise<MethodResult<M>> {
     const [params, options] = args as [MethodParams<M> | undefined, CallOptions | undefined];
     const connection = this.#connection;
-    if (!connection || connection.state !== "running") {
+    if (!connection || (connection.state !== "running" && connection.state !== "starting")) {
       return Promise.reject(
         new SidecarError(ClientErrorCode.NOT_RUNNING, `cannot call ${method}: the sidecar is not running`),
       );
     }
-    return connection.call(method, params ?? {}, options ?? {}) as Promise<MethodResult<M>>;
+    return connection.call(method, params ?? {}, options ?? {}, ["starting", "running"]) as Promise<MethodResult<M>>;
   }
 
   /** Listen to a notification, the exit or unreadable lines; returns the function that stops listening. */
@@ -228,8 +239,13 @@ export class SidecarClient {
   }
 
   /**
-   * The events of one message, in order, ending after its final event (stream_end, error
-   * or aborted), which is yielded too. Throws PROCESS_EXITED if the sidecar exits first.
+   * The events of one message, in order from its first, ending after its final event
+   * (stream_end, error or aborted), which is yielded too; every concurrent `stream()` of
+   * a message gets every event. Throws PROCESS_EXITED if the sidecar exits first,
+   * STREAM_UNAVAILABLE if the reply ended before and its events are no longer kept
+   * (`data`: StreamUnavailableData; read the message with `chat:messages:get`), and
+   * NOT_FOUND for a message this client knows nothing of and whose stored row (with
+   * `options.sessionId`) does not exist; without `sessionId` such a message is NOT_FOUND.
    */
   stream(messageId: string, options: StreamOptions = {}): AsyncIterableIterator<ChatStreamEvent> {
     const connection = this.#connection;
@@ -239,8 +255,10 @@ export class SidecarClient {
     const queue: ChatStreamEvent[] = [];
     let failure: unknown = null;
     let wake: (() => void) | null = null;
+    let ended = false;
     const subscriber: StreamSubscriber = {
       push(event) {
+        ended ||= isFinalEvent(event);
         queue.push(event);
         wake?.();
       },
@@ -249,7 +267,34 @@ export class SidecarClient {
         wake?.();
       },
     };
-    const unsubscribe = connection.subscribe(messageId, subscriber);
+    const { outcome, unsubscribe } = connection.subscribe(messageId, subscriber);
+    if (outcome === "unknown") {
+      // nothing of it seen here: it may be a reply that ended before this process (or
+      // never existed); the stored row says, and an answer comes after every event the
+      // sidecar sent before reading it (one ordered stdout)
+      const sessionId = options.sessionId;
+      if (sessionId === undefined) {
+        subscriber.fail(
+          new SidecarError(
+            ErrorCode.NOT_FOUND,
+            `message ${messageId} is unknown to this client (no event or send result of it): pass { sessionId } to check the stored message`,
+            { messageId },
+          ),
+        );
+      } else {
+        connection
+          .call("chat:messages:get", { sessionId, options: { leafId: messageId, limit: 1 } }, {}, ["starting", "running"])
+          .then((found) => {
+            const message = (found as MethodResult<"chat:messages:get">)[0];
+            if (message === undefined || message.id !== messageId) {
+              subscriber.fail(new SidecarError(ErrorCode.NOT_FOUND, `message ${messageId} not found`, { messageId }));
+            } else if (ENDED.includes(message.status) && !ended) {
+              subscriber.fail(unavailable(messageId, sessionId, null, "ended"));
+            }
+          })
+          .catch((error: unknown) => subscriber.fail(error));
+      }
+    }
     const signal = options.signal;
     const onAbort = (): void => subscriber.fail(cancelled(`stream of ${messageId} aborted`));
     if (signal?.aborted) onAbort();
@@ -338,10 +383,7 @@ class Connection {
   readonly #onExit: (exit: SidecarExit) => void;
   readonly #child: ChildProcessWithoutNullStreams | null = null;
   readonly #pending = new Map<number, Pending>();
-  readonly #subscribers = new Map<string, Set<StreamSubscriber>>();
-  readonly #buffered = new Map<string, ChatStreamEvent[]>();
-  readonly #bufferMessages: number;
-  readonly #bufferEvents: number;
+  readonly #streams: MessageStreams;
   readonly #maxLine: number;
   #resolveExit: (exit: SidecarExit) => void = () => undefined;
   #nextId = 1;
@@ -361,8 +403,10 @@ class Connection {
     this.#options = options;
     this.#emit = emit;
     this.#onExit = onExit;
-    this.#bufferMessages = Math.max(0, options.streamBuffer?.messages ?? 16);
-    this.#bufferEvents = Math.max(0, options.streamBuffer?.events ?? 5000);
+    this.#streams = new MessageStreams({
+      messages: options.streamBuffer?.messages ?? 16,
+      events: options.streamBuffer?.events ?? 5000,
+    });
     this.#maxLine = options.maxLineLength ?? DEFAULT_MAX_LINE;
     this.exited = new Promise((resolve) => {
       this.#resolveExit = resolve;
@@ -439,7 +483,10 @@ class Connection {
       const onAbort = (): void => this.#cancel(id, cancelled(`${method} was aborted`));
       const pending: Pending = {
         method,
-        resolve,
+        resolve: (result) => {
+          this.#noteMessage(params, result);
+          resolve(result);
+        },
         reject,
         cleanup: () => {
           if (timer !== null) clearTimeout(timer);
@@ -472,24 +519,19 @@ class Connection {
     });
   }
 
-  subscribe(messageId: string, subscriber: StreamSubscriber): () => void {
-    let set = this.#subscribers.get(messageId);
-    if (!set) {
-      set = new Set();
-      this.#subscribers.set(messageId, set);
+  subscribe(messageId: string, subscriber: StreamSubscriber): ReturnType<MessageStreams["subscribe"]> {
+    if (this.state === "exited") {
+      subscriber.fail(this.#exitError());
+      return { outcome: "live", unsubscribe: () => undefined };
     }
-    set.add(subscriber);
-    const early = this.#buffered.get(messageId);
-    if (early) {
-      this.#buffered.delete(messageId);
-      for (const event of early) subscriber.push(event);
-    }
-    if (this.state === "exited") subscriber.fail(this.#exitError());
-    return () => {
-      const current = this.#subscribers.get(messageId);
-      current?.delete(subscriber);
-      if (current && current.size === 0) this.#subscribers.delete(messageId);
-    };
+    return this.#streams.subscribe(messageId, subscriber);
+  }
+
+  /** A result naming the reply it started (chat:send, chat:regenerate...) tells the session of that message. */
+  #noteMessage(params: unknown, result: unknown): void {
+    const messageId = (result as { messageId?: unknown } | null)?.messageId;
+    const sessionId = (params as { sessionId?: unknown } | null)?.sessionId;
+    if (typeof messageId === "string" && typeof sessionId === "string") this.#streams.note(messageId, sessionId);
   }
 
   close(timeoutMs: number): Promise<SidecarExit> {
@@ -543,7 +585,7 @@ class Connection {
   #cancel(id: number, error: SidecarError): void {
     const pending = this.#settle(id);
     if (!pending) return;
-    if (this.state === "running" || this.state === "closing") {
+    if (this.state !== "exited") {
       this.#write({ jsonrpc: "2.0", method: "$/cancelRequest", params: { id } });
     }
     pending.reject(error);
@@ -647,29 +689,9 @@ class Connection {
         this.#protocolError(line, "a chat:stream event without messageId or type");
         return;
       }
-      this.#route(event);
+      this.#streams.route(event);
     }
     this.#emit(method, params);
-  }
-
-  #route(event: ChatStreamEvent): void {
-    const subscribers = this.#subscribers.get(event.messageId);
-    if (subscribers && subscribers.size > 0) {
-      for (const subscriber of [...subscribers]) subscriber.push(event);
-      if (isFinalEvent(event)) this.#subscribers.delete(event.messageId);
-      return;
-    }
-    if (this.#bufferMessages === 0) return;
-    let events = this.#buffered.get(event.messageId);
-    if (!events) {
-      events = [];
-      this.#buffered.set(event.messageId, events);
-      while (this.#buffered.size > this.#bufferMessages) {
-        const oldest = this.#buffered.keys().next().value as string;
-        this.#buffered.delete(oldest);
-      }
-    }
-    if (events.length < this.#bufferEvents) events.push(event);
   }
 
   #onStderr(chunk: string): void {
@@ -731,9 +753,7 @@ class Connection {
       exit,
     );
     for (const id of [...this.#pending.keys()]) this.#settle(id)?.reject(failure);
-    for (const set of this.#subscribers.values()) for (const subscriber of set) subscriber.fail(failure);
-    this.#subscribers.clear();
-    this.#buffered.clear();
+    this.#streams.failAll(failure);
     this.#onExit(exit);
     this.#resolveExit(exit);
     this.#emit("exit", exit);
