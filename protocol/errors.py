@@ -39,3 +39,6 @@ class ErrorCode(IntEnum):
     SECRETS_LOCKED = -32008
     """A stored secret (API key, token) was sealed with a key this process was not given
     (another host key): calls that need it fail; nothing is lost."""
+    FEATURE_UNAVAILABLE = -32009
+    """The request needs an optional part of the bundle that is not installed (``data``:
+    ``{part, module}``, e.g. ``vectors`` for embedding models); everything else works."""

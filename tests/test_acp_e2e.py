@@ -77,7 +77,7 @@ async def test_tool_calls_diffs_plan_usage_and_unknown_updates(tmp_path: Path) -
             "text_delta", "stream_end",
         ]
         assert events[1]["toolCall"] == {"id": "call-read", "name": "Read config", "arguments": '{"path":"/w/config.json"}'}
-        assert events[2]["toolResult"] == {"toolCallId": "call-read", "output": "debug=false"}
+        assert events[2]["toolResult"] == {"toolCallId": "call-read", "output": "debug=false", "isError": False}
         reply = await stored(proc, session["id"], sent["messageId"])
         parts = reply["parts"]
         assert [p["type"] for p in parts] == ["tool_use", "tool_result", "tool_use", "diff", "tool_result", "text"]
@@ -142,7 +142,7 @@ async def test_permission_approved_rejected_remembered_and_audited(tmp_path: Pat
         assert final["type"] == "stream_end"
         assert streamed_text(events_of(proc, sent["messageId"])) == "allowed:yes"
         reply = await stored(proc, session["id"], sent["messageId"])
-        assert reply["parts"][1] == {"type": "tool_result", "toolUseId": "call-p", "content": "done"}
+        assert reply["parts"][1] == {"type": "tool_result", "toolUseId": "call-p", "content": "done", "isError": False}
 
         # rejected once
         sent, _ = await ask("delete")

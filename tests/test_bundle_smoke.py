@@ -12,13 +12,17 @@ from __future__ import annotations
 
 import base64
 import datetime
+import importlib.util
 import ipaddress
 import json
 import os
+import shutil
+import statistics
 import sys
 from collections.abc import AsyncIterator
 from contextlib import asynccontextmanager
 from pathlib import Path
+from typing import Any
 
 import anyio
 
@@ -27,10 +31,10 @@ from chat_helpers import configure_provider, wait_final
 from mcp_helpers import wait_status
 from node_client import assert_all_ran, run_node_client_tests
 from scripted_server import scripted_provider
-from sidecar_proc import spawn_sidecar
+from sidecar_proc import CallError, spawn_sidecar
 
 import sidecar
-from protocol import PROTOCOL_VERSION
+from protocol import PROTOCOL_VERSION, ErrorCode
 
 ROOT = Path(__file__).resolve().parent.parent
 BUNDLE_ENV = "CHAT_SIDECAR_BUNDLE"
@@ -213,3 +217,62 @@ async def test_the_launcher_speaks_https_and_verifies_certificates(tmp_path: Pat
 @pytest.mark.anyio
 async def test_the_generated_client_drives_the_bundle(tmp_path: Path, launcher: Path) -> None:
     assert_all_ran(await run_node_client_tests(tmp_path, str(launcher), []))
+
+
+def load_tool(name: str, path: Path) -> Any:
+    spec = importlib.util.spec_from_file_location(name, path)
+    assert spec is not None and spec.loader is not None
+    module = importlib.util.module_from_spec(spec)
+    spec.loader.exec_module(module)
+    return module
+
+
+def test_the_first_list_from_the_bundle_against_the_venv(tmp_path: Path, launcher: Path) -> None:
+    """What tools/bench/bench_bundle.py measures, in short: spawn -> the first
+    chat:session:list answer, bundle and venv alternating; prints both and their ratio
+    (asserts only that each answered: tests never assert timing)."""
+    bench = load_tool("bench_bundle_smoke", ROOT / "tools" / "bench" / "bench_bundle.py")
+    times: dict[str, list[float]] = {"bundle": [], "venv": []}
+    for run in range(4):
+        for name, command in (("bundle", [str(launcher)]), ("venv", [sys.executable, "-m", "sidecar"])):
+            elapsed = bench.time_to_list(command, str(tmp_path / f"{name}-data"))
+            if run:  # the first of each creates its data dir
+                times[name].append(elapsed)
+    bundle_ms, venv_ms = (statistics.median(times[n]) * 1000 for n in ("bundle", "venv"))
+    print(f"\nfirst chat:session:list, median of 3: bundle {bundle_ms:.0f} ms, venv {venv_ms:.0f} ms,"
+          f" ratio bundle/venv {bundle_ms / venv_ms:.2f}")
+    assert bundle_ms > 0 and venv_ms > 0
+
+
+@pytest.mark.anyio
+async def test_an_optional_part_missing_is_a_typed_error_and_installing_it_enables_it(tmp_path: Path, bundle: Path) -> None:
+    """The core folder has no ``vectors`` part: an embedding model is FEATURE_UNAVAILABLE
+    (the process goes on). The part's folder copied over a copy of the bundle (what an app's
+    installer does) brings numpy: the same request succeeds."""
+    parts_dir = bundle.parent / f"{bundle.name}-parts"
+    assert {p.name for p in parts_dir.iterdir()} == {"vectors", "html"}
+    internal = {p.name for p in (bundle / "_internal").iterdir()}
+    assert "numpy" not in internal and "selectolax" not in internal
+    tool = load_tool("bundle_tool_smoke", ROOT / "tools" / "bundle.py")
+    full = tmp_path / "full"
+    shutil.copytree(bundle, full, symlinks=True)
+    tool.install_part(parts_dir / "vectors", full)
+    launchers = {"core": bundle, "with vectors": full}
+    async with scripted_provider() as server:
+        for name, folder in launchers.items():
+            command = [str(folder / json.loads((folder / "bundle.json").read_text(encoding="utf-8"))["launcher"]),
+                       "--data-dir", str(tmp_path / name)]
+            async with spawn_sidecar(tmp_path / name, command=command) as proc:
+                provider = await configure_provider(proc, server.base_url)
+                params = {"name": "Docs", "embeddingModel": {"providerId": provider["id"], "modelId": "embed-1"}}
+                if name == "core":
+                    with pytest.raises(CallError) as err:
+                        await proc.call("kb:create", params)
+                    assert err.value.code == ErrorCode.FEATURE_UNAVAILABLE
+                    assert err.value.data == {"part": "vectors", "module": "numpy"}
+                    assert (await proc.call("kb:create", {"name": "Lexical"}))["name"] == "Lexical"
+                else:
+                    created = await proc.call("kb:create", params)
+                    assert created["embeddingModel"]["modelId"] == "embed-1"
+                await proc.close()
+            assert "Traceback" not in proc.stderr_text()

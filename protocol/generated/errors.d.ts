@@ -83,6 +83,12 @@ export interface StateConflictData {
     proposalId?: string;
     status?: string;
 }
+/** FEATURE_UNAVAILABLE: the optional part of the bundle the request needs (README: the bundle). */
+export interface FeatureUnavailableData {
+    part: "vectors" | "html";
+    /** The module that part brings. */
+    module: string;
+}
 /** TIMEOUT: the call that got no answer. */
 export interface TimeoutData {
     method: string;
@@ -110,7 +116,7 @@ export interface StreamUnavailableData {
  * The `data` of an error with code `C`; `undefined` where an error of that code carries
  * none (e.g. an INVALID_PARAMS, whose message names the field).
  */
-export type ErrorData<C extends AnyErrorCode> = C extends typeof ErrorCode.PROVIDER_ERROR ? ProviderCallErrorData | ServerErrorData | AgentErrorData | undefined : C extends typeof ErrorCode.NOT_FOUND ? NotFoundData | undefined : C extends typeof ErrorCode.BAD_STATE ? VersionMismatchData | StateConflictData | ServerErrorData | undefined : C extends typeof ErrorCode.METHOD_NOT_FOUND ? string | undefined : C extends typeof ClientErrorCode.TIMEOUT ? TimeoutData : C extends typeof ClientErrorCode.PROCESS_EXITED ? ExitData | null : C extends typeof ClientErrorCode.STREAM_UNAVAILABLE ? StreamUnavailableData : unknown;
+export type ErrorData<C extends AnyErrorCode> = C extends typeof ErrorCode.PROVIDER_ERROR ? ProviderCallErrorData | ServerErrorData | AgentErrorData | undefined : C extends typeof ErrorCode.NOT_FOUND ? NotFoundData | undefined : C extends typeof ErrorCode.BAD_STATE ? VersionMismatchData | StateConflictData | ServerErrorData | undefined : C extends typeof ErrorCode.METHOD_NOT_FOUND ? string | undefined : C extends typeof ErrorCode.FEATURE_UNAVAILABLE ? FeatureUnavailableData : C extends typeof ClientErrorCode.TIMEOUT ? TimeoutData : C extends typeof ClientErrorCode.PROCESS_EXITED ? ExitData | null : C extends typeof ClientErrorCode.STREAM_UNAVAILABLE ? StreamUnavailableData : unknown;
 /**
  * A JSON-RPC error from the sidecar (an ErrorCode) or a client-side failure (a
  * ClientErrorCode). `error.is(ErrorCode.PROVIDER_ERROR)` narrows `data` to that code's

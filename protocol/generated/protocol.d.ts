@@ -40,6 +40,11 @@ export declare const ErrorCode: Readonly<{
      * (another host key): calls that need it fail; nothing is lost.
      */
     readonly SECRETS_LOCKED: -32008;
+    /**
+     * The request needs an optional part of the bundle that is not installed (``data``:
+     * ``{part, module}``, e.g. ``vectors`` for embedding models); everything else works.
+     */
+    readonly FEATURE_UNAVAILABLE: -32009;
 }>;
 /** One of the ErrorCode values. */
 export type ErrorCode = (typeof ErrorCode)[keyof typeof ErrorCode];

@@ -42,6 +42,11 @@ export const ErrorCode = Object.freeze({
      * (another host key): calls that need it fail; nothing is lost.
      */
     SECRETS_LOCKED: -32008,
+    /**
+     * The request needs an optional part of the bundle that is not installed (``data``:
+     * ``{part, module}``, e.g. ``vectors`` for embedding models); everything else works.
+     */
+    FEATURE_UNAVAILABLE: -32009,
 });
 /** The ``type`` of each event that ends a message's stream. */
 export const FINAL_EVENT_TYPES = Object.freeze(["stream_end", "error", "aborted"]);

@@ -46,6 +46,11 @@ export const ErrorCode = Object.freeze({
    * (another host key): calls that need it fail; nothing is lost.
    */
   SECRETS_LOCKED: -32008,
+  /**
+   * The request needs an optional part of the bundle that is not installed (``data``:
+   * ``{part, module}``, e.g. ``vectors`` for embedding models); everything else works.
+   */
+  FEATURE_UNAVAILABLE: -32009,
 } as const);
 /** One of the ErrorCode values. */
 export type ErrorCode = (typeof ErrorCode)[keyof typeof ErrorCode];

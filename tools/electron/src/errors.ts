@@ -89,6 +89,12 @@ export interface StateConflictData {
   proposalId?: string;
   status?: string;
 }
+/** FEATURE_UNAVAILABLE: the optional part of the bundle the request needs (README: the bundle). */
+export interface FeatureUnavailableData {
+  part: "vectors" | "html";
+  /** The module that part brings. */
+  module: string;
+}
 /** TIMEOUT: the call that got no answer. */
 export interface TimeoutData {
   method: string;
@@ -125,6 +131,8 @@ export type ErrorData<C extends AnyErrorCode> = C extends typeof ErrorCode.PROVI
       ? VersionMismatchData | StateConflictData | ServerErrorData | undefined
       : C extends typeof ErrorCode.METHOD_NOT_FOUND
         ? string | undefined
+        : C extends typeof ErrorCode.FEATURE_UNAVAILABLE
+          ? FeatureUnavailableData
         : C extends typeof ClientErrorCode.TIMEOUT
           ? TimeoutData
           : C extends typeof ClientErrorCode.PROCESS_EXITED
