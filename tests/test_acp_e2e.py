@@ -91,7 +91,8 @@ async def test_tool_calls_diffs_plan_usage_and_unknown_updates(tmp_path: Path) -
 
         sent, final = await send_and_wait(proc, session["id"], "unknown")
         assert final["type"] == "stream_end"
-        assert final["usage"] == {"inputTokens": 11, "outputTokens": 7, "contextUsed": 1234, "contextSize": 200000}
+        assert final["usage"] == {"inputTokens": 11, "outputTokens": 7, "contextUsed": 1234, "contextSize": 200000,
+                                  "cacheReadTokens": None, "cacheWriteTokens": None, "reasoningTokens": None}
         reply = await stored(proc, session["id"], sent["messageId"])
         raw_kinds = [u.get("sessionUpdate") for u in reply["acpParts"]]
         assert raw_kinds == [
@@ -108,7 +109,7 @@ async def test_tool_calls_diffs_plan_usage_and_unknown_updates(tmp_path: Path) -
         events = events_of(proc, sent["messageId"])
         assert [e["type"] for e in events][1:3] == ["thinking_delta", "text_delta"]
         reply = await stored(proc, session["id"], sent["messageId"])
-        assert reply["parts"] == [{"type": "thinking", "text": "thinking hard"}, {"type": "text", "text": "answer"}]
+        assert reply["parts"] == [{"type": "thinking", "text": "thinking hard", "signature": None}, {"type": "text", "text": "answer"}]
 
         for reason, finish in (("max_tokens", "length"), ("refusal", "refusal"), ("max_turn_requests", "max_turn_requests")):
             _, final = await send_and_wait(proc, session["id"], f"stop {reason}")

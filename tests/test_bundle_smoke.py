@@ -53,11 +53,27 @@ def bundle() -> Path:
     return folder
 
 
-@pytest.fixture(scope="module")
-def launcher(bundle: Path) -> Path:
-    path = bundle / json.loads((bundle / "bundle.json").read_text(encoding="utf-8"))["launcher"]
+def launcher_of(folder: Path) -> Path:
+    path = folder / json.loads((folder / "bundle.json").read_text(encoding="utf-8"))["launcher"]
     assert path.is_file() and os.access(path, os.X_OK), path
     return path
+
+
+@pytest.fixture(scope="module")
+def launcher(bundle: Path) -> Path:
+    """The core folder's launcher (no optional part installed)."""
+    return launcher_of(bundle)
+
+
+@pytest.fixture(scope="module")
+def full_launcher(bundle: Path, tmp_path_factory: pytest.TempPathFactory) -> Path:
+    """A copy of the bundle with every optional part copied over it, as an app installs them."""
+    tool = load_tool("bundle_tool_smoke", ROOT / "tools" / "bundle.py")
+    full = tmp_path_factory.mktemp("full") / bundle.name
+    shutil.copytree(bundle, full, symlinks=True)
+    for part in sorted((bundle.parent / f"{bundle.name}-parts").iterdir()):
+        tool.install_part(part, full)
+    return launcher_of(full)
 
 
 def test_layout_manifest_and_no_test_extras(bundle: Path, launcher: Path) -> None:
@@ -78,8 +94,8 @@ def test_layout_manifest_and_no_test_extras(bundle: Path, launcher: Path) -> Non
 
 
 @pytest.mark.anyio
-async def test_the_launcher_serves_a_reply_with_documents_templates_and_mcp(tmp_path: Path, launcher: Path) -> None:
-    command = [str(launcher), "--data-dir", str(tmp_path / "data")]
+async def test_the_launcher_serves_a_reply_with_documents_templates_and_mcp(tmp_path: Path, full_launcher: Path) -> None:
+    command = [str(full_launcher), "--data-dir", str(tmp_path / "data")]
     async with scripted_provider() as server, spawn_sidecar(tmp_path, command=command) as proc:
         await configure_provider(proc, server.base_url)
         info = await proc.call("sidecar:initialize", {"protocolVersion": PROTOCOL_VERSION})
@@ -245,34 +261,34 @@ def test_the_first_list_from_the_bundle_against_the_venv(tmp_path: Path, launche
 
 
 @pytest.mark.anyio
-async def test_an_optional_part_missing_is_a_typed_error_and_installing_it_enables_it(tmp_path: Path, bundle: Path) -> None:
-    """The core folder has no ``vectors`` part: an embedding model is FEATURE_UNAVAILABLE
-    (the process goes on). The part's folder copied over a copy of the bundle (what an app's
-    installer does) brings numpy: the same request succeeds."""
+async def test_an_optional_part_missing_is_a_typed_error_and_installing_it_enables_it(
+    tmp_path: Path, bundle: Path, launcher: Path, full_launcher: Path
+) -> None:
+    """The core folder has no optional part: an embedding model (``vectors``) and an MCP
+    server (``mcp``) are FEATURE_UNAVAILABLE and the process goes on. With the parts copied
+    over a copy of the bundle (what an app's installer does) the same requests succeed
+    (numpy and the MCP SDK load)."""
     parts_dir = bundle.parent / f"{bundle.name}-parts"
-    assert {p.name for p in parts_dir.iterdir()} == {"vectors", "html"}
+    assert {p.name for p in parts_dir.iterdir()} == {"vectors", "html", "mcp"}
     internal = {p.name for p in (bundle / "_internal").iterdir()}
-    assert "numpy" not in internal and "selectolax" not in internal
-    tool = load_tool("bundle_tool_smoke", ROOT / "tools" / "bundle.py")
-    full = tmp_path / "full"
-    shutil.copytree(bundle, full, symlinks=True)
-    tool.install_part(parts_dir / "vectors", full)
-    launchers = {"core": bundle, "with vectors": full}
+    assert not internal & {"numpy", "selectolax", "mcp", "pydantic", "pydantic_core"}, internal
     async with scripted_provider() as server:
-        for name, folder in launchers.items():
-            command = [str(folder / json.loads((folder / "bundle.json").read_text(encoding="utf-8"))["launcher"]),
-                       "--data-dir", str(tmp_path / name)]
+        for name, command_launcher in (("core", launcher), ("full", full_launcher)):
+            command = [str(command_launcher), "--data-dir", str(tmp_path / name)]
             async with spawn_sidecar(tmp_path / name, command=command) as proc:
                 provider = await configure_provider(proc, server.base_url)
                 params = {"name": "Docs", "embeddingModel": {"providerId": provider["id"], "modelId": "embed-1"}}
+                mcp = {"name": "fx", "command": sys.executable, "args": [MCP_FIXTURE], "enabled": False}
                 if name == "core":
-                    with pytest.raises(CallError) as err:
-                        await proc.call("kb:create", params)
-                    assert err.value.code == ErrorCode.FEATURE_UNAVAILABLE
-                    assert err.value.data == {"part": "vectors", "module": "numpy"}
+                    for method, call, part in (("kb:create", params, "vectors"), ("mcp:server:upsert", mcp, "mcp")):
+                        with pytest.raises(CallError) as err:
+                            await proc.call(method, call)
+                        assert err.value.code == ErrorCode.FEATURE_UNAVAILABLE, method
+                        assert err.value.data["part"] == part
                     assert (await proc.call("kb:create", {"name": "Lexical"}))["name"] == "Lexical"
                 else:
                     created = await proc.call("kb:create", params)
                     assert created["embeddingModel"]["modelId"] == "embed-1"
+                    assert (await proc.call("mcp:server:upsert", mcp))["name"] == "fx"
                 await proc.close()
             assert "Traceback" not in proc.stderr_text()
