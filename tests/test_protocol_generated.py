@@ -49,7 +49,7 @@ def test_check_flag_exits_1_and_names_the_fix_when_stale(
         monkeypatch.setattr(gen, attr, tmp_path / name)
     assert gen.main(["--no-compile"]) == 0 and gen.main(["--check", "--no-compile"]) == 0
     assert {p.name for p in tmp_path.iterdir()} == {
-        "schema.json", "protocol.ts", "package.json", "client.ts", "errors.ts", "streams.ts"
+        "schema.json", "protocol.ts", "package.json", "client.ts", "connection.ts", "errors.ts", "streams.ts"
     }
     for name in ("protocol.ts", "client.ts"):
         path = tmp_path / name

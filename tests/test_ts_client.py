@@ -34,7 +34,7 @@ def gen() -> ModuleType:
 def test_compiled_client_matches_its_source(gen: ModuleType) -> None:
     tsc()  # skip/fail with the reason when the compiler is not there
     compiled = gen.compiled(gen.generated())
-    stems = ("client", "errors", "streams", "protocol")
+    stems = ("client", "connection", "errors", "streams", "protocol")
     assert {p.name for p in compiled} == {f"{stem}{suffix}" for stem in stems for suffix in (".js", ".d.ts")}
     stale = [p.name for p, text in compiled.items() if not p.exists() or p.read_text(encoding="utf-8") != text]
     assert not stale, f"stale compiled client files {stale}: run `python3 dev.py gen`"

