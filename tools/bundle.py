@@ -239,17 +239,18 @@ def self_check(launcher: Path, protocol_version: int) -> float:
     return elapsed
 
 
-def archive(bundle: Path, manifest: dict[str, object], name: str = NAME) -> Path:
+def archive(bundle: Path, manifest: dict[str, object], name: str = NAME, into: Path | None = None) -> Path:
     """``bundle`` as ``<name>-<version>-<platform>-<arch>.tar.gz`` (.zip on Windows), its
-    entries under ``<name>/``, next to it."""
+    entries under ``<name>/``, in ``into`` (default: next to it)."""
     stem = f"{name}-{manifest['version']}-{manifest['platform']}-{manifest['machine']}"
+    into = into or bundle.parent
     if os.name == "nt":
-        target = bundle.parent / f"{stem}.zip"
+        target = into / f"{stem}.zip"
         with zipfile.ZipFile(target, "w", zipfile.ZIP_DEFLATED) as zf:
             for path in sorted(bundle.rglob("*")):
                 zf.write(path, Path(name) / path.relative_to(bundle))
         return target
-    target = bundle.parent / f"{stem}.tar.gz"
+    target = into / f"{stem}.tar.gz"
     with tarfile.open(target, "w:gz") as tf:
         tf.add(bundle, arcname=name)
     return target
@@ -399,7 +400,7 @@ def main(argv: list[str] | None = None) -> int:
         target = archive(bundle, manifest)
         print(f"archive {target}: {target.stat().st_size / 2**20:.1f} MiB")
         for part in PARTS:
-            target = archive(bundle.parent / PARTS_DIR / part, manifest, f"{NAME}-part-{part}")
+            target = archive(bundle.parent / PARTS_DIR / part, manifest, f"{NAME}-part-{part}", into=bundle.parent)
             print(f"archive {target}: {target.stat().st_size / 2**20:.1f} MiB")
     return 0
 

@@ -147,7 +147,7 @@ def main() -> int:
         print(f"  runtime packages only {mib(runtime)}  (site-packages of the shipped distributions; no Python)")
     parts_root = bundle.parent / f"{bundle.name}-parts"
     parts = {}
-    for folder in sorted(parts_root.iterdir()) if parts_root.is_dir() else []:
+    for folder in sorted(p for p in parts_root.iterdir() if p.is_dir()) if parts_root.is_dir() else []:
         parts[folder.name] = (folder_bytes(folder), compressed_bytes(folder, "gz"))
         print(f"  optional part {folder.name:8} {mib(parts[folder.name][0])} on disk, {mib(parts[folder.name][1])} as tar.gz")
 
