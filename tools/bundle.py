@@ -343,6 +343,24 @@ def check_core_libraries(bundle: Path, folders: dict[str, Path]) -> None:
             raise SystemExit(f"{path} needs {sorted(needed & moved)}, which went into an optional part: update PARTS")
 
 
+def restore_vendored_libraries(bundle: Path, python: Path) -> int:
+    """Put back, unstripped, the shared libraries auditwheel vendored into wheels
+    (``<package>.libs/``, e.g. numpy's OpenBLAS): they come stripped already, and stripping
+    them again breaks their load segments ("ELF load command address/offset not
+    page-aligned"). Returns how many were restored."""
+    done = subprocess.run([str(python), "-c", "import sysconfig; print(sysconfig.get_paths()['purelib'])"],
+                          capture_output=True, text=True, check=True)
+    site = Path(done.stdout.strip())
+    restored = 0
+    for vendored in sorted(site.glob("*.libs")):
+        for original in sorted(vendored.iterdir()):
+            target = bundle / "_internal" / vendored.name / original.name
+            if target.is_file() and not target.is_symlink():
+                shutil.copyfile(original, target)
+                restored += 1
+    return restored
+
+
 def install_part(part_folder: Path, bundle: Path) -> None:
     """Copy a part's folder over a bundle (what an app's installer does)."""
     for sub in ("_internal", "licenses"):
@@ -363,6 +381,8 @@ def build(out: Path, *, strip: bool, codesign_identity: str | None = None, entit
         shutil.rmtree(bundle)
     _run([str(python), "-m", "PyInstaller",
           *pyinstaller_args(out, strip=strip, codesign_identity=codesign_identity, entitlements=entitlements)])
+    if strip:
+        restore_vendored_libraries(bundle, python)
     info = build_info(python)
     count = write_licenses(info, bundle / "licenses")
     manifest = write_manifest(bundle, python, info)

@@ -74,6 +74,7 @@ def time_to_list(command: list[str], data_dir: str) -> float:
     proc.stdin.write(SHUTDOWN)
     proc.stdin.close()
     proc.stdout.read()
+    proc.stdout.close()
     if proc.wait(timeout=60) != 0:
         raise SystemExit(f"{command[0]} exited with {proc.returncode}")
     return elapsed
