@@ -77,7 +77,7 @@ async def test_tool_calls_diffs_plan_usage_and_unknown_updates(tmp_path: Path) -
             "text_delta", "stream_end",
         ]
         assert events[1]["toolCall"] == {"id": "call-read", "name": "Read config", "arguments": '{"path":"/w/config.json"}'}
-        assert events[2]["toolResult"] == {"toolCallId": "call-read", "output": "debug=false"}
+        assert events[2]["toolResult"] == {"toolCallId": "call-read", "output": "debug=false", "isError": False}
         reply = await stored(proc, session["id"], sent["messageId"])
         parts = reply["parts"]
         assert [p["type"] for p in parts] == ["tool_use", "tool_result", "tool_use", "diff", "tool_result", "text"]
@@ -91,7 +91,8 @@ async def test_tool_calls_diffs_plan_usage_and_unknown_updates(tmp_path: Path) -
 
         sent, final = await send_and_wait(proc, session["id"], "unknown")
         assert final["type"] == "stream_end"
-        assert final["usage"] == {"inputTokens": 11, "outputTokens": 7, "contextUsed": 1234, "contextSize": 200000}
+        assert final["usage"] == {"inputTokens": 11, "outputTokens": 7, "contextUsed": 1234, "contextSize": 200000,
+                                  "cacheReadTokens": None, "cacheWriteTokens": None, "reasoningTokens": None}
         reply = await stored(proc, session["id"], sent["messageId"])
         raw_kinds = [u.get("sessionUpdate") for u in reply["acpParts"]]
         assert raw_kinds == [
@@ -108,7 +109,7 @@ async def test_tool_calls_diffs_plan_usage_and_unknown_updates(tmp_path: Path) -
         events = events_of(proc, sent["messageId"])
         assert [e["type"] for e in events][1:3] == ["thinking_delta", "text_delta"]
         reply = await stored(proc, session["id"], sent["messageId"])
-        assert reply["parts"] == [{"type": "thinking", "text": "thinking hard"}, {"type": "text", "text": "answer"}]
+        assert reply["parts"] == [{"type": "thinking", "text": "thinking hard", "signature": None}, {"type": "text", "text": "answer"}]
 
         for reason, finish in (("max_tokens", "length"), ("refusal", "refusal"), ("max_turn_requests", "max_turn_requests")):
             _, final = await send_and_wait(proc, session["id"], f"stop {reason}")
@@ -142,7 +143,7 @@ async def test_permission_approved_rejected_remembered_and_audited(tmp_path: Pat
         assert final["type"] == "stream_end"
         assert streamed_text(events_of(proc, sent["messageId"])) == "allowed:yes"
         reply = await stored(proc, session["id"], sent["messageId"])
-        assert reply["parts"][1] == {"type": "tool_result", "toolUseId": "call-p", "content": "done"}
+        assert reply["parts"][1] == {"type": "tool_result", "toolUseId": "call-p", "content": "done", "isError": False}
 
         # rejected once
         sent, _ = await ask("delete")

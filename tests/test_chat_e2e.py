@@ -10,6 +10,7 @@ import pytest
 
 from chat_helpers import (
     API_KEY,
+    usage,
     assert_well_ordered,
     configure_provider,
     events_of,
@@ -32,7 +33,7 @@ async def test_send_streams_ordered_events_and_stores_the_reply(tmp_path):
         sent = await proc.call("chat:send", {"sessionId": session["id"], "input": {"content": "Hi!"}})
         final = await wait_final(proc, sent["messageId"])
         assert final["type"] == "stream_end", final
-        assert final["usage"] == {"inputTokens": 20, "outputTokens": 15}
+        assert final["usage"] == usage(20, 15)
         events = events_of(proc, sent["messageId"])
         assert_well_ordered(events)
         assert streamed_text(events) == text
@@ -44,7 +45,7 @@ async def test_send_streams_ordered_events_and_stores_the_reply(tmp_path):
         assert user["id"] == sent["userMessageId"] and user["textContent"] == "Hi!"
         assert reply["id"] == sent["messageId"] and reply["parentId"] == user["id"]
         assert reply["status"] == "completed" and reply["textContent"] == text
-        assert reply["usage"] == {"inputTokens": 20, "outputTokens": 15}
+        assert reply["usage"] == usage(20, 15)
         assert reply["modelId"] == "scripted-1" and reply["latencyMs"] >= 0
         assert reply["seq"] >= len(events) - 1
 

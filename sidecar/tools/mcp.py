@@ -39,6 +39,7 @@ import msgspec
 
 from protocol.common import NameParams, SuccessResult
 from protocol.mcp import McpServerInfo, McpServerUpsertParams
+from sidecar import parts
 from sidecar.errors import InvalidParams, NotFound
 from sidecar.store.async_store import AsyncStore
 from sidecar.tools.base import Tool, ToolContext, ToolError, ToolOutput
@@ -121,6 +122,7 @@ class McpManager:
     # ---- methods --------------------------------------------------------------------
 
     async def upsert_server(self, params: McpServerUpsertParams) -> McpServerInfo:
+        parts.require("mcp")
         name = sanitize(params.name)
         if not name or len(name) > 40 or not name.strip("_"):
             raise InvalidParams("invalid params: name must have 1..40 characters of A-Za-z0-9_- - at `$.name`")
