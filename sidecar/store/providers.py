@@ -37,7 +37,7 @@ from sidecar.store.rows import lenient_json
 
 _COLUMNS = (
     "id, name, type, base_url, api_key, api_key_env, headers, body, models, enabled, "
-    "created_at, updated_at, engine, stream"
+    "created_at, updated_at, engine, stream, timeout_s, max_retries"
 )
 ACP_TOOL_KINDS = frozenset(
     {"read", "edit", "delete", "move", "search", "execute", "think", "fetch", "switch_mode", "other"}
@@ -74,6 +74,8 @@ class ProviderRecord(msgspec.Struct, kw_only=True):
     """A key is stored (``api_key`` is None when it is locked)."""
     stream: bool = True
     """False: the endpoint cannot stream (every model is asked for whole replies)."""
+    timeout_s: float | None = None
+    max_retries: int | None = None
     listed: Listed
     """The masked view of the stored values (``to_info``)."""
 
@@ -105,6 +107,8 @@ class ProviderRecord(msgspec.Struct, kw_only=True):
             stream=self.stream,
             engine=engine,
             is_default=is_default,
+            timeout_s=self.timeout_s,
+            max_retries=self.max_retries,
             created_at=self.created_at,
             updated_at=self.updated_at,
         )
@@ -147,6 +151,8 @@ def _row(row: tuple[Any, ...], sealer: Sealer) -> ProviderRecord:
         secrets_locked=key_locked or headers_locked or body_locked or url_locked or env_locked,
         has_stored_key=bool(row[4]),
         stream=row[13] is None or bool(row[13]),
+        timeout_s=row[14],
+        max_retries=row[15],
         listed=Listed(
             base_url=mask_url(row[3]), headers=mask_map(stored_headers), body=mask_map(stored_body),
             env=mask_map(stored_env),
@@ -232,59 +238,66 @@ class ProviderRepo:
 
     def upsert(self, params: ProviderUpsertParams) -> ProviderRecord:
         validate(params)
-        now = now_ms()
-        enc = msgspec.json.encode
         with self._db.write() as conn:
-            existing = None
-            if params.id is not None:
-                existing = conn.execute(
-                    "SELECT api_key, created_at, engine, headers, body, base_url FROM providers WHERE id = ?",
-                    (params.id,),
-                ).fetchone()
-            provider_id = params.id or new_id()
-            if params.api_key is msgspec.UNSET:  # left out: the stored key stays
-                api_key = existing[0] if existing else None
-            else:  # null or "" clears it
-                api_key = self._sealer.seal(params.api_key, API_KEY) if params.api_key else None
-            engine = params.engine if params.type == "acp-engine" else None
-            if engine is not None:
-                # a masked secret sent back (provider:list -> edit -> upsert) keeps the stored
-                # (sealed) value; the others are sealed now
-                stored_env = _engine.decode(existing[2]).env if existing is not None and existing[2] else {}
-                env = self._sealer.seal_map(unmask_map(engine.env, stored_env), ENGINE_ENV)
-                engine = msgspec.structs.replace(engine, env=env)
-            stored_headers = _headers.decode(existing[3]) if existing is not None and existing[3] else {}
-            headers = self._sealer.seal_map(unmask_map(params.headers, stored_headers), HEADERS)
-            stored_body = lenient_json(_obj, existing[4], "body", "the stored provider", {}) if existing else {}
-            body = self._sealer.seal_json_map(unmask_map(params.body, stored_body), BODY)
-            base_url = params.base_url.rstrip("/")
-            if existing is not None:
-                base_url = unmask_url(base_url, existing[5])
-            base_url = self._sealer.seal_url(base_url, BASE_URL)
+            values = self._stored_form(conn, params)
             conn.execute(
-                f"INSERT OR REPLACE INTO providers ({_COLUMNS}) VALUES (?,?,?,?,?,?,?,?,?,?,?,?,?,?)",
-                (
-                    provider_id,
-                    params.name.strip(),
-                    params.type,
-                    base_url,
-                    api_key,
-                    params.api_key_env or None,
-                    enc(headers).decode(),
-                    enc(body).decode(),
-                    enc(params.models).decode(),
-                    int(params.enabled),
-                    existing[1] if existing else now,
-                    now,
-                    enc(engine).decode() if engine is not None else None,
-                    int(params.stream),
-                ),
+                f"INSERT OR REPLACE INTO providers ({_COLUMNS}) VALUES (?,?,?,?,?,?,?,?,?,?,?,?,?,?,?,?)", values
             )
-            row = conn.execute(
-                f"SELECT {_COLUMNS} FROM providers WHERE id = ?", (provider_id,)
-            ).fetchone()
+            row = conn.execute(f"SELECT {_COLUMNS} FROM providers WHERE id = ?", (values[0],)).fetchone()
         assert row is not None  # written just above, in this transaction
         return _row(row, self._sealer)
+
+    def edited(self, params: ProviderUpsertParams) -> ProviderRecord:
+        """The record an upsert of ``params`` (validated by the caller) would store, without
+        storing it: masked values sent back and a left-out key are the stored ones."""
+        with self._db.read() as conn:
+            return _row(self._stored_form(conn, params), self._sealer)
+
+    def _stored_form(self, conn: Any, params: ProviderUpsertParams) -> tuple[Any, ...]:
+        """The row (``_COLUMNS``) ``params`` make: secrets sealed; a value sent back masked
+        (provider:list -> edit -> upsert) is the stored (sealed, or locked) one."""
+        existing = None
+        if params.id is not None:
+            existing = conn.execute(
+                "SELECT api_key, created_at, engine, headers, body, base_url FROM providers WHERE id = ?",
+                (params.id,),
+            ).fetchone()
+        if params.api_key is msgspec.UNSET:  # left out: the stored key stays
+            api_key = existing[0] if existing else None
+        else:  # null or "" clears it
+            api_key = self._sealer.seal(params.api_key, API_KEY) if params.api_key else None
+        engine = params.engine if params.type == "acp-engine" else None
+        if engine is not None:
+            stored_env = _engine.decode(existing[2]).env if existing is not None and existing[2] else {}
+            env = self._sealer.seal_map(unmask_map(engine.env, stored_env), ENGINE_ENV)
+            engine = msgspec.structs.replace(engine, env=env)
+        stored_headers = _headers.decode(existing[3]) if existing is not None and existing[3] else {}
+        headers = self._sealer.seal_map(unmask_map(params.headers, stored_headers), HEADERS)
+        stored_body = lenient_json(_obj, existing[4], "body", "the stored provider", {}) if existing else {}
+        body = self._sealer.seal_json_map(unmask_map(params.body, stored_body), BODY)
+        base_url = params.base_url.rstrip("/")
+        if existing is not None:
+            base_url = unmask_url(base_url, existing[5])
+        now = now_ms()
+        enc = msgspec.json.encode
+        return (
+            params.id or new_id(),
+            params.name.strip(),
+            params.type,
+            self._sealer.seal_url(base_url, BASE_URL),
+            api_key,
+            params.api_key_env or None,
+            enc(headers).decode(),
+            enc(body).decode(),
+            enc(params.models).decode(),
+            int(params.enabled),
+            existing[1] if existing else now,
+            now,
+            enc(engine).decode() if engine is not None else None,
+            int(params.stream),
+            params.timeout_s,
+            params.max_retries,
+        )
 
     def set_model_stream(self, provider_id: str, model_id: str, stream: bool) -> ProviderRecord:
         """Set one model's ``stream`` (a model the provider does not list yet is added with
