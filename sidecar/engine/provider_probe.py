@@ -2,8 +2,9 @@
 configuration being edited.
 
 Owns: turning ``{id | config}`` into connection settings (a ``config`` is validated as
-``provider:upsert`` would; with the id of a stored provider, a left-out key and header
-values sent back masked are the stored ones), one throwaway client per call (the engine's
+``provider:upsert`` would; with the id of a stored provider, a left-out key and values
+sent back masked, headers, body fields, base URL parts, are the stored ones:
+``ProviderRepo.edited``, the upsert's own resolution), one throwaway client per call (the engine's
 live clients are left alone), and the classification of a failed call into the typed
 ProviderTestError (auth, not_found, rate_limited, network, timeout, bad_response,
 server_error, bad_request).
@@ -33,7 +34,7 @@ from protocol.providers import (
 )
 from protocol.types import TextPart
 from sidecar.engine.providers import provider_settings
-from sidecar.errors import InvalidParams, NotFound, ProviderError
+from sidecar.errors import InvalidParams, ProviderError
 from sidecar.providers import ProviderCallError, create_provider
 from sidecar.providers.base import HttpProvider
 from sidecar.providers.catalog import list_catalog
@@ -150,4 +151,3 @@ class ProviderProbe:
 
 def _order(model: ListedModel) -> tuple[bool, str]:
     return (not model.configured, model.id)
-
