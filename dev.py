@@ -2,7 +2,7 @@
 """One small script for the two fresh-machine commands (needs only Python 3.11+).
 
     python3 dev.py demo [args...]   create .venv, install, run the stdio demo client
-    python3 dev.py test [pytest args...]   create .venv, install with test extras, run the tests
+    python3 dev.py test [pytest args...]   create .venv, install with test extras, run the tests (2 workers)
     python3 dev.py typecheck         create .venv with test extras, run mypy (strict on sidecar/, protocol/)
     python3 dev.py gen               regenerate protocol/generated/ (JSON Schema, TypeScript, client)
     python3 dev.py bench NAME        run tools/bench/NAME.py
@@ -109,6 +109,14 @@ def ensure_node_tools() -> None:
     stamp.touch()
 
 
+def workers(args: list[str]) -> list[str]:
+    """pytest-xdist's ``-n 2`` (one worker per core of the 2-core machine the suite is sized
+    for) unless the arguments choose (``-n N``, ``-n 0``, ``-p no:xdist``)."""
+    chosen = any(a.startswith(("-n", "--numprocesses", "--dist")) or a == "no:xdist" for a in args)
+    count = min(os.cpu_count() or 1, 2)
+    return [] if chosen or count < 2 else ["-n", str(count)]
+
+
 def main(argv: list[str]) -> int:
     cmd, rest = (argv[0], argv[1:]) if argv else ("test", [])
     if cmd == "demo":
@@ -118,7 +126,7 @@ def main(argv: list[str]) -> int:
         ensure_venv("test")
         ensure_acp_examples()
         ensure_node_tools()
-        code = run(PY, "-m", "pytest", *rest)
+        code = run(PY, "-m", "pytest", *workers(rest), *rest)
         if code == 5:  # no tests collected: nothing ran, which is not a pass
             print("pytest collected no tests", file=sys.stderr)
         return code

@@ -32,9 +32,10 @@ Which one runs, first rule that applies:
    sidecar refuses (its exit code 2 is the behaviour);
 3. ``CHAT_SIDECAR_TEST_SUBPROCESS=1`` in the environment: every sidecar is a subprocess
    (to check that a test passes both ways);
-4. the test's mark ``@pytest.mark.sidecar_subprocess`` (on a test, or ``pytestmark`` for
-   a module) and any test under tests/security/: a subprocess (tests/conftest.py);
-5. otherwise in process.
+4. in a test of the suite (tests/conftest.py sets it per test): in process, except for a
+   test marked ``@pytest.mark.sidecar_subprocess`` (on the test, or ``pytestmark`` for a
+   module) and every test under tests/security/;
+5. otherwise (benchmarks in tools/bench/, scripts) a subprocess, as they measure one.
 In process, what only a process has (``pid``, ``process``, ``send_signal``,
 ``vm_hwm_kib``) raises ``NeedsSubprocess``: mark that test.
 
@@ -79,13 +80,13 @@ DEFAULT_ENV = {
 }
 """Set unless the environment or the test's ``env`` says otherwise."""
 
-_test_wants_subprocess = False
-"""The running test's mark (rule 4 above), set by tests/conftest.py through ``mark_subprocess``."""
+_in_process_default = False
+"""Rule 4 above: tests/conftest.py sets it for each test (``set_in_process_default``)."""
 
 
-def mark_subprocess(wanted: bool) -> None:
-    global _test_wants_subprocess
-    _test_wants_subprocess = wanted
+def set_in_process_default(in_process: bool) -> None:
+    global _in_process_default
+    _in_process_default = in_process
 
 
 class CallError(Exception):
@@ -179,8 +180,8 @@ class SidecarProcess:
         """Every stdout line (without the newline), in arrival order."""
         self.messages: list[Any] = []
         """Every stdout line parsed with json (a line that is not JSON is recorded as _NotJson)."""
-        self.sent: list[bytes] = []
-        """Every line written to the sidecar (without the newline), in order."""
+        self.sent = bytearray()
+        """Every byte written to the sidecar's stdin, in order (its lines are the requests)."""
         self.stderr = bytearray()
         """The last STDERR_KEEP bytes of the sidecar's stderr (its log lines)."""
         self._next_id = 1
@@ -195,7 +196,7 @@ class SidecarProcess:
         data = line.encode() if isinstance(line, str) else line
         if not data.endswith(b"\n"):
             data += b"\n"
-        self.sent.extend(data[:-1].split(b"\n"))
+        self.sent += data
         await self.stdin.send(data)
 
     async def send(self, message: Any) -> None:
@@ -489,7 +490,7 @@ def _wants_subprocess(
         return chosen
     if command is not None or waiting or not in_process_env(env or {}):
         return True
-    return os.environ.get(SUBPROCESS_ENV, "") not in ("", "0") or _test_wants_subprocess
+    return os.environ.get(SUBPROCESS_ENV, "") not in ("", "0") or not _in_process_default
 
 
 @asynccontextmanager
@@ -511,7 +512,7 @@ async def _run_subprocess(cmd: list[str], env: dict[str, str], waiting: bytes) -
     proc_stdin = stdin if stdin is not None else process.stdin
     assert proc_stdin is not None
     proc = SidecarProcess(proc_stdin, process.stdout, process=process)
-    proc.sent.extend(line for line in waiting.split(b"\n") if line)
+    proc.sent += waiting
     try:
         async with anyio.create_task_group() as tg:
             tg.start_soon(proc._read_stdout)
@@ -565,7 +566,7 @@ __all__ = [
     "NeedsSubprocess",
     "SidecarProcess",
     "jsonrpc_problem",
-    "mark_subprocess",
+    "set_in_process_default",
     "sidecar_command",
     "spawn_sidecar",
 ]

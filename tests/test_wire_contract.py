@@ -93,7 +93,7 @@ async def test_the_check_runs_at_the_end_of_every_spawn_sidecar_block(tmp_path: 
             await proc.call("sidecar:initialize", {})
             # what the sidecar answers is checked against what it was asked: pretend the
             # answer to the handshake answered a shutdown
-            proc.sent[:] = [_line({"jsonrpc": "2.0", "id": 1, "method": "sidecar:shutdown"})]
+            proc.sent[:] = _line({"jsonrpc": "2.0", "id": 1, "method": "sidecar:shutdown"}) + b"\n"
             await proc.close()
 
 

@@ -62,8 +62,8 @@ KNOWN_DRIFTS: tuple[KnownDrift, ...] = (
 )
 """Drifts not fixed yet; each has a strict xfail in tests/test_wire_contract.py."""
 
-SEEN_KNOWN: list[tuple[str, KnownDrift, str]] = []
-"""(test id, known drift, line) seen in this run: the summary at the end lists them."""
+SEEN_KNOWN: list[tuple[KnownDrift, str]] = []
+"""(known drift, line) seen in this process: tests/conftest.py lists them at the end of the run."""
 
 
 @dataclass(frozen=True)
@@ -265,7 +265,7 @@ def _requests_by_id(sent: Sequence[bytes]) -> dict[tuple[type, Any], set[str]]:
 def check_wire_contract(proc: Any) -> None:
     """Fail (AssertionError) when a line ``proc`` received is outside the contract; known
     drifts are recorded in SEEN_KNOWN instead."""
-    found = drifts(proc.sent, proc.lines, proc.messages)
+    found = drifts(bytes(proc.sent).split(b"\n"), proc.lines, proc.messages)
     if not found:
         return
     unknown = []
@@ -274,20 +274,9 @@ def check_wire_contract(proc: Any) -> None:
         if known is None:
             unknown.append(drift)
         else:
-            SEEN_KNOWN.append((current_test(), known, drift.line[:300].decode("utf-8", "replace")))
+            SEEN_KNOWN.append((known, drift.line[:300].decode("utf-8", "replace")))
     if unknown:
         shown = "\n".join(d.describe() for d in unknown[:5])
         more = f"\n(and {len(unknown) - 5} more)" if len(unknown) > 5 else ""
         raise AssertionError(f"the sidecar sent {len(unknown)} line(s) outside the wire contract:\n{shown}{more}")
 
-
-_test_id = ""
-
-
-def set_current_test(nodeid: str) -> None:
-    global _test_id
-    _test_id = nodeid
-
-
-def current_test() -> str:
-    return _test_id
