@@ -9,10 +9,13 @@ from __future__ import annotations
 import json
 from typing import Any
 
+import jsonschema
 import pytest
+from hypothesis import HealthCheck, given, settings
+from hypothesis import strategies as st
 
 from sidecar_proc import spawn_sidecar
-from wire_contract import KNOWN_DRIFTS, Drift, KnownDrift, contract, drifts
+from wire_contract import KNOWN_DRIFTS, SCHEMA_URI, Drift, KnownDrift, contract, drifts
 
 pytestmark = pytest.mark.anyio
 
@@ -111,3 +114,52 @@ def test_known_drift_is_fixed(known: KnownDrift) -> None:
     value = {**examples[known.where], field: known.value}
     problems = list(contract().check(value, f"{table}s", name, part))
     assert problems == []
+
+
+# ---- schema_fast agrees with jsonschema ------------------------------------------------------
+
+DEFS = sorted(contract().defs)
+
+
+def _instance(draw: Any, schema: Any, depth: int = 0) -> Any:
+    """A value ``schema`` (closed, msgspec's subset) accepts, built from hypothesis' draws;
+    where a choice is free it is sometimes made wrong, so both answers are exercised."""
+    spec = contract()
+    if "$ref" in schema:
+        return _instance(draw, spec.resolve(schema["$ref"]), depth + 1)
+    if "anyOf" in schema:
+        return _instance(draw, draw(st.sampled_from(schema["anyOf"])), depth + 1)
+    if "enum" in schema:
+        return draw(st.sampled_from([*schema["enum"], "not-an-option"]))
+    kind = schema.get("type", "null")
+    kind = draw(st.sampled_from(kind)) if isinstance(kind, list) else kind
+    if depth > 12 and kind in ("object", "array"):
+        return None
+    if kind == "object":
+        props = schema.get("properties", {})
+        keys = [k for k in props if k in schema.get("required", ()) or draw(st.booleans())]
+        value = {k: _instance(draw, props[k], depth + 1) for k in keys}
+        if draw(st.integers(0, 9)) == 0:
+            value["zz-extra"] = 1
+        if keys and draw(st.integers(0, 9)) == 0:
+            value.pop(draw(st.sampled_from(keys)))
+        return value
+    if kind == "array":
+        return [_instance(draw, schema.get("items", {}), depth + 1) for _ in range(draw(st.integers(0, 2)))]
+    if kind == "string":
+        return draw(st.text(max_size=schema.get("maxLength", 8) + 1))
+    if kind in ("integer", "number"):
+        low, high = schema.get("minimum", -5), schema.get("maximum", 5)
+        return draw(st.sampled_from([low - 1, low, high, high + 1, 1.0, 1.5, True]))
+    return draw(st.sampled_from([None, True, 0, "", [], {}]))
+
+
+@settings(max_examples=400, deadline=None, suppress_health_check=[HealthCheck.too_slow])
+@given(st.data())
+def test_the_fast_check_answers_as_jsonschema_does(data: st.DataObject) -> None:
+    spec = contract()
+    name = data.draw(st.sampled_from(DEFS))
+    value = _instance(data.draw, {"$ref": f"#/$defs/{name}"})
+    fast = spec.compiler.compile({"$ref": f"#/$defs/{name}"})
+    validator = jsonschema.Draft202012Validator({"$ref": f"{SCHEMA_URI}#/$defs/{name}"}, registry=spec.registry)
+    assert fast(value) == validator.is_valid(value), (name, value)

@@ -19,8 +19,9 @@ they do not fail the test that shows them, they are listed at the end of the run
 (tests/conftest.py), and tests/test_wire_contract.py keeps one strict expected failure
 for each, which passes (and so fails) once the contract or the sidecar is fixed.
 
-Validators are built once per process, one per (method, part), on one ``referencing``
-registry (the schema's ``$defs`` are resolved once).
+Each (method, part) is compiled once per process: tests/schema_fast.py answers "valid"
+quickly; what it refuses is explained by ``jsonschema`` (draft 2020-12, on one
+``referencing`` registry), which must agree.
 """
 
 from __future__ import annotations
@@ -36,6 +37,8 @@ from typing import Any
 import jsonschema
 import referencing
 import referencing.jsonschema
+
+import schema_fast
 
 ROOT = Path(__file__).resolve().parent.parent
 SCHEMA_PATH = ROOT / "protocol" / "generated" / "schema.json"
@@ -92,12 +95,15 @@ class Drift:
 
 class Contract:
     def __init__(self, schema: dict[str, Any]) -> None:
+        self.defs: dict[str, Any] = schema["$defs"]
         self.methods: dict[str, Any] = schema["methods"]
         self.notifications: dict[str, Any] = schema["notifications"]
         self.error_codes = frozenset(schema["errorCodes"].values())
         resource = referencing.Resource.from_contents(schema, default_specification=referencing.jsonschema.DRAFT202012)
-        self._registry: referencing.Registry[Any] = referencing.Registry().with_resource(SCHEMA_URI, resource)
+        self.registry: referencing.Registry[Any] = referencing.Registry().with_resource(SCHEMA_URI, resource)
         self._validators: dict[tuple[str, str, str], jsonschema.protocols.Validator] = {}
+        self.compiler = schema_fast.Compiler(schema)
+        self._fast: dict[tuple[str, str, str], schema_fast.Check | None] = {}
 
     def validator(self, table: str, name: str, part: str) -> tuple[jsonschema.protocols.Validator, str]:
         """The validator of ``schema[table][name][part]`` and where that part points."""
@@ -107,14 +113,33 @@ class Contract:
         if validator is None:
             pointer = "/".join(step.replace("~", "~0").replace("/", "~1") for step in key)
             schema = {"$ref": f"{SCHEMA_URI}#/{urllib.parse.quote(pointer, safe='/~')}"}
-            validator = jsonschema.Draft202012Validator(schema, registry=self._registry)
+            validator = jsonschema.Draft202012Validator(schema, registry=self.registry)
             self._validators[key] = validator
         return validator, target.get("$ref", f"{table}[{name!r}].{part}")
 
+    def resolve(self, ref: str) -> Any:
+        """The subschema at ``#/$defs/Name``."""
+        return self.defs[ref.removeprefix("#/$defs/")]
+
+    def fast(self, table: str, name: str, part: str) -> schema_fast.Check | None:
+        """The compiled check of that part, None when it uses what schema_fast lacks."""
+        key = (table, name, part)
+        if key not in self._fast:
+            try:
+                self._fast[key] = self.compiler.compile(getattr(self, table)[name][part])
+            except schema_fast.Unsupported:
+                self._fast[key] = None
+        return self._fast[key]
+
     def check(self, value: Any, table: str, name: str, part: str) -> Iterator[tuple[str, Any, str, str]]:
         """(json path, value, problem, schema path) of what in ``value`` the schema refuses."""
+        fast = self.fast(table, name, part)
+        if fast is not None and fast(value):
+            return
         validator, root = self.validator(table, name, part)
         error = jsonschema.exceptions.best_match(validator.iter_errors(value))
+        if error is None and fast is not None:
+            raise AssertionError(f"tests/schema_fast.py refuses what jsonschema accepts ({table} {name} {part}): {value!r}"[:2000])
         if error is not None:
             error = _in_tagged_branch(error)
             yield error.json_path, error.instance, error.message[:500], _schema_path(error, root)
