@@ -18,7 +18,8 @@ Two ways to run it, one API (``SidecarProcess``):
   bytes, split by the sidecar's own ``LineReader`` and written by its ``LineWriter``;
   the config is built by ``sidecar.config.build_config`` from the same arguments and
   environment a subprocess would get; the sidecar's log records go to ``stderr`` in the
-  process's format. About 50 times cheaper to start than a process.
+  process's format. No interpreter to start and nothing to import again: an in-process
+  sidecar is ready in a fraction of the time a process takes.
 - **subprocess**: ``python -m sidecar --data-dir DATA_DIR ARGS...`` with pipes, for what
   only a process shows: exit codes and signals, stdio framing and fd guarding, a kill
   and the crash recovery after it, cold start, resource limits, the bundle, environment
@@ -38,6 +39,20 @@ Which one runs, first rule that applies:
 5. otherwise (benchmarks in tools/bench/, scripts) a subprocess, as they measure one.
 In process, what only a process has (``pid``, ``process``, ``send_signal``,
 ``vm_hwm_kib``) raises ``NeedsSubprocess``: mark that test.
+
+As subprocesses today: test_e2e_foundation.py and test_cold_start.py (marked modules);
+test_supervision_e2e.py and test_tools_mcp_exit.py (``spawn_sidecar_under``: signals,
+parent death, exit deadlines); test_bundle_smoke.py and the stray-output test (their own
+``command``); the SIGKILL-then-restart tests (marked one by one: chat, replies, knowledge
+bases, citations, sync, forwarded turns, the tool loop); the nesting tests near Python's
+recursion limit in test_wire_bounds_e2e.py (the stack the server runs on is the
+process's); the tests that give the sidecar environment variables (the OS keychain, the
+ACP environment allow-list) or a key fd; and tests/security/. Everything else runs in process.
+
+Sound under pytest-xdist (``python3 dev.py test`` runs 2 workers): every server of a test
+binds port 0 on loopback, data dirs are ``tmp_path`` (per worker), the shared scripted
+providers (tests/scripted_server.py) are per process, and no test writes into the work
+tree.
 
 What must stay true, both ways: every wait is bounded (``timeout`` seconds, default 10);
 output is always drained (the sidecar never blocks on a full pipe); the sidecar is
