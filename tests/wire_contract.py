@@ -6,8 +6,8 @@ checked: each stdout line must be JSON-RPC 2.0, and
 - a notification: a ``server->client`` notification of the contract, its params valid
   against the notification's params schema;
 - a response with a result: to a request we sent (by id), the result valid against that
-  method's result schema (the hidden ``sidecar:bench:*`` methods, registered only with
-  ``--bench``, are not part of the contract and are not checked);
+  method's result schema (the hidden ``sidecar:bench:*`` and ``sidecar:test:*`` methods,
+  registered only by a flag, are not part of the contract and are not checked);
 - a response with an error: its code one of the contract's ``errorCodes``;
 - a request: a ``server->client`` method of the contract, its params valid.
 A line outside the contract fails the test with the line, the JSON path of the value
@@ -43,8 +43,8 @@ import schema_fast
 ROOT = Path(__file__).resolve().parent.parent
 SCHEMA_PATH = ROOT / "protocol" / "generated" / "schema.json"
 SCHEMA_URI = "urn:chat-sidecar:protocol"
-UNCHECKED_PREFIX = "sidecar:bench:"
-"""Methods outside the contract on purpose (``--bench`` only)."""
+UNCHECKED_PREFIXES = ("sidecar:bench:", "sidecar:test:")
+"""Methods outside the contract on purpose, registered only by a flag (``--bench``, a test clock)."""
 
 
 @dataclass(frozen=True)
@@ -259,7 +259,7 @@ def _item_problems(
     if not methods:
         yield "response", ("$.id", item["id"], "a result for an id that was never asked", "methods")
         return
-    checked = sorted(m for m in methods if not m.startswith(UNCHECKED_PREFIX))
+    checked = sorted(m for m in methods if not m.startswith(UNCHECKED_PREFIXES))
     for name in checked:
         if name not in spec.methods:
             yield "response", ("$.id", item["id"], f"a result for {name!r}, not a method of the contract", "methods")
