@@ -5,8 +5,9 @@ node and keyword); every line of every end-to-end test is checked (tests/wire_co
 so the common answer, "valid", comes from here: the schema is compiled once into plain
 Python predicates. The subset is what msgspec's schema generator writes: ``$ref`` (into
 the same document), ``type``, ``enum``, ``const``, ``properties``, ``required``,
-``additionalProperties``, ``items``, ``anyOf``, ``minimum``/``maximum``, ``maxLength``,
-``minLength``, ``maxItems``, ``minItems``, plus annotations it ignores as JSON Schema does.
+``additionalProperties``, ``items``, ``anyOf``, ``minimum``/``maximum`` (and their
+exclusive forms), ``maxLength``, ``minLength``, ``maxItems``, ``minItems``, plus the
+annotations JSON Schema ignores.
 
 What must stay true: it never says valid where ``jsonschema`` (draft 2020-12) says invalid.
 A keyword outside the subset raises ``Unsupported`` when compiling, and the caller then
@@ -145,6 +146,9 @@ class Compiler:
         if keyword in ("minimum", "maximum"):
             below = keyword == "minimum"
             return lambda v: not _is_number(v) or (v >= arg if below else v <= arg)
+        if keyword in ("exclusiveMinimum", "exclusiveMaximum"):
+            below = keyword == "exclusiveMinimum"
+            return lambda v: not _is_number(v) or (v > arg if below else v < arg)
         if keyword in ("minLength", "maxLength"):
             shortest = keyword == "minLength"
             return lambda v: type(v) is not str or (len(v) >= arg if shortest else len(v) <= arg)
@@ -185,8 +189,12 @@ class Compiler:
         target: Check | None = None
         self._refs[ref] = lambda v: target(v)  # type: ignore[misc]  # a recursive ref sees itself
         node: Any = self.root
-        for step in ref[2:].split("/"):
-            node = node[step.replace("~1", "/").replace("~0", "~")]
-        target = self.compile(node)
+        try:
+            for step in ref[2:].split("/"):
+                node = node[step.replace("~1", "/").replace("~0", "~")]
+            target = self.compile(node)
+        except BaseException:
+            del self._refs[ref]  # not half-compiled for the next caller
+            raise
         self._refs[ref] = target
         return target
