@@ -56,13 +56,7 @@ class KnownDrift:
     reason: str
 
 
-KNOWN_DRIFTS: tuple[KnownDrift, ...] = (
-    KnownDrift(
-        "notification chat:stream params", "$.code", "acp_history_kept",
-        "an ACP regenerate/edit on an engine that cannot fork sends notice code acp_history_kept, "
-        "which protocol's NoticeCode lacks (being added to protocol/ separately)",
-    ),
-)
+KNOWN_DRIFTS: tuple[KnownDrift, ...] = ()
 """Drifts not fixed yet; each has a strict xfail in tests/test_wire_contract.py."""
 
 SEEN_KNOWN: list[tuple[KnownDrift, str]] = []
