@@ -132,7 +132,7 @@ def test_broken_pdfs_and_legacy_encodings() -> None:
 def test_lexical_match_quotes_everything(tmp_path: Path) -> None:
     expr = lexical_match('roses" OR NEAR(x) * -y 网络代理配置', ["kb1"])
     assert expr is not None and expr.startswith('{kb} : ("k')
-    assert '"网络"' in expr and '"代理"' in expr and '"OR"' in expr
+    assert '"网络"' in expr and '"代理"' in expr and '"or"' in expr
     store = Store(tmp_path)
     try:
         repo = store.knowledge

@@ -35,7 +35,7 @@ from collections.abc import Iterator
 from typing import NamedTuple
 
 from sidecar.pipeline import tokens as tk
-from sidecar.store.knowledge import NewChunk
+from sidecar.store.knowledge import NewChunk, embed_text
 
 __all__ = [
     "DEFAULT_CHUNK_SIZE",
@@ -192,10 +192,6 @@ def normalized(text: str) -> str:
 def chunk_id(document_id: str, text: str) -> str:
     digest = hashlib.blake2b(normalized(text).encode("utf-8", "surrogatepass"), digest_size=10).hexdigest()
     return f"{document_id}:{digest}"
-
-
-def embed_text(heading: list[str], text: str) -> str:
-    return (" > ".join(heading) + "\n\n" + text) if heading else text
 
 
 def _hash(text: str) -> str:

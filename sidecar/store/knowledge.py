@@ -47,6 +47,7 @@ __all__ = [
     "kb_token",
     "lexical_terms",
     "lexical_match",
+    "embed_text",
 ]
 
 _DOC_COLUMNS = (
@@ -161,6 +162,11 @@ class VectorSink(Protocol):
     def put(self, index: int, rowid: int, vector: bytes) -> None: ...
 
 
+def embed_text(heading: list[str], text: str) -> str:
+    """What is embedded and full-text indexed of a chunk: its heading path, a blank line, its text."""
+    return (" > ".join(heading) + "\n\n" + text) if heading else text
+
+
 def kb_token(kb_id: str) -> str:
     """A single unicode61 token standing for a base (the ``kb`` column of the index)."""
     return fts.key_token("k", kb_id)
@@ -214,6 +220,23 @@ class KnowledgeRepo:
         self._clock = clock
         self._df: dict[str, tuple[int, int]] = {}
         self._df_lock = threading.Lock()
+
+    @staticmethod
+    def rebuild_index(conn: Any) -> int:
+        """Write every row of ``kb_chunks_fts`` again from its chunk (after a change of
+        ``fts.index_text``: the migration that folds width and case); how many."""
+        conn.execute("INSERT INTO kb_chunks_fts(kb_chunks_fts) VALUES ('delete-all')")
+        cur = conn.execute("SELECT rowid, kb_id, heading, text FROM kb_chunks")
+        count = 0
+
+        def rows() -> Iterator[tuple[int, str, str]]:
+            nonlocal count
+            for rowid, kb_id, heading, text in cur:
+                count += 1
+                yield rowid, fts.index_text(embed_text(_heading_decoder.decode(heading), text)), kb_token(kb_id)
+
+        conn.executemany("INSERT INTO kb_chunks_fts(rowid, body, kb) VALUES (?, ?, ?)", rows())
+        return count
 
     # ---- bases --------------------------------------------------------------------
 

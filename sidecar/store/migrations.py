@@ -906,3 +906,19 @@ def m_memory(conn: apsw.Connection) -> None:
         ) WITHOUT ROWID;
         """
     )
+
+
+@migration
+def m_fts_fold(conn: apsw.Connection) -> None:
+    # Full-text search folds width and case (sidecar/store/fts.py ``fold``: NFKC, case
+    # folding, digits set apart from letters), on the indexed text as on every query: every
+    # index built from ``fts.index_text`` is written again from its rows (messages, knowledge
+    # chunks, memories; their rowids and docids stay). Re-runnable: a rebuild from the rows.
+    from sidecar.store.knowledge import KnowledgeRepo
+    from sidecar.store.memory import MemoryRepo
+    from sidecar.store.search import MessageSearch
+
+    messages = MessageSearch.rebuild(conn)
+    chunks = KnowledgeRepo.rebuild_index(conn)
+    memories = MemoryRepo.rebuild_index(conn)
+    log.info("full-text indexes rebuilt: %d messages, %d chunks, %d memories", messages, chunks, memories)
