@@ -125,12 +125,18 @@ export type DeliveryStatus = "delivered" | "failed" | "pending" | "sending";
  * ``too_large`` (over ``maxDocumentBytes``), ``binary`` (not text: NUL bytes, control
  * characters, undecodable bytes), ``corrupt`` (a PDF pypdf cannot parse), ``encrypted`` (a
  * PDF with a password), ``no_text`` (a PDF without a text layer), ``unreadable`` (the file
- * vanished or cannot be opened at indexing time), ``embedding_failed`` (the embedding
- * provider failed after its retries; ``kb:document:reindex`` tries again), ``internal``.
+ * vanished or cannot be opened at indexing time), ``embedding_failed`` (status
+ * ``embedding_pending``: the last failure of the embedding provider, retried on its own;
+ * ``kb:document:reindex`` also starts over), ``internal``.
  */
 export type DocumentErrorCode = "binary" | "corrupt" | "embedding_failed" | "empty" | "encrypted" | "internal" | "no_text" | "too_large" | "unreadable";
 export type DocumentKind = "code" | "csv" | "html" | "json" | "markdown" | "pdf" | "text";
-export type DocumentStatus = "error" | "indexing" | "pending" | "ready";
+/**
+ * ``embedding_pending``: chunked and in the full-text index (found lexically), its vectors
+ * not made yet because the embedding provider failed; retried by the knowledge service
+ * (``KbDocument.nextRetryAt``) until it is ``ready``.
+ */
+export type DocumentStatus = "embedding_pending" | "error" | "indexing" | "pending" | "ready";
 /**
  * What the MemoryEncoder does after a completed reply: nothing; propose what it would
  * remember (``memory_proposed``); or remember it.
@@ -1120,7 +1126,10 @@ export interface InitializeResult {
 }
 
 export interface KbChunk {
-  /** Content-addressed: ``{documentId}:{hash of the normalized text}``. */
+  /**
+   * Content-addressed: ``{documentId}:{hash of the heading path and the normalized text}``,
+   * with ``.2``, ``.3``... for repeats of the same text under the same heading path.
+   */
   id: string;
   documentId: string;
   ordinal: number;
@@ -1161,11 +1170,22 @@ export interface KbDocument {
    */
   contentHash: string | null;
   status: DocumentStatus;
+  /**
+   * Why it is in status ``error``; in status ``embedding_pending``, the last failure of
+   * the embedding provider.
+   */
   error: string | null;
   errorCode: DocumentErrorCode | null;
   chunkCount: number;
   /** PDFs: how many pages. */
   pageCount: number | null;
+  /** Failed attempts to embed it since it was indexed (``embedding_pending``); 0 otherwise. */
+  embeddingAttempts: number;
+  /**
+   * ``embedding_pending``: when its vectors are tried next (ms since the epoch); the delay
+   * doubles after each failure (2 s, 4 s, 8 s... at most 10 minutes).
+   */
+  nextRetryAt: number | null;
   createdAt: number;
   updatedAt: number;
   indexedAt: number | null;
@@ -1315,6 +1335,8 @@ export interface KnowledgeBase {
   chunkCount: number;
   /** Documents ``pending`` or ``indexing``. */
   documentsIndexing: number;
+  /** Documents found lexically whose vectors are still to be made (``embedding_pending``). */
+  documentsEmbeddingPending: number;
   documentsFailed: number;
   createdAt: number;
   updatedAt: number;

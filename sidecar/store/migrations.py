@@ -922,3 +922,26 @@ def m_fts_fold(conn: apsw.Connection) -> None:
     chunks = KnowledgeRepo.rebuild_index(conn)
     memories = MemoryRepo.rebuild_index(conn)
     log.info("full-text indexes rebuilt: %d messages, %d chunks, %d memories", messages, chunks, memories)
+
+
+@migration
+def m_kb_embedding_retry(conn: apsw.Connection) -> None:
+    # A document whose embedding failed is kept chunked and in the full-text index, in status
+    # ``embedding_pending``, and its vectors are retried by the knowledge service on a
+    # schedule kept here (sidecar/store/knowledge.py): the failed attempts and when the next
+    # one is due. Documents an earlier version left in ``error`` / ``embedding_failed`` (no
+    # chunks, no index rows) are queued again: the next start indexes them. Re-runnable
+    # (columns checked first, IF NOT EXISTS).
+    columns = {row[1] for row in conn.execute("PRAGMA table_info(kb_documents)")}
+    if "embed_attempts" not in columns:
+        conn.execute("ALTER TABLE kb_documents ADD COLUMN embed_attempts INTEGER NOT NULL DEFAULT 0")
+    if "embed_retry_at" not in columns:
+        conn.execute("ALTER TABLE kb_documents ADD COLUMN embed_retry_at INTEGER")
+    conn.execute(
+        """
+        CREATE INDEX IF NOT EXISTS idx_kb_documents_embed_retry ON kb_documents(embed_retry_at)
+          WHERE status = 'embedding_pending';
+        UPDATE kb_documents SET status = 'pending', error = NULL, error_code = NULL, revision = revision + 1
+          WHERE status = 'error' AND error_code = 'embedding_failed';
+        """
+    )
