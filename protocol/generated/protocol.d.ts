@@ -710,21 +710,29 @@ export interface ChatSuggestParams {
  * reply wrote that points at no sent chunk (the chunk fields are then null).
  *
  * ``documentDeleted`` / ``documentChanged`` are computed when the message is read: the
- * document (or its base) is gone, or the document was re-indexed and the cited chunk is no
- * longer in it at these offsets. The snapshot stays readable either way.
+ * document (or its base) is gone, or the document was re-indexed and the cited chunk (its
+ * text under its heading path) is no longer in it. While the chunk is there, ``start``,
+ * ``end`` and ``page`` are where it is now (text inserted before it moves it); the rest
+ * is the snapshot, which stays readable either way.
  */
 export interface Citation {
   /** The assistant message it belongs to. */
   messageId: string | null;
   marker: number;
-  /** Content-addressed: ``{documentId}:{hash of the normalized text}``. */
+  /**
+   * Content-addressed: ``{documentId}:{hash of the heading path and the normalized text}``
+   * (``.2``, ``.3``... for repeats under the same heading path).
+   */
   chunkId: string | null;
   kbId: string | null;
   documentId: string | null;
   documentName: string | null;
   /** The chunk's heading path (Markdown/HTML headings above it). */
   heading: string[];
-  /** Offsets in Unicode code points of the document's extracted text. */
+  /**
+   * Offsets in Unicode code points of the document's extracted text (its current text
+   * while the chunk is in it).
+   */
   start: number | null;
   end: number | null;
   /** PDF page (1-based). */
@@ -744,14 +752,20 @@ export interface CitationInput {
   /** The assistant message it belongs to. */
   messageId?: string | null;
   marker: number;
-  /** Content-addressed: ``{documentId}:{hash of the normalized text}``. */
+  /**
+   * Content-addressed: ``{documentId}:{hash of the heading path and the normalized text}``
+   * (``.2``, ``.3``... for repeats under the same heading path).
+   */
   chunkId?: string | null;
   kbId?: string | null;
   documentId?: string | null;
   documentName?: string | null;
   /** The chunk's heading path (Markdown/HTML headings above it). */
   heading?: string[];
-  /** Offsets in Unicode code points of the document's extracted text. */
+  /**
+   * Offsets in Unicode code points of the document's extracted text (its current text
+   * while the chunk is in it).
+   */
   start?: number | null;
   end?: number | null;
   /** PDF page (1-based). */

@@ -47,6 +47,7 @@ __all__ = [
     "BM25_FUNCTION",
     "bm25",
     "fold",
+    "nfkc",
     "QueryPiece",
     "parse_query",
     "build_match",
@@ -110,23 +111,24 @@ def _narrow(char: str) -> str:
     return " " if char == "\u3000" else chr(ord(char) - 0xFEE0)
 
 
-def fold(text: str) -> str:
-    """``text`` as the index and every query see it: NFKC, then case folding
-    (``unicodedata.normalize("NFKC", text).casefold()``, computed faster: CPython's NFKC
-    of a text that is not normalized costs ~1 us per character, and Chinese text is
-    rarely normalized only because of its full-width punctuation, which is replaced by
-    its NFKC form first)."""
+def nfkc(text: str) -> str:
+    """``unicodedata.normalize("NFKC", text)``, faster: CPython's NFKC of a text that is not
+    normalized costs about 1 us per character, and Chinese text is rarely normalized only
+    because of its full-width punctuation, which is replaced by its NFKC form first."""
     if text.isascii():
-        return text.lower()
+        return text
     import unicodedata  # lazily: most texts on the start-up path are ASCII
 
     if unicodedata.is_normalized("NFKC", text):
-        return text.casefold()
+        return text
     for char in set(_wide().findall(text)):
         text = text.replace(char, _narrow(char))
-    if not unicodedata.is_normalized("NFKC", text):
-        text = unicodedata.normalize("NFKC", text)
-    return text.casefold()
+    return text if unicodedata.is_normalized("NFKC", text) else unicodedata.normalize("NFKC", text)
+
+
+def fold(text: str) -> str:
+    """``text`` as the index and every query see it: NFKC, then case folding."""
+    return text.lower() if text.isascii() else nfkc(text).casefold()
 
 
 def _split_digits(text: str) -> str:

@@ -3,13 +3,26 @@
 Owns: the column lists and row decoding of bases (``KbRecord``) and documents
 (``DocRecord``), what an indexing run hands to the repository (``NewChunk``), what a
 committed write changed in the vectors (``IndexDelta``), a search hit (``ChunkHit``), the
-text of a chunk that is embedded and full-text indexed (``embed_text``) and the MATCH
-expression of a retrieval query (``lexical_match``). KnowledgeRepo (knowledge.py) and its
+text of a chunk that is embedded and full-text indexed (``embed_text``), a chunk's
+content-addressed id (``chunk_id``) and the MATCH expression of a retrieval query
+(``lexical_match``).
+
+Chunk ids (what citations keep): ``{documentId}:{blake2b of the heading path and the
+normalized text}`` (NFKC, whitespace collapsed; a chunk without a heading path hashes its
+text alone), so the same text in another section is another chunk, and the same text in
+the same section keeps its id after any re-index whatever was inserted elsewhere. The
+chunker numbers repeats of one (heading path, text) in one document ``.2``, ``.3``... in
+document order: only a repeat in a section with the same heading path can shift them. An
+id depends on nothing but the chunk's own heading path and text, so it stays content-
+addressed however chunks are cut (several small sections merged into one chunk keep the
+heading path the chunker gives it). KnowledgeRepo (knowledge.py) and its
 vectors (kb_vectors.py) share them; nothing here touches the database.
 """
 
 from __future__ import annotations
 
+import hashlib
+import re
 from collections.abc import Sequence
 from typing import Any, Protocol
 
@@ -29,6 +42,7 @@ __all__ = [
     "lexical_terms",
     "lexical_match",
     "embed_text",
+    "chunk_id",
     "doc_of",
     "kb_of",
     "DOC_COLUMNS",
@@ -152,6 +166,22 @@ class VectorSink(Protocol):
     def reserve(self, count: int, dims: int) -> None: ...
 
     def put(self, index: int, rowid: int, vector: bytes) -> None: ...
+
+
+_WS = re.compile(r"\s+")
+
+
+def normalized(text: str) -> str:
+    return _WS.sub(" ", fts.nfkc(text)).strip()
+
+
+def chunk_id(document_id: str, heading: Sequence[str], text: str) -> str:
+    """The id of a chunk (module docstring), before any repeat number."""
+    key = normalized(text)
+    if heading:
+        key = "\x1f".join(normalized(h) for h in heading) + "\x00" + key
+    digest = hashlib.blake2b(key.encode("utf-8", "surrogatepass"), digest_size=10).hexdigest()
+    return f"{document_id}:{digest}"
 
 
 def embed_text(heading: list[str], text: str) -> str:

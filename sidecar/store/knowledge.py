@@ -48,6 +48,7 @@ from sidecar.store.kb_records import (
     KbRecord,
     NewChunk,
     VectorSink,
+    chunk_id,
     doc_of,
     embed_text,
     heading_decoder,
@@ -70,6 +71,7 @@ __all__ = [
     "lexical_terms",
     "lexical_match",
     "embed_text",
+    "chunk_id",
 ]
 
 LEXICAL_BUDGET = 10_000
