@@ -7,6 +7,7 @@ way is re-indexed by its migration."""
 
 from __future__ import annotations
 
+import json
 from pathlib import Path
 from typing import Any
 
@@ -138,8 +139,14 @@ async def test_a_database_indexed_before_folding_is_reindexed(tmp_path: Path) ->
         ids, kb_id = await _setup(proc)
         await proc.close()
     _index_as_before(data / "chat.db")
-    async with spawn_sidecar(data) as proc:
-        await proc.call("sidecar:initialize", {})
+    # the host's first requests wait in the pipe: the cold start leaves a database that needs
+    # a migration to the app, which migrates it before it answers the session list
+    waiting = b"".join(json.dumps({"jsonrpc": "2.0", "id": f"w{i}", "method": method, "params": {}}).encode() + b"\n"
+                       for i, method in enumerate(("sidecar:initialize", "chat:session:list")))
+    async with spawn_sidecar(data, waiting=waiting) as proc:
+        assert "result" in await proc.response("w0")
+        assert (await proc.response("w1", timeout=60))["result"]["total"] == 1
+        assert "applying migration" in proc.stderr_text()
         # the old rows could not match a folded query: the migration rebuilt them
         await _check_all(proc, ids, kb_id)
         await proc.close()

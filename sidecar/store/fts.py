@@ -121,9 +121,16 @@ def nfkc(text: str) -> str:
 
     if unicodedata.is_normalized("NFKC", text):
         return text
+    text = _narrowed(text)
+    return text if unicodedata.is_normalized("NFKC", text) else unicodedata.normalize("NFKC", text)
+
+
+def _narrowed(text: str) -> str:
+    """``text`` with its full-width ASCII characters and ideographic spaces replaced by their
+    NFKC forms (one character each: offsets do not move)."""
     for char in set(_wide().findall(text)):
         text = text.replace(char, _narrow(char))
-    return text if unicodedata.is_normalized("NFKC", text) else unicodedata.normalize("NFKC", text)
+    return text
 
 
 def fold(text: str) -> str:
@@ -142,6 +149,13 @@ def _fold_map(text: str) -> tuple[str, list[int] | None, list[int] | None]:
     characters that NFKC composed together maps as a whole."""
     if text.isascii():
         return text.lower(), None, None
+    import unicodedata
+
+    narrowed = _narrowed(text)
+    if unicodedata.is_normalized("NFKC", narrowed):
+        folded = narrowed.casefold()
+        if len(folded) == len(text):  # case folding never joins characters: each one stayed one
+            return folded, None, None
     out: list[str] = []
     starts: list[int] = []
     ends: list[int] = []

@@ -5,7 +5,8 @@ Owns: the column lists and row decoding of bases (``KbRecord``) and documents
 committed write changed in the vectors (``IndexDelta``), a search hit (``ChunkHit``), the
 text of a chunk that is embedded and full-text indexed (``embed_text``), a chunk's
 content-addressed id (``chunk_id``) and the MATCH expression of a retrieval query
-(``lexical_match``).
+(``lexical_match``). KnowledgeRepo (knowledge.py) and its vectors (kb_vectors.py) share
+them; nothing here touches the database.
 
 Chunk ids (what citations keep): ``{documentId}:{blake2b of the heading path and the
 normalized text}`` (NFKC, whitespace collapsed; a chunk without a heading path hashes its
@@ -15,8 +16,7 @@ chunker numbers repeats of one (heading path, text) in one document ``.2``, ``.3
 document order: only a repeat in a section with the same heading path can shift them. An
 id depends on nothing but the chunk's own heading path and text, so it stays content-
 addressed however chunks are cut (several small sections merged into one chunk keep the
-heading path the chunker gives it). KnowledgeRepo (knowledge.py) and its
-vectors (kb_vectors.py) share them; nothing here touches the database.
+heading path the chunker gives it).
 """
 
 from __future__ import annotations
@@ -55,6 +55,10 @@ __all__ = [
 DOC_COLUMNS = (
     "id, kb_id, name, kind, source, path, size_bytes, content_hash, status, error, error_code, "
     "chunk_count, pages, revision, created_at, updated_at, indexed_at, embed_attempts, embed_retry_at"
+)
+KB_COLUMNS = (
+    "id, name, description, embed_provider_id, embed_model_id, chunk_size, chunk_overlap, "
+    "vector_model, vector_dims, created_at, updated_at"
 )
 CHUNK_COLUMNS = "id, document_id, ordinal, heading, char_start, char_end, page, tokens, text"
 heading_decoder = msgspec.json.Decoder(list[str])
@@ -224,12 +228,6 @@ def kb_of(row: tuple[Any, ...]) -> KbRecord:
         chunk_size=size, chunk_overlap=overlap, vector_model=vmodel, vector_dims=vdims,
         created_at=created, updated_at=updated,
     )
-
-
-KB_COLUMNS = (
-    "id, name, description, embed_provider_id, embed_model_id, chunk_size, chunk_overlap, "
-    "vector_model, vector_dims, created_at, updated_at"
-)
 
 
 READY = "status = 'ready', error = NULL, error_code = NULL, embed_attempts = 0, embed_retry_at = NULL"

@@ -283,8 +283,8 @@ class KnowledgeRepo(KnowledgeVectors):
         with self._db.write() as conn:
             self._doc(conn, doc_id)
             conn.execute(
-                "UPDATE kb_documents SET status = 'pending', error = NULL, error_code = NULL,"
-                " revision = revision + 1, updated_at = ? WHERE id = ?",
+                "UPDATE kb_documents SET status = 'pending', error = NULL, error_code = NULL, embed_attempts = 0,"
+                " embed_retry_at = NULL, revision = revision + 1, updated_at = ? WHERE id = ?",
                 (self._clock(), doc_id),
             )
             return self._doc(conn, doc_id)
@@ -295,8 +295,8 @@ class KnowledgeRepo(KnowledgeVectors):
             self._kb(conn, kb_id)
             ids = [r[0] for r in fetch_iter(conn, "SELECT id FROM kb_documents WHERE kb_id = ? ORDER BY created_at, id", (kb_id,))]
             conn.execute(
-                "UPDATE kb_documents SET status = 'pending', error = NULL, error_code = NULL,"
-                " revision = revision + 1, updated_at = ? WHERE kb_id = ?",
+                "UPDATE kb_documents SET status = 'pending', error = NULL, error_code = NULL, embed_attempts = 0,"
+                " embed_retry_at = NULL, revision = revision + 1, updated_at = ? WHERE kb_id = ?",
                 (self._clock(), kb_id),
             )
         return ids
