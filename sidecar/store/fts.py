@@ -37,7 +37,7 @@ from __future__ import annotations
 import math
 import operator
 import re
-from collections.abc import Sequence
+from collections.abc import Iterable, Sequence
 from functools import cache
 from typing import Any, NamedTuple
 
@@ -58,6 +58,7 @@ __all__ = [
     "retrieval_match",
     "affordable_terms",
     "key_token",
+    "rebuild",
     "MAX_QUERY_CHARS",
 ]
 
@@ -201,6 +202,24 @@ def index_text(text: str) -> str:
     """The text stored in the FTS index for ``text``: folded, digits set apart from letters,
     CJK runs rewritten as bigrams."""
     return _cjk_run().sub(_index_run, _split_digits(fold(text)))
+
+
+def rebuild(conn: Any, table: str, columns: Sequence[str], rows: Iterable[tuple[Any, ...]]) -> int:
+    """Replace every row of the contentless FTS5 ``table`` by ``rows`` (rowid, then
+    ``columns``, their text already made by ``index_text``), read as they are written (a
+    large history is never held whole); how many. For a change of ``index_text``."""
+    conn.execute(f"INSERT INTO {table}({table}) VALUES ('delete-all')")
+    count = 0
+
+    def counted() -> Iterable[tuple[Any, ...]]:
+        nonlocal count
+        for row in rows:
+            count += 1
+            yield row
+
+    marks = ", ".join("?" * (1 + len(columns)))
+    conn.executemany(f"INSERT INTO {table}(rowid, {', '.join(columns)}) VALUES ({marks})", counted())
+    return count
 
 
 def session_token(session_id: str) -> str:

@@ -27,7 +27,7 @@ Synchronous: ``Store.knowledge``, reached from async code through ``AsyncStore.r
 from __future__ import annotations
 
 import threading
-from collections.abc import Callable, Iterator, Sequence
+from collections.abc import Callable, Sequence
 from typing import Any
 
 import msgspec
@@ -95,18 +95,10 @@ class KnowledgeRepo(KnowledgeVectors):
     def rebuild_index(conn: Any) -> int:
         """Write every row of ``kb_chunks_fts`` again from its chunk (after a change of
         ``fts.index_text``: the migration that folds width and case); how many."""
-        conn.execute("INSERT INTO kb_chunks_fts(kb_chunks_fts) VALUES ('delete-all')")
-        cur = conn.execute("SELECT rowid, kb_id, heading, text FROM kb_chunks")
-        count = 0
-
-        def rows() -> Iterator[tuple[int, str, str]]:
-            nonlocal count
-            for rowid, kb_id, heading, text in cur:
-                count += 1
-                yield rowid, fts.index_text(embed_text(heading_decoder.decode(heading), text)), kb_token(kb_id)
-
-        conn.executemany("INSERT INTO kb_chunks_fts(rowid, body, kb) VALUES (?, ?, ?)", rows())
-        return count
+        return fts.rebuild(conn, "kb_chunks_fts", ("body", "kb"), (
+            (rowid, fts.index_text(embed_text(heading_decoder.decode(heading), text)), kb_token(kb_id))
+            for rowid, kb_id, heading, text in conn.execute("SELECT rowid, kb_id, heading, text FROM kb_chunks")
+        ))
 
     # ---- bases --------------------------------------------------------------------
 

@@ -237,18 +237,10 @@ class MemoryRepo:
     def rebuild_index(conn: Any) -> int:
         """Write every row of ``memories_fts`` again from its memory (after a change of
         ``fts.index_text``: the migration that folds width and case); how many."""
-        conn.execute("INSERT INTO memories_fts(memories_fts) VALUES ('delete-all')")
-        cur = conn.execute("SELECT rowid, scope, text, task, outcome, context FROM memories")
-        count = 0
-
-        def rows() -> Iterator[tuple[int, str, str]]:
-            nonlocal count
-            for rowid, scope, *texts in cur:
-                count += 1
-                yield rowid, _body(*texts), scope_token(scope)
-
-        conn.executemany("INSERT INTO memories_fts(rowid, body, scope) VALUES (?, ?, ?)", rows())
-        return count
+        return fts.rebuild(conn, "memories_fts", ("body", "scope"), (
+            (rowid, _body(*texts), scope_token(scope))
+            for rowid, scope, *texts in conn.execute("SELECT rowid, scope, text, task, outcome, context FROM memories")
+        ))
 
     # ---- writing ------------------------------------------------------------------
 

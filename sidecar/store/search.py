@@ -17,7 +17,7 @@ Must stay true:
 
 from __future__ import annotations
 
-from collections.abc import Iterable, Iterator
+from collections.abc import Iterable
 
 import apsw
 
@@ -91,21 +91,13 @@ class MessageSearch:
     def rebuild(conn: apsw.Connection) -> int:
         """Write every index row again from its message, keeping the docids (after a change
         of ``fts.index_text``: the migration that folds width and case)."""
-        conn.execute("INSERT INTO messages_fts(messages_fts) VALUES ('delete-all')")
-        cur = conn.execute(
-            "SELECT d.docid, m.id, m.session_id, m.role, m.text_content, m.parts FROM search_docs d"
-            " JOIN messages_v2 m ON m.id = d.message_id"
-        )
-        count = 0
-
-        def rows() -> Iterator[tuple[int, str, str, str]]:
-            nonlocal count
-            for docid, mid, sid, role, text, parts in cur:  # streamed: a large history is not held
-                count += 1
-                yield docid, fts.index_text(searchable_text(text, parts_or_none(parts, mid))), fts.session_token(sid), role
-
-        conn.executemany("INSERT INTO messages_fts(rowid, body, sid, role) VALUES (?, ?, ?, ?)", rows())
-        return count
+        return fts.rebuild(conn, "messages_fts", ("body", "sid", "role"), (
+            (docid, fts.index_text(searchable_text(text, parts_or_none(parts, mid))), fts.session_token(sid), role)
+            for docid, mid, sid, role, text, parts in conn.execute(
+                "SELECT d.docid, m.id, m.session_id, m.role, m.text_content, m.parts FROM search_docs d"
+                " JOIN messages_v2 m ON m.id = d.message_id"
+            )
+        ))
 
     @staticmethod
     def search(conn: apsw.Connection, query: str, options: SearchOptions) -> list[SearchResult]:
