@@ -155,7 +155,7 @@ def _fold_map(text: str) -> tuple[str, list[int] | None, list[int] | None]:
     narrowed = _narrowed(text)
     if unicodedata.is_normalized("NFKC", narrowed):
         folded = narrowed.casefold()
-        if len(folded) == len(text):  # case folding never joins characters: each one stayed one
+        if len(folded) == len(text):  # case folding maps a character to one or more: each one stayed one
             return folded, None, None
     out: list[str] = []
     starts: list[int] = []
