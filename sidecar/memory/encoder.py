@@ -297,7 +297,6 @@ class MemoryEncoder:
         log.info("memory encoder: session %s reply %s: proposed %s (%s)", session_id, message_id, proposal.id,
                  proposal.action)
 
-
     @staticmethod
     def _replaced(session_id: str, message_id: str, item: EncoderItem, shown: list[MemoryRecord]) -> MemoryRecord | None:
         """The shown memory an item replaces: the one its ``supersedes`` names, else the one

@@ -7,7 +7,7 @@ vectors and ``ready`` in ONE transaction (KnowledgeRepo.write_index) and hand th
 delta to the in-memory indexes. When the embedding provider fails (after its own retries),
 the document is written all the same, with the vectors that were made, in status
 ``embedding_pending`` (found lexically at once; its first failed attempt, the next one due
-at ``retry_at(1)``). Every other failure ends in ``error`` with a DocumentErrorCode and a
+``retry_delay_ms(1)`` later). Every other failure ends in ``error`` with a DocumentErrorCode and a
 message; a cancellation (document deleted, shutdown) writes nothing and leaves the
 document ``indexing``, which the next start resumes.
 
@@ -66,15 +66,16 @@ class Indexer:
         indexes: KnowledgeIndexes,
         embedder_for: Callable[[str], Awaitable[Any]],
         limits: Callable[[], tuple[list[str], int]],
-        retry_at: Callable[[int], int],
+        retry_delay_ms: Callable[[int], int],
     ) -> None:
-        """``limits()`` -> (allowed roots, max document bytes) in force now; ``retry_at(n)``
-        -> when to try the vectors of a document again after its n-th failed attempt."""
+        """``limits()`` -> (allowed roots, max document bytes) in force now; ``retry_delay_ms(n)``
+        -> how long to wait before the vectors of a document are tried again after its n-th
+        failed attempt."""
         self._store = store
         self._indexes = indexes
         self._embedder_for = embedder_for
         self._limits = limits
-        self._retry_at = retry_at
+        self._retry_delay_ms = retry_delay_ms
 
     async def _db(self, fn: Callable[[KnowledgeRepo], T]) -> T:
         return await self._store.run(lambda s: fn(s.knowledge))
@@ -113,7 +114,7 @@ class Indexer:
                 dims, failure = await self._embed_chunks(doc, model, embedder, chunks, progress)
             pending = None
             if failure is not None and chunks:
-                pending = (f"embedding failed: {failure}", self._retry_at(1))
+                pending = (f"embedding failed: {failure}", self._retry_delay_ms(1))
                 log.warning("document %s (%s) is searchable lexically; its vectors are retried: %s",
                             doc.id, doc.name, failure)
             delta = await self._db(

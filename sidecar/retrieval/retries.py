@@ -32,7 +32,7 @@ from sidecar.store.async_store import AsyncStore
 from sidecar.store.ids import now_ms
 from sidecar.store.knowledge import DocRecord
 
-__all__ = ["EmbeddingRetries", "RETRY_BASE_S", "RETRY_MAX_S", "retry_delay_s", "retry_at"]
+__all__ = ["EmbeddingRetries", "RETRY_BASE_S", "RETRY_MAX_S", "retry_delay_s", "retry_delay_ms"]
 
 log = logging.getLogger(__name__)
 
@@ -47,9 +47,10 @@ def retry_delay_s(attempts: int) -> float:
     return min(RETRY_MAX_S, RETRY_BASE_S * 2.0 ** max(0, min(attempts, 32) - 1))
 
 
-def retry_at(attempts: int) -> int:
-    """When (ms since the epoch) to try again after the ``attempts``-th failure."""
-    return now_ms() + int(retry_delay_s(attempts) * 1000)
+def retry_delay_ms(attempts: int) -> int:
+    """``retry_delay_s`` in milliseconds (what the repository adds to the time it counts a
+    failure at)."""
+    return int(retry_delay_s(attempts) * 1000)
 
 
 class EmbeddingRetries:
@@ -112,7 +113,7 @@ class EmbeddingRetries:
             return
         if failure is not None:
             with anyio.CancelScope(shield=True):
-                counted = await self._store.run(lambda s: s.knowledge.embedding_failed(doc, failure, retry_at))
+                counted = await self._store.run(lambda s: s.knowledge.embedding_failed(doc, failure, retry_delay_ms))
             if counted is not None:
                 log.warning("vectors of document %s (%s), attempt %d: %s; next in %gs", doc.id, doc.name,
                             counted.embed_attempts, failure, retry_delay_s(counted.embed_attempts))

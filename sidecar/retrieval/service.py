@@ -73,7 +73,7 @@ from sidecar.retrieval.indexes import KnowledgeIndexes
 from sidecar.retrieval.ingest import Indexer
 from sidecar.retrieval.paths import confine, normalize_root, read_bounded
 from sidecar.retrieval.results import RetrievalResult
-from sidecar.retrieval.retries import EmbeddingRetries, retry_at
+from sidecar.retrieval.retries import EmbeddingRetries, retry_delay_ms
 from sidecar.retrieval.retriever import DEFAULT_BUDGET_TOKENS, HybridRetriever
 from sidecar.providers.types import ProviderSettings
 from sidecar.store.async_store import AsyncStore
@@ -128,7 +128,7 @@ class KnowledgeService:
         self._settings = KbSettings()
         self.indexes = KnowledgeIndexes(store)
         self.retriever = HybridRetriever(store, self.indexes, self.embedder_for)
-        self._indexer = Indexer(store, self.indexes, self.embedder_for, self._limits, retry_at)
+        self._indexer = Indexer(store, self.indexes, self.embedder_for, self._limits, retry_delay_ms)
         self._embedders: dict[str, tuple[int, Embedder]] = {}
         self._retired: list[Embedder] = []
         self._send, self._receive = anyio.create_memory_object_stream[str](math.inf)

@@ -200,9 +200,9 @@ class KnowledgeVectors:
                 )
             return IndexDelta(kb_id=doc.kb_id, model=model, upserted=stored), not lacking
 
-    def embedding_failed(self, doc: DocRecord, message: str, retry_at: Callable[[int], int]) -> DocRecord | None:
-        """Count a failed attempt of a pending document: its next one at ``retry_at(attempts)``
-        (attempts counted with this one); the base's other pending documents wait at least as
+    def embedding_failed(self, doc: DocRecord, message: str, delay_ms: Callable[[int], int]) -> DocRecord | None:
+        """Count a failed attempt of a pending document: its next one ``delay_ms(attempts)``
+        from now (attempts counted with this one); the base's other pending documents wait at least as
         long (one attempt per base and round while its provider fails). The document as it
         is now; None when it is gone, re-indexed or no longer pending."""
         with self._db.write() as conn:
@@ -213,8 +213,8 @@ class KnowledgeVectors:
             if not rows:
                 return None
             attempts = rows[0][0] + 1
-            at = retry_at(attempts)
             now = self._clock()
+            at = now + delay_ms(attempts)
             conn.execute(
                 "UPDATE kb_documents SET embed_attempts = ?, embed_retry_at = ?, error = ?, error_code = 'embedding_failed',"
                 " updated_at = ? WHERE id = ?", (attempts, at, message[:2000], now, doc.id),

@@ -324,9 +324,9 @@ class KnowledgeRepo(KnowledgeVectors):
     ) -> IndexDelta | None:
         """Replace a document's chunks (and their vectors for ``model``) and mark it ready,
         in one transaction; None (nothing written) when the document is gone or a newer
-        revision was requested meanwhile. ``embedding_failed`` = (message, when to retry):
-        some chunks have no vector (the provider failed): ``embedding_pending`` instead,
-        its first failed attempt."""
+        revision was requested meanwhile. ``embedding_failed`` = (message, ms until the next
+        try): some chunks have no vector (the provider failed): ``embedding_pending``
+        instead, its first failed attempt."""
         now = self._clock()
         with self._db.write() as conn:
             rows = fetch_all(conn,
@@ -392,7 +392,7 @@ class KnowledgeRepo(KnowledgeVectors):
             if embedding_failed is not None:
                 state = ("status = 'embedding_pending', error = ?, error_code = 'embedding_failed', embed_attempts = 1,"
                          " embed_retry_at = ?")
-                args = [embedding_failed[0][:2000], embedding_failed[1]]
+                args = [embedding_failed[0][:2000], now + embedding_failed[1]]
             conn.execute(
                 f"UPDATE kb_documents SET {state}, kind = ?, body = ?,"
                 " pages = ?, chunk_count = ?, indexed_at = ?, updated_at = ? WHERE id = ?",
