@@ -8,9 +8,9 @@ Folding: the indexed text and the query are both NFKC-normalized and case-folded
 so full-width letters and digits (Ｗｉｎｄｏｗｓ１０, common in Chinese text), ligatures
 (ﬁ), compatibility ideographs and half-width katakana match their plain forms, and case
 folding goes beyond what unicode61 does (Straße = STRASSE). A change between letters and
-digits is a word boundary (``Windows10`` is indexed as ``windows 10``, a query word
-``windows10`` is the phrase ``"windows 10"``), so ``Windows`` finds ``Windows10`` and
-``Windows 10`` finds both.
+(ASCII, which full-width ones become) digits is a word boundary (``Windows10`` is indexed as
+``windows 10``, a query word ``windows10`` is the phrase ``"windows 10"``), so ``Windows``
+finds ``Windows10`` and ``Windows 10`` finds both.
 
 Why this scheme: FTS5's unicode61 tokenizer makes one token of a whole run of CJK
 characters, so 搜索 would never match inside 我们今天讨论全文搜索功能; the trigram tokenizer
@@ -73,7 +73,9 @@ _CJK = (
 )
 # A Latin-ish word as unicode61 sees it: letters and digits, no underscore.
 _WORD_CHAR = f"(?:(?![{_CJK}])[^\\W_])"
-_LETTER = f"(?:(?![{_CJK}])[^\\W\\d_])"
+# A character of a run of letters: a word character but CJK or an ASCII digit (an ASCII digit
+# starts a token of its own; other digits stay in the run, as ``_rewrite`` leaves them).
+_LETTER_RUN = f"(?:(?![{_CJK}0-9])[^\\W_])"
 # Characters that fold to exactly themselves (lowercased), that no NFKC composition joins
 # to what precedes them and that join nothing before them: ASCII, CJK unified ideographs,
 # the plain hiragana, katakana and Hangul syllables. Folding can be mapped back to the
@@ -93,8 +95,16 @@ def _word() -> re.Pattern[str]:
 
 
 @cache
-def _digits() -> re.Pattern[str]:
-    return re.compile(r"\d+")
+def _rewritten() -> re.Pattern[str]:
+    # One scan for both rewrites, one character class (a regex scan of a long text is most of
+    # their cost, and an alternation scans several times slower): runs of CJK characters and
+    # ASCII digits (full-width ones are ASCII once folded), taken apart in ``_rewrite_run``.
+    return re.compile(f"[{_CJK}0-9]+")
+
+
+@cache
+def _digit_runs() -> re.Pattern[str]:
+    return re.compile("([0-9]+)")
 
 
 @cache
@@ -137,11 +147,6 @@ def _narrowed(text: str) -> str:
 def fold(text: str) -> str:
     """``text`` as the index and every query see it: NFKC, then case folding."""
     return text.lower() if text.isascii() else nfkc(text).casefold()
-
-
-def _split_digits(text: str) -> str:
-    """Digits set apart from the letters around them (a letter/digit change is a boundary)."""
-    return _digits().sub(" \\g<0> ", text)
 
 
 def _fold_map(text: str) -> tuple[str, list[int] | None, list[int] | None]:
@@ -194,14 +199,25 @@ def _bigrams(run: str) -> str:
     return " ".join(map(operator.add, run[:-1], run[1:])) + " " + run[-1]
 
 
-def _index_run(m: re.Match[str]) -> str:
-    return " " + _bigrams(m.group()) + " "
+def _rewrite_run(m: re.Match[str]) -> str:
+    run = m.group()
+    if "0" <= run[0] <= "9" and run.isdigit():
+        return " " + run + " "
+    if "0" <= run[0] <= "9" or any("0" <= c <= "9" for c in run):  # digits beside CJK: 2024年
+        return " ".join(" " + (p if "0" <= p[0] <= "9" else _bigrams(p)) + " " for p in _digit_runs().split(run) if p)
+    return " " + _bigrams(run) + " "
+
+
+def _rewrite(folded: str) -> str:
+    """Folded text as it is indexed: CJK runs as their bigrams, runs of digits set apart from
+    the letters around them (a change between letters and digits is a word boundary)."""
+    return _rewritten().sub(_rewrite_run, folded)
 
 
 def index_text(text: str) -> str:
     """The text stored in the FTS index for ``text``: folded, digits set apart from letters,
     CJK runs rewritten as bigrams."""
-    return _cjk_run().sub(_index_run, _split_digits(fold(text)))
+    return _rewrite(fold(text))
 
 
 def rebuild(conn: Any, table: str, columns: Sequence[str], rows: Iterable[tuple[Any, ...]]) -> int:
@@ -276,7 +292,7 @@ def build_match(pieces: list[QueryPiece]) -> str | None:
             else:
                 terms.append(_quote(" ".join(map(operator.add, p.text[:-1], p.text[1:]))))
         else:
-            terms.append(_quote(_split_digits(p.text).strip()))
+            terms.append(_quote(_rewrite(p.text).strip()))  # a Latin word: its letter and digit runs
     if not terms:
         return None
     return "{body} : (" + " AND ".join(terms) + ")"
@@ -344,8 +360,8 @@ def key_token(prefix: str, key: str) -> str:
 def _word_pattern(word: str) -> re.Pattern[str]:
     """Where the tokens of a (folded) query word are in folded text: its letter and digit
     runs in order, separated by anything that is not a token, at token boundaries."""
-    runs = re.findall(r"\d+|\D+", word)
-    edge = [r"\d" if run[0].isdigit() else _LETTER for run in (runs[0], runs[-1])]
+    runs = re.findall(r"[0-9]+|[^0-9]+", word)
+    edge = [r"[0-9]" if "0" <= run[0] <= "9" else _LETTER_RUN for run in (runs[0], runs[-1])]
     return re.compile(
         f"(?<!{edge[0]})" + r"[\W_]*".join(map(re.escape, runs)) + f"(?!{edge[1]})"
     )
