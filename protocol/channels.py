@@ -151,6 +151,12 @@ class ChannelConfigUpsertParams(Struct, forbid_unknown_fields=True, kw_only=True
     bot_user_ids: list[str] = []
     """The bot's own ids on the platform: a mention of one of them mentions the bot, and a
     message sent by one of them is the bot's own (ignored)."""
+    allow_mentions: bool = False
+    """Whether a reply may mention people. Off (the default): the mention syntax in a reply
+    (Feishu/Lark ``<at ...>``, Slack/WeCom ``<@...>``, Slack ``<!here>``-style tags, and
+    ``@all``, ``@everyone``, ``@here``, ``@channel``, ``@所有人``...) is sent with a full-width
+    ``＜`` or ``＠`` so no platform turns it into a mention (a reply is model output). On:
+    the reply's text is sent as rendered."""
     provider_id: str | None = None
     """Provider and model of the sessions this channel creates (default: provider:setDefault)."""
     model_id: str | None = None
@@ -172,6 +178,7 @@ class ChannelConfig(Struct, omit_defaults=False, kw_only=True):
     group_trigger: GroupTrigger = "mention"
     dialect: ChannelDialect
     bot_user_ids: list[str] = []
+    allow_mentions: bool = False
     provider_id: str | None = None
     model_id: str | None = None
     system_prompt: str | None = None

@@ -134,7 +134,7 @@ async def test_a_message_gets_a_reply_split_for_the_platform(tmp_path: Path) -> 
         }
         # the user turn says who spoke; the session is linked to the chat
         path = await proc.call("chat:messages:get", {"sessionId": session_id})
-        assert path[0]["role"] == "user" and path[0]["textContent"] == "Alice: give me the table"
+        assert path[0]["role"] == "user" and path[0]["textContent"] == '"Alice": give me the table'
         session = await proc.call("chat:session:get", {"id": session_id})
         assert session["channelId"] == "im" and session["title"] == "dingtalk - group - Ops"
         assert session["channelMeta"] == {
@@ -246,10 +246,10 @@ async def test_a_group_message_without_a_mention_is_stored_without_a_reply(tmp_p
         assert reply["replyTo"] == "g2" and proc.notifications(REPLY) == [reply]
         path = await proc.call("chat:messages:get", {"sessionId": quiet["sessionId"]})
         assert [(m["role"], m["textContent"]) for m in path] == [
-            ("user", "Alice: just chatting"), ("user", "Bob: what did she say?"), ("assistant", "answer to bob"),
+            ("user", '"Alice": just chatting'), ("user", '"Bob": what did she say?'), ("assistant", "answer to bob"),
         ]
         bodies = await server.requests()
-        assert any("Alice: just chatting" in str(b["messages"]) for b in bodies)
+        assert any('"Alice": just chatting' in str(b["messages"]) for b in bodies)
         # a quoted reply without its text: the sidecar knows the messages of this chat
         await ack(proc, reply)  # a repeated ack is harmless and keeps the platform id
         quoted_bot = await proc.call(
@@ -263,7 +263,7 @@ async def test_a_group_message_without_a_mention_is_stored_without_a_reply(tmp_p
             while len(path := await proc.call("chat:messages:get", {"sessionId": quiet["sessionId"]})) < 5:
                 await anyio.sleep(0.05)
         assert [m["textContent"] for m in path[3:]] == [
-            "> answer to bob\n\nAlice: ok", "> Alice: just chatting\n\nAlice: same",
+            '> answer to bob\n\n"Alice": ok', '> &quot;Alice&quot;: just chatting\n\n"Alice": same',
         ]
         # with groupTrigger "always" every group message is answered
         await channel(proc, groupTrigger="always")
@@ -299,7 +299,7 @@ async def test_new_starts_a_new_session_for_the_chat(tmp_path: Path) -> None:
         listed = await proc.call("chat:session:list", {"channelId": "im"})
         assert len(listed["sessions"]) == 3
         old = await proc.call("chat:messages:get", {"sessionId": first["sessionId"]})
-        assert [m["textContent"] for m in old] == ["Alice: hi", "one"]
+        assert [m["textContent"] for m in old] == ['"Alice": hi', "one"]
         await proc.close()
 
 

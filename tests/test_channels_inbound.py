@@ -37,7 +37,7 @@ def test_feishu_text_with_mention_keys_and_all() -> None:
     )
     assert a.mentions_bot and a.mentions_all
     assert a.body == "ask @Bob about it @all"
-    assert a.turn.content == "Alice: ask @Bob about it @all"
+    assert a.turn.content == '"Alice": ask @Bob about it @all'
 
 
 def test_feishu_raw_message_object_with_its_own_mentions() -> None:
@@ -141,20 +141,20 @@ def test_wecom_mixed_and_quote() -> None:
     ]}, "quote": {"msgtype": "text", "text": {"content": "原来的消息"}}}
     a = run("wecom", raw=raw, mentions=[{"id": "BOT", "name": "Helper"}])
     assert a.mentions_bot
-    assert a.turn.content == "> 原来的消息\n\nAlice: 看这个\n[image]"
+    assert a.turn.content == '> 原来的消息\n\n"Alice": 看这个\n[image]'
 
 
 def test_wechat_quote_mentions_and_emoji() -> None:
     text = "「Bob：上次的报价」\n- - - - - - - - - - - - - - -\n@Helper\u2005多少钱/::)"
     a = run("wechat", text=text, mentions=[{"id": "BOT", "name": "Helper"}])
     assert a.mentions_bot
-    assert a.turn.content == "> Bob: 上次的报价\n\nAlice: 多少钱[微笑]"
+    assert a.turn.content == '> "Bob": 上次的报价\n\n"Alice": 多少钱[微笑]'
 
 
 def test_quoted_reply_from_the_host_is_written_first_and_bounded() -> None:
     a = run("plain", text="yes", replyTo={"messageId": "m0", "text": "x" * 2000, "senderName": "Bob"})
     content = a.turn.content
-    assert isinstance(content, str) and content.startswith("> Bob: xxx") and content.endswith("\n\nAlice: yes")
+    assert isinstance(content, str) and content.startswith('> "Bob": xxx') and content.endswith('\n\n"Alice": yes')
     assert len(content.split("\n\n")[0]) < 520
 
 
@@ -174,7 +174,7 @@ def test_attachments_become_parts() -> None:
     ]
     assert a.turn.attachments is not None and a.turn.attachments[0].mime_type == "image/png"
     image_only = run("plain", attachments=[{"kind": "image", "url": "https://img.example/a.jpg"}])
-    assert not image_only.empty and image_only.turn.content[0] == TextPart(text="Alice:")  # type: ignore[index]
+    assert not image_only.empty and image_only.turn.content[0] == TextPart(text='"Alice":')  # type: ignore[index]
 
 
 @pytest.mark.parametrize(
@@ -210,7 +210,7 @@ def test_malformed_raw_payloads_never_raise(platform: str, raw: dict[str, Any]) 
 
 def test_bots_and_host_flagged_all_are_written_into_the_turn() -> None:
     a = run("plain", text="status?", sender={"id": "b2", "name": "Deploy", "isBot": True}, mentionAll=True)
-    assert a.turn.content == "Deploy (bot): @all status?" and a.mentions_all and not a.mentions_bot
+    assert a.turn.content == '"Deploy" (bot): @all status?' and a.mentions_all and not a.mentions_bot
 
 
 def test_a_quote_known_to_the_sidecar_is_used_when_the_host_gives_no_text() -> None:

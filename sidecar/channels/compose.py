@@ -1,11 +1,13 @@
 """A reply's content -> the platform messages (ReplyChunks) that carry it.
 
-Owns: rendering the reply's Markdown for the channel's dialect (render.py), splitting it at
-the channel's limits (split.py) into text chunks, or for ``slack_blocks`` into section blocks
-grouped into messages (at most ``maxBlocks`` sections and ``maxMessageSize`` characters each),
-and the images and files that go as separate items after the text: images of the Markdown
-that the dialect cannot show inline, and the reply's own image/file parts (only ``file://``
-URIs inside the attachments directory, never another local path, and http(s) URLs).
+Owns: rendering the reply's Markdown for the channel's dialect (render.py), making its
+mentions inert unless the channel allows them (mentions.py: ``allowMentions`` off, the
+default), splitting it at the channel's limits (split.py) into text chunks, or for
+``slack_blocks`` into section blocks grouped into messages (at most ``maxBlocks`` sections
+and ``maxMessageSize`` characters each), and the images and files that go as separate
+items after the text: images of the Markdown that the dialect cannot show inline, and the
+reply's own image/file parts (only ``file://`` URIs inside the attachments directory, never
+another local path, and http(s) URLs).
 
 Blocking (it may check files): call ``compose`` through ``anyio.to_thread.run_sync``.
 """
@@ -24,6 +26,7 @@ from protocol.channels import (
 )
 from protocol.types import ContentPart, FilePart, ImagePart, TextPart
 from sidecar.channels.dialects import DIALECTS
+from sidecar.channels.mentions import neutralize_rendered
 from sidecar.channels.render import Rendered, render_markdown
 from sidecar.channels.split import Measure, SplitChunk, split_lines
 from sidecar.store.attachments import AttachmentStore
@@ -45,6 +48,8 @@ def text_chunks(text: str, config: ChannelConfig) -> tuple[list[ReplyChunk], Ren
     """The text of a reply as platform messages (no media), and what the renderer found."""
     dialect = DIALECTS[config.dialect]
     rendered = render_markdown(text, dialect)
+    if not config.allow_mentions:
+        neutralize_rendered(rendered)
     limits = config.limits
     assert limits.max_message_size is not None and limits.size_unit is not None
     if config.dialect != "slack_blocks":

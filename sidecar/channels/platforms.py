@@ -165,6 +165,7 @@ def resolve_config(params: ChannelConfigUpsertParams, now: int) -> ChannelConfig
         group_trigger=params.group_trigger,
         dialect=dialect,
         bot_user_ids=list(params.bot_user_ids),
+        allow_mentions=params.allow_mentions,
         provider_id=_text("providerId", params.provider_id, 200),
         model_id=_text("modelId", params.model_id, 200),
         system_prompt=_text("systemPrompt", params.system_prompt, 100_000),

@@ -8,7 +8,8 @@ The flow (seed 004 §4.1: PreProcessor 6 adapts the message, PostProcessor 5 rep
    message that does not mention the bot, when the group trigger is ``mention``),
    ``throttled`` (the chat cools down: loop guard), else ``reply``. The session is found or
    created by the scope rule (routing.py); the message is stored in the inbox under its
-   dedup key (the platform message id, else a hash of chat, sender, timestamp and content),
+   chat and dedup key (the platform message id, else a hash of chat, sender, timestamp and
+   content: the same id in another chat is another message),
    which answers a redelivery with ``duplicate`` and does nothing else, also after a
    restart. Attachments are written to the data dir before the answer.
 2. Each session has one worker that runs its inbox rows in arrival order: ``store`` and
@@ -195,7 +196,7 @@ class ChannelService:
         session_id: str | None = None
         queued: QueuedTurn | None = None
         if action != "ignored":
-            existing = await self._db(lambda r: r.find_received(config.id, key, window))
+            existing = await self._db(lambda r: r.find_received(config.id, params.chat_id, key, window))
             if existing is not None:
                 return ChannelMessageResult(action="duplicate", inbox_id=existing.id, session_id=existing.session_id)
             session_id = await self._router.route(config, params, fresh=action == "new_session")
@@ -363,10 +364,7 @@ class ChannelService:
                     await self._send_failed(row, config, turn, exc)  # the engine refused the turn
                     return
             tg.cancel_scope.cancel()
-        text = reply_text(final.text_content, final.parts)
-        notice = _notice(final)
-        if notice:
-            text = f"{text}\n\n_{notice}_" if text.strip() else notice
+        text = _final_text(final)
         if live is not None:
             def finished_media() -> list[ReplyChunk]:
                 _, rendered = text_chunks(text, config)
@@ -376,6 +374,25 @@ class ChannelService:
             await live.finish(text, media, empty_text=EMPTY_REPLY)
             return
         chunks = await anyio.to_thread.run_sync(compose, text, final.parts, config, self._attachments)
+        await self._deliver(config, address, chunks)
+
+    async def deliver_reply(
+        self, channel_id: str, chat_id: str, message: MessageV2, *, thread_id: str | None = None
+    ) -> None:
+        """Hand a finished reply that no IM message asked for (a scheduled task's) to a chat:
+        rendered, split and sent by the Outbox like any reply, with the same notice for one
+        that did not complete. NOT_FOUND / an engine error for a missing or disabled channel."""
+        config = self._configs.get(channel_id)
+        if config is None:
+            raise NotFound(f"unknown channel {channel_id!r}")
+        if not config.enabled:
+            raise EngineError(f"channel {channel_id!r} is disabled")
+        text = _final_text(message)
+        chunks = await anyio.to_thread.run_sync(compose, text, message.parts, config, self._attachments)
+        address = ReplyAddress(
+            channel=channel_id, chat_id=chat_id, thread_id=thread_id, reply_to=None, session_id=message.session_id,
+            message_id=message.id, inbox_id=None,
+        )
         await self._deliver(config, address, chunks)
 
     async def _send_failed(self, row: InboxRow, config: ChannelConfig, turn: QueuedTurn, exc: SidecarError) -> None:
@@ -425,6 +442,15 @@ def _address(row: InboxRow, message_id: str | None) -> ReplyAddress:
         channel=row.channel_id, chat_id=row.chat_id, thread_id=row.thread_id, reply_to=row.platform_message_id,
         session_id=row.session_id, message_id=message_id, inbox_id=row.id,
     )
+
+
+def _final_text(message: MessageV2) -> str:
+    """A final reply's text for the chat, with the notice of one that did not complete."""
+    text = reply_text(message.text_content, message.parts)
+    notice = _notice(message)
+    if notice:
+        text = f"{text}\n\n_{notice}_" if text.strip() else notice
+    return text
 
 
 def _notice(message: MessageV2) -> str | None:

@@ -22,7 +22,8 @@ Mapping rules:
   update the session;
 - the working directory (session ``workspaceDir``, the agent's cwd) is
   ``<root>/computer-project-workspace/<user_id>/<agent_work_dir or project_id>``, or
-  an absolute ``agent_work_dir`` that exists.
+  an absolute ``agent_work_dir`` that exists inside that user's directory or one of the
+  host's ``workDirRoots`` (never another user's directory, never ``/``).
 
 Must stay true: every id that reaches a path or the store was checked
 (sidecar.compat.validate); the index of projects is rebuilt from the store on first use
@@ -121,11 +122,13 @@ class Projects:
         providers: Providers,
         root: Path,
         agent_commands: dict[str, CompatAgentCommand],
+        work_dir_roots: tuple[Path, ...] = (),
     ) -> None:
         self._sessions = sessions
         self._providers = providers
         self.root = root
         self._agent_commands = agent_commands
+        self._work_dir_roots = work_dir_roots
         self._by_key: dict[tuple[str, str], str] | None = None
         self._by_session: dict[str, Project] = {}
         self._ensured: dict[str, str] = {}
@@ -215,7 +218,7 @@ class Projects:
         # the provider (its checks and an idempotent upsert), then the directory (checked and
         # made in one worker-thread hop), then the session
         target = await self._target(req, user_id)
-        work_dir = await anyio.to_thread.run_sync(_work_dir, work or project_id, self.user_dir(user_id))
+        work_dir = await anyio.to_thread.run_sync(_work_dir, work or project_id, self.user_dir(user_id), self._work_dir_roots)
         session, is_new = await self._session(user_id, project_id, session_id, target, work_dir, req.system_prompt)
         return Prepared(
             user_id=user_id,
@@ -366,8 +369,8 @@ class Projects:
         return session, True
 
 
-def _work_dir(value: str, user_dir: Path) -> Path:
-    path = validate.work_dir(value, user_dir)
+def _work_dir(value: str, user_dir: Path, roots: tuple[Path, ...]) -> Path:
+    path = validate.work_dir(value, user_dir, roots)
     try:
         path.mkdir(parents=True, exist_ok=True)
     except OSError as exc:

@@ -34,6 +34,7 @@ INTERNAL = "5000"
 PAYLOAD_TOO_LARGE = "PAYLOAD_TOO_LARGE"
 REQUEST_TIMEOUT = "REQUEST_TIMEOUT"
 TOO_MANY_CONNECTIONS = "TOO_MANY_CONNECTIONS"
+HOST_NOT_ALLOWED = "HOST_NOT_ALLOWED"
 
 Id = str | int
 """V1 ids arrive as strings; some callers send numbers (a conversation id)."""

@@ -213,7 +213,8 @@ class MemoryEncoder:
         assistant: AssistantProfile, mode: str,
     ) -> None:
         from sidecar.memory.service import render
-        from sidecar.memory.text import escape, render_block
+        from sidecar.memory.text import render_block
+        from sidecar.untrusted import escape
 
         user_text, reply_text = await self._exchange(session_id, message_id)
         if len(user_text) < MIN_EXCHANGE_CHARS:

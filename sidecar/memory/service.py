@@ -330,6 +330,11 @@ class MemoryService:
 
         return await self._store.run(check)
 
+    async def rewritten(self, scope: str, removed: Sequence[int] = ()) -> None:
+        """Rows of ``scope`` were written or left the active set outside ``write`` (memory
+        upkeep: merges, expiry, imports): retrieval caches, vector indexes and embeddings follow."""
+        await self._changed(scope, removed=removed)
+
     async def _changed(self, scope: str, *, removed: Sequence[int] = ()) -> None:
         self.retriever.generation += 1
         if removed:

@@ -3,8 +3,9 @@ summary of replies on ``messages_v2.delivery``.
 
 Owns: the tables of migration ``m_channels``. Each public method is one transaction.
 Must stay true:
-- dedup is decided by the database: ``receive`` inserts under UNIQUE(channel_id, dedup_key)
-  and answers with the existing row when the key is taken, so two deliveries of one
+- dedup is decided by the database: ``receive`` inserts under UNIQUE(channel_id, chat_id,
+  dedup_key) (a platform message id is unique within its chat, not across chats) and
+  answers with the existing row when the key is taken in that chat, so two deliveries of one
   platform message never both become turns, whatever the timing and across restarts; a row
   older than the dedup window no longer counts (it is replaced);
 - an inbox row is the durable queue entry of its turn (``queued`` -> ``running`` -> ``done``
@@ -185,12 +186,13 @@ class ChannelRepo:
 
     # ---- inbox ----------------------------------------------------------------------
 
-    def find_received(self, channel_id: str, dedup_key: str, window_ms: int) -> InboxRow | None:
-        """The message received under this key within the window (or still open), if any."""
+    def find_received(self, channel_id: str, chat_id: str, dedup_key: str, window_ms: int) -> InboxRow | None:
+        """The message of this chat received under this key within the window (or still
+        open), if any."""
         with self._db.read() as conn:
             rows = conn.execute(
-                f"SELECT {_INBOX_COLUMNS} FROM channel_inbox WHERE channel_id = ? AND dedup_key = ?",
-                (channel_id, dedup_key),
+                f"SELECT {_INBOX_COLUMNS} FROM channel_inbox WHERE channel_id = ? AND chat_id = ? AND dedup_key = ?",
+                (channel_id, chat_id, dedup_key),
             ).fetchall()
         if not rows:
             return None
@@ -200,12 +202,12 @@ class ChannelRepo:
         return None
 
     def receive(self, row: InboxRow, window_ms: int) -> tuple[InboxRow, bool]:
-        """Insert ``row`` unless its dedup key was received within ``window_ms``: returns the
-        row now stored and whether it is the new one."""
+        """Insert ``row`` unless its dedup key was received in its chat within ``window_ms``:
+        returns the row now stored and whether it is the new one."""
         with self._db.write() as conn:
             existing = conn.execute(
-                f"SELECT {_INBOX_COLUMNS} FROM channel_inbox WHERE channel_id = ? AND dedup_key = ?",
-                (row.channel_id, row.dedup_key),
+                f"SELECT {_INBOX_COLUMNS} FROM channel_inbox WHERE channel_id = ? AND chat_id = ? AND dedup_key = ?",
+                (row.channel_id, row.chat_id, row.dedup_key),
             ).fetchall()
             if existing:
                 old = _inbox(existing[0])

@@ -20,9 +20,12 @@ repositories exist. Every repository is an attribute built here on the one Datab
     files       FileRepo       files on disk owned by sessions and messages, the deletion journal (files.py)
     memory      MemoryRepo     long-term memories, their vectors and FTS, encoder proposals (memory.py)
     souls       SoulRepo       every version of every Soul.md (memory.py)
+    tasks       TaskRepo       scheduled tasks and their runs (tasks.py)
+    memory_upkeep MemoryUpkeepRepo memory statistics, expiry, merges, consolidation proposals (memory_upkeep.py)
+    skills      SkillProposalRepo the skills the model proposed (skills.py)
 
 Those of the features around a chat (providers, assistants, context, channels, knowledge,
-sync, memory, souls) are built at their first use (``_Repository``), so opening the store
+sync, memory, souls, tasks, memory_upkeep, skills) are built at their first use (``_Repository``), so opening the store
 and the first session list do not import them; the others are built at open. A new
 repository takes the Database in its constructor and is attached here; nothing
 outside the store package sees the Database. Each repository method is one transaction
@@ -121,6 +124,9 @@ if TYPE_CHECKING:
     from sidecar.store.memory import MemoryRepo, SoulRepo
     from sidecar.store.providers import ProviderRepo
     from sidecar.store.sync import SyncRepo
+    from sidecar.store.tasks import TaskRepo
+    from sidecar.store.memory_upkeep import MemoryUpkeepRepo
+    from sidecar.store.skills import SkillProposalRepo
 
 __all__ = ["Store", "Sessions", "Messages", "Search", "Settings", "ACTIVE_LEAF", "MAX_MESSAGES_LIMIT", "Deleted"]
 
@@ -872,6 +878,25 @@ def _souls(store: Store) -> SoulRepo:
     return SoulRepo(store._db, store._clock)
 
 
+def _tasks(store: Store) -> TaskRepo:
+    from sidecar.store.tasks import TaskRepo
+
+    return TaskRepo(store._db, store._clock)
+
+
+def _memory_upkeep(store: Store) -> MemoryUpkeepRepo:
+    from sidecar.store.memory_upkeep import MemoryUpkeepRepo
+
+    # the MemoryRepo is looked up at use, not here: this runs under the lock its lookup takes
+    return MemoryUpkeepRepo(store._db, lambda: store.memory, store._clock)
+
+
+def _skills(store: Store) -> SkillProposalRepo:
+    from sidecar.store.skills import SkillProposalRepo
+
+    return SkillProposalRepo(store._db, store._clock)
+
+
 def _providers(store: Store) -> ProviderRepo:
     from sidecar.store.providers import ProviderRepo
 
@@ -892,6 +917,9 @@ class Store:
     sync = _Repository(_sync)
     memory = _Repository(_memory)
     souls = _Repository(_souls)
+    tasks = _Repository(_tasks)
+    memory_upkeep = _Repository(_memory_upkeep)
+    skills = _Repository(_skills)
 
     def __init__(
         self,

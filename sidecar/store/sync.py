@@ -326,8 +326,9 @@ class SyncRepo:
         self, items: list[NewConversation | ConversationUpdate]
     ) -> list[SessionV2 | UpdateOutcome | SidecarError]:
         """Several conversations in one transaction, each in a savepoint of its own: each is
-        stored whole or (failing) not at all, and one that fails does not take the others
-        with it. Results (or the error of each) in the order of ``items``."""
+        stored whole or (failing) not at all, and one that fails (a constraint, a value
+        SQLite cannot hold) does not take the others with it. Results (or the error of
+        each) in the order of ``items``."""
         out: list[SessionV2 | UpdateOutcome | SidecarError] = []
         with self._db.write() as conn:
             for item in items:
@@ -341,6 +342,8 @@ class SyncRepo:
                     out.append(exc)
                 except apsw.Error as exc:
                     out.append(StoreError(f"database error: {exc}"))
+                except OverflowError as exc:  # a server value past int64 that slipped past the wire's bounds
+                    out.append(StoreError(f"a value is out of the 64-bit range the database holds: {exc}"))
         return out
 
     def deletable(self, account_key: str, conversation_id: int) -> bool:

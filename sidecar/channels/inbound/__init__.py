@@ -5,13 +5,21 @@ rich-text posts and cards, Slack blocks) becomes clean text by the platform's ad
 module per platform), then the turn is written so that it says who spoke and what was
 quoted:
 
-    > Bob: the quoted message            (a quoted reply, at most 500 characters of it)
+    > "Bob": the quoted message          (a quoted reply, at most 500 characters of it)
 
-    Alice: the message text              (groups: the sender's display name first,
-                                          "(bot)" after it for a bot; "@all" when the host
-                                          saw one the text does not show)
+    "Alice": the message text            (groups: the sender's display name first, in
+                                          double quotes, " (bot)" after it for a bot;
+                                          "@all" when the host saw one the text does not show)
 
-and the attachments become parts (``data``: stored in the data dir by the engine's
+The names and the quoted text were written by other people than the speaker, so they are
+written by the rule for untrusted text (sidecar/untrusted.py): entity-escaped, on one line
+(line breaks shown as ``\\n``). A name can therefore neither add a line to the turn nor
+pose as a role (``"system": ...`` is a name), and the double quotes around it cannot occur
+inside it. The message text itself is the speaker's own and stays as written (code,
+tables). The system prompt of a channel's session explains this layout
+(sidecar/pipeline/system.py ``CHANNEL_NOTE``).
+
+The attachments become parts (``data``: stored in the data dir by the engine's
 AttachmentStore; ``url``: an image/file part). Must stay true: any input the protocol
 accepts adapts without raising, except attachments that are not usable (InvalidParams
 naming the field).
@@ -33,6 +41,7 @@ from sidecar.channels.inbound.slack import slack_text
 from sidecar.channels.inbound.wechat import wechat_text
 from sidecar.channels.inbound.wecom import wecom_text
 from sidecar.errors import InvalidParams
+from sidecar.untrusted import escape
 
 __all__ = ["Adapted", "adapt", "QUOTE_CHARS"]
 
@@ -85,19 +94,13 @@ def adapt(params: ChannelMessageParams, config: ChannelConfig, quoted: str | Non
     quote_sender = (params.reply_to.sender_name if params.reply_to else None) or platform.quote_sender
     lines: list[str] = []
     if quote_text and quote_text.strip():
-        quoted = quote_text.strip()
-        if len(quoted) > QUOTE_CHARS:
-            quoted = quoted[:QUOTE_CHARS].rstrip() + "…"
-        first = f"{quote_sender}: " if quote_sender else ""
-        lines.append("\n".join("> " + line for line in (first + quoted).split("\n")))
+        lines.append(_quote_line(quote_sender, quote_text))
         lines.append("")
     said = body
     if params.mention_all and "@all" not in said.lower():
         said = f"@all {said}".strip()  # the host saw an @all the text does not show
     if params.chat_type == "group":
-        speaker = (params.sender.name or params.sender.id).strip() or params.sender.id
-        if params.sender.is_bot:
-            speaker += " (bot)"
+        speaker = _speaker(params)
         lines.append(f"{speaker}: {said}" if said else f"{speaker}:")
     else:
         lines.append(said)
@@ -112,6 +115,20 @@ def adapt(params: ChannelMessageParams, config: ChannelConfig, quoted: str | Non
         mentions_bot=mentions.bot,
         mentions_all=mentions.all or params.mention_all,
     )
+
+
+def _speaker(params: ChannelMessageParams) -> str:
+    name = (params.sender.name or params.sender.id).strip() or params.sender.id
+    label = f'"{escape(name)}"'
+    return f"{label} (bot)" if params.sender.is_bot else label
+
+
+def _quote_line(sender: str | None, text: str) -> str:
+    quoted = text.strip()
+    if len(quoted) > QUOTE_CHARS:
+        quoted = quoted[:QUOTE_CHARS].rstrip() + "…"
+    who = f'"{escape(sender.strip())}": ' if sender and sender.strip() else ""
+    return f"> {who}{escape(quoted)}"
 
 
 def _attachments(params: ChannelMessageParams) -> tuple[list[InputPart], list[Attachment]]:

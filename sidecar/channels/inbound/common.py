@@ -14,6 +14,7 @@ from dataclasses import dataclass
 from typing import Any
 
 from protocol.channels import ChannelMention
+from sidecar.untrusted import escape
 
 __all__ = [
     "Mentions",
@@ -66,7 +67,9 @@ class Mentions:
 
     def write(self, mention_id: str | None, name: str | None = None) -> str:
         """How a mention reads in the user turn: "" for the bot (it is being addressed, which
-        the turn says anyway), ``@name`` for anyone else, ``@all`` for everyone."""
+        the turn says anyway), ``@name`` for anyone else, ``@all`` for everyone. The name (an
+        entry of the mention list, or a mention tag's label) is another person's display
+        name: it is written as untrusted text (sidecar/untrusted.py), on one line."""
         if mention_id in ("all", "@all", "everyone"):
             self.all = True
             return "@all"
@@ -75,7 +78,7 @@ class Mentions:
             self.bot = True
             return ""
         label = name or (known.name if known else None) or mention_id or "someone"
-        return "@" + label.lstrip("@")
+        return "@" + escape(label.lstrip("@"))
 
 
 def resolve_plain_mentions(text: str, mentions: Mentions) -> str:

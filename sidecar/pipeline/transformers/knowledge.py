@@ -4,8 +4,9 @@ For an assistant with knowledge bases and ``transformers.knowledgeRetrieval`` on
 is the text of the last user message of the request; the retriever (KnowledgeService:
 hybrid search, lexical when there is no embedding model or the embedding call fails) gives
 at most ``MAX_RESULTS`` (6) chunks within its token budget. They go into the system prompt
-inside one boundary-tagged ``<knowledge>`` block, each in a ``<source marker="n" ...>`` tag
-with its document name, page and section; the markers come from the reply's citation
+inside one boundary-tagged ``<knowledge>`` block, each a ``<source marker="n" ...>`` element
+on one line with its document name, page and section, written as untrusted text
+(sidecar/retrieval/citations.py renders it); the markers come from the reply's citation
 ledger (``ctx.ledger``: ``[1]``..``[6]``; a ``knowledge_search`` call of the same reply
 continues the numbering). The ledger keeps the retrieval of the reply's first request, so
 its later model steps send the same block. The Citation records of exactly what was sent

@@ -13,8 +13,12 @@ what the model wrote), these are replaced; anything else in braces is left as it
 | ``{model_id}`` / ``{model_name}`` | the model's id |
 | ``{user}`` / ``{nickname}`` / ``{{user}}`` | ``transformers.userName`` (``User`` when empty) |
 | ``{char}`` / ``{assistant}`` / ``{{char}}`` | the assistant profile's name |
-| ``{session_title}`` | the session's title |
+| ``{session_title}`` | the session's title, written as untrusted text (sidecar/untrusted.py) |
 | ``{system_version}`` | the operating system, e.g. ``Linux 6.1`` |
+
+The title is the one value not set by the user's own settings: a Qiming server's
+conversation topic, an IM chat's or sender's name, or what a model proposed. It is escaped
+so a system prompt that names it cannot be given a line or an element by it.
 """
 
 from __future__ import annotations
@@ -24,6 +28,7 @@ import re
 
 from protocol.types import ContentPart, TextPart
 from sidecar.pipeline.transformers.base import Draft, TransformContext
+from sidecar.untrusted import escape
 
 __all__ = ["PlaceholderTransformer", "placeholder_values"]
 
@@ -46,7 +51,7 @@ def placeholder_values(ctx: TransformContext) -> dict[str, str]:
         "nickname": user,
         "char": ctx.assistant.name,
         "assistant": ctx.assistant.name,
-        "session_title": ctx.session.title,
+        "session_title": escape(ctx.session.title),
         "system_version": f"{platform.system()} {platform.release()}".strip(),
     }
 
