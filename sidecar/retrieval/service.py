@@ -343,12 +343,13 @@ class KnowledgeService:
 
     async def _reembed_job(self, kb_id: str, token: int | str | None, scope: anyio.CancelScope) -> None:
         report = self._progress(token, "kb:reembed")
+        switched = False
         with scope:
             try:
                 for attempt in range(REEMBED_RETRIES + 1):
                     try:
                         if await self._indexer.reembed(kb_id, report):
-                            await self.retries.base_now(kb_id)  # its pending documents have their vectors now
+                            switched = True
                             break
                     except NotFound:
                         break
@@ -363,6 +364,8 @@ class KnowledgeService:
             finally:
                 if self._reembedding.get(kb_id) is scope:
                     del self._reembedding[kb_id]
+        if switched:  # after the base stops saying it re-embeds: its pending documents have their vectors now
+            await self.retries.base_now(kb_id)
 
     # ---- kb:* ---------------------------------------------------------------------
 
