@@ -42,3 +42,6 @@ class ErrorCode(IntEnum):
     RESPONSE_TOO_LARGE = -32009
     """A request of a batch was answered, but its answer did not fit in the batch's answer
     (``MAX_BATCH_ANSWER_BYTES``): send it alone."""
+    FEATURE_UNAVAILABLE = -32010
+    """The request needs an optional part of the bundle that is not installed (``data``:
+    ``{part, module}``, e.g. ``vectors`` for embedding models); everything else works."""

@@ -3,7 +3,7 @@
 
 from __future__ import annotations
 
-from typing import Annotated, Literal
+from typing import Annotated, ClassVar, Literal
 
 import msgspec
 from msgspec import UNSET, UnsetType
@@ -36,6 +36,9 @@ Retries = Annotated[int, msgspec.Meta(ge=0, le=10)]
 
 
 ProviderKind = Literal["openai-compat", "anthropic", "ollama", "acp-engine"]
+
+HTTP_PROVIDER_KINDS = ("openai-compat", "anthropic", "ollama")
+"""The provider types that call an HTTP API (every one but ``acp-engine``): they need ``baseUrl``."""
 
 
 ReasoningLevel = Literal["off", "auto", "low", "medium", "high", "max"]
@@ -98,11 +101,15 @@ class AcpEngineConfig(Struct, kw_only=True):
 class ProviderUpsertParams(Struct, kw_only=True):
     """``provider:upsert``: create (no id, or an unknown id) or replace a provider."""
 
+    REQUIRED_WHEN: ClassVar[dict[str, tuple[str, tuple[str, ...]]]] = {"base_url": ("type", HTTP_PROVIDER_KINDS)}
+    """``baseUrl`` is required when ``type`` is an HTTP provider type (the generated types and
+    schema say so; sidecar/store/providers.py refuses a missing or non-http(s) one)."""
+
     id: Id | None = None
     name: Title
     type: ProviderKind
     base_url: str = ""
-    """Required for the HTTP provider types; unused by ``acp-engine``."""
+    """An http(s) URL, required for the HTTP provider types; unused by ``acp-engine``."""
     engine: AcpEngineConfig | None = None
     """Required for ``acp-engine``: the command that runs the agent engine."""
     api_key: str | None | UnsetType = UNSET

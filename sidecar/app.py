@@ -481,7 +481,7 @@ def _open_context(app: App) -> None:
     from sidecar.engine.assistants import AssistantService
     from sidecar.engine.context import ContextService
 
-    app.assistants = AssistantService(app.store)
+    app.assistants = AssistantService(app.store, check_tools=app.tools.check_enabled_tools)
     app.context = ContextService(
         app.store, app.requests, providers=app.providers, tools=app.tools, settings=app.settings.current
     )

@@ -12,6 +12,7 @@ import anyio
 import msgspec
 import pytest
 
+from protocol.chat import UserInput
 from protocol.events import (
     AbortedEvent,
     ErrorEvent,
@@ -362,7 +363,7 @@ async def test_a_pump_that_falls_behind_ends_the_progress_with_an_error_and_stil
         )
         frames = Frames("electron", SID, clock=lambda: NOW)
         turn = Turn(SID, FrameBuilder(frames, "r"), rules=(), yolo=False, provider_id=None)
-        await runner.start(turn, "hi")
+        await runner.start(turn, UserInput(content="hi"))
         assert runner.running(SID) is turn
         await hub.publish("chat:stream", base(StreamStartEvent, 1))
         for seq in range(2, 12):  # no checkpoint in between: the pump cannot keep up

@@ -168,10 +168,8 @@ class V1App:
         if not IDENTIFIER.fullmatch(session_id):
             raise invalid("session_id must be 1-64 characters of [A-Za-z0-9_-]")
         endpoint = self._endpoint
-        if not await endpoint.known(session_id):
-            raise V1Error(404, wire.SESSION_NOT_FOUND, f"Session not found: {session_id}")
         try:
-            attach = endpoint.attach(session_id)
+            attach = await endpoint.progress(session_id)
         except TooManyClients:
             raise V1Error(429, wire.TOO_MANY_CONNECTIONS, "too many progress streams for this session") from None
         client = attach.client

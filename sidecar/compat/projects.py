@@ -41,12 +41,13 @@ from typing import Any, Literal, Protocol
 import anyio
 import msgspec
 
+from protocol.chat import UserInput
 from protocol.common import IdParams
 from protocol.compat import CompatAgentCommand
 from protocol.providers import AcpEngineConfig, ProviderInfo, ProviderUpsertParams
 from protocol.sessions import CreateSessionOptions, SessionFilter, SessionListResult, SessionUpdateParams, SessionUpdates
 from protocol.types import SessionV2
-from sidecar.compat import validate
+from sidecar.compat import attachments, validate
 from sidecar.compat.rules import Rule, compile_rules
 from sidecar.compat.wire import INTERNAL, ComputerChatRequest, V1Error, invalid, text_id
 from sidecar.errors import NotFound, SidecarError
@@ -97,7 +98,8 @@ class Prepared(msgspec.Struct, kw_only=True):
     project_id: str
     session: SessionV2
     is_new: bool
-    prompt: str
+    input: UserInput
+    """The prompt with its attachments (sidecar.compat.attachments)."""
     request_id: str | None
     rules: tuple[Rule, ...]
     yolo: bool
@@ -210,8 +212,9 @@ class Projects:
             raise invalid("prompt is required")
         if len(req.prompt) > MAX_PROMPT_CHARS:
             raise invalid("prompt is too long")
-        if req.attachments or req.data_source_attachments:
-            raise invalid("attachments and data_source_attachments are not supported by this endpoint")
+        if req.data_source_attachments:
+            raise invalid("data_source_attachments are not supported by this endpoint")
+        user_input = attachments.user_input(req.prompt, req.attachments)
         server = req.agent_config.agent_server if req.agent_config is not None else None
         rules = compile_rules(server.tool_approval_rules if server is not None else None)
         yolo = server is not None and (server.agent_mode or "").strip().lower() == "yolo"
@@ -225,7 +228,7 @@ class Projects:
             project_id=project_id,
             session=session,
             is_new=is_new,
-            prompt=req.prompt,
+            input=user_input,
             request_id=request_id,
             rules=rules,
             yolo=yolo,

@@ -149,8 +149,8 @@ class TurnRunner:
 
     # -- turns ----------------------------------------------------------------------
 
-    async def start(self, turn: Turn, text: str) -> SendResult:
-        """Send ``text`` on the turn's session; its frames follow on the ProgressHub."""
+    async def start(self, turn: Turn, user_input: UserInput) -> SendResult:
+        """Send ``user_input`` on the turn's session; its frames follow on the ProgressHub."""
         session_id = turn.session_id
         pump = self._pumps.get(session_id)
         if pump is None:
@@ -160,7 +160,7 @@ class TurnRunner:
         previous = self._current.get(session_id)
         self._current[session_id] = turn
         try:
-            result = await self._chat.send(SendParams(session_id=session_id, input=UserInput(content=text)))
+            result = await self._chat.send(SendParams(session_id=session_id, input=user_input))
         except BaseException:
             pump.unbound -= 1
             if self._current.get(session_id) is turn:

@@ -608,6 +608,13 @@ class MemoryService:
         """The basic memory block (blocking, in a store thread): see the module docstring."""
         return basic_text(store, assistant)
 
+    @property
+    def feature_tools(self) -> dict[str, str]:
+        """The tools memory brings (name -> the feature whose switch brings it), for ToolService."""
+        from sidecar.memory.tools import FEATURE_TOOLS
+
+        return dict(FEATURE_TOOLS)
+
     async def offer(self, session: SessionV2 | None) -> Any:
         """The memory tools (first among a request's tools) and the capabilities, for ToolService."""
         from sidecar.memory.tools import offer

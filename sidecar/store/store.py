@@ -645,6 +645,11 @@ class Messages:
             MessageStore.get_in_session(conn, session_id, message_id)
             return MessageStore.subtree_ids(conn, message_id)
 
+    def delete_ids(self, session_id: str, message_id: str, mode: Literal["message", "branch"]) -> list[str]:
+        """Ids ``delete(session_id, message_id, mode)`` would remove (MessageStore.delete_ids)."""
+        with self._db.read() as conn:
+            return MessageStore.delete_ids(conn, MessageStore.get_in_session(conn, session_id, message_id), mode)
+
     def delete_branch(self, message_id: str, *, session_id: str | None = None) -> int:
         """Delete a message and everything below it; returns how many messages went.
         ``session_id``: the message must belong to it (NotFound otherwise).
@@ -658,7 +663,8 @@ class Messages:
 
     def delete_message(self, session_id: str, message_id: str) -> int:
         """Delete one message of the session; its children move up to its parent (they
-        become roots when it was a root). Returns 1.
+        become roots when it was a root). A root user message takes its replies with it
+        (MessageStore.delete_ids). Returns how many messages went.
 
         ``parent_id`` has no foreign key: the children are re-parented first, then the row
         goes, in one transaction, with the guarantees of ``delete_branch`` (counters, the
@@ -701,13 +707,11 @@ class Messages:
     def _delete(self, conn: Any, target: MessageV2, mode: Literal["message", "branch"]) -> Deleted:
         sid = target.session_id
         active = self._active_leaf(conn, sid)
-        if mode == "branch":
-            ids = MessageStore.subtree_ids(conn, target.id)
-        else:
-            ids = [target.id]
-            conn.execute(
+        ids = MessageStore.delete_ids(conn, target, mode)
+        if mode == "message":  # what is left below the removed rows moves up to the target's parent
+            conn.executemany(
                 "UPDATE messages_v2 SET parent_id = ? WHERE parent_id = ? AND session_id = ?",
-                (target.parent_id, target.id, sid),
+                [(target.parent_id, gone, sid) for gone in reversed(ids)],
             )
         conn.executemany("DELETE FROM messages_v2 WHERE id = ?", [(i,) for i in ids])
         SessionRepo.recount(conn, sid)

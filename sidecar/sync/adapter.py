@@ -376,9 +376,16 @@ class ConversationSyncAdapter:
             return True  # deleted here meanwhile: the next run decides
         if ready.title_conflict is not None:
             ctx.conflict(ready.title_conflict)
-        if result.added or result.changed or result.title_applied:
+        if result.added or result.changed or result.kept_edits or result.title_applied:
             ctx.result.pulled += 1
-        ctx.result.messages_pulled += result.added
+        ctx.result.messages_pulled += result.added + result.kept_edits
+        if result.kept_edits:
+            ctx.conflict(SyncConflict(
+                kind="branches", session_id=result.session.id if result.session else None,
+                conversation_id=job.conversation_id, winner="both",
+                message=f"{result.kept_edits} repl{'ies' if result.kept_edits != 1 else 'y'} edited on this device"
+                        " changed on the server; the server's text was added as a branch beside the edit",
+            ))
         if result.branched:
             ctx.conflict(SyncConflict(
                 kind="branches", session_id=result.session.id if result.session else None,
