@@ -9,12 +9,17 @@ fusion) or lexical when there is no embedding model or the embedding call fails.
 
 Ingestion runs in the background: ``kb:document:add`` answers at once with the document
 (status ``pending``); its status then moves ``indexing`` -> ``ready`` or ``error`` (with
-``error`` and ``errorCode``). A caller that passes ``progressToken`` receives
-``sidecar:progress`` notifications with that token, the last one with ``done == total``.
+``error`` and ``errorCode``), or ``embedding_pending`` when the embedding provider failed:
+the document is chunked and found by the full-text index at once, and the knowledge
+service makes its vectors later (retries with a doubling delay, kept across restarts:
+``embeddingAttempts``, ``nextRetryAt``, the last failure in ``error``), then it is
+``ready``. A caller that passes ``progressToken`` receives ``sidecar:progress``
+notifications with that token, the last one with ``done == total``.
 
-Chunk ids are content-addressed (document id + a hash of the normalized chunk text), so a
-citation of a chunk still resolves after a re-index that keeps its text. Offsets are in
-Unicode code points of the document's extracted text.
+Chunk ids are content-addressed (document id + a hash of the chunk's heading path and
+normalized text), so a citation of a chunk still resolves after a re-index that keeps its
+text in the same section. Offsets are in Unicode code points of the document's extracted
+text.
 """
 
 from __future__ import annotations
@@ -53,7 +58,10 @@ LOCAL_EMBEDDING_PROVIDER = "@local"
 ``{providerId: "@local", modelId: "wordllama"}`` needs the optional extra
 ``pip install chat-sidecar[local-embeddings]``."""
 
-DocumentStatus = Literal["pending", "indexing", "ready", "error"]
+DocumentStatus = Literal["pending", "indexing", "ready", "embedding_pending", "error"]
+"""``embedding_pending``: chunked and in the full-text index (found lexically), its vectors
+not made yet because the embedding provider failed; retried by the knowledge service
+(``KbDocument.nextRetryAt``) until it is ``ready``."""
 DocumentKind = Literal["text", "markdown", "code", "json", "csv", "html", "pdf"]
 DocumentErrorCode = Literal[
     "empty", "too_large", "binary", "corrupt", "encrypted", "no_text", "unreadable", "embedding_failed", "internal"
@@ -62,8 +70,9 @@ DocumentErrorCode = Literal[
 ``too_large`` (over ``maxDocumentBytes``), ``binary`` (not text: NUL bytes, control
 characters, undecodable bytes), ``corrupt`` (a PDF pypdf cannot parse), ``encrypted`` (a
 PDF with a password), ``no_text`` (a PDF without a text layer), ``unreadable`` (the file
-vanished or cannot be opened at indexing time), ``embedding_failed`` (the embedding
-provider failed after its retries; ``kb:document:reindex`` tries again), ``internal``."""
+vanished or cannot be opened at indexing time), ``embedding_failed`` (status
+``embedding_pending``: the last failure of the embedding provider, retried on its own;
+``kb:document:reindex`` also starts over), ``internal``."""
 """``hybrid``: vector similarity and the full-text index, fused; ``lexical``: the full-text
 index only (no embedding model, or the embedding call failed)."""
 
@@ -100,6 +109,8 @@ class KnowledgeBase(Struct, omit_defaults=False, kw_only=True):
     chunk_count: int = 0
     documents_indexing: int = 0
     """Documents ``pending`` or ``indexing``."""
+    documents_embedding_pending: int = 0
+    """Documents found lexically whose vectors are still to be made (``embedding_pending``)."""
     documents_failed: int = 0
     created_at: int
     updated_at: int
@@ -147,10 +158,17 @@ class KbDocument(Struct, omit_defaults=False, kw_only=True):
     base again is a no-op. None when the file was too large to read."""
     status: DocumentStatus
     error: str | None = None
+    """Why it is in status ``error``; in status ``embedding_pending``, the last failure of
+    the embedding provider."""
     error_code: DocumentErrorCode | None = None
     chunk_count: int = 0
     page_count: int | None = None
     """PDFs: how many pages."""
+    embedding_attempts: int = 0
+    """Failed attempts to embed it since it was indexed (``embedding_pending``); 0 otherwise."""
+    next_retry_at: int | None = None
+    """``embedding_pending``: when its vectors are tried next (ms since the epoch); the delay
+    doubles after each failure (2 s, 4 s, 8 s... at most 10 minutes)."""
     created_at: int
     updated_at: int
     indexed_at: int | None = None
@@ -158,7 +176,8 @@ class KbDocument(Struct, omit_defaults=False, kw_only=True):
 
 class KbChunk(Struct, omit_defaults=False, kw_only=True):
     id: str
-    """Content-addressed: ``{documentId}:{hash of the normalized text}``."""
+    """Content-addressed: ``{documentId}:{hash of the heading path and the normalized text}``,
+    with ``.2``, ``.3``... for repeats of the same text under the same heading path."""
     document_id: str
     ordinal: int
     heading: list[str] = []

@@ -256,21 +256,25 @@ class Citation(Struct, omit_defaults=False, kw_only=True):
     reply wrote that points at no sent chunk (the chunk fields are then null).
 
     ``documentDeleted`` / ``documentChanged`` are computed when the message is read: the
-    document (or its base) is gone, or the document was re-indexed and the cited chunk is no
-    longer in it at these offsets. The snapshot stays readable either way."""
+    document (or its base) is gone, or the document was re-indexed and the cited chunk (its
+    text under its heading path) is no longer in it. While the chunk is there, ``start``,
+    ``end`` and ``page`` are where it is now (text inserted before it moves it); the rest
+    is the snapshot, which stays readable either way."""
 
     message_id: Id | None = None
     """The assistant message it belongs to."""
     marker: Annotated[int, msgspec.Meta(ge=1, le=MAX_CITATIONS)]
     chunk_id: Title | None = None
-    """Content-addressed: ``{documentId}:{hash of the normalized text}``."""
+    """Content-addressed: ``{documentId}:{hash of the heading path and the normalized text}``
+    (``.2``, ``.3``... for repeats under the same heading path)."""
     kb_id: Id | None = None
     document_id: Id | None = None
     document_name: Title | None = None
     heading: Annotated[list[Title], msgspec.Meta(max_length=64)] = []
     """The chunk's heading path (Markdown/HTML headings above it)."""
     start: Int64 | None = None
-    """Offsets in Unicode code points of the document's extracted text."""
+    """Offsets in Unicode code points of the document's extracted text (its current text
+    while the chunk is in it)."""
     end: Int64 | None = None
     page: Int64 | None = None
     """PDF page (1-based)."""

@@ -93,7 +93,7 @@ def test_citation_state_is_computed_when_read(tmp_path: Path) -> None:
                          chunks=chunk_document(doc.id, "markdown", changed, None, size=64, overlap=0))
         got = store.messages.query(sid)[-1].citations
         assert got is not None and [c.document_changed for c in got] == [False, True, False]
-        # moved: the same text at other offsets is a change too
+        # moved: the same text in the same section at other offsets is the same chunk, where it is now
         moved = ("An introduction that is a chunk of its own. " * 6).strip() + "\n\n" + changed
         moved_chunks = chunk_document(doc.id, "markdown", moved, None, size=64, overlap=0)
         assert any(c.id == cited[0].chunk_id and c.start != cited[0].start for c in moved_chunks)  # same text, moved
@@ -102,7 +102,11 @@ def test_citation_state_is_computed_when_read(tmp_path: Path) -> None:
         assert claimed is not None
         repo.write_index(claimed, body=moved, pages=None, kind="markdown", model=None, dims=None,
                          chunks=chunk_document(doc.id, "markdown", moved, None, size=64, overlap=0))
-        assert [c.document_changed for c in store.messages.get(mid).citations or []] == [True, True, False]
+        got = store.messages.get(mid).citations or []
+        assert [c.document_changed for c in got] == [False, True, False]
+        now = next(c for c in moved_chunks if c.id == cited[0].chunk_id)
+        assert (got[0].start, got[0].end) == (now.start, now.end) != (cited[0].start, cited[0].end)
+        assert (got[1].start, got[1].end) == (cited[1].start, cited[1].end)  # gone: the snapshot
         repo.delete_kb(kb.id)
         got = store.messages.get(mid).citations
         assert got is not None and [c.document_deleted for c in got] == [True, True, False]

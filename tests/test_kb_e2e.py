@@ -156,10 +156,12 @@ async def test_embedding_failure_falls_back_to_lexical(tmp_path: Path) -> None:
         # the server is gone: still lexical results
         found = await proc.call("kb:search", {"kbIds": [kb["id"]], "query": "kitten"}, timeout=30)
         assert found["mode"] == "lexical" and "kitten" in found["hits"][0]["text"]
-        # a document added now cannot be embedded: a typed error, nothing stuck
+        # a document added now cannot be embedded: searchable lexically, its vectors retried
         added = await proc.call("kb:document:add", {"kbId": kb["id"], "name": "late.txt", "text": "late words"})
         doc = await wait_indexed(proc, added["document"]["id"], timeout=60)
-        assert doc["status"] == "error" and doc["errorCode"] == "embedding_failed", doc
+        assert doc["status"] == "embedding_pending" and doc["errorCode"] == "embedding_failed", doc
+        found = await proc.call("kb:search", {"kbIds": [kb["id"]], "query": "late"}, timeout=30)
+        assert [h["text"] for h in found["hits"]] == ["late words"]
         await proc.close()
 
 

@@ -69,9 +69,18 @@ def test_chunk_ids_survive_a_reindex_that_keeps_the_text() -> None:
     second = chunk_document("doc", "markdown", b, None, size=100, overlap=0)
     assert first[0].id == second[0].id  # normalized text is equal
     assert first[1].id != second[1].id
-    assert chunk_id("doc", "x  y") == chunk_id("doc", "x y") != chunk_id("other", "x y")
+    assert chunk_id("doc", [], "x  y") == chunk_id("doc", [], "x y") != chunk_id("other", [], "x y")
+    # the heading path is part of the id: the same text in two sections is two chunks
+    assert chunk_id("doc", ["A"], "x y") != chunk_id("doc", ["B"], "x y") != chunk_id("doc", [], "x y")
+    assert chunk_id("doc", ["A", "B"], "x") != chunk_id("doc", ["A B"], "x")
     twice = chunk_document("doc", "markdown", "# A\n\nSame.\n\n# B\n\nSame.", None, size=100, overlap=0)
-    assert twice[1].id == twice[0].id + ".2"
+    assert twice[1].id != twice[0].id and "." not in twice[1].id.split(":")[1]
+    # repeats are numbered within their section only: a section inserted before moves nothing
+    repeated = "# A\n\nSame.\n\n# A\n\nSame."
+    ids = [c.id for c in chunk_document("doc", "markdown", repeated, None, size=100, overlap=0)]
+    assert ids[1] == ids[0] + ".2"
+    inserted = [c.id for c in chunk_document("doc", "markdown", "# B\n\nSame.\n\n" + repeated, None, size=100, overlap=0)]
+    assert inserted[1:] == ids
 
 
 def test_pdf_pages_and_csv_headers() -> None:
@@ -132,7 +141,7 @@ def test_broken_pdfs_and_legacy_encodings() -> None:
 def test_lexical_match_quotes_everything(tmp_path: Path) -> None:
     expr = lexical_match('roses" OR NEAR(x) * -y 网络代理配置', ["kb1"])
     assert expr is not None and expr.startswith('{kb} : ("k')
-    assert '"网络"' in expr and '"代理"' in expr and '"OR"' in expr
+    assert '"网络"' in expr and '"代理"' in expr and '"or"' in expr
     store = Store(tmp_path)
     try:
         repo = store.knowledge

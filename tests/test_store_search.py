@@ -254,14 +254,53 @@ def test_index_follows_message_lifecycle(store: Store) -> None:
 def test_index_text_transformation() -> None:
     assert fts.index_text("我们讨论") == " 我们 们讨 讨论 论 "
     assert fts.index_text("a我b") == "a 我 b"
-    assert fts.index_text("Hello 世界!") == "Hello  世界 界 !"
+    assert fts.index_text("Hello 世界!") == "hello  世界 界 !"
+    # folded (NFKC, case), digits set apart from letters
+    assert fts.index_text("Ｗｉｎｄｏｗｓ１０ ＭＰ３") == "windows 10  mp 3 "
     pieces = fts.parse_query('"搜索" AND python* -x (NEAR')
     assert [(p.text, p.cjk) for p in pieces] == [
-        ("搜索", True), ("AND", False), ("python", False), ("x", False), ("NEAR", False)
+        ("搜索", True), ("and", False), ("python", False), ("x", False), ("near", False)
     ]
-    assert fts.build_match(pieces) == '{body} : ("搜索" AND "AND" AND "python" AND "x" AND "NEAR")'
+    assert fts.build_match(pieces) == '{body} : ("搜索" AND "and" AND "python" AND "x" AND "near")'
+    assert fts.build_match(fts.parse_query("ｗｉｎ１０")) == '{body} : ("win 10")'
     assert fts.build_match(fts.parse_query("*** ((( ---")) is None
     assert fts.build_match(fts.parse_query("全文搜索")) == '{body} : ("全文 文搜 搜索")'
+
+
+def test_snippet_marks_the_original_characters_of_a_folded_hit() -> None:
+    def marked(text: str, query: str) -> str:
+        return fts.snippet(text, fts.parse_query(query))
+
+    assert marked("请在Ｗｉｎｄｏｗｓ１０上", "windows10") == "请在<mark>Ｗｉｎｄｏｗｓ１０</mark>上"
+    assert marked("请在Ｗｉｎｄｏｗｓ１０上", "Windows") == "请在<mark>Ｗｉｎｄｏｗｓ</mark>１０上"
+    assert marked("Windows 10, windows10x, mywindows", "WINDOWS10") == (
+        "<mark>Windows 10</mark>, <mark>windows10</mark>x, mywindows"
+    )
+    # one character folding to several (ligature, ㎏), several composing to one (e + U+0301)
+    assert marked("a ﬁle of 5㎏", "file kg") == "a <mark>ﬁle</mark> of 5<mark>㎏</mark>"
+    assert marked("une e\u0301tude, CAFÉ", "étude café") == "une <mark>e\u0301tude</mark>, <mark>CAFÉ</mark>"
+    # half-width katakana compose with their sound marks: the whole run is marked
+    assert marked("ｶﾞｲﾄﾞ本", "ガイド") == "<mark>ｶﾞｲﾄﾞ</mark>本"
+    assert marked("STRASSE und Straße", "straße") == "<mark>STRASSE</mark> und <mark>Straße</mark>"
+
+
+def test_folding_is_nfkc_casefold_and_maps_back_to_the_text() -> None:
+    import random
+    import unicodedata
+
+    rng = random.Random(7)
+    # Latin with combining marks, CJK punctuation and kana, full-width forms, ligatures,
+    # conjoining jamo (which NFKC composes across characters), Hangul syllables, numerals
+    ranges = [(0x20, 0x250), (0x300, 0x370), (0x3000, 0x3100), (0x4E00, 0x4E40), (0xFF00, 0xFFF0),
+              (0xFB00, 0xFB10), (0x1100, 0x1200), (0xAC00, 0xAC40), (0x2150, 0x2190)]
+    pool = [chr(c) for lo, hi in ranges for c in range(lo, hi)]
+    for _ in range(5000):
+        text = "".join(rng.choice(pool) for _ in range(rng.randint(1, 30)))
+        folded, starts, ends = fts._fold_map(text)
+        assert folded == fts.fold(text) == unicodedata.normalize("NFKC", text).casefold(), repr(text)
+        if starts is not None and ends is not None:
+            assert len(starts) == len(ends) == len(folded)
+            assert all(0 <= a < b <= len(text) for a, b in zip(starts, ends)), repr(text)
 
 
 def test_ranking_window_covers_the_newest_matches(store: Store, monkeypatch: pytest.MonkeyPatch) -> None:

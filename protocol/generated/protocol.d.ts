@@ -133,12 +133,18 @@ export type DeliveryStatus = "delivered" | "failed" | "pending" | "sending";
  * ``too_large`` (over ``maxDocumentBytes``), ``binary`` (not text: NUL bytes, control
  * characters, undecodable bytes), ``corrupt`` (a PDF pypdf cannot parse), ``encrypted`` (a
  * PDF with a password), ``no_text`` (a PDF without a text layer), ``unreadable`` (the file
- * vanished or cannot be opened at indexing time), ``embedding_failed`` (the embedding
- * provider failed after its retries; ``kb:document:reindex`` tries again), ``internal``.
+ * vanished or cannot be opened at indexing time), ``embedding_failed`` (status
+ * ``embedding_pending``: the last failure of the embedding provider, retried on its own;
+ * ``kb:document:reindex`` also starts over), ``internal``.
  */
 export type DocumentErrorCode = "binary" | "corrupt" | "embedding_failed" | "empty" | "encrypted" | "internal" | "no_text" | "too_large" | "unreadable";
 export type DocumentKind = "code" | "csv" | "html" | "json" | "markdown" | "pdf" | "text";
-export type DocumentStatus = "error" | "indexing" | "pending" | "ready";
+/**
+ * ``embedding_pending``: chunked and in the full-text index (found lexically), its vectors
+ * not made yet because the embedding provider failed; retried by the knowledge service
+ * (``KbDocument.nextRetryAt``) until it is ``ready``.
+ */
+export type DocumentStatus = "embedding_pending" | "error" | "indexing" | "pending" | "ready";
 /**
  * What the MemoryEncoder does after a completed reply: nothing; propose what it would
  * remember (``memory_proposed``); or remember it.
@@ -835,21 +841,29 @@ export interface ChatSuggestParams {
  * reply wrote that points at no sent chunk (the chunk fields are then null).
  *
  * ``documentDeleted`` / ``documentChanged`` are computed when the message is read: the
- * document (or its base) is gone, or the document was re-indexed and the cited chunk is no
- * longer in it at these offsets. The snapshot stays readable either way.
+ * document (or its base) is gone, or the document was re-indexed and the cited chunk (its
+ * text under its heading path) is no longer in it. While the chunk is there, ``start``,
+ * ``end`` and ``page`` are where it is now (text inserted before it moves it); the rest
+ * is the snapshot, which stays readable either way.
  */
 export interface Citation {
     /** The assistant message it belongs to. */
     messageId: string | null;
     marker: number;
-    /** Content-addressed: ``{documentId}:{hash of the normalized text}``. */
+    /**
+     * Content-addressed: ``{documentId}:{hash of the heading path and the normalized text}``
+     * (``.2``, ``.3``... for repeats under the same heading path).
+     */
     chunkId: string | null;
     kbId: string | null;
     documentId: string | null;
     documentName: string | null;
     /** The chunk's heading path (Markdown/HTML headings above it). */
     heading: string[];
-    /** Offsets in Unicode code points of the document's extracted text. */
+    /**
+     * Offsets in Unicode code points of the document's extracted text (its current text
+     * while the chunk is in it).
+     */
     start: number | null;
     end: number | null;
     /** PDF page (1-based). */
@@ -868,14 +882,20 @@ export interface CitationInput {
     /** The assistant message it belongs to. */
     messageId?: string | null;
     marker: number;
-    /** Content-addressed: ``{documentId}:{hash of the normalized text}``. */
+    /**
+     * Content-addressed: ``{documentId}:{hash of the heading path and the normalized text}``
+     * (``.2``, ``.3``... for repeats under the same heading path).
+     */
     chunkId?: string | null;
     kbId?: string | null;
     documentId?: string | null;
     documentName?: string | null;
     /** The chunk's heading path (Markdown/HTML headings above it). */
     heading?: string[];
-    /** Offsets in Unicode code points of the document's extracted text. */
+    /**
+     * Offsets in Unicode code points of the document's extracted text (its current text
+     * while the chunk is in it).
+     */
     start?: number | null;
     end?: number | null;
     /** PDF page (1-based). */
@@ -1316,7 +1336,10 @@ export interface InitializeResult {
     secrets: SecretsInfo | null;
 }
 export interface KbChunk {
-    /** Content-addressed: ``{documentId}:{hash of the normalized text}``. */
+    /**
+     * Content-addressed: ``{documentId}:{hash of the heading path and the normalized text}``,
+     * with ``.2``, ``.3``... for repeats of the same text under the same heading path.
+     */
     id: string;
     documentId: string;
     ordinal: number;
@@ -1355,11 +1378,22 @@ export interface KbDocument {
      */
     contentHash: string | null;
     status: DocumentStatus;
+    /**
+     * Why it is in status ``error``; in status ``embedding_pending``, the last failure of
+     * the embedding provider.
+     */
     error: string | null;
     errorCode: DocumentErrorCode | null;
     chunkCount: number;
     /** PDFs: how many pages. */
     pageCount: number | null;
+    /** Failed attempts to embed it since it was indexed (``embedding_pending``); 0 otherwise. */
+    embeddingAttempts: number;
+    /**
+     * ``embedding_pending``: when its vectors are tried next (ms since the epoch); the delay
+     * doubles after each failure (2 s, 4 s, 8 s... at most 10 minutes).
+     */
+    nextRetryAt: number | null;
     createdAt: number;
     updatedAt: number;
     indexedAt: number | null;
@@ -1496,6 +1530,8 @@ export interface KnowledgeBase {
     chunkCount: number;
     /** Documents ``pending`` or ``indexing``. */
     documentsIndexing: number;
+    /** Documents found lexically whose vectors are still to be made (``embedding_pending``). */
+    documentsEmbeddingPending: number;
     documentsFailed: number;
     createdAt: number;
     updatedAt: number;

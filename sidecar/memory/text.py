@@ -18,9 +18,9 @@ from __future__ import annotations
 import datetime as dt
 import hashlib
 import re
-import unicodedata
 from collections.abc import Sequence
 
+from sidecar.store import fts
 from sidecar.untrusted import ESCAPING, escape
 
 __all__ = [
@@ -61,8 +61,9 @@ _INSTRUCTION = re.compile(
 
 
 def normalize(text: str) -> str:
-    """The comparable form: NFKC, case-folded, whitespace collapsed, trailing punctuation dropped."""
-    folded = unicodedata.normalize("NFKC", text).casefold()
+    """The comparable form: folded as full-text search folds (NFKC, case), whitespace
+    collapsed, trailing punctuation dropped."""
+    folded = fts.fold(text)
     return _SPACE.sub(" ", folded).strip().rstrip(".!?。！？;；,，").strip()
 
 

@@ -19,9 +19,10 @@ tokens (the project's tokenizer, ``sidecar/pipeline/tokens.py``, cl100k_base):
 Must stay true:
 - a chunk is a contiguous span of the document text: ``text[start:end]`` is its text
   exactly (offsets in code points), so citations can point into the document;
-- a chunk's id is ``{documentId}:{blake2b of its normalized text}`` (NFKC, whitespace
-  collapsed), with ``.2``, ``.3``... for repeats of the same text in one document, so the
-  same text gets the same id after any re-index;
+- a chunk's id is ``chunk_id`` (sidecar/store/kb_records.py): ``{documentId}:{blake2b of its
+  heading path and normalized text}``, with ``.2``, ``.3``... for repeats of the same text
+  under the same heading path in one document, so the same text in the same section gets
+  the same id after any re-index, and a section inserted elsewhere moves no id;
 - what is embedded and full-text indexed is ``embed_text``: the heading path, a blank
   line, the text; ``embed_hash`` is its hash (a vector is reused only when it matches).
 """
@@ -30,12 +31,11 @@ from __future__ import annotations
 
 import hashlib
 import re
-import unicodedata
 from collections.abc import Iterator
 from typing import NamedTuple
 
 from sidecar.pipeline import tokens as tk
-from sidecar.store.knowledge import NewChunk
+from sidecar.store.knowledge import NewChunk, chunk_id, embed_text
 
 __all__ = [
     "DEFAULT_CHUNK_SIZE",
@@ -71,7 +71,6 @@ _FENCE = re.compile(r"^ {0,3}(`{3,}|~{3,})")
 _ATX = re.compile(r"^ {0,3}(#{1,6})(?:[ \t]+(.*?))?[ \t#]*$")
 _SETEXT = re.compile(r"^ {0,3}(=+|-+)[ \t]*$")
 _SENTENCE = re.compile(r"[.!?][\"')\]]*(?=\s)|[。！？；][」』”’）】]*|\n")
-_WS = re.compile(r"\s+")
 
 
 def effective_size(chunk_size: int, model_limit: int | None) -> int:
@@ -183,19 +182,6 @@ def _blocks(kind: str, text: str, pages: list[int] | None) -> tuple[list[_Block]
     if kind in ("markdown", "html"):
         return _markdown_blocks(text), ""
     return _paragraph_blocks(text, 0, "code" if kind in ("code", "json") else "para"), ""
-
-
-def normalized(text: str) -> str:
-    return _WS.sub(" ", unicodedata.normalize("NFKC", text)).strip()
-
-
-def chunk_id(document_id: str, text: str) -> str:
-    digest = hashlib.blake2b(normalized(text).encode("utf-8", "surrogatepass"), digest_size=10).hexdigest()
-    return f"{document_id}:{digest}"
-
-
-def embed_text(heading: list[str], text: str) -> str:
-    return (" > ".join(heading) + "\n\n" + text) if heading else text
 
 
 def _hash(text: str) -> str:
@@ -369,12 +355,12 @@ def chunk_document(
     seen: dict[str, int] = {}
     for ordinal, (start, end, tokens, heading, page) in enumerate(packer.spans):
         body = text[start:end]
-        cid = chunk_id(document_id, body)
+        path = list(heading)
+        cid = chunk_id(document_id, path, body)
         repeat = seen.get(cid, 0) + 1
         seen[cid] = repeat
         if repeat > 1:
             cid = f"{cid}.{repeat}"
-        path = list(heading)
         full = embed_text(path, body)
         chunks.append(
             NewChunk(

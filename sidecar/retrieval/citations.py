@@ -31,12 +31,11 @@ from collections.abc import Sequence
 
 from protocol.types import MAX_CITATION_TEXT_CHARS, MAX_CITATIONS, Citation
 from sidecar.retrieval.results import RetrievedChunk
+from sidecar.store.citations import MAX_HEADING_CHARS, clip_heading
 from sidecar.untrusted import ESCAPING, escape
 
 __all__ = ["CitationLedger", "render_block", "render_results", "citation_of", "MAX_HEADING_CHARS"]
 
-MAX_HEADING_CHARS = 1000
-MAX_HEADING_LEVELS = 64
 MAX_NAME_CHARS = 1000
 
 
@@ -46,7 +45,7 @@ def citation_of(marker: int, item: RetrievedChunk) -> Citation:
     return Citation(
         marker=marker, chunk_id=c.id, kb_id=c.kb_id, document_id=c.document_id,
         document_name=c.document_name[:MAX_NAME_CHARS],
-        heading=[h[:MAX_HEADING_CHARS] for h in c.heading[:MAX_HEADING_LEVELS]], start=c.start, end=c.end,
+        heading=clip_heading(c.heading), start=c.start, end=c.end,
         page=c.page, score=round(item.score, 6),
         mode="hybrid" if item.mode == "hybrid" else "lexical",
         text=c.text[:MAX_CITATION_TEXT_CHARS],

@@ -2,7 +2,11 @@
 diversity and the token budget. Pure functions over ids; no I/O.
 
     fuse(legs, w)     weighted RRF: score(id) = sum over legs of w / (RRF_K + rank), rank from 1;
-                      the lexical leg weighs 1, a vector leg VECTOR_WEIGHT
+                      the lexical leg weighs 1, a vector leg VECTOR_WEIGHT; an id no vector
+                      leg could find (``unseen``: a chunk without a vector of a model that
+                      ran, e.g. a document still waiting for its vectors) counts in the
+                      vector leg at its lexical rank, so it ranks as the words rank it
+                      instead of falling below the floor beside ids both legs found
     vector_floor      a vector leg keeps ids with cosine >= max(MIN_COSINE, best * VECTOR_RELATIVE_FLOOR)
     fused_floor       the fused list keeps ids with score >= best * FUSED_RELATIVE_FLOOR
     select            at most ``limit`` items, at most PER_DOCUMENT of one document unless
@@ -26,7 +30,7 @@ same functions.
 
 from __future__ import annotations
 
-from collections.abc import Callable, Hashable, Sequence
+from collections.abc import Callable, Collection, Hashable, Sequence
 from typing import TypeVar
 
 __all__ = [
@@ -54,14 +58,21 @@ PER_DOCUMENT = 3
 
 
 def fuse(
-    legs: Sequence[Sequence[K]], weights: Sequence[float] | None = None, k: int = RRF_K
+    legs: Sequence[Sequence[K]], weights: Sequence[float] | None = None, k: int = RRF_K,
+    *, unseen: Collection[K] = (), unseen_weight: float = VECTOR_WEIGHT,
 ) -> list[tuple[K, float]]:
-    """Ids of all legs by their weighted RRF score, best first (ties: first appearance)."""
+    """Ids of all legs by their weighted RRF score, best first (ties: first appearance).
+    An id of ``unseen`` (one the other legs could not have found) also scores
+    ``unseen_weight`` at its rank in the first leg."""
     scores: dict[K, float] = {}
     for i, leg in enumerate(legs):
         weight = weights[i] if weights is not None else 1.0
         for rank, key in enumerate(leg, start=1):
             scores[key] = scores.get(key, 0.0) + weight / (k + rank)
+    if unseen and legs:
+        for rank, key in enumerate(legs[0], start=1):
+            if key in unseen:
+                scores[key] += unseen_weight / (k + rank)
     order = {key: i for i, key in enumerate(dict.fromkeys(key for leg in legs for key in leg))}
     return sorted(scores.items(), key=lambda item: (-item[1], order[item[0]]))
 

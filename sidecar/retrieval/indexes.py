@@ -153,6 +153,17 @@ class VectorIndexes:
         hits.sort(key=lambda h: -h[1])
         return hits[:k]
 
+    def holding_blocking(self, targets: Sequence[tuple[str, str]], rowids: Sequence[int]) -> set[int]:
+        """The ``rowids`` that have a vector in one of the loaded (key, model) indexes of
+        ``targets`` (blocking: a read lock; an index not loaded holds none)."""
+        held: set[int] = set()
+        for key, model in targets:
+            slot = self._slot(key, model)
+            with slot.lock.read():
+                if slot.index is not None:
+                    held |= slot.index.holds(rowids)
+        return held
+
     async def search(self, targets: Sequence[tuple[str, str]], query: np.ndarray, k: int) -> list[tuple[int, float]]:
         """``search_blocking`` in worker threads, a large index split over the cores (small
         indexes together in one worker-thread hop)."""

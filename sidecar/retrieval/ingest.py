@@ -4,9 +4,17 @@
 through the confinement of ``paths.py``, under the roots allowed now; a text from its
 row), extract, chunk, embed what has no stored vector yet, then write chunks, index rows,
 vectors and ``ready`` in ONE transaction (KnowledgeRepo.write_index) and hand the committed
-delta to the in-memory indexes. Every failure ends in ``error`` with a DocumentErrorCode
-and a message; a cancellation (document deleted, shutdown) writes nothing and leaves the
+delta to the in-memory indexes. When the embedding provider fails (after its own retries),
+the document is written all the same, with the vectors that were made, in status
+``embedding_pending`` (found lexically at once; its first failed attempt, the next one due
+``retry_delay_ms(1)`` later). Every other failure ends in ``error`` with a DocumentErrorCode and a
+message; a cancellation (document deleted, shutdown) writes nothing and leaves the
 document ``indexing``, which the next start resumes.
+
+``embed_pending(doc_id)``: one attempt at the vectors an ``embedding_pending`` document
+lacks (KnowledgeService's retry schedule calls it); it becomes ``ready`` in the
+transaction that stores the last of them. A failure is raised (SidecarError) for the
+schedule to count.
 
 ``reembed(kb_id, progress)``: embed every chunk of a base that has no vector for its
 ``embed_model`` yet, committing a batch at a time under the new model (invisible to search:
@@ -28,7 +36,6 @@ from typing import Any, TypeVar
 
 import anyio
 import anyio.to_thread
-import msgspec
 
 from sidecar.errors import SidecarError
 from sidecar.retrieval import chunking
@@ -59,12 +66,16 @@ class Indexer:
         indexes: KnowledgeIndexes,
         embedder_for: Callable[[str], Awaitable[Any]],
         limits: Callable[[], tuple[list[str], int]],
+        retry_delay_ms: Callable[[int], int],
     ) -> None:
-        """``limits()`` -> (allowed roots, max document bytes) in force now."""
+        """``limits()`` -> (allowed roots, max document bytes) in force now; ``retry_delay_ms(n)``
+        -> how long to wait before the vectors of a document are tried again after its n-th
+        failed attempt."""
         self._store = store
         self._indexes = indexes
         self._embedder_for = embedder_for
         self._limits = limits
+        self._retry_delay_ms = retry_delay_ms
 
     async def _db(self, fn: Callable[[KnowledgeRepo], T]) -> T:
         return await self._store.run(lambda s: fn(s.knowledge))
@@ -82,7 +93,13 @@ class Indexer:
             # file and CPU work, no database: anyio's own worker threads
             extracted = await anyio.to_thread.run_sync(self._extract, doc, body)
             model = kb.embed_model
-            embedder = await self._embedder_for(model) if model else None
+            embedder: Any = None
+            failure: str | None = None
+            if model is not None:
+                try:
+                    embedder = await self._embedder_for(model)
+                except SidecarError as exc:  # its provider is gone or disabled: lexical until it is back
+                    failure = exc.message
             size = chunking.effective_size(kb.chunk_size, embedder.input_limit if embedder is not None else None)
             chunks: list[NewChunk] = await anyio.to_thread.run_sync(
                 lambda: chunking.chunk_document(
@@ -94,26 +111,29 @@ class Indexer:
             await progress(0, total, f"{len(chunks)} chunks")
             dims: int | None = None
             if embedder is not None and model is not None:
-                dims = await self._embed_chunks(doc, model, embedder, chunks, progress)
+                dims, failure = await self._embed_chunks(doc, model, embedder, chunks, progress)
+            pending = None
+            if failure is not None and chunks:
+                pending = (f"embedding failed: {failure}", self._retry_delay_ms(1))
+                log.warning("document %s (%s) is searchable lexically; its vectors are retried: %s",
+                            doc.id, doc.name, failure)
             delta = await self._db(
                 lambda k: k.write_index(
                     doc, body=extracted.text, pages=extracted.pages, kind=extracted.kind,
-                    chunks=chunks, model=model if dims is not None else None, dims=dims,
+                    chunks=chunks, model=model if dims is not None else None, dims=dims, embedding_failed=pending,
                 )
             )
             if delta is None:
                 raise _Done
             await self._indexes.apply(delta)
-            await progress(total, total, "ready")
-            return "ready"
+            status = "embedding_pending" if pending is not None else "ready"
+            await progress(total, total, status)
+            return status
         except _Done:
             log.info("document %s was deleted or re-queued while indexing", doc_id)
             return "skipped"
         except DocumentError as exc:
             return await self._fail(doc, exc.reason, exc.message, progress)
-        except SidecarError as exc:
-            # the embedding provider (after its retries), or its configuration
-            return await self._fail(doc, "embedding_failed", f"embedding failed: {exc.message}", progress)
         except anyio.get_cancelled_exc_class():
             raise
         except Exception as exc:  # a bug: the document must not stay "indexing"
@@ -152,8 +172,10 @@ class Indexer:
 
     async def _embed_chunks(
         self, doc: DocRecord, model: str, embedder: Any, chunks: list[NewChunk], progress: Progress
-    ) -> int | None:
-        """Vectors for ``chunks`` (stored ones reused when the embedded text is the same)."""
+    ) -> tuple[int | None, str | None]:
+        """Vectors for ``chunks`` (stored ones reused when the embedded text is the same):
+        (their dimensions, None) or, when the provider fails, (those of the vectors made
+        before it did, why)."""
         stored: dict[str, tuple[str, bytes]] = await self._db(lambda k: k.stored_vectors(doc.id, model))
         todo: list[NewChunk] = []
         dims: int | None = None
@@ -169,15 +191,51 @@ class Indexer:
             await progress(done, len(chunks) + 1, f"{done} vectors kept")
         for i in range(0, len(todo), EMBED_BATCH):
             batch = todo[i : i + EMBED_BATCH]
-            vectors = (await embedder.embed([c.embed_text for c in batch])).vectors
-            if dims is not None and vectors.shape[1] != dims:
-                raise SidecarError(f"the model answered {vectors.shape[1]} dimensions, earlier {dims}")
-            dims = int(vectors.shape[1])
-            for c, row in zip(batch, vectors):
-                c.vector = row.astype("<f4").tobytes()
+            try:
+                dims = await self._embed_into(embedder, batch, dims)
+            except SidecarError as exc:
+                return (dims if chunks else None), exc.message
             done += len(batch)
             await progress(done, len(chunks) + 1, f"{done} of {len(chunks)} chunks embedded")
-        return dims if chunks else None
+        return (dims if chunks else None), None
+
+    @staticmethod
+    async def _embed_into(embedder: Any, batch: list[NewChunk], dims: int | None) -> int:
+        """Embed a batch into its chunks' ``vector``; their dimensions (SidecarError when
+        they differ from ``dims``, those of the vectors before)."""
+        vectors = (await embedder.embed([c.embed_text for c in batch])).vectors
+        if dims is not None and vectors.shape[1] != dims:
+            raise SidecarError(f"the model answered {vectors.shape[1]} dimensions, earlier {dims}")
+        for c, row in zip(batch, vectors):
+            c.vector = row.astype("<f4").tobytes()
+        return int(vectors.shape[1])
+
+    # ---- the vectors a pending document lacks ------------------------------------------
+
+    async def embed_pending(self, doc: DocRecord) -> bool:
+        """One attempt at the vectors of an ``embedding_pending`` document: True when it is
+        ``ready``, False when it changed meanwhile (deleted, re-indexed, its base's model
+        changed or cleared). SidecarError when the provider fails (nothing is written)."""
+        kb: KbRecord = await self._db(lambda k: k.get_kb(doc.kb_id))
+        model = kb.embed_model
+        if model is None:  # the base needs no vectors any more (update_kb made it ready)
+            return False
+        embedder = await self._embedder_for(model)
+        todo = await self._db(lambda k: k.pending_vectors(doc.id, model))
+        dims = kb.vector_dims if kb.vector_model == model else None
+        rows: list[tuple[int, str, bytes]] = []
+        for i in range(0, len(todo), EMBED_BATCH):
+            batch = todo[i : i + EMBED_BATCH]
+            vectors = (await embedder.embed([text for _, _, text in batch])).vectors
+            if dims is not None and vectors.shape[1] != dims:
+                raise SidecarError(f"the model answered {vectors.shape[1]} dimensions, the base has {dims}")
+            dims = int(vectors.shape[1])
+            rows.extend((rowid, ehash, row.astype("<f4").tobytes()) for (rowid, ehash, _), row in zip(batch, vectors))
+        written = await self._db(lambda k: k.finish_embedding(doc, model, dims, rows))
+        if written is None:
+            return False
+        await self._indexes.apply(written[0])
+        return written[1]
 
     # ---- a change of model ----------------------------------------------------------
 
@@ -194,11 +252,7 @@ class Indexer:
             rows = await self._db(lambda k: k.missing_vectors(kb_id, model, REEMBED_BATCH))
             if not rows:
                 break
-            texts = []
-            for _, _, packed in rows:
-                heading_json, _, text = packed.partition("\x00")
-                texts.append(chunking.embed_text(msgspec.json.decode(heading_json), text))
-            vectors = (await embedder.embed(texts)).vectors
+            vectors = (await embedder.embed([text for _, _, text in rows])).vectors
             dims = int(vectors.shape[1])
             blobs = [(rowid, ehash, row.astype("<f4").tobytes()) for (rowid, ehash, _), row in zip(rows, vectors)]
             await self._db(lambda k: k.write_vectors(kb_id, model, dims, blobs))

@@ -8,10 +8,13 @@
    bases' in-memory indexes, the best LEG_DEPTH above the vector floor;
 3. reciprocal-rank fusion of the legs, the fused floor, at most PER_DOCUMENT chunks of one
    document unless nothing else passes, at most ``limit`` chunks within ``budget`` tokens
-   (``fusion.py``).
+   (``fusion.py``). A chunk of the lexical leg that no vector leg that ran could have
+   found (it has no vector of that model: its document is still ``embedding_pending``, or
+   its base's query could not be embedded) is fused as ``unseen``: ranked by its words as
+   if the vectors agreed, never dropped for lacking a vector.
 Without an embedding model, or when embedding the query fails (the failure is logged and
 named in ``notes``), the lexical leg alone answers: the result's ``mode`` and each chunk's
-``mode`` say which ("hybrid" only for chunks of bases whose vector leg ran).
+``mode`` say which ("hybrid" only for chunks that have a vector of a leg that ran).
 
 Results are cached briefly per (bases, query, limit, budget) and the index generation, so
 the model steps of one reply (the request is rebuilt for each) see the same chunks and
@@ -159,7 +162,8 @@ class HybridRetriever:
                 by_model.setdefault(kb.vector_model, []).append(kb)
         lexical: list[tuple[int, float]] = []
         vector_legs: list[list[tuple[int, float]]] = []
-        hybrid_kbs: set[str] = set()
+        searched: list[tuple[str, str]] = []
+        """The (base, model) indexes of the vector legs that ran."""
 
         async def lexical_leg() -> None:
             nonlocal lexical
@@ -170,9 +174,10 @@ class HybridRetriever:
                                        usage=self.usage, session_id=session_id)
             if vector is None:
                 return
-            hits = await self._indexes.search([(kb.id, model) for kb in members], vector, LEG_DEPTH)
+            targets = [(kb.id, model) for kb in members]
+            hits = await self._indexes.search(targets, vector, LEG_DEPTH)
             vector_legs.append(fusion.vector_floor(hits))
-            hybrid_kbs.update(kb.id for kb in members)
+            searched.extend(targets)
 
         async with anyio.create_task_group() as tg:
             tg.start_soon(lexical_leg)
@@ -181,16 +186,19 @@ class HybridRetriever:
 
         legs = [[rowid for rowid, _ in lexical], *[[rowid for rowid, _ in leg] for leg in vector_legs]]
         weights = [1.0, *[fusion.VECTOR_WEIGHT] * len(vector_legs)]
-        fused = fusion.fused_floor(fusion.fuse(legs, weights))
-        if not fused:
-            return RetrievalResult(mode="hybrid" if hybrid_kbs else "lexical", chunks=[], notes=notes)
+        mode = "hybrid" if searched else "lexical"
+        if not any(legs):
+            return RetrievalResult(mode=mode, chunks=[], notes=notes)
         lexical_rank = {rowid: i for i, (rowid, _) in enumerate(lexical, start=1)}
         vector_rank: dict[int, tuple[int, float]] = {}
         for leg in vector_legs:
             for i, (rowid, cosine) in enumerate(leg, start=1):
                 if rowid not in vector_rank or vector_rank[rowid][0] > i:
                     vector_rank[rowid] = (i, cosine)
-        def pick(repo: KnowledgeRepo) -> tuple[list[tuple[int, float]], dict[int, ChunkHit]]:
+        def pick(repo: KnowledgeRepo) -> tuple[list[tuple[int, float]], dict[int, ChunkHit], set[int]]:
+            # in a worker thread: the vector indexes' locks and the store are blocking
+            unseen = set(legs[0]) - self._indexes.holding_blocking(searched, legs[0]) if searched else set()
+            fused = fusion.fused_floor(fusion.fuse(legs, weights, unseen=unseen))
             # rank on the little ranking needs; read whole rows only for the chosen few
             meta = repo.chunk_meta([rowid for rowid, _ in fused])
             picked = fusion.select(
@@ -198,13 +206,13 @@ class HybridRetriever:
                 limit=limit, budget=budget,
                 document=lambda item: meta[item[0]][0], tokens=lambda item: meta[item[0]][1],
             )
-            return picked, repo.hits([rowid for rowid, _ in picked])
+            return picked, repo.hits([rowid for rowid, _ in picked]), unseen
 
-        picked, hits = await self._store.run(lambda s: pick(s.knowledge))
+        picked, hits, unseen = await self._store.run(lambda s: pick(s.knowledge))
         chosen = [
             RetrievedChunk(
                 chunk=hits[rowid], score=score,
-                mode="hybrid" if hits[rowid].kb_id in hybrid_kbs else "lexical",
+                mode="hybrid" if searched and rowid not in unseen else "lexical",
                 lexical_rank=lexical_rank.get(rowid),
                 vector_rank=vector_rank[rowid][0] if rowid in vector_rank else None,
                 cosine=vector_rank[rowid][1] if rowid in vector_rank else None,
@@ -212,4 +220,4 @@ class HybridRetriever:
             for rowid, score in picked
             if rowid in hits
         ]
-        return RetrievalResult(mode="hybrid" if hybrid_kbs else "lexical", chunks=chosen, notes=notes)
+        return RetrievalResult(mode=mode, chunks=chosen, notes=notes)

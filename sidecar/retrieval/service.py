@@ -8,6 +8,10 @@ Owns:
   (Indexer); ``kb:document:add`` answers at once; at start every document left
   ``pending``/``indexing`` is queued again and every base whose embedding model changed
   resumes its re-embedding, so a restart resumes ingestion;
+- the embedding retry schedule of the documents indexed while their embedding provider
+  failed (``embedding_pending``, searchable lexically meanwhile): EmbeddingRetries
+  (retries.py), run in this service's task group, woken when a document becomes pending or
+  a base's re-embedding is done;
 - cancellation: deleting a document (or its base) cancels its running indexing, which then
   writes nothing; shutdown cancels the workers (their documents resume at the next start);
 - progress: ``sidecar:progress`` (begin, reports, end) for a caller's ``progressToken``,
@@ -70,6 +74,7 @@ from sidecar.retrieval.indexes import KnowledgeIndexes
 from sidecar.retrieval.ingest import Indexer
 from sidecar.retrieval.paths import confine, normalize_root, read_bounded
 from sidecar.retrieval.results import RetrievalResult
+from sidecar.retrieval.retries import EmbeddingRetries, retry_delay_ms
 from sidecar.retrieval.retriever import DEFAULT_BUDGET_TOKENS, HybridRetriever
 from sidecar.providers.types import ProviderSettings
 from sidecar.store.async_store import AsyncStore
@@ -124,7 +129,7 @@ class KnowledgeService:
         self._settings = KbSettings()
         self.indexes = KnowledgeIndexes(store)
         self.retriever = HybridRetriever(store, self.indexes, self.embedder_for)
-        self._indexer = Indexer(store, self.indexes, self.embedder_for, self._limits)
+        self._indexer = Indexer(store, self.indexes, self.embedder_for, self._limits, retry_delay_ms)
         self._embedders: dict[str, tuple[int, Embedder]] = {}
         self._retired: list[Embedder] = []
         self._send, self._receive = anyio.create_memory_object_stream[str](math.inf)
@@ -132,6 +137,7 @@ class KnowledgeService:
         self._running: dict[str, anyio.CancelScope] = {}
         self._tokens: dict[str, int | str] = {}
         self._reembedding: dict[str, anyio.CancelScope] = {}
+        self.retries = EmbeddingRetries(store, self._indexer, self._running)
         self._tg: anyio.abc.TaskGroup | None = None
 
     # ---- lifetime -------------------------------------------------------------------
@@ -158,6 +164,7 @@ class KnowledgeService:
             self.retriever.usage = usage
         for _ in range(self._workers):
             self._tg.start_soon(self._worker)
+        self._tg.start_soon(self.retries.run)
         for doc_id in await self._store.run(lambda s: s.knowledge.open_documents()):
             self._enqueue(doc_id)
         for kb in await self._store.run(lambda s: s.knowledge.kbs()):
@@ -285,7 +292,8 @@ class KnowledgeService:
             with anyio.CancelScope() as scope:
                 self._running[doc_id] = scope
                 try:
-                    await self._indexer.index(doc_id, self._progress(token, "kb:index"))
+                    if await self._indexer.index(doc_id, self._progress(token, "kb:index")) == "embedding_pending":
+                        self.retries.wake()
                 except anyio.get_cancelled_exc_class():
                     raise
                 except Exception:  # the Indexer ends every document itself; this is a bug
@@ -338,11 +346,13 @@ class KnowledgeService:
 
     async def _reembed_job(self, kb_id: str, token: int | str | None, scope: anyio.CancelScope) -> None:
         report = self._progress(token, "kb:reembed")
+        switched = False
         with scope:
             try:
                 for attempt in range(REEMBED_RETRIES + 1):
                     try:
                         if await self._indexer.reembed(kb_id, report):
+                            switched = True
                             break
                     except NotFound:
                         break
@@ -357,6 +367,8 @@ class KnowledgeService:
             finally:
                 if self._reembedding.get(kb_id) is scope:
                     del self._reembedding[kb_id]
+        if switched:  # after the base stops saying it re-embeds: its pending documents have their vectors now
+            await self.retries.base_now(kb_id)
 
     # ---- kb:* ---------------------------------------------------------------------
 

@@ -39,6 +39,7 @@ the caller's worker threads instead.
 from __future__ import annotations
 
 import logging
+from collections.abc import Sequence
 
 import numpy as np
 
@@ -192,6 +193,15 @@ class VectorIndex:
             self._compact()
         elif self._size >= 2 * max(self._centered_rows, APPROX_ROWS // 4):
             self._recenter()  # amortized: at most once per doubling
+
+    def holds(self, rowids: Sequence[int]) -> set[int]:
+        """The ``rowids`` that have a live vector here."""
+        if not self._size or not rowids:
+            return set()
+        wanted = np.asarray(rowids, dtype=np.int64)
+        pos = np.minimum(np.searchsorted(self._rowids[: self._size], wanted), self._size - 1)
+        found = (self._rowids[pos] == wanted) & self._live[pos]
+        return {int(r) for r in wanted[found]}
 
     def _find(self, rowid: int) -> int | None:
         if not self._size:

@@ -9,7 +9,11 @@ Owns:
 - reading them onto messages (``CitationRows.attach``: Messages.get/query/tree, export), with
   the state of the cited document computed at read time: ``documentDeleted`` when the
   document (or its base) is gone, ``documentChanged`` when the document is still there but
-  the cited chunk is not (re-indexed with other text) or no longer at the cited offsets;
+  the cited chunk is not (re-indexed without that text in that section: a chunk id covers
+  its heading path and text, sidecar/store/kb_records.py) or carries another heading
+  path; while the chunk is there, ``start``, ``end`` and ``page`` are the chunk's current
+  ones (text inserted before it moves it), the rest is the snapshot;
+- the bounds of a snapshot (``clip_heading``; the text: MAX_CITATION_TEXT_CHARS);
 - copies: fork (the copied messages keep their citations) and import (validated first,
   ``check_import``).
 
@@ -31,35 +35,47 @@ from protocol.types import MAX_CITATIONS, MAX_CITATION_TEXT_CHARS, Citation, Mes
 from sidecar.errors import InvalidParams
 from sidecar.store.db import Database
 
-__all__ = ["Citations", "CitationRows", "check_import"]
+__all__ = ["Citations", "CitationRows", "check_import", "clip_heading", "MAX_HEADING_CHARS", "MAX_HEADING_LEVELS"]
 
 _heading = msgspec.json.Decoder(list[str])
 _encode = msgspec.json.encode
 _MODES = ("hybrid", "lexical")
 
+MAX_HEADING_CHARS = 1000
+MAX_HEADING_LEVELS = 64
+
+
+def clip_heading(heading: Sequence[str]) -> list[str]:
+    """A chunk's heading path as a citation keeps it."""
+    return [h[:MAX_HEADING_CHARS] for h in heading[:MAX_HEADING_LEVELS]]
+
+
 _SELECT = (
     "SELECT c.message_id, c.marker, c.chunk_id, c.kb_id, c.document_id, c.document_name, c.heading,"
     " c.char_start, c.char_end, c.page, c.score, c.mode, c.text, c.dangling,"
-    " d.id IS NOT NULL, k.id IS NOT NULL, k.char_start, k.char_end"
+    " d.id IS NOT NULL, k.heading, k.char_start, k.char_end, k.page"
     " FROM message_citations c"
     " LEFT JOIN kb_documents d ON d.id = c.document_id"
-    " LEFT JOIN kb_chunks k ON k.id = c.chunk_id"
+    " LEFT JOIN kb_chunks k ON k.id = c.chunk_id AND k.document_id = c.document_id"
 )
 
 
 def _citation(row: tuple[Any, ...]) -> Citation:
     (message_id, marker, chunk_id, kb_id, document_id, document_name, heading, start, end, page, score, mode,
-     text, dangling, document_there, chunk_there, chunk_start, chunk_end) = row
+     text, dangling, document_there, chunk_heading, chunk_start, chunk_end, chunk_page) = row
+    cited_heading = _heading.decode(heading) if heading else []
     deleted = document_id is not None and not document_there
-    changed = bool(
-        document_id is not None and document_there
-        and (not chunk_there or chunk_start != start or chunk_end != end)
-    )
+    # the same id names the same heading path and text: it only differs for ids an older
+    # version made (text only), whose chunk may now be another section's
+    resolved = chunk_heading is not None and clip_heading(_heading.decode(chunk_heading)) == cited_heading
+    if resolved:
+        start, end, page = chunk_start, chunk_end, chunk_page
     return Citation(
         message_id=message_id, marker=marker, chunk_id=chunk_id, kb_id=kb_id, document_id=document_id,
-        document_name=document_name, heading=_heading.decode(heading) if heading else [], start=start, end=end,
+        document_name=document_name, heading=cited_heading, start=start, end=end,
         page=page, score=score, mode=mode if mode in _MODES else "lexical", text=text,
-        document_deleted=deleted, document_changed=changed, dangling=bool(dangling),
+        document_deleted=deleted, document_changed=bool(document_id is not None and document_there and not resolved),
+        dangling=bool(dangling),
     )
 
 

@@ -1,8 +1,16 @@
 """Full-text search text for Chinese (and Japanese/Korean) alongside Latin scripts.
 
 Owns: the derived text stored in the FTS5 index (``index_text``), the MATCH expression
-built from a user's query (``build_match``) and the highlighted snippet cut from the
-ORIGINAL text (``snippet``).
+built from a user's query (``build_match``), the highlighted snippet cut from the
+ORIGINAL text (``snippet``), and the folding both sides go through (``fold``).
+
+Folding: the indexed text and the query are both NFKC-normalized and case-folded first,
+so full-width letters and digits (Ｗｉｎｄｏｗｓ１０, common in Chinese text), ligatures
+(ﬁ), compatibility ideographs and half-width katakana match their plain forms, and case
+folding goes beyond what unicode61 does (Straße = STRASSE). A change between letters and
+(ASCII, which full-width ones become) digits is a word boundary (``Windows10`` is indexed as
+``windows 10``, a query word ``windows10`` is the phrase ``"windows 10"``), so ``Windows``
+finds ``Windows10`` and ``Windows 10`` finds both.
 
 Why this scheme: FTS5's unicode61 tokenizer makes one token of a whole run of CJK
 characters, so 搜索 would never match inside 我们今天讨论全文搜索功能; the trigram tokenizer
@@ -17,7 +25,11 @@ Must stay true:
 - User input never reaches MATCH unquoted: every piece is a double-quoted string built
   only from letters/digits/CJK characters, so FTS syntax in a query (quotes, ``*``, NEAR,
   ``-``, AND/OR, parentheses) is plain text that is searched for or dropped.
-- The same rewrite is used for indexing and querying (change one, reindex everything).
+- The same rewrite is used for indexing and querying (change one, reindex everything:
+  a migration rebuilds every index built from ``index_text``).
+- Snippet offsets are in the original text: hits are found in the folded text and mapped
+  back through ``_fold_map`` (exact per character, or the whole run of characters that
+  NFKC composed together).
 """
 
 from __future__ import annotations
@@ -25,7 +37,7 @@ from __future__ import annotations
 import math
 import operator
 import re
-from collections.abc import Sequence
+from collections.abc import Iterable, Sequence
 from functools import cache
 from typing import Any, NamedTuple
 
@@ -34,6 +46,8 @@ from protocol import limits
 __all__ = [
     "BM25_FUNCTION",
     "bm25",
+    "fold",
+    "nfkc",
     "QueryPiece",
     "parse_query",
     "build_match",
@@ -44,6 +58,7 @@ __all__ = [
     "retrieval_match",
     "affordable_terms",
     "key_token",
+    "rebuild",
     "MAX_QUERY_CHARS",
 ]
 
@@ -58,6 +73,14 @@ _CJK = (
 )
 # A Latin-ish word as unicode61 sees it: letters and digits, no underscore.
 _WORD_CHAR = f"(?:(?![{_CJK}])[^\\W_])"
+# A character of a run of letters: a word character but CJK or an ASCII digit (an ASCII digit
+# starts a token of its own; other digits stay in the run, as ``_rewrite`` leaves them).
+_LETTER_RUN = f"(?:(?![{_CJK}0-9])[^\\W_])"
+# Characters that fold to exactly themselves (lowercased), that no NFKC composition joins
+# to what precedes them and that join nothing before them: ASCII, CJK unified ideographs,
+# the plain hiragana, katakana and Hangul syllables. Folding can be mapped back to the
+# original text run by run between them.
+_STABLE = "\\x00-\\x7f\\u3041-\\u3096\\u30a1-\\u30fa\\u4e00-\\u9fff\\uac00-\\ud7a3"
 
 
 # Compiled on first use, not at import: this module is on the process's start-up path.
@@ -71,19 +94,148 @@ def _word() -> re.Pattern[str]:
     return re.compile(_WORD_CHAR + "+")
 
 
+@cache
+def _rewritten() -> re.Pattern[str]:
+    # One scan for both rewrites, one character class (a regex scan of a long text is most of
+    # their cost, and an alternation scans several times slower): runs of CJK characters and
+    # ASCII digits (full-width ones are ASCII once folded), taken apart in ``_rewrite_run``.
+    return re.compile(f"[{_CJK}0-9]+")
+
+
+@cache
+def _digit_runs() -> re.Pattern[str]:
+    return re.compile("([0-9]+)")
+
+
+@cache
+def _unstable() -> re.Pattern[str]:
+    return re.compile(f"[^{_STABLE}]+")
+
+
+@cache
+def _wide() -> re.Pattern[str]:
+    return re.compile("[\uff01-\uff5e\u3000]")
+
+
+def _narrow(char: str) -> str:
+    """The NFKC form of a full-width ASCII character or the ideographic space."""
+    return " " if char == "\u3000" else chr(ord(char) - 0xFEE0)
+
+
+def nfkc(text: str) -> str:
+    """``unicodedata.normalize("NFKC", text)``, faster: CPython's NFKC of a text that is not
+    normalized costs about 1 us per character, and Chinese text is rarely normalized only
+    because of its full-width punctuation, which is replaced by its NFKC form first."""
+    if text.isascii():
+        return text
+    import unicodedata  # lazily: most texts on the start-up path are ASCII
+
+    if unicodedata.is_normalized("NFKC", text):
+        return text
+    text = _narrowed(text)
+    return text if unicodedata.is_normalized("NFKC", text) else unicodedata.normalize("NFKC", text)
+
+
+def _narrowed(text: str) -> str:
+    """``text`` with its full-width ASCII characters and ideographic spaces replaced by their
+    NFKC forms (one character each: offsets do not move)."""
+    for char in set(_wide().findall(text)):
+        text = text.replace(char, _narrow(char))
+    return text
+
+
+def fold(text: str) -> str:
+    """``text`` as the index and every query see it: NFKC, then case folding."""
+    return text.lower() if text.isascii() else nfkc(text).casefold()
+
+
+def _fold_map(text: str) -> tuple[str, list[int] | None, list[int] | None]:
+    """(``fold(text)``, and for each folded character the start and the end in ``text`` of
+    what it came from; None, None when every character folds to one in place). A run of
+    characters that NFKC composed together maps as a whole."""
+    if text.isascii():
+        return text.lower(), None, None
+    import unicodedata
+
+    narrowed = _narrowed(text)
+    if unicodedata.is_normalized("NFKC", narrowed):
+        folded = narrowed.casefold()
+        if len(folded) == len(text):  # case folding maps a character to one or more: each one stayed one
+            return folded, None, None
+    out: list[str] = []
+    starts: list[int] = []
+    ends: list[int] = []
+    pos = 0
+    for m in _unstable().finditer(text):
+        a, b = m.span()
+        if a > pos:
+            a -= 1  # the stable character before may start a composition (e + U+0301)
+        if a > pos:
+            out.append(text[pos:a].lower())
+            starts.extend(range(pos, a))
+            ends.extend(range(pos + 1, a + 1))
+        piece = text[a:b]
+        whole = fold(piece)
+        each = [fold(c) for c in piece]
+        if "".join(each) == whole:
+            for i, f in enumerate(each):
+                starts.extend([a + i] * len(f))
+                ends.extend([a + i + 1] * len(f))
+        else:
+            starts.extend([a] * len(whole))
+            ends.extend([b] * len(whole))
+        out.append(whole)
+        pos = b
+    if pos < len(text):
+        out.append(text[pos:].lower())
+        starts.extend(range(pos, len(text)))
+        ends.extend(range(pos + 1, len(text) + 1))
+    return "".join(out), starts, ends
+
+
 def _bigrams(run: str) -> str:
     if len(run) == 1:
         return run
     return " ".join(map(operator.add, run[:-1], run[1:])) + " " + run[-1]
 
 
-def _index_run(m: re.Match[str]) -> str:
-    return " " + _bigrams(m.group()) + " "
+def _rewrite_run(m: re.Match[str]) -> str:
+    run = m.group()
+    if "0" <= run[0] <= "9" and run.isdigit():
+        return " " + run + " "
+    if "0" <= run[0] <= "9" or any("0" <= c <= "9" for c in run):  # digits beside CJK: 2024年
+        return " ".join(" " + (p if "0" <= p[0] <= "9" else _bigrams(p)) + " " for p in _digit_runs().split(run) if p)
+    return " " + _bigrams(run) + " "
+
+
+def _rewrite(folded: str) -> str:
+    """Folded text as it is indexed: CJK runs as their bigrams, runs of digits set apart from
+    the letters around them (a change between letters and digits is a word boundary)."""
+    return _rewritten().sub(_rewrite_run, folded)
 
 
 def index_text(text: str) -> str:
-    """The text stored in the FTS index for ``text`` (CJK runs rewritten as bigrams)."""
-    return _cjk_run().sub(_index_run, text)
+    """The text stored in the FTS index for ``text``: folded, digits set apart from letters,
+    CJK runs rewritten as bigrams."""
+    return _rewrite(fold(text))
+
+
+def rebuild(conn: Any, table: str, columns: Sequence[str], rows: Iterable[tuple[Any, ...]]) -> int:
+    """Replace every row of the contentless FTS5 ``table`` by ``rows`` (rowid, then
+    ``columns``, their text already made by ``index_text``), read as they are written (a
+    large history is never held whole); how many. For a change of ``index_text``."""
+    conn.execute(f"INSERT INTO {table}({table}) VALUES ('delete-all')")
+    count = 0
+
+    def counted() -> Iterable[tuple[Any, ...]]:
+        nonlocal count
+        for row in rows:
+            count += 1
+            yield row
+
+    marks = ", ".join("?" * (1 + len(columns)))
+    conn.executemany(f"INSERT INTO {table}(rowid, {', '.join(columns)}) VALUES ({marks})", counted())
+    return count
 
 
 def session_token(session_id: str) -> str:
@@ -94,19 +246,22 @@ def session_token(session_id: str) -> str:
 
 
 class QueryPiece(NamedTuple):
-    """One searched unit: a CJK run (matched as a substring) or a Latin word."""
+    """One searched unit, folded: a CJK run (matched as a substring) or a Latin word (its
+    letters and digits as consecutive tokens)."""
 
     text: str
     cjk: bool
 
 
 def parse_query(query: str) -> list[QueryPiece]:
-    """Split a user's query into pieces; punctuation and FTS operators become separators."""
+    """Split a user's query (folded first) into pieces; punctuation and FTS operators become
+    separators."""
+    query = fold(query)
     pieces: list[QueryPiece] = []
     seen: set[tuple[str, bool]] = set()
 
     def add(text: str, cjk: bool) -> None:
-        key = (text if cjk else text.casefold(), cjk)
+        key = (text, cjk)
         if key not in seen:
             seen.add(key)
             pieces.append(QueryPiece(text, cjk))
@@ -137,7 +292,7 @@ def build_match(pieces: list[QueryPiece]) -> str | None:
             else:
                 terms.append(_quote(" ".join(map(operator.add, p.text[:-1], p.text[1:]))))
         else:
-            terms.append(_quote(p.text))
+            terms.append(_quote(_rewrite(p.text).strip()))  # a Latin word: its letter and digit runs
     if not terms:
         return None
     return "{body} : (" + " AND ".join(terms) + ")"
@@ -202,23 +357,29 @@ def key_token(prefix: str, key: str) -> str:
     return prefix + hashlib.blake2b(key.encode(), digest_size=10).hexdigest()
 
 
+def _word_pattern(word: str) -> re.Pattern[str]:
+    """Where the tokens of a (folded) query word are in folded text: its letter and digit
+    runs in order, separated by anything that is not a token, at token boundaries."""
+    runs = re.findall(r"[0-9]+|[^0-9]+", word)
+    edge = [r"[0-9]" if "0" <= run[0] <= "9" else _LETTER_RUN for run in (runs[0], runs[-1])]
+    return re.compile(
+        f"(?<!{edge[0]})" + r"[\W_]*".join(map(re.escape, runs)) + f"(?!{edge[1]})"
+    )
+
+
 def _hit_spans(text: str, pieces: list[QueryPiece]) -> list[tuple[int, int]]:
-    spans: list[tuple[int, int]] = []
-    folded = text.casefold() if len(text.casefold()) == len(text) else None
+    """Where the pieces are in ``text``, in its own offsets (found in its folded form)."""
+    folded, starts, ends = _fold_map(text)
+    found: list[tuple[int, int]] = []
     for p in pieces:
         if p.cjk:
-            start = text.find(p.text)
+            start = folded.find(p.text)
             while start != -1:
-                spans.append((start, start + len(p.text)))
-                start = text.find(p.text, start + 1)
-        else:
-            needle = p.text.casefold()
-            hay = folded if folded is not None else text
-            pat = re.compile(
-                f"(?<!{_WORD_CHAR})" + re.escape(needle) + f"(?!{_WORD_CHAR})",
-                0 if folded is not None else re.IGNORECASE,
-            )
-            spans.extend(m.span() for m in pat.finditer(hay))
+                found.append((start, start + len(p.text)))
+                start = folded.find(p.text, start + 1)
+        elif p.text:
+            found.extend(m.span() for m in _word_pattern(p.text).finditer(folded) if m.end() > m.start())
+    spans = found if starts is None or ends is None else [(starts[s], ends[e - 1]) for s, e in found]
     spans.sort()
     merged: list[tuple[int, int]] = []
     for s, e in spans:

@@ -1,15 +1,17 @@
 """KnowledgeRepo: knowledge bases, documents, chunks, vectors and the chunks' full-text index.
 
 Owns the tables of migration ``m_knowledge``: ``kb_bases``, ``kb_documents``, ``kb_chunks``,
-``kb_vectors`` (float32 little-endian BLOBs, L2-normalized, with their model and dims) and
-``kb_chunks_fts`` (contentless FTS5 over each chunk's heading path + text, rewritten by the
-CJK bigram scheme of ``sidecar/store/fts.py``, plus a token naming its base).
+``kb_vectors`` (through its base KnowledgeVectors, kb_vectors.py, which also keeps the
+embedding retry schedule) and ``kb_chunks_fts`` (contentless FTS5 over each chunk's
+heading path + text, rewritten by ``sidecar/store/fts.py``, plus a token naming its base).
+The records and row decoding are in kb_records.py (re-exported here).
 
 Must stay true:
 - Every method is one transaction (``Database.read``/``write``): a crash leaves a document's
   previous index or its new one, never a mix. A document's chunks, their index rows and
-  their vectors are written in the same transaction as its ``ready`` status
-  (``write_index``), so a kill during embedding leaves no vector of it visible; vectors of
+  their vectors are written in the same transaction as its ``ready`` (or
+  ``embedding_pending``: some vectors could not be made) status (``write_index``), so a
+  kill during embedding leaves no vector of it visible; vectors of
   a change of model (``write_vectors``) are stored under the new model, which answers no
   search until ``switch_vector_model`` makes it the base's ``vector_model``.
 - An indexing run works on one ``revision`` of its document; ``write_index`` and
@@ -25,16 +27,37 @@ Synchronous: ``Store.knowledge``, reached from async code through ``AsyncStore.r
 from __future__ import annotations
 
 import threading
-from collections.abc import Callable, Iterator, Sequence
-from typing import Any, Protocol
+from collections.abc import Callable, Sequence
+from typing import Any
 
 import msgspec
 
-from protocol.kb import KbChunk, KbDocument, KnowledgeBase
+from protocol.kb import KbChunk, KnowledgeBase
 from sidecar.errors import NotFound
 from sidecar.store import fts
 from sidecar.store.db import Database, fetch_all, fetch_iter
 from sidecar.store.ids import new_id, now_ms
+from sidecar.store.kb_records import (
+    CHUNK_COLUMNS,
+    DOC_COLUMNS,
+    KB_COLUMNS,
+    READY,
+    ChunkHit,
+    DocRecord,
+    IndexDelta,
+    KbRecord,
+    NewChunk,
+    VectorSink,
+    chunk_id,
+    doc_of,
+    embed_text,
+    heading_decoder,
+    kb_of,
+    kb_token,
+    lexical_match,
+    lexical_terms,
+)
+from sidecar.store.kb_vectors import KnowledgeVectors
 
 __all__ = [
     "KnowledgeRepo",
@@ -47,173 +70,35 @@ __all__ = [
     "kb_token",
     "lexical_terms",
     "lexical_match",
+    "embed_text",
+    "chunk_id",
 ]
-
-_DOC_COLUMNS = (
-    "id, kb_id, name, kind, source, path, size_bytes, content_hash, status, error, error_code, "
-    "chunk_count, pages, revision, created_at, updated_at, indexed_at"
-)
-_CHUNK_COLUMNS = "id, document_id, ordinal, heading, char_start, char_end, page, tokens, text"
-_heading_decoder = msgspec.json.Decoder(list[str])
-_pages_decoder = msgspec.json.Decoder(list[int])
-_encode = msgspec.json.encode
-
-
-class KbRecord(msgspec.Struct, kw_only=True):
-    id: str
-    name: str
-    description: str
-    embed_provider_id: str | None
-    embed_model_id: str | None
-    chunk_size: int
-    chunk_overlap: int
-    vector_model: str | None
-    vector_dims: int | None
-    created_at: int
-    updated_at: int
-
-    @property
-    def embed_model(self) -> str | None:
-        """The model key new vectors are made with (``providerId/modelId``)."""
-        if self.embed_provider_id and self.embed_model_id:
-            return f"{self.embed_provider_id}/{self.embed_model_id}"
-        return None
-
-
-class DocRecord(msgspec.Struct, kw_only=True):
-    id: str
-    kb_id: str
-    name: str
-    kind: str
-    source: str
-    path: str | None
-    size_bytes: int
-    content_hash: str | None
-    status: str
-    error: str | None
-    error_code: str | None
-    chunk_count: int
-    pages: list[int] | None
-    """Start offset of each page in the body (PDFs)."""
-    revision: int
-    created_at: int
-    updated_at: int
-    indexed_at: int | None
-
-    def to_wire(self) -> KbDocument:
-        return KbDocument(
-            id=self.id, kb_id=self.kb_id, name=self.name, kind=self.kind,  # type: ignore[arg-type]
-            source=self.source,  # type: ignore[arg-type]
-            path=self.path, size_bytes=self.size_bytes, content_hash=self.content_hash,
-            status=self.status,  # type: ignore[arg-type]
-            error=self.error, error_code=self.error_code,  # type: ignore[arg-type]
-            chunk_count=self.chunk_count, page_count=len(self.pages) if self.pages is not None else None,
-            created_at=self.created_at, updated_at=self.updated_at, indexed_at=self.indexed_at,
-        )
-
-
-class NewChunk(msgspec.Struct, kw_only=True):
-    """A chunk as an indexing run made it (``vector``: its float32 bytes for ``model``)."""
-
-    id: str
-    ordinal: int
-    heading: list[str]
-    start: int
-    end: int
-    page: int | None
-    tokens: int
-    embed_hash: str
-    text: str
-    embed_text: str
-    """Heading path + text: what is embedded and full-text indexed."""
-    vector: bytes | None = None
-
-
-class IndexDelta(msgspec.Struct, kw_only=True):
-    """What a committed write changed in a base's vectors (for the in-memory index)."""
-
-    kb_id: str
-    model: str | None
-    upserted: list[tuple[int, bytes]] = []
-    removed: list[int] = []
-
-
-class ChunkHit(msgspec.Struct, kw_only=True):
-    rowid: int
-    id: str
-    kb_id: str
-    document_id: str
-    document_name: str
-    ordinal: int
-    heading: list[str]
-    start: int
-    end: int
-    page: int | None
-    tokens: int
-    text: str
-
-
-class VectorSink(Protocol):
-    """Receives a base's vectors in rowid order (``read_vectors``)."""
-
-    def reserve(self, count: int, dims: int) -> None: ...
-
-    def put(self, index: int, rowid: int, vector: bytes) -> None: ...
-
-
-def kb_token(kb_id: str) -> str:
-    """A single unicode61 token standing for a base (the ``kb`` column of the index)."""
-    return fts.key_token("k", kb_id)
-
-
-lexical_terms = fts.retrieval_terms
-"""The MATCH terms of a retrieval query (``fts.retrieval_terms``, shared with memories)."""
-
-
-def lexical_match(query: str, kb_ids: Sequence[str], terms: Sequence[str] | None = None) -> str | None:
-    """The MATCH expression of a retrieval query (any of its terms, ranked by BM25) within the
-    given bases (an empty ``kb_ids``: no filter). None when nothing is searchable."""
-    terms = lexical_terms(query) if terms is None else list(terms)
-    return fts.retrieval_match(list(terms), "kb", [kb_token(k) for k in kb_ids])
-
-
-def _doc(row: tuple[Any, ...]) -> DocRecord:
-    (doc_id, kb_id, name, kind, source, path, size, chash, status, error, code, count, pages, revision,
-     created, updated, indexed) = row
-    return DocRecord(
-        id=doc_id, kb_id=kb_id, name=name, kind=kind, source=source, path=path, size_bytes=size,
-        content_hash=chash, status=status, error=error, error_code=code, chunk_count=count,
-        pages=_pages_decoder.decode(pages) if pages else None, revision=revision,
-        created_at=created, updated_at=updated, indexed_at=indexed,
-    )
-
-
-def _kb(row: tuple[Any, ...]) -> KbRecord:
-    kb_id, name, desc, provider, model, size, overlap, vmodel, vdims, created, updated = row
-    return KbRecord(
-        id=kb_id, name=name, description=desc, embed_provider_id=provider, embed_model_id=model,
-        chunk_size=size, chunk_overlap=overlap, vector_model=vmodel, vector_dims=vdims,
-        created_at=created, updated_at=updated,
-    )
-
-
-_KB_COLUMNS = (
-    "id, name, description, embed_provider_id, embed_model_id, chunk_size, chunk_overlap, "
-    "vector_model, vector_dims, created_at, updated_at"
-)
-
 
 LEXICAL_BUDGET = 10_000
 """Chunks a lexical query ranks at most (about 10 ms at 10^5 chunks here): see ``lexical``."""
 DF_CACHE_ENTRIES = 50_000
 
 
-class KnowledgeRepo:
+_encode = msgspec.json.encode
+
+
+class KnowledgeRepo(KnowledgeVectors):
+    """Bases, documents, their chunks and full-text rows, and lexical search (the vectors
+    and the embedding schedule: KnowledgeVectors)."""
+
     def __init__(self, db: Database, clock: Callable[[], int] = now_ms) -> None:
-        self._db = db
-        self._clock = clock
+        super().__init__(db, clock)
         self._df: dict[str, tuple[int, int]] = {}
         self._df_lock = threading.Lock()
+
+    @staticmethod
+    def rebuild_index(conn: Any) -> int:
+        """Write every row of ``kb_chunks_fts`` again from its chunk (after a change of
+        ``fts.index_text``: the migration that folds width and case); how many."""
+        return fts.rebuild(conn, "kb_chunks_fts", ("body", "kb"), (
+            (rowid, fts.index_text(embed_text(heading_decoder.decode(heading), text)), kb_token(kb_id))
+            for rowid, kb_id, heading, text in conn.execute("SELECT rowid, kb_id, heading, text FROM kb_chunks")
+        ))
 
     # ---- bases --------------------------------------------------------------------
 
@@ -224,7 +109,7 @@ class KnowledgeRepo:
         kb_id = new_id()
         with self._db.write() as conn:
             conn.execute(
-                f"INSERT INTO kb_bases({_KB_COLUMNS}) VALUES (?, ?, ?, ?, ?, ?, ?, NULL, NULL, ?, ?)",
+                f"INSERT INTO kb_bases({KB_COLUMNS}) VALUES (?, ?, ?, ?, ?, ?, ?, NULL, NULL, ?, ?)",
                 (kb_id, name, description, embed[0] if embed else None, embed[1] if embed else None,
                  chunk_size, chunk_overlap, now, now),
             )
@@ -238,16 +123,16 @@ class KnowledgeRepo:
         """The given bases that exist (all when None), oldest first."""
         with self._db.read() as conn:
             if kb_ids is None:
-                rows = fetch_all(conn, f"SELECT {_KB_COLUMNS} FROM kb_bases ORDER BY created_at, id")
+                rows = fetch_all(conn, f"SELECT {KB_COLUMNS} FROM kb_bases ORDER BY created_at, id")
             else:
                 ids = list(dict.fromkeys(kb_ids))
                 if not ids:
                     return []
                 rows = fetch_all(conn,
-                    f"SELECT {_KB_COLUMNS} FROM kb_bases WHERE id IN ({','.join('?' * len(ids))})"
+                    f"SELECT {KB_COLUMNS} FROM kb_bases WHERE id IN ({','.join('?' * len(ids))})"
                     " ORDER BY created_at, id", ids,
                 )
-        return [_kb(r) for r in rows]
+        return [kb_of(r) for r in rows]
 
     def kb_infos(self, kb_ids: Sequence[str] | None = None, *, reembedding: frozenset[str] = frozenset()) -> list[KnowledgeBase]:
         records = self.kbs(kb_ids)
@@ -259,18 +144,18 @@ class KnowledgeRepo:
                 row[0]: row[1:]
                 for row in fetch_iter(conn,
                     "SELECT kb_id, count(*), coalesce(sum(chunk_count), 0),"
-                    " sum(status IN ('pending', 'indexing')), sum(status = 'error')"
+                    " sum(status IN ('pending', 'indexing')), sum(status = 'error'), sum(status = 'embedding_pending')"
                     f" FROM kb_documents WHERE kb_id IN ({marks}) GROUP BY kb_id",
                     [r.id for r in records],
                 )
             }
-        return [self._info(r, stats.get(r.id, (0, 0, 0, 0)), r.id in reembedding) for r in records]
+        return [self._info(r, stats.get(r.id, (0, 0, 0, 0, 0)), r.id in reembedding) for r in records]
 
     @staticmethod
     def _info(r: KbRecord, stat: tuple[Any, ...], reembedding: bool) -> KnowledgeBase:
         from protocol.kb import EmbeddingModelRef
 
-        docs, chunks, open_docs, failed = stat
+        docs, chunks, open_docs, failed, pending = stat
         embed = (
             EmbeddingModelRef(provider_id=r.embed_provider_id, model_id=r.embed_model_id)
             if r.embed_provider_id and r.embed_model_id else None
@@ -280,6 +165,7 @@ class KnowledgeRepo:
             chunk_overlap=r.chunk_overlap, vector_model=r.vector_model, vector_dims=r.vector_dims,
             reembedding=reembedding, document_count=docs or 0, chunk_count=chunks or 0,
             documents_indexing=open_docs or 0, documents_failed=failed or 0,
+            documents_embedding_pending=pending or 0,
             created_at=r.created_at, updated_at=r.updated_at,
         )
 
@@ -305,9 +191,12 @@ class KnowledgeRepo:
                     [*args, self._clock(), kb_id],
                 )
             if "embed" in changes and not changes["embed"]:
-                # no model any more: lexical only, the vectors are dropped
+                # no model any more: lexical only, the vectors are dropped, none is waited for
                 conn.execute("DELETE FROM kb_vectors WHERE kb_id = ?", (kb_id,))
                 conn.execute("UPDATE kb_bases SET vector_model = NULL, vector_dims = NULL WHERE id = ?", (kb_id,))
+                conn.execute(
+                    f"UPDATE kb_documents SET {READY} WHERE kb_id = ? AND status = 'embedding_pending'", (kb_id,)
+                )
             return self._kb(conn, kb_id)
 
     def delete_kb(self, kb_id: str) -> None:
@@ -328,11 +217,11 @@ class KnowledgeRepo:
             self._kb(conn, kb_id)
             if content_hash is not None:
                 rows = fetch_all(conn,
-                    f"SELECT {_DOC_COLUMNS} FROM kb_documents WHERE kb_id = ? AND content_hash = ?",
+                    f"SELECT {DOC_COLUMNS} FROM kb_documents WHERE kb_id = ? AND content_hash = ?",
                     (kb_id, content_hash),
                 )
                 if rows:
-                    return _doc(rows[0]), True
+                    return doc_of(rows[0]), True
             doc_id = new_id()
             status, code, message = ("error", *error) if error else ("pending", None, None)
             conn.execute(
@@ -355,10 +244,10 @@ class KnowledgeRepo:
                 where += " AND status = ?"
                 args.append(status)
             rows = fetch_all(conn,
-                f"SELECT {_DOC_COLUMNS} FROM kb_documents WHERE {where} ORDER BY created_at, id LIMIT ? OFFSET ?",
+                f"SELECT {DOC_COLUMNS} FROM kb_documents WHERE {where} ORDER BY created_at, id LIMIT ? OFFSET ?",
                 [*args, limit, offset],
             )
-        return [_doc(r) for r in rows]
+        return [doc_of(r) for r in rows]
 
     def document_body(self, doc_id: str) -> str | None:
         with self._db.read() as conn:
@@ -372,10 +261,10 @@ class KnowledgeRepo:
         with self._db.read() as conn:
             self._doc(conn, doc_id)
             rows = fetch_all(conn,
-                f"SELECT {_CHUNK_COLUMNS} FROM kb_chunks WHERE document_id = ? ORDER BY ordinal", (doc_id,)
+                f"SELECT {CHUNK_COLUMNS} FROM kb_chunks WHERE document_id = ? ORDER BY ordinal", (doc_id,)
             )
         return [
-            KbChunk(id=cid, document_id=did, ordinal=o, heading=_heading_decoder.decode(h), start=s, end=e,
+            KbChunk(id=cid, document_id=did, ordinal=o, heading=heading_decoder.decode(h), start=s, end=e,
                     page=p, tokens=t, text=text)
             for cid, did, o, h, s, e, p, t, text in rows
         ]
@@ -386,8 +275,8 @@ class KnowledgeRepo:
         with self._db.write() as conn:
             self._doc(conn, doc_id)
             conn.execute(
-                "UPDATE kb_documents SET status = 'pending', error = NULL, error_code = NULL,"
-                " revision = revision + 1, updated_at = ? WHERE id = ?",
+                "UPDATE kb_documents SET status = 'pending', error = NULL, error_code = NULL, embed_attempts = 0,"
+                " embed_retry_at = NULL, revision = revision + 1, updated_at = ? WHERE id = ?",
                 (self._clock(), doc_id),
             )
             return self._doc(conn, doc_id)
@@ -398,8 +287,8 @@ class KnowledgeRepo:
             self._kb(conn, kb_id)
             ids = [r[0] for r in fetch_iter(conn, "SELECT id FROM kb_documents WHERE kb_id = ? ORDER BY created_at, id", (kb_id,))]
             conn.execute(
-                "UPDATE kb_documents SET status = 'pending', error = NULL, error_code = NULL,"
-                " revision = revision + 1, updated_at = ? WHERE kb_id = ?",
+                "UPDATE kb_documents SET status = 'pending', error = NULL, error_code = NULL, embed_attempts = 0,"
+                " embed_retry_at = NULL, revision = revision + 1, updated_at = ? WHERE kb_id = ?",
                 (self._clock(), kb_id),
             )
         return ids
@@ -408,11 +297,11 @@ class KnowledgeRepo:
         """Mark a queued document ``indexing``; None when it is gone or already indexed."""
         with self._db.write() as conn:
             rows = fetch_all(conn,
-                f"SELECT {_DOC_COLUMNS} FROM kb_documents WHERE id = ?", (doc_id,)
+                f"SELECT {DOC_COLUMNS} FROM kb_documents WHERE id = ?", (doc_id,)
             )
             if not rows:
                 return None
-            doc = _doc(rows[0])
+            doc = doc_of(rows[0])
             if doc.status not in ("pending", "indexing"):
                 return None
             conn.execute(
@@ -429,26 +318,15 @@ class KnowledgeRepo:
                 )
             ]
 
-    def stored_vectors(self, doc_id: str, model: str) -> dict[str, tuple[str, bytes]]:
-        """chunk id -> (embed hash, vector) of a document's chunks that have a ``model`` vector."""
-        with self._db.read() as conn:
-            return {
-                cid: (ehash, blob)
-                for cid, ehash, blob in fetch_iter(conn,
-                    "SELECT c.id, v.embed_hash, v.vector FROM kb_chunks c JOIN kb_vectors v"
-                    " ON v.chunk_rowid = c.rowid AND v.kb_id = c.kb_id AND v.model = ?"
-                    " WHERE c.document_id = ?",
-                    (model, doc_id),
-                )
-            }
-
     def write_index(
         self, doc: DocRecord, *, body: str, pages: list[int] | None, kind: str, chunks: list[NewChunk],
-        model: str | None, dims: int | None,
+        model: str | None, dims: int | None, embedding_failed: tuple[str, int] | None = None,
     ) -> IndexDelta | None:
         """Replace a document's chunks (and their vectors for ``model``) and mark it ready,
         in one transaction; None (nothing written) when the document is gone or a newer
-        revision was requested meanwhile."""
+        revision was requested meanwhile. ``embedding_failed`` = (message, ms until the next
+        try): some chunks have no vector (the provider failed): ``embedding_pending``
+        instead, its first failed attempt."""
         now = self._clock()
         with self._db.write() as conn:
             rows = fetch_all(conn,
@@ -510,18 +388,19 @@ class KnowledgeRepo:
                     " VALUES (?, ?, ?, ?, ?, ?)",
                     [(kb_id, model, rowid_of[c.id], c.embed_hash, dims, c.vector) for c in chunks if c.vector is not None],
                 )
+            state, args = READY, []
+            if embedding_failed is not None:
+                state = ("status = 'embedding_pending', error = ?, error_code = 'embedding_failed', embed_attempts = 1,"
+                         " embed_retry_at = ?")
+                args = [embedding_failed[0][:2000], now + embedding_failed[1]]
             conn.execute(
-                "UPDATE kb_documents SET status = 'ready', error = NULL, error_code = NULL, kind = ?, body = ?,"
+                f"UPDATE kb_documents SET {state}, kind = ?, body = ?,"
                 " pages = ?, chunk_count = ?, indexed_at = ?, updated_at = ? WHERE id = ?",
-                (kind, body, _encode(pages).decode() if pages is not None else None, len(chunks), now, now, doc.id),
+                (*args, kind, body, _encode(pages).decode() if pages is not None else None, len(chunks), now, now,
+                 doc.id),
             )
             if model is not None and dims is not None:
-                kb = self._kb(conn, kb_id)
-                if kb.vector_model is None or (kb.vector_model == model and kb.vector_dims is None):
-                    # the first vectors of a base decide what answers its searches
-                    conn.execute(
-                        "UPDATE kb_bases SET vector_model = ?, vector_dims = ? WHERE id = ?", (model, dims, kb_id)
-                    )
+                self._first_vectors(conn, kb_id, model, dims)
             return IndexDelta(kb_id=kb_id, model=model, upserted=upserted, removed=removed)
 
     def mark_error(self, doc: DocRecord, code: str, message: str) -> bool:
@@ -541,83 +420,6 @@ class KnowledgeRepo:
             rowids = [r[0] for r in fetch_iter(conn, "SELECT rowid FROM kb_chunks WHERE document_id = ?", (doc_id,))]
             conn.execute("DELETE FROM kb_documents WHERE id = ?", (doc_id,))
             return doc.kb_id, rowids
-
-    # ---- vectors ------------------------------------------------------------------
-
-    def read_vectors(self, kb_id: str, model: str, sink: VectorSink) -> int:
-        """Hand every ``model`` vector of a base to ``sink`` in rowid order; their count.
-        Rows are read one at a time (the cursor is not materialized): at most one BLOB
-        beside the sink's own storage."""
-        with self._db.read() as conn:
-            rows = fetch_all(conn,
-                "SELECT count(*), max(dims) FROM kb_vectors WHERE kb_id = ? AND model = ?", (kb_id, model)
-            )
-            count, dims = rows[0]
-            if not count:
-                return 0
-            sink.reserve(count, dims)
-            i = 0
-            for rowid, blob in fetch_iter(conn,
-                "SELECT chunk_rowid, vector FROM kb_vectors WHERE kb_id = ? AND model = ? ORDER BY chunk_rowid",
-                (kb_id, model),
-            ):
-                if i >= count:  # cannot happen inside one snapshot; guards the sink's bounds
-                    break
-                sink.put(i, rowid, blob)
-                i += 1
-            return i
-
-    def missing_vectors(self, kb_id: str, model: str, limit: int) -> list[tuple[int, str, str]]:
-        """Up to ``limit`` chunks of a base without a current ``model`` vector:
-        (rowid, embed hash, heading path JSON + NUL + text)."""
-        with self._db.read() as conn:
-            return [
-                (rowid, ehash, heading + "\x00" + text)
-                for rowid, ehash, heading, text in fetch_iter(conn,
-                    "SELECT c.rowid, c.embed_hash, c.heading, c.text FROM kb_chunks c"
-                    " LEFT JOIN kb_vectors v ON v.kb_id = c.kb_id AND v.model = ? AND v.chunk_rowid = c.rowid"
-                    " WHERE c.kb_id = ? AND (v.chunk_rowid IS NULL OR v.embed_hash != c.embed_hash)"
-                    " ORDER BY c.rowid LIMIT ?",
-                    (model, kb_id, limit),
-                )
-            ]
-
-    def count_vectors(self, kb_id: str, model: str) -> tuple[int, int, int | None]:
-        """(chunks of the base, those with a current ``model`` vector, their dimensions)."""
-        with self._db.read() as conn:
-            total = fetch_all(conn, "SELECT count(*) FROM kb_chunks WHERE kb_id = ?", (kb_id,))[0][0]
-            done, dims = fetch_all(conn,
-                "SELECT count(*), max(v.dims) FROM kb_chunks c JOIN kb_vectors v ON v.kb_id = c.kb_id AND v.model = ?"
-                " AND v.chunk_rowid = c.rowid AND v.embed_hash = c.embed_hash WHERE c.kb_id = ?",
-                (model, kb_id),
-            )[0]
-        return total, done, dims
-
-    def write_vectors(self, kb_id: str, model: str, dims: int, rows: list[tuple[int, str, bytes]]) -> int:
-        """Store vectors (rowid, embed hash, bytes) of chunks that still exist with that hash."""
-        with self._db.write() as conn:
-            written = 0
-            for rowid, ehash, blob in rows:
-                written += len(fetch_all(conn,
-                    "INSERT OR REPLACE INTO kb_vectors(kb_id, model, chunk_rowid, embed_hash, dims, vector)"
-                    " SELECT ?, ?, rowid, embed_hash, ?, ? FROM kb_chunks WHERE rowid = ? AND embed_hash = ?"
-                    " RETURNING chunk_rowid",
-                    (kb_id, model, dims, blob, rowid, ehash),
-                ))
-            return written
-
-    def switch_vector_model(self, kb_id: str, model: str, dims: int | None) -> bool:
-        """Make ``model`` answer the base's searches and drop its other vectors (False: the
-        base is gone or now wants another model)."""
-        with self._db.write() as conn:
-            rows = fetch_all(conn,
-                "SELECT embed_provider_id, embed_model_id FROM kb_bases WHERE id = ?", (kb_id,)
-            )
-            if not rows or f"{rows[0][0]}/{rows[0][1]}" != model:
-                return False
-            conn.execute("UPDATE kb_bases SET vector_model = ?, vector_dims = ? WHERE id = ?", (model, dims, kb_id))
-            conn.execute("DELETE FROM kb_vectors WHERE kb_id = ? AND model != ?", (kb_id, model))
-            return True
 
     # ---- search -------------------------------------------------------------------
 
@@ -717,22 +519,7 @@ class KnowledgeRepo:
                     rowid, cid, kb_id, did, dname, ordinal, heading, start, end, page, tokens, text = row
                     out[rowid] = ChunkHit(
                         rowid=rowid, id=cid, kb_id=kb_id, document_id=did, document_name=dname, ordinal=ordinal,
-                        heading=_heading_decoder.decode(heading), start=start, end=end, page=page,
+                        heading=heading_decoder.decode(heading), start=start, end=end, page=page,
                         tokens=tokens, text=text,
                     )
             return out
-
-    # ---- internals ----------------------------------------------------------------
-
-    def _kb(self, conn: Any, kb_id: str) -> KbRecord:
-        rows = fetch_all(conn, f"SELECT {_KB_COLUMNS} FROM kb_bases WHERE id = ?", (kb_id,))
-        if not rows:
-            raise NotFound(f"knowledge base {kb_id!r} not found", data={"kbId": kb_id})
-        return _kb(rows[0])
-
-    def _doc(self, conn: Any, doc_id: str) -> DocRecord:
-        rows = fetch_all(conn, f"SELECT {_DOC_COLUMNS} FROM kb_documents WHERE id = ?", (doc_id,))
-        if not rows:
-            raise NotFound(f"document {doc_id!r} not found", data={"documentId": doc_id})
-        return _doc(rows[0])
-

@@ -217,8 +217,9 @@ def _record(row: tuple[Any, ...]) -> MemoryRecord:
     )
 
 
-def _body(m: NewMemory | MemoryRecord) -> str:
-    return fts.index_text("\n".join(t for t in (m.text, m.task, m.outcome, m.context) if t))
+def _body(*texts: str | None) -> str:
+    """The index text of a memory's text, task, outcome and context."""
+    return fts.index_text("\n".join(t for t in texts if t))
 
 
 def _marks(n: int) -> str:
@@ -231,6 +232,15 @@ class MemoryRepo:
         self._clock = clock
         self._df: dict[str, int] = {}
         """Document counts of lexical terms (``_doc_count``), cleared by every write to the index."""
+
+    @staticmethod
+    def rebuild_index(conn: Any) -> int:
+        """Write every row of ``memories_fts`` again from its memory (after a change of
+        ``fts.index_text``: the migration that folds width and case); how many."""
+        return fts.rebuild(conn, "memories_fts", ("body", "scope"), (
+            (rowid, _body(*texts), scope_token(scope))
+            for rowid, scope, *texts in conn.execute("SELECT rowid, scope, text, task, outcome, context FROM memories")
+        ))
 
     # ---- writing ------------------------------------------------------------------
 
@@ -270,7 +280,7 @@ class MemoryRepo:
         self._df.clear()
         conn.execute(
             "INSERT INTO memories_fts(rowid, body, scope) VALUES (?, ?, ?)",
-            (record.rowid, _body(new), scope_token(new.scope)),
+            (record.rowid, _body(new.text, new.task, new.outcome, new.context), scope_token(new.scope)),
         )
         return record
 

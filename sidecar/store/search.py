@@ -88,6 +88,18 @@ class MessageSearch:
         return MessageSearch.index(conn, docs, fresh=True)
 
     @staticmethod
+    def rebuild(conn: apsw.Connection) -> int:
+        """Write every index row again from its message, keeping the docids (after a change
+        of ``fts.index_text``: the migration that folds width and case)."""
+        return fts.rebuild(conn, "messages_fts", ("body", "sid", "role"), (
+            (docid, fts.index_text(searchable_text(text, parts_or_none(parts, mid))), fts.session_token(sid), role)
+            for docid, mid, sid, role, text, parts in conn.execute(
+                "SELECT d.docid, m.id, m.session_id, m.role, m.text_content, m.parts FROM search_docs d"
+                " JOIN messages_v2 m ON m.id = d.message_id"
+            )
+        ))
+
+    @staticmethod
     def search(conn: apsw.Connection, query: str, options: SearchOptions) -> list[SearchResult]:
         if not isinstance(query, str):
             raise InvalidParams("query must be a string")

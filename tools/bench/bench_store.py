@@ -11,6 +11,9 @@ Figures printed (with their targets):
 - chat:messages:get of a 2,000-message branch: median (< 30 ms)
 - append_message, one transaction each: messages/s
 - database size, RSS of this process (and of the sidecar subprocess when it is measured)
+- the migration that folds the full-text indexes (``m_fts_fold``: every message re-indexed),
+  run as a start-up runs it: opening the store with it pending, against opening it current
+  (``--no-migration`` skips it; it rewrites the index of every message)
 
 Generation writes rows with raw apsw in big transactions (its speed is not the measure)
 into a database created and migrated by the Store itself, using the store's own FTS text
@@ -383,6 +386,25 @@ def measure(store_dir: Path, facts: dict[str, Any], runs: int) -> dict[str, floa
     return out
 
 
+def measure_fold_migration(store_dir: Path, facts: dict[str, Any]) -> None:
+    """Open the store with ``m_fts_fold`` pending (as the first start of the version that
+    brings it), against opening it at the current version."""
+    from sidecar.store import migrations
+
+    print("migration m_fts_fold  (re-index every message, chunk and memory)")
+    conn = apsw.Connection(str(store_dir / "chat.db"))
+    conn.execute(f"PRAGMA user_version = {migrations.MIGRATIONS.index(migrations.m_fts_fold)}")
+    conn.close()
+    t0 = time.perf_counter()
+    Store(store_dir).close()
+    migrated = time.perf_counter() - t0
+    t0 = time.perf_counter()
+    Store(store_dir).close()
+    current = time.perf_counter() - t0
+    row(f"open with the migration pending ({facts['messages']} messages)", migrated * 1000, "ms", current * 1000,
+        f"raw = opening it current; {facts['messages'] / migrated:,.0f} messages/s")
+
+
 def measure_subprocess(store_dir: Path, facts: dict[str, Any], runs: int) -> None:
     """Round trips through the real sidecar process (NDJSON over pipes)."""
     proc = subprocess.Popen(
@@ -435,6 +457,7 @@ def main() -> int:
     ap.add_argument("--reuse", action="store_true", help="measure an existing --data-dir (no generation)")
     ap.add_argument("--runs", type=int, default=30)
     ap.add_argument("--no-subprocess", action="store_true")
+    ap.add_argument("--no-migration", action="store_true", help="skip the re-index migration's figure")
     args = ap.parse_args()
     data_dir = args.data_dir or Path(tempfile.mkdtemp(prefix="bench-store-", dir="/tmp"))
     n_sessions = max(2, int(FULL_SESSIONS * args.scale))
@@ -457,6 +480,8 @@ def main() -> int:
         measure(data_dir, facts, args.runs)
         print(f"  this process: RSS now {rss_mib():.0f} MiB, peak "
               f"{resource.getrusage(resource.RUSAGE_SELF).ru_maxrss / 1024:.0f} MiB (includes generation)")
+        if not args.no_migration:
+            measure_fold_migration(data_dir, facts)
         if not args.no_subprocess:
             measure_subprocess(data_dir, facts, max(10, args.runs // 2))
     finally:
