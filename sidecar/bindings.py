@@ -67,6 +67,7 @@ BINDINGS: dict[str, str] = {
     "channel:config:get": "channels.get_config",
     "channel:config:upsert": "channels.upsert_config",
     "channel:config:delete": "channels.delete_config",
+    "channel:messages": "channels.messages",
     "kb:create": "knowledge.create_kb",
     "kb:list": "knowledge.list_kbs",
     "kb:get": "knowledge.get_kb",

@@ -1,8 +1,9 @@
 """Outbox: ``channel:reply`` deliveries sent to the host, acknowledged, retried, or failed.
 
 Owns: one worker per (channel, chat) that sends the chat's stored deliveries in order, each
-after taking its chunks' worth of tokens from the channel's TokenBucket, then waits for
-``channel:ack``. A delivery not acknowledged within ``ackTimeoutMs`` (or refused with
+after taking its chunks' worth of tokens from the channel's TokenBucket and from the chat's
+own (``chatMessagesPerMinute`` / ``groupMessagesPerMinute`` by the chat's type, when set),
+then waits for ``channel:ack``. A delivery not acknowledged within ``ackTimeoutMs`` (or refused with
 ``ok: false``) is sent again with the same delivery id after ``retryBackoffMs`` (doubled per
 attempt, at most 5 min), up to ``maxAttempts`` sends; then it is marked failed (a refusal
 with ``retryable: false`` fails it at once) and the chat's next delivery goes.
@@ -39,6 +40,7 @@ T = TypeVar("T")
 
 REPLY_METHOD = "channel:reply"
 MAX_BACKOFF_S = 300.0
+MAX_CHAT_BUCKETS = 10_000
 ACK_STORE_WAIT_S = 5.0
 """How long ``channel:ack`` waits for the worker to store the acknowledgement it hands over."""
 Notify = Callable[[str, Any], Awaitable[None]]
@@ -69,6 +71,7 @@ class Outbox:
         self._waiting: dict[str, _Waiter] = {}
         self._resolved: dict[str, anyio.Event] = {}
         self._buckets: dict[str, TokenBucket] = {}
+        self._chat_buckets: dict[tuple[str, str], TokenBucket] = {}
 
     async def _db(self, fn: Callable[[ChannelRepo], T]) -> T:
         return await self._store.run(lambda s: fn(s.channels))
@@ -86,8 +89,27 @@ class Outbox:
             bucket.configure(rate.messages_per_minute, rate.burst)
         return bucket
 
+    def chat_bucket(self, config: ChannelConfig, chat_id: str, chat_type: str | None) -> TokenBucket | None:
+        rate = config.rate
+        per_minute = rate.group_messages_per_minute if chat_type == "group" else rate.chat_messages_per_minute
+        if not per_minute:
+            return None
+        burst = rate.chat_burst or 1
+        key = (config.id, chat_id)
+        bucket = self._chat_buckets.get(key)
+        if bucket is None:
+            if len(self._chat_buckets) >= MAX_CHAT_BUCKETS:  # forget chats whose bucket is full again
+                for idle in [k for k, b in self._chat_buckets.items() if b.wait_time(b.burst) == 0]:
+                    del self._chat_buckets[idle]
+            bucket = self._chat_buckets[key] = TokenBucket(per_minute, burst)
+        elif (bucket.per_minute, bucket.burst) != (per_minute, burst):
+            bucket.configure(per_minute, burst)
+        return bucket
+
     def forget(self, channel_id: str) -> None:
         self._buckets.pop(channel_id, None)
+        for key in [k for k in self._chat_buckets if k[0] == channel_id]:
+            del self._chat_buckets[key]
 
     async def wait_resolved(self, delivery_ids: list[str]) -> None:
         """Until each of these deliveries is acknowledged or failed (stream mode paces its
@@ -154,7 +176,11 @@ class Outbox:
                     await self._db(lambda r: r.mark_failed(row.id, error))
                     log.warning("delivery %s failed after %d attempts: %s", row.id, attempts, error)
                     return
-                await self.bucket(config).acquire(max(1, len(row.payload.chunks)))
+                chunks = max(1, len(row.payload.chunks))
+                chat = self.chat_bucket(config, row.chat_id, row.payload.chat_type)
+                if chat is not None:
+                    await chat.acquire(chunks)
+                await self.bucket(config).acquire(chunks)
                 attempts += 1
                 waiter = await self._send_once(row, attempts, policy.ack_timeout_ms / 1000.0)
                 ack = waiter.ack

@@ -107,6 +107,10 @@ class SessionService:
     # ---- sessions -------------------------------------------------------------------
 
     async def create_session(self, params: CreateSessionOptions) -> SessionV2:
+        if params.mode == "remote":
+            raise InvalidParams(
+                "invalid params: mode remote sessions are made by a channel's remote-agent route - at `$.mode`"
+            )
         return await self.store.run(lambda s: s.sessions.create(params))
 
     async def list_sessions(self, params: SessionFilter) -> SessionListResult:

@@ -4,7 +4,9 @@ Owns the list of stored secrets and the re-seal pass:
 - ``providers.api_key``; the values of secret-looking ``providers.headers`` and of the
   secret-looking ``env`` of an ``acp-engine`` provider's ``engine`` config;
 - ``mcp_servers.config``: every ``env`` value, and secret-looking ``headers`` values;
-- ``sync_account.token``: the Qiming server token.
+- ``sync_account.token``: the Qiming server token;
+- ``channel_secrets.value``: an IM channel's platform credentials and its remote agent's
+  token (ChannelRepo).
 ``Sealer`` turns those fields of one row to and from their stored form; ProviderRepo,
 ToolStore and SyncRepo call it on every read and write, so plaintext never reaches the file.
 ``SecretsRepo.settle`` decides the key (SecretBox.settle) and, in one transaction,
@@ -37,6 +39,7 @@ ENGINE_ENV = "providers.engine.env"
 MCP_ENV = "mcp_servers.env"
 MCP_HEADERS = "mcp_servers.headers"
 SYNC_TOKEN = "sync_account.token"
+CHANNEL_SECRET = "channel_secrets.value"
 
 _obj = msgspec.json.Decoder(dict[str, Any])
 
@@ -164,6 +167,14 @@ class SecretsRepo:
                 locked += n
                 if new_token != token:
                     conn.execute("UPDATE sync_account SET token = ? WHERE id = ?", (new_token, account_id))
+            for channel_id, name, value in fetch_all(conn, "SELECT channel_id, name, value FROM channel_secrets"):
+                new_value, n = self._reseal(value, CHANNEL_SECRET, kids)
+                locked += n
+                if new_value != value:
+                    conn.execute(
+                        "UPDATE channel_secrets SET value = ? WHERE channel_id = ? AND name = ?",
+                        (new_value, channel_id, name),
+                    )
         # old page images (the plaintext of an older version, a rewritten value) must not
         # stay in the WAL file
         self._db.checkpoint()
