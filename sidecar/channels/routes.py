@@ -38,9 +38,11 @@ from protocol.types import SessionMode
 from sidecar.errors import InvalidParams
 from sidecar.store.checks import check_workspace_dir
 
-__all__ = ["check_route", "route_key", "RoutePlan", "plan_for", "MASKED", "SESSION_PLACEHOLDER"]
+__all__ = ["check_route", "route_key", "RoutePlan", "plan_for", "MASKED", "SESSION_PLACEHOLDER", "REMOTE_TOKEN"]
 
 MASKED = "***"
+REMOTE_TOKEN = "remote.token"
+"""The channel secret (ChannelRepo) holding the remote-agent route's token."""
 SESSION_PLACEHOLDER = "{session_id}"
 MAX_URL_CHARS = 2_000
 MAX_TOKEN_CHARS = 4_096

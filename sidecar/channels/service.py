@@ -50,7 +50,7 @@ from sidecar.channels.inbound import adapt
 from sidecar.channels.intake import check_sizes, decide, dedup_key
 from sidecar.channels.platforms import resolve_config
 from sidecar.channels.ratelimit import LoopGuard
-from sidecar.channels.routes import MASKED
+from sidecar.channels.routes import MASKED, REMOTE_TOKEN
 from sidecar.channels.routing import SessionRouter
 from sidecar.channels.runner import QueuedTurn, TurnRunner
 from sidecar.channels.watch import ChatTurns, ReplyWatcher
@@ -62,15 +62,13 @@ from sidecar.store.channels import LOG_TEXT_CHARS, ChannelRepo, InboxRow
 from sidecar.store.ids import new_id
 from sidecar.store.store import Store
 
-__all__ = ["ChannelService", "REMOTE_TOKEN"]
+__all__ = ["ChannelService"]
 
 log = logging.getLogger(__name__)
 
 T = TypeVar("T")
 
 PRUNE_EVERY_S = 600.0
-REMOTE_TOKEN = "remote.token"
-"""The channel secret holding the remote-agent route's token."""
 MAX_LOG_PAGE = 500
 
 _enc = msgspec.json.Encoder()

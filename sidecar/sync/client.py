@@ -65,6 +65,7 @@ from sidecar.sync.wire import (
 
 __all__ = [
     "ClientSettings",
+    "session_frames",
     "QimingClient",
     "TryReqDto",
     "ChatAttachment",
@@ -451,7 +452,7 @@ class QimingClient:
     ) -> AsyncIterator[AsyncIterator[SessionFrame]]:
         """``GET /api/computer/progress/{sessionId}``: the session's progress frames."""
         async with self._open_stream(
-            "GET", f"{COMPUTER_API}/progress/{quote(session_id, safe='')}", None, parse=_session_frames,
+            "GET", f"{COMPUTER_API}/progress/{quote(session_id, safe='')}", None, parse=session_frames,
             read_timeout_s=read_timeout_s,
         ) as events:
             yield events
@@ -694,7 +695,7 @@ async def _agent_outputs(response: httpx2.Response, describe: Any) -> AsyncGener
             raise ServerUnreachable(describe(f"chat stream dropped ({type(exc).__name__})")) from exc
 
 
-async def _session_frames(response: httpx2.Response, describe: Any) -> AsyncGenerator[SessionFrame, None]:
+async def session_frames(response: httpx2.Response, describe: Any) -> AsyncGenerator[SessionFrame, None]:
     """The ``/computer/progress`` frames, up to the one that ends the prompt (a desktop keeps
     the stream open after it). A ``data:`` that is not a UnifiedSessionMessage ends the
     stream with ServerMalformed."""

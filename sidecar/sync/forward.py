@@ -68,7 +68,14 @@ from sidecar.sync.account import ServerAccount, usable_account
 from sidecar.sync.chatstream import Follower, canonical_key
 from sidecar.sync.client import ChatAttachment, ComputerChatBody, QimingClient, TryReqDto
 from sidecar.sync.errors import AuthRequired, ChatFailed, QimingError, ServerMalformed
-from sidecar.sync.events import ComputerEvents, ConversationEvents, PermissionAsk, ending_of_message
+from sidecar.sync.events import (
+    ComputerEvents,
+    ConversationEvents,
+    PermissionAsk,
+    ending_of_message,
+    frame_ends,
+    frame_key,
+)
 from sidecar.sync.mapping import conversation_title, normalize_messages
 from sidecar.sync.run import AccountConfig
 from sidecar.sync.wire import AgentOutputDto, ChatMessageDto, SessionFrame, to_int, to_ms
@@ -129,16 +136,6 @@ def _dto_key(dto: AgentOutputDto) -> bytes | None:
 
 def _dto_ends(dto: AgentOutputDto) -> bool:
     return dto.completed or (dto.event_type or "").upper() == "ERROR"
-
-
-def _frame_key(frame: SessionFrame) -> bytes | None:
-    if frame.message_type in ("heartbeat", "sessionPromptStart"):
-        return None
-    return canonical_key(f"{frame.message_type}|{frame.sub_type or frame.event}", bytes(frame.data))
-
-
-def _frame_ends(frame: SessionFrame) -> bool:
-    return frame.message_type == "sessionPromptEnd"
 
 
 class _ConversationApi:
@@ -241,8 +238,8 @@ class _ComputerApi:
         self.follower: Follower[SessionFrame] = Follower(
             open_first=self._progress,
             open_again=self._progress,
-            key=_frame_key,
-            ends=_frame_ends,
+            key=frame_key,
+            ends=frame_ends,
             idle_s=idle_s,
             what=f"computer session of {session_id}",
             first_starts=False,
