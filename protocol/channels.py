@@ -66,6 +66,11 @@ __all__ = [
     "ChannelMessagesParams",
     "ChannelLogEntry",
     "ChannelMessagesResult",
+    "ConnectionKind",
+    "ConnectionState",
+    "ChannelConnection",
+    "ChannelCredentials",
+    "ChannelConnectionStatus",
 ]
 
 ChannelPlatform = Literal[
@@ -246,6 +251,59 @@ class ChannelCounters(Struct, omit_defaults=False, kw_only=True):
     """Redeliveries answered ``duplicate``."""
 
 
+ConnectionKind = Literal["host", "telegram_polling", "discord_gateway", "slack_socket"]
+"""Who talks to the platform: ``host`` (the host hands messages in with ``channel:message`` and
+delivers ``channel:reply``), or a connection the sidecar owns (``channel:connect``): Telegram
+long polling (``getUpdates``), the Discord gateway (WebSocket) with its REST API, Slack Socket
+Mode (WebSocket) with its Web API. With a connection, replies go out through it and
+``channel:message`` / ``channel:ack`` are refused for the channel."""
+ConnectionState = Literal["disconnected", "connecting", "connected", "failed"]
+
+
+class ChannelConnection(Struct, forbid_unknown_fields=True, kw_only=True):
+    """A connection the sidecar owns; every endpoint is a base URL (tests and proxies point it
+    elsewhere)."""
+
+    kind: ConnectionKind = "host"
+    api_base_url: str | None = None
+    """Telegram ``https://api.telegram.org`` (methods at ``/bot<token>/<method>``, files at
+    ``/file/bot<token>/<path>``); Discord ``https://discord.com/api/v10``; Slack
+    ``https://slack.com/api``."""
+    gateway_url: str | None = None
+    """Discord: the gateway (default: what ``GET /gateway/bot`` answers)."""
+    poll_timeout_s: int = 30
+    """Telegram: the long poll's ``timeout`` (1..50 s)."""
+    intents: int | None = None
+    """Discord gateway intents (default: GUILDS, GUILD_MESSAGES, DIRECT_MESSAGES and the
+    privileged MESSAGE_CONTENT, 37377)."""
+
+
+class ChannelCredentials(Struct, forbid_unknown_fields=True, kw_only=True):
+    """The platform's credentials, sealed at rest like API keys; shown as ``***``, and ``***``
+    sent back keeps the stored value; ``""`` removes it."""
+
+    bot_token: str | None = None
+    """Telegram's bot token, Discord's bot token, Slack's bot token (``xoxb-``)."""
+    app_token: str | None = None
+    """Slack: the app-level token (``xapp-``) Socket Mode connects with."""
+
+
+class ChannelConnectionStatus(Struct, omit_defaults=False, kw_only=True):
+    """The state of a channel's own connection."""
+
+    state: ConnectionState
+    error: str | None = None
+    """Why the last attempt failed (state ``failed``)."""
+    retry_at: int | None = None
+    """When the next attempt starts (ms); None in state ``failed``: not retried (the platform
+    refused the credentials or the configuration), ``channel:connect`` tries again."""
+    since: int | None = None
+    """When the current state began (ms)."""
+    bot_user_id: str | None = None
+    """The bot's own id as the platform told it (its messages are ignored, its mention
+    addresses it)."""
+
+
 class ChannelConfigUpsertParams(Struct, forbid_unknown_fields=True, kw_only=True):
     """``channel:config:upsert``: create or replace a channel (one bot on one platform)."""
 
@@ -297,6 +355,9 @@ class ChannelConfigUpsertParams(Struct, forbid_unknown_fields=True, kw_only=True
     max_concurrent: int = 5
     """Replies of this channel running at once (others wait, in arrival order, also across a
     restart); 1..64."""
+    connection: ChannelConnection | None = None
+    """Default ``{"kind": "host"}``."""
+    credentials: ChannelCredentials | None = None
 
 
 class ChannelConfig(Struct, omit_defaults=False, kw_only=True):
@@ -327,8 +388,14 @@ class ChannelConfig(Struct, omit_defaults=False, kw_only=True):
     max_concurrent: int = 5
     can_edit: bool = False
     """Whether the platform can edit sent messages (reply mode ``stream`` needs it)."""
+    connection: ChannelConnection = msgspec.field(default_factory=ChannelConnection)
+    credentials: ChannelCredentials = msgspec.field(default_factory=ChannelCredentials)
+    """Set ones as ``***``."""
     counters: ChannelCounters | None = None
     """``channel:config:list`` and ``channel:config:get``: the channel's counts."""
+    status: ChannelConnectionStatus | None = None
+    """``channel:config:list`` and ``channel:config:get``, for a channel with a connection of
+    its own."""
     created_at: int
     updated_at: int
 
@@ -560,6 +627,11 @@ METHODS: dict[str, MethodSpec] = {
     "channel:config:delete": MethodSpec(
         IdParams, SuccessResult, "Delete a channel; its open deliveries fail, its sessions stay."
     ),
+    "channel:connect": MethodSpec(
+        IdParams, ChannelConnectionStatus,
+        "Open the channel's own connection (kept across restarts until channel:disconnect).",
+    ),
+    "channel:disconnect": MethodSpec(IdParams, ChannelConnectionStatus, "Close the channel's own connection."),
     "channel:messages": MethodSpec(
         ChannelMessagesParams, ChannelMessagesResult,
         "A channel's message log (received, replied, ignored, refused, failed, with reasons), paged.",

@@ -490,6 +490,7 @@ async def _open_channels(app: App, stack: AsyncExitStack) -> None:
         task_group=task_group,
         remote_agents=app.chat.remote is not None,
     )
+    stack.push_async_callback(app.channels.aclose)  # its connections stop first
     await app.channels.load()
 
 

@@ -68,6 +68,8 @@ BINDINGS: dict[str, str] = {
     "channel:config:upsert": "channels.upsert_config",
     "channel:config:delete": "channels.delete_config",
     "channel:messages": "channels.messages",
+    "channel:connect": "channels.connect",
+    "channel:disconnect": "channels.disconnect",
     "kb:create": "knowledge.create_kb",
     "kb:list": "knowledge.list_kbs",
     "kb:get": "knowledge.get_kb",

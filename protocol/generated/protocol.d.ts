@@ -103,6 +103,15 @@ export type ChatType = "group" | "private";
  * every ``data``, end reason ``EndTurn``, pings every 15 s, the stream closes after a turn).
  */
 export type CompatFlavor = "electron" | "rcoder";
+/**
+ * Who talks to the platform: ``host`` (the host hands messages in with ``channel:message`` and
+ * delivers ``channel:reply``), or a connection the sidecar owns (``channel:connect``): Telegram
+ * long polling (``getUpdates``), the Discord gateway (WebSocket) with its REST API, Slack Socket
+ * Mode (WebSocket) with its Web API. With a connection, replies go out through it and
+ * ``channel:message`` / ``channel:ack`` are refused for the channel.
+ */
+export type ConnectionKind = "discord_gateway" | "host" | "slack_socket" | "telegram_polling";
+export type ConnectionState = "connected" | "connecting" | "disconnected" | "failed";
 export type ContentPart = TextPart | ImagePart | FilePart | CodePart | ToolUsePart | ToolResultPart | ThinkingPart | StepStartPart | StepFinishPart | DiffPart;
 export type ContentType = "multipart" | "text";
 /**
@@ -486,8 +495,16 @@ export interface ChannelConfig {
   maxConcurrent: number;
   /** Whether the platform can edit sent messages (reply mode ``stream`` needs it). */
   canEdit: boolean;
+  connection: ChannelConnection;
+  /** Set ones as ``***``. */
+  credentials: ChannelCredentials;
   /** ``channel:config:list`` and ``channel:config:get``: the channel's counts. */
   counters: ChannelCounters | null;
+  /**
+   * ``channel:config:list`` and ``channel:config:get``, for a channel with a connection of
+   * its own.
+   */
+  status: ChannelConnectionStatus | null;
   createdAt: number;
   updatedAt: number;
 }
@@ -560,6 +577,51 @@ export interface ChannelConfigUpsertParams {
    * restart); 1..64.
    */
   maxConcurrent?: number;
+  /** Default ``{"kind": "host"}``. */
+  connection?: ChannelConnection | null;
+  credentials?: ChannelCredentials | null;
+}
+
+/**
+ * A connection the sidecar owns; every endpoint is a base URL (tests and proxies point it
+ * elsewhere).
+ */
+export interface ChannelConnection {
+  kind?: ConnectionKind;
+  /**
+   * Telegram ``https://api.telegram.org`` (methods at ``/bot<token>/<method>``, files at
+   * ``/file/bot<token>/<path>``); Discord ``https://discord.com/api/v10``; Slack
+   * ``https://slack.com/api``.
+   */
+  apiBaseUrl?: string | null;
+  /** Discord: the gateway (default: what ``GET /gateway/bot`` answers). */
+  gatewayUrl?: string | null;
+  /** Telegram: the long poll's ``timeout`` (1..50 s). */
+  pollTimeoutS?: number;
+  /**
+   * Discord gateway intents (default: GUILDS, GUILD_MESSAGES, DIRECT_MESSAGES and the
+   * privileged MESSAGE_CONTENT, 37377).
+   */
+  intents?: number | null;
+}
+
+/** The state of a channel's own connection. */
+export interface ChannelConnectionStatus {
+  state: ConnectionState;
+  /** Why the last attempt failed (state ``failed``). */
+  error: string | null;
+  /**
+   * When the next attempt starts (ms); None in state ``failed``: not retried (the platform
+   * refused the credentials or the configuration), ``channel:connect`` tries again.
+   */
+  retryAt: number | null;
+  /** When the current state began (ms). */
+  since: number | null;
+  /**
+   * The bot's own id as the platform told it (its messages are ignored, its mention
+   * addresses it).
+   */
+  botUserId: string | null;
 }
 
 /** What a channel has received and done since it was created (kept across restarts). */
@@ -577,6 +639,17 @@ export interface ChannelCounters {
   failed: number;
   /** Redeliveries answered ``duplicate``. */
   duplicates: number;
+}
+
+/**
+ * The platform's credentials, sealed at rest like API keys; shown as ``***``, and ``***``
+ * sent back keeps the stored value; ``""`` removes it.
+ */
+export interface ChannelCredentials {
+  /** Telegram's bot token, Discord's bot token, Slack's bot token (``xoxb-``). */
+  botToken?: string | null;
+  /** Slack: the app-level token (``xapp-``) Socket Mode connects with. */
+  appToken?: string | null;
 }
 
 /** Acknowledgements and retries of ``channel:reply`` deliveries. */
@@ -3268,6 +3341,10 @@ export interface Methods {
   "channel:config:list": { params: EmptyParams; result: ChannelConfig[] };
   /** Create or replace a channel (platform, scope, reply mode, limits). */
   "channel:config:upsert": { params: ChannelConfigUpsertParams; result: ChannelConfig };
+  /** Open the channel's own connection (kept across restarts until channel:disconnect). */
+  "channel:connect": { params: IdParams; result: ChannelConnectionStatus };
+  /** Close the channel's own connection. */
+  "channel:disconnect": { params: IdParams; result: ChannelConnectionStatus };
   /** An incoming IM message: deduplicated, routed to its chat's session, answered by channel:reply. */
   "channel:message": { params: ChannelMessageParams; result: ChannelMessageResult };
   /** A channel's message log (received, replied, ignored, refused, failed, with reasons), paged. */

@@ -34,12 +34,15 @@ by routes.py.
 from __future__ import annotations
 
 import re
+from urllib.parse import urlsplit
 
 import msgspec
 
 from protocol.channels import (
     ChannelConfig,
     ChannelConfigUpsertParams,
+    ChannelConnection,
+    ChannelCredentials,
     ChannelDeliveryPolicy,
     ChannelDialect,
     ChannelLimits,
@@ -215,6 +218,8 @@ def resolve_config(params: ChannelConfigUpsertParams, now: int) -> ChannelConfig
         strangers=params.strangers,
         trigger_keyword=_keyword(params.trigger_keyword),
         max_concurrent=_pick("maxConcurrent", params.max_concurrent, 5, 1, 64),
+        connection=_connection(params.platform, params.connection or ChannelConnection()),
+        credentials=params.credentials or ChannelCredentials(),
         can_edit=platform.can_edit,
         created_at=now,
         updated_at=now,
@@ -237,3 +242,53 @@ def _keyword(value: str | None) -> str | None:
             f"invalid params: triggerKeyword must be 1..{MAX_KEYWORD_CHARS} printable characters - at `$.triggerKeyword`"
         )
     return value.strip()
+
+
+CONNECTION_PLATFORM = {"telegram_polling": "telegram", "discord_gateway": "discord", "slack_socket": "slack"}
+"""The platform each kind of connection is for."""
+DEFAULT_API = {
+    "telegram_polling": "https://api.telegram.org",
+    "discord_gateway": "https://discord.com/api/v10",
+    "slack_socket": "https://slack.com/api",
+}
+DEFAULT_INTENTS = (1 << 0) | (1 << 9) | (1 << 12) | (1 << 15)
+"""GUILDS, GUILD_MESSAGES, DIRECT_MESSAGES, MESSAGE_CONTENT."""
+
+
+def _base_url(field: str, value: str | None, default: str | None, schemes: tuple[str, ...]) -> str | None:
+    if value is None:
+        return default
+    parts = urlsplit(value.strip()) if len(value) <= 2_000 else None
+    if parts is None or parts.scheme not in schemes or not parts.hostname or parts.query or parts.fragment \
+            or parts.username or parts.password:
+        raise InvalidParams(
+            f"invalid params: {field} must be a {'/'.join(schemes)} URL without credentials, query or fragment"
+            f" - at `$.{field}`"
+        )
+    return value.strip().rstrip("/")
+
+
+def _connection(platform: ChannelPlatform, connection: ChannelConnection) -> ChannelConnection:
+    kind = connection.kind
+    if kind == "host":
+        if connection != ChannelConnection():
+            raise InvalidParams("invalid params: connection settings need a connection kind - at `$.connection`")
+        return connection
+    if CONNECTION_PLATFORM[kind] != platform:
+        raise InvalidParams(
+            f"invalid params: connection.kind {kind} is for {CONNECTION_PLATFORM[kind]} channels - at `$.connection.kind`"
+        )
+    if kind != "discord_gateway" and (connection.gateway_url is not None or connection.intents is not None):
+        raise InvalidParams("invalid params: gatewayUrl and intents are for discord_gateway - at `$.connection`")
+    if not 1 <= connection.poll_timeout_s <= 50:
+        raise InvalidParams("invalid params: connection.pollTimeoutS must be 1..50 - at `$.connection.pollTimeoutS`")
+    intents = connection.intents
+    if intents is not None and not 0 <= intents < 1 << 31:
+        raise InvalidParams("invalid params: connection.intents must be 0..2^31-1 - at `$.connection.intents`")
+    return ChannelConnection(
+        kind=kind,
+        api_base_url=_base_url("connection.apiBaseUrl", connection.api_base_url, DEFAULT_API[kind], ("http", "https")),
+        gateway_url=_base_url("connection.gatewayUrl", connection.gateway_url, None, ("ws", "wss")),
+        poll_timeout_s=connection.poll_timeout_s,
+        intents=(DEFAULT_INTENTS if intents is None else intents) if kind == "discord_gateway" else None,
+    )

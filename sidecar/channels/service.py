@@ -15,6 +15,12 @@ The flow (seed 004 §4.1: PreProcessor 6 adapts the message, PostProcessor 5 rep
 ``channel:messages`` reads the inbox as the channel's message log; the channel's counters
 (``channel:config:list``) are kept by the store with every change of an inbox row.
 
+A channel with a connection of its own (``connection.kind``; ``channel:connect`` /
+``channel:disconnect``: connections/manager.py) gets its messages from that connection,
+through the same ``receive``, and sends its replies through it; ``channel:message`` and
+``channel:ack`` are the host's path only and are refused for it. Its credentials are sealed
+channel secrets, shown as ``***``.
+
 Must stay true: bad input is an error naming the field and changes nothing; the host never
 gets two replies for one platform message; a remote agent's token is stored sealed and
 never shown (``***``).
@@ -36,6 +42,9 @@ from protocol.channels import (
     AssistantRoute,
     ChannelAckParams,
     ChannelConfig,
+    ChannelConnectionStatus,
+    ChannelCounters,
+    ChannelCredentials,
     ChannelConfigUpsertParams,
     ChannelMessageParams,
     ChannelMessageResult,
@@ -45,6 +54,7 @@ from protocol.channels import (
     RemoteAgentRoute,
 )
 from protocol.common import EmptyParams, IdParams, SuccessResult
+from sidecar.channels.connections.manager import APP_TOKEN, BOT_TOKEN, ConnectionManager
 from sidecar.channels.delivery import Outbox
 from sidecar.channels.inbound import adapt
 from sidecar.channels.intake import check_sizes, decide, dedup_key
@@ -95,7 +105,8 @@ class ChannelService:
         self._configs: dict[str, ChannelConfig] = {}
         self._router = SessionRouter(store)
         self._guard = LoopGuard()
-        self._outbox = Outbox(store, notify, task_group, self._configs.get)
+        self._connections = ConnectionManager(store, attachments, task_group, self._from_connection)
+        self._outbox = Outbox(store, notify, task_group, self._configs.get, self._connections.sender)
         self._turns = TurnRunner(
             store=store, watcher=ReplyWatcher(events, store, chat), outbox=self._outbox, attachments=attachments,
             config_of=self._configs.get, task_group=task_group,
@@ -120,13 +131,17 @@ class ChannelService:
             self._outbox.kick(channel_id, chat_id)
         for config in self._configs.values():
             await self._prune(config, force=True)
+        await self._connections.load(self._configs)
+
+    async def aclose(self) -> None:
+        await self._connections.aclose()
 
     # ---- channel:config:* -----------------------------------------------------------
 
     async def list_configs(self, params: EmptyParams) -> list[ChannelConfig]:
         def read(r: ChannelRepo) -> list[ChannelConfig]:
             counters = r.counters()
-            return [msgspec.structs.replace(c, counters=counters.get(c.id)) for c in r.list_configs()]
+            return [self._shown(c, counters) for c in r.list_configs()]
 
         return await self._db(read)
 
@@ -135,7 +150,13 @@ class ChannelService:
         if config is None:
             raise NotFound(f"no channel {params.id!r}")
         counters = await self._db(lambda r: r.counters())
-        return msgspec.structs.replace(config, counters=counters.get(config.id))
+        return self._shown(config, counters)
+
+    def _shown(self, config: ChannelConfig, counters: dict[str, ChannelCounters]) -> ChannelConfig:
+        status = self._connections.status(config.id)
+        if status is None and config.connection.kind != "host":
+            status = ChannelConnectionStatus(state="disconnected")
+        return msgspec.structs.replace(config, counters=counters.get(config.id), status=status)
 
     async def upsert_config(self, params: ChannelConfigUpsertParams) -> ChannelConfig:
         config = resolve_config(params, self._now())
@@ -150,21 +171,33 @@ class ChannelService:
                     config, route=msgspec.structs.replace(route, auth=msgspec.structs.replace(route.auth, token=MASKED))
                 )
 
+        secrets = {
+            **credential_changes(config),
+            REMOTE_TOKEN: token if token is not None else "",  # no auth: no token kept
+        }
+        config = msgspec.structs.replace(config, credentials=ChannelCredentials())
+
         def write(s: Store) -> ChannelConfig:
             _check_target(s, config)
-            if token == MASKED and REMOTE_TOKEN not in s.channels.secret_names(config.id):
-                raise InvalidParams("invalid params: route.auth.token: no stored token to keep - at `$.route.auth.token`")
-            with s.transaction():
-                stored = s.channels.upsert_config(config)
-                if token is None:
-                    s.channels.set_secret(config.id, REMOTE_TOKEN, None)
-                elif token != MASKED:
-                    s.channels.set_secret(config.id, REMOTE_TOKEN, token)
+            names = s.channels.secret_names(config.id)
+            for name, value in secrets.items():
+                if value == MASKED and name not in names:
+                    field = "route.auth.token" if name == REMOTE_TOKEN else name
+                    raise InvalidParams(f"invalid params: {field}: no stored value to keep - at `$.{field}`")
+            kept = (names - {n for n, v in secrets.items() if not v}) | {n for n, v in secrets.items() if v}
+            masked = ChannelCredentials(**{field: MASKED for field, name in CREDENTIAL_FIELDS.items() if name in kept})
+            with s.transaction():  # the config first: its secrets reference it
+                stored = s.channels.upsert_config(msgspec.structs.replace(config, credentials=masked))
+                for name, value in secrets.items():
+                    if value != MASKED:
+                        s.channels.set_secret(config.id, name, value or None)
             return stored
 
         stored = await self._store.run(write)
         self._configs[stored.id] = stored
-        return stored
+        await self._connections.reconfigure(stored)
+        counters = await self._db(lambda r: r.counters())
+        return self._shown(stored, counters)
 
     async def delete_config(self, params: IdParams) -> SuccessResult:
         deleted = await self._db(lambda r: r.delete_config(params.id))
@@ -173,7 +206,30 @@ class ChannelService:
         self._configs.pop(params.id, None)
         self._outbox.forget(params.id)
         self._turns.forget(params.id)
+        await self._connections.forget(params.id)
         return SuccessResult(success=True)
+
+    # ---- channel:connect / channel:disconnect ------------------------------------------
+
+    async def connect(self, params: IdParams) -> ChannelConnectionStatus:
+        config = self._configs.get(params.id)
+        if config is None:
+            raise NotFound(f"no channel {params.id!r}")
+        return await self._connections.connect(config)
+
+    async def disconnect(self, params: IdParams) -> ChannelConnectionStatus:
+        if params.id not in self._configs:
+            raise NotFound(f"no channel {params.id!r}")
+        return await self._connections.disconnect(params.id)
+
+    async def _from_connection(self, channel_id: str, params: ChannelMessageParams) -> object:
+        config = self._configs.get(channel_id)
+        if config is None or not config.enabled:
+            return None
+        learned = [i for i in self._connections.identity.get(channel_id, ()) if i not in config.bot_user_ids]
+        if learned:
+            config = msgspec.structs.replace(config, bot_user_ids=[*config.bot_user_ids, *learned])
+        return await self.receive(config, params)
 
     # ---- channel:messages -------------------------------------------------------------
 
@@ -200,6 +256,11 @@ class ChannelService:
             raise NotFound(f"unknown channel {params.channel!r} (configure it with channel:config:upsert)")
         if not config.enabled:
             raise EngineError(f"channel {params.channel!r} is disabled")
+        if config.connection.kind != "host":
+            raise EngineError(
+                f"channel {params.channel!r} gets its messages from its own {config.connection.kind} connection:"
+                " channel:message is for the host's"
+            )
         return await self.receive(config, params)
 
     async def receive(self, config: ChannelConfig, params: ChannelMessageParams) -> ChannelMessageResult:
@@ -303,3 +364,31 @@ def _check_target(s: Store, config: ChannelConfig) -> None:
                 f"invalid params: route.providerId: {route.provider_id!r} is not an acp-engine provider"
                 " - at `$.route.providerId`"
             )
+
+
+CREDENTIAL_FIELDS = {"bot_token": BOT_TOKEN, "app_token": APP_TOKEN}
+"""ChannelCredentials fields -> the channel secrets holding them."""
+MAX_CREDENTIAL_CHARS = 4_096
+
+
+def credential_changes(config: ChannelConfig) -> dict[str, str]:
+    """The channel secrets an upsert sets ("": removed, ``***``: kept); a field left out
+    keeps its secret too. InvalidParams naming the field for an unusable value."""
+    changes: dict[str, str] = {}
+    kind = config.connection.kind
+    for field, name in CREDENTIAL_FIELDS.items():
+        value = getattr(config.credentials, field)
+        if value is None:
+            continue
+        camel = name
+        if value and kind == "host":
+            raise InvalidParams(f"invalid params: {camel} is for a channel with a connection of its own - at `$.{camel}`")
+        if value and field == "app_token" and kind != "slack_socket":
+            raise InvalidParams(f"invalid params: {camel} is for slack_socket connections - at `$.{camel}`")
+        if len(value) > MAX_CREDENTIAL_CHARS or not all(" " < c <= "~" for c in value):
+            raise InvalidParams(
+                f"invalid params: {camel} must be at most {MAX_CREDENTIAL_CHARS} printable ASCII characters"
+                f" without spaces - at `$.{camel}`"
+            )
+        changes[name] = value
+    return changes
