@@ -25,6 +25,7 @@ from __future__ import annotations
 import itertools
 import json
 import socket
+import time
 from collections.abc import AsyncIterator
 from contextlib import asynccontextmanager
 from typing import Any
@@ -51,7 +52,8 @@ async def serve(app: Starlette) -> AsyncIterator[int]:
     sock.bind(("127.0.0.1", 0))
     sock.listen()
     port = sock.getsockname()[1]
-    server = uvicorn.Server(uvicorn.Config(app, log_level="warning", lifespan="off", ws="websockets-sansio"))
+    # "critical": a long poll cut off when the fake stops is not an error worth a traceback
+    server = uvicorn.Server(uvicorn.Config(app, log_level="critical", lifespan="off", ws="websockets-sansio"))
     async with anyio.create_task_group() as tg:
         tg.start_soon(server.serve, [sock])
         with anyio.fail_after(10):
@@ -85,6 +87,8 @@ class FakeTelegram:
         self.confirmed = 0
         self.sent: list[tuple[str, dict[str, Any]]] = []
         """(method, payload) of every call but getUpdates, in order."""
+        self.sent_at: list[float] = []
+        """When each of ``sent`` arrived (time.perf_counter)."""
         self.webhook = False
         self.limit_next: float | None = None
         """The next send answers 429 with this retry_after."""
@@ -170,8 +174,10 @@ class FakeTelegram:
                                 " are exactly the same as a current content and reply markup of the message")
                 self.messages[key] = text
                 self.sent.append((name, payload))
+                self.sent_at.append(time.perf_counter())
                 return _ok({"message_id": key[1], "text": text})
         self.sent.append((name, payload))
+        self.sent_at.append(time.perf_counter())
         if name in ("sendMessage", "sendPhoto", "sendDocument"):
             message_id = next(self._ids)
             if name == "sendMessage":
@@ -246,14 +252,14 @@ class FakeDiscord:
         self.limited = 0
         self._socket: WebSocket | None = None
         self._ids = itertools.count(5000)
-        self._bucket: dict[str, int] = {}
+        self._bucket: dict[str, tuple[int, float]] = {}
         self.connected = anyio.Event()
 
     @property
     def api_url(self) -> str:
         return f"http://127.0.0.1:{self.port}/api/v10"
 
-    def message(self, content: str, *, channel_id: str = "c1", guild_id: str | None = "g1", author: str = "u1",
+    def message(self, content: str, *, channel_id: str = "3001", guild_id: str | None = "2001", author: str = "1001",
                 name: str = "alice", **extra: Any) -> dict[str, Any]:
         return {
             "id": str(next(self._ids)), "channel_id": channel_id, **({"guild_id": guild_id} if guild_id else {}),
@@ -333,13 +339,17 @@ class FakeDiscord:
         ])
 
     def _limit_headers(self, channel: str) -> dict[str, str] | None:
-        """Five messages per channel, then the bucket is empty for 0.3 s (None: over it)."""
-        left = self._bucket.get(channel, self.BUCKET)
+        """Five messages per channel, then the bucket is empty until its reset, 0.3 s later
+        (None: a request inside that time, answered 429)."""
+        now = time.monotonic()
+        left, reset_at = self._bucket.get(channel, (self.BUCKET, 0.0))
         if left <= 0:
-            self._bucket[channel] = self.BUCKET  # the reset the headers announced has passed
-            return None
-        self._bucket[channel] = left - 1
-        return {"X-RateLimit-Limit": str(self.BUCKET), "X-RateLimit-Remaining": str(left - 1),
+            if now < reset_at:
+                return None
+            left = self.BUCKET
+        left -= 1
+        self._bucket[channel] = (left, now + 0.3 if left == 0 else reset_at)
+        return {"X-RateLimit-Limit": str(self.BUCKET), "X-RateLimit-Remaining": str(left),
                 "X-RateLimit-Reset-After": "0.3", "X-RateLimit-Bucket": f"bucket-{channel}"}
 
     async def _gateway(self, websocket: WebSocket) -> None:
@@ -361,7 +371,7 @@ class FakeDiscord:
                     self.events = []
                     self._socket = websocket
                     await self.dispatch("READY", {
-                        "v": 10, "session_id": self.session_id, "user": {"id": "bot1", "username": "sidecar", "bot": True},
+                        "v": 10, "session_id": self.session_id, "user": {"id": "9001", "username": "sidecar", "bot": True},
                         "resume_gateway_url": f"ws://127.0.0.1:{self.port}/gateway", "guilds": [],
                     })
                     self.connected.set()

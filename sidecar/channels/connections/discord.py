@@ -25,8 +25,8 @@ base.retry_after_wait), for a global limit too.
   THREAD_CREATE, THREAD_UPDATE and THREAD_LIST_SYNC: the thread's parent channel as the chat
   and the thread as ``threadId``; attachments as URLs).
 
-``DiscordSender``: ``POST /channels/{id}/messages`` (``content``, ``message_reference`` for
-the first chunk, ``allowed_mentions: {parse: []}`` unless the channel allows mentions; an
+``DiscordSender``: ``POST /channels/{id}/messages`` (``content``, ``message_reference`` on
+the reply's first message, ``allowed_mentions: {parse: []}`` unless the channel allows mentions; an
 image as an embed, a local file uploaded), ``PATCH`` and ``DELETE`` of a message for stream
 mode (a deleted message that is already gone counts as done); into the thread when the
 reply has one.
@@ -408,7 +408,7 @@ class DiscordSender:
         first: str | None = None
         for number, chunk in enumerate(payload.chunks):
             body: dict[str, Any] = {"allowed_mentions": self._mentions}
-            if number == 0 and payload.reply_to:
+            if number == 0 and payload.seq == 1 and payload.reply_to:
                 body["message_reference"] = {"message_id": payload.reply_to, "fail_if_not_exists": False}
             files = None
             if isinstance(chunk, ReplyImageChunk) and chunk.url.lower().startswith(("http://", "https://")):

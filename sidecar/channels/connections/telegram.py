@@ -16,7 +16,7 @@ supergroups become ChannelMessageParams (forum topics: ``threadId`` is the
 ``getFile`` into an attachment (at most media.MAX_DOWNLOAD_BYTES).
 
 ``TelegramSender``: ``sendMessage`` with ``parse_mode`` MarkdownV2 (the reply's dialect),
-``message_thread_id`` and ``reply_parameters`` (the first chunk quotes the message it
+``message_thread_id`` and ``reply_parameters`` (the reply's first message quotes the one it
 answers); images and files with ``sendPhoto``/``sendDocument`` (an http(s) URL, or the local
 file uploaded); ``editMessageText`` and ``deleteMessage`` for stream mode ("message is not
 modified" and "message to delete not found" count as done). A chunk Telegram cannot parse
@@ -300,7 +300,7 @@ class TelegramSender:
         first: str | None = None
         for number, chunk in enumerate(payload.chunks):
             extra = dict(chat)
-            if number == 0 and payload.reply_to and payload.reply_to.isdigit():
+            if number == 0 and payload.seq == 1 and payload.reply_to and payload.reply_to.isdigit():
                 extra["reply_parameters"] = {"message_id": int(payload.reply_to), "allow_sending_without_reply": True}
             sent = await self._chunk(chunk, extra)
             if first is None and sent is not None:
