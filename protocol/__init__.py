@@ -5,7 +5,7 @@ domain: the stored shapes (``types``: SessionV2, MessageV2, ContentPart), the st
 events (``events``: ChatStreamEvent), the error codes (``errors``), and the params/result
 of every method with the domain's part of the method table (``lifecycle``, ``sessions``,
 ``messages``, ``chat``, ``providers``, ``settings``, ``tools``, ``mcp``, ``context``, ``compat``,
-``channels``, ``kb``, ``sync``, ``storage``, ``memory``); ``common`` also holds the ``sidecar:progress`` convention.
+``channels``, ``kb``, ``sync``, ``storage``, ``memory``, ``memory_upkeep``, ``tasks``, ``skills``); ``common`` also holds the ``sidecar:progress`` convention.
 ``methods`` joins the parts into one table (METHODS) mapping each method name to its types.
 ``limits`` holds the bounds the fields are annotated with (int64, string lengths, page
 sizes, the nesting depth of free-form JSON).
@@ -24,8 +24,8 @@ from typing import TYPE_CHECKING, Any
 PROTOCOL_VERSION = 1
 
 if TYPE_CHECKING:
-    from protocol import channels, chat, common, compat, context, kb, lifecycle, mcp, memory, messages
-    from protocol import providers, sessions, settings, storage, sync, tools
+    from protocol import channels, chat, common, compat, context, kb, lifecycle, mcp, memory, memory_upkeep, messages
+    from protocol import providers, sessions, settings, skills, storage, sync, tasks, tools
     from protocol.common import MethodSpec as MethodSpec
     from protocol.errors import ErrorCode as ErrorCode
     from protocol.events import *  # noqa: F401,F403
@@ -35,7 +35,7 @@ if TYPE_CHECKING:
 
 _DOMAIN_NAMES = (
     "common", "lifecycle", "sessions", "messages", "chat", "providers", "settings", "tools", "mcp", "context",
-    "compat", "channels", "kb", "sync", "storage", "memory",
+    "compat", "channels", "kb", "sync", "storage", "memory", "memory_upkeep", "tasks", "skills",
 )
 _SUBMODULES = frozenset({*_DOMAIN_NAMES, "errors", "events", "types", "limits", "methods", "generated"})
 

@@ -63,9 +63,21 @@ class CompatStartParams(Struct, forbid_unknown_fields=True, kw_only=True):
     """True: a request whose ``agent_server.agent_mode`` is ``yolo`` gets the permission
     requests no ``tool_approval_rules`` rule decided approved (V1's behaviour). False: they
     wait for the user (``tool_approval_required``, ``tool:pending:list``)."""
+    trust_approval_rules: bool = False
+    """True: a request's ``tool_approval_rules`` rules with action ``allow`` approve the calls
+    they match without the user (V1's behaviour: the key holder decides what runs). False
+    (default): a request may only narrow, its ``deny`` rules decide and its ``allow`` rules
+    leave the call to the user."""
     workspace_dir: str | None = None
     """Absolute path under which ``computer-project-workspace/<user_id>/<agent_work_dir>``
     working directories are made (default ``<dataDir>/compat``)."""
+    work_dir_roots: list[str] = []
+    """Absolute directories an absolute ``agent_work_dir`` may name (it, or a directory
+    below it); the workspace directory always may. Any other absolute path (``/``, a home
+    directory) is refused with ``AGENT_WORK_DIR_INVALID``."""
+    head_timeout_ms: int = 10_000
+    """A connection's request head (request line and headers) must arrive within this
+    (1000..120000); then the connection is answered 408 and closed."""
     max_sse_clients: int = 8
     """Progress streams open at once per session (1..64); one more is refused with 429."""
     ping_interval_ms: int | None = None
@@ -87,6 +99,12 @@ class CompatStatus(Struct, omit_defaults=False, kw_only=True):
     """Projects (V1 sessions) served since the start."""
     running_turns: int = 0
     sse_clients: int = 0
+    connections: int = 0
+    """HTTP connections open now."""
+    max_connections: int = 0
+    """At most this many are open at once (derived from the process's file descriptor
+    limit at ``compat:start``, so stdio, the database and providers keep theirs); half of
+    them at most may be connections no request with the key came on yet."""
 
 
 class CompatStartResult(CompatStatus, omit_defaults=False, kw_only=True):

@@ -192,7 +192,11 @@ class AssistantProfile(Struct, omit_defaults=False, kw_only=True):
     """The tools this assistant's replies are offered, by name (``get_current_time``,
     ``web_search``, ``workspace_read_file``, ``mcp__files__read``...) or ``mcp:<server>`` for
     every tool of an MCP server; ``read_tool_output`` and ``get_session_capabilities`` come
-    with any of them. ``[]``: no tools at all. None: every tool the tool settings offer."""
+    with any of them. ``[]``: none of them. None: every tool the tool settings offer. The
+    feature tools are not named here: the memory tools come with ``memory.enabled``,
+    ``soul_update`` with ``context.evolveSoul``, ``knowledge_search`` with
+    ``knowledgeBaseIds`` (``tool:list`` shows why each tool is offered). An unknown name, or
+    a feature tool's, is invalid params listing the valid names."""
     knowledge_base_ids: list[str] = []
     memory: MemorySettings = msgspec.field(default_factory=MemorySettings)
     modes: list[PromptInjection] = []
@@ -213,7 +217,8 @@ class AssistantUpsertParams(Struct, forbid_unknown_fields=True, kw_only=True):
     allow_session_prompt: bool = True
     regex_rules: list[RegexRule] = []
     enabled_tools: list[str] | None = None
-    """See AssistantProfile.enabledTools (omitted or null: every tool; ``[]``: none)."""
+    """See AssistantProfile.enabledTools (omitted or null: every tool; ``[]``: none besides
+    the feature tools)."""
     knowledge_base_ids: list[str] = []
     memory: MemorySettings = msgspec.field(default_factory=MemorySettings)
     modes: list[PromptInjection] = []

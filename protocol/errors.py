@@ -39,3 +39,9 @@ class ErrorCode(IntEnum):
     SECRETS_LOCKED = -32008
     """A stored secret (API key, token) was sealed with a key this process was not given
     (another host key): calls that need it fail; nothing is lost."""
+    RESPONSE_TOO_LARGE = -32009
+    """A request of a batch was answered, but its answer did not fit in the batch's answer
+    (``MAX_BATCH_ANSWER_BYTES``): send it alone."""
+    FEATURE_UNAVAILABLE = -32010
+    """The request needs an optional part of the bundle that is not installed (``data``:
+    ``{part, module}``, e.g. ``vectors`` for embedding models); everything else works."""

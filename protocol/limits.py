@@ -36,6 +36,8 @@ __all__ = [
     "MAX_SEARCH_PAGE",
     "MAX_AUDIT_PAGE",
     "MAX_MESSAGES_PAGE",
+    "MAX_BATCH_ITEMS",
+    "MAX_BATCH_ANSWER_BYTES",
     "Int64",
     "Id",
     "Title",
@@ -75,6 +77,10 @@ MAX_SESSION_PAGE = 500
 MAX_SEARCH_PAGE = 200
 MAX_AUDIT_PAGE = 1000
 MAX_MESSAGES_PAGE = 10_000
+MAX_BATCH_ITEMS = 1000
+"""Messages one batch line may hold; more is INVALID_REQUEST for the whole line."""
+MAX_BATCH_ANSWER_BYTES = 16 * 1024 * 1024
+"""The encoded answer to one batch: a reply that would make it larger is RESPONSE_TOO_LARGE."""
 
 _DEPTH_SCHEMA = {"x-maxDepth": MAX_JSON_DEPTH}
 

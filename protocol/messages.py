@@ -88,8 +88,9 @@ class MessagesUpdateParams(Struct, kw_only=True):
 
 
 DeleteMode = Literal["message", "branch"]
-"""``message``: only that message (its children move up to its parent); ``branch``: the
-message and everything below it."""
+"""``message``: only that message (its children move up to its parent; a root user message
+takes the replies below it, down to the next user messages, so no branch starts with a
+reply); ``branch``: the message and everything below it."""
 
 
 class MessagesDeleteParams(Struct, kw_only=True):

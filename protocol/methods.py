@@ -15,13 +15,16 @@ from protocol import kb
 from protocol import sync
 from protocol import storage
 from protocol import memory
+from protocol import tasks
+from protocol import memory_upkeep
+from protocol import skills
 from protocol.channels import ChannelReplyParams
 from protocol.chat import SuggestionsParams
 from protocol.common import CancelRequestParams, MethodSpec, ProgressParams
 from protocol.events import ChatStreamEvent
 from protocol.types import SessionV2
 
-_DOMAIN_TABLES = (lifecycle, sessions, messages, chat, providers, settings, tools, mcp, context, compat, channels, kb, sync, storage, memory)
+_DOMAIN_TABLES = (lifecycle, sessions, messages, chat, providers, settings, tools, mcp, context, compat, channels, kb, sync, storage, memory, memory_upkeep, tasks, skills)
 
 METHODS: dict[str, MethodSpec] = {}
 for _domain in _DOMAIN_TABLES:
@@ -55,3 +58,6 @@ NOTIFICATIONS: dict[str, MethodSpec] = {
 }
 NOTIFICATIONS.update(sync.NOTIFICATIONS)
 NOTIFICATIONS.update(memory.NOTIFICATIONS)
+NOTIFICATIONS.update(tasks.NOTIFICATIONS)
+NOTIFICATIONS.update(memory_upkeep.NOTIFICATIONS)
+NOTIFICATIONS.update(skills.NOTIFICATIONS)

@@ -43,6 +43,9 @@ class ChatSettings(Struct, omit_defaults=False, kw_only=True):
     persist_interval_ms: Int64 = 250
     """Partial content of a streaming reply is written at least this often."""
     max_tokens: Int64 | None = None
+    """The output limit of a reply (at most the model's ``maxOutputTokens``); None: the
+    model's ``maxOutputTokens``, else a quarter of its context window (at most 4,096), else
+    the provider's own default."""
     reasoning: ReasoningLevel | None = None
     temperature: float | None = None
     top_p: float | None = None
@@ -50,8 +53,8 @@ class ChatSettings(Struct, omit_defaults=False, kw_only=True):
 
 class ChatSettingsUpdate(Struct, forbid_unknown_fields=True, kw_only=True):
     """Fields of ChatSettings to change; unknown fields are invalid params. A field left
-    out keeps its value; ``null`` resets it to its default (``maxTokens: null``: the
-    provider's own limit again)."""
+    out keeps its value; ``null`` resets it to its default (``maxTokens: null``: the context
+    budget's reserved output, from the model's maximum output or its context window)."""
 
     generate_titles: bool | None | UnsetType = UNSET
     title_model: DefaultModel | None | UnsetType = UNSET

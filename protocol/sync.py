@@ -76,7 +76,9 @@ class ServerConfigureParams(Struct, kw_only=True):
     """The server accepts the seed's ``/create {agentId, title, messages}`` (the real one
     takes no messages: leave this off unless the server documents it)."""
     request_timeout_ms: int = 30_000
-    """Per call: connecting, and each wait for the answer (1000..600000)."""
+    """Each call to the server in all (1000..600000): connecting, sending, the whole answer,
+    and its retries; for a chat stream, the time to its response head (its events are then
+    bounded by ``chatIdleTimeoutMs``)."""
     tenant_id: int | None = None
     """Sent as ``x-tenant-id`` for servers that cannot tell the tenant from the host name."""
     chat_api: ChatApi = "conversation"
@@ -129,6 +131,21 @@ class SyncIssue(Struct, omit_defaults=False, kw_only=True):
     retryable: bool = False
 
 
+class SkippedConversation(Struct, omit_defaults=False, kw_only=True):
+    """A server conversation a pull could not read: a value outside the wire contract's
+    bounds (an id or index past int64, a date past year 9999, nesting too deep). Nothing
+    of it was stored; every later pull tries it again and reports it until the server
+    sends it within bounds."""
+
+    conversation_id: int | None = None
+    """None when its id itself was unusable."""
+    session_id: str | None = None
+    """The local session linked to it, if any (left as it was)."""
+    field: str | None = None
+    """Where the value was, as a JSON path within the row or item (``$.modified``), when known."""
+    message: str
+
+
 class NotPushed(Struct, omit_defaults=False, kw_only=True):
     """Messages of a session that stay on this device only (the server cannot take them)."""
 
@@ -149,6 +166,8 @@ class SyncResult(Struct, omit_defaults=False, kw_only=True):
     messages_pushed: int = 0
     conflicts: list[SyncConflict] = []
     errors: list[SyncIssue] = []
+    skipped: list[SkippedConversation] = []
+    """Conversations the server sent out of bounds: not imported, the rest of the pull went on."""
     not_pushed: list[NotPushed] = []
     complete: bool = True
     """False when the run stopped early (auth expired, the list could not be read)."""

@@ -18,6 +18,7 @@ __all__ = [
     "ToolDecision",
     "ApprovalSource",
     "ToolSource",
+    "ToolOfferedBy",
     "AuditDecision",
     "AuditActor",
     "ToolPolicyValue",
@@ -39,6 +40,14 @@ __all__ = [
 
 ToolSource = Literal["memory", "knowledge", "web", "local", "conversation", "workspace", "skill", "mcp", "system"]
 """Where a tool comes from (``tool:list``)."""
+
+ToolOfferedBy = Literal["settings", "enabledTools", "memory", "soul", "knowledge", "helper"]
+"""Why a request is offered a tool (``tool:list``): ``settings``: the assistant's
+``enabledTools`` is null, so every tool the tool settings enable; ``enabledTools``: the
+assistant names it (or its MCP server); ``memory`` / ``soul`` / ``knowledge``: the
+assistant's ``memory.enabled`` / ``context.evolveSoul`` / knowledge bases bring it, whatever
+``enabledTools`` says; ``helper``: ``read_tool_output`` and ``get_session_capabilities``,
+which come with any other tool."""
 
 AuditDecision = Literal[
     "requested", "approved", "denied", "answered", "cancelled",
@@ -146,6 +155,8 @@ class ToolInfo(Struct, omit_defaults=False, kw_only=True):
     """The effective policy (stored policy, else the default)."""
     default_policy: ToolPolicyValue
     parameters: JsonObject = {}
+    offered_by: ToolOfferedBy = "settings"
+    """Why it is offered (see ToolOfferedBy)."""
 
 
 class ToolListParams(Struct, kw_only=True):

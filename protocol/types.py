@@ -50,8 +50,10 @@ __all__ = [
 ]
 
 
-class Struct(msgspec.Struct, rename="camel", kw_only=True, omit_defaults=True):
-    """Base of every wire type: camelCase names, keyword-only, defaults omitted."""
+class Struct(msgspec.Struct, rename="camel", kw_only=True, omit_defaults=False):
+    """Base of every wire type: camelCase names, keyword-only, and every field written, a
+    default too (a reader never has to know a default: what the sidecar sends is whole).
+    A field whose default is ``msgspec.UNSET`` (an update's "keep") is still left out."""
 
 
 class _Part(Struct, tag_field="type", kw_only=True):

@@ -41,6 +41,9 @@ OPTIONS = (
     Option("--no-keychain", "keychain", False,
            "keep the secrets key in a key file, never in the OS keychain (env CHAT_SIDECAR_KEYCHAIN=off)"),
     Option("--bench", "bench", True, None),
+    Option("--test-clock", "test_clock_ms", int,
+           "tests only: the task scheduler's clock stands at this time (ms since the epoch) and moves only by "
+           "sidecar:test:clock (env CHAT_SIDECAR_TEST_CLOCK)"),
 )
 """The command line's options: ``_parser`` (help, errors) and ``_quick_parse`` read this one table."""
 COMMANDS = ("serve",)

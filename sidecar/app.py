@@ -34,6 +34,8 @@ Attributes:
     secrets:  SecretsService (sidecar/engine/secrets.py): settles the key of secrets at rest.
     sessions: SessionService (sidecar/engine/sessions.py): chat:session:* and chat:messages:*.
     assistants: AssistantService (sidecar/engine/assistants.py): assistant:*.
+    provider_probe: ProviderProbe (sidecar/engine/provider_probe.py): provider:test and
+              provider:models, each on a throwaway client.
     attachments: AttachmentStore (sidecar/store/attachments.py): stored attachment files.
     requests: RequestBuilder (sidecar/pipeline/builder.py), built once: the generation loop and
               chat:context:* share it (token cache, summary checks, summary locks).
@@ -68,6 +70,14 @@ Attributes:
               requests, the memory tools, the MemoryEncoder; its background jobs (embedding,
               encoding) run in its task group, cancelled on exit after the chat engine stopped.
     souls:    SoulService (sidecar/memory/soul.py): assistant:soul:*.
+    memory_upkeep: MemoryUpkeep (sidecar/memory/upkeep.py): memory:consolidate,
+              memory:consolidation:*, memory:stats, memory:export, memory:import,
+              memory:settings:*; the expiry policy runs once at start in MemoryService's group.
+    skills:   SkillService (sidecar/skills/service.py): skill:*; its automatic proposals run
+              in a task group of their own, cancelled on exit before the chat engine closes.
+    tasks:    TaskService (sidecar/tasks/service.py): task:*, and the scheduler, a task of its
+              own task group, entered last (cancelled first on exit: a run in progress stays
+              recorded and is followed again at the next start).
     (later)   ... attached by the services that own them.
 """
 
@@ -101,6 +111,7 @@ if TYPE_CHECKING:
     from sidecar.engine.assistants import AssistantService
     from sidecar.engine.chat import ChatEngine
     from sidecar.engine.context import ContextService
+    from sidecar.engine.provider_probe import ProviderProbe
     from sidecar.engine.providers import ProviderService
     from sidecar.engine.secrets import SecretsService
     from sidecar.engine.sessions import SessionService
@@ -111,10 +122,13 @@ if TYPE_CHECKING:
     from sidecar.pipeline.builder import RequestBuilder
     from sidecar.memory.service import AssistantFor, MemoryService
     from sidecar.memory.soul import SoulService
+    from sidecar.memory.upkeep import MemoryUpkeep
     from sidecar.retrieval.service import KnowledgeService
+    from sidecar.skills.service import SkillService
     from sidecar.store import AsyncStore, Store
     from sidecar.store.attachments import AttachmentStore
     from sidecar.sync.service import SyncService
+    from sidecar.tasks.service import TaskService
     from sidecar.tools.mcp import McpManager
     from sidecar.tools.service import ToolService
 
@@ -129,6 +143,7 @@ class App:
     sessions: SessionService
     settings: SettingsService
     providers: ProviderService
+    provider_probe: ProviderProbe
     attachments: AttachmentStore
     requests: RequestBuilder
     acp_engines: AcpEngines
@@ -148,6 +163,9 @@ class App:
     side_usage: SideUsage
     memory: MemoryService
     souls: SoulService
+    memory_upkeep: MemoryUpkeep
+    skills: SkillService
+    tasks: TaskService
 
     def __init__(self, config: Config, data_dir: Path, notify: Notify) -> None:
         self.config = config
@@ -222,11 +240,17 @@ async def open_app(
         app.chat.remote = remote
         await _open_forwarding(app, stack)
         _open_context(app)
+        from sidecar.skills.service import open_skills
+
+        app.skills = await open_skills(app, stack)
         await _start_knowledge(app)
         await _start_memory(app)
         await _open_compat(app, stack)
         await _open_channels(app, stack)
         await _start_background(app, stack)
+        from sidecar.tasks.service import open_tasks
+
+        app.tasks = await open_tasks(app, stack)  # last: the scheduler is cancelled first on exit
         yield app
 
 
@@ -247,6 +271,7 @@ _SERVICE_MODULES = (
     "sidecar.engine.approvals",
     "sidecar.engine.chat",
     "sidecar.engine.providers",
+    "sidecar.engine.provider_probe",
     "sidecar.engine.settings",
     "sidecar.tools.mcp",
     "sidecar.tools.service",
@@ -267,6 +292,9 @@ _SERVICE_MODULES = (
     "sidecar.engine.storage",
     "sidecar.memory.service",
     "sidecar.memory.soul",
+    "sidecar.memory.upkeep",
+    "sidecar.skills.service",
+    "sidecar.tasks.service",
 )
 
 
@@ -295,6 +323,7 @@ async def _open_chat(app: App, stack: AsyncExitStack) -> None:
 
     from sidecar.engine.approvals import ApprovalService
     from sidecar.engine.chat import ChatEngine
+    from sidecar.engine.provider_probe import ProviderProbe
     from sidecar.engine.providers import ProviderService
     from sidecar.engine.settings import SettingsService
     from sidecar.engine.side import SideCalls
@@ -322,6 +351,7 @@ async def _open_chat(app: App, stack: AsyncExitStack) -> None:
     await app.settings.load()
     app.providers = ProviderService(store)
     stack.push_async_callback(app.providers.aclose)
+    app.provider_probe = ProviderProbe(store)
     app.side_usage = SideUsage(store, app.providers)
     app.attachments = AttachmentStore(app.data_dir)
     # one builder: the generation loop and chat:context:* share its token cache, summary
@@ -458,7 +488,7 @@ def _open_context(app: App) -> None:
     from sidecar.engine.assistants import AssistantService
     from sidecar.engine.context import ContextService
 
-    app.assistants = AssistantService(app.store)
+    app.assistants = AssistantService(app.store, check_tools=app.tools.check_enabled_tools)
     app.context = ContextService(
         app.store, app.requests, providers=app.providers, tools=app.tools, settings=app.settings.current
     )
@@ -553,8 +583,10 @@ async def _open_memory(app: App, stack: AsyncExitStack) -> None:
 
 async def _start_memory(app: App) -> None:
     """Deleting an assistant deletes its memories and Soul.md (README "Memory"); what a
-    previous run left without vectors is embedded."""
+    previous run left without vectors is embedded; memory upkeep (its expiry runs once now,
+    in the background)."""
     from sidecar.memory.encoder import MemoryEncoder
+    from sidecar.memory.upkeep import MemoryUpkeep
 
     app.assistants.on_delete.append(app.memory.forget_assistant)
     memory = app.memory
@@ -565,6 +597,9 @@ async def _start_memory(app: App) -> None:
     memory.encoder = MemoryEncoder(memory, app.providers, app.side_usage, assistant_of)
     app.chat.on_completed.append(memory.reply_completed)
     await memory.start(usage=app.side_usage)
+    app.memory_upkeep = MemoryUpkeep(memory, app.providers, app.notify)
+    await app.memory_upkeep.load()
+    app.memory_upkeep.start()
 
 
 async def _start_knowledge(app: App) -> None:

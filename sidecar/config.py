@@ -36,6 +36,7 @@ ENV_VARS: dict[str, str] = {
     "secret_key_fd": "CHAT_SIDECAR_SECRET_KEY_FD",
     "keychain": "CHAT_SIDECAR_KEYCHAIN",
     "warmup_ms": "CHAT_SIDECAR_WARMUP_MS",
+    "test_clock_ms": "CHAT_SIDECAR_TEST_CLOCK",
 }
 """Config field -> environment variable that sets it."""
 
@@ -60,6 +61,9 @@ class Config(msgspec.Struct, kw_only=True, frozen=True):
     keychain: bool = True
     """Without a host key, keep the secrets key in the OS keychain (``keyring``) when one
     works; False: only the key file in the data dir."""
+    test_clock_ms: int | None = None
+    """Tests only: the task scheduler's clock starts at this time (ms since the epoch) and
+    moves only when ``sidecar:test:clock`` sets it (a method that exists only then)."""
 
 
 def default_data_dir() -> str:
@@ -110,7 +114,7 @@ def _from_env(name: str, raw: str) -> Any:
         if lowered not in ("0", "1", "true", "false", "on", "off", "yes", "no"):
             raise InvalidParams(f"{ENV_VARS[name]} must be on or off, got {raw!r}")
         return lowered in ("1", "true", "on", "yes")
-    if name in ("max_line_bytes", "secret_key_fd", "warmup_ms"):
+    if name in ("max_line_bytes", "secret_key_fd", "warmup_ms", "test_clock_ms"):
         try:
             return int(raw)
         except ValueError:

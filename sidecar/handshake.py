@@ -25,8 +25,8 @@ BOUND_METHODS: list[str] = sorted([*LIFECYCLE_METHODS, *BINDINGS])
 """Every method this process answers: the contract's (tests/test_rpc_server.py holds them
 equal to ``protocol.METHODS``), and what ``implemented`` lists until the App is open."""
 SERVER_NOTIFICATIONS = (
-    "channel:reply", "chat:session:updated", "chat:stream", "chat:suggestions", "memory_proposed",
-    "server:status:updated", "sidecar:progress",
+    "channel:reply", "chat:session:updated", "chat:stream", "chat:suggestions", "memory_consolidation_proposed",
+    "memory_proposed", "server:status:updated", "sidecar:progress", "skill_proposed", "task_finished", "task_fired",
 )
 """The notifications this process sends: the server->client ones of ``protocol.NOTIFICATIONS``
 (tests/test_rpc_server.py holds them equal), named here so the handshake needs no domain of

@@ -65,6 +65,9 @@ BENCH_NOTIFY = "sidecar:bench:notify"
 BENCH_PING = "sidecar:bench:ping"
 BENCH_MODULES = "sidecar:bench:modules"
 """Benchmark methods: registered only with ``--bench``, not part of the contract (not in protocol.METHODS)."""
+TEST_CLOCK = "sidecar:test:clock"
+"""Moves the task scheduler's test clock: registered only with ``--test-clock``, not part of
+the contract (README "Scheduled tasks", sidecar/tasks/clock.py)."""
 
 BoundFunc = Callable[[Any], Awaitable[Any]]
 
@@ -104,6 +107,11 @@ class BenchNotifyResult(msgspec.Struct, kw_only=True, rename="camel"):
     """Bytes of the last notification line (envelope and newline included)."""
     elapsed_ms: float
     """Time to encode and queue all notifications (they are written before this reply)."""
+
+
+class TestClockParams(msgspec.Struct, kw_only=True, forbid_unknown_fields=True):
+    now: int
+    """The new time, ms since the epoch (never earlier than the clock's)."""
 
 
 class Server:
@@ -196,6 +204,8 @@ class Server:
             table[BENCH_NOTIFY] = Handler(BenchNotifyParams, self._open_only(self.bench_notify))
             table[BENCH_PING] = Handler(EmptyParams, self._open_only(self.bench_ping))
             table[BENCH_MODULES] = Handler(EmptyParams, self.bench_modules)
+        if self.config.test_clock_ms is not None:
+            table[TEST_CLOCK] = Handler(TestClockParams, self._open_only(self.test_clock))
         missing = set(METHODS) - set(table)
         if missing:  # guarded by a test too; this keeps a partial deployment honest
             logger.error("methods of the contract without a handler: %s", ", ".join(sorted(missing)))
@@ -288,6 +298,14 @@ class Server:
             await self.stop_replies()
         self.stop.set()  # serve() waits for this reply to be queued before it stops writing
         return SuccessResult(success=True)
+
+    async def test_clock(self, params: TestClockParams) -> dict[str, int]:
+        """Move the scheduler's test clock; answered once every time up to it was handled."""
+        await self.ready.wait()
+        tasks = getattr(self.app, "tasks", None)
+        if tasks is None:
+            raise SidecarError("the task scheduler is not running", code=ErrorCode.NOT_IMPLEMENTED)
+        return {"now": await tasks.set_test_clock(params.now)}
 
     async def bench_modules(self, params: EmptyParams) -> dict[str, list[str] | None]:
         """The HEAVY_MODULES loaded now, and when the first store method was answered

@@ -4,6 +4,8 @@ from __future__ import annotations
 
 from typing import Any
 
+import msgspec
+
 from sidecar_proc import SidecarProcess
 
 FINAL_TYPES = ("stream_end", "error", "aborted")
@@ -56,3 +58,18 @@ def assert_well_ordered(events: list[dict[str, Any]]) -> None:
 
 def streamed_text(events: list[dict[str, Any]]) -> str:
     return "".join(e["text"] for e in events if e["type"] == "text_delta")
+
+
+def usage(input_tokens: int, output_tokens: int, **given: int | None) -> dict[str, int | None]:
+    """A Usage as the sidecar sends it: every field, the ones a provider did not report null."""
+    fields: dict[str, int | None] = {"inputTokens": input_tokens, "outputTokens": output_tokens, "cacheReadTokens": None,
+                                     "cacheWriteTokens": None, "reasoningTokens": None, "contextUsed": None, "contextSize": None}
+    fields.update(given)
+    return fields
+
+
+def model_config(model_id: str, **given: object) -> dict[str, object]:
+    """A ModelConfig as the sidecar sends it (every field, defaults too)."""
+    from protocol import ModelConfig
+
+    return msgspec.to_builtins(msgspec.convert({"id": model_id, **given}, ModelConfig))

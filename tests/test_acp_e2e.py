@@ -77,7 +77,7 @@ async def test_tool_calls_diffs_plan_usage_and_unknown_updates(tmp_path: Path) -
             "text_delta", "stream_end",
         ]
         assert events[1]["toolCall"] == {"id": "call-read", "name": "Read config", "arguments": '{"path":"/w/config.json"}'}
-        assert events[2]["toolResult"] == {"toolCallId": "call-read", "output": "debug=false"}
+        assert events[2]["toolResult"] == {"toolCallId": "call-read", "output": "debug=false", "isError": False}
         reply = await stored(proc, session["id"], sent["messageId"])
         parts = reply["parts"]
         assert [p["type"] for p in parts] == ["tool_use", "tool_result", "tool_use", "diff", "tool_result", "text"]
@@ -91,7 +91,8 @@ async def test_tool_calls_diffs_plan_usage_and_unknown_updates(tmp_path: Path) -
 
         sent, final = await send_and_wait(proc, session["id"], "unknown")
         assert final["type"] == "stream_end"
-        assert final["usage"] == {"inputTokens": 11, "outputTokens": 7, "contextUsed": 1234, "contextSize": 200000}
+        assert final["usage"] == {"inputTokens": 11, "outputTokens": 7, "contextUsed": 1234, "contextSize": 200000,
+                                  "cacheReadTokens": None, "cacheWriteTokens": None, "reasoningTokens": None}
         reply = await stored(proc, session["id"], sent["messageId"])
         raw_kinds = [u.get("sessionUpdate") for u in reply["acpParts"]]
         assert raw_kinds == [
@@ -108,7 +109,7 @@ async def test_tool_calls_diffs_plan_usage_and_unknown_updates(tmp_path: Path) -
         events = events_of(proc, sent["messageId"])
         assert [e["type"] for e in events][1:3] == ["thinking_delta", "text_delta"]
         reply = await stored(proc, session["id"], sent["messageId"])
-        assert reply["parts"] == [{"type": "thinking", "text": "thinking hard"}, {"type": "text", "text": "answer"}]
+        assert reply["parts"] == [{"type": "thinking", "text": "thinking hard", "signature": None}, {"type": "text", "text": "answer"}]
 
         for reason, finish in (("max_tokens", "length"), ("refusal", "refusal"), ("max_turn_requests", "max_turn_requests")):
             _, final = await send_and_wait(proc, session["id"], f"stop {reason}")
@@ -142,7 +143,7 @@ async def test_permission_approved_rejected_remembered_and_audited(tmp_path: Pat
         assert final["type"] == "stream_end"
         assert streamed_text(events_of(proc, sent["messageId"])) == "allowed:yes"
         reply = await stored(proc, session["id"], sent["messageId"])
-        assert reply["parts"][1] == {"type": "tool_result", "toolUseId": "call-p", "content": "done"}
+        assert reply["parts"][1] == {"type": "tool_result", "toolUseId": "call-p", "content": "done", "isError": False}
 
         # rejected once
         sent, _ = await ask("delete")
@@ -507,13 +508,22 @@ async def test_bad_engine_configs_are_invalid_params(tmp_path: Path) -> None:
                 {"name": "H", "type": "openai-compat", "baseUrl": "http://x", "engine": {"command": "x"}},
             )
         assert err.value.code == -32602
-        # a direct session cannot use an engine, an ACP session cannot use an HTTP provider
+        # a direct session cannot use an engine, an ACP session cannot use an HTTP provider:
+        # refused where they are chosen (and at the send, for a session whose default it is)
         engine = await add_engine(proc)
-        direct = await proc.call("chat:session:create", {"providerId": engine["id"], "modelId": "m"})
+        with pytest.raises(CallError) as err:
+            await proc.call("chat:session:create", {"providerId": engine["id"], "modelId": "m"})
+        assert err.value.code == -32602 and "is an ACP agent engine" in err.value.message
+        await proc.call("provider:setDefault", {"providerId": engine["id"], "modelId": "m"})
+        direct = await proc.call("chat:session:create", {})
         _, final = await send_and_wait(proc, direct["id"], "hi")
         assert final["type"] == "error" and "is an ACP agent engine" in final["error"]
         http = await proc.call("provider:upsert", {"name": "H", "type": "openai-compat", "baseUrl": "http://127.0.0.1:9"})
-        acp = await acp_session(proc, http["id"])
+        with pytest.raises(CallError) as err:
+            await acp_session(proc, http["id"])
+        assert err.value.code == -32602 and "needs an acp-engine provider" in err.value.message
+        await proc.call("provider:setDefault", {"providerId": http["id"], "modelId": "m"})
+        acp = await proc.call("chat:session:create", {"mode": "acp"})
         _, final = await send_and_wait(proc, acp["id"], "hi")
         assert final["type"] == "error" and "is not an ACP agent engine" in final["error"]
         await proc.close()

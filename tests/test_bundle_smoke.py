@@ -12,13 +12,17 @@ from __future__ import annotations
 
 import base64
 import datetime
+import importlib.util
 import ipaddress
 import json
 import os
+import shutil
+import statistics
 import sys
 from collections.abc import AsyncIterator
 from contextlib import asynccontextmanager
 from pathlib import Path
+from typing import Any
 
 import anyio
 
@@ -27,10 +31,10 @@ from chat_helpers import configure_provider, wait_final
 from mcp_helpers import wait_status
 from node_client import assert_all_ran, run_node_client_tests
 from scripted_server import scripted_provider
-from sidecar_proc import spawn_sidecar
+from sidecar_proc import CallError, spawn_sidecar
 
 import sidecar
-from protocol import PROTOCOL_VERSION
+from protocol import PROTOCOL_VERSION, ErrorCode
 
 ROOT = Path(__file__).resolve().parent.parent
 BUNDLE_ENV = "CHAT_SIDECAR_BUNDLE"
@@ -49,11 +53,27 @@ def bundle() -> Path:
     return folder
 
 
-@pytest.fixture(scope="module")
-def launcher(bundle: Path) -> Path:
-    path = bundle / json.loads((bundle / "bundle.json").read_text(encoding="utf-8"))["launcher"]
+def launcher_of(folder: Path) -> Path:
+    path = folder / json.loads((folder / "bundle.json").read_text(encoding="utf-8"))["launcher"]
     assert path.is_file() and os.access(path, os.X_OK), path
     return path
+
+
+@pytest.fixture(scope="module")
+def launcher(bundle: Path) -> Path:
+    """The core folder's launcher (no optional part installed)."""
+    return launcher_of(bundle)
+
+
+@pytest.fixture(scope="module")
+def full_launcher(bundle: Path, tmp_path_factory: pytest.TempPathFactory) -> Path:
+    """A copy of the bundle with every optional part copied over it, as an app installs them."""
+    tool = load_tool("bundle_tool_smoke", ROOT / "tools" / "bundle.py")
+    full = tmp_path_factory.mktemp("full") / bundle.name
+    shutil.copytree(bundle, full, symlinks=True)
+    for part in sorted((bundle.parent / f"{bundle.name}-parts").iterdir()):
+        tool.install_part(part, full)
+    return launcher_of(full)
 
 
 def test_layout_manifest_and_no_test_extras(bundle: Path, launcher: Path) -> None:
@@ -74,8 +94,8 @@ def test_layout_manifest_and_no_test_extras(bundle: Path, launcher: Path) -> Non
 
 
 @pytest.mark.anyio
-async def test_the_launcher_serves_a_reply_with_documents_templates_and_mcp(tmp_path: Path, launcher: Path) -> None:
-    command = [str(launcher), "--data-dir", str(tmp_path / "data")]
+async def test_the_launcher_serves_a_reply_with_documents_templates_and_mcp(tmp_path: Path, full_launcher: Path) -> None:
+    command = [str(full_launcher), "--data-dir", str(tmp_path / "data")]
     async with scripted_provider() as server, spawn_sidecar(tmp_path, command=command) as proc:
         await configure_provider(proc, server.base_url)
         info = await proc.call("sidecar:initialize", {"protocolVersion": PROTOCOL_VERSION})
@@ -213,3 +233,62 @@ async def test_the_launcher_speaks_https_and_verifies_certificates(tmp_path: Pat
 @pytest.mark.anyio
 async def test_the_generated_client_drives_the_bundle(tmp_path: Path, launcher: Path) -> None:
     assert_all_ran(await run_node_client_tests(tmp_path, str(launcher), []))
+
+
+def load_tool(name: str, path: Path) -> Any:
+    spec = importlib.util.spec_from_file_location(name, path)
+    assert spec is not None and spec.loader is not None
+    module = importlib.util.module_from_spec(spec)
+    spec.loader.exec_module(module)
+    return module
+
+
+def test_the_first_list_from_the_bundle_against_the_venv(tmp_path: Path, launcher: Path) -> None:
+    """What tools/bench/bench_bundle.py measures, in short: spawn -> the first
+    chat:session:list answer, bundle and venv alternating; prints both and their ratio
+    (asserts only that each answered: tests never assert timing)."""
+    bench = load_tool("bench_bundle_smoke", ROOT / "tools" / "bench" / "bench_bundle.py")
+    times: dict[str, list[float]] = {"bundle": [], "venv": []}
+    for run in range(4):
+        for name, command in (("bundle", [str(launcher)]), ("venv", [sys.executable, "-m", "sidecar"])):
+            elapsed = bench.time_to_list(command, str(tmp_path / f"{name}-data"))
+            if run:  # the first of each creates its data dir
+                times[name].append(elapsed)
+    bundle_ms, venv_ms = (statistics.median(times[n]) * 1000 for n in ("bundle", "venv"))
+    print(f"\nfirst chat:session:list, median of 3: bundle {bundle_ms:.0f} ms, venv {venv_ms:.0f} ms,"
+          f" ratio bundle/venv {bundle_ms / venv_ms:.2f}")
+    assert bundle_ms > 0 and venv_ms > 0
+
+
+@pytest.mark.anyio
+async def test_an_optional_part_missing_is_a_typed_error_and_installing_it_enables_it(
+    tmp_path: Path, bundle: Path, launcher: Path, full_launcher: Path
+) -> None:
+    """The core folder has no optional part: an embedding model (``vectors``) and an MCP
+    server (``mcp``) are FEATURE_UNAVAILABLE and the process goes on. With the parts copied
+    over a copy of the bundle (what an app's installer does) the same requests succeed
+    (numpy and the MCP SDK load)."""
+    parts_dir = bundle.parent / f"{bundle.name}-parts"
+    assert {p.name for p in parts_dir.iterdir()} == {"vectors", "html", "mcp"}
+    internal = {p.name for p in (bundle / "_internal").iterdir()}
+    assert not internal & {"numpy", "selectolax", "mcp", "pydantic", "pydantic_core"}, internal
+    async with scripted_provider() as server:
+        for name, command_launcher in (("core", launcher), ("full", full_launcher)):
+            command = [str(command_launcher), "--data-dir", str(tmp_path / name)]
+            async with spawn_sidecar(tmp_path / name, command=command) as proc:
+                provider = await configure_provider(proc, server.base_url)
+                params = {"name": "Docs", "embeddingModel": {"providerId": provider["id"], "modelId": "embed-1"}}
+                mcp = {"name": "fx", "command": sys.executable, "args": [MCP_FIXTURE], "enabled": False}
+                if name == "core":
+                    for method, call, part in (("kb:create", params, "vectors"), ("mcp:server:upsert", mcp, "mcp")):
+                        with pytest.raises(CallError) as err:
+                            await proc.call(method, call)
+                        assert err.value.code == ErrorCode.FEATURE_UNAVAILABLE, method
+                        assert err.value.data["part"] == part
+                    assert (await proc.call("kb:create", {"name": "Lexical"}))["name"] == "Lexical"
+                else:
+                    created = await proc.call("kb:create", params)
+                    assert created["embeddingModel"]["modelId"] == "embed-1"
+                    assert (await proc.call("mcp:server:upsert", mcp))["name"] == "fx"
+                await proc.close()
+            assert "Traceback" not in proc.stderr_text()

@@ -71,13 +71,13 @@ GOLDEN = {
         {'type': 'text', 'text': '**Release notes**\n\nThe **new** build is *faster* and ~~slower~~ at [the docs](https://example.com/docs) for `x < y & z`.\nSee the chart chart and the paper[1].\n\n- fixed the splitter\n- kept **tables** whole\n\n> quoted line one\n> quoted line two', 'format': 'feishu_card'},
         {'type': 'text', 'text': '| name | value |\n| --- | --- |\n| alpha | 1 |\n| beta | 2 |\n| gamma | 3 |\n| delta | 4 |\n\n```python\ndef add(a, b):\n    return a + b\n\nprint(add(1, 2))\nprint(add(3, 4))\n```', 'format': 'feishu_card'},
         {'type': 'text', 'text': '中文段落：这是一个用来测试的句子。第二句也在这里！\n\n[1] Smith et al., https://example.com/paper', 'format': 'feishu_card'},
-        {'type': 'image', 'url': 'https://example.com/c.png', 'alt': 'chart'},
+        {'type': 'image', 'url': 'https://example.com/c.png', 'mimeType': None, 'alt': 'chart'},
     ],
     'feishu_post': [
         {'type': 'text', 'text': '**Release notes**\n\nThe **new** build is *faster* and ~~slower~~ at [the docs](https://example.com/docs) for `x < y & z`.\nSee the chart chart and the paper[1].\n\n- fixed the splitter\n- kept **tables** whole\n\n> quoted line one\n> quoted line two', 'format': 'feishu_post'},
         {'type': 'text', 'text': '**name** | **value**\nalpha | 1\nbeta | 2\ngamma | 3\ndelta | 4\n\n```python\ndef add(a, b):\n    return a + b\n\nprint(add(1, 2))\nprint(add(3, 4))\n```\n\n中文段落：这是一个用来测试的句子。第二句也在这里！', 'format': 'feishu_post'},
         {'type': 'text', 'text': '[1] Smith et al., https://example.com/paper', 'format': 'feishu_post'},
-        {'type': 'image', 'url': 'https://example.com/c.png', 'alt': 'chart'},
+        {'type': 'image', 'url': 'https://example.com/c.png', 'mimeType': None, 'alt': 'chart'},
     ],
     'dingtalk_md': [
         {'type': 'text', 'text': '## Release notes\n\nThe **new** build is *faster* and slower at [the docs](https://example.com/docs) for `x < y & z`.\nSee the chart ![chart](https://example.com/c.png) and the paper[1].\n\n- fixed the splitter\n- kept **tables** whole', 'format': 'dingtalk_md'},
@@ -88,21 +88,21 @@ GOLDEN = {
         {'type': 'text', 'text': '## Release notes\n\nThe **new** build is faster and slower at [the docs](https://example.com/docs) for `x < y & z`.\nSee the chart chart and the paper[1].\n\n- fixed the splitter\n- kept **tables** whole\n\n> quoted line one\n> quoted line two', 'format': 'wecom_md'},
         {'type': 'text', 'text': '**name** | **value**\nalpha | 1\nbeta | 2\ngamma | 3\ndelta | 4\n\n```\ndef add(a, b):\n    return a + b\n\nprint(add(1, 2))\nprint(add(3, 4))\n```\n\n中文段落：这是一个用来测试的句子。第二句也在这里！', 'format': 'wecom_md'},
         {'type': 'text', 'text': '[1] Smith et al., https://example.com/paper', 'format': 'wecom_md'},
-        {'type': 'image', 'url': 'https://example.com/c.png', 'alt': 'chart'},
+        {'type': 'image', 'url': 'https://example.com/c.png', 'mimeType': None, 'alt': 'chart'},
     ],
     'slack_blocks': [
         {'type': 'blocks', 'text': '*Release notes*\n\nThe *new* build is _faster_ and ~slower~ at <https://example.com/docs|the docs> for `x &lt; y &amp; z`.\nSee the chart chart and the paper[1].\n\n• fixed the splitter\n• kept *tables* whole\n\n> quoted line one\n> quoted line two\n\n*name* | *value*\nalpha | 1\nbeta | 2\ngamma | 3\ndelta | 4\n\n```\ndef add(a, b):\n    return a + b\n\nprint(add(1, 2))\nprint(add(3, 4))\n```\n\n中文段落：这是一个用来测试的句子。第二句也在这里！\n\n[1] Smith et al., https://example.com/paper', 'blocks': [{'type': 'section', 'text': {'type': 'mrkdwn', 'text': '*Release notes*\n\nThe *new* build is _faster_ and ~slower~ at <https://example.com/docs|the docs> for `x &lt; y &amp; z`.\nSee the chart chart and the paper[1].\n\n• fixed the splitter\n• kept *tables* whole\n\n> quoted line one\n> quoted line two'}}, {'type': 'section', 'text': {'type': 'mrkdwn', 'text': '*name* | *value*\nalpha | 1\nbeta | 2\ngamma | 3\ndelta | 4\n\n```\ndef add(a, b):\n    return a + b\n\nprint(add(1, 2))\nprint(add(3, 4))\n```\n\n中文段落：这是一个用来测试的句子。第二句也在这里！\n\n[1] Smith et al., https://example.com/paper'}}]},
-        {'type': 'image', 'url': 'https://example.com/c.png', 'alt': 'chart'},
+        {'type': 'image', 'url': 'https://example.com/c.png', 'mimeType': None, 'alt': 'chart'},
     ],
     'slack_mrkdwn': [
         {'type': 'text', 'text': '*Release notes*\n\nThe *new* build is _faster_ and ~slower~ at <https://example.com/docs|the docs> for `x &lt; y &amp; z`.\nSee the chart chart and the paper[1].\n\n• fixed the splitter\n• kept *tables* whole\n\n> quoted line one\n> quoted line two', 'format': 'slack_mrkdwn'},
         {'type': 'text', 'text': '*name* | *value*\nalpha | 1\nbeta | 2\ngamma | 3\ndelta | 4\n\n```\ndef add(a, b):\n    return a + b\n\nprint(add(1, 2))\nprint(add(3, 4))\n```\n\n中文段落：这是一个用来测试的句子。第二句也在这里！\n\n[1] Smith et al., https://example.com/paper', 'format': 'slack_mrkdwn'},
-        {'type': 'image', 'url': 'https://example.com/c.png', 'alt': 'chart'},
+        {'type': 'image', 'url': 'https://example.com/c.png', 'mimeType': None, 'alt': 'chart'},
     ],
     'plain': [
         {'type': 'text', 'text': 'Release notes\n\nThe new build is faster and slower at the docs [1] for x < y & z.\nSee the chart chart and the paper[2].\n\n• fixed the splitter\n• kept tables whole\n\n> quoted line one\n> quoted line two\n\nname | value\nalpha | 1\nbeta | 2\ngamma | 3\ndelta | 4', 'format': 'plain'},
         {'type': 'text', 'text': '```\ndef add(a, b):\n    return a + b\n\nprint(add(1, 2))\nprint(add(3, 4))\n```\n\n中文段落：这是一个用来测试的句子。第二句也在这里！\n\n[1] https://example.com/docs\n[2] Smith et al., https://example.com/paper', 'format': 'plain'},
-        {'type': 'image', 'url': 'https://example.com/c.png', 'alt': 'chart'},
+        {'type': 'image', 'url': 'https://example.com/c.png', 'mimeType': None, 'alt': 'chart'},
     ],
 }
 
@@ -231,7 +231,7 @@ def test_unsafe_links_and_images_are_text_only(tmp_path: Path) -> None:
     ]
     chunks = as_json(compose("Here.", parts, config("plain"), store))
     assert chunks[1:] == [
-        {"type": "image", "url": inside.as_uri(), "mimeType": "image/png"},
+        {"type": "image", "url": inside.as_uri(), "mimeType": "image/png", "alt": None},
         {"type": "file", "uri": "https://files.example/report.pdf", "name": "report.pdf", "mimeType": "application/pdf"},
     ]
 

@@ -10,6 +10,7 @@ import pytest
 
 from chat_helpers import (
     API_KEY,
+    usage,
     assert_well_ordered,
     configure_provider,
     events_of,
@@ -32,7 +33,7 @@ async def test_send_streams_ordered_events_and_stores_the_reply(tmp_path):
         sent = await proc.call("chat:send", {"sessionId": session["id"], "input": {"content": "Hi!"}})
         final = await wait_final(proc, sent["messageId"])
         assert final["type"] == "stream_end", final
-        assert final["usage"] == {"inputTokens": 20, "outputTokens": 15}
+        assert final["usage"] == usage(20, 15)
         events = events_of(proc, sent["messageId"])
         assert_well_ordered(events)
         assert streamed_text(events) == text
@@ -44,7 +45,7 @@ async def test_send_streams_ordered_events_and_stores_the_reply(tmp_path):
         assert user["id"] == sent["userMessageId"] and user["textContent"] == "Hi!"
         assert reply["id"] == sent["messageId"] and reply["parentId"] == user["id"]
         assert reply["status"] == "completed" and reply["textContent"] == text
-        assert reply["usage"] == {"inputTokens": 20, "outputTokens": 15}
+        assert reply["usage"] == usage(20, 15)
         assert reply["modelId"] == "scripted-1" and reply["latencyMs"] >= 0
         assert reply["seq"] >= len(events) - 1
 
@@ -292,13 +293,19 @@ async def test_provider_list_never_shows_the_key(tmp_path):
 
 
 async def test_acp_session_without_an_engine_ends_its_reply_with_a_clear_error(tmp_path):
-    # ACP mode itself is covered by tests/test_acp_*.py; here: a bad engine id is a reply error
+    # ACP mode itself is covered by tests/test_acp_*.py; here: an unknown engine id is refused
+    # at create, and an engine deleted later is a reply error
     async with spawn_sidecar(tmp_path) as proc:
         await proc.call("sidecar:initialize", {})
-        session = await proc.call("chat:session:create", {"mode": "acp", "providerId": "p", "modelId": "m"})
+        with pytest.raises(CallError) as err:
+            await proc.call("chat:session:create", {"mode": "acp", "providerId": "p", "modelId": "m"})
+        assert err.value.code == -32602 and "providerId" in err.value.message
+        engine = await proc.call("provider:upsert", {"name": "E", "type": "acp-engine", "engine": {"command": "true"}})
+        session = await proc.call("chat:session:create", {"mode": "acp", "providerId": engine["id"], "modelId": "m"})
+        await proc.call("provider:delete", {"id": engine["id"]})
         sent = await proc.call("chat:send", {"sessionId": session["id"], "input": {"content": "hi"}})
         final = await wait_final(proc, sent["messageId"])
-        assert final["type"] == "error" and "'p' does not exist" in final["error"], final
+        assert final["type"] == "error" and f"'{engine['id']}' does not exist" in final["error"], final
         assert final["code"] == -32003
         await proc.close()
 

@@ -142,14 +142,16 @@ async def test_an_acp_engine_behind_it_tools_plan_cancel_status_and_stop(tmp_pat
 
 
 async def test_permissions_follow_the_tool_policy_and_the_request_rules(tmp_path: Path) -> None:
-    async with v1_sidecar(tmp_path, provider=False) as v1:
+    async with v1_sidecar(tmp_path, provider=False, trustApprovalRules=True) as v1:
         c = v1.client
-        # a rule allows it: decided at once, audited with the reason
+        # a rule allows it (the host trusts the requests' rules): decided at once, audited
+        # as the rule's decision with the reason, never as the user's
         turn = await c.run_turn(v1.agent("permission edit", tool_approval_rules=[
             {"action": "ask", "patterns": []}, {"action": "allow", "patterns": ["Do *"]}]))
         assert turn.text == "allowed:yes"
         audit = await v1.proc.call("tool:audit:list", {"limit": 10})
-        assert [a["decision"] for a in audit[:2]] == ["rule:allow", "approved"] and audit[0]["actor"] == "compat"
+        assert [(a["decision"], a["actor"]) for a in audit[:2]] == [("rule:allow", "compat"), ("requested", "system")]
+        assert audit[0]["note"] == "decided by the V1 request's tool_approval_rules (allow)"
         # a rule denies by kind (its target: the title's first word, as the agent sent no tool name)
         turn = await c.run_turn(v1.agent("permission delete", tool_approval_rules=[
             {"action": "allow", "patterns": ["*"], "tool_kind": "edit"},

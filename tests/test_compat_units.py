@@ -12,6 +12,7 @@ import anyio
 import msgspec
 import pytest
 
+from protocol.chat import UserInput
 from protocol.events import (
     AbortedEvent,
     ErrorEvent,
@@ -289,24 +290,30 @@ def test_ids_and_work_dirs_cannot_climb_out(tmp_path: Path) -> None:
         assert err.value.status == 400 and err.value.v1_code == "VALIDATION_ERROR"
     assert validate.identifier("1464425_1128", "project_id") == "1464425_1128"
     root = tmp_path / "root"
+    allowed = (tmp_path,)
     assert validate.work_dir("1464425", root) == root / "1464425"
     for bad, code in (("../up", "AGENT_WORK_DIR_INVALID"), (str(tmp_path / "missing"), "AGENT_WORK_DIR_NOT_FOUND")):
         with pytest.raises(V1Error) as err:
-            validate.work_dir(bad, root)
+            validate.work_dir(bad, root, allowed)
         assert err.value.v1_code == code
     (tmp_path / "file").write_text("x")
     with pytest.raises(V1Error) as err:
-        validate.work_dir(str(tmp_path / "file"), root)
+        validate.work_dir(str(tmp_path / "file"), root, allowed)
     assert err.value.v1_code == "AGENT_WORK_DIR_NOT_A_DIRECTORY"
     real = tmp_path / "real"
     real.mkdir()
     (tmp_path / "link").symlink_to(real)
-    assert validate.work_dir(str(tmp_path / "link"), root) == real.resolve()
+    assert validate.work_dir(str(tmp_path / "link"), root, allowed) == real.resolve()
+    # outside every allowed root (the workspace, the host's roots): refused, existing or not
+    for outside in ("/", str(tmp_path / "real"), str(tmp_path.parent)):
+        with pytest.raises(V1Error) as err:
+            validate.work_dir(outside, root)
+        assert err.value.v1_code == "AGENT_WORK_DIR_INVALID"
     if os.geteuid() != 0:
         locked = tmp_path / "locked"
         locked.mkdir(mode=0o555)
         with pytest.raises(V1Error) as err:
-            validate.work_dir(str(locked), root)
+            validate.work_dir(str(locked), root, allowed)
         assert err.value.v1_code == "AGENT_WORK_DIR_NOT_WRITABLE"
 
 
@@ -350,13 +357,13 @@ async def test_a_pump_that_falls_behind_ends_the_progress_with_an_error_and_stil
 
     async with anyio.create_task_group() as tg:
         runner = TurnRunner(
-            chat=FakeChat(), events=hub, approvals=None, store=None, audit_entry=None,  # type: ignore[arg-type]
+            chat=FakeChat(), events=hub, approvals=None, store=None,  # type: ignore[arg-type]
             get_message=get_message, publish=lambda sid, frame: published.append(frame), task_group=tg,
             trust_agent_mode=False, subscription_buffer=4,
         )
         frames = Frames("electron", SID, clock=lambda: NOW)
         turn = Turn(SID, FrameBuilder(frames, "r"), rules=(), yolo=False, provider_id=None)
-        await runner.start(turn, "hi")
+        await runner.start(turn, UserInput(content="hi"))
         assert runner.running(SID) is turn
         await hub.publish("chat:stream", base(StreamStartEvent, 1))
         for seq in range(2, 12):  # no checkpoint in between: the pump cannot keep up
@@ -374,3 +381,13 @@ async def test_a_pump_that_falls_behind_ends_the_progress_with_an_error_and_stil
         assert published[-1] is errors[0]  # nothing of the turn is framed after the error
         assert published[0].event == "prompt_start"
         tg.cancel_scope.cancel()
+
+
+def test_connection_caps_leave_descriptors_to_the_rest_of_the_process() -> None:
+    from sidecar.compat.guard import RESERVED_FDS, Caps
+
+    for soft, total in ((256, 128), (1024, 768), (20000, 4096), (100, 16), (65536, 4096)):
+        caps = Caps.from_limits(soft)
+        assert (caps.total, caps.unauthenticated) == (total, max(8, total // 2)), soft
+        if soft >= RESERVED_FDS + 16:
+            assert soft - caps.total >= RESERVED_FDS

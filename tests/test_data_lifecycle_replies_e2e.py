@@ -344,11 +344,12 @@ async def test_null_clears_and_absent_keeps_in_every_update(tmp_path: Path) -> N
         })
         assert (cleared["temperature"], cleared["maxTokens"], cleared["topP"], cleared["reasoning"]) == (None,) * 4
         assert cleared["titleModel"] is None and cleared["deltaCoalesceMs"] == 40 and cleared["generateTitles"] is False
-        # the next request carries no temperature or max tokens any more
+        # the next request carries no temperature any more, and the budget's own reserve
+        # (a quarter of the 32,000-token window, at most 4,096) instead of the 900
         session = await proc.call("chat:session:create", {})
         await wait_final(proc, await send(proc, session["id"], "hi"))
         body = [b for b in await server.requests() if b.get("stream")][-1]
-        assert "temperature" not in body and "max_tokens" not in body and "max_completion_tokens" not in body
+        assert "temperature" not in body and body["max_tokens"] == 4096 and "max_completion_tokens" not in body
 
         sid = session["id"]
         await proc.call("chat:session:update", {"id": sid, "updates": {

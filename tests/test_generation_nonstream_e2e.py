@@ -12,7 +12,7 @@ from typing import Any
 import anyio
 import pytest
 
-from chat_helpers import assert_well_ordered, wait_final
+from chat_helpers import assert_well_ordered, model_config, usage, wait_final
 from generation_helpers import (
     events_for,
     eventually,
@@ -54,7 +54,7 @@ async def test_a_non_streaming_model_runs_tools_over_two_steps_with_the_same_eve
         for kind in ("stream_start", "thinking_delta", "text_delta", "tool_call_start", "tool_result", "usage"):
             assert kind in seen, seen
         assert seen.index("tool_result") < len(seen) - 1 - seen[::-1].index("text_delta")
-        assert final["usage"] == {"inputTokens": 90, "outputTokens": 16}
+        assert final["usage"] == usage(90, 16)
         bodies = await server.requests()
         assert [b["stream"] for b in bodies] == [False, False]
         assert "stream_options" not in bodies[0]
@@ -102,7 +102,7 @@ async def test_an_endpoint_that_cannot_stream_switches_the_model_once_and_rememb
         bodies = await server.requests()
         assert [b["stream"] for b in bodies] == [True, False]  # refused once, then asked whole
         (listed,) = [p for p in await proc.call("provider:list") if p["id"] == provider["id"]]
-        assert listed["models"] == [{"id": "o1-like", "contextWindow": 64000, "stream": False}]
+        assert listed["models"] == [model_config("o1-like", contextWindow=64000, stream=False)]
 
         second = await proc.call("chat:send", {"sessionId": session["id"], "input": {"content": "two"}})
         assert (await wait_final(proc, second["messageId"]))["type"] == "stream_end"
@@ -131,7 +131,7 @@ async def test_other_400s_are_errors_not_a_switch(tmp_path: Path) -> None:
         final = await wait_final(proc, sent["messageId"])
         assert final["type"] == "error" and "max_tokens is too large" in final["error"]
         assert len(await server.requests()) == 1
-        assert (await proc.call("provider:list"))[0]["models"] == [{"id": "scripted-1"}]
+        assert (await proc.call("provider:list"))[0]["models"] == [model_config("scripted-1")]
         await proc.close()
 
 
@@ -177,7 +177,7 @@ async def test_anthropic_on_llmock_refuses_to_stream_then_tools_run_whole(tmp_pa
 async def test_a_provider_that_cannot_stream_asks_every_model_whole(tmp_path: Path) -> None:
     async with scripted_provider() as server, spawn_sidecar(tmp_path / "data") as proc:
         provider = await setup(proc, server.base_url, models=[{"id": "a"}, {"id": "b"}], stream=False)
-        assert provider["stream"] is False and provider["models"] == [{"id": "a"}, {"id": "b"}]
+        assert provider["stream"] is False and provider["models"] == [model_config("a"), model_config("b")]
         await server.script({"text": "whole a"}, {"text": "whole b"})
         session = await proc.call("chat:session:create", {})
         for model in ("a", "b"):

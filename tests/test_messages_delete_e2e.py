@@ -104,21 +104,20 @@ async def test_branches_single_messages_and_the_root_with_counters_and_the_activ
         assert [c["message"]["id"] for c in tree[0]["children"][0]["children"]] == [a2]
         assert (await last_update(proc, sid))["messageCount"] == 3
 
-        # the root, mode message: a1 becomes the root
-        assert await delete(proc, sid, u1, "message") == {"success": True, "deleted": 1, "activeLeafId": a2}
-        assert await state(proc, sid) == (2, a2, [a1, a2])
-        assert u1 not in await searched(proc, sid, "zebra")
-        got = await proc.call("chat:messages:get", {"sessionId": sid})
-        assert got[0]["parentId"] is None
-
-        # the root's branch: nothing left
-        assert await delete(proc, sid, a1, "branch") == {"success": True, "deleted": 2, "activeLeafId": None}
+        # the root question, mode message: the replies below it go with it (a1, and a2
+        # below a1 now), so no branch starts with a reply; here nothing is left
+        assert await delete(proc, sid, u1, "message") == {"success": True, "deleted": 3, "activeLeafId": None}
         assert await state(proc, sid) == (0, None, [])
+        assert u1 not in await searched(proc, sid, "zebra")
         session = await proc.call("chat:session:get", {"id": sid})
         assert session["lastMessageAt"] is None and (await last_update(proc, sid))["messageCount"] == 0
 
-        # the session serves the next reply
+        # the session serves the next reply; the root's branch: nothing left
         u, a = await exchange(proc, sid, "again")
+        assert await state(proc, sid) == (2, a, [u, a])
+        assert await delete(proc, sid, u, "branch") == {"success": True, "deleted": 2, "activeLeafId": None}
+        assert await state(proc, sid) == (0, None, [])
+        u, a = await exchange(proc, sid, "once more")
         assert await state(proc, sid) == (2, a, [u, a])
         await proc.close()
         assert "Traceback" not in proc.stderr_text()

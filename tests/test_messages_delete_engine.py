@@ -113,7 +113,8 @@ async def test_a_reply_on_another_branch_keeps_running(tmp_path: Path) -> None:
         result = await service(r).delete_messages(
             MessagesDeleteParams(session_id=r.session_id, message_id=edited.user_message_id, mode="message")
         )
-        assert result.deleted == 1 and await r.events.final(running) == "AbortedEvent"
+        # the edited question is a root: its reply goes with it (the next question becomes the root)
+        assert result.deleted == 2 and await r.events.final(running) == "AbortedEvent"
         assert not r.engine.is_generating(r.session_id)
         stored = await r.store.run(lambda s: s.messages.get(running))
         assert stored.status == "aborted"

@@ -114,7 +114,7 @@ async def test_every_transformer_in_order_on_the_wire_and_nothing_stored_changes
         # output transforms: the stored reply has the reasoning apart and no tags
         reply = stored_before[-1]
         assert reply["textContent"] == "All done."
-        assert {"type": "thinking", "text": "hidden reasoning"} in reply["parts"]
+        assert {"type": "thinking", "text": "hidden reasoning", "signature": None} in reply["parts"]
 
         # stored messages are byte-identical after more requests are built from them
         stored_user = stored_before[0]

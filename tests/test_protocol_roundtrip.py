@@ -136,10 +136,14 @@ def test_method_params_and_results_roundtrip(typ: Any) -> None:
     assert roundtrip(value, typ) == value
 
 
-def test_defaults_are_omitted_only_where_the_type_says_so() -> None:
-    """Params-like types omit defaults; stored rows (SessionV2, MessageV2) always carry every field."""
+def test_every_field_is_written_defaults_too_and_only_unset_is_left_out() -> None:
+    """What the sidecar sends is whole (a default is written like any value); an update's
+    ``UNSET`` (keep) is the one value that is not written."""
     session = protocol.SessionV2(id="s", provider_id="p", model_id="m", created_at=1, updated_at=2)
     encoded = msgspec.json.decode(msgspec.json.encode(session))
     assert encoded["isPinned"] is False and encoded["summary"] is None and encoded["tags"] == []
-    assert msgspec.json.encode(protocol.CreateSessionOptions()) == b"{}"
+    model = msgspec.json.decode(msgspec.json.encode(protocol.ModelConfig(id="m")))
+    assert model["supportsTools"] is True and model["supportsImages"] is False and model["name"] is None
+    assert msgspec.json.decode(msgspec.json.encode(protocol.CreateSessionOptions()))["mode"] == "direct"
     assert msgspec.json.encode(protocol.DateRange(from_=1, to=2)) == b'{"from":1,"to":2}'
+    assert msgspec.json.encode(protocol.SessionUpdates(title="t")) == b'{"title":"t"}'

@@ -146,9 +146,9 @@ async def test_serve_initialize_not_implemented_and_shutdown(tmp_path: Path) -> 
                 assert result["capabilities"]["methods"] == sorted(METHODS)
                 assert set(result["capabilities"]["implemented"]) >= set(LIFECYCLE_METHODS)
                 assert result["capabilities"]["notifications"] == [
-                    "channel:reply", "chat:session:updated", "chat:stream", "chat:suggestions", "memory_proposed",
-                    "server:status:updated",
-                    "sidecar:progress",
+                    "channel:reply", "chat:session:updated", "chat:stream", "chat:suggestions", "memory_consolidation_proposed",
+                    "memory_proposed", "server:status:updated",
+                    "sidecar:progress", "skill_proposed", "task_finished", "task_fired",
                 ]
                 assert result["capabilities"]["maxLineBytes"] == 65536
                 assert result["dataDir"] == str(tmp_path / "data") and (tmp_path / "data").is_dir()

@@ -336,15 +336,15 @@ def _parses(line: bytes) -> bool:
 
 
 async def test_a_bug_while_routing_a_line_is_answered_and_reading_goes_on(monkeypatch: pytest.MonkeyPatch) -> None:
-    import sidecar.rpc.peer as peer_module
+    import sidecar.rpc.parse as parse_module
 
-    real_classify = peer_module.classify
+    real_classify = parse_module.classify
 
     def buggy_classify(envelope: Any) -> Any:
         if envelope.method == "trigger-bug":
             raise KeyError("simulated bug")
         return real_classify(envelope)
 
-    monkeypatch.setattr(peer_module, "classify", buggy_classify)
+    monkeypatch.setattr(parse_module, "classify", buggy_classify)
     replies = await exchange([b'{"jsonrpc":"2.0","id":1,"method":"trigger-bug"}'])
     assert [error_of(r) for r in replies] == [(None, ErrorCode.INTERNAL_ERROR)]

@@ -88,14 +88,16 @@ def test_the_nearest_sibling_is_the_newest_older_one_else_the_oldest_newer_one(s
     assert store.sessions.get(sid).active_leaf_id == r3.id
 
 
-def test_deleting_the_root_message_makes_its_children_roots(store: Store) -> None:
+def test_deleting_the_root_question_takes_its_replies_and_makes_the_next_questions_roots(store: Store) -> None:
     t = Tree(store)
-    store.messages.delete_message(t.sid, t.u1.id)
-    assert parent(store, t.a1) is None and parent(store, t.a1b) is None
+    assert store.messages.delete_ids(t.sid, t.u1.id, "message") == [t.u1.id, *sorted([t.a1.id, t.a1b.id])]
+    assert store.messages.delete_message(t.sid, t.u1.id) == 3
+    assert parent(store, t.u2) is None and parent(store, t.u3) is None
     s = store.sessions.get(t.sid)
-    assert (s.message_count, s.active_leaf_id) == (6, t.a3.id)
-    assert [n.message.id for n in store.messages.tree(t.sid)] == [t.a1.id, t.a1b.id]
-    assert [m.id for m in store.messages.query(t.sid)] == [t.a1b.id, t.u3.id, t.a3.id]
+    assert (s.message_count, s.active_leaf_id) == (4, t.a3.id)
+    assert [n.message.id for n in store.messages.tree(t.sid)] == [t.u2.id, t.u3.id]
+    assert [m.id for m in store.messages.query(t.sid)] == [t.u3.id, t.a3.id]
+    assert store.messages.delete_ids(t.sid, t.u2.id, "message") == [t.u2.id, t.a2.id]  # a root question now
 
 
 def test_delete_branch_of_the_root_empties_the_session(store: Store) -> None:

@@ -75,7 +75,7 @@ async def test_pull_250_conversations_over_3_pages_then_again_nothing_then_an_up
                 assert mine["status"] == "completed"
                 parts = mine["parts"] or []
                 if theirs["think"]:
-                    assert parts[0] == {"type": "thinking", "text": theirs["think"]}
+                    assert parts[0] == {"type": "thinking", "text": theirs["think"], "signature": None}
                 for attachment in theirs["attachments"]:
                     assert {"type": "file", "uri": attachment["fileUrl"], "mimeType": attachment["mimeType"],
                             "name": attachment["fileName"]} in parts

@@ -8,12 +8,15 @@ from __future__ import annotations
 import importlib.util
 import json
 import re
+import shutil
 from pathlib import Path
 from types import ModuleType
 
 import pytest
 
 from node_client import NODE_TOOLS, ROOT, assert_all_ran, python_sidecar, run, run_node_client_tests, tsc
+
+from protocol import PROTOCOL_VERSION, ErrorCode
 
 GEN_SCRIPT = ROOT / "tools" / "gen_protocol.py"
 STRICT_FLAGS = ["--strict", "--isolatedModules", "--verbatimModuleSyntax"]
@@ -31,7 +34,8 @@ def gen() -> ModuleType:
 def test_compiled_client_matches_its_source(gen: ModuleType) -> None:
     tsc()  # skip/fail with the reason when the compiler is not there
     compiled = gen.compiled(gen.generated())
-    assert {p.name for p in compiled} == {"client.js", "client.d.ts", "errors.js", "errors.d.ts"}
+    stems = ("client", "connection", "errors", "streams", "protocol")
+    assert {p.name for p in compiled} == {f"{stem}{suffix}" for stem in stems for suffix in (".js", ".d.ts")}
     stale = [p.name for p, text in compiled.items() if not p.exists() or p.read_text(encoding="utf-8") != text]
     assert not stale, f"stale compiled client files {stale}: run `python3 dev.py gen`"
 
@@ -102,3 +106,40 @@ def test_the_readme_snippets_compile(tmp_path: Path) -> None:
     finally:
         probe.unlink()
     assert done.returncode == 0, f"README's snippet does not compile:\n{done.stdout}{done.stderr}"
+
+
+def test_a_plain_tsc_build_of_the_copied_folder_runs(tmp_path: Path) -> None:
+    """README's "copy the folder into the app": the generated folder copied to ./sidecar/,
+    an app compiled by a plain ``tsc`` into ``dist/`` (outDir), and run with Node: every
+    module it imports is emitted (protocol.js too), and it talks to the real sidecar."""
+    compiler = tsc()
+    app = tmp_path / "app"
+    shutil.copytree(ROOT / "protocol" / "generated", app / "sidecar")
+    (app / "package.json").write_text('{"type": "module", "private": true}\n', encoding="utf-8")
+    (app / "main.ts").write_text(
+        'import { createSidecar, ErrorCode, PROTOCOL_VERSION } from "./sidecar/client.js";\n'
+        'const [command, args, dataDir] = process.argv.slice(2) as [string, string, string];\n'
+        "const sidecar = await createSidecar({ command, args: JSON.parse(args) as string[], dataDir });\n"
+        'const list = await sidecar.call("chat:session:list");\n'
+        "const exit = await sidecar.close();\n"
+        "console.log(JSON.stringify({ protocol: PROTOCOL_VERSION, total: list.total, notFound: ErrorCode.NOT_FOUND, code: exit.code }));\n",
+        encoding="utf-8",
+    )
+    (app / "tsconfig.json").write_text(json.dumps({
+        "compilerOptions": {
+            "strict": True, "module": "nodenext", "moduleResolution": "nodenext", "target": "es2022",
+            "outDir": "dist", "rootDir": ".", "types": ["node"], "skipLibCheck": False,
+            "typeRoots": [str(NODE_TOOLS / "node_modules" / "@types")],
+        },
+        "include": ["**/*.ts"],
+        "exclude": ["dist"],
+    }), encoding="utf-8")
+    built = run([*compiler, "-p", str(app / "tsconfig.json")])
+    assert built.returncode == 0, f"plain tsc failed:\n{built.stdout}{built.stderr}"
+    assert (app / "dist" / "sidecar" / "protocol.js").is_file()
+    command, args = python_sidecar()
+    ran = run([compiler[0], str(app / "dist" / "main.js"), command, json.dumps(args), str(tmp_path / "data")])
+    assert ran.returncode == 0, f"node dist/main.js failed:\n{ran.stdout}{ran.stderr}"
+    assert json.loads(ran.stdout.strip().splitlines()[-1]) == {
+        "protocol": PROTOCOL_VERSION, "total": 0, "notFound": int(ErrorCode.NOT_FOUND), "code": 0
+    }

@@ -7,7 +7,7 @@
 
 import { ClientErrorCode, fromIpcError } from "../../protocol/generated/errors.js";
 import { ErrorCode, isFinalEvent } from "../../protocol/generated/protocol.js";
-import type { ChatStreamEvent, MessageV2, SessionV2 } from "../../protocol/generated/protocol.js";
+import type { ChatStreamEvent, MessageV2, SessionV2, UnknownStreamEvent } from "../../protocol/generated/protocol.js";
 import type { ChatApi } from "./chat-api.js";
 
 const chat: ChatApi = window.chat;
@@ -71,8 +71,11 @@ function onEvent(event: ChatStreamEvent): void {
     case "error":
       show(`The reply failed (${event.code ?? "no code"}): ${event.error}`);
       break;
-    default:
-      break;
+    default: {
+      // the other known types, and types a newer sidecar adds: what every event has
+      const other: UnknownStreamEvent = event;
+      void other.type;
+    }
   }
   if (isFinalEvent(event)) reply.done = true;
 }

@@ -20,6 +20,7 @@
  */
 import type { ChatStreamEvent, ClientInfo, InitializeResult, MethodName, MethodParams, MethodResult, Notifications, ServerNotificationName } from "./protocol.js";
 export { ClientErrorCode, IPC_ERROR_MARKER, SidecarError, fromIpcError, ipcHandler, isSidecarError, toIpcError } from "./errors.js";
+export type * from "./errors.js";
 export { ErrorCode, FINAL_EVENT_TYPES, METHOD_NAMES, PROTOCOL_VERSION, SERVER_NOTIFICATIONS, isFinalEvent } from "./protocol.js";
 export type LogLevel = "DEBUG" | "INFO" | "WARNING" | "ERROR" | "CRITICAL";
 export interface SidecarOptions {
@@ -50,9 +51,9 @@ export interface SidecarOptions {
     /** Sent in `sidecar:initialize`. */
     clientInfo?: ClientInfo;
     /**
-     * Events of messages that no `stream()` has asked for yet are kept for the most recent
-     * `messages` messages, at most `events` each (default 16 and 5000), so `stream(id)`
-     * called after `chat:send` answered still sees the first events.
+     * The events of the most recent `messages` messages are kept, at most `events` each
+     * (default 16 and 5000), so `stream(id)` called after `chat:send` answered, or a second
+     * `stream(id)` of the same message, still gets every event from the first.
      */
     streamBuffer?: {
         messages: number;
@@ -96,6 +97,12 @@ export type SidecarEventName = keyof SidecarEvents;
 export interface StreamOptions {
     /** Aborting ends the iteration with a REQUEST_CANCELLED SidecarError (the reply goes on). */
     signal?: AbortSignal;
+    /**
+     * The message's session, for a message this client has seen nothing of (no event, no
+     * `chat:send`/`chat:regenerate`/... answer naming it): the stored message is then
+     * checked, and a reply that already ended rejects with STREAM_UNAVAILABLE.
+     */
+    sessionId?: string;
 }
 /** Spawn the sidecar, complete the handshake, and return the client. */
 export declare function createSidecar(options: SidecarOptions): Promise<SidecarClient>;
@@ -112,13 +119,23 @@ export declare class SidecarClient {
     get lastExit(): SidecarExit | null;
     /** Spawn the process and complete the handshake (createSidecar does this). */
     start(): Promise<InitializeResult>;
-    /** Send a request; resolves with its result or rejects with a SidecarError. */
+    /**
+     * Send a request; resolves with its result or rejects with a SidecarError. A call made
+     * while the handshake is under way (after `start()`, before it resolved) is written
+     * right behind `sidecar:initialize`, in order: the sidecar answers a handshake and a
+     * first `chat:session:list` that wait in its input before anything else loads.
+     */
     call<M extends MethodName>(method: M, ...args: CallArgs<M>): Promise<MethodResult<M>>;
     /** Listen to a notification, the exit or unreadable lines; returns the function that stops listening. */
     on<E extends SidecarEventName>(event: E, listener: (payload: SidecarEvents[E]) => void): () => void;
     /**
-     * The events of one message, in order, ending after its final event (stream_end, error
-     * or aborted), which is yielded too. Throws PROCESS_EXITED if the sidecar exits first.
+     * The events of one message, in order from its first, ending after its final event
+     * (stream_end, error or aborted), which is yielded too; every concurrent `stream()` of
+     * a message gets every event. Throws PROCESS_EXITED if the sidecar exits first,
+     * STREAM_UNAVAILABLE if the reply ended before and its events are no longer kept
+     * (`data`: StreamUnavailableData; read the message with `chat:messages:get`), and
+     * NOT_FOUND for a message this client knows nothing of and whose stored row (with
+     * `options.sessionId`) does not exist; without `sessionId` such a message is NOT_FOUND.
      */
     stream(messageId: string, options?: StreamOptions): AsyncIterableIterator<ChatStreamEvent>;
     /**

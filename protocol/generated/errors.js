@@ -21,19 +21,32 @@ export const ClientErrorCode = Object.freeze({
     TIMEOUT: -33001,
     /** The sidecar process exited (or could not be started) before it answered. */
     PROCESS_EXITED: -33002,
-    /** The client is closed, closing or restarting: the call was not sent. */
+    /** The client is closed, closing or restarting (or not started): the call was not sent. */
     NOT_RUNNING: -33003,
+    /**
+     * `stream(messageId)`: the reply ended before, or more of its events came than are kept,
+     * so they cannot be replayed; read the message with `chat:messages:get`.
+     */
+    STREAM_UNAVAILABLE: -33004,
 });
-/** A JSON-RPC error from the sidecar (an ErrorCode) or a client-side failure (a ClientErrorCode). */
+/**
+ * A JSON-RPC error from the sidecar (an ErrorCode) or a client-side failure (a
+ * ClientErrorCode). `error.is(ErrorCode.PROVIDER_ERROR)` narrows `data` to that code's
+ * shape (ErrorData); `data` of an unnarrowed error is `unknown`.
+ */
 export class SidecarError extends Error {
     name = "SidecarError";
     code;
-    /** The error's `data` (e.g. `{expected, got}` of a protocol version mismatch). */
+    /** The error's `data`: see ErrorData for its shape per code. */
     data;
     constructor(code, message, data) {
         super(message);
         this.code = code;
         this.data = data;
+    }
+    /** True when the error has code `code` (and then `data` has that code's shape). */
+    is(code) {
+        return this.code === code;
     }
     toJSON() {
         return { name: this.name, code: this.code, message: this.message, data: this.data };

@@ -76,6 +76,13 @@ from sidecar.rpc import Handler, JsonRpcPeer
 
 log = logging.getLogger(__name__)
 
+
+def agent_error_data(exc: RemoteError) -> dict[str, Any]:
+    """``data`` of the PROVIDER_ERROR for an agent's error answer: the shape every
+    PROVIDER_ERROR has (``kind``, ``status``, ``retryable``), the agent's own data inside."""
+    return {"kind": "agent", "status": None, "retryable": False, "agentData": exc.data}
+
+
 CLIENT_CAPABILITIES = ClientCapabilities(
     fs=FsCapability(read_text_file=True, write_text_file=True), terminal=False
 )
@@ -117,7 +124,7 @@ class PromptCall:
         except PeerClosed:
             self.error = ProviderError(await conn.describe_end())
         except RemoteError as exc:
-            self.error = ProviderError(f"the agent failed the prompt: {exc.message}", data=exc.data)
+            self.error = ProviderError(f"the agent failed the prompt: {exc.message}", data=agent_error_data(exc))
         except RpcError as exc:
             self.error = ProviderError(f"bad answer to session/prompt: {exc.message}")
         finally:
@@ -192,7 +199,7 @@ class AcpConnection:
             raise ProviderError(await self.describe_end()) from None
         except RemoteError as exc:
             raise ProviderError(
-                f"the agent engine {self.name!r} failed {method}: {exc.message}", data=exc.data
+                f"the agent engine {self.name!r} failed {method}: {exc.message}", data=agent_error_data(exc)
             ) from exc
         except RpcError as exc:
             raise ProviderError(f"the agent engine {self.name!r} sent a bad answer to {method}: {exc.message}") from exc

@@ -122,7 +122,7 @@ class _RemoteTurn(ReplyDriver):
         text = user.text_content or "".join(p.text for p in user.parts or [] if isinstance(p, TextPart))
         if any(isinstance(p, (ImagePart, FilePart)) for p in user.parts or []):
             await reply.notice("the remote agent gets the message's text only (attachments are not sent)",
-                               "attachments_not_sent")
+                               "remote_content_not_sent")
         user_id, project_id = v1_ids(session)
         client = RemoteAgentClient(handler.http, route, token)
         body = ChatBody(
@@ -163,7 +163,7 @@ class _RemoteTurn(ReplyDriver):
                         ask = asked.pop(0)
                         await reply.notice(
                             f"the remote agent asked for permission ({ask.title}); a channel cannot answer it",
-                            "remote_permission",
+                            "remote_permission_unanswered",
                         )
                     if ending is not None:
                         return ending

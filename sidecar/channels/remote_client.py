@@ -9,7 +9,7 @@ README "V1 /computer/chat"):
                                              ...}, success}, code "0000" on success
     GET  {serviceUrl}{progressEndpoint}      SSE frames (``event: <subType>``, ``data:`` a
                                              UnifiedSessionMessage), read by
-                                             sidecar.sync.client.session_frames
+                                             sidecar.sync.streams.session_frames
     POST {serviceUrl}{cancelEndpoint}        ?user_id=&project_id=&session_id= (the query, as
                                              the Qiming server sends it), no body
 
@@ -40,7 +40,7 @@ from protocol.channels import RemoteAgentAuth, RemoteAgentRoute
 from sidecar.channels.routes import SESSION_PLACEHOLDER
 from sidecar.providers.redact import Redactor
 from sidecar.providers.transport import close_quietly, read_error_body
-from sidecar.sync.client import session_frames
+from sidecar.sync.streams import session_frames
 from sidecar.sync.errors import (
     AuthRequired,
     ConversationGone,

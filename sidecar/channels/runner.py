@@ -47,7 +47,7 @@ from sidecar.store.attachments import AttachmentStore
 from sidecar.store.channels import ChannelRepo, InboxRow
 from sidecar.store.ids import new_id
 
-__all__ = ["TurnRunner", "QueuedTurn", "NEW_SESSION_TEXT", "NOTICE_CHARS"]
+__all__ = ["TurnRunner", "QueuedTurn", "NEW_SESSION_TEXT", "NOTICE_CHARS", "final_text"]
 
 log = logging.getLogger(__name__)
 
@@ -221,10 +221,7 @@ class TurnRunner:
                 tg.cancel_scope.cancel()
         finally:
             slot.give_back()
-        text = reply_text(final.text_content, final.parts)
-        notice = _notice(final)
-        if notice:
-            text = f"{text}\n\n_{notice}_" if text.strip() else notice
+        text = final_text(final)
         if live is not None:
             def finished_media() -> list[ReplyChunk]:
                 _, rendered = text_chunks(text, config)
@@ -234,6 +231,13 @@ class TurnRunner:
             await live.finish(text, media, empty_text=EMPTY_REPLY)
             return
         chunks = await anyio.to_thread.run_sync(compose, text, final.parts, config, self._attachments)
+        await self.deliver(config, address, chunks)
+
+    async def deliver_reply(self, config: ChannelConfig, address: ReplyAddress, message: MessageV2) -> None:
+        """A finished reply that no IM message asked for (a scheduled task's), rendered and
+        delivered like any reply (with the notice of one that did not complete)."""
+        text = final_text(message)
+        chunks = await anyio.to_thread.run_sync(compose, text, message.parts, config, self._attachments)
         await self.deliver(config, address, chunks)
 
     async def _send_failed(self, row: InboxRow, config: ChannelConfig, turn: QueuedTurn, exc: SidecarError) -> None:
@@ -283,6 +287,15 @@ def _address(row: InboxRow, message_id: str | None) -> ReplyAddress:
         session_id=row.session_id, message_id=message_id, inbox_id=row.id,
         chat_type="group" if row.chat_type == "group" else "private" if row.chat_type == "private" else None,
     )
+
+
+def final_text(message: MessageV2) -> str:
+    """A final reply's text for the chat, with the notice of one that did not complete."""
+    text = reply_text(message.text_content, message.parts)
+    notice = _notice(message)
+    if notice:
+        text = f"{text}\n\n_{notice}_" if text.strip() else notice
+    return text
 
 
 def _notice(message: MessageV2) -> str | None:

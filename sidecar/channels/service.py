@@ -54,6 +54,7 @@ from protocol.channels import (
     RemoteAgentRoute,
 )
 from protocol.common import EmptyParams, IdParams, SuccessResult
+from protocol.types import MessageV2
 from sidecar.channels.connections.manager import APP_TOKEN, BOT_TOKEN, ConnectionManager
 from sidecar.channels.delivery import Outbox
 from sidecar.channels.inbound import adapt
@@ -63,6 +64,7 @@ from sidecar.channels.ratelimit import LoopGuard
 from sidecar.channels.routes import MASKED, REMOTE_TOKEN
 from sidecar.channels.routing import SessionRouter
 from sidecar.channels.runner import QueuedTurn, TurnRunner
+from sidecar.channels.stream import ReplyAddress
 from sidecar.channels.watch import ChatTurns, ReplyWatcher
 from sidecar.engine.events import EventHub
 from sidecar.errors import EngineError, InvalidParams, NotFound
@@ -339,6 +341,26 @@ class ChannelService:
         gone = await self._db(lambda r: r.prune_inbox(config.id, window))
         if gone:
             log.info("channel %s: forgot %d messages older than the dedup window", config.id, gone)
+
+    # ---- replies nobody asked for ------------------------------------------------------
+
+    async def deliver_reply(
+        self, channel_id: str, chat_id: str, message: MessageV2, *, thread_id: str | None = None
+    ) -> None:
+        """Hand a finished reply that no IM message asked for (a scheduled task's) to a chat:
+        rendered, split and sent like any reply (through the channel's own connection when
+        it has one), with the same notice for one that did not complete. NOT_FOUND / an
+        engine error for a missing or disabled channel."""
+        config = self._configs.get(channel_id)
+        if config is None:
+            raise NotFound(f"unknown channel {channel_id!r}")
+        if not config.enabled:
+            raise EngineError(f"channel {channel_id!r} is disabled")
+        address = ReplyAddress(
+            channel=channel_id, chat_id=chat_id, thread_id=thread_id, reply_to=None, session_id=message.session_id,
+            message_id=message.id, inbox_id=None,
+        )
+        await self._turns.deliver_reply(config, address, message)
 
     # ---- channel:ack ----------------------------------------------------------------
 

@@ -5,8 +5,9 @@ routing) and calls one method here per route; each returns the response body's `
 or raises V1Error. Rules that are V1's (README "V1 /computer/chat" has the full list):
 - chat: prepare the project (sidecar.compat.projects), start the turn, answer at once
   with the session id; the reply streams on the progress route;
-- progress: a session this endpoint does not know is 404; a client gets the buffered
-  early frames first; with nothing buffered and no turn running it gets one ``end_turn``
+- progress: a session this endpoint does not know gets the idle ``end_turn`` (electron)
+  or 404 (rcoder); a client gets the buffered early frames first; with nothing
+  buffered and no turn running it gets one ``end_turn``
   ("Agent 当前无在执行任务") and the stream closes, except that in the electron flavor a
   session that ran a V1 turn since the start (and was not stopped) keeps the client
   waiting for its next turn, as V1 Electron did while its engine lived;
@@ -36,6 +37,7 @@ from sidecar.compat.projects import Projects, Target, iso
 from sidecar.compat.turns import Turn, TurnRunner
 from sidecar.compat.wire import (
     INTERNAL,
+    SESSION_NOT_FOUND,
     CancelResponse,
     ChatResponse,
     ComputerChatRequest,
@@ -43,9 +45,10 @@ from sidecar.compat.wire import (
     StatusResponse,
     StopResponse,
     V1Error,
+    invalid,
     text_id,
 )
-from sidecar.errors import SidecarError
+from sidecar.errors import InvalidParams, SidecarError
 from sidecar.pipeline.locks import KeyedLocks
 
 log = logging.getLogger(__name__)
@@ -120,7 +123,9 @@ class Endpoint:
             provider_id=prepared.target.provider_id if prepared.target.mode == "acp" else None,
         )
         try:
-            await self.runner.start(turn, prepared.prompt)
+            await self.runner.start(turn, prepared.input)
+        except InvalidParams as exc:  # the input itself (an attachment that is not base64, too large)
+            raise invalid(exc.message) from exc
         except SidecarError as exc:
             raise V1Error(200, INTERNAL, exc.message) from exc
         self._live.add(session_id)
@@ -134,6 +139,19 @@ class Endpoint:
 
     async def known(self, session_id: str) -> bool:
         return await self.projects.session(session_id) is not None
+
+    async def progress(self, session_id: str) -> Attach:
+        """A progress stream of ``session_id``. A session this endpoint does not know (the
+        renderer's own ones included): the electron flavor gets the idle ``end_turn`` and
+        the stream closes, as V1 Electron answered any id while no turn ran, and as the
+        server's SandboxAgentClient expects; rcoder answers 404 ``SESSION_NOT_FOUND``.
+        Nothing is kept for such an id."""
+        if await self.known(session_id):
+            return self.attach(session_id)
+        if self.flavor == "electron":
+            frames = Frames(self.flavor, session_id, cancel_as_error=self._cancel_as_error)
+            return Attach(client=None, frames=[frames.idle_end()])
+        raise V1Error(404, SESSION_NOT_FOUND, f"Session not found: {session_id}")
 
     def attach(self, session_id: str) -> Attach:
         """A progress stream of a known session; TooManyClients past the bound."""

@@ -5,12 +5,17 @@ answers and the SSE stream of ``GET /computer/progress/{session_id}``. What each
 does is sidecar.compat.endpoint's.
 
 Beyond V1 (which listened on 0.0.0.0 without authentication and with CORS ``*``):
+- every request must name this computer by a loopback ``Host`` (DNS rebinding: a page
+  whose name now points at 127.0.0.1 still sends its own name), unless remote callers
+  were allowed; any other is 403 (code HOST_NOT_ALLOWED);
 - every ``/computer/*`` request needs the key, as ``x-api-key`` (what the Qiming server's
   SandboxAgentClient sends) or ``Authorization: Bearer``; compared in constant time; a
   missing or wrong key is 401 (code 4010). ``GET /health`` stays open (it says nothing);
 - no CORS headers at all (a browser page cannot call us);
 - bodies up to 10 MiB (413 beyond, read no further) and read within 30 s (408);
-- a progress stream whose client does not take a frame within WRITE_TIMEOUT_S is ended.
+- a progress stream whose client does not take a frame within WRITE_TIMEOUT_S is ended;
+- connections are accepted, capped and given a deadline for their request head by
+  sidecar.compat.guard (one server: uvicorn's HTTP/1.1 protocol behind our accept loop).
 
 Imported only by ``compat:start`` (uvicorn is not loaded while the endpoint is off).
 """
@@ -33,8 +38,9 @@ import uvicorn
 from sidecar.compat import wire
 from sidecar.compat.endpoint import Attach, Endpoint
 from sidecar.compat.frames import Frames
+from sidecar.compat.guard import Admission, Caps, GuardedProtocol, accept_loop
 from sidecar.compat.progress import SseClient, TooManyClients
-from sidecar.compat.validate import IDENTIFIER, token_matches
+from sidecar.compat.validate import IDENTIFIER, host_allowed, request_authorized
 from sidecar.compat.wire import V1Error, invalid
 
 log = logging.getLogger(__name__)
@@ -64,9 +70,13 @@ class V1App:
         ping_interval_s: float,
         close_after_turn: bool,
         leading_newline: bool,
+        port: int,
+        check_host: bool = True,
     ) -> None:
         self._endpoint = endpoint
         self._token = token.encode()
+        self._port = port
+        self._check_host = check_host
         self._ping_interval = ping_interval_s
         self._close_after_turn = close_after_turn
         self._leading_newline = leading_newline
@@ -95,9 +105,14 @@ class V1App:
             if not started:
                 await _respond(tracked, 500, wire.error(wire.INTERNAL, "internal error"))
 
+    def authorized(self, headers: list[tuple[bytes, bytes]]) -> bool:
+        return request_authorized(headers, self._token)
+
     async def _route(self, scope: Scope, receive: Receive, send: Send) -> None:
         method = scope["method"]
         path = scope["path"]
+        if self._check_host and not host_allowed(scope.get("headers", ()), self._port):
+            raise V1Error(403, wire.HOST_NOT_ALLOWED, "the Host header must name this computer (localhost, 127.0.0.1 or [::1])")
         if method == "OPTIONS":
             # no CORS: a preflight learns the methods, never an allowed origin
             await send({"type": "http.response.start", "status": 204, "headers": [(b"allow", b"GET, POST, OPTIONS")]})
@@ -110,7 +125,7 @@ class V1App:
             return
         if not (path.startswith("/computer/") and self._route_known(method, path)):
             raise V1Error(404, wire.NOT_FOUND, f"Path not found: {path}")
-        if not self._authorized(scope):
+        if not self.authorized(scope.get("headers", [])):
             raise V1Error(401, wire.AUTH_FAILED, "a valid API key is required (x-api-key or Authorization: Bearer)")
         endpoint = self._endpoint
         if path == "/computer/chat":
@@ -147,28 +162,14 @@ class V1App:
             "/computer/chat", "/computer/agent/session/cancel", "/computer/agent/status", "/computer/agent/stop",
         )
 
-    def _authorized(self, scope: Scope) -> bool:
-        key = bearer = None
-        for name, value in scope.get("headers", ()):
-            if name == b"x-api-key":
-                key = value.decode("latin-1")
-            elif name == b"authorization":
-                scheme, _, rest = value.decode("latin-1").partition(" ")
-                if scheme.lower() == "bearer":
-                    bearer = rest.strip()
-        # both are checked when both are sent: either one being right is enough
-        return token_matches(self._token, key) or token_matches(self._token, bearer)
-
     # -- progress (SSE) -------------------------------------------------------------
 
     async def _progress(self, receive: Receive, send: Send, session_id: str) -> None:
         if not IDENTIFIER.fullmatch(session_id):
             raise invalid("session_id must be 1-64 characters of [A-Za-z0-9_-]")
         endpoint = self._endpoint
-        if not await endpoint.known(session_id):
-            raise V1Error(404, wire.SESSION_NOT_FOUND, f"Session not found: {session_id}")
         try:
-            attach = endpoint.attach(session_id)
+            attach = await endpoint.progress(session_id)
         except TooManyClients:
             raise V1Error(429, wire.TOO_MANY_CONNECTIONS, "too many progress streams for this session") from None
         client = attach.client
@@ -301,11 +302,42 @@ def _now() -> str:
 
 
 class Server(uvicorn.Server):
-    """uvicorn without its signal handlers: the sidecar owns SIGTERM/SIGINT."""
+    """uvicorn without its signal handlers (the sidecar owns SIGTERM/SIGINT) and without its
+    own accept path: connections come from sidecar.compat.guard's accept loop."""
+
+    def __init__(
+        self, config: uvicorn.Config, *, authorized: Callable[[list[tuple[bytes, bytes]]], bool], head_timeout_s: float
+    ) -> None:
+        super().__init__(config)
+        self.admission = Admission(Caps.from_limits())
+        self._authorized = authorized
+        self._head_timeout_s = head_timeout_s
+        self._accepting = anyio.CancelScope()
+
+    def _protocol(self) -> GuardedProtocol:
+        return GuardedProtocol(
+            config=self.config, server_state=self.server_state, admission=self.admission,
+            authorized=self._authorized, head_timeout_s=self._head_timeout_s,
+        )
 
     @contextlib.contextmanager
     def capture_signals(self) -> Iterator[None]:
         yield
+
+    async def serve_on(self, sock: socket.socket) -> None:
+        """Serve the connections ``sock`` accepts until ``should_exit`` (then shut down)."""
+        async with anyio.create_task_group() as tg:
+            tg.start_soon(self._accept, sock)
+            await self.serve(sockets=[])
+            tg.cancel_scope.cancel()
+
+    async def _accept(self, sock: socket.socket) -> None:
+        with self._accepting:
+            await accept_loop(sock, self.admission, self._protocol)
+
+    async def shutdown(self, sockets: list[socket.socket] | None = None) -> None:
+        self._accepting.cancel()  # no new connection once the shutdown starts
+        await super().shutdown(sockets)
 
     def abort_connections(self) -> None:
         """Drop every connection still open (a client that stopped reading keeps its
@@ -348,7 +380,7 @@ class _QuietUpgrades(logging.Filter):
 _quiet = _QuietUpgrades()
 
 
-def server(app: V1App, sock: socket.socket) -> Server:
+def server(app: V1App, *, head_timeout_s: float) -> Server:
     uvicorn_log = logging.getLogger("uvicorn.error")
     if _quiet not in uvicorn_log.filters:
         uvicorn_log.addFilter(_quiet)
@@ -366,7 +398,7 @@ def server(app: V1App, sock: socket.socket) -> Server:
         server_header=False,
         timeout_keep_alive=5,
         timeout_graceful_shutdown=1,
-        limit_concurrency=1024,
+        limit_concurrency=None,  # the admission caps connections (sidecar.compat.guard)
     )
     config.load()
-    return Server(config)
+    return Server(config, authorized=app.authorized, head_timeout_s=head_timeout_s)

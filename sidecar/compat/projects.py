@@ -22,7 +22,8 @@ Mapping rules:
   update the session;
 - the working directory (session ``workspaceDir``, the agent's cwd) is
   ``<root>/computer-project-workspace/<user_id>/<agent_work_dir or project_id>``, or
-  an absolute ``agent_work_dir`` that exists.
+  an absolute ``agent_work_dir`` that exists inside that user's directory or one of the
+  host's ``workDirRoots`` (never another user's directory, never ``/``).
 
 Must stay true: every id that reaches a path or the store was checked
 (sidecar.compat.validate); the index of projects is rebuilt from the store on first use
@@ -40,12 +41,13 @@ from typing import Any, Literal, Protocol
 import anyio
 import msgspec
 
+from protocol.chat import UserInput
 from protocol.common import IdParams
 from protocol.compat import CompatAgentCommand
 from protocol.providers import AcpEngineConfig, ProviderInfo, ProviderUpsertParams
 from protocol.sessions import CreateSessionOptions, SessionFilter, SessionListResult, SessionUpdateParams, SessionUpdates
 from protocol.types import SessionV2
-from sidecar.compat import validate
+from sidecar.compat import attachments, validate
 from sidecar.compat.rules import Rule, compile_rules
 from sidecar.compat.wire import INTERNAL, ComputerChatRequest, V1Error, invalid, text_id
 from sidecar.errors import NotFound, SidecarError
@@ -96,7 +98,8 @@ class Prepared(msgspec.Struct, kw_only=True):
     project_id: str
     session: SessionV2
     is_new: bool
-    prompt: str
+    input: UserInput
+    """The prompt with its attachments (sidecar.compat.attachments)."""
     request_id: str | None
     rules: tuple[Rule, ...]
     yolo: bool
@@ -121,11 +124,13 @@ class Projects:
         providers: Providers,
         root: Path,
         agent_commands: dict[str, CompatAgentCommand],
+        work_dir_roots: tuple[Path, ...] = (),
     ) -> None:
         self._sessions = sessions
         self._providers = providers
         self.root = root
         self._agent_commands = agent_commands
+        self._work_dir_roots = work_dir_roots
         self._by_key: dict[tuple[str, str], str] | None = None
         self._by_session: dict[str, Project] = {}
         self._ensured: dict[str, str] = {}
@@ -207,22 +212,23 @@ class Projects:
             raise invalid("prompt is required")
         if len(req.prompt) > MAX_PROMPT_CHARS:
             raise invalid("prompt is too long")
-        if req.attachments or req.data_source_attachments:
-            raise invalid("attachments and data_source_attachments are not supported by this endpoint")
+        if req.data_source_attachments:
+            raise invalid("data_source_attachments are not supported by this endpoint")
+        user_input = attachments.user_input(req.prompt, req.attachments)
         server = req.agent_config.agent_server if req.agent_config is not None else None
         rules = compile_rules(server.tool_approval_rules if server is not None else None)
         yolo = server is not None and (server.agent_mode or "").strip().lower() == "yolo"
         # the provider (its checks and an idempotent upsert), then the directory (checked and
         # made in one worker-thread hop), then the session
         target = await self._target(req, user_id)
-        work_dir = await anyio.to_thread.run_sync(_work_dir, work or project_id, self.user_dir(user_id))
+        work_dir = await anyio.to_thread.run_sync(_work_dir, work or project_id, self.user_dir(user_id), self._work_dir_roots)
         session, is_new = await self._session(user_id, project_id, session_id, target, work_dir, req.system_prompt)
         return Prepared(
             user_id=user_id,
             project_id=project_id,
             session=session,
             is_new=is_new,
-            prompt=req.prompt,
+            input=user_input,
             request_id=request_id,
             rules=rules,
             yolo=yolo,
@@ -366,8 +372,8 @@ class Projects:
         return session, True
 
 
-def _work_dir(value: str, user_dir: Path) -> Path:
-    path = validate.work_dir(value, user_dir)
+def _work_dir(value: str, user_dir: Path, roots: tuple[Path, ...]) -> Path:
+    path = validate.work_dir(value, user_dir, roots)
     try:
         path.mkdir(parents=True, exist_ok=True)
     except OSError as exc:

@@ -33,7 +33,7 @@ from protocol.errors import ErrorCode
 from sidecar.compat.endpoint import Endpoint, Engines
 from sidecar.compat.progress import ProgressHub
 from sidecar.compat.projects import Projects, Providers, Sessions
-from sidecar.compat.turns import Approvals, AuditEntry, Chat, Events, GetMessage, TurnRunner
+from sidecar.compat.turns import Approvals, Chat, Events, GetMessage, TurnRunner
 from sidecar.compat.validate import TOKEN
 from sidecar.errors import InvalidParams, SidecarError
 from sidecar.store.async_store import AsyncStore
@@ -43,6 +43,7 @@ log = logging.getLogger(__name__)
 STOP_TIMEOUT_S = 3.0
 PING_S = {"electron": 30.0, "rcoder": 15.0}
 MAX_AGENT_COMMANDS = 64
+MAX_WORK_DIR_ROOTS = 64
 
 
 class _Running:
@@ -73,7 +74,6 @@ class CompatService:
         sessions: Sessions,
         providers: Providers,
         store: AsyncStore,
-        audit_entry: AuditEntry,
         get_message: GetMessage,
         engines: Engines | None,
         data_dir: Path,
@@ -84,7 +84,6 @@ class CompatService:
         self._sessions = sessions
         self._providers = providers
         self._store = store
-        self._audit_entry = audit_entry
         self._get_message = get_message
         self._engines = engines
         self._data_dir = data_dir
@@ -95,8 +94,6 @@ class CompatService:
     @classmethod
     def for_app(cls, app: Any) -> CompatService:
         """The service over an open App's chat engine, event hub, approvals, sessions and providers."""
-        from sidecar.store.tools import audit_entry
-
         return cls(
             chat=app.chat,
             events=app.events,
@@ -104,7 +101,6 @@ class CompatService:
             sessions=app.sessions,
             providers=app.providers,
             store=app.store,
-            audit_entry=audit_entry,
             get_message=lambda message_id: app.store.run(lambda s: s.messages.get(message_id)),
             engines=getattr(app, "acp_engines", None),
             data_dir=app.data_dir,
@@ -194,14 +190,15 @@ class CompatService:
                         events=self._events,
                         approvals=self._approvals,
                         store=self._store,
-                        audit_entry=self._audit_entry,
                         get_message=self._get_message,
                         publish=hub.publish,
                         task_group=pumps,
                         trust_agent_mode=params.trust_agent_mode,
+                        trust_approval_rules=params.trust_approval_rules,
                     )
                     projects = Projects(
                         sessions=self._sessions, providers=self._providers, root=root, agent_commands=params.agent_commands,
+                        work_dir_roots=tuple(Path(r) for r in params.work_dir_roots),
                     )
                     endpoint = Endpoint(
                         flavor=params.flavor,
@@ -218,12 +215,14 @@ class CompatService:
                         ping_interval_s=ping,
                         close_after_turn=params.flavor == "rcoder",
                         leading_newline=params.flavor == "electron",
+                        port=running.port,
+                        check_host=not params.allow_remote,
                     )
-                    running.server = http.server(app, sock)
+                    running.server = http.server(app, head_timeout_s=params.head_timeout_ms / 1000)
                     running.endpoint = endpoint
                     task_status.started()
                     try:
-                        await running.server.serve(sockets=[sock])
+                        await running.server.serve_on(sock)
                     except Exception:
                         log.exception("the V1 endpoint's server failed")
                     finally:
@@ -263,6 +262,8 @@ def _status_fields(running: _Running) -> dict[str, Any]:
         "projects": endpoint.projects.count() if endpoint else 0,
         "running_turns": sum(1 for _ in endpoint.runner.running_turns()) if endpoint else 0,
         "sse_clients": endpoint.hub.client_count() if endpoint else 0,
+        "connections": running.server.admission.open_count if running.server else 0,
+        "max_connections": running.server.admission.caps.total if running.server else 0,
     }
 
 
@@ -293,6 +294,15 @@ def _check(params: CompatStartParams) -> tuple[str, str]:
         raise InvalidParams("invalid params: pingIntervalMs must be 1000..600000 - at `$.pingIntervalMs`")
     if params.workspace_dir is not None and not Path(params.workspace_dir).is_absolute():
         raise InvalidParams("invalid params: workspaceDir must be an absolute path - at `$.workspaceDir`")
+    if len(params.work_dir_roots) > MAX_WORK_DIR_ROOTS:
+        raise InvalidParams(f"invalid params: at most {MAX_WORK_DIR_ROOTS} workDirRoots - at `$.workDirRoots`")
+    for i, root in enumerate(params.work_dir_roots):
+        if "\x00" in root or not Path(root).is_absolute() or Path(root) == Path(Path(root).anchor):
+            raise InvalidParams(
+                f"invalid params: workDirRoots must be absolute directories other than the file system root - at `$.workDirRoots[{i}]`"
+            )
+    if not 1000 <= params.head_timeout_ms <= 120_000:
+        raise InvalidParams("invalid params: headTimeoutMs must be 1000..120000 - at `$.headTimeoutMs`")
     if len(params.agent_commands) > MAX_AGENT_COMMANDS:
         raise InvalidParams(f"invalid params: at most {MAX_AGENT_COMMANDS} agentCommands - at `$.agentCommands`")
     for name, command in params.agent_commands.items():

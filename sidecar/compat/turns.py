@@ -19,9 +19,12 @@ are no longer framed, and a fresh subscription only watches for its end (the sto
 status is checked too, in case it ended in the gap), so status stays right.
 
 Approvals: a ``tool_approval_required`` of a V1 turn is checked against the request's
-rules (sidecar.compat.rules), then ``yolo`` when ``trust_agent_mode``; a decision is made
-with ``chat:tool:approve``'s own service (audited, plus a row saying why), no decision
-leaves the call pending for the user. The user may decide first; that wins.
+rules (sidecar.compat.rules), then ``yolo`` when ``trust_agent_mode``. A request may only
+narrow what runs without the user: its ``deny`` rules decide, its ``allow`` rules only
+when the host opted in (``trustApprovalRules``; otherwise the call waits for the user). A
+decision is made through the approval service's rule path (``decide_by_rule``: audited
+as ``rule:allow`` / ``rule:deny`` by ``compat``, with which rule, never as the user's); no
+decision leaves the call pending for the user. The user may decide first; that wins.
 """
 
 from __future__ import annotations
@@ -70,11 +73,9 @@ class Events(Protocol):
 
 
 class Approvals(Protocol):
-    async def approve(self, params: ToolApproveParams) -> ToolApproveResult: ...
+    async def decide_by_rule(self, params: ToolApproveParams, note: str) -> ToolApproveResult: ...
 
 
-AuditEntry = Callable[..., Any]
-"""sidecar.store.tools.audit_entry"""
 GetMessage = Callable[[str], Awaitable[MessageV2]]
 
 
@@ -116,22 +117,22 @@ class TurnRunner:
         events: Events,
         approvals: Approvals,
         store: AsyncStore,
-        audit_entry: AuditEntry,
         get_message: GetMessage,
         publish: Callable[[str, Frame], None],
         task_group: anyio.abc.TaskGroup,
         trust_agent_mode: bool,
+        trust_approval_rules: bool = False,
         subscription_buffer: int = 4096,
     ) -> None:
         self._chat = chat
         self._events = events
         self._approvals = approvals
         self._store = store
-        self._audit_entry = audit_entry
         self._get_message = get_message
         self._publish = publish
         self._tg = task_group
         self._trust_agent_mode = trust_agent_mode
+        self._trust_approval_rules = trust_approval_rules
         self._buffer = subscription_buffer
         self._pumps: dict[str, _Pump] = {}
         self._current: dict[str, Turn] = {}
@@ -148,8 +149,8 @@ class TurnRunner:
 
     # -- turns ----------------------------------------------------------------------
 
-    async def start(self, turn: Turn, text: str) -> SendResult:
-        """Send ``text`` on the turn's session; its frames follow on the ProgressHub."""
+    async def start(self, turn: Turn, user_input: UserInput) -> SendResult:
+        """Send ``user_input`` on the turn's session; its frames follow on the ProgressHub."""
         session_id = turn.session_id
         pump = self._pumps.get(session_id)
         if pump is None:
@@ -159,7 +160,7 @@ class TurnRunner:
         previous = self._current.get(session_id)
         self._current[session_id] = turn
         try:
-            result = await self._chat.send(SendParams(session_id=session_id, input=UserInput(content=text)))
+            result = await self._chat.send(SendParams(session_id=session_id, input=user_input))
         except BaseException:
             pump.unbound -= 1
             if self._current.get(session_id) is turn:
@@ -283,6 +284,10 @@ class TurnRunner:
             rule = decide(turn.rules, title=call.name, raw_input=raw_input, kind=kind)
             if rule is not None:
                 action, why = rule.action, f"the V1 request's tool_approval_rules ({rule.action})"
+                if action == "allow" and not self._trust_approval_rules:
+                    # a request may only narrow what runs: its allow waits for the user
+                    log.info("V1 allow rule for tool call %s left to the user (trustApprovalRules is off)", call.id)
+                    return
             elif self._trust_agent_mode and turn.yolo:
                 action, why = "allow", "the V1 request's agent_mode yolo (trustAgentMode)"
             else:
@@ -291,14 +296,13 @@ class TurnRunner:
                 return
             decision: Literal["approved", "denied"] = "approved" if action == "allow" else "denied"
             try:
-                await self._approvals.approve(
-                    ToolApproveParams(session_id=turn.session_id, tool_call_id=call.id, decision=decision, message_id=message_id)
+                await self._approvals.decide_by_rule(
+                    ToolApproveParams(session_id=turn.session_id, tool_call_id=call.id, decision=decision, message_id=message_id),
+                    f"decided by {why}",
                 )
             except SidecarError as exc:  # decided by the user first, or cancelled meanwhile
                 log.info("V1 rule could not decide tool call %s: %s", call.id, exc.message)
                 return
-            note = self._audit_entry(record, "rule:allow" if action == "allow" else "rule:deny", "compat", note=f"decided by {why}")
-            await self._store.run(lambda s: s.tools.add_audit([note]))
         except anyio.get_cancelled_exc_class():
             raise
         except Exception:  # a rule must never take the endpoint down

@@ -11,8 +11,9 @@ Fields of ComputerChatRequest this endpoint does not act on, and why: ``original
 and ``open_long_memory`` (V1's own memory; memory here is the assistant profile's),
 ``user_prompt`` (an rcoder template), ``agent_config.context_servers`` (the agent gets
 the sidecar's configured MCP servers), ``resource_limits``, ``pod_id``, ``tenant_id``,
-``space_id``, ``isolation_type`` (container placement). ``attachments`` and
-``data_source_attachments`` are refused when non-empty (not supported).
+``space_id``, ``isolation_type`` (container placement). ``attachments`` become parts of the
+user message (sidecar.compat.attachments); ``data_source_attachments`` are refused when
+non-empty (not supported).
 """
 
 from __future__ import annotations
@@ -34,6 +35,7 @@ INTERNAL = "5000"
 PAYLOAD_TOO_LARGE = "PAYLOAD_TOO_LARGE"
 REQUEST_TIMEOUT = "REQUEST_TIMEOUT"
 TOO_MANY_CONNECTIONS = "TOO_MANY_CONNECTIONS"
+HOST_NOT_ALLOWED = "HOST_NOT_ALLOWED"
 
 Id = str | int
 """V1 ids arrive as strings; some callers send numbers (a conversation id)."""

@@ -60,7 +60,7 @@ import anyio.abc
 import msgspec
 
 from protocol.errors import ErrorCode
-from protocol.events import FinishReason, StreamToolCall, ToolApprovalOption
+from protocol.events import FinishReason, NoticeCode, StreamToolCall, ToolApprovalOption
 from protocol.providers import AcpEngineConfig
 from protocol.settings import ChatSettings
 from protocol.tools import ToolPolicySetParams
@@ -378,14 +378,14 @@ class AcpTurnHandler:
 
     async def _open_agent_session(
         self, conn: AcpConnection, job: ReplyJob, user: MessageV2
-    ) -> tuple[str, list[tuple[str, str]]]:
+    ) -> tuple[str, list[tuple[NoticeCode, str]]]:
         cwd = await self._workspace(job.session)
         mcp = await self._mcp_servers(conn.features) if self._mcp_servers is not None else []
         base = None
         if user.parent_id is not None:
             parent_id = user.parent_id
             base = await self._store.run(lambda s: s.acp.turn(parent_id))
-        notices: list[tuple[str, str]] = []
+        notices: list[tuple[NoticeCode, str]] = []
         if base is not None and base.engine_id != conn.engine_id:
             notices.append((
                 "acp_history_unavailable",
@@ -421,7 +421,7 @@ class AcpTurnHandler:
         return agent_sid, notices
 
     async def _ensure_open(
-        self, conn: AcpConnection, agent_sid: str, cwd: str, mcp: list[Any], notices: list[tuple[str, str]]
+        self, conn: AcpConnection, agent_sid: str, cwd: str, mcp: list[Any], notices: list[tuple[NoticeCode, str]]
     ) -> bool:
         if agent_sid in conn.opened:
             return True

@@ -31,6 +31,7 @@ Public API (``app.approvals``; helper E's ACP bridge builds on it, keep it stabl
 
     # methods bound in sidecar/server.py
     approve(ToolApproveParams) -> ToolApproveResult     chat:tool:approve
+    decide_by_rule(ToolApproveParams, note)             the V1 endpoint's rules (actor compat)
     list_pending(ToolPendingListParams) -> list[PendingToolCall]   tool:pending:list
     get_policies(EmptyParams) / set_policy(ToolPolicySetParams) -> list[ToolPolicy]
     list_audit(ToolAuditListParams) -> list[ToolAuditEntry]        tool:audit:list
@@ -38,7 +39,8 @@ Public API (``app.approvals``; helper E's ACP bridge builds on it, keep it stabl
 Must stay true:
 - a decision is accepted only for a call that is pending *now* (a conditional update in
   the store); a second decision for the same call is BAD_STATE, never a second run;
-- every decision (user, policy, system) leaves an audit row with the call's arguments;
+- every decision (user, policy, system, a V1 rule) leaves an audit row with the call's
+  arguments, naming who decided (a rule's decision is never recorded as the user's);
 - ``remember`` with approved stores policy auto for the call's policy key (its tool name
   unless the requester named another key, e.g. ``acp:<engine>:<kind>``); with denied, deny.
 """
@@ -55,6 +57,7 @@ from protocol.errors import ErrorCode
 from protocol.events import ApprovalSource, ToolApprovalOption
 from protocol.common import EmptyParams
 from protocol.tools import (
+    AuditActor,
     AuditDecision,
     PendingToolCall,
     ToolApproveParams,
@@ -103,7 +106,7 @@ class ApprovalRequest(msgspec.Struct, kw_only=True):
 class Decision(msgspec.Struct, kw_only=True):
     decision: DecisionKind
     actor: str
-    """user | policy | system"""
+    """user | policy | system | compat"""
     answer: str | None = None
     option_id: str | None = None
     remember: bool = False
@@ -224,6 +227,19 @@ class ApprovalService:
     # ---- methods ------------------------------------------------------------------------
 
     async def approve(self, params: ToolApproveParams) -> ToolApproveResult:
+        """``chat:tool:approve``: the user's decision."""
+        return await self._decide(params, "user", None)
+
+    async def decide_by_rule(self, params: ToolApproveParams, note: str) -> ToolApproveResult:
+        """A decision a rule made (the V1 endpoint's ``tool_approval_rules``, a trusted
+        ``yolo``): the same flow, audited once as ``rule:allow`` / ``rule:deny`` by actor
+        ``compat`` with ``note`` saying which rule, never as the user's. Only approved or
+        denied, never remembered."""
+        if params.decision not in ("approved", "denied") or params.remember:
+            raise InvalidParams("a rule only approves or denies, and remembers nothing")
+        return await self._decide(params, "compat", note)
+
+    async def _decide(self, params: ToolApproveParams, actor: AuditActor, rule_note: str | None) -> ToolApproveResult:
         if params.decision == "answered":
             if params.answer is None:
                 raise InvalidParams("invalid params: answer is required when decision is 'answered' - at `$.answer`")
@@ -251,7 +267,10 @@ class ApprovalService:
         remember = None
         if params.remember and params.decision in ("approved", "denied"):
             remember = (call.policy_key or call.tool_name, "auto" if approved else "deny")
-        audit = [audit_entry(call, params.decision, "user", answer=params.answer)]
+        if rule_note is not None:
+            audit = [audit_entry(call, "rule:allow" if approved else "rule:deny", actor, note=rule_note)]
+        else:
+            audit = [audit_entry(call, params.decision, actor, answer=params.answer)]
         if remember is not None:
             kept: AuditDecision = "remember:auto" if approved else "remember:deny"
             audit.append(audit_entry(call, kept, "user", note=f"policy of {remember[0]}"))
@@ -267,7 +286,7 @@ class ApprovalService:
                 code=ErrorCode.BAD_STATE,
             )
         decision = Decision(
-            decision=params.decision, actor="user", answer=params.answer,
+            decision=params.decision, actor=actor, answer=params.answer,
             option_id=option_id, remember=params.remember,
         )
         if self._wake(call, decision):

@@ -2,7 +2,8 @@
 
 Owns validating a profile before it is stored (seed 000 attaches these settings to an
 "assistant"): names and sizes bounded, regex rules and the template must compile, lorebook
-entries need a keyword unless constant, numbers in range. A bad profile is an
+entries need a keyword unless constant, numbers in range, ``enabledTools`` names tools
+that exist (the tool service's check). A bad profile is an
 invalid-params error naming the field; nothing is stored.
 """
 
@@ -83,9 +84,18 @@ def validate_profile(p: AssistantUpsertParams) -> None:
 
 
 class AssistantService:
-    def __init__(self, store: AsyncStore, *, clock: Callable[[], int] = now_ms) -> None:
+    def __init__(
+        self,
+        store: AsyncStore,
+        *,
+        clock: Callable[[], int] = now_ms,
+        check_tools: Callable[[list[str]], None] | None = None,
+    ) -> None:
+        """``check_tools(enabledTools)``: InvalidParams for a name that is not a tool the
+        profile may name (ToolService.check_enabled_tools)."""
         self._store = store
         self._clock = clock
+        self._check_tools = check_tools
         self.on_delete: list[Callable[[str], Awaitable[None]]] = []
         """Awaited after an assistant was deleted (its memory scope leaves the indexes)."""
 
@@ -97,6 +107,8 @@ class AssistantService:
 
     async def upsert_assistant(self, params: AssistantUpsertParams) -> AssistantProfile:
         await anyio.to_thread.run_sync(validate_profile, params)  # compiles regexes and the template: CPU only
+        if self._check_tools is not None and params.enabled_tools:
+            self._check_tools(params.enabled_tools)
         now = self._clock()
         return await self._store.run(lambda s: s.assistants.upsert(params, now))
 

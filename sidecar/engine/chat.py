@@ -521,13 +521,16 @@ class ChatEngine:
     async def _after(self, job: ReplyJob) -> None:
         """Side tasks of a finished reply (its lifecycle sent chat:session:updated)."""
         session = job.ended_session
-        if job.outcome != COMPLETED or session is None or self._closing or session.mode in ("server", "remote"):
+        if job.outcome != COMPLETED or session is None or self._closing or session.mode == "remote":
+            return  # a remote agent keeps its own memory, titles and suggestions
             return
-        for hook in self.on_completed:
+        for hook in self.on_completed:  # server-mode replies too: the memory encoder reads them
             try:
                 hook(session.id, job)
             except Exception:
                 log.exception("a completed-reply hook failed for %s", job.message_id)
+        if session.mode == "server":  # its title and suggestions come from the server
+            return
         try:
             if await self._titles.wants_title(session, job.message_id):
                 self._tg.start_soon(self._title, session, job.message_id, job.provider_id, job.model_id)

@@ -143,6 +143,7 @@ from protocol.events import (
     ContentReplacedEvent,
     ErrorEvent,
     FinishReason,
+    NoticeCode,
     NoticeEvent,
     PlanEntry,
     PlanEvent,
@@ -343,7 +344,7 @@ class ReplyFeed(Protocol):
 
     async def report_usage(self, total: Usage, *, announce: bool = False) -> None: ...
 
-    async def notice(self, text: str, code: str | None = None) -> None: ...
+    async def notice(self, text: str, code: NoticeCode | None = None) -> None: ...
 
     async def plan(self, entries: list[PlanEntry]) -> None: ...
 
@@ -517,7 +518,7 @@ class ReplyLifecycle:
         if announce:
             await self._relay.emit(UsageEvent, usage=total)
 
-    async def notice(self, text: str, code: str | None = None) -> None:
+    async def notice(self, text: str, code: NoticeCode | None = None) -> None:
         await self._relay.emit(NoticeEvent, notice=text, code=code)
 
     async def plan(self, entries: list[PlanEntry]) -> None:

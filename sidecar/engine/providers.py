@@ -38,6 +38,7 @@ if TYPE_CHECKING:
 log = logging.getLogger(__name__)
 
 RETIRE_GRACE_S = 30.0
+CONNECT_TIMEOUT_S = 10.0
 
 
 class _CountedStream:
@@ -327,13 +328,27 @@ def provider_settings(record: ProviderRecord) -> ProviderSettings:
     if record.type == "acp-engine":  # resolve() and connection() refuse these before
         raise EngineError(f"provider {record.name!r} is an ACP agent engine")
     api_key = record.api_key or (os.environ.get(record.api_key_env) if record.api_key_env else None)
-    return ProviderSettings(
+    settings = ProviderSettings(
         type=record.type,
         base_url=record.base_url,
         api_key=api_key,
         headers=record.headers,
         body=record.body,
     )
+    return _with_limits(settings, record.timeout_s, record.max_retries)
+
+
+def _with_limits(settings: ProviderSettings, timeout_s: float | None, max_retries: int | None) -> ProviderSettings:
+    """``settings`` with a provider's ``timeoutS`` (every wait on the endpoint: connecting,
+    at most CONNECT_TIMEOUT_S of it, the first byte, between bytes, a whole answer) and
+    ``maxRetries``; None keeps the transport's default."""
+    changes: dict[str, Any] = {}
+    if timeout_s is not None:
+        changes.update(connect_timeout=min(CONNECT_TIMEOUT_S, timeout_s), idle_timeout=timeout_s,
+                       request_timeout=timeout_s)
+    if max_retries is not None:
+        changes["max_retries"] = max_retries
+    return msgspec.structs.replace(settings, **changes) if changes else settings
 
 
 def _model_info(record: ProviderRecord, model_id: str) -> ModelInfo:

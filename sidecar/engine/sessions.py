@@ -27,9 +27,10 @@ from __future__ import annotations
 
 import logging
 from collections.abc import Awaitable, Callable
-from typing import Any, Protocol, TypeVar
+from typing import TYPE_CHECKING, Any, Protocol, TypeVar
 
 import msgspec
+from msgspec import UNSET, UnsetType
 
 from protocol.common import IdParams, SuccessResult
 from protocol.limits import MAX_SEARCH_OFFSET, MAX_SEARCH_PAGE
@@ -57,15 +58,20 @@ from protocol.sessions import (
     SessionListResult,
     SessionPinParams,
     SessionUpdateParams,
+    SessionUpdates,
 )
 from protocol.types import MessageTreeNode, MessageV2, SearchResult, SessionExport, SessionV2
 from sidecar.engine.progress import work_progress
 from protocol.errors import ErrorCode
 from sidecar.errors import InvalidParams, NotFound, SidecarError, StoreError
 from sidecar.store import AsyncStore
+from sidecar.store.settings import DEFAULT_PROVIDER_KEY
 from sidecar.store.store import Store
 
-__all__ = ["SessionService", "encode_tree", "DeleteHook", "Notify"]
+if TYPE_CHECKING:
+    from sidecar.store.providers import ProviderRecord
+
+__all__ = ["SessionService", "encode_tree", "check_model_choice", "DeleteHook", "Notify"]
 
 log = logging.getLogger(__name__)
 
@@ -107,11 +113,21 @@ class SessionService:
     # ---- sessions -------------------------------------------------------------------
 
     async def create_session(self, params: CreateSessionOptions) -> SessionV2:
+        """``chat:session:create``: a ``providerId`` must name a configured provider that
+        fits the mode (see ``check_model_choice``); sessions made by sync, channels and the
+        V1 endpoint's own providers go through the store and are not refused here. Mode
+        ``remote`` is a channel's remote-agent route's own."""
         if params.mode == "remote":
             raise InvalidParams(
                 "invalid params: mode remote sessions are made by a channel's remote-agent route - at `$.mode`"
             )
-        return await self.store.run(lambda s: s.sessions.create(params))
+
+        def create(s: Store) -> SessionV2:
+            if isinstance(params, CreateSessionOptions):
+                check_model_choice(s, params.mode, params.provider_id, params.model_id, prefix="")
+            return s.sessions.create(params)
+
+        return await self.store.run(create)
 
     async def list_sessions(self, params: SessionFilter) -> SessionListResult:
         return await self.store.run(lambda s: s.sessions.query(params))
@@ -120,7 +136,19 @@ class SessionService:
         return await self.store.run(lambda s: s.sessions.get(params.id))
 
     async def update_session(self, params: SessionUpdateParams) -> SessionV2:
-        return await self.store.run(lambda s: s.sessions.update(params.id, params.updates))
+        """``chat:session:update``: a new ``providerId``/``modelId`` is checked as at create."""
+        u = params.updates
+
+        def update(s: Store) -> SessionV2:
+            if isinstance(u, SessionUpdates) and (u.provider_id is not UNSET or u.model_id is not UNSET):
+                session = s.sessions.get(params.id)
+                provider = session.provider_id if u.provider_id is UNSET else u.provider_id
+                model = None if u.model_id is UNSET else u.model_id
+                named = u.provider_id if isinstance(u.provider_id, str) else None
+                check_model_choice(s, session.mode, named, model, prefix="updates.", model_provider=provider)
+            return s.sessions.update(params.id, u)
+
+        return await self.store.run(update)
 
     async def delete_session(self, params: IdParams) -> SuccessResult:
         await self.store.run(lambda s: s.sessions.get(params.id))  # NotFound before any hook runs
@@ -219,7 +247,8 @@ class SessionService:
 
     async def delete_messages(self, params: MessagesDeleteParams) -> MessagesDeleteResult:
         """``chat:messages:delete``: one message (mode ``message``: its children move up to
-        its parent) or a message with its subtree (mode ``branch``).
+        its parent; a root user message takes its replies with it, so no branch starts
+        with a reply) or a message with its subtree (mode ``branch``).
 
         - The message must be in the session (NotFound); a server-mode session refuses
           (BAD_STATE: its Qiming conversation is linear and would not follow), and so does a
@@ -241,8 +270,8 @@ class SessionService:
 
         def check(s: Store) -> None:
             session = s.sessions.get(session_id)
-            below = s.messages.subtree_ids(session_id, message_id)  # NotFound unless it is in the session
-            if s.sync.server_messages(below if mode == "branch" else [message_id]):
+            gone = s.messages.delete_ids(session_id, message_id, mode)  # NotFound unless it is in the session
+            if s.sync.server_messages(gone):
                 raise StoreError(
                     "messages that came from the Qiming server cannot be deleted here: the next pull"
                     " would bring them back (server:conversation:delete removes the conversation)",
@@ -344,6 +373,66 @@ class SessionService:
         session = await self.store.run(lambda s: s.sessions.get(session_id))
         await self._notify("chat:session:updated", session)
         return session
+
+
+def check_model_choice(
+    s: Store,
+    mode: str,
+    provider_id: str | None,
+    model_id: str | None,
+    *,
+    prefix: str,
+    model_provider: str | None | UnsetType = UNSET,
+) -> None:
+    """The provider and model a user names for a session, checked where they are chosen
+    rather than at the first send (InvalidParams naming the field):
+    - ``providerId`` (when given, not empty) must be a configured provider; an ACP session
+      (mode ``acp``) needs an ``acp-engine`` one, a direct session any other type (a server
+      session forwards its turns and uses none);
+    - ``modelId`` (when given) of a direct session must be one its provider lists, when
+      that provider lists any (provider:setDefault's rule); the provider is
+      ``model_provider`` (the session's after the update) when given, else ``provider_id``,
+      else the default one. A provider that no longer exists is not checked here: its
+      sessions fail at the send, as a provider deleted later does.
+    An empty or null value means the configured default and is not checked."""
+    record: ProviderRecord | None = None
+    if provider_id:
+        try:
+            record = s.providers.get(provider_id)
+        except NotFound:
+            raise InvalidParams(
+                f"invalid params: {prefix}providerId {provider_id!r} is not a configured provider"
+                f" (provider:list shows them) - at `$.{prefix}providerId`"
+            ) from None
+        engine = record.type == "acp-engine"
+        if mode == "acp" and not engine:
+            raise InvalidParams(
+                f"invalid params: {prefix}providerId {record.name!r} is a {record.type} provider; an ACP"
+                f" session needs an acp-engine provider - at `$.{prefix}providerId`"
+            )
+        if mode == "direct" and engine:
+            raise InvalidParams(
+                f"invalid params: {prefix}providerId {record.name!r} is an ACP agent engine; use it from a"
+                f" session created with mode 'acp' - at `$.{prefix}providerId`"
+            )
+    if not model_id or mode != "direct":
+        return
+    owner = provider_id if model_provider is UNSET else model_provider
+    if not owner:
+        owner = s.settings.get(DEFAULT_PROVIDER_KEY)
+    if not owner:
+        return
+    if record is None or record.id != owner:
+        try:
+            record = s.providers.get(owner)
+        except NotFound:
+            return
+    if record.models and record.model(model_id) is None:
+        listed = ", ".join(m.id for m in record.models[:20]) + (", ..." if len(record.models) > 20 else "")
+        raise InvalidParams(
+            f"invalid params: {prefix}modelId {model_id!r} is not a model of provider {record.name!r}"
+            f" (its models: {listed}) - at `$.{prefix}modelId`"
+        )
 
 
 def encode_tree(roots: list[MessageTreeNode]) -> bytes:

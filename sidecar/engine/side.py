@@ -37,6 +37,7 @@ from typing import Literal, Protocol
 
 import anyio
 import anyio.abc
+import msgspec
 
 from protocol.chat import SuggestionsParams
 from protocol.common import IdParams
@@ -95,22 +96,62 @@ class SideProviders(ModelResolver, Pricing, Protocol):
 
 
 _BULLET = re.compile(r"^\s*(?:[-*•·]+|\(?\d{1,2}[.)、:]|[a-zA-Z][.)])\s*")
+_FENCED = re.compile(r"```[A-Za-z0-9_-]*[ \t]*\n?(.*?)```", re.S)
+_JSON_STRING = re.compile(r'"(?:[^"\\\n]|\\.)*"')
+_QUOTES = "\"'“”‘’「」`*"
+MAX_ANSWER_CHARS = 8000
+"""Of a suggestions answer, only this much is read (it is asked for a few short lines)."""
 
 
 def parse_suggestions(text: str) -> list[str]:
-    """The questions of a suggestions answer: one per line, bullets and numbers removed,
-    quotes stripped, duplicates and overlong lines left out, at most MAX_SUGGESTIONS."""
+    """The questions of a suggestions answer, at most MAX_SUGGESTIONS, each at most
+    MAX_SUGGESTION_CHARS, duplicates left out. A JSON array of strings (bare, after a
+    preamble line, or in a ```json fence; its other items ignored; a cut-off array keeps its
+    complete strings) gives its strings; any other answer gives one question per line,
+    bullets and numbers removed, quotes stripped, headings ("Follow-up questions:") skipped."""
+    text = text[:MAX_ANSWER_CHARS]
+    items = _array_items(text)
+    lines = items is None
     out: list[str] = []
-    for line in text.splitlines():
-        item = _BULLET.sub("", line).strip().strip("\"'“”‘’「」`*").strip()
+    for raw in items if items is not None else text.splitlines():
+        item = (_BULLET.sub("", raw) if lines else raw).strip().strip(_QUOTES).strip()
         if not item or len(item) > MAX_SUGGESTION_CHARS or item in out:
             continue
-        if item.endswith(":") or item.endswith("："):
-            continue  # a heading ("Follow-up questions:") rather than a question
+        if lines and (item.endswith(":") or item.endswith("：")):
+            continue  # a heading rather than a question
         out.append(item)
         if len(out) == MAX_SUGGESTIONS:
             break
     return out
+
+
+def _array_items(text: str) -> list[str] | None:
+    """The strings of the JSON array the answer is (None: it is not one)."""
+    fenced = _FENCED.search(text)
+    body = (fenced.group(1) if fenced else text).strip()
+    if not body.startswith("["):
+        # a preamble line ("Here are some questions:") before the array
+        start = next((m.start() for m in re.finditer(r"^[ \t]*\[", body, re.M)), None)
+        if start is None:
+            return None
+        body = body[start:].strip()
+    end = body.rfind("]")
+    try:
+        value = msgspec.json.decode(body[: end + 1] if end > 0 else body)
+    except msgspec.DecodeError:
+        value = None
+    if isinstance(value, list):
+        return [v for v in value if isinstance(v, str)]
+    # a cut-off array (the side call's token limit): its complete strings
+    found: list[str] = []
+    for literal in _JSON_STRING.findall(body):
+        try:
+            decoded = msgspec.json.decode(literal)
+        except msgspec.DecodeError:
+            continue
+        if isinstance(decoded, str):
+            found.append(decoded)
+    return found or None
 
 
 class SideCalls:

@@ -330,6 +330,11 @@ class MemoryService:
 
         return await self._store.run(check)
 
+    async def rewritten(self, scope: str, removed: Sequence[int] = ()) -> None:
+        """Rows of ``scope`` were written or left the active set outside ``write`` (memory
+        upkeep: merges, expiry, imports): retrieval caches, vector indexes and embeddings follow."""
+        await self._changed(scope, removed=removed)
+
     async def _changed(self, scope: str, *, removed: Sequence[int] = ()) -> None:
         self.retriever.generation += 1
         if removed:
@@ -602,6 +607,13 @@ class MemoryService:
     def basic_text_blocking(self, store: Store, assistant: AssistantProfile) -> str | None:
         """The basic memory block (blocking, in a store thread): see the module docstring."""
         return basic_text(store, assistant)
+
+    @property
+    def feature_tools(self) -> dict[str, str]:
+        """The tools memory brings (name -> the feature whose switch brings it), for ToolService."""
+        from sidecar.memory.tools import FEATURE_TOOLS
+
+        return dict(FEATURE_TOOLS)
 
     async def offer(self, session: SessionV2 | None) -> Any:
         """The memory tools (first among a request's tools) and the capabilities, for ToolService."""

@@ -26,13 +26,16 @@ import msgspec
 from protocol.context import AssistantProfile
 from protocol.memory import GLOBAL_SCOPE, MAX_MEMORY_CHARS
 from sidecar.errors import InvalidParams, NotFound, SidecarError
-from sidecar.tools.base import Tool, ToolContext, ToolError, ToolOutput, obj
+from sidecar.tools.base import Feature, Tool, ToolContext, ToolError, ToolOutput, obj
 
 if TYPE_CHECKING:
     from sidecar.memory.service import MemoryService
     from sidecar.memory.soul import SoulService
 
-__all__ = ["MemoryOffer", "MemorySearchTool", "MemorySave", "MemoryUpdate", "MemoryForget", "SoulUpdate", "offer"]
+__all__ = [
+    "MemoryOffer", "MemorySearchTool", "MemorySave", "MemoryUpdate", "MemoryForget", "SoulUpdate", "offer",
+    "FEATURE_TOOLS",
+]
 
 KINDS = ["fact", "preference", "task-outcome", "instruction-from-user", "event", "note"]
 MAX_TOOL_RESULTS = 6
@@ -50,6 +53,7 @@ def _id_arg() -> dict[str, Any]:
 
 class _MemoryTool(Tool):
     source = "memory"
+    feature = "memory"
 
     def __init__(self, service: MemoryService, assistant: AssistantProfile) -> None:
         self._service = service
@@ -186,6 +190,7 @@ class MemoryForget(_MemoryTool):
 class SoulUpdate(Tool):
     name = "soul_update"
     source = "memory"
+    feature = "soul"
     default_policy = "ask"
     description = (
         "Propose a new version of your Soul.md (your self-description: how you work with this user, what "
@@ -237,6 +242,12 @@ class SoulUpdate(Tool):
         except SidecarError as exc:
             raise ToolError(f"Soul.md was not changed: {exc.message}") from exc
         return ToolOutput(text=f"Soul.md is now version {soul.version} ({soul.bytes} bytes).")
+
+
+FEATURE_TOOLS: dict[str, Feature] = {
+    t.name: t.feature for t in (MemorySearchTool, MemorySave, MemoryUpdate, MemoryForget, SoulUpdate) if t.feature
+}
+"""The tools memory brings, by name, and the feature whose switch brings each."""
 
 
 async def offer(

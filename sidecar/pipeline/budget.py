@@ -8,8 +8,11 @@ request fit.
 Rules (README "Context window"):
 - the window is ``ModelConfig.contextWindow``; without one nothing is cut for it (the
   compress threshold alone plans the request) and the parts are still counted;
-- reserved output: the request's ``maxTokens``, else the model's ``maxOutputTokens``, else a
-  quarter of the window, at most DEFAULT_RESERVE (4,096) tokens;
+- reserved output: the request's ``maxTokens`` (at most the model's ``maxOutputTokens``), else
+  the model's ``maxOutputTokens``, else a quarter of the window, at most DEFAULT_RESERVE
+  (4,096) tokens; it is what the request asks for as its output limit (every provider gets
+  it: ``max_tokens`` / ``max_completion_tokens``, Ollama's ``num_predict``), so the reply
+  cannot run past it;
 - counted as sent: the system message (session or assistant prompt, Soul.md, capability
   notes, rolling summary, basic memories, tool prompts, and whatever the input transformers
   put there: knowledge, memories, time...), the tool schemas (the JSON of each function
@@ -58,6 +61,7 @@ __all__ = [
     "ContextOverflow",
     "CountCache",
     "reserved_output",
+    "sent_params",
     "input_limit",
     "tool_tokens",
     "part_tokens",
@@ -141,13 +145,24 @@ class CountCache:
 
 
 def reserved_output(model: ModelInfo, params: GenerationParams) -> int:
+    """What the reply may take: sent as the request's output limit (``sent_params``)."""
+    ceiling = model.max_output_tokens if model.max_output_tokens is not None and model.max_output_tokens > 0 else None
     if params.max_tokens is not None and params.max_tokens > 0:
-        return params.max_tokens
-    if model.max_output_tokens is not None and model.max_output_tokens > 0:
-        return model.max_output_tokens
+        return min(params.max_tokens, ceiling) if ceiling is not None else params.max_tokens
+    if ceiling is not None:
+        return ceiling
     if model.context_window is not None and model.context_window > 0:
         return min(DEFAULT_RESERVE, model.context_window // 4)
     return 0
+
+
+def sent_params(params: GenerationParams, reserve: int) -> GenerationParams:
+    """The params a request goes out with: its output limit is the reserved output, so the
+    reply cannot run past what the budget kept for it (0: nothing reserved, the provider's
+    own default applies)."""
+    if reserve <= 0 or params.max_tokens == reserve:
+        return params
+    return msgspec.structs.replace(params, max_tokens=reserve)
 
 
 def input_limit(window: int | None, reserve: int, exact: bool) -> int | None:

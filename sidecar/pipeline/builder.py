@@ -40,7 +40,7 @@ from sidecar.pipeline.calls import ModelResolver, ProviderModelCall, UsageSink
 from sidecar.pipeline.context import BranchRead, ContextWindow, RollingContext
 from sidecar.pipeline.output import OutputProcessor
 from sidecar.pipeline.profiles import ProfileResolver, SessionProfile
-from sidecar.pipeline.request import build_drafts, finalize
+from sidecar.pipeline.request import build_drafts, finalize, lead_with_user
 from sidecar.pipeline.summary import Summarizer
 from sidecar.pipeline.system import SoulFiles, compose_system_prompt
 from sidecar.memory.service import basic_text as basic_memory_text
@@ -247,7 +247,7 @@ class RequestBuilder:
             memory=self._memory,
             ledger=citations,
         )
-        drafts = [d for d in await run_transformers(drafts, ctx, self._transformers) if d.parts]
+        drafts = lead_with_user([d for d in await run_transformers(drafts, ctx, self._transformers) if d.parts])
         if any(isinstance(p, (ImagePart, FilePart)) for d in drafts for p in d.parts):
             # stored images and files are read from disk: a worker thread (file work, no
             # database: anyio's own limiter, not the store's)
@@ -263,7 +263,9 @@ class RequestBuilder:
         messages, parts = await self._fit(
             messages, sources, plan, model, encoding, summary.tokens if summary else 0, window.tokens, continuation
         )
-        request = ChatRequest(model=model, messages=messages, tools=specs, params=params)
+        request = ChatRequest(
+            model=model, messages=messages, tools=specs, params=bg.sent_params(params, plan.parts.reserved_output)
+        )
         first = drafts[0] if drafts and drafts[0].role == "system" else None
         info = BuildInfo(
             window=window, assistant=assistant, applied=list(ctx.applied), citations=list(ctx.citations),

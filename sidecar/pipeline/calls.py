@@ -7,16 +7,21 @@ service (a ModelResolver: ``await resolve(provider_id, model_id) -> .provider, .
 with a ``session_id`` the call's usage is attributed to that session as a side call of
 ``kind`` (``side:summary``, ``side:ocr``: the engine's SideUsage, sidecar/engine/usage.py).
 
+``json_object(answer)`` is the one reading of a side call asked to answer with a JSON object:
+the answer itself, or the first ``{...}`` in it (a model that fenced it or added prose).
+
 Must stay true: a failure is a SidecarError (ProviderError from the adapter, EngineError for
 an unknown model, ProviderError for an empty answer or a timeout); never a bare exception.
 """
 
 from __future__ import annotations
 
+import re
 from collections.abc import AsyncIterator
 from typing import Protocol
 
 import anyio
+import msgspec
 
 from sidecar.errors import ProviderError
 from sidecar.providers.types import (
@@ -30,7 +35,20 @@ from sidecar.providers.types import (
 )
 from protocol.types import Usage
 
-__all__ = ["ProviderModelCall", "ModelResolver", "ResolvedModel", "LiveProvider", "UsageSink"]
+__all__ = ["ProviderModelCall", "ModelResolver", "ResolvedModel", "LiveProvider", "UsageSink", "json_object"]
+
+_JSON_OBJECT = re.compile(r"\{.*\}", re.DOTALL)
+
+
+def json_object(answer: str) -> str:
+    """The JSON object text of a model's answer (msgspec.DecodeError when there is none)."""
+    text = answer.strip()
+    if text.startswith("{"):
+        return text
+    found = _JSON_OBJECT.search(text)
+    if found is None:
+        raise msgspec.DecodeError("no JSON object in the answer")
+    return found.group(0)
 
 
 class LiveProvider(Protocol):

@@ -11,6 +11,7 @@ model can take, after the input transformers ran. Rules (README "Attachments and
   into the preceding assistant message as ToolResultParts;
 - then, tool calls without a result in the same message are left out of the request copy
   (a provider rejects a tool call that has no result);
+- a conversation never starts with a reply (``lead_with_user``, after the transformers);
 - images stored as files are sent as base64 to models that accept images; a model that
   does not gets a text note ``[image omitted: ...]`` instead (never a silent drop);
 - files still FileParts here (DocumentAsPrompt is off, or did not convert them): text-like
@@ -41,7 +42,7 @@ from sidecar.pipeline.transformers.base import Draft
 from sidecar.providers.types import ModelInfo, RequestMessage
 from sidecar.store.attachments import AttachmentStore
 
-__all__ = ["build_drafts", "finalize", "MAX_INLINE_FILE_BYTES", "is_text_mime"]
+__all__ = ["build_drafts", "finalize", "lead_with_user", "CONVERSATION_START", "MAX_INLINE_FILE_BYTES", "is_text_mime"]
 
 MAX_INLINE_FILE_BYTES = 256 * 1024
 
@@ -77,6 +78,21 @@ def build_drafts(path: list[MessageV2]) -> list[Draft]:
                 continue
         kept.append(draft)
     return kept
+
+
+CONVERSATION_START = "[The conversation starts with the assistant's message that follows.]"
+
+
+def lead_with_user(drafts: list[Draft]) -> list[Draft]:
+    """The conversation of a request starts with the user (Anthropic refuses one that
+    starts with a reply): when the first message after the system prompt is an
+    assistant's (a branch whose root is a reply, e.g. a pulled conversation that opens with
+    the agent's greeting or an imported one; an assistant injection at the top of the
+    chat), the short CONVERSATION_START user message goes before it; nothing is dropped."""
+    first = 1 if drafts and drafts[0].role == "system" else 0
+    if first < len(drafts) and drafts[first].role == "assistant":
+        return [*drafts[:first], Draft(role="user", parts=[TextPart(text=CONVERSATION_START)]), *drafts[first:]]
+    return drafts
 
 
 def finalize(drafts: list[Draft], *, model: ModelInfo, attachments: AttachmentStore) -> list[RequestMessage]:

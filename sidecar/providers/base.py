@@ -192,24 +192,34 @@ class HttpProvider(abc.ABC):
                 ) from exc
         return self.parse_response(raw)
 
-    async def list_models(self) -> list[str]:
-        """The model ids the endpoint offers (OpenAI/Anthropic ``data[].id``, Ollama ``models[].name``)."""
+    async def fetch(self, url: httpx2.URL, *, body: Any = None) -> bytes:
+        """One GET (a POST when ``body`` is given, as JSON) of a document beside the chat
+        endpoint (model lists and details), with this provider's headers, timeouts and
+        retries; its bytes (ProviderCallError as for any call)."""
         headers = self.request_headers()
-        del headers["content-type"]
+        if body is None:
+            del headers["content-type"]
         headers["accept"] = "application/json"
         async with open_response(
             self._client,
-            url=self.models_endpoint(),
-            body=None,
+            url=url,
+            body=_encode(body) if body is not None else None,
             headers=headers,
             settings=self.settings,
             describe=self.describe,
-            method="GET",
+            method="GET" if body is None else "POST",
         ) as response:
             try:
-                raw = await response.aread()
+                return await response.aread()
+            except httpx2.TimeoutException as exc:
+                raise self.error(f"no complete answer within {self.settings.idle_timeout:g}s", kind="timeout",
+                                 retryable=True) from exc
             except httpx2.TransportError as exc:
-                raise self.error(f"model list unreadable ({type(exc).__name__}: {exc})", kind="disconnect") from exc
+                raise self.error(f"answer unreadable ({type(exc).__name__}: {exc})", kind="disconnect") from exc
+
+    async def list_models(self) -> list[str]:
+        """The model ids the endpoint offers (OpenAI/Anthropic ``data[].id``, Ollama ``models[].name``)."""
+        raw = await self.fetch(self.models_endpoint())
         try:
             listing = _model_list.decode(raw)
         except msgspec.DecodeError as exc:

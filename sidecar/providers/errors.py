@@ -51,12 +51,15 @@ class ProviderCallError(ProviderError):
         status: int | None = None,
         retryable: bool = False,
         provider: str = "",
+        retry_after: float | None = None,
     ) -> None:
         super().__init__(message, data={"kind": kind, "status": status, "retryable": retryable})
         self.kind: ErrorKind = kind
         self.status = status
         self.retryable = retryable
         self.provider = provider
+        self.retry_after = retry_after
+        """Seconds the endpoint asked to wait (``retry-after-ms`` / ``retry-after``), if it said."""
 
     def __repr__(self) -> str:
         return f"ProviderCallError(kind={self.kind!r}, status={self.status!r}, message={self.message!r})"

@@ -291,6 +291,7 @@ async def open_response(
                 status=status,
                 retryable=status in RETRY_STATUSES,
                 provider=settings.type,
+                retry_after=parse_retry_after(response.headers),
             )
             delay_headers = response.headers
             cause = failure

@@ -31,6 +31,7 @@ from pathlib import PurePath
 
 import msgspec
 
+from sidecar import parts
 from sidecar.errors import SidecarError
 
 __all__ = ["Extracted", "DocumentError", "detect_kind", "extract", "extract_text", "decode_text", "check_text", "KINDS"]
@@ -258,6 +259,7 @@ _SPACES = re.compile(r"[ \t\r\f\v\u00a0]+")
 
 def html_text(markup: str) -> str:
     """The visible text of an HTML document as Markdown-like text (see the module docstring)."""
+    parts.require("html")
     from selectolax.lexbor import LexborHTMLParser
 
     tree = LexborHTMLParser(markup)

@@ -34,6 +34,7 @@ from typing import TYPE_CHECKING, Protocol
 
 import anyio
 
+from sidecar import parts
 from sidecar.store.async_store import AsyncStore
 from sidecar.store.knowledge import IndexDelta, VectorSink
 
@@ -123,6 +124,7 @@ class VectorIndexes:
                 return slot.index
         with slot.lock.write():
             if slot.index is None:
+                parts.require("vectors")
                 from sidecar.retrieval.vectors import VectorIndex  # numpy: loaded on first use
 
                 index = VectorIndex()

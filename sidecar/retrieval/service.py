@@ -62,6 +62,7 @@ from protocol.kb import (
 from protocol.types import Citation, SessionV2
 from sidecar.engine.progress import WorkProgress
 from sidecar.errors import InvalidParams, NotFound, SidecarError
+from sidecar import parts
 from sidecar.retrieval import chunking
 from sidecar.retrieval.citations import CitationLedger, render_results
 from sidecar.retrieval.extract import KINDS, detect_kind
@@ -212,6 +213,7 @@ class KnowledgeService:
 
     async def embedder_for(self, model_key: str) -> Embedder:
         """The Embedder of ``providerId/modelId`` (SidecarError when it cannot be had)."""
+        parts.require("vectors")
         from sidecar.retrieval.embeddings import HttpEmbedder, LocalEmbedder
 
         provider_id, _, model_id = model_key.partition("/")
@@ -237,6 +239,7 @@ class KnowledgeService:
         return embedder
 
     async def _check_model(self, ref: EmbeddingModelRef) -> tuple[str, str]:
+        parts.require("vectors")
         from sidecar.retrieval.embeddings import LOCAL_MODELS, local_embeddings_available
 
         where = "$.embeddingModel"

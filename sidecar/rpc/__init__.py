@@ -2,7 +2,10 @@
 
 Layers (each module's docstring says what it owns):
     framing.py   line reader with a size limit, the single queued writer
+    parse.py     one input line -> a message, a batch, or the error that answers it
+    surrogates.py lone UTF-16 surrogate escapes: masked so the envelope can be read
     messages.py  the envelope as msgspec Structs, classification by shape
+    batch.py     a batch's replies as one bounded line
     dispatch.py  Handler and Dispatcher: params decoding and the error -> code mapping
     bounds.py    the nesting limit of free-form JSON in params, found from the params types
     peer.py      JsonRpcPeer: requests out, responses in, dispatch in, cancellation

@@ -75,7 +75,6 @@ Reply = OutResult | OutError
 
 _encoder = msgspec.json.Encoder()
 envelope_decoder: Final = msgspec.json.Decoder(Envelope)
-batch_decoder: Final = msgspec.json.Decoder(list[msgspec.Raw])
 error_decoder: Final = msgspec.json.Decoder(ErrorObject)
 
 
@@ -93,12 +92,16 @@ def valid_id(value: Any) -> bool:
 
 
 class Incoming(msgspec.Struct, frozen=True):
-    """A classified message: ``kind`` is "request", "notification", "response" or "invalid"."""
+    """A classified message: ``kind`` is "request", "notification", "response" or
+    "invalid" (by ``classify``), or, for a message whose text holds a lone surrogate
+    (sidecar.rpc.parse), "invalid_params" (a request is answered INVALID_PARAMS, a
+    notification dropped) or "dropped" (a response nobody can be told about)."""
 
     kind: str
     envelope: Envelope
     reason: str = ""
-    """Why an ``invalid`` message is invalid (goes into the error message)."""
+    """Why an ``invalid``, ``invalid_params`` or ``dropped`` message is refused (goes into
+    the error message or the log)."""
 
 
 def classify(envelope: Envelope) -> Incoming:

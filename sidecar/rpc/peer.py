@@ -9,9 +9,11 @@ sends requests and notifications of its own.
         await peer.notify("chat:stream", event)
         await peer.closed.wait()      # the other side went away
 
-Routing is by shape (``messages.classify``): method + id is a request to us, method
-only a notification, id without method a response to one of ours. Our ids count up
-from 0; an incoming request may reuse an id we are waiting on without confusion.
+What a line holds is sidecar.rpc.parse's to say (a message, a batch, or the error that
+answers it); routing is by shape (``messages.classify``): method + id is a request to us,
+method only a notification, id without method a response to one of ours. Our ids count
+up from 0; an incoming request may reuse an id we are waiting on without confusion. A
+batch's replies go out together as one bounded line (sidecar.rpc.batch).
 
 What must stay true:
 - every incoming request runs in its own cancel scope on a task of the peer's task group
@@ -24,7 +26,8 @@ What must stay true:
   notification) and reading goes on; a line over the size limit, or nested deeper than
   msgspec can decode, is answered with the id its first KiB shows
   (``messages.scan_head``), so the caller's request still settles, and such a response
-  to one of our requests fails that request;
+  to one of our requests fails that request; a line whose text holds a lone surrogate is
+  answered with its id too;
 - nothing we send can end the peer: a reply that cannot be encoded (too deep, a type
   msgspec does not know, anything) is logged and answered INTERNAL_ERROR, a notification
   that cannot be encoded is logged and dropped, a request of ours that cannot be encoded
@@ -54,6 +57,7 @@ from protocol.common import CancelRequestParams
 from sidecar.errors import PeerClosed, RemoteError, RpcError
 from sidecar.rpc.dispatch import Dispatcher, Handlers
 from sidecar.config import DEFAULT_MAX_LINE_BYTES
+from sidecar.rpc.batch import BatchAnswer
 from sidecar.rpc.framing import (
     OVERSIZED_HEAD_BYTES,
     LineFilter,
@@ -73,16 +77,14 @@ from sidecar.rpc.messages import (
     OutNotification,
     OutRequest,
     Reply,
-    batch_decoder,
-    classify,
     encode,
-    envelope_decoder,
     error_decoder,
     error_reply,
     reply_id,
     scan_head,
     show,
 )
+from sidecar.rpc.parse import BatchItem, Unreadable, parse_line
 
 logger = logging.getLogger(__name__)
 
@@ -103,17 +105,7 @@ class _Pending:
         self.envelope: Envelope | None = None
 
 
-class _Batch:
-    """The replies of one batch line, sent together once the last request is answered."""
-
-    __slots__ = ("replies", "waiting")
-
-    def __init__(self, size: int) -> None:
-        self.replies: list[Reply | None] = [None] * size
-        self.waiting = 0
-
-
-_Slot = tuple[_Batch, int] | None
+_Slot = tuple[BatchAnswer, int] | None
 """Where a request's reply goes: its place in a batch, or None (a line of its own)."""
 _Item = tuple[Envelope, tuple[bool, Any], "_Inflight", _Slot]
 
@@ -386,50 +378,19 @@ class JsonRpcPeer:
         await self._send_reply(error_reply(info.id, code, message))
 
     async def _handle_line(self, line: bytes) -> None:
-        stripped = line.strip()
-        if not stripped:
+        parsed = parse_line(line)
+        if parsed is None:
             return
-        try:
-            # msgspec leaves Raw params unchecked until a handler decodes them; checking the
-            # encoding here makes a bad byte anywhere in the line a parse error, as JSON says.
-            stripped.decode("utf-8")
-        except UnicodeDecodeError as exc:
-            await self._send_reply(
-                error_reply(None, ErrorCode.PARSE_ERROR, f"parse error: invalid UTF-8 at byte {exc.start}")
-            )
-            return
-        first = stripped[:1]
-        if first == b"{":
-            try:
-                envelope = envelope_decoder.decode(stripped)
-            except RecursionError:
-                await self._reject_unreadable(stripped, ErrorCode.PARSE_ERROR, _TOO_DEEP)
-                return
-            except msgspec.DecodeError as exc:
-                await self._send_reply(_parse_error(exc))
-                return
-            reply = self._route(classify(envelope))
+        if isinstance(parsed, Unreadable):
+            await self._reject_unreadable(parsed.head, parsed.code, parsed.message)
+        elif isinstance(parsed, list):
+            await self._start_batch(parsed)
+        elif isinstance(parsed, Incoming):
+            reply = self._route(parsed)
             if reply is not None:
                 await self._send_reply(reply)
-        elif first == b"[":
-            try:
-                items = batch_decoder.decode(stripped)
-            except (msgspec.DecodeError, RecursionError) as exc:
-                await self._send_reply(_parse_error(exc))
-                return
-            if not items:
-                await self._send_reply(error_reply(None, ErrorCode.INVALID_REQUEST, "invalid request: empty batch"))
-                return
-            await self._start_batch(items)
         else:
-            try:
-                msgspec.json.decode(stripped)
-            except (msgspec.DecodeError, RecursionError) as exc:
-                await self._send_reply(_parse_error(exc))
-                return
-            await self._send_reply(
-                error_reply(None, ErrorCode.INVALID_REQUEST, "invalid request: expected a JSON object or array")
-            )
+            await self._send_reply(parsed)
 
     def _route(self, incoming: Incoming) -> Reply | None:
         """Handle one message; returns an immediate reply (errors found without a handler)."""
@@ -448,6 +409,13 @@ class JsonRpcPeer:
             self._on_notification(envelope)
         elif kind == "response":
             self._on_response(envelope)
+        elif kind == "invalid_params":
+            if envelope.id is msgspec.UNSET:
+                logger.warning("%s: notification %s dropped: %s", self.name, show(envelope.method), incoming.reason)
+                return None
+            return error_reply(envelope.id, ErrorCode.INVALID_PARAMS, incoming.reason)
+        elif kind == "dropped":
+            logger.warning("%s: message dropped: %s", self.name, incoming.reason)
         else:
             return error_reply(reply_id(envelope), ErrorCode.INVALID_REQUEST, f"invalid request: {incoming.reason}")
         return None
@@ -503,7 +471,7 @@ class JsonRpcPeer:
             await self._send_reply(reply)
             return
         batch, index = slot
-        batch.replies[index] = reply
+        batch.put(index, reply)
         batch.waiting -= 1
         if batch.waiting == 0:
             await self._send_batch(batch)
@@ -521,32 +489,25 @@ class JsonRpcPeer:
             return error_reply(envelope.id, ErrorCode.REQUEST_CANCELLED, inflight.reason)
         return reply
 
-    async def _start_batch(self, items: list[msgspec.Raw]) -> None:
+    async def _start_batch(self, items: list[BatchItem]) -> None:
         """Route every item; requests go to the shared workers and the batch reply is sent
         when the last of them is answered (at once if it holds none)."""
-        batch = _Batch(len(items))
+        batch = BatchAnswer(len(items), self._encode_reply)
         requests: list[tuple[int, Envelope, tuple[bool, Any], _Inflight]] = []
-        for index, raw in enumerate(items):
-            try:
-                envelope = envelope_decoder.decode(raw)
-            except RecursionError:
-                batch.replies[index] = error_reply(
-                    scan_head(bytes(raw)[:OVERSIZED_HEAD_BYTES]).id, ErrorCode.PARSE_ERROR, _TOO_DEEP
-                )
+        for index, item in enumerate(items):
+            if not isinstance(item, Incoming):
+                batch.put(index, item)
                 continue
-            except msgspec.DecodeError:  # ValidationError included
-                batch.replies[index] = error_reply(
-                    None, ErrorCode.INVALID_REQUEST, "invalid request: a batch item must be an object"
-                )
-                continue
-            incoming = classify(envelope)
-            if incoming.kind == "request" and _id_key(envelope.id) not in self._inflight:
+            envelope = item.envelope
+            if item.kind == "request" and _id_key(envelope.id) not in self._inflight:
                 key = _id_key(envelope.id)
                 inflight = _Inflight()
                 self._inflight[key] = inflight
                 requests.append((index, envelope, key, inflight))
             else:
-                batch.replies[index] = self._route(incoming)
+                reply = self._route(item)
+                if reply is not None:
+                    batch.put(index, reply)
         if not requests:
             await self._send_batch(batch)
             return
@@ -554,10 +515,10 @@ class JsonRpcPeer:
         for index, envelope, key, inflight in requests:
             self._start_request(envelope, key, inflight, (batch, index))
 
-    async def _send_batch(self, batch: _Batch) -> None:
-        replies = [reply for reply in batch.replies if reply is not None]
-        if replies:
-            await self._send_line(self._encode_batch(replies))
+    async def _send_batch(self, batch: BatchAnswer) -> None:
+        line = batch.line()
+        if line is not None:
+            await self._send_line(line)
 
     def _on_notification(self, envelope: Envelope) -> None:
         method = envelope.method
@@ -620,28 +581,12 @@ class JsonRpcPeer:
             logger.exception("%s: the reply to request %s could not be encoded", self.name, show(reply.id))
             return encode(error_reply(reply.id, ErrorCode.INTERNAL_ERROR, "internal error: unencodable result"))
 
-    def _encode_batch(self, batch: list[Reply]) -> bytes:
-        try:
-            return encode(batch)
-        except Exception:
-            # One bad result must not cost the others their answers.
-            return b"[" + b",".join(self._encode_reply(reply)[:-1] for reply in batch) + b"]\n"
-
 
 async def _close_quietly(stream: ReceiveStream) -> None:
     try:
         await stream.aclose()
     except (OSError, anyio.BrokenResourceError, anyio.ClosedResourceError):
         pass
-
-
-_TOO_DEEP = "parse error: nesting too deep"
-
-
-def _parse_error(exc: Exception) -> Reply:
-    if isinstance(exc, RecursionError):  # msgspec raises it for deeply nested input
-        return error_reply(None, ErrorCode.PARSE_ERROR, _TOO_DEEP)
-    return error_reply(None, ErrorCode.PARSE_ERROR, f"parse error: {exc}")
 
 
 def _remote_error(method: str, raw_error: msgspec.Raw) -> RpcError:

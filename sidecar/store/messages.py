@@ -28,6 +28,15 @@ MAX_DEPTH = 1_000_000
 _INSERT = f"INSERT INTO messages_v2 ({MESSAGE_COLUMNS}) VALUES ({', '.join('?' * len(MESSAGE_COLUMNS.split(',')))})"
 _M_COLUMNS = ", ".join("m." + c.strip() for c in MESSAGE_COLUMNS.split(","))
 _SELECT_ONE = f"SELECT {MESSAGE_COLUMNS} FROM messages_v2 WHERE id = ?"
+# The replies (and tool rows) below ?1 down to the next user messages, parents first.
+_LEADING_REPLIES = (
+    "WITH RECURSIVE r(id, depth) AS ("
+    " SELECT id, 0 FROM messages_v2 WHERE parent_id = ?1 AND session_id = ?2 AND role IN ('assistant', 'tool')"
+    " UNION ALL"
+    " SELECT m.id, r.depth + 1 FROM r JOIN messages_v2 m ON m.parent_id = r.id"
+    f" WHERE m.session_id = ?2 AND m.role IN ('assistant', 'tool') AND r.depth < {MAX_DEPTH})"
+    " SELECT id FROM r ORDER BY depth, id"
+)
 # The walk carries the whole row up the parent links (one primary-key lookup per step,
 # leaf first). Joining the ids back to messages_v2 afterwards made SQLite scan the table.
 # ?3 is a stop id (its row is the last one walked; NULL = up to the root), ?4 a limit.
@@ -150,6 +159,19 @@ class MessageStore:
     @staticmethod
     def subtree_ids(conn: apsw.Connection, message_id: str) -> list[str]:
         return [r[0] for r in conn.execute(_SUBTREE, (message_id,))]
+
+    @staticmethod
+    def delete_ids(conn: apsw.Connection, target: MessageV2, mode: str) -> list[str]:
+        """The messages a delete of ``target`` removes: mode ``branch`` its subtree; mode
+        ``message`` the message alone, except a user message that is a root: the replies
+        below it go with it, down to the next user messages (they answered it; moved up,
+        they would start a conversation with the assistant, which providers refuse), and
+        those user messages become roots."""
+        if mode == "branch":
+            return MessageStore.subtree_ids(conn, target.id)
+        if target.parent_id is not None or target.role != "user":
+            return [target.id]
+        return [target.id, *(r[0] for r in conn.execute(_LEADING_REPLIES, (target.id, target.session_id)))]
 
     @staticmethod
     def update_partial(

@@ -953,6 +953,108 @@ def m_channel_dedup_per_chat(conn: apsw.Connection) -> None:
 
 
 @migration
+def m_tasks(conn: apsw.Connection) -> None:
+    """Scheduled tasks (sidecar/store/tasks.py). ``spec`` is the task's definition (JSON of
+    its wire fields); ``next_run_at`` is the next time of its schedule (NULL: disabled, or
+    a one-shot that ran). A run of the schedule is claimed by inserting its row: the unique
+    index on (task, scheduled_for) makes a time run at most once, also across a crash."""
+    conn.execute(
+        """
+        CREATE TABLE IF NOT EXISTS tasks (
+          id          TEXT PRIMARY KEY,
+          name        TEXT NOT NULL,
+          kind        TEXT NOT NULL,
+          spec        TEXT NOT NULL,
+          enabled     INTEGER NOT NULL DEFAULT 1,
+          next_run_at INTEGER,
+          created_at  INTEGER NOT NULL,
+          updated_at  INTEGER NOT NULL
+        );
+        CREATE INDEX IF NOT EXISTS idx_tasks_due ON tasks(next_run_at)
+          WHERE enabled = 1 AND next_run_at IS NOT NULL;
+        CREATE TABLE IF NOT EXISTS task_runs (
+          id             TEXT PRIMARY KEY,
+          task_id        TEXT NOT NULL REFERENCES tasks(id) ON DELETE CASCADE,
+          trigger        TEXT NOT NULL,
+          scheduled_for  INTEGER NOT NULL,
+          status         TEXT NOT NULL,
+          session_id     TEXT,
+          message_id     TEXT,
+          error          TEXT,
+          delivery_error TEXT,
+          created_at     INTEGER NOT NULL,
+          started_at     INTEGER,
+          finished_at    INTEGER
+        );
+        CREATE UNIQUE INDEX IF NOT EXISTS idx_task_runs_fire ON task_runs(task_id, scheduled_for)
+          WHERE trigger != 'manual';
+        CREATE INDEX IF NOT EXISTS idx_task_runs_task ON task_runs(task_id, created_at);
+        CREATE INDEX IF NOT EXISTS idx_task_runs_open ON task_runs(status)
+          WHERE status IN ('queued', 'running', 'paused');
+        """
+    )
+
+
+@migration
+def m_provider_limits(conn: apsw.Connection) -> None:
+    """Per-provider ``timeoutS`` and ``maxRetries`` (NULL: the transport's defaults).
+    Re-runnable (each column checked first), like m_channels."""
+    columns = {row[1] for row in conn.execute("PRAGMA table_info(providers)")}
+    for column, ddl in (("timeout_s", "REAL"), ("max_retries", "INTEGER")):
+        if column not in columns:
+            conn.execute(f"ALTER TABLE providers ADD COLUMN {column} {ddl}")
+
+
+@migration
+def m_memory_upkeep(conn: apsw.Connection) -> None:
+    """Consolidation proposals and applied merges (sidecar/store/memory_upkeep.py): the
+    memories of one scope that become one version chain, and the merged text."""
+    conn.execute(
+        """
+        CREATE TABLE IF NOT EXISTS memory_merges (
+          id            TEXT PRIMARY KEY,
+          scope         TEXT NOT NULL,
+          memory_ids    TEXT NOT NULL,
+          text          TEXT NOT NULL,
+          kind          TEXT NOT NULL,
+          reason        TEXT NOT NULL DEFAULT '',
+          contradiction INTEGER NOT NULL DEFAULT 0,
+          status        TEXT NOT NULL,
+          result_id     TEXT,
+          created_at    INTEGER NOT NULL,
+          decided_at    INTEGER
+        );
+        CREATE INDEX IF NOT EXISTS idx_memory_merges_open ON memory_merges(scope, created_at)
+          WHERE status = 'pending';
+        """
+    )
+
+
+@migration
+def m_skill_proposals(conn: apsw.Connection) -> None:
+    """Skills the model proposed (sidecar/store/skills.py): nothing on disk until accepted;
+    they go with their session."""
+    conn.execute(
+        """
+        CREATE TABLE IF NOT EXISTS skill_proposals (
+          id          TEXT PRIMARY KEY,
+          session_id  TEXT NOT NULL REFERENCES sessions_v2(id) ON DELETE CASCADE,
+          message_id  TEXT NOT NULL,
+          name        TEXT NOT NULL,
+          description TEXT NOT NULL,
+          content     TEXT NOT NULL,
+          reason      TEXT NOT NULL DEFAULT '',
+          status      TEXT NOT NULL DEFAULT 'pending',
+          created_at  INTEGER NOT NULL,
+          decided_at  INTEGER
+        );
+        CREATE INDEX IF NOT EXISTS idx_skill_proposals_open ON skill_proposals(session_id, created_at)
+          WHERE status = 'pending';
+        """
+    )
+
+
+@migration
 def m_channel_routes_access(conn: apsw.Connection) -> None:
     # IM channels, second part (sidecar/store/channels.py): what the message log shows of a
     # received message (chat type, sender, the start of its text, why it was not answered);

@@ -38,7 +38,7 @@ from sidecar.store.rows import lenient_json
 
 _COLUMNS = (
     "id, name, type, base_url, api_key, api_key_env, headers, body, models, enabled, "
-    "created_at, updated_at, engine, stream"
+    "created_at, updated_at, engine, stream, timeout_s, max_retries"
 )
 MASK = "***"
 ACP_TOOL_KINDS = frozenset(
@@ -66,6 +66,8 @@ class ProviderRecord(msgspec.Struct, kw_only=True):
     """A key is stored (``api_key`` is None when it is locked)."""
     stream: bool = True
     """False: the endpoint cannot stream (every model is asked for whole replies)."""
+    timeout_s: float | None = None
+    max_retries: int | None = None
 
     def __repr__(self) -> str:  # never print the key, even in a traceback
         return f"ProviderRecord(id={self.id!r}, name={self.name!r}, type={self.type!r})"
@@ -93,6 +95,8 @@ class ProviderRecord(msgspec.Struct, kw_only=True):
             stream=self.stream,
             engine=_masked_engine(self.engine),
             is_default=is_default,
+            timeout_s=self.timeout_s,
+            max_retries=self.max_retries,
             created_at=self.created_at,
             updated_at=self.updated_at,
         )
@@ -144,6 +148,8 @@ def _row(row: tuple[Any, ...], sealer: Sealer) -> ProviderRecord:
         secrets_locked=key_locked or headers_locked or env_locked,
         has_stored_key=bool(row[4]),
         stream=row[13] is None or bool(row[13]),
+        timeout_s=row[14],
+        max_retries=row[15],
     )
 
 
@@ -245,7 +251,7 @@ class ProviderRepo:
             stored_headers = _headers.decode(existing[3]) if existing is not None and existing[3] else {}
             headers = self._sealer.seal_map(_unmasked(params.headers, stored_headers), HEADERS)
             conn.execute(
-                f"INSERT OR REPLACE INTO providers ({_COLUMNS}) VALUES (?,?,?,?,?,?,?,?,?,?,?,?,?,?)",
+                f"INSERT OR REPLACE INTO providers ({_COLUMNS}) VALUES (?,?,?,?,?,?,?,?,?,?,?,?,?,?,?,?)",
                 (
                     provider_id,
                     params.name.strip(),
@@ -261,6 +267,8 @@ class ProviderRepo:
                     now,
                     enc(engine).decode() if engine is not None else None,
                     int(params.stream),
+                    params.timeout_s,
+                    params.max_retries,
                 ),
             )
             row = conn.execute(

@@ -20,9 +20,12 @@ repositories exist. Every repository is an attribute built here on the one Datab
     files       FileRepo       files on disk owned by sessions and messages, the deletion journal (files.py)
     memory      MemoryRepo     long-term memories, their vectors and FTS, encoder proposals (memory.py)
     souls       SoulRepo       every version of every Soul.md (memory.py)
+    tasks       TaskRepo       scheduled tasks and their runs (tasks.py)
+    memory_upkeep MemoryUpkeepRepo memory statistics, expiry, merges, consolidation proposals (memory_upkeep.py)
+    skills      SkillProposalRepo the skills the model proposed (skills.py)
 
 Those of the features around a chat (providers, assistants, context, channels, knowledge,
-sync, memory, souls) are built at their first use (``_Repository``), so opening the store
+sync, memory, souls, tasks, memory_upkeep, skills) are built at their first use (``_Repository``), so opening the store
 and the first session list do not import them; the others are built at open. A new
 repository takes the Database in its constructor and is attached here; nothing
 outside the store package sees the Database. Each repository method is one transaction
@@ -121,6 +124,9 @@ if TYPE_CHECKING:
     from sidecar.store.memory import MemoryRepo, SoulRepo
     from sidecar.store.providers import ProviderRepo
     from sidecar.store.sync import SyncRepo
+    from sidecar.store.tasks import TaskRepo
+    from sidecar.store.memory_upkeep import MemoryUpkeepRepo
+    from sidecar.store.skills import SkillProposalRepo
 
 __all__ = ["Store", "Sessions", "Messages", "Search", "Settings", "ACTIVE_LEAF", "MAX_MESSAGES_LIMIT", "Deleted"]
 
@@ -639,6 +645,11 @@ class Messages:
             MessageStore.get_in_session(conn, session_id, message_id)
             return MessageStore.subtree_ids(conn, message_id)
 
+    def delete_ids(self, session_id: str, message_id: str, mode: Literal["message", "branch"]) -> list[str]:
+        """Ids ``delete(session_id, message_id, mode)`` would remove (MessageStore.delete_ids)."""
+        with self._db.read() as conn:
+            return MessageStore.delete_ids(conn, MessageStore.get_in_session(conn, session_id, message_id), mode)
+
     def delete_branch(self, message_id: str, *, session_id: str | None = None) -> int:
         """Delete a message and everything below it; returns how many messages went.
         ``session_id``: the message must belong to it (NotFound otherwise).
@@ -652,7 +663,8 @@ class Messages:
 
     def delete_message(self, session_id: str, message_id: str) -> int:
         """Delete one message of the session; its children move up to its parent (they
-        become roots when it was a root). Returns 1.
+        become roots when it was a root). A root user message takes its replies with it
+        (MessageStore.delete_ids). Returns how many messages went.
 
         ``parent_id`` has no foreign key: the children are re-parented first, then the row
         goes, in one transaction, with the guarantees of ``delete_branch`` (counters, the
@@ -695,13 +707,11 @@ class Messages:
     def _delete(self, conn: Any, target: MessageV2, mode: Literal["message", "branch"]) -> Deleted:
         sid = target.session_id
         active = self._active_leaf(conn, sid)
-        if mode == "branch":
-            ids = MessageStore.subtree_ids(conn, target.id)
-        else:
-            ids = [target.id]
-            conn.execute(
+        ids = MessageStore.delete_ids(conn, target, mode)
+        if mode == "message":  # what is left below the removed rows moves up to the target's parent
+            conn.executemany(
                 "UPDATE messages_v2 SET parent_id = ? WHERE parent_id = ? AND session_id = ?",
-                (target.parent_id, target.id, sid),
+                [(target.parent_id, gone, sid) for gone in reversed(ids)],
             )
         conn.executemany("DELETE FROM messages_v2 WHERE id = ?", [(i,) for i in ids])
         SessionRepo.recount(conn, sid)
@@ -872,6 +882,25 @@ def _souls(store: Store) -> SoulRepo:
     return SoulRepo(store._db, store._clock)
 
 
+def _tasks(store: Store) -> TaskRepo:
+    from sidecar.store.tasks import TaskRepo
+
+    return TaskRepo(store._db, store._clock)
+
+
+def _memory_upkeep(store: Store) -> MemoryUpkeepRepo:
+    from sidecar.store.memory_upkeep import MemoryUpkeepRepo
+
+    # the MemoryRepo is looked up at use, not here: this runs under the lock its lookup takes
+    return MemoryUpkeepRepo(store._db, lambda: store.memory, store._clock)
+
+
+def _skills(store: Store) -> SkillProposalRepo:
+    from sidecar.store.skills import SkillProposalRepo
+
+    return SkillProposalRepo(store._db, store._clock)
+
+
 def _providers(store: Store) -> ProviderRepo:
     from sidecar.store.providers import ProviderRepo
 
@@ -892,6 +921,9 @@ class Store:
     sync = _Repository(_sync)
     memory = _Repository(_memory)
     souls = _Repository(_souls)
+    tasks = _Repository(_tasks)
+    memory_upkeep = _Repository(_memory_upkeep)
+    skills = _Repository(_skills)
 
     def __init__(
         self,

@@ -29,7 +29,8 @@ Must stay true:
 - The message tree is add-only: a pull appends new server messages under the local copy
   of the newest server message before them; local messages added meanwhile stay where
   they are, so both become branches. Only a message the server changed (an unfinished
-  reply that finished) is rewritten, and only if it came from the server.
+  reply that finished) is rewritten, and only if it came from the server and was not
+  edited here: an edited one keeps the edit, and the server's text becomes its sibling.
 Synchronous: a Store attribute (``store.sync``), reached from async code through the
 store gateway (``await store.run(lambda s: s.sync.<method>(...))``). Each public method is
 one transaction.
@@ -158,6 +159,9 @@ class UpdateOutcome(msgspec.Struct, frozen=True, kw_only=True):
     changed: int = 0
     branched: bool = False
     """New server messages were added beside local ones (the local branch stays active)."""
+    kept_edits: int = 0
+    """Replies edited here that the server changed since: the server's text was added as a
+    sibling of each (the edit stays, and so does the active branch)."""
     title_applied: bool = False
     session: SessionV2 | None = None
 
@@ -326,8 +330,9 @@ class SyncRepo:
         self, items: list[NewConversation | ConversationUpdate]
     ) -> list[SessionV2 | UpdateOutcome | SidecarError]:
         """Several conversations in one transaction, each in a savepoint of its own: each is
-        stored whole or (failing) not at all, and one that fails does not take the others
-        with it. Results (or the error of each) in the order of ``items``."""
+        stored whole or (failing) not at all, and one that fails (a constraint, a value
+        SQLite cannot hold) does not take the others with it. Results (or the error of
+        each) in the order of ``items``."""
         out: list[SessionV2 | UpdateOutcome | SidecarError] = []
         with self._db.write() as conn:
             for item in items:
@@ -341,6 +346,8 @@ class SyncRepo:
                     out.append(exc)
                 except apsw.Error as exc:
                     out.append(StoreError(f"database error: {exc}"))
+                except OverflowError as exc:  # a server value past int64 that slipped past the wire's bounds
+                    out.append(StoreError(f"a value is out of the 64-bit range the database holds: {exc}"))
         return out
 
     def deletable(self, account_key: str, conversation_id: int) -> bool:
@@ -689,7 +696,7 @@ def _import_update(conn: apsw.Connection, item: ConversationUpdate) -> UpdateOut
     known, foreign = _known_indexes(conn, item.account_key, item.conversation_id, [p.server_index for p in item.messages])
     fresh = [p for p in item.messages if p.server_index not in known and p.server_index not in foreign]
     added = _append_branch(conn, item.account_key, item.conversation_id, session_id, fresh, before)
-    changed_count = _rewrite(
+    changed_count, kept_edits = _rewrite(
         conn, item.account_key, item.conversation_id, [p for p in item.messages if p.server_index in known], item.now
     )
     title_applied = False
@@ -703,11 +710,11 @@ def _import_update(conn: apsw.Connection, item: ConversationUpdate) -> UpdateOut
             title_snapshot = item.apply_title
         else:
             topic_snapshot = link.server_topic
-    if added or changed_count:
+    if added or changed_count or kept_edits:
         SessionRepo.recount(conn, session_id)
     # Local clock only: a server time ahead of ours would hide later local edits.
     updated_at = before.updated_at
-    if added or changed_count or title_applied:
+    if added or changed_count or kept_edits or title_applied:
         updated_at = max(before.updated_at, min(item.server_modified or item.now, item.now))
         if title_applied:
             updated_at = max(updated_at, item.now)
@@ -732,7 +739,7 @@ def _import_update(conn: apsw.Connection, item: ConversationUpdate) -> UpdateOut
         conn, session.active_leaf_id
     )
     return UpdateOutcome(
-        state="updated", added=added, changed=changed_count, branched=branched,
+        state="updated", added=added, changed=changed_count, kept_edits=kept_edits, branched=branched,
         title_applied=title_applied, session=session,
     )
 
@@ -855,20 +862,35 @@ def _append_branch(
 
 def _rewrite(
     conn: apsw.Connection, account_key: str, conversation_id: int, changed: list[PulledMessage], now: int
-) -> int:
-    """Known server messages whose mapped content changed (a reply that finished later)."""
-    count = 0
+) -> tuple[int, int]:
+    """Known server messages whose mapped content changed (a reply that finished later):
+    (rewritten, kept edits). A message edited here (``edited_at``) is never overwritten:
+    the server's version becomes a sibling of it, which the server index maps from now on
+    (later changes on the server go there), and the edit stays where it is, local only."""
+    count = kept = 0
     for p in changed:
         row = conn.execute(
-            "SELECT x.message_id, x.digest, m.session_id, m.role FROM sync_messages x"
+            "SELECT x.message_id, x.digest, m.session_id, m.role, m.edited_at, m.parent_id FROM sync_messages x"
             " JOIN messages_v2 m ON m.id = x.message_id"
             " WHERE x.account_key = ? AND x.server_index = ? AND x.conversation_id = ?",
             (account_key, p.server_index, conversation_id),
         ).fetchone()
         if row is None or row[1] == p.digest:
             continue
-        message_id, _, session_id, role = row
+        message_id, _, session_id, role, edited_at, parent_id = row
         m = p.message
+        if edited_at is not None:
+            sibling = msgspec.structs.replace(m, id=new_id(), session_id=session_id, parent_id=parent_id)
+            MessageStore.insert_many(conn, [sibling])
+            conn.execute(
+                "UPDATE sync_messages SET message_id = ?, digest = ?, finished = ? WHERE message_id = ?",
+                (sibling.id, p.digest, int(p.finished), message_id),
+            )
+            MessageSearch.index(
+                conn, [(sibling.id, session_id, sibling.role, searchable_text(m.text_content, m.parts))], fresh=True,
+            )
+            kept += 1
+            continue
         conn.execute(
             "UPDATE messages_v2 SET text_content = ?, parts = ?,"
             " content_type = CASE WHEN ? IS NOT NULL THEN 'multipart' ELSE 'text' END,"
@@ -884,4 +906,4 @@ def _rewrite(
         MessageSearch.index(conn, [(message_id, session_id, role, searchable_text(m.text_content, m.parts))],
                             fresh=True)
         count += 1
-    return count
+    return count, kept

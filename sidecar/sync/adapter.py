@@ -33,19 +33,14 @@ last sync; when both changed, the newer side (session ``updatedAt`` against conv
 and folder have no server field (ConversationDto carries none), so they stay local and
 never conflict.
 
-Push (``push``): sessions created here (with messages, no open reply) get ``/create
-{agentId}`` then ``/update {id, topic, firstMessage}`` (only then do they show in
-``/list``); the link is recorded between the two calls, so a crash never creates a
-second conversation. Changed titles go out with ``/update``. Messages: the real
-``/create`` takes none, so every session with messages only here is listed in
-``notPushed``; with ``messagesOnCreate`` the active branch is sent with ``/create`` and
-read back with ``/message/list``, and only the messages the server returned are marked as
-synced. Local deletions of linked sessions are sent with ``/delete/{id}`` unless the
-conversation changed on the server since (then it is kept there and reported). A link is
-marked synced only after the server answered.
+Bad server data: what the server sends is decoded with bounds (sidecar.sync.wire). A /list
+row out of bounds is skipped and reported (``SyncResult.skipped``), and the walk goes on
+past it; a conversation whose messages (or details) are out of bounds is skipped whole
+and reported the same way (it is never imported in part), and stays below the pull's mark
+so a later pull tries it again. Nothing of them reaches the store.
 
-Any AuthRequired stops the run at once (no further request); other failures are reported
-per conversation or session and the run goes on.
+Push (``push``) is sidecar.sync.push's. Any AuthRequired stops the run at once (no further
+request); other failures are reported per conversation or session and the run goes on.
 """
 
 from __future__ import annotations
@@ -59,8 +54,8 @@ import anyio.abc
 import msgspec
 from anyio.streams.memory import MemoryObjectReceiveStream
 
-from protocol.sync import NotPushed, SyncConflict
-from protocol.types import MessageV2, SessionMode, SessionV2
+from protocol.sync import SyncConflict
+from protocol.types import SessionMode, SessionV2
 from sidecar.errors import SidecarError
 from sidecar.store import Store
 from sidecar.store.ids import new_id, now_ms
@@ -68,15 +63,15 @@ from sidecar.store.sync import (
     ConversationUpdate,
     NewConversation,
     PulledMessage,
-    PushCandidate,
     SyncLink,
     UpdateOutcome,
 )
 from sidecar.store.transfer import MAX_IMPORT_MESSAGES
-from sidecar.sync.errors import AuthRequired, ConversationGone, QimingError, ServerMalformed
+from sidecar.sync.errors import AuthRequired, BadServerData, ConversationGone, QimingError, ServerMalformed
 from sidecar.sync.mapping import ServerMessage, conversation_title, normalize_messages, to_message
+from sidecar.sync.push import NO_MESSAGE_IMPORT, SyncPush
 from sidecar.sync.run import RunContext
-from sidecar.sync.wire import ChatMessageDto, ConversationDto, to_int, to_ms
+from sidecar.sync.wire import ChatMessageDto, ConversationDto, ConversationPage, to_int, to_ms
 
 __all__ = ["ConversationSyncAdapter", "WORKERS", "MAX_LIST_PAGES", "NO_MESSAGE_IMPORT"]
 
@@ -95,10 +90,6 @@ MAX_SWEEP_LIMIT = 1_000_000
 MAX_MESSAGE_PAGES = 100_000
 MAX_CONVERSATION_MESSAGES = MAX_IMPORT_MESSAGES
 """The store imports at most this many messages at once (sidecar/store/transfer.py)."""
-NO_MESSAGE_IMPORT = (
-    "the server's /create takes no messages (there is no API to import them): they stay on this device"
-)
-NO_APPEND = "the server takes messages only when a conversation is created: these stay on this device"
 
 _T = TypeVar("_T")
 
@@ -172,7 +163,7 @@ class ConversationSyncAdapter:
     ) -> tuple[dict[int, ConversationDto], bool]:
         """The walk by ``lastId``, then (when it filled a page) the sweep that finds what it skipped."""
         listed, first_page, complete = await self._walk_list(ctx, agent_id)
-        if not complete or len(first_page) < ctx.settings.list_page_size:
+        if not complete or first_page is None or first_page.size < ctx.settings.list_page_size:
             return listed, complete  # failed, or one short page: that is everything
         oldest = _oldest(first_page)
         if watermark is not None and oldest is not None and oldest <= watermark:
@@ -196,17 +187,13 @@ class ConversationSyncAdapter:
                 ctx.issue("list", exc)
                 ctx.result.complete = False
                 return False
-            found = 0
-            for dto in page:
-                cid = to_int(dto.id)
-                if cid is not None:
-                    found += cid not in listed
-                    _keep_newest(listed, cid, dto)
-            if found:
-                log.info("the /list walk skipped %d conversations; the sweep found them", found)
+            before = len(listed)
+            _take(ctx, page, listed)
+            if len(listed) > before:
+                log.info("the /list walk skipped %d conversations; the sweep found them", len(listed) - before)
             await ctx.report(f"listing conversations: {len(listed)}")
             oldest = _oldest(page)
-            if len(page) < limit or (watermark is not None and oldest is not None and oldest <= watermark):
+            if page.size < limit or (watermark is not None and oldest is not None and oldest <= watermark):
                 return True
             limit *= 2
         ctx.note("list", "malformed", f"more than {MAX_SWEEP_LIMIT} conversations: the listing may be incomplete")
@@ -215,10 +202,10 @@ class ConversationSyncAdapter:
 
     async def _walk_list(
         self, ctx: RunContext, agent_id: int | None
-    ) -> tuple[dict[int, ConversationDto], list[ConversationDto], bool]:
+    ) -> tuple[dict[int, ConversationDto], ConversationPage | None, bool]:
         size = ctx.settings.list_page_size
         listed: dict[int, ConversationDto] = {}
-        first: list[ConversationDto] = []
+        first: ConversationPage | None = None
         last_id: int | None = None
         for number in range(MAX_LIST_PAGES):
             try:
@@ -231,18 +218,12 @@ class ConversationSyncAdapter:
                 return listed, first, False
             if number == 0:
                 first = page
-            ids: list[int] = []
-            for dto in page:
-                cid = to_int(dto.id)
-                if cid is None:
-                    continue
-                ids.append(cid)
-                _keep_newest(listed, cid, dto)
+            ids = _take(ctx, page, listed)
             await ctx.report(f"listing conversations: {len(listed)}")
-            if len(page) < size:
+            if page.size < size:
                 return listed, first, True
             # the server's web UI pages the same way: lastId = the page's last row
-            cursor = to_int(page[-1].id)
+            cursor = page.last_id
             if cursor is None:
                 cursor = min(ids) if ids else None
             if cursor is None or (last_id is not None and cursor >= last_id):
@@ -369,6 +350,8 @@ class ConversationSyncAdapter:
             return await self._prepare_new(ctx, job)
         except AuthRequired:
             raise
+        except BadServerData as exc:
+            ctx.skip(cid, exc, session_id=job.link.session_id if job.link else None)
         except ConversationGone as exc:
             ctx.issue("pull", ConversationGone(
                 f"conversation {cid} vanished between the list and its messages ({exc.message})",
@@ -393,9 +376,16 @@ class ConversationSyncAdapter:
             return True  # deleted here meanwhile: the next run decides
         if ready.title_conflict is not None:
             ctx.conflict(ready.title_conflict)
-        if result.added or result.changed or result.title_applied:
+        if result.added or result.changed or result.kept_edits or result.title_applied:
             ctx.result.pulled += 1
-        ctx.result.messages_pulled += result.added
+        ctx.result.messages_pulled += result.added + result.kept_edits
+        if result.kept_edits:
+            ctx.conflict(SyncConflict(
+                kind="branches", session_id=result.session.id if result.session else None,
+                conversation_id=job.conversation_id, winner="both",
+                message=f"{result.kept_edits} repl{'ies' if result.kept_edits != 1 else 'y'} edited on this device"
+                        " changed on the server; the server's text was added as a branch beside the edit",
+            ))
         if result.branched:
             ctx.conflict(SyncConflict(
                 kind="branches", session_id=result.session.id if result.session else None,
@@ -487,7 +477,7 @@ class ConversationSyncAdapter:
         except ConversationGone:
             await self._server_deleted(ctx, link)
             return True
-        except AuthRequired:
+        except (AuthRequired, BadServerData):
             raise
         except QimingError as exc:
             ctx.issue("probe", exc, conversation_id=cid, session_id=link.session_id)
@@ -522,154 +512,7 @@ class ConversationSyncAdapter:
     # ==== push ==========================================================================
 
     async def push(self, ctx: RunContext) -> None:
-        candidates = await ctx.db(lambda s: s.sync.push_candidates(ctx.account.account_key))
-        ctx.done, ctx.total = 0, len(candidates)
-        await ctx.report(f"{len(candidates)} sessions to push", force=True)
-        missing_agent = 0
-        for candidate in candidates:
-            session_id = candidate.session.id if candidate.session else (
-                candidate.link.session_id if candidate.link else None
-            )
-            conversation_id = candidate.link.conversation_id if candidate.link else None
-            try:
-                if candidate.session is None:
-                    await self._push_deletion(ctx, candidate)
-                elif candidate.link is None:
-                    if ctx.account.agent_id is None:
-                        missing_agent += 1
-                    else:
-                        await self._push_new(ctx, candidate)
-                elif candidate.link.state == "creating":
-                    await self._finish_create(ctx, candidate, candidate.link.conversation_id)
-                else:
-                    await self._push_changes(ctx, candidate)
-            except AuthRequired:
-                raise
-            except SidecarError as exc:
-                ctx.issue("delete" if candidate.session is None else "push", exc, session_id=session_id,
-                          conversation_id=conversation_id)
-            ctx.done += 1
-            await ctx.report(f"{ctx.done} of {ctx.total} sessions")
-        if missing_agent:
-            ctx.note(
-                "push", "no_agent",
-                f"{missing_agent} sessions were not pushed: no server agent is configured (server:configure agentId)",
-            )
-
-    async def _push_deletion(self, ctx: RunContext, candidate: PushCandidate) -> None:
-        link = candidate.link
-        assert link is not None
-        key = ctx.account.account_key
-        cid = link.conversation_id
-        try:
-            dto = await ctx.client.get_conversation(cid)
-        except ConversationGone:
-            await ctx.db(lambda s: s.sync.set_link_state(key, cid, "deleted", now_ms()))
-            return
-        modified = to_ms(dto.modified)
-        if link.state == "linked" and link.server_modified is not None and modified is not None \
-                and modified > link.server_modified:
-            ctx.conflict(SyncConflict(
-                kind="deleted_locally", session_id=link.session_id, conversation_id=cid, winner="server",
-                message=f"conversation {cid} was deleted here but changed on the server since: not deleted there",
-            ))
-            return
-        await ctx.client.delete_conversation(cid)
-        await ctx.db(lambda s: s.sync.set_link_state(key, cid, "deleted", now_ms()))
-        ctx.result.deleted += 1
-
-    async def _push_new(self, ctx: RunContext, candidate: PushCandidate) -> None:
-        session = candidate.session
-        assert session is not None and ctx.account.agent_id is not None
-        if ctx.account.messages_on_create:
-            path = await ctx.db(lambda s: s.sync.active_path(session.id))
-            sent = _pushable(path)
-            created = await ctx.client.create_conversation(
-                ctx.account.agent_id, title=session.title, messages=[(role, text) for _, role, text in sent],
-            )
-        else:
-            created = await ctx.client.create_conversation(ctx.account.agent_id)
-        cid = to_int(created.id)
-        if cid is None:
-            raise ServerMalformed("/create answered without a conversation id")
-        key, session_id, agent_id = ctx.account.account_key, session.id, ctx.account.agent_id
-        modified = to_ms(created.modified)
-        await ctx.db(lambda s: s.sync.record_creating(
-            account_key=key, session_id=session_id, conversation_id=cid, agent_id=agent_id,
-            server_modified=modified, server_topic=None, now=now_ms(),
-        ))
-        await self._finish_create(ctx, candidate, cid)
-
-    async def _finish_create(self, ctx: RunContext, candidate: PushCandidate, cid: int) -> None:
-        session = candidate.session
-        assert session is not None
-        updated = await ctx.client.update_conversation(
-            cid, topic=session.title, first_message=candidate.first_user_text or session.title
-        )
-        if to_int(updated.id) != cid:
-            raise ConversationGone(f"conversation {cid} is gone on the server: its topic could not be set")
-        mapped: list[tuple[str, int, str | None, str]] = []
-        if ctx.account.messages_on_create:
-            path = await ctx.db(lambda s: s.sync.active_path(session.id))
-            mapped = await self._confirm_messages(ctx, cid, _pushable(path))
-        local_only = candidate.local_only - len(mapped)
-        if local_only > 0:
-            reason = NO_MESSAGE_IMPORT if not ctx.account.messages_on_create else (
-                "the server stored only some of the messages sent with /create (read back with /message/list);"
-                " the others stay on this device"
-            )
-            ctx.not_pushed(NotPushed(session_id=session.id, conversation_id=cid, messages=local_only, reason=reason))
-        key = ctx.account.account_key
-        topic = conversation_title(updated) if updated.topic is not None else None
-        modified = to_ms(updated.modified)
-        await ctx.db(lambda s: s.sync.mark_pushed(
-            account_key=key, conversation_id=cid, session_updated_at=session.updated_at,
-            local_title=session.title, server_topic=topic, server_modified=modified,
-            reported_local=max(local_only, 0), mapped=mapped, now=now_ms(),
-        ))
-        ctx.result.pushed += 1
-        ctx.result.messages_pushed += len(mapped)
-
-    async def _confirm_messages(
-        self, ctx: RunContext, cid: int, sent: list[tuple[str, str, str]]
-    ) -> list[tuple[str, int, str | None, str]]:
-        """Pair what was sent with what ``/message/list`` shows now (role and text, in order)."""
-        stored = normalize_messages(await self._fetch(ctx, cid, None), now_ms())
-        mapped: list[tuple[str, int, str | None, str]] = []
-        for (message_id, role, text), server in zip(sent, stored, strict=False):
-            if server.role != role or server.text.strip() != text.strip():
-                break
-            mapped.append((message_id, server.index, server.server_id, server.digest))
-        return mapped
-
-    async def _push_changes(self, ctx: RunContext, candidate: PushCandidate) -> None:
-        session, link = candidate.session, candidate.link
-        assert session is not None and link is not None
-        cid = link.conversation_id
-        topic, modified = link.server_topic, None
-        pushed = False
-        if session.title != link.local_title:
-            updated = await ctx.client.update_conversation(cid, topic=session.title)
-            if to_int(updated.id) != cid:
-                # /update answers an empty conversation for one that is not there any more
-                await self._server_deleted(ctx, msgspec.structs.replace(link, session_exists=True))
-                return
-            topic = conversation_title(updated) if updated.topic is not None else session.title
-            modified = to_ms(updated.modified)
-            pushed = True
-        if candidate.local_only > link.reported_local:
-            ctx.not_pushed(NotPushed(
-                session_id=session.id, conversation_id=cid, messages=candidate.local_only,
-                reason=NO_APPEND if ctx.account.messages_on_create else NO_MESSAGE_IMPORT,
-            ))
-        key = ctx.account.account_key
-        await ctx.db(lambda s: s.sync.mark_pushed(
-            account_key=key, conversation_id=cid, session_updated_at=session.updated_at,
-            local_title=session.title, server_topic=topic, server_modified=modified,
-            reported_local=candidate.local_only, now=now_ms(),
-        ))
-        if pushed:
-            ctx.result.pushed += 1
+        await SyncPush(fetch=self._fetch, server_deleted=self._server_deleted).push(ctx)
 
 
 def _decide_title(
@@ -705,9 +548,25 @@ def _keep_newest(listed: dict[int, ConversationDto], cid: int, dto: Conversation
         listed[cid] = dto
 
 
-def _oldest(page: list[ConversationDto]) -> int | None:
-    stamps = [m for m in (to_ms(d.modified) for d in page) if m is not None]
+def _oldest(page: ConversationPage) -> int | None:
+    stamps = [m for m in (to_ms(d.modified) for d in page.rows) if m is not None]
     return min(stamps) if stamps else None
+
+
+def _take(ctx: RunContext, page: ConversationPage, listed: dict[int, ConversationDto]) -> list[int]:
+    """The page's rows into ``listed`` (its ids returned); rows out of bounds, or without a
+    usable id, are skipped and reported."""
+    ids: list[int] = []
+    for dto in page.rows:
+        cid = to_int(dto.id)
+        if cid is None or cid <= 0:
+            ctx.skip(None, BadServerData(f"/list: a conversation without a usable id ({dto.id!r:.40})", field="$.id"))
+            continue
+        ids.append(cid)
+        _keep_newest(listed, cid, dto)
+    for row in page.bad:
+        ctx.skip(row.conversation_id, row.error)
+    return ids
 
 
 def _pulled(m: ServerMessage) -> PulledMessage:
@@ -716,16 +575,3 @@ def _pulled(m: ServerMessage) -> PulledMessage:
     return PulledMessage(
         message=placeholder, server_index=m.index, server_id=m.server_id, digest=m.digest, finished=m.finished
     )
-
-
-def _pushable(path: list[MessageV2]) -> list[tuple[str, str, str]]:
-    """(message id, role, text) of the user and assistant messages of a branch that a
-    server conversation can hold (final, with text)."""
-    out: list[tuple[str, str, str]] = []
-    for m in path:
-        if m.role not in ("user", "assistant") or m.status not in ("completed", "aborted", "error"):
-            continue
-        text = m.text_content or ""
-        if text.strip():
-            out.append((m.id, m.role, text))
-    return out

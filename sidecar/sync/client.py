@@ -13,6 +13,14 @@ Must stay true:
   something (``/create``, ``/chat``) is retried only when the request never left (connect
   errors), so a retry cannot create a second conversation or start a second turn.
 - A body is read up to MAX_BODY_BYTES; more is a ServerMalformed, never an unbounded read.
+- Deadlines: a call (every attempt, and the waits between them) is answered or failed
+  within ``timeout_s`` (``requestTimeoutMs``) in all, however slowly the server sends
+  (httpx's own timeouts bound each read only: a server dripping a byte a second never
+  trips them). A stream's response head must arrive within the same bound; after that,
+  its events are bounded by the caller's idle timer (sidecar.sync.chatstream).
+- What the server sends is decoded with the bounds of sidecar.sync.wire; a value outside
+  them is BadServerData naming the field. ``list_conversations`` decodes each row on its
+  own, so one bad row is reported (``ConversationPage.bad``) and the others are read.
 - The token never appears in a log line or an error message (server text is redacted);
   the client keeps no cookies between calls (each call carries only its own credentials).
 """
@@ -39,9 +47,32 @@ from sidecar.providers.transport import (
     retry_delay,
 )
 from sidecar.providers.types import ProviderSettings
+from sidecar.sync.bodies import (
+    ChatAttachment,
+    ComputerCancelBody,
+    ComputerChatBody,
+    ComputerOutcome,
+    ComputerPermissionBody,
+    ComputerPermissionResponse,
+    ComputerResolve,
+    CreateBody,
+    CreateWithMessages,
+    ListQuery,
+    LoginBody,
+    MessageQuery,
+    PageResultBody,
+    PermissionBody,
+    PermissionOption,
+    PushedMessage,
+    ShareBody,
+    SuggestBody,
+    TryReqDto,
+    UpdateBody,
+)
 from sidecar.sync.errors import (
     CONVERSATION_NOT_FOUND,
     AuthRequired,
+    BadServerData,
     ConversationGone,
     QimingError,
     ServerHttpError,
@@ -49,6 +80,7 @@ from sidecar.sync.errors import (
     ServerRejected,
     ServerUnreachable,
 )
+from sidecar.sync.streams import agent_outputs, session_frames
 from sidecar.sync.wire import (
     AUTH_CODES,
     SUCCESS,
@@ -56,16 +88,17 @@ from sidecar.sync.wire import (
     ChatMessageDto,
     ComputerChatResponse,
     ConversationDto,
+    ConversationPage,
     Envelope,
     LoginResDto,
     SessionFrame,
     UserDto,
     UserShareDto,
+    conversation_page,
 )
 
 __all__ = [
     "ClientSettings",
-    "session_frames",
     "QimingClient",
     "TryReqDto",
     "ChatAttachment",
@@ -107,145 +140,12 @@ class ClientSettings(msgspec.Struct, frozen=True, kw_only=True):
     service_url: str
     """Scheme, host and optional port (and path prefix) of the server; ``/api/...`` follows."""
     timeout_s: float = 30.0
-    """For each call: connect, and the wait for every chunk of the answer."""
+    """Each call in all (its retries included); a stream's response head."""
     connect_timeout_s: float = 10.0
     max_retries: int = 2
     retry_backoff_s: float = 0.5
     retry_after_cap_s: float = 30.0
     tenant_id: int | None = None
-
-
-class _Body(msgspec.Struct, omit_defaults=True, rename="camel", kw_only=True):
-    """Request bodies: absent fields are left out (the server treats missing and null alike)."""
-
-
-class _ListQuery(_Body):
-    agent_id: int | None = None
-    last_id: int | None = None
-    limit: int | None = None
-    topic: str | None = None
-
-
-class _MessageQuery(_Body):
-    conversation_id: int
-    index: int | None = None
-    size: int | None = None
-
-
-class _PushedMessage(msgspec.Struct, kw_only=True):
-    role: str
-    content: str
-
-
-class _CreateBody(msgspec.Struct, rename="camel", kw_only=True, omit_defaults=False):
-    agent_id: int
-    variables: dict[str, Any] | None = None
-    dev_mode: bool = False
-
-
-class _CreateWithMessages(_CreateBody, kw_only=True):
-    """The seed's ``/create {agentId, title, messages}`` for servers that accept messages."""
-
-    title: str
-    messages: list[_PushedMessage]
-
-
-class _UpdateBody(_Body):
-    id: int
-    first_message: str | None = None
-    topic: str | None = None
-
-
-class _ShareBody(_Body):
-    conversation_id: int
-    type: str = "CONVERSATION"
-    expire_seconds: int | None = None
-    content: str | None = None
-
-
-class _LoginBody(_Body):
-    phone_or_email: str
-    password: str
-
-
-class _PermissionOption(_Body):
-    option_id: str
-    outcome: str
-    """``selected``, or ``cancelled`` (the web client sends both fields always)."""
-
-
-class _PermissionBody(_Body):
-    conversation_id: int
-    tool_id: str
-    option: _PermissionOption
-
-
-class _SuggestBody(_Body):
-    conversation_id: int
-
-
-class _PageResultBody(_Body):
-    request_id: str
-    html: str
-
-
-class ChatAttachment(_Body):
-    """An AttachmentDto of a chat request (``fileUrl`` is required by the server)."""
-
-    file_url: str
-    file_key: str | None = None
-    file_name: str | None = None
-    mime_type: str | None = None
-
-
-class TryReqDto(_Body):
-    """``POST /chat``'s body (reference section 3): the fields a client sets."""
-
-    conversation_id: int
-    message: str
-    attachments: list[ChatAttachment] = []
-    agent_mode: str | None = None
-
-
-class ComputerChatBody(msgspec.Struct, omit_defaults=True, kw_only=True):
-    """``POST /api/computer/chat`` (the ComputerChatRequest of reference 4.2, snake_case)."""
-
-    user_id: str
-    project_id: str
-    session_id: str | None = None
-    prompt: str
-    original_user_prompt: str | None = None
-    request_id: str | None = None
-    open_long_memory: bool = False
-
-
-class _ComputerCancelBody(msgspec.Struct, kw_only=True):
-    user_id: str
-    project_id: str
-    session_id: str
-
-
-class _ComputerOutcome(msgspec.Struct, kw_only=True):
-    outcome: str
-    optionId: str  # noqa: N815 (the runner's spelling)
-
-
-class _ComputerPermissionResponse(msgspec.Struct, kw_only=True):
-    outcome: _ComputerOutcome
-
-
-class _ComputerResolve(msgspec.Struct, kw_only=True):
-    session_id: str
-    tool_call_id: str
-    request_permission_response: _ComputerPermissionResponse
-
-
-class _ComputerPermissionBody(msgspec.Struct, kw_only=True):
-    """What the server itself sends a runner's ``/computer/notify-resolved``."""
-
-    user_id: str
-    project_id: str
-    permission_resolve_request: _ComputerResolve
 
 
 class QimingClient:
@@ -301,7 +201,7 @@ class QimingClient:
 
     async def login(self, account: str, password: str) -> tuple[str, LoginResDto]:
         """``passwordLogin``; returns the token (``data.token``, else the ``ticket`` cookie)."""
-        body = _LoginBody(phone_or_email=account, password=password)
+        body = LoginBody(phone_or_email=account, password=password)
         response_cookies: dict[str, str] = {}
         self._redactor = Redactor(password, {}, self.settings.service_url)  # whatever the server echoes
         try:
@@ -331,14 +231,18 @@ class QimingClient:
     async def list_conversations(
         self, *, agent_id: int | None = None, last_id: int | None = None, limit: int | None = None,
         topic: str | None = None,
-    ) -> list[ConversationDto]:
-        body = _ListQuery(agent_id=agent_id, last_id=last_id, limit=limit, topic=topic)
-        return await self.call("POST", f"{CONVERSATION_API}/list", body, list[ConversationDto]) or []
+    ) -> ConversationPage:
+        body = ListQuery(agent_id=agent_id, last_id=last_id, limit=limit, topic=topic)
+        path = f"{CONVERSATION_API}/list"
+        raws: list[msgspec.Raw] = await self.call("POST", path, body, list[msgspec.Raw]) or []
+        return conversation_page(raws, lambda what, exc: self._bad(f"{path}: {what}", exc))
 
     async def list_messages(
         self, conversation_id: int, *, index: int | None = None, size: int | None = None
     ) -> list[ChatMessageDto]:
-        body = _MessageQuery(conversation_id=conversation_id, index=index, size=size)
+        """One page of a conversation's messages; BadServerData when any of them is out of
+        bounds (a conversation is imported whole or not at all)."""
+        body = MessageQuery(conversation_id=conversation_id, index=index, size=size)
         return await self.call("POST", f"{CONVERSATION_API}/message/list", body, list[ChatMessageDto]) or []
 
     async def get_conversation(self, conversation_id: int) -> ConversationDto:
@@ -354,14 +258,14 @@ class QimingClient:
     ) -> ConversationDto:
         """``/create``. ``title``/``messages`` are sent only to servers that accept them (the
         caller knows: the real server silently ignores them)."""
-        body: _CreateBody
+        body: CreateBody
         if messages is not None:
-            body = _CreateWithMessages(
+            body = CreateWithMessages(
                 agent_id=agent_id, title=title or "",
-                messages=[_PushedMessage(role=role, content=text) for role, text in messages],
+                messages=[PushedMessage(role=role, content=text) for role, text in messages],
             )
         else:
-            body = _CreateBody(agent_id=agent_id)
+            body = CreateBody(agent_id=agent_id)
         created: ConversationDto | None = await self.call(
             "POST", f"{CONVERSATION_API}/create", body, ConversationDto, idempotent=False
         )
@@ -372,7 +276,7 @@ class QimingClient:
     async def update_conversation(
         self, conversation_id: int, *, topic: str | None = None, first_message: str | None = None
     ) -> ConversationDto:
-        body = _UpdateBody(id=conversation_id, topic=topic, first_message=first_message)
+        body = UpdateBody(id=conversation_id, topic=topic, first_message=first_message)
         updated: ConversationDto | None = await self.call("POST", f"{CONVERSATION_API}/update", body, ConversationDto)
         return updated if updated is not None else ConversationDto()
 
@@ -383,7 +287,7 @@ class QimingClient:
         self, conversation_id: int, *, share_type: str = "CONVERSATION", expire_seconds: int | None = None,
         content: str | None = None,
     ) -> UserShareDto:
-        body = _ShareBody(
+        body = ShareBody(
             conversation_id=conversation_id, type=share_type, expire_seconds=expire_seconds, content=content
         )
         share: UserShareDto | None = await self.call("POST", f"{CONVERSATION_API}/share", body, UserShareDto)
@@ -397,22 +301,22 @@ class QimingClient:
     async def permission_response(
         self, conversation_id: int, tool_id: str, option_id: str, *, outcome: str = "selected"
     ) -> None:
-        body = _PermissionBody(
+        body = PermissionBody(
             conversation_id=conversation_id, tool_id=tool_id,
-            option=_PermissionOption(option_id=option_id, outcome=outcome),
+            option=PermissionOption(option_id=option_id, outcome=outcome),
         )
         await self.call("POST", f"{CONVERSATION_API}/chat/permission-request/response", body, None)
 
     async def suggest(self, conversation_id: int) -> list[str]:
         """``/chat/suggest``; the server answers ``[]`` when it has none (or timed out)."""
-        body = _SuggestBody(conversation_id=conversation_id)
+        body = SuggestBody(conversation_id=conversation_id)
         found = await self.call("POST", f"{CONVERSATION_API}/chat/suggest", body, list[str])
         return found or []
 
     async def page_result(self, request_id: str, html: str) -> None:
         """``/chat/page/result``: the HTML of a page the server's agent asked for."""
         await self.call(
-            "POST", f"{CONVERSATION_API}/chat/page/result", _PageResultBody(request_id=request_id, html=html), None
+            "POST", f"{CONVERSATION_API}/chat/page/result", PageResultBody(request_id=request_id, html=html), None
         )
 
     @asynccontextmanager
@@ -458,18 +362,18 @@ class QimingClient:
             yield events
 
     async def computer_cancel(self, *, user_id: str, project_id: str, session_id: str) -> None:
-        body = _ComputerCancelBody(user_id=user_id, project_id=project_id, session_id=session_id)
+        body = ComputerCancelBody(user_id=user_id, project_id=project_id, session_id=session_id)
         await self.call("POST", f"{COMPUTER_API}/cancel", body, None)
 
     async def computer_permission(
         self, *, user_id: str, project_id: str, session_id: str, tool_call_id: str, option_id: str, outcome: str
     ) -> None:
-        body = _ComputerPermissionBody(
+        body = ComputerPermissionBody(
             user_id=user_id, project_id=project_id,
-            permission_resolve_request=_ComputerResolve(
+            permission_resolve_request=ComputerResolve(
                 session_id=session_id, tool_call_id=tool_call_id,
-                request_permission_response=_ComputerPermissionResponse(
-                    outcome=_ComputerOutcome(outcome=outcome, optionId=option_id)
+                request_permission_response=ComputerPermissionResponse(
+                    outcome=ComputerOutcome(outcome=outcome, optionId=option_id)
                 ),
             ),
         )
@@ -512,50 +416,59 @@ class QimingClient:
         retries: int | None = None,
         cookies_out: dict[str, str] | None = None,
     ) -> Any:
-        """One call: the envelope's ``data`` decoded into ``kind`` (None: not decoded)."""
+        """One call: the envelope's ``data`` decoded into ``kind`` (None: not decoded),
+        answered or failed within ``timeout_s`` (default: the account's) in all."""
         content = _encode(body) if body is not None else None
         max_retries = self.settings.max_retries if retries is None else retries
-        timeout = None
+        total = self.settings.timeout_s if timeout_s is None else timeout_s
+        timeout = self._http.timeout
         if timeout_s is not None:
             timeout = httpx2.Timeout(timeout_s, connect=min(timeout_s, self.settings.connect_timeout_s))
+        deadline = anyio.current_time() + total
         attempt = 0
         while True:
-            failure: QimingError
-            headers_for_delay: httpx2.Headers | None = None
-            try:
-                request = self._http.build_request(
-                    method, self._url(path), content=content, headers=self._headers(auth),
-                    timeout=timeout or self._http.timeout,
-                )
-                response = await self._http.send(request, stream=True)
-            except httpx2.TransportError as exc:
-                failure = self._transport_failure(exc)
-                may_retry = idempotent or isinstance(exc, (httpx2.ConnectError, httpx2.ConnectTimeout))
-            else:
-                try:
-                    raw = await self._read_body(response, path)
-                    if cookies_out is not None:
-                        cookies_out.update({k: v for k, v in response.cookies.items()})
-                except QimingError as exc:
-                    await close_quietly(response)
-                    failure, may_retry = exc, idempotent
-                except httpx2.TransportError as exc:
-                    await close_quietly(response)
-                    failure, may_retry = self._transport_failure(exc), idempotent
-                else:
-                    await close_quietly(response)
-                    status = response.status_code
-                    if status == 200:
-                        return self._decode(raw, kind, path)
-                    failure = self._status_failure(status, raw, response.headers)
-                    may_retry = idempotent or status in (429, 503)
-                    headers_for_delay = response.headers
+            request = self._http.build_request(
+                method, self._url(path), content=content, headers=self._headers(auth), timeout=timeout,
+            )
+            with anyio.move_on_after(deadline - anyio.current_time()) as scope:
+                outcome = await self._attempt(request, path, idempotent, cookies_out)
+            if scope.cancelled_caught:
+                raise ServerUnreachable(self._describe(f"{path}: no complete answer within {total:g} s"), timeout=True)
+            if isinstance(outcome, bytes):
+                return self._decode(outcome, kind, path)
+            failure, may_retry, headers_for_delay = outcome
             if not (failure.retryable and may_retry) or attempt >= max_retries:
                 raise failure
             delay = retry_delay(self._retry_rules, attempt, headers_for_delay)
+            if anyio.current_time() + delay >= deadline:
+                raise failure  # no time left for another attempt
             attempt += 1
             log.warning("%s; retry %d/%d in %.2fs", failure.message, attempt, max_retries, delay)
             await anyio.sleep(delay)
+
+    async def _attempt(
+        self, request: httpx2.Request, path: str, idempotent: bool, cookies_out: dict[str, str] | None
+    ) -> bytes | tuple[QimingError, bool, httpx2.Headers | None]:
+        """One attempt: the body of a 200 answer, or the failure, whether it may be retried,
+        and the headers that say when."""
+        try:
+            response = await self._http.send(request, stream=True)
+        except httpx2.TransportError as exc:
+            return self._transport_failure(exc), idempotent or isinstance(exc, (httpx2.ConnectError, httpx2.ConnectTimeout)), None
+        try:
+            raw = await self._read_body(response, path)
+            if cookies_out is not None:
+                cookies_out.update({k: v for k, v in response.cookies.items()})
+        except QimingError as exc:
+            return exc, idempotent, None
+        except httpx2.TransportError as exc:
+            return self._transport_failure(exc), idempotent, None
+        finally:
+            await close_quietly(response)
+        status = response.status_code
+        if status == 200:
+            return raw
+        return self._status_failure(status, raw, response.headers), idempotent or status in (429, 503), response.headers
 
     async def _read_body(self, response: httpx2.Response, path: str) -> bytes:
         data = bytearray()
@@ -591,7 +504,9 @@ class QimingClient:
             raise ServerMalformed(self._describe(f"{path}: an HTML page instead of the JSON envelope"), status=200)
         try:
             envelope = _envelope.decode(raw)
-        except (msgspec.DecodeError, msgspec.ValidationError) as exc:
+        except RecursionError as exc:
+            raise self._bad(f"{path}: the envelope", exc) from None
+        except msgspec.DecodeError as exc:  # ValidationError included: not the envelope's shape
             raise ServerMalformed(self._describe(f"{path}: not the JSON envelope ({exc})"), status=200) from exc
         code = None if envelope.code is None else str(envelope.code)
         if code is None:
@@ -607,8 +522,22 @@ class QimingClient:
             return None
         try:
             return _decoder(kind | None).decode(envelope.data)
-        except (msgspec.DecodeError, msgspec.ValidationError) as exc:
-            raise ServerMalformed(self._describe(f"{path}: unexpected data ({exc})"), status=200) from exc
+        except RecursionError as exc:
+            raise self._bad(f"{path}", exc) from None
+        except msgspec.DecodeError as exc:  # ValidationError included: well-formed, refused
+            raise self._bad(f"{path}", exc) from exc
+
+    def _bad(self, what: str, exc: Exception) -> ServerMalformed:
+        """What the decoder refused in ``what``: a value inside it (a field of a row, of a
+        message) out of the wire's bounds, or nested too deep, is BadServerData naming the
+        field; ``what`` as a whole of the wrong shape is plain ServerMalformed."""
+        if isinstance(exc, RecursionError):
+            return BadServerData(self._describe(f"{what} is nested too deep to read"))
+        text = str(exc)
+        field = text.rpartition(" - at `")[2].rstrip("`") if " - at `" in text else None
+        if field is None or field == "$":
+            return ServerMalformed(self._describe(f"{what}: unexpected data ({text})"), status=200)
+        return BadServerData(self._describe(f"{what}: a value the wire contract does not allow ({text})"), field=field)
 
     @asynccontextmanager
     async def _open_stream(
@@ -617,26 +546,32 @@ class QimingClient:
         read_timeout_s: float | None = None,
     ) -> AsyncIterator[AsyncIterator[Any]]:
         content = _encode(body) if body is not None else None
-        reader = parse or _agent_outputs
+        reader = parse or agent_outputs
         timeout = self._http.timeout
         if read_timeout_s is not None:
             timeout = httpx2.Timeout(
                 connect=self.settings.connect_timeout_s, read=read_timeout_s, write=self.settings.timeout_s,
                 pool=self.settings.connect_timeout_s,
             )
+        head_s = self.settings.timeout_s
         attempt = 0
         while True:
             failure: QimingError
-            try:
-                request = self._http.build_request(
-                    method, self._url(path), content=content,
-                    headers=self._headers(True, accept="text/event-stream"), timeout=timeout,
-                )
-                response = await self._http.send(request, stream=True)
-            except httpx2.TransportError as exc:
-                failure = self._transport_failure(exc)
-                may_retry = idempotent or isinstance(exc, (httpx2.ConnectError, httpx2.ConnectTimeout))
-            else:
+            may_retry = idempotent
+            request = self._http.build_request(
+                method, self._url(path), content=content,
+                headers=self._headers(True, accept="text/event-stream"), timeout=timeout,
+            )
+            response: httpx2.Response | None = None
+            with anyio.move_on_after(head_s) as head:
+                try:
+                    response = await self._http.send(request, stream=True)
+                except httpx2.TransportError as exc:
+                    failure = self._transport_failure(exc)
+                    may_retry = idempotent or isinstance(exc, (httpx2.ConnectError, httpx2.ConnectTimeout))
+            if head.cancelled_caught:
+                failure = ServerUnreachable(self._describe(f"{path}: no response head within {head_s:g} s"), timeout=True)
+            elif response is not None:
                 content_type = response.headers.get("content-type", "").partition(";")[0].strip().lower()
                 if response.status_code == 200 and content_type == "text/event-stream":
                     try:
@@ -646,80 +581,24 @@ class QimingClient:
                     finally:
                         await close_quietly(response)
                     return
-                try:
-                    raw = await read_error_body(response)
-                except httpx2.TransportError:
-                    raw = b""
-                finally:
-                    await close_quietly(response)
+                raw = b""
+                with anyio.move_on_after(head_s):
+                    try:
+                        raw = await read_error_body(response)
+                    except httpx2.TransportError:
+                        pass
+                    finally:
+                        await close_quietly(response)
                 if response.status_code == 200:
                     # an envelope instead of a stream: the server refused before streaming
                     self._decode(raw, None, path)
                     raise ServerMalformed(self._describe(f"{path}: expected an event stream, got {content_type!r}"))
                 failure = self._status_failure(response.status_code, raw, response.headers)
-                may_retry = idempotent
             if not (failure.retryable and may_retry) or attempt >= self.settings.max_retries:
                 raise failure
             delay = retry_delay(self._retry_rules, attempt, None)
             attempt += 1
             await anyio.sleep(delay)
-
-
-async def _agent_outputs(response: httpx2.Response, describe: Any) -> AsyncGenerator[AgentOutputDto, None]:
-    """The ``data:`` lines of the chat SSE as AgentOutputDto, up to the completed one.
-
-    The server writes no ``event:`` name (Spring's default for a Flux of objects), so
-    every event is read by its data. A line that is not an AgentOutputDto ends the stream
-    with ServerMalformed; a stream that ends before ``completed: true`` simply stops (the
-    caller decides whether to re-attach with ``/chat/sub``).
-    """
-    decoder = _decoder(AgentOutputDto)
-    source = httpx2.EventSource(response).__aiter__()
-    async with aclosing(source) as events:  # type: ignore[type-var]
-        try:
-            async for event in events:
-                if not event.data.strip():
-                    continue
-                try:
-                    output = decoder.decode(event.data)
-                except (msgspec.DecodeError, msgspec.ValidationError) as exc:
-                    raise ServerMalformed(describe(f"chat stream: an event that is not an AgentOutputDto ({exc})")) from exc
-                yield output
-                if output.completed:
-                    return
-        except httpx2.SSEError as exc:
-            raise ServerMalformed(describe(f"chat stream: {exc}")) from exc
-        except httpx2.TimeoutException as exc:
-            raise ServerUnreachable(describe("chat stream: no event in time"), timeout=True) from exc
-        except httpx2.TransportError as exc:
-            raise ServerUnreachable(describe(f"chat stream dropped ({type(exc).__name__})")) from exc
-
-
-async def session_frames(response: httpx2.Response, describe: Any) -> AsyncGenerator[SessionFrame, None]:
-    """The ``/computer/progress`` frames, up to the one that ends the prompt (a desktop keeps
-    the stream open after it). A ``data:`` that is not a UnifiedSessionMessage ends the
-    stream with ServerMalformed."""
-    decoder = _decoder(SessionFrame)
-    source = httpx2.EventSource(response).__aiter__()
-    async with aclosing(source) as events:  # type: ignore[type-var]
-        try:
-            async for event in events:
-                if not event.data.strip():
-                    continue
-                try:
-                    frame: SessionFrame = decoder.decode(event.data)
-                except (msgspec.DecodeError, msgspec.ValidationError) as exc:
-                    raise ServerMalformed(describe(f"progress stream: a frame that is not a session message ({exc})")) from exc
-                frame.event = "" if event.event == "message" else event.event
-                yield frame
-                if frame.message_type == "sessionPromptEnd":
-                    return
-        except httpx2.SSEError as exc:
-            raise ServerMalformed(describe(f"progress stream: {exc}")) from exc
-        except httpx2.TimeoutException as exc:
-            raise ServerUnreachable(describe("progress stream: no event in time"), timeout=True) from exc
-        except httpx2.TransportError as exc:
-            raise ServerUnreachable(describe(f"progress stream dropped ({type(exc).__name__})")) from exc
 
 
 def _looks_like_html(raw: bytes, headers: httpx2.Headers | None) -> bool:

@@ -5,7 +5,10 @@
         ├── ServerUnreachable    kind "network" or "timeout": no answer (retried first)
         ├── ServerHttpError      kind "http": an HTTP error status (5xx/429 retried first)
         ├── ServerMalformed      kind "malformed": not the envelope (an HTML page, broken JSON,
-        │                        data of the wrong shape)
+        │   │                    data of the wrong shape)
+        │   └── BadServerData    a value outside what the wire contract allows (an id or an
+        │                        index past int64, a date past year 9999, nesting past the
+        │                        decoder): the conversation holding it is skipped, not retried
         ├── ServerRejected       kind "envelope": the envelope's code is not "0000"
         │   ├── AuthRequired     kind "auth_required": 4010/4011 (never retried)
         │   └── ConversationGone kind "not_found": "Conversation not found"
@@ -33,6 +36,7 @@ __all__ = [
     "ServerUnreachable",
     "ServerHttpError",
     "ServerMalformed",
+    "BadServerData",
     "ServerRejected",
     "AuthRequired",
     "ConversationGone",
@@ -89,6 +93,15 @@ class ServerHttpError(QimingError):
 
 class ServerMalformed(QimingError):
     kind: ErrorKind = "malformed"
+
+
+class BadServerData(ServerMalformed):
+    """Well-formed JSON the bounds refuse; ``field`` names where (``$.modified``), when known.
+    The same answer would be refused again: a pull skips the conversation and reports it."""
+
+    def __init__(self, message: str, *, field: str | None = None) -> None:
+        self.field = field
+        super().__init__(message, status=200)
 
 
 class ServerRejected(QimingError):

@@ -53,7 +53,7 @@ import anyio
 import anyio.abc
 
 from protocol.errors import ErrorCode
-from protocol.events import StreamToolCall
+from protocol.events import NoticeCode, StreamToolCall
 from protocol.settings import ChatSettings
 from protocol.types import FilePart, ImagePart, MessageV2, SessionV2, TextPart
 from sidecar.engine.acp_turn import cancel_grace
@@ -105,7 +105,7 @@ class _TurnApi(Protocol):
     """What a driver needs from one chat API for one turn."""
 
     follower: Follower[Any]
-    notices: list[tuple[str, str | None]]
+    notices: list[tuple[str, NoticeCode | None]]
 
     def mapper(self, reply: ReplyFeed, on_permission: Callable[[PermissionAsk], None]) -> _Mapper: ...
 
@@ -143,7 +143,7 @@ class _ConversationApi:
 
     def __init__(
         self, client: QimingClient, conversation_id: int, request: TryReqDto, idle_s: float,
-        notices: list[tuple[str, str | None]],
+        notices: list[tuple[str, NoticeCode | None]],
     ) -> None:
         self._client = client
         self.conversation_id = conversation_id
@@ -225,7 +225,7 @@ class _ComputerApi:
     """``/api/computer/chat`` and its progress stream, for one turn."""
 
     def __init__(
-        self, client: QimingClient, body: ComputerChatBody, idle_s: float, notices: list[tuple[str, str | None]],
+        self, client: QimingClient, body: ComputerChatBody, idle_s: float, notices: list[tuple[str, NoticeCode | None]],
         store: AsyncStore, session_id: str,
     ) -> None:
         self._client = client
@@ -466,7 +466,7 @@ class ServerTurnHandler:
 
     async def api_for(self, client: QimingClient, account: AccountConfig, session: SessionV2, user: MessageV2) -> _TurnApi:
         text, attachments, dropped = _request_content(user)
-        notices: list[tuple[str, str | None]] = []
+        notices: list[tuple[str, NoticeCode | None]] = []
         if dropped:
             notices.append(("Not sent to the server: " + "; ".join(dropped) + ".", "acp_content_not_sent"))
         if account.chat_api == "computer":

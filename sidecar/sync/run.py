@@ -1,10 +1,14 @@
 """RunContext: what one sync run carries (client, account, settings) and what it reports.
 
-Owns: collecting the SyncResult (counts, conflicts, issues, messages that stay local),
-progress notifications under the caller's token (a WorkProgress: throttled, ``end`` always
-sent), and the run's database work: through the store gateway (``store.run``), one call at
-a time (the run's lock), so a sync never holds more than one of the store's connections
-and chat keeps the others.
+Owns: collecting the SyncResult (counts, conflicts, issues, skipped conversations, messages
+that stay local), progress notifications under the caller's token (a WorkProgress:
+throttled, ``end`` always sent), and the run's database work: through the store gateway
+(``store.run``), one call at a time (the run's lock), so a sync never holds more than one
+of the store's connections and chat keeps the others.
+
+Must stay true: a run takes nothing from its caller but checked params, so a value the
+store refuses (INVALID_PARAMS) came from the server: it leaves ``db`` as BadServerData,
+never as -32602, which says the caller's params were wrong.
 """
 
 from __future__ import annotations
@@ -17,13 +21,23 @@ import anyio
 import msgspec
 
 from protocol.common import ProgressToken
-from protocol.sync import AgentMode, ChatApi, NotPushed, SyncConflict, SyncIssue, SyncResult, SyncSettings
+from protocol.errors import ErrorCode
+from protocol.sync import (
+    AgentMode,
+    ChatApi,
+    NotPushed,
+    SkippedConversation,
+    SyncConflict,
+    SyncIssue,
+    SyncResult,
+    SyncSettings,
+)
 from sidecar.engine.progress import WorkProgress
 from sidecar.errors import SidecarError
 from sidecar.store import AsyncStore, Store
 from sidecar.store.ids import now_ms
 from sidecar.sync.client import QimingClient
-from sidecar.sync.errors import QimingError
+from sidecar.sync.errors import BadServerData, QimingError
 
 __all__ = ["RunContext", "AccountConfig", "Notify"]
 
@@ -74,7 +88,12 @@ class RunContext:
     async def db(self, fn: Callable[[Store], T]) -> T:
         """``fn(store)`` through the store gateway, after the run's other database call."""
         async with self._db_lock:
-            return await self._store.run(fn)
+            try:
+                return await self._store.run(fn)
+            except SidecarError as exc:
+                if exc.code != ErrorCode.INVALID_PARAMS:
+                    raise
+                raise BadServerData(f"the server sent a value this device cannot store ({exc.message})") from exc
 
     # ---- reporting --------------------------------------------------------------------
 
@@ -95,6 +114,21 @@ class RunContext:
     def note(self, phase: str, kind: str, message: str, **where: Any) -> None:
         log.warning("sync %s: %s", phase, message)
         self.result.errors.append(SyncIssue(phase=phase, kind=kind, message=message, **where))  # type: ignore[arg-type]
+
+    def skip(self, conversation_id: int | None, exc: QimingError, *, session_id: str | None = None) -> None:
+        """A conversation (or a /list row) the server sent out of bounds: reported once per
+        run, not stored."""
+        seen = any(
+            s.conversation_id == conversation_id and (conversation_id is not None or s.message == exc.message)
+            for s in self.result.skipped
+        )
+        if seen:
+            return
+        log.warning("sync: conversation %s skipped: %s", conversation_id, exc.message)
+        self.result.skipped.append(SkippedConversation(
+            conversation_id=conversation_id, session_id=session_id,
+            field=exc.field if isinstance(exc, BadServerData) else None, message=exc.message,
+        ))
 
     def conflict(self, conflict: SyncConflict) -> None:
         log.info("sync conflict: %s", conflict.message)

@@ -178,7 +178,9 @@ class SyncService:
             finally:
                 self._running -= 1
                 ctx.result.finished_at = now_ms()
-                await ctx.end(f"{what} finished" if ctx.result.complete else f"{what} stopped early")
+                skipped = len(ctx.result.skipped)
+                note = f" ({skipped} conversations skipped: the server sent them out of bounds)" if skipped else ""
+                await ctx.end((f"{what} finished" if ctx.result.complete else f"{what} stopped early") + note)
             result = ctx.result
             await self.account.record_result(result)
         status = await self.account.status(probe=False)

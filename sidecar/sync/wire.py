@@ -4,16 +4,27 @@ Owns: decoding what the server sends. Everything the server says is untrusted: e
 is optional, unknown fields are ignored (the real DTOs carry many we do not use, and newer
 servers add more), ids that a gateway serialized as strings are accepted, and dates are
 read both as the documented ISO-8601 strings and as epoch milliseconds.
+
+Bounds (reference 1.4: ids and indexes are Java Longs, dates ``java.util.Date``): every
+number is decoded as a ``Long`` (the int64 range, what SQLite can hold) or, for dates, as
+epoch milliseconds within years 1..9999 (``EpochMs``, what ``datetime`` can show); a number
+outside is a ValidationError naming the field, never a value that fails later in the
+store. ``to_int`` and ``to_ms`` hold text to the same ranges (None outside). How deep a
+value may nest is msgspec's to refuse (RecursionError, which every decode here catches).
 Must stay true: nothing here keeps a secret (``UserDto.password``, which the real
 ``/getLoginInfo`` may carry, is not even decoded).
 """
 
 from __future__ import annotations
 
+from collections.abc import Callable
 from datetime import datetime, timezone
-from typing import Any, TypeVar
+from typing import Annotated, Any, TypeVar
 
 import msgspec
+
+from protocol.limits import INT64_MAX, INT64_MIN
+from sidecar.sync.errors import ServerMalformed
 
 __all__ = [
     "Envelope",
@@ -21,6 +32,9 @@ __all__ = [
     "AttachmentDto",
     "ChatMessageDto",
     "ConversationDto",
+    "ConversationPage",
+    "BadRow",
+    "conversation_page",
     "LoginResDto",
     "UserDto",
     "UserShareDto",
@@ -33,6 +47,10 @@ __all__ = [
     "SessionFrame",
     "to_ms",
     "to_int",
+    "Long",
+    "EpochMs",
+    "MIN_MS",
+    "MAX_MS",
     "SUCCESS",
     "AUTH_CODES",
 ]
@@ -55,17 +73,24 @@ def _raw_null() -> msgspec.Raw:
 class Envelope(_Wire):
     """``ReqResult<T>``; ``data`` is decoded separately into the endpoint's type."""
 
-    code: str | int | None = None
-    display_code: str | int | None = None
+    code: str | Long | None = None
+    display_code: str | Long | None = None
     message: str | None = None
     data: msgspec.Raw = msgspec.field(default_factory=_raw_null)
-    tid: str | int | None = None
+    tid: str | Long | None = None
     success: bool | None = None
 
 
-Id = int | str | None
+MIN_MS = -62_135_596_800_000
+"""0001-01-01T00:00:00Z in epoch milliseconds."""
+MAX_MS = 253_402_300_799_999
+"""9999-12-31T23:59:59.999Z."""
+Long = Annotated[int, msgspec.Meta(ge=INT64_MIN, le=INT64_MAX)]
+"""A Java Long."""
+EpochMs = Annotated[int, msgspec.Meta(ge=MIN_MS, le=MAX_MS)] | Annotated[float, msgspec.Meta(ge=MIN_MS, le=MAX_MS)]
+Id = Long | str | None
 """A Long id: a JSON number on the real server, a string behind some gateways."""
-Date = str | int | float | None
+Date = str | EpochMs | None
 """ISO-8601 text (the documented form) or epoch milliseconds."""
 
 
@@ -85,7 +110,7 @@ class AttachmentDto(_Wire):
 
 class ChatMessageDto(_Wire):
     index: Id = None
-    id: str | int | None = None
+    id: str | Long | None = None
     role: str | None = None
     type: str | None = None
     text: str | None = None
@@ -112,16 +137,84 @@ class ConversationDto(_Wire):
     message_list: list[ChatMessageDto] | None = None
     type: str | None = None
     task_status: str | None = None
-    dev_mode: int | bool | None = None
-    topic_updated: int | None = None
-    sandbox_server_id: str | int | None = None
+    dev_mode: Long | bool | None = None
+    topic_updated: Long | None = None
+    sandbox_server_id: str | Long | None = None
     sandbox_session_id: str | None = None
+
+
+class BadRow(msgspec.Struct, frozen=True, kw_only=True):
+    """A row of a listing the bounds refused."""
+
+    position: int
+    """Its place in the page (0-based)."""
+    conversation_id: int | None
+    """Its id, when that at least is a Long."""
+    shown_id: str
+    """Its id as the server sent it (an excerpt), for the report."""
+    error: ServerMalformed
+    """BadServerData for a value out of bounds, plain ServerMalformed for a row that is not
+    an object at all."""
+
+
+class ConversationPage(msgspec.Struct, frozen=True, kw_only=True):
+    """One ``/list`` page: the rows that decoded, the rows that did not, and how many came."""
+
+    rows: list[ConversationDto]
+    bad: list[BadRow]
+    size: int
+    """Rows the server sent (good and bad): a page is short when this is below the limit."""
+    last_id: int | None
+    """The id of the page's last row (the walk's cursor), when it is a Long."""
+
+
+class _RowId(msgspec.Struct):
+    id: Any = None
+
+
+_row_id = msgspec.json.Decoder(_RowId)
+_conversation = msgspec.json.Decoder(ConversationDto)
+
+
+def conversation_page(raws: list[msgspec.Raw], refuse: Callable[[str, Exception], ServerMalformed]) -> ConversationPage:
+    """Each row of a ``/list`` page decoded on its own: one out of bounds is a BadRow (its
+    error made by ``refuse(what, exc)``), the others are read."""
+    rows: list[ConversationDto] = []
+    bad: list[BadRow] = []
+    last_id: int | None = None
+    for position, raw in enumerate(raws):
+        try:
+            row = _conversation.decode(raw)
+            cid = to_int(row.id)
+        except (msgspec.DecodeError, RecursionError) as exc:
+            cid, shown = _id_of(raw)
+            bad.append(BadRow(position=position, conversation_id=cid, shown_id=shown,
+                              error=refuse(f"row {position} (id {shown})", exc)))
+        else:
+            rows.append(row)
+        if position == len(raws) - 1:
+            last_id = cid
+    return ConversationPage(rows=rows, bad=bad, size=len(raws), last_id=last_id)
+
+
+def _id_of(raw: msgspec.Raw) -> tuple[int | None, str]:
+    """A refused row's id as a Long (None when it is not one) and as shown in a report."""
+    try:
+        value = _row_id.decode(raw).id
+    except (msgspec.DecodeError, RecursionError):
+        return None, "unreadable"
+    try:
+        shown = msgspec.json.encode(value).decode()
+    except (TypeError, RecursionError):
+        shown = "unreadable"
+    shown = shown if len(shown) <= 40 else shown[:37] + "..."
+    return (to_int(value) if isinstance(value, (int, str)) else None), shown
 
 
 class LoginResDto(_Wire):
     token: str | None = None
     expire_date: Date = None
-    reset_pass: int | None = None
+    reset_pass: Long | None = None
     redirect: str | None = None
 
     def __repr__(self) -> str:
@@ -144,7 +237,7 @@ class UserShareDto(_Wire):
     id: Id = None
     share_key: str | None = None
     type: str | None = None
-    target_id: str | int | None = None
+    target_id: str | Long | None = None
     expire: Date = None
     created: Date = None
 
@@ -161,14 +254,14 @@ class ComponentExecuteResult(_Wire):
     error: str | None = None
     data: Any = None
     input: Any = None
-    execute_id: str | int | None = None
+    execute_id: str | Long | None = None
     kind: str | None = None
 
 
 class ComponentExecutingDto(_Wire):
     """``data`` of a PROCESSING event (a tool, plugin, plan, permission request... step)."""
 
-    target_id: str | int | None = None
+    target_id: str | Long | None = None
     name: str | None = None
     original_title: str | None = None
     type: str | None = None
@@ -236,11 +329,11 @@ class AgentExecuteResult(_Wire):
 
     success: bool | None = None
     error: str | None = None
-    start_time: int | float | None = None
-    end_time: int | float | None = None
-    prompt_tokens: int | None = None
-    completion_tokens: int | None = None
-    total_tokens: int | None = None
+    start_time: EpochMs | None = None
+    end_time: EpochMs | None = None
+    prompt_tokens: Long | None = None
+    completion_tokens: Long | None = None
+    total_tokens: Long | None = None
     output_text: str | None = None
 
 
@@ -267,7 +360,7 @@ class AgentOutputDto(_Wire):
 class ComputerChatResponse(msgspec.Struct, kw_only=True):
     """``data`` of ``POST /api/computer/chat`` (HttpResult<ChatResponse>, snake_case)."""
 
-    project_id: str | int | None = None
+    project_id: str | Long | None = None
     session_id: str | None = None
     request_id: str | None = None
     error: str | None = None
@@ -307,15 +400,16 @@ def _decode_or_none(raw: msgspec.Raw, kind: type[_T]) -> _T | None:
 
 
 def to_int(value: Id) -> int | None:
-    """A Long id as an int (None when absent or not a whole number)."""
+    """A Long id as an int (None when absent, not a whole number, or outside int64)."""
     if isinstance(value, bool):
         return None
     if isinstance(value, int):
-        return value
+        return value if INT64_MIN <= value <= INT64_MAX else None
     if isinstance(value, str):
         text = value.strip()
-        if text.lstrip("-").isdigit():
-            return int(text)
+        if text.lstrip("-").isdigit() and len(text) <= 20:
+            number = int(text)
+            return number if INT64_MIN <= number <= INT64_MAX else None
     return None
 
 
@@ -329,12 +423,12 @@ def to_ms(value: Date) -> int | None:
     if value is None or isinstance(value, bool):
         return None
     if isinstance(value, (int, float)):
-        return int(value)
+        return int(value) if MIN_MS <= value <= MAX_MS else None
     text = value.strip()
     if not text:
         return None
     if text.isdigit():
-        return int(text)
+        return int(text) if len(text) <= 15 and int(text) <= MAX_MS else None
     try:
         stamp = datetime.fromisoformat(text)
     except ValueError:

@@ -25,9 +25,10 @@ from sidecar.providers.types import ToolSpec
 if TYPE_CHECKING:
     from sidecar.retrieval.citations import CitationLedger
 
-__all__ = ["Tool", "ToolContext", "ToolOutput", "ToolError", "Policy"]
+__all__ = ["Tool", "ToolContext", "ToolOutput", "ToolError", "Policy", "Feature"]
 
 Policy = Literal["auto", "ask", "deny"]
+Feature = Literal["memory", "soul", "knowledge"]
 
 
 class ToolError(Exception):
@@ -63,6 +64,9 @@ class Tool:
     default_policy: Policy = "auto"
     server_key: str | None = None
     """A second policy key (``mcp:<server>``) consulted when the tool has no policy of its own."""
+    feature: Feature | None = None
+    """The assistant feature that brings this tool (its memory, its Soul.md, its knowledge
+    bases): such a tool follows that feature's switch, not ``enabledTools``."""
     timeout_s: float | None = None
     """None: the configured default (ToolSettings.toolTimeoutS)."""
     prompt: str | None = None

@@ -53,6 +53,7 @@ class KnowledgeSource(Protocol):
 class KnowledgeSearch(Tool):
     name = "knowledge_search"
     source = "knowledge"
+    feature = "knowledge"
     default_policy = "auto"
     parameters = obj(
         {

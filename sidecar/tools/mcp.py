@@ -39,6 +39,7 @@ import msgspec
 
 from protocol.common import NameParams, SuccessResult
 from protocol.mcp import McpServerInfo, McpServerUpsertParams
+from sidecar import parts
 from sidecar.errors import InvalidParams, NotFound
 from sidecar.store.async_store import AsyncStore
 from sidecar.tools.base import Tool, ToolContext, ToolError, ToolOutput
@@ -121,6 +122,7 @@ class McpManager:
     # ---- methods --------------------------------------------------------------------
 
     async def upsert_server(self, params: McpServerUpsertParams) -> McpServerInfo:
+        parts.require("mcp")
         name = sanitize(params.name)
         if not name or len(name) > 40 or not name.strip("_"):
             raise InvalidParams("invalid params: name must have 1..40 characters of A-Za-z0-9_- - at `$.name`")
@@ -185,6 +187,15 @@ class McpManager:
         return info
 
     # ---- tools for a request ----------------------------------------------------------
+
+    def servers(self) -> dict[str, list[str] | None]:
+        """Every configured server (enabled or not) -> the names of its tools when it is
+        ready now, None when they are not known (connecting, failed, disabled)."""
+        out: dict[str, list[str] | None] = {}
+        for name in sorted(self._configs):
+            server = self._servers.get(name)
+            out[name] = [mcp_tool_name(name, t.name) for t in server.tools] if server is not None and server.ready else None
+        return out
 
     def tools(self) -> list[McpTool]:
         """The tools of every server that is ready now (never waits for one)."""

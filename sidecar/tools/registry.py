@@ -21,6 +21,7 @@ from typing import Any
 import anyio
 import msgspec
 
+from protocol.tools import ToolOfferedBy
 from sidecar.providers.types import ToolSpec
 from sidecar.tools.base import Tool, ToolContext, ToolError, ToolOutput
 from sidecar.tools.spill import spill
@@ -45,6 +46,7 @@ class ToolRegistry:
         self.default_timeout_s = default_timeout_s
         self.capability_note: str | None = None
         """What the model is told about tools it does not have (set by the assembler)."""
+        self.offered_by: dict[str, ToolOfferedBy] = {}
         for tool in tools or ():
             self.add(tool)
 
@@ -52,11 +54,13 @@ class ToolRegistry:
         """Add a paragraph to ``capability_note``."""
         self.capability_note = f"{self.capability_note}\n\n{note}" if self.capability_note else note
 
-    def add(self, tool: Tool) -> None:
+    def add(self, tool: Tool, offered_by: ToolOfferedBy = "settings") -> None:
+        """``offered_by``: why the request gets it (``tool:list`` shows it)."""
         if tool.name in self._tools:
             log.warning("tool %r is offered twice; keeping the first", tool.name)
             return
         self._tools[tool.name] = tool
+        self.offered_by[tool.name] = offered_by
 
     @property
     def tools(self) -> list[Tool]:

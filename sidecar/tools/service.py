@@ -9,7 +9,11 @@ conversation search, workspace tools (when the session has a workspace dir), ski
 (when skills exist), MCP tools, then ``read_tool_output`` and ``get_session_capabilities``
 (which serve the others, so they come when at least one other tool is offered). Then:
 - the assistant's ``enabledTools`` (names, or ``mcp:<server>`` for a whole server) keep only
-  what they name; ``[]`` offers nothing; None leaves the list as the settings make it;
+  what they name; ``[]`` offers none of them; None leaves the list as the settings make it.
+  The feature tools are not governed by it: the memory tools come with the assistant's
+  ``memory.enabled``, ``soul_update`` with ``context.evolveSoul``, ``knowledge_search``
+  with its knowledge bases (a Tool's ``feature``); naming one in ``enabledTools`` is
+  refused (``check_enabled_tools``), as is any name that is not a tool here;
 - a tool whose policy is ``deny`` (its own stored policy, else its MCP server's) is not
   offered at all: the model never sees it.
 A model without tool support (ModelInfo.supports_tools false), tools switched off in the
@@ -21,7 +25,9 @@ enabled servers that are not, and that the assistant would be offered, get named
 capability note (``mcp_unavailable_note``).
 
 ``tool:list {sessionId}`` is the same assembly for the session's assistant and model: it
-shows exactly what the model gets. Stored policies are cached and read again only when the
+shows exactly what the model gets, and why each tool is there (``offeredBy``: the tool
+settings, the assistant's ``enabledTools``, its memory / Soul.md / knowledge, or a helper
+of the others). Stored policies are cached and read again only when the
 store's policy counter moved (``policy_version``), so assembling costs no database read on
 the way to a reply's first delta.
 
@@ -31,7 +37,7 @@ Settings live in the settings table under ``tools`` (JSON of protocol ToolSettin
 from __future__ import annotations
 
 import logging
-from collections.abc import Awaitable, Callable, Sequence
+from collections.abc import Awaitable, Callable, Mapping, Sequence
 from pathlib import Path
 from typing import Any, Protocol, cast
 
@@ -44,6 +50,7 @@ from protocol.messages import SearchOptions
 from protocol.tools import (
     ToolInfo,
     ToolListParams,
+    ToolOfferedBy,
     ToolPolicy,
     ToolPolicyValue,
     ToolSettings,
@@ -55,7 +62,7 @@ from sidecar.errors import InvalidParams
 from sidecar.providers.types import ModelInfo
 from sidecar.tools.base import Tool
 from sidecar.tools.conversation import ConversationSearch
-from sidecar.tools.knowledge import NO_KNOWLEDGE, KnowledgeOffer, KnowledgeSource
+from sidecar.tools.knowledge import NO_KNOWLEDGE, KnowledgeOffer, KnowledgeSearch, KnowledgeSource
 from sidecar.tools.local import LOCAL_TOOLS, ReadToolOutput, SessionCapabilities
 from sidecar.tools.registry import ToolRegistry
 from sidecar.tools.skills import find_skills, skill_roots, skill_tools
@@ -74,6 +81,16 @@ NO_TOOLS_NOTE = (
 )
 
 
+FEATURE_SWITCHES: dict[str, str] = {
+    "memory": "memory.enabled",
+    "soul": "context.evolveSoul (with context.useSoul)",
+    "knowledge": "knowledgeBaseIds",
+}
+"""The assistant setting that brings each feature's tools."""
+MAX_LISTED_NAMES = 60
+"""How many valid names an unknown-tool error lists."""
+
+
 def mcp_unavailable_note(servers: list[tuple[str, str]]) -> str:
     """What the model is told about enabled MCP servers that are not ready: (name, state)."""
     named = ", ".join(f"{name} ({'still connecting' if state == 'connecting' else 'failed'})" for name, state in servers)
@@ -90,12 +107,16 @@ class McpSource(Protocol):
     def configured(self) -> bool: ...
     def tools(self) -> Sequence[Tool]: ...
     def unavailable(self) -> list[tuple[str, str]]: ...
+    def servers(self) -> dict[str, list[str] | None]: ...
 
 
 class MemorySource(Protocol):
-    """The memory side (sidecar/memory MemoryService.offer): ``.tools`` and ``.retrieval``."""
+    """The memory side (sidecar/memory MemoryService.offer): ``.tools`` and ``.retrieval``;
+    ``feature_tools``: the names of the tools it can bring -> their feature."""
 
     async def offer(self, session: SessionV2 | None) -> Any: ...
+    @property
+    def feature_tools(self) -> Mapping[str, str]: ...
 
 
 class ToolService:
@@ -223,6 +244,7 @@ class ToolService:
                 ToolInfo(
                     name=t.name, description=t.description, source=t.source, policy=policy,
                     default_policy=t.default_policy, parameters=t.parameters,
+                    offered_by=registry.offered_by.get(t.name, "settings"),
                 )
             )
         return out
@@ -253,10 +275,10 @@ class ToolService:
     ) -> ToolRegistry:
         s = self._settings
         registry = ToolRegistry(default_timeout_s=s.tool_timeout_s)
-        named = assistant.enabled_tools if assistant is not None else None
-        if not s.enabled or not model.supports_tools or not enabled or named == []:
+        if not s.enabled or not model.supports_tools or not enabled:
             registry.capability_note = NO_TOOLS_NOTE
             return registry
+        named = assistant.enabled_tools if assistant is not None else None
         wanted = set(named) if named is not None else None
 
         def offered(tool: Tool) -> bool:
@@ -282,51 +304,108 @@ class ToolService:
                 raise
             except Exception:  # knowledge is an addition: the other tools still come
                 log.exception("the knowledge tools could not be assembled")
-        candidates: list[Tool] = [*memory_tools, *knowledge.tools]  # these come first, in this order
-        if s.web_search is not None:
-            if self._web is None:
-                self._web = SearxngBackend(s.web_search, transport=self._web_transport)
-            candidates.append(WebSearch(self._web, s.web_search.max_results))
-        for name in s.local_tools:
-            factory = LOCAL_TOOLS.get(name)
-            if factory is not None:
-                candidates.append(factory())
-        if s.conversation_search:
-            candidates.append(ConversationSearch(self._search))
-        if session is not None and session.workspace_dir:
-            candidates.extend(workspace_tools(s.command_timeout_s))
-        roots = [r for r in skill_roots(s.skills_dirs, self._data_dir) if r.is_dir()]
-        # one stat per root on the loop is short; the scan itself runs in a worker thread
-        skills = await anyio.to_thread.run_sync(find_skills, roots) if roots else []
-        if skills:
-            candidates.extend(skill_tools(skills))
+        # these come first, in this order; they follow their feature's switch, not enabledTools
+        candidates: list[Tool] = [*memory_tools, *knowledge.tools]
         unavailable: list[tuple[str, str]] = []
-        if self.mcp is not None and self.mcp.configured:
-            candidates.extend(self.mcp.tools())
-            unavailable = [
-                (name, state) for name, state in self.mcp.unavailable()
-                if wanted is None or f"mcp:{name}" in wanted or any(w.startswith(f"mcp__{name}__") for w in wanted)
-            ]
-        if self._extra is not None:
-            candidates.extend(self._extra())
-        candidates = [t for t in candidates if offered(t)]
+        if wanted != set():  # []: none of the others
+            candidates.extend(await self._general_tools(session))
+            if self.mcp is not None and self.mcp.configured:
+                unavailable = [
+                    (name, state) for name, state in self.mcp.unavailable()
+                    if wanted is None or f"mcp:{name}" in wanted or any(w.startswith(f"mcp__{name}__") for w in wanted)
+                ]
+        candidates = [t for t in candidates if t.feature is not None or offered(t)]
         system: list[Tool] = [
             ReadToolOutput(),
             SessionCapabilities(lambda: _capabilities(registry, session, knowledge, memory_retrieval)),
         ]
         stored = await self._stored_policies(_policy_keys(candidates + system))
+        because: ToolOfferedBy = "settings" if wanted is None else "enabledTools"
         for tool in candidates:
             if _effective(tool, stored) != "deny":
-                registry.add(tool)
+                registry.add(tool, tool.feature or because)
         if len(registry):
             for tool in system:
                 if _effective(tool, stored) != "deny":
-                    registry.add(tool)
+                    registry.add(tool, "helper")
         else:
             registry.capability_note = NO_TOOLS_NOTE
         if unavailable:
             registry.add_note(mcp_unavailable_note(unavailable))
         return registry
+
+    async def _general_tools(self, session: SessionV2 | None) -> list[Tool]:
+        """Every tool the settings enable for the session, before ``enabledTools`` and the
+        policies: web search (when configured), the local tools, conversation search, the
+        workspace tools, skill tools, MCP tools (of the servers ready now), test tools."""
+        s = self._settings
+        tools: list[Tool] = []
+        if s.web_search is not None:
+            if self._web is None:
+                self._web = SearxngBackend(s.web_search, transport=self._web_transport)
+            tools.append(WebSearch(self._web, s.web_search.max_results))
+        for name in s.local_tools:
+            factory = LOCAL_TOOLS.get(name)
+            if factory is not None:
+                tools.append(factory())
+        if s.conversation_search:
+            tools.append(ConversationSearch(self._search))
+        if session is not None and session.workspace_dir:
+            tools.extend(workspace_tools(s.command_timeout_s))
+        roots = [r for r in skill_roots(s.skills_dirs, self._data_dir) if r.is_dir()]
+        # one stat per root on the loop is short; the scan itself runs in a worker thread
+        skills = await anyio.to_thread.run_sync(find_skills, roots) if roots else []
+        if skills:
+            tools.extend(skill_tools(skills))
+        if self.mcp is not None and self.mcp.configured:
+            tools.extend(self.mcp.tools())
+        if self._extra is not None:
+            tools.extend(self._extra())
+        return tools
+
+    # ---- enabledTools -----------------------------------------------------------------
+
+    def check_enabled_tools(self, names: Sequence[str]) -> None:
+        """An assistant's ``enabledTools``: each must name a tool this sidecar can offer (a
+        built-in tool whatever the settings enable now, ``mcp:<server>`` or
+        ``mcp__<server>__<tool>`` of a configured MCP server, the tool checked when the
+        server is ready). InvalidParams naming the entry otherwise, listing the valid names;
+        a feature tool (memory, Soul.md, knowledge) is refused with the switch that brings it."""
+        general = self._known_general()
+        features: dict[str, str] = {KnowledgeSearch.name: "knowledge"}
+        if self.memory is not None:
+            features.update(self.memory.feature_tools)
+        servers = self.mcp.servers() if self.mcp is not None else {}
+        for i, name in enumerate(names):
+            field = f"enabledTools[{i}]"
+            if name in general:
+                continue
+            feature = features.get(name)
+            if feature is not None:
+                raise InvalidParams(
+                    f"invalid params: {field} {name!r} comes with the assistant's {FEATURE_SWITCHES[feature]},"
+                    f" not with enabledTools (tool:list shows it as offeredBy {feature!r}) - at `$.{field}`"
+                )
+            if name.startswith("mcp:") and name[4:] in servers:
+                continue
+            if name.startswith("mcp__"):
+                # the longest server name that prefixes it (server names may hold "__")
+                owner = max((n for n in servers if name.startswith(f"mcp__{n}__")), key=len, default=None)
+                if owner is not None and (servers[owner] is None or name in (servers[owner] or ())):
+                    continue
+            valid = sorted(general) + [f"mcp:{n}" for n in servers]
+            valid += sorted(t for tools in servers.values() for t in tools or ())
+            shown = ", ".join(valid[:MAX_LISTED_NAMES]) + (f" and {len(valid) - MAX_LISTED_NAMES} more" if len(valid) > MAX_LISTED_NAMES else "")
+            raise InvalidParams(f"invalid params: {field} {name!r} is not a tool here; valid: {shown} - at `$.{field}`")
+
+    def _known_general(self) -> set[str]:
+        """The names of the tools ``enabledTools`` may name besides MCP ones."""
+        names = {*LOCAL_TOOLS, WebSearch.name, ConversationSearch.name, ReadToolOutput.name, SessionCapabilities.name}
+        names.update(t.name for t in workspace_tools(1.0))
+        names.update(t.name for t in skill_tools([]))
+        if self._extra is not None:
+            names.update(t.name for t in self._extra())
+        return names
 
     async def _stored_policies(self, keys: list[str]) -> dict[str, ToolPolicy]:
         """The stored policies of ``keys`` (maybe more): from the cache while the store's

@@ -1,7 +1,8 @@
 """Skill tools: a skill is a folder holding a ``SKILL.md``; the model lists and loads them.
 
 Skills are found in the configured folders (ToolSettings.skillsDirs) and
-``<dataDir>/skills``: every direct sub-folder with a SKILL.md is a skill named after the
+``<dataDir>/skills`` (the folder ``skill:*`` manages, sidecar/skills): every direct
+sub-folder with a SKILL.md is a skill named after the
 ``name:`` of its front matter (a ``---`` block at the top) or else the folder. Its
 description is the front matter's ``description:`` or the first non-heading line.
 ``skill_load`` returns the SKILL.md text (at most MAX_SKILL_BYTES) and lists the other
@@ -64,7 +65,8 @@ def find_skills(dirs: list[Path]) -> list[Skill]:
     found: dict[str, Skill] = {}
     for base in dirs:
         try:
-            children = sorted(p for p in base.iterdir() if p.is_dir())
+            # dot-folders are not skills (a skill:import's staging folder among them)
+            children = sorted(p for p in base.iterdir() if p.is_dir() and not p.name.startswith("."))
         except OSError:
             continue
         for folder in children:

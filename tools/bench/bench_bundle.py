@@ -1,7 +1,7 @@
 #!/usr/bin/env python3
 """The shipped bundle against the virtual environment: size, and start to the first answer.
 
-    python3 dev.py bench bench_bundle [--bundle dist/chat-sidecar] [--runs N] [--build]
+    python3 dev.py bench bench_bundle [--bundle dist/chat-sidecar] [--runs N] [--build] [--no-record]
 
 Size: the bundle on disk (bytes of its files) and compressed (tar.gz and tar.xz, as an
 installer would carry it), against the project's ``.venv`` (with the test extras, what
@@ -13,7 +13,11 @@ Electron client does) -> the list's answer, for the bundle's launcher and for ``
 ``python -m sidecar``, alternating, each with a fresh data dir (migrations run: an app's
 first start) and with an existing one (every later start). The first run of each is shown
 apart (the coldest this can measure without dropping the OS page cache); then the median of
-``--runs`` runs and the ratio bundle / venv measured in the same run.
+``--runs`` runs and the ratio bundle / venv measured in the same run. The optional parts
+(``dist/chat-sidecar-parts/``) are measured too, each on disk and as tar.gz.
+
+The figures README quotes are recorded (tools/bench/figures.py: figures.json and README's
+marked figures) unless ``--no-record``.
 """
 
 from __future__ import annotations
@@ -30,6 +34,9 @@ import tempfile
 import time
 from pathlib import Path
 from types import ModuleType
+
+sys.path.insert(0, str(Path(__file__).resolve().parent))
+import figures  # noqa: E402
 
 ROOT = Path(__file__).resolve().parents[2]
 REQUESTS = (
@@ -67,6 +74,7 @@ def time_to_list(command: list[str], data_dir: str) -> float:
     proc.stdin.write(SHUTDOWN)
     proc.stdin.close()
     proc.stdout.read()
+    proc.stdout.close()
     if proc.wait(timeout=60) != 0:
         raise SystemExit(f"{command[0]} exited with {proc.returncode}")
     return elapsed
@@ -113,6 +121,7 @@ def main() -> int:
     parser.add_argument("--bundle", type=Path, default=ROOT / "dist" / "chat-sidecar")
     parser.add_argument("--runs", type=int, default=10)
     parser.add_argument("--build", action="store_true", help="build the bundle first (python3 dev.py bundle)")
+    parser.add_argument("--no-record", dest="record", action="store_false", help="leave figures.json and README alone")
     args = parser.parse_args()
     bundle_tool = load_bundle_tool()
     if args.build:
@@ -137,6 +146,11 @@ def main() -> int:
     print(f"  .venv (test extras)   {mib(dev_venv)}  ratio bundle/.venv {on_disk / dev_venv:.2f}" if dev_venv else "  .venv: not run from a venv")
     if runtime is not None:
         print(f"  runtime packages only {mib(runtime)}  (site-packages of the shipped distributions; no Python)")
+    parts_root = bundle.parent / f"{bundle.name}-parts"
+    parts = {}
+    for folder in sorted(p for p in parts_root.iterdir() if p.is_dir()) if parts_root.is_dir() else []:
+        parts[folder.name] = (folder_bytes(folder), compressed_bytes(folder, "gz"))
+        print(f"  optional part {folder.name:8} {mib(parts[folder.name][0])} on disk, {mib(parts[folder.name][1])} as tar.gz")
 
     results: dict[tuple[str, str], list[float]] = {}
     first: dict[tuple[str, str], float] = {}
@@ -160,6 +174,23 @@ def main() -> int:
             f"  {kind:18} bundle {first[('bundle', kind)] * 1000:6.0f} ms, median {b * 1000:6.0f} ms"
             f" | venv {first[('venv', kind)] * 1000:6.0f} ms, median {v * 1000:6.0f} ms | ratio bundle/venv {b / v:.2f}"
         )
+    print(f"  load average {figures.load_average()}")
+    if args.record:
+        medians = {key: statistics.median(values) for key, values in results.items()}
+        recorded = {
+            "bundle.disk": f"{on_disk / 2**20:.1f} MiB ({on_disk / 1e6:.1f} MB)",
+            "bundle.targz": f"{gz / 2**20:.1f} MiB ({gz / 1e6:.1f} MB)",
+            "bundle.tarxz": f"{xz / 2**20:.1f} MiB",
+            "bundle.venv": mib(dev_venv).strip() if dev_venv else "n/a",
+            "bundle.load": figures.load_average(),
+        }
+        for part, (disk, packed) in parts.items():
+            recorded[f"bundle.part.{part}"] = f"{disk / 2**20:.1f} MiB ({packed / 2**20:.1f} MiB as tar.gz)"
+        for kind, name in (("fresh data dir", "fresh"), ("existing data dir", "existing")):
+            b, v = medians[("bundle", kind)], medians[("venv", kind)]
+            recorded[f"bundle.start.{name}"] = f"{b * 1000:.0f} ms against {v * 1000:.0f} ms"
+            recorded[f"bundle.ratio.{name}"] = f"{b / v:.2f}"
+        figures.record("bench_bundle", recorded, command=f"python3 dev.py bench bench_bundle --runs {args.runs}")
     return 0
 
 

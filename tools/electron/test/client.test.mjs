@@ -16,6 +16,7 @@ import {
   ClientErrorCode,
   ErrorCode,
   PROTOCOL_VERSION,
+  SidecarClient,
   SidecarError,
   createSidecar,
   fromIpcError,
@@ -48,6 +49,45 @@ function real(extra = {}) {
     clientInfo: { name: "node-test", version: "1" },
     ...extra,
   });
+}
+
+function options(extra = {}) {
+  return {
+    command: COMMAND,
+    args: ARGS,
+    dataDir: dataDir(),
+    logLevel: "INFO",
+    timeoutMs: WAIT_MS,
+    startTimeoutMs: WAIT_MS,
+    onLog: (line) => logs.push(line),
+    ...extra,
+  };
+}
+
+/** `promise`, or a rejection naming `what` after WAIT_MS (a stream that never ends fails here). */
+function within(promise, what) {
+  let timer;
+  const late = new Promise((_, reject) => {
+    timer = setTimeout(() => reject(new Error(`${what}: no end within ${WAIT_MS} ms`)), WAIT_MS);
+  });
+  return Promise.race([promise, late]).finally(() => clearTimeout(timer));
+}
+
+/** chat:send, then its final event (seen through on(), not stream()). */
+async function sendAndWait(client, sessionId, content) {
+  let off;
+  const done = new Promise((resolve) => {
+    off = client.on("chat:stream", (event) => {
+      if (["stream_end", "error", "aborted"].includes(event.type)) resolve(event);
+    });
+  });
+  const { messageId } = await client.call("chat:send", { sessionId, input: { content } });
+  for (;;) {
+    const end = await within(done, "the reply");
+    if (end.messageId === messageId) break;
+  }
+  off();
+  return messageId;
 }
 
 function fake(env = {}) {
@@ -201,6 +241,76 @@ describe("the generated client against the real sidecar", () => {
       assert.equal(events[0].type, "stream_start");
       assert.equal(events.at(-1).seq, end.seq);
       assertSeqs(events);
+    } finally {
+      await client.close();
+    }
+  });
+
+  it("rejects a stream of a reply that ended and is no longer kept, and of an unknown message", async () => {
+    const dir = dataDir();
+    const client = await real({ dataDir: dir, streamBuffer: { messages: 1, events: 5000 } });
+    let session, first;
+    try {
+      session = await configure(client);
+      first = await sendAndWait(client, session.id, "one");
+      await sendAndWait(client, session.id, "two"); // keeps only its own events now
+      const error = await within(collect(client.stream(first)), "stream of an ended reply").catch((e) => e);
+      assert.ok(error instanceof SidecarError, String(error));
+      assert.equal(error.code, ClientErrorCode.STREAM_UNAVAILABLE);
+      assert.equal(error.data.reason, "ended");
+      assert.equal(error.data.sessionId, session.id);
+      assert.equal(error.data.final.type, "stream_end");
+    } finally {
+      await client.close();
+    }
+    // a new process: nothing of the message seen; the stored row says it ended
+    const again = await real({ dataDir: dir });
+    try {
+      const ended = await within(collect(again.stream(first, { sessionId: session.id })), "stream after a restart").catch((e) => e);
+      assert.equal(ended.code, ClientErrorCode.STREAM_UNAVAILABLE, String(ended));
+      assert.equal(ended.data.final, null);
+      const unknown = await within(collect(again.stream(first)), "stream without a session").catch((e) => e);
+      assert.equal(unknown.code, ErrorCode.NOT_FOUND, String(unknown));
+      const missing = await within(collect(again.stream("no-such-message", { sessionId: session.id })), "unknown id").catch((e) => e);
+      assert.equal(missing.code, ErrorCode.NOT_FOUND, String(missing));
+      // the process keeps serving
+      assert.equal((await again.call("chat:session:list")).total, 1);
+    } finally {
+      await again.close();
+    }
+  });
+
+  it("gives every event to each of two streams of the same message", async () => {
+    const client = await real();
+    try {
+      const session = await configure(client);
+      await script([{ text: "part ", repeat: 20, delay_ms: 10 }]);
+      const started = next(client, "chat:stream", (e) => e.type === "stream_start");
+      const { messageId } = await client.call("chat:send", { sessionId: session.id, input: { content: "twice" } });
+      await started; // kept events exist before either stream asks
+      const [a, b] = await within(Promise.all([collect(client.stream(messageId)), collect(client.stream(messageId))]), "two streams");
+      assertSeqs(a);
+      assertSeqs(b);
+      assert.deepEqual(b, a);
+      assert.equal(a.at(-1).type, "stream_end");
+      // and a third one after the end replays them all
+      assert.deepEqual(await within(collect(client.stream(messageId)), "a third stream"), a);
+    } finally {
+      await client.close();
+    }
+  });
+
+  it("sends calls made during the handshake right behind it, in order", async () => {
+    const client = new SidecarClient(options());
+    try {
+      const started = client.start();
+      const listed = client.call("chat:session:list");
+      const settings = client.call("settings:get");
+      const [info, list] = await Promise.all([started, listed]);
+      assert.equal(info.protocolVersion, PROTOCOL_VERSION);
+      assert.deepEqual(list, { sessions: [], total: 0 });
+      assert.equal(typeof (await settings).generateTitles, "boolean");
+      await assert.rejects(new SidecarClient(options()).call("chat:session:list"), (e) => e.code === ClientErrorCode.NOT_RUNNING);
     } finally {
       await client.close();
     }

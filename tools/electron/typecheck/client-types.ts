@@ -5,6 +5,7 @@
  */
 
 import {
+  ClientErrorCode,
   createSidecar,
   ErrorCode,
   fromIpcError,
@@ -24,6 +25,7 @@ import type {
   ToolAuditEntry,
   ToolInfo,
   ToolSource,
+  UnknownStreamEvent,
   UserInput,
 } from "../../../protocol/generated/protocol.js";
 
@@ -129,6 +131,58 @@ export async function checks(): Promise<void> {
   }
   const failure: SidecarError = new SidecarError(ErrorCode.BAD_STATE, "x", { expected: 1, got: 2 });
   void failure;
+
+  // error data typed per code, after error.is(code)
+  try {
+    await client.call("provider:list");
+  } catch (error) {
+    if (error instanceof SidecarError && error.is(ErrorCode.PROVIDER_ERROR)) {
+      const retryable: boolean | undefined = error.data?.retryable;
+      const status: number | null | undefined = error.data?.status;
+      void [retryable, status];
+    }
+    if (error instanceof SidecarError && error.is(ClientErrorCode.TIMEOUT)) {
+      const timeoutMs: number = error.data.timeoutMs;
+      void timeoutMs;
+    }
+    if (error instanceof SidecarError && error.is(ClientErrorCode.STREAM_UNAVAILABLE)) {
+      const reason: "ended" | "truncated" = error.data.reason;
+      void reason;
+    }
+    if (error instanceof SidecarError) {
+      // @ts-expect-error the data of an error not narrowed to a code is unknown
+      const kind: string = error.data.kind;
+      void kind;
+    }
+  }
+
+  // baseUrl: required for the HTTP provider types, not for acp-engine
+  // @ts-expect-error an openai-compat provider needs its baseUrl
+  await client.call("provider:upsert", { name: "Local", type: "openai-compat" });
+  await client.call("provider:upsert", { name: "Local", type: "ollama", baseUrl: "http://127.0.0.1:11434" });
+  await client.call("provider:upsert", { name: "Agent", type: "acp-engine", engine: { command: "agent" } });
+
+  // defaults are sent: a model's flags are never missing
+  const providers = await client.call("provider:list");
+  const supportsTools: boolean | undefined = providers[0]?.models[0]?.supportsTools;
+  void supportsTools;
+
+  // an event type this copy does not know: the default branch compiles without a cast
+  for await (const event of client.stream(messageId)) {
+    switch (event.type) {
+      case "text_delta":
+        break;
+      case "stream_start": {
+        const parent: string | null = event.parentId;
+        void parent;
+        break;
+      }
+      default: {
+        const other: UnknownStreamEvent = event;
+        void other.type;
+      }
+    }
+  }
 
   // envelope types
   const line: ServerMessage = { jsonrpc: "2.0", method: "chat:stream", params: {} as ChatStreamEvent };
