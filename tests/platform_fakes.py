@@ -54,18 +54,20 @@ async def serve(app: Starlette) -> AsyncIterator[int]:
     port = sock.getsockname()[1]
     # "critical": a long poll cut off when the fake stops is not an error worth a traceback
     server = uvicorn.Server(uvicorn.Config(app, log_level="critical", lifespan="off", ws="websockets-sansio"))
-    async with anyio.create_task_group() as tg:
-        tg.start_soon(server.serve, [sock])
-        with anyio.fail_after(10):
-            while not server.started:
-                await anyio.sleep(0.01)
-        try:
-            yield port
-        finally:
-            server.should_exit = True
-            server.force_exit = True
-            tg.cancel_scope.cancel()
-    sock.close()
+    try:
+        async with anyio.create_task_group() as tg:
+            tg.start_soon(server.serve, [sock])
+            with anyio.fail_after(10):
+                while not server.started:
+                    await anyio.sleep(0.01)
+            try:
+                yield port
+            finally:
+                server.should_exit = True
+                server.force_exit = True
+                tg.cancel_scope.cancel()
+    finally:
+        sock.close()
 
 
 async def wait_until(predicate: Any, timeout: float = 30) -> None:

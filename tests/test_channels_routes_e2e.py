@@ -94,7 +94,7 @@ async def test_the_remote_agent_route_streams_and_keeps_its_session(tmp_path: Pa
     async with v1_sidecar(tmp_path / "remote") as v1, spawn_sidecar(tmp_path / "local") as proc:
         await proc.call("sidecar:initialize", {})
         config = await remote_channel(proc, v1, replyMode="stream")
-        assert config["route"]["auth"] == {"type": "api-key", "token": "***"}
+        assert config["route"]["auth"] == {"type": "api-key", "token": "***", "headerName": None}
         assert v1.server is not None
         await v1.server.script({"text": "the remote agent answers in many words", "chunks": 8, "delay_ms": 20})
         first = await proc.call("channel:message", dm("question one", "r1"))

@@ -155,12 +155,12 @@ GOLDEN = {
     "telegram": [
         {'type': 'text', 'text': '*Release notes*\n\nThe *new* build is _faster_ and ~slower~ at [the docs](https://example.com/docs) for `x < y & z`\\.\nSee the chart chart and the paper\\[1\\]\\.\n\n• fixed the splitter\n• kept *tables* whole\n\n> quoted line one\n> quoted line two', 'format': 'telegram_md'},
         {'type': 'text', 'text': '*name* \\| *value*\nalpha \\| 1\nbeta \\| 2\ngamma \\| 3\ndelta \\| 4\n\n```python\ndef add(a, b):\n    return a + b\n\nprint(add(1, 2))\nprint(add(3, 4))\n```\n\n中文段落：这是一个用来测试的句子。第二句也在这里！\n\n\\[1\\] Smith et al\\., https://example\\.com/paper', 'format': 'telegram_md'},
-        {'type': 'image', 'url': 'https://example.com/c.png', 'alt': 'chart'},
+        {'type': 'image', 'url': 'https://example.com/c.png', 'mimeType': None, 'alt': 'chart'},
     ],
     "discord": [
         {'type': 'text', 'text': '## Release notes\n\nThe **new** build is *faster* and ~~slower~~ at [the docs](https://example.com/docs) for `x < y & z`.\nSee the chart chart and the paper[1].\n\n- fixed the splitter\n- kept **tables** whole\n\n> quoted line one\n> quoted line two', 'format': 'discord_md'},
         {'type': 'text', 'text': '**name** | **value**\nalpha | 1\nbeta | 2\ngamma | 3\ndelta | 4\n\n```python\ndef add(a, b):\n    return a + b\n\nprint(add(1, 2))\nprint(add(3, 4))\n```\n\n中文段落：这是一个用来测试的句子。第二句也在这里！\n\n[1] Smith et al., https://example.com/paper', 'format': 'discord_md'},
-        {'type': 'image', 'url': 'https://example.com/c.png', 'alt': 'chart'},
+        {'type': 'image', 'url': 'https://example.com/c.png', 'mimeType': None, 'alt': 'chart'},
     ],
 }
 
@@ -292,3 +292,26 @@ def test_discord_markup_mentions_and_a_reply() -> None:
 ])
 def test_malformed_discord_payloads_never_raise(raw: dict[str, Any]) -> None:
     adapt(message("discord", raw, text="fallback"), config("discord"))
+
+
+@pytest.mark.parametrize("update", [
+    {}, {"message": None}, {"message": {"chat": {"id": "x", "type": "private"}}},
+    {"message": {"chat": {"id": 1, "type": "channel"}, "from": {"id": 2}}},
+    {"message": {"chat": {"id": 1, "type": "group"}, "from": {"id": "2"}, "text": 5}},
+    {"message": {"chat": {"id": 1, "type": "supergroup"}, "from": {"id": 2}, "date": "soon", "message_thread_id": "t",
+                 "is_topic_message": True, "photo": "x"}},
+])
+def test_malformed_platform_updates_become_nothing_or_a_valid_message(update: dict[str, Any]) -> None:
+    from sidecar.channels.connections import discord, slack, telegram
+
+    for params in (
+        telegram.to_params("c", update, []),
+        discord.to_params("c", update.get("message") or {}, {}),
+        slack.to_params("c", update.get("message") or {}, []),
+    ):
+        if params is not None:
+            assert msgspec.convert(msgspec.to_builtins(params), ChannelMessageParams) == params
+    good = telegram.to_params("c", {"message": {"message_id": 9, "chat": {"id": -5, "type": "supergroup", "title": "T"},
+                                                "from": {"id": 2, "first_name": "Ann"}, "date": 3, "text": "hi",
+                                                "message_thread_id": 44, "is_topic_message": True}}, [])
+    assert good is not None and (good.chat_id, good.chat_type, good.thread_id, good.timestamp) == ("-5", "group", "44", 3000)

@@ -65,7 +65,7 @@ async def test_a_message_in_a_split_reply_out_a_redelivery_and_a_429(tmp_path: P
     async with scripted_provider() as server, fake_telegram() as fake, spawn_sidecar(tmp_path) as proc:
         await configure_provider(proc, server.base_url)
         config = await telegram_channel(proc, fake)
-        assert config["credentials"] == {"botToken": "***"} and config["status"] == {
+        assert config["credentials"] == {"botToken": "***", "appToken": None} and config["status"] == {
             "state": "disconnected", "error": None, "retryAt": None, "since": None, "botUserId": None,
         }
         assert (await proc.call("channel:connect", {"id": "tg"}))["state"] in ("connecting", "connected")

@@ -8,5 +8,6 @@ Modules:
     discord.py   REST (rate-limit headers, 429) and the gateway (heartbeats, resume)
     slack.py     Web API and Socket Mode (envelope acks, disconnect)
     media.py     attachments downloaded, local files uploaded
-Imported only when a channel has a connection kind other than ``host``.
+The platform modules (and websockets) are imported only when a channel has a connection of
+that kind.
 """

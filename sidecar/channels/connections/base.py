@@ -14,6 +14,10 @@ platform message that could not be sent (``retryable``: the outbox tries again);
 (Telegram's ``parameters.retry_after``, Discord's and Slack's 429) itself, at most
 MAX_RETRY_AFTER_S each time and MAX_RATE_LIMIT_WAITS times per message.
 
+A message the channel cannot take (InvalidParams: too large, a bad attachment) is skipped
+and confirmed to the platform; any other failure to store one (the store) ends the link, so
+the platform sends it again once the connection is back.
+
 Must stay true: a link's errors never leave ``run`` (they become the state); cancellation
 is never swallowed; every wait is bounded or interruptible by ``stop``; the error kept for
 the status is cut to ERROR_CHARS and never contains a credential (Redactor).

@@ -67,6 +67,7 @@ from sidecar.channels.connections.base import (
 from sidecar.channels.connections.media import local_file
 from sidecar.channels.inbound.common import as_dict, as_list, as_str
 from sidecar.channels.inbound.discord import discord_author_name
+from sidecar.errors import InvalidParams
 from sidecar.store.attachments import AttachmentStore
 
 __all__ = ["DiscordRest", "DiscordError", "DiscordGateway", "DiscordSender", "to_params"]
@@ -278,7 +279,10 @@ class DiscordGateway:
             raise leaf from None
         finally:
             with anyio.CancelScope(shield=True), anyio.move_on_after(2):
-                await self._save_resume(self._resume_state())
+                try:
+                    await self._save_resume(self._resume_state())
+                except Exception:  # the store is closing: the next start identifies instead
+                    log.debug("channel %s: the gateway session was not stored", self._channel, exc_info=True)
 
     def _forget_session(self) -> None:
         self.session_id = self.resume_url = None
@@ -353,9 +357,9 @@ class DiscordGateway:
             if params is not None:
                 try:
                     await self._on_message(params)
-                except Exception as exc:  # one bad message must not stop the channel
+                except InvalidParams as exc:  # a message the channel cannot take: skipped
                     log.warning("channel %s: Discord message %s not taken: %s", self._channel, params.message_id,
-                                getattr(exc, "message", type(exc).__name__))
+                                exc.message)
         elif kind in ("THREAD_CREATE", "THREAD_UPDATE"):
             self._thread(data)
         elif kind == "GUILD_CREATE" or kind == "THREAD_LIST_SYNC":

@@ -55,6 +55,7 @@ from sidecar.channels.connections.base import (
 )
 from sidecar.channels.connections.media import download, local_file
 from sidecar.channels.inbound.common import as_dict, as_list, as_str
+from sidecar.errors import InvalidParams
 from sidecar.store.attachments import AttachmentStore
 
 __all__ = ["SlackApi", "SlackError", "SlackSocket", "SlackSender", "to_params"]
@@ -229,9 +230,8 @@ class SlackSocket:
             return
         try:
             await self._on_message(params)
-        except Exception as exc:  # one bad message must not stop the channel (it is acknowledged)
-            log.warning("channel %s: Slack message %s not taken: %s", self._channel, params.message_id,
-                        getattr(exc, "message", type(exc).__name__))
+        except InvalidParams as exc:  # a message the channel cannot take: acknowledged and skipped
+            log.warning("channel %s: Slack message %s not taken: %s", self._channel, params.message_id, exc.message)
 
 
 # ---- sending ----------------------------------------------------------------------------

@@ -49,6 +49,7 @@ from sidecar.channels.connections.base import DeliveryError, Fatal, OnMessage, r
 from sidecar.channels.connections.media import download, local_file
 from sidecar.channels.inbound.common import as_dict, as_list, as_str
 from sidecar.channels.inbound.telegram import display_name
+from sidecar.errors import InvalidParams
 from sidecar.store.attachments import AttachmentStore
 
 __all__ = ["TelegramApi", "TelegramError", "TelegramPoller", "TelegramSender", "to_params", "plain_of"]
@@ -238,9 +239,8 @@ class TelegramPoller:
             return
         try:
             await self._on_message(params)
-        except Exception as exc:  # one bad message must not stop the channel (it is confirmed)
-            log.warning("channel %s: Telegram message %s not taken: %s", self._channel, params.message_id,
-                        getattr(exc, "message", type(exc).__name__))
+        except InvalidParams as exc:  # a message the channel cannot take: confirmed and skipped
+            log.warning("channel %s: Telegram message %s not taken: %s", self._channel, params.message_id, exc.message)
 
     async def _file(self, file_id: str, kind: Any, name: str | None, mime: str | None) -> ChannelAttachment | None:
         if not file_id:
