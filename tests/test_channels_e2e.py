@@ -486,6 +486,19 @@ async def test_bad_input_on_every_method(tmp_path: Path) -> None:
                                                        "auth": {"type": "bearer", "token": "a\nb"}}},
             {"id": "x", "platform": "plain", "route": {"type": "remote-agent", "serviceUrl": "http://x",
                                                        "auth": {"type": "bearer", "token": "***"}}},
+            {"id": "x", "platform": "feishu", "connection": {"kind": "telegram_polling"}},
+            {"id": "x", "platform": "telegram", "connection": {"kind": "telegram_polling", "apiBaseUrl": "ftp://x"}},
+            {"id": "x", "platform": "telegram", "connection": {"kind": "telegram_polling", "pollTimeoutS": 0}},
+            {"id": "x", "platform": "telegram", "connection": {"kind": "telegram_polling", "intents": 1}},
+            {"id": "x", "platform": "discord", "connection": {"kind": "discord_gateway", "gatewayUrl": "http://x"}},
+            {"id": "x", "platform": "plain", "connection": {"apiBaseUrl": "https://x"}},
+            {"id": "x", "platform": "plain", "credentials": {"botToken": "t"}},
+            {"id": "x", "platform": "telegram", "connection": {"kind": "telegram_polling"},
+             "credentials": {"appToken": "xapp-1"}},
+            {"id": "x", "platform": "telegram", "connection": {"kind": "telegram_polling"},
+             "credentials": {"botToken": "has space"}},
+            {"id": "x", "platform": "telegram", "connection": {"kind": "telegram_polling"},
+             "credentials": {"botToken": "***"}},
             {"id": "x", "platform": "wecom", "replyMode": "stream"},
             {"id": "x", "platform": "plain", "limits": {"maxMessageSize": 10}},
             {"id": "x", "platform": "plain", "limits": {"maxBlocks": 5}},
@@ -499,6 +512,15 @@ async def test_bad_input_on_every_method(tmp_path: Path) -> None:
         assert (await call_error(proc, "channel:config:get", {"id": "x"})).code == -32001
         assert (await call_error(proc, "channel:config:delete", {"id": "x"})).code == -32001
         assert (await call_error(proc, "channel:config:get", {})).code == -32602
+        # channel:connect / channel:disconnect
+        assert (await call_error(proc, "channel:connect", {"id": "x"})).code == -32001
+        assert (await call_error(proc, "channel:disconnect", {"id": "x"})).code == -32001
+        assert (await call_error(proc, "channel:connect", {"id": "im"})).code == -32003  # host-driven
+        await proc.call("channel:config:upsert", {"id": "tg", "platform": "telegram",
+                                                  "connection": {"kind": "telegram_polling"}})
+        no_token = await call_error(proc, "channel:connect", {"id": "tg"})
+        assert no_token.code == -32003 and "credentials.botToken" in no_token.message
+        assert await proc.call("channel:config:delete", {"id": "tg"}) == {"success": True}
         # channel:messages
         assert (await call_error(proc, "channel:messages", {"channel": "x"})).code == -32001
         assert (await call_error(proc, "channel:messages", {"channel": "im", "limit": 0})).code == -32602

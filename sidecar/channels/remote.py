@@ -50,7 +50,7 @@ from sidecar.engine.lifecycle import Ending, Failed, ReplyDriver, ReplyFeed, Rep
 from sidecar.errors import EngineError, SidecarError
 from sidecar.store import AsyncStore, Store
 from sidecar.supervision import SHUTDOWN_CLOCK
-from sidecar.sync.chatstream import Follower
+from sidecar.sync.chatstream import Follower, stop_and_drain
 from sidecar.sync.errors import ChatFailed, QimingError
 from sidecar.sync.events import ComputerEvents, PermissionAsk, frame_ends, frame_key
 from sidecar.sync.wire import SessionFrame
@@ -176,21 +176,12 @@ class _RemoteTurn(ReplyDriver):
         user_id: str, project_id: str, remote_id: str, grace: float,
     ) -> None:
         """Cancel the turn on the service, then keep mapping what it still sends, at most ``grace``."""
-        mapper.stopping = True
-        try:
-            with anyio.move_on_after(SHUTDOWN_CLOCK.bound(STOP_CALL_S)):
-                await client.cancel(user_id=user_id, project_id=project_id, session_id=remote_id)
-        except QimingError as exc:
-            log.warning("cancelling the remote turn of %s failed: %s", self.job.message_id, exc.message)
-        with anyio.move_on_after(grace) as scope:
-            try:
-                async with aclosing(follower.events()) as frames:
-                    async for frame in frames:
-                        if await mapper.apply(frame) is not None:
-                            break
-            except QimingError as exc:
-                log.info("after the cancel of %s: %s", self.job.message_id, exc.message)
-        if scope.cancelled_caught:
+        ended = await stop_and_drain(
+            lambda: client.cancel(user_id=user_id, project_id=project_id, session_id=remote_id), follower, mapper,
+            stop_call_s=SHUTDOWN_CLOCK.bound(STOP_CALL_S), grace_s=grace,
+            what=f"the remote turn of {self.job.message_id}",
+        )
+        if not ended:
             self.job.abort_reason = (self.job.abort_reason or "aborted") + (
                 f" (the remote agent did not end the turn within {grace:g} s; it was ended without it)"
             )

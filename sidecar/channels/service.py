@@ -402,15 +402,15 @@ def credential_changes(config: ChannelConfig) -> dict[str, str]:
         value = getattr(config.credentials, field)
         if value is None:
             continue
-        camel = name
+        # ``name`` is the field's wire path (credentials.botToken): errors name it
         if value and kind == "host":
-            raise InvalidParams(f"invalid params: {camel} is for a channel with a connection of its own - at `$.{camel}`")
+            raise InvalidParams(f"invalid params: {name} is for a channel with a connection of its own - at `$.{name}`")
         if value and field == "app_token" and kind != "slack_socket":
-            raise InvalidParams(f"invalid params: {camel} is for slack_socket connections - at `$.{camel}`")
+            raise InvalidParams(f"invalid params: {name} is for slack_socket connections - at `$.{name}`")
         if len(value) > MAX_CREDENTIAL_CHARS or not all(" " < c <= "~" for c in value):
             raise InvalidParams(
-                f"invalid params: {camel} must be at most {MAX_CREDENTIAL_CHARS} printable ASCII characters"
-                f" without spaces - at `$.{camel}`"
+                f"invalid params: {name} must be at most {MAX_CREDENTIAL_CHARS} printable ASCII characters"
+                f" without spaces - at `$.{name}`"
             )
         changes[name] = value
     return changes
