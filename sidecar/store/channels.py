@@ -1,7 +1,8 @@
 """ChannelRepo: IM channels' rows (configs, chat links, the inbox, deliveries) and the delivery
 summary of replies on ``messages_v2.delivery``.
 
-Owns: the tables of migration ``m_channels``. Each public method is one transaction.
+Owns: the tables of migrations ``m_channels`` and ``m_channel_routes_access`` (the log's
+statuses and the counters: channel_log.py). Each public method is one transaction.
 Must stay true:
 - dedup is decided by the database: ``receive`` inserts under UNIQUE(channel_id, chat_id,
   dedup_key) (a platform message id is unique within its chat, not across chats) and
@@ -30,6 +31,15 @@ from sidecar.errors import NotFound, SecretsLocked
 from sidecar.store.db import Database
 from sidecar.store.ids import now_ms
 
+from sidecar.store.channel_log import (
+    COUNTERS,
+    LOG_TEXT_CHARS,
+    OPEN_INBOX_STATES,
+    STATUS_SQL,
+    bump,
+    count_change,
+    log_status,
+)
 from sidecar.store.secrets import CHANNEL_SECRET as SECRET_PURPOSE
 
 if TYPE_CHECKING:
@@ -37,10 +47,9 @@ if TYPE_CHECKING:
 
 __all__ = [
     "ChannelRepo", "InboxRow", "DeliveryRow", "OPEN_INBOX_STATES", "OPEN_DELIVERY_STATES", "log_status",
-    "SECRET_PURPOSE", "KEEP",
+    "SECRET_PURPOSE", "KEEP", "LOG_TEXT_CHARS",
 ]
 
-OPEN_INBOX_STATES = ("queued", "running")
 OPEN_DELIVERY_STATES = ("pending", "sent")
 
 _enc = msgspec.json.Encoder()
@@ -112,32 +121,6 @@ def _inbox(row: tuple[Any, ...]) -> InboxRow:
         updated_at=row[14], chat_type=row[15], sender_id=row[16], sender_name=row[17], text_preview=row[18],
         reason=row[19],
     )
-
-
-IGNORED_ACTIONS = ("store", "throttled", "ignored")
-REPLY_ACTIONS = ("reply", "new_session")
-
-
-def log_status(action: str, state: str) -> LogStatus:
-    """What the message log (and the counters) call a row in this state."""
-    if state == "failed":
-        return "failed"
-    if action == "refused":
-        return "refused"
-    if state in OPEN_INBOX_STATES:
-        return "received"
-    return "ignored" if action in IGNORED_ACTIONS else "replied"
-
-
-_STATUS_SQL: dict[str, str] = {
-    "received": "state IN ('queued', 'running')",
-    "replied": "state = 'done' AND action IN ('reply', 'new_session')",
-    "ignored": "state = 'done' AND action IN ('store', 'throttled', 'ignored')",
-    "refused": "state != 'failed' AND action = 'refused'",
-    "failed": "state = 'failed'",
-}
-_COUNTERS = ("received", "replied", "ignored", "refused", "failed", "duplicates")
-LOG_TEXT_CHARS = 500
 
 
 def _delivery(row: tuple[Any, ...]) -> DeliveryRow:
@@ -263,7 +246,7 @@ class ChannelRepo:
             if existing:
                 old = _inbox(existing[0])
                 if old.received_at >= row.received_at - window_ms or old.state in OPEN_INBOX_STATES:
-                    _bump(conn, row.channel_id, "duplicates")
+                    bump(conn, row.channel_id, "duplicates")
                     return old, False
                 conn.execute("DELETE FROM channel_inbox WHERE id = ?", (old.id,))
             conn.execute(
@@ -275,14 +258,14 @@ class ChannelRepo:
                     row.chat_type, row.sender_id, row.sender_name, row.text_preview, row.reason,
                 ),
             )
-            _bump(conn, row.channel_id, "received")
-            _count_change(conn, row.channel_id, None, log_status(row.action, row.state))
+            bump(conn, row.channel_id, "received")
+            count_change(conn, row.channel_id, None, log_status(row.action, row.state))
         return row, True
 
     def note_duplicate(self, channel_id: str) -> None:
         """A redelivery answered ``duplicate`` before it reached ``receive``."""
         with self._db.write() as conn:
-            _bump(conn, channel_id, "duplicates")
+            bump(conn, channel_id, "duplicates")
 
     def next_open(self, session_id: str) -> InboxRow | None:
         """The session's oldest turn not done yet (turns of a session run in arrival order)."""
@@ -328,7 +311,7 @@ class ChannelRepo:
             )
             if old:
                 channel_id, action, state = (str(v) for v in old[0])
-                _count_change(
+                count_change(
                     conn, channel_id, log_status(action, state),
                     log_status(str(fields.get("action", action)), str(fields.get("state", state))),
                 )
@@ -410,7 +393,7 @@ class ChannelRepo:
                 )
                 if old:
                     channel_id, action, state = (str(v) for v in old[0])
-                    _count_change(conn, channel_id, log_status(action, state), log_status(action, finish_state))
+                    count_change(conn, channel_id, log_status(action, state), log_status(action, finish_state))
         return out
 
     def next_delivery(self, channel_id: str, chat_id: str) -> DeliveryRow | None:
@@ -506,7 +489,7 @@ class ChannelRepo:
         where = ["channel_id = ?"]
         args: list[Any] = [channel_id]
         if status is not None:
-            where.append(_STATUS_SQL[status])
+            where.append(STATUS_SQL[status])
         if chat_id is not None:
             where.append("chat_id = ?")
             args.append(chat_id)
@@ -523,8 +506,8 @@ class ChannelRepo:
 
     def counters(self) -> dict[str, ChannelCounters]:
         with self._db.read() as conn:
-            rows = conn.execute(f"SELECT channel_id, {', '.join(_COUNTERS)} FROM channel_counters").fetchall()
-        return {str(r[0]): ChannelCounters(**dict(zip(_COUNTERS, (int(str(v)) for v in r[1:])))) for r in rows}
+            rows = conn.execute(f"SELECT channel_id, {', '.join(COUNTERS)} FROM channel_counters").fetchall()
+        return {str(r[0]): ChannelCounters(**dict(zip(COUNTERS, (int(str(v)) for v in r[1:])))) for r in rows}
 
     # ---- secrets (sealed) -----------------------------------------------------------
 
@@ -618,22 +601,6 @@ class ChannelRepo:
                 " project_id = excluded.project_id, updated_at = excluded.updated_at",
                 (session_id, remote_session_id, user_id, project_id, self._clock()),
             )
-
-
-def _bump(conn: apsw.Connection, channel_id: str, counter: str, by: int = 1) -> None:
-    if counter not in _COUNTERS:
-        raise ValueError(counter)
-    conn.execute(
-        f"INSERT INTO channel_counters(channel_id, {counter}) VALUES (?, ?)"
-        f" ON CONFLICT(channel_id) DO UPDATE SET {counter} = {counter} + excluded.{counter}",
-        (channel_id, by),
-    )
-
-
-def _count_change(conn: apsw.Connection, channel_id: str, old: str | None, new: str) -> None:
-    """A row reached a final status: its counter goes up once (never again for that row)."""
-    if new != "received" and old in (None, "received") and new != old:
-        _bump(conn, channel_id, new)
 
 
 def _entry(row: InboxRow) -> ChannelLogEntry:
