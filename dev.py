@@ -2,7 +2,7 @@
 """One small script for the two fresh-machine commands (needs only Python 3.11+).
 
     python3 dev.py demo [args...]   create .venv, install, run the stdio demo client
-    python3 dev.py test [pytest args...]   create .venv, install with test extras, run the tests
+    python3 dev.py test [pytest args...]   create .venv, install with test extras, run the tests (2 workers)
     python3 dev.py typecheck         create .venv with test extras, run mypy (strict on sidecar/, protocol/)
     python3 dev.py gen               regenerate protocol/generated/ (JSON Schema, TypeScript, client)
     python3 dev.py bench NAME        run tools/bench/NAME.py
@@ -10,7 +10,9 @@
 
 The virtual environment lives in ``.venv`` next to this file (``VENV`` overrides it).
 ``test`` and ``gen`` also install the pinned TypeScript compiler into
-``tools/electron/node_modules`` (``npm ci``) when npm is on PATH.
+``tools/electron/node_modules`` (``npm ci``) when npm is on PATH; ``test`` also fetches the
+examples of the pinned agent-client-protocol sdist into the venv (real ACP agents the tests
+run), so no test reaches the network.
 """
 
 from __future__ import annotations
@@ -51,6 +53,45 @@ def ensure_venv(extras: str = "") -> None:
     stamp.touch()
 
 
+ACP_SDIST = "agent-client-protocol"
+ACP_EXAMPLES = VENV / "share" / "acp-sdk-examples"
+"""The ``examples/`` of the agent-client-protocol sdist pinned in constraints.txt: real ACP
+agents we did not write, run by tests/test_acp_real_agents.py. Fetched here, at install
+time, so the tests never reach the network."""
+
+
+def ensure_acp_examples() -> None:
+    pin = next(
+        (line.strip() for line in (ROOT / "constraints.txt").read_text().splitlines()
+         if line.lower().startswith(f"{ACP_SDIST}==")),
+        None,
+    )
+    if pin is None:
+        return
+    stamp = ACP_EXAMPLES / ".version"
+    if stamp.exists() and stamp.read_text() == pin:
+        return
+    import tarfile
+    import tempfile
+
+    with tempfile.TemporaryDirectory() as where:
+        download = [PY, "-m", "pip", "download", "--quiet", "--disable-pip-version-check", "--no-deps",
+                    "--no-binary", ":all:", "-d", where, pin]
+        archives = sorted(Path(where).glob("agent_client_protocol-*.tar.gz")) if run(*download) == 0 else []
+        if not archives:
+            print(f"could not download the {pin} sdist: tests/test_acp_real_agents.py will skip", file=sys.stderr)
+            return
+        shutil.rmtree(ACP_EXAMPLES, ignore_errors=True)
+        ACP_EXAMPLES.mkdir(parents=True)
+        with tarfile.open(archives[0]) as tar:
+            for member in tar.getmembers():
+                parts = Path(member.name).parts
+                if member.isfile() and len(parts) > 2 and parts[1] == "examples" and member.name.endswith(".py"):
+                    member.name = "/".join(parts[2:])
+                    tar.extract(member, ACP_EXAMPLES, filter="data")
+    stamp.write_text(pin)
+
+
 def ensure_node_tools() -> None:
     """``npm ci`` in tools/electron when its lockfile changed; without npm the TypeScript
     tests say so and skip."""
@@ -68,6 +109,14 @@ def ensure_node_tools() -> None:
     stamp.touch()
 
 
+def workers(args: list[str]) -> list[str]:
+    """pytest-xdist's ``-n 2`` (one worker per core of the 2-core machine the suite is sized
+    for) unless the arguments choose (``-n N``, ``-n 0``, ``-p no:xdist``)."""
+    chosen = any(a.startswith(("-n", "--numprocesses", "--dist")) or a == "no:xdist" for a in args)
+    count = min(os.cpu_count() or 1, 2)
+    return [] if chosen or count < 2 else ["-n", str(count)]
+
+
 def main(argv: list[str]) -> int:
     cmd, rest = (argv[0], argv[1:]) if argv else ("test", [])
     if cmd == "demo":
@@ -75,8 +124,9 @@ def main(argv: list[str]) -> int:
         return run(PY, ROOT / "tools" / "demo.py", *rest)
     if cmd == "test":
         ensure_venv("test")
+        ensure_acp_examples()
         ensure_node_tools()
-        code = run(PY, "-m", "pytest", *rest)
+        code = run(PY, "-m", "pytest", *workers(rest), *rest)
         if code == 5:  # no tests collected: nothing ran, which is not a pass
             print("pytest collected no tests", file=sys.stderr)
         return code

@@ -4,10 +4,20 @@
         await server.script({"text": "hello", "delay_ms": 20})
         ... base URL: server.base_url (OpenAI-compatible, ends in /v1)
         bodies = await server.requests()
+
+The server processes are shared by the tests of one pytest process: one that a test is
+done with waits, idle, for the next ``scripted_provider()``, which resets it first
+(``/_reset``: a fresh server's queue, log, request count and config, and it refuses the
+completions of connections accepted before the reset, so no test sees a request of the
+one before). What must stay true: a server is used by one block at a time, and every
+server is killed when the process exits.
 """
 
 from __future__ import annotations
 
+import atexit
+import select
+import subprocess
 import sys
 from collections.abc import AsyncIterator
 from contextlib import asynccontextmanager
@@ -55,20 +65,57 @@ class ScriptedServer:
             (await client.post(f"{self.root}/_reset", json={})).raise_for_status()
 
 
+IDLE_KEEP = 2
+"""Idle servers kept for reuse (a test may use two at once)."""
+_idle: list[tuple[subprocess.Popen[bytes], int]] = []
+_started: list[subprocess.Popen[bytes]] = []
+
+
 @asynccontextmanager
 async def scripted_provider() -> AsyncIterator[ScriptedServer]:
-    process = await anyio.open_process([sys.executable, str(SCRIPT), "--port", "0"])
+    process, port = _idle.pop() if _idle else await anyio.to_thread.run_sync(_start)
+    server = ScriptedServer(port)
+    reusable = False
+    try:
+        await server.reset()
+        yield server
+        reusable = True
+    finally:
+        if reusable and process.poll() is None and len(_idle) < IDLE_KEEP:
+            _idle.append((process, port))
+        else:
+            _stop(process)
+
+
+def _start() -> tuple[subprocess.Popen[bytes], int]:
+    process = subprocess.Popen([sys.executable, str(SCRIPT), "--port", "0"], stdout=subprocess.PIPE)
+    _started.append(process)
     try:
         assert process.stdout is not None
-        with anyio.fail_after(10):
-            line = b""
-            while not line.endswith(b"\n"):
-                line += await process.stdout.receive(64)
-        port = int(line.split()[1])
-        yield ScriptedServer(port)
-    finally:
-        with anyio.CancelScope(shield=True):
-            process.kill()
-            with anyio.move_on_after(5):
-                await process.wait()
-            await process.aclose()
+        ready, _, _ = select.select([process.stdout], [], [], 10)
+        line = process.stdout.readline() if ready else b""
+        if not line.startswith(b"PORT "):
+            raise RuntimeError(f"the scripted provider did not start: {line!r}")
+        return process, int(line.split()[1])
+    except BaseException:
+        _stop(process)
+        raise
+
+
+def _stop(process: subprocess.Popen[bytes]) -> None:
+    if process.poll() is None:
+        process.kill()
+    try:
+        process.wait(timeout=5)
+    except subprocess.TimeoutExpired:
+        pass
+    if process.stdout is not None:
+        process.stdout.close()
+    if process in _started:
+        _started.remove(process)
+
+
+@atexit.register
+def _stop_all() -> None:
+    for process in list(_started):
+        _stop(process)

@@ -1,8 +1,5 @@
-"""Spawn ``python -m sidecar`` as a subprocess and speak NDJSON JSON-RPC to it, as Electron does.
-
-A test helper shared by every end-to-end test. It is deliberately independent of
-``sidecar.rpc`` (plain ``json``, its own line splitting) so a bug in the peer cannot hide
-itself from the tests.
+"""Drive the real sidecar and speak NDJSON JSON-RPC to it, as Electron does: in process
+(the default) or as a ``python -m sidecar`` subprocess. Shared by every end-to-end test.
 
     async with spawn_sidecar(tmp_path) as proc:
         info = await proc.call("sidecar:initialize", {})
@@ -13,10 +10,57 @@ itself from the tests.
         await proc.close()          # sidecar:shutdown, then asserts exit code 0
     proc.assert_all_jsonrpc()       # every stdout line was a JSON-RPC 2.0 message
 
-What must stay true: every wait is bounded (``timeout`` seconds, default 10); stdout and
-stderr are always drained (a child never blocks on a full pipe); the child is killed when
-the ``async with`` block exits, whatever happened in it; every stdout line is recorded raw
-in ``lines`` in arrival order.
+Two ways to run it, one API (``SidecarProcess``):
+
+- **in process** (the default): the real server (``sidecar.server.serve``: the same
+  Server, App, peer and framing module) runs as a task of the test's event loop over a
+  pair of in-memory byte streams (tests/sidecar_inprocess.py). Lines are still NDJSON
+  bytes, split by the sidecar's own ``LineReader`` and written by its ``LineWriter``;
+  the config is built by ``sidecar.config.build_config`` from the same arguments and
+  environment a subprocess would get; the sidecar's log records go to ``stderr`` in the
+  process's format. No interpreter to start and nothing to import again: an in-process
+  sidecar is ready in a fraction of the time a process takes.
+- **subprocess**: ``python -m sidecar --data-dir DATA_DIR ARGS...`` with pipes, for what
+  only a process shows: exit codes and signals, stdio framing and fd guarding, a kill
+  and the crash recovery after it, cold start, resource limits, the bundle, environment
+  variables, and everything under tests/security/.
+
+Which one runs, first rule that applies:
+1. ``spawn_sidecar(..., subprocess=True/False)``;
+2. a subprocess when the call itself needs one: ``command=``, ``waiting=``, an ``env=``
+   entry that is not one of the sidecar's settings (``sidecar.config.ENV_VARS``; e.g. a
+   provider key variable, HOME, PYTHONPATH), a secret key fd, or a command line the
+   sidecar refuses (its exit code 2 is the behaviour);
+3. ``CHAT_SIDECAR_TEST_SUBPROCESS=1`` in the environment: every sidecar is a subprocess
+   (to check that a test passes both ways);
+4. in a test of the suite (tests/conftest.py sets it per test): in process, except for a
+   test marked ``@pytest.mark.sidecar_subprocess`` (on the test, or ``pytestmark`` for a
+   module) and every test under tests/security/;
+5. otherwise (benchmarks in tools/bench/, scripts) a subprocess, as they measure one.
+In process, what only a process has (``pid``, ``process``, ``send_signal``,
+``vm_hwm_kib``) raises ``NeedsSubprocess``: mark that test.
+
+As subprocesses today: test_e2e_foundation.py and test_cold_start.py (marked modules);
+test_supervision_e2e.py and test_tools_mcp_exit.py (``spawn_sidecar_under``: signals,
+parent death, exit deadlines); test_bundle_smoke.py and the stray-output test (their own
+``command``); the SIGKILL-then-restart tests (marked one by one: chat, replies, knowledge
+bases, citations, sync, forwarded turns, the tool loop); the nesting tests near Python's
+recursion limit in test_wire_bounds_e2e.py (the stack the server runs on is the
+process's); the tests that give the sidecar environment variables (the OS keychain, the
+ACP environment allow-list) or a key fd; and tests/security/. Everything else runs in process.
+
+Sound under pytest-xdist (``python3 dev.py test`` runs 2 workers): every server of a test
+binds port 0 on loopback, data dirs are ``tmp_path`` (per worker), the shared scripted
+providers (tests/scripted_server.py) are per process, and no test writes into the work
+tree.
+
+What must stay true, both ways: every wait is bounded (``timeout`` seconds, default 10);
+output is always drained (the sidecar never blocks on a full pipe); the sidecar is
+killed (in process: its task cancelled) when the ``async with`` block exits, whatever
+happened in it; every stdout line is recorded raw in ``lines`` in arrival order; and when
+the block exits without an exception, every line the sidecar sent is checked against
+``protocol/generated/schema.json`` (tests/wire_contract.py) and a line outside the
+contract fails the test, naming the line and the schema path.
 """
 
 from __future__ import annotations
@@ -27,15 +71,37 @@ import sys
 from collections.abc import AsyncIterator, Callable, Mapping, Sequence
 from contextlib import asynccontextmanager
 from pathlib import Path
-from typing import Any
+from typing import TYPE_CHECKING, Any
 
 import anyio
 import anyio.abc
 import msgspec
 
+import sidecar_inprocess
+from sidecar_inprocess import InProcessServer, NeedsSubprocess, in_process_config, in_process_env
+from wire_contract import check_wire_contract
+
+if TYPE_CHECKING:
+    from sidecar.config import Config
+
 ROOT = Path(__file__).resolve().parent.parent
 DEFAULT_TIMEOUT = 10.0
 STDERR_KEEP = 256 * 1024
+SUBPROCESS_ENV = "CHAT_SIDECAR_TEST_SUBPROCESS"
+"""Set to 1: every ``spawn_sidecar`` starts a subprocess."""
+DEFAULT_ENV = {
+    "CHAT_SIDECAR_LOG_LEVEL": "INFO",
+    "CHAT_SIDECAR_KEYCHAIN": "off",  # never the developer's own keychain
+}
+"""Set unless the environment or the test's ``env`` says otherwise."""
+
+_in_process_default = False
+"""Rule 4 above: tests/conftest.py sets it for each test (``set_in_process_default``)."""
+
+
+def set_in_process_default(in_process: bool) -> None:
+    global _in_process_default
+    _in_process_default = in_process
 
 
 class CallError(Exception):
@@ -109,18 +175,30 @@ def sidecar_command(data_dir: str | os.PathLike[str], *args: str) -> list[str]:
 
 
 class SidecarProcess:
-    """A running sidecar subprocess. Create it with ``spawn_sidecar``."""
+    """A running sidecar, in process or a subprocess. Create it with ``spawn_sidecar``."""
 
-    def __init__(self, process: anyio.abc.Process, stdin: anyio.abc.ByteSendStream | None = None) -> None:
-        self.process = process
-        self.stdin = stdin if stdin is not None else process.stdin
-        """Our end of the child's stdin."""
+    def __init__(
+        self,
+        stdin: anyio.abc.ObjectSendStream[bytes] | anyio.abc.ByteSendStream,
+        stdout: anyio.abc.ObjectReceiveStream[bytes] | anyio.abc.ByteReceiveStream,
+        *,
+        process: anyio.abc.Process | None = None,
+        server: InProcessServer | None = None,
+    ) -> None:
+        self.stdin = stdin
+        """Our end of the sidecar's stdin."""
+        self.in_process = process is None
+        self._process = process
+        self._server = server
+        self._stdout = stdout
         self.lines: list[bytes] = []
         """Every stdout line (without the newline), in arrival order."""
         self.messages: list[Any] = []
         """Every stdout line parsed with json (a line that is not JSON is recorded as _NotJson)."""
+        self.sent = bytearray()
+        """Every byte written to the sidecar's stdin, in order (its lines are the requests)."""
         self.stderr = bytearray()
-        """The last STDERR_KEEP bytes of the child's stderr (logs)."""
+        """The last STDERR_KEEP bytes of the sidecar's stderr (its log lines)."""
         self._next_id = 1
         self._changed = anyio.Event()
         self._stdout_closed = False
@@ -133,7 +211,7 @@ class SidecarProcess:
         data = line.encode() if isinstance(line, str) else line
         if not data.endswith(b"\n"):
             data += b"\n"
-        assert self.stdin is not None
+        self.sent += data
         await self.stdin.send(data)
 
     async def send(self, message: Any) -> None:
@@ -198,6 +276,13 @@ class SidecarProcess:
                     raise EOFError(f"sidecar stdout closed; stderr tail:\n{self.stderr_text()[-4000:]}")
                 await self._changed.wait()
 
+    async def wait_stderr(self, text: str, *, count: int = 1, timeout: float = DEFAULT_TIMEOUT) -> None:
+        """Until ``text`` occurs ``count`` times in the stderr kept so far (log lines of the
+        sidecar and, drained into them, of its children). Raises TimeoutError."""
+        with anyio.fail_after(timeout):
+            while self.stderr_text().count(text) < count:
+                await self._changed.wait()
+
     async def response(self, request_id: Any, *, timeout: float = DEFAULT_TIMEOUT) -> dict[str, Any]:
         """The (non-batch) response whose id is ``request_id``."""
         _, message = await self.wait_for(
@@ -259,15 +344,25 @@ class SidecarProcess:
     # ---- lifecycle ----------------------------------------------------------------
 
     @property
+    def process(self) -> anyio.abc.Process:
+        """The subprocess (subprocess mode only)."""
+        if self._process is None:
+            raise NeedsSubprocess("proc.process")
+        return self._process
+
+    @property
     def pid(self) -> int:
         return self.process.pid
 
     @property
     def returncode(self) -> int | None:
+        """The exit code once it has ended. In process: 0 when the server returned, 1 when
+        it failed (the traceback is in ``stderr``), -9 when it was cancelled (killed)."""
+        if self._server is not None:
+            return self._server.returncode
         return self.process.returncode
 
     async def close_stdin(self) -> None:
-        assert self.stdin is not None
         await self.stdin.aclose()
 
     def send_signal(self, sig: int) -> None:
@@ -275,6 +370,8 @@ class SidecarProcess:
 
     async def wait_exit(self, timeout: float = DEFAULT_TIMEOUT) -> int:
         with anyio.fail_after(timeout):
+            if self._server is not None:
+                return await self._server.wait()
             return await self.process.wait()
 
     async def close(self, *, timeout: float = DEFAULT_TIMEOUT, expect_code: int = 0) -> None:
@@ -310,10 +407,9 @@ class SidecarProcess:
         self._changed = anyio.Event()
 
     async def _read_stdout(self) -> None:
-        assert self.process.stdout is not None
         buffer = bytearray()
         try:
-            async for chunk in self.process.stdout:
+            async for chunk in self._stdout:
                 buffer += chunk
                 if b"\n" not in chunk:
                     continue
@@ -337,13 +433,19 @@ class SidecarProcess:
         except ValueError:
             self.messages.append(_NotJson(line))
 
+    def _add_stderr(self, chunk: bytes) -> None:
+        """Keep ``chunk`` (on the event loop's thread)."""
+        self.stderr += chunk
+        if len(self.stderr) > STDERR_KEEP:
+            del self.stderr[: len(self.stderr) - STDERR_KEEP]
+        self._wake()
+
     async def _read_stderr(self) -> None:
-        assert self.process.stderr is not None
+        stream = self.process.stderr
+        assert stream is not None
         try:
-            async for chunk in self.process.stderr:
-                self.stderr += chunk
-                if len(self.stderr) > STDERR_KEEP:
-                    del self.stderr[: len(self.stderr) - STDERR_KEEP]
+            async for chunk in stream:
+                self._add_stderr(chunk)
         except (anyio.EndOfStream, anyio.ClosedResourceError, anyio.BrokenResourceError):
             pass
 
@@ -365,34 +467,67 @@ async def spawn_sidecar(
     env: Mapping[str, str] | None = None,
     command: Sequence[str] | None = None,
     waiting: bytes = b"",
+    subprocess: bool | None = None,
 ) -> AsyncIterator[SidecarProcess]:
-    """Start ``python -m sidecar --data-dir DATA_DIR ARGS...`` and yield a SidecarProcess.
+    """Start the sidecar with ``--data-dir DATA_DIR ARGS...`` and yield a SidecarProcess.
 
-    ``env`` entries are added to the current environment. ``waiting``: bytes already in
-    the child's stdin when it starts (as when a host writes its first requests right
-    after the spawn). On exit the child is killed if it is still running (tests that
-    expect a clean exit call ``close()`` or ``assert_exit()`` inside the block).
+    ``env`` entries are added to the current environment. ``command``: the command line
+    of a subprocess instead of ``python -m sidecar``. ``waiting``: bytes already in the
+    child's stdin when it starts (as when a host writes its first requests right after
+    the spawn). ``subprocess``: True/False chooses the mode; None: the rules of the module
+    docstring. On exit the sidecar is killed if it is still running (tests that expect a
+    clean exit call ``close()`` or ``assert_exit()`` inside the block); then, if the block
+    raised nothing, its output is checked against the wire contract.
     """
     full_env = dict(os.environ)
-    full_env.setdefault("CHAT_SIDECAR_LOG_LEVEL", "INFO")
-    full_env.setdefault("CHAT_SIDECAR_KEYCHAIN", "off")  # never the developer's own keychain
+    for key, value in DEFAULT_ENV.items():
+        full_env.setdefault(key, value)
     if env:
         full_env.update(env)
-    cmd = list(command) if command is not None else sidecar_command(data_dir, *args)
+    config = None
+    if not _wants_subprocess(subprocess, env, command, waiting):
+        config = in_process_config(data_dir, args, full_env)
+    opened: Any
+    if config is not None:
+        opened = run_in_process(config)
+    else:
+        cmd = list(command) if command is not None else sidecar_command(data_dir, *args)
+        opened = _run_subprocess(cmd, full_env, waiting)
+    async with opened as proc:
+        yield proc
+    check_wire_contract(proc)
+
+
+def _wants_subprocess(
+    chosen: bool | None, env: Mapping[str, str] | None, command: Sequence[str] | None, waiting: bytes
+) -> bool:
+    if chosen is not None:
+        return chosen
+    if command is not None or waiting or not in_process_env(env or {}):
+        return True
+    return os.environ.get(SUBPROCESS_ENV, "") not in ("", "0") or not _in_process_default
+
+
+@asynccontextmanager
+async def _run_subprocess(cmd: list[str], env: dict[str, str], waiting: bytes) -> AsyncIterator[SidecarProcess]:
     stdin: anyio.abc.ByteSendStream | None = None
     if waiting:
         read_end, write_end = os.pipe()
         os.write(write_end, waiting)  # smaller than a pipe's buffer
         try:
-            process = await anyio.open_process(cmd, env=full_env, cwd=ROOT, stdin=read_end)
+            process = await anyio.open_process(cmd, env=env, cwd=ROOT, stdin=read_end)
         finally:
             os.close(read_end)
         from sidecar.rpc.stdio import FdSendStream
 
         stdin = FdSendStream(write_end)
     else:
-        process = await anyio.open_process(cmd, env=full_env, cwd=ROOT)
-    proc = SidecarProcess(process, stdin)
+        process = await anyio.open_process(cmd, env=env, cwd=ROOT)
+    assert process.stdout is not None
+    proc_stdin = stdin if stdin is not None else process.stdin
+    assert proc_stdin is not None
+    proc = SidecarProcess(proc_stdin, process.stdout, process=process)
+    proc.sent += waiting
     try:
         async with anyio.create_task_group() as tg:
             tg.start_soon(proc._read_stdout)
@@ -416,10 +551,37 @@ async def spawn_sidecar(
             await process.aclose()
 
 
+@asynccontextmanager
+async def run_in_process(config: Config) -> AsyncIterator[SidecarProcess]:
+    if sidecar_inprocess.busy():
+        raise NeedsSubprocess("a second sidecar while one runs in process")
+    (stdin, stdout), (server_receive, server_send) = InProcessServer.streams()
+    proc: SidecarProcess
+    server = InProcessServer(config, lambda data: proc._add_stderr(data))
+    proc = SidecarProcess(stdin, stdout, server=server)
+    try:
+        async with anyio.create_task_group() as tg:
+            tg.start_soon(proc._read_stdout)
+            tg.start_soon(server.run, server_receive, server_send)
+            try:
+                yield proc
+            finally:
+                with anyio.CancelScope(shield=True):
+                    server.kill()
+                    await server.wait()
+                tg.cancel_scope.cancel()
+    finally:
+        with anyio.CancelScope(shield=True):
+            for stream in (stdin, stdout, server_receive, server_send):
+                await stream.aclose()
+
+
 __all__ = [
     "CallError",
+    "NeedsSubprocess",
     "SidecarProcess",
     "jsonrpc_problem",
+    "set_in_process_default",
     "sidecar_command",
     "spawn_sidecar",
 ]

@@ -106,7 +106,7 @@ async def spawn_sidecar_under(data_dir: Path, *args: str, via_parent: bool) -> A
     command = None
     if via_parent:
         command = [sys.executable, "-c", _INTERMEDIATE, *sidecar_command(data_dir, *args)]
-    async with spawn_sidecar(data_dir, *args, command=command) as proc:
+    async with spawn_sidecar(data_dir, *args, command=command, subprocess=True) as proc:
         pid = proc.pid
         if via_parent:
             with anyio.fail_after(20):

@@ -441,8 +441,8 @@ async def test_regenerate_and_edit_use_session_fork_or_fail_clearly(tmp_path: Pa
         # deleting the session closes its agent sessions (the engine advertises close)
         await proc.call("chat:session:delete", {"id": session["id"]})
         with anyio.fail_after(10):
-            while not all(f"closed sess-{n}" in proc.stderr_text() for n in (1, 2, 3)):
-                await proc.call("provider:list", {})  # a round trip lets the log reach us
+            for n in (1, 2, 3):
+                await proc.wait_stderr(f"closed sess-{n}")
 
         plain = await add_engine(proc, name="Plain")
         session = await acp_session(proc, plain["id"])

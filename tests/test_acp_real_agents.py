@@ -1,16 +1,16 @@
 """ACP against agents we did not write: the examples of the ``agent-client-protocol`` sdist.
 
-The sdist (0.12.1) is fetched with ``pip download`` once per test session into a temporary
-directory; its ``examples/echo_agent.py`` and ``examples/agent.py`` run as subprocesses
+``python3 dev.py test`` fetches the sdist pinned in constraints.txt at install time and
+keeps its ``examples/`` in the venv (``<venv>/share/acp-sdk-examples``); the tests never
+reach the network. ``examples/echo_agent.py`` and ``examples/agent.py`` run as subprocesses
 with this venv's Python (the package itself is installed through the test extras). The
-tests skip, saying why, only when the download fails (no access to PyPI).
+tests skip, saying why, only when the examples are not there (an install that did not
+go through dev.py, or one without access to PyPI).
 """
 
 from __future__ import annotations
 
-import subprocess
 import sys
-import tarfile
 from pathlib import Path
 
 import pytest
@@ -20,29 +20,16 @@ from sidecar_proc import spawn_sidecar
 
 pytestmark = pytest.mark.anyio
 
-SDIST = "agent-client-protocol==0.12.1"
+EXAMPLES = Path(sys.prefix) / "share" / "acp-sdk-examples"
 
 
 @pytest.fixture(scope="session")
-def acp_examples(tmp_path_factory: pytest.TempPathFactory) -> Path:
+def acp_examples() -> Path:
     pytest.importorskip("acp", reason="agent-client-protocol is not installed (pip install -e '.[test]')")
-    where = tmp_path_factory.mktemp("acp-sdist")
-    result = subprocess.run(
-        [sys.executable, "-m", "pip", "download", "--no-deps", "--no-binary", ":all:",
-         "--disable-pip-version-check", "-q", "-d", str(where), SDIST],
-        capture_output=True,
-        text=True,
-        timeout=180,
-    )
-    archives = list(where.glob("agent_client_protocol-*.tar.gz"))
-    if result.returncode != 0 or not archives:
-        pytest.skip(f"could not download the {SDIST} sdist: {result.stderr.strip()[-500:]}")
-    with tarfile.open(archives[0]) as tar:
-        members = [m for m in tar.getmembers() if "/examples/" in m.name and m.name.endswith(".py")]
-        tar.extractall(where, members=members, filter="data")
-    examples = next(where.glob("agent_client_protocol-*/examples"))
-    assert (examples / "echo_agent.py").is_file() and (examples / "agent.py").is_file()
-    return examples
+    if not (EXAMPLES / "echo_agent.py").is_file():
+        pytest.skip(f"the agent-client-protocol sdist examples are not in {EXAMPLES} (python3 dev.py test fetches them)")
+    assert (EXAMPLES / "agent.py").is_file()
+    return EXAMPLES
 
 
 async def _engine(proc, script: Path, name: str) -> dict:

@@ -234,6 +234,7 @@ async def test_twenty_sessions_stream_at_once(tmp_path):
         await proc.close()
 
 
+@pytest.mark.sidecar_subprocess  # a SIGKILL, and the restart after it
 async def test_sigkill_mid_stream_leaves_an_aborted_reply_with_its_partial_text(tmp_path):
     async with scripted_provider() as server:
         async with spawn_sidecar(tmp_path) as proc:

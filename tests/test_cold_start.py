@@ -17,7 +17,7 @@ from sidecar_proc import SidecarProcess, spawn_sidecar
 
 from protocol.errors import ErrorCode
 
-pytestmark = pytest.mark.anyio
+pytestmark = [pytest.mark.anyio, pytest.mark.sidecar_subprocess]  # the cold start before the event loop, the modules a fresh process loads
 
 
 async def test_the_first_answers_import_no_heavy_module(tmp_path: Path) -> None:

@@ -21,9 +21,7 @@ pytestmark = pytest.mark.anyio
 
 
 async def wait_log(proc: SidecarProcess, text: str) -> None:
-    with anyio.fail_after(15):
-        while text not in proc.stderr_text():
-            await proc.call("provider:list", {})  # a round trip lets the log reach us
+    await proc.wait_stderr(text, timeout=15)
 
 
 async def test_plain_turns_continue_one_agent_session(tmp_path: Path) -> None:

@@ -298,10 +298,14 @@ async def test_import_replace_takes_the_delete_path(tmp_path: Path) -> None:
         old_files = entries(data)
         assert len(old_files) == 1
 
-        # the race: a reply streams, 0.6 s later an import replaces the session
+        # the race: a reply streams (about 4 s), and once its text flows an import replaces the session
         await server.script({"text": "word " * 400, "delay_ms": 10})
         running = await send(proc, session["id"], "go on")
-        await anyio.sleep(0.6)
+        await proc.wait_for(
+            lambda m: isinstance(m, dict) and m.get("method") == "chat:stream"
+            and m["params"]["messageId"] == running["messageId"]
+            and m["params"]["type"] == "text_delta"
+        )
         document = {
             "session": {**exported["session"], "workspaceDir": str(outside)},
             "messages": [m for m in exported["messages"] if m["role"] == "user"][:1],
@@ -384,9 +388,7 @@ async def test_import_replace_ends_paused_replies_and_closes_agent_sessions(tmp_
         document = {"session": {**exported["session"], "activeLeafId": None},
                     "messages": [m for m in exported["messages"] if m["role"] == "user"]}
         await proc.call("chat:session:import", {**document, "replace": True})
-        with anyio.fail_after(20):
-            while "closed sess-1" not in proc.stderr_text():
-                await proc.call("provider:list", {})  # a round trip lets the log reach us
+        await proc.wait_stderr("closed sess-1", timeout=20)
         # the next turn starts a new agent session (the replaced one is gone)
         sent, final = await send_and_wait(proc, agent["id"], "after the import")
         assert final["type"] == "stream_end"

@@ -138,7 +138,10 @@ async def _no_stranded_pause(proc: SidecarProcess, sid: str) -> None:
     assert not [m for m in stored if m["status"] in ("streaming", "pending")]
 
 
-@pytest.mark.parametrize("interleaving", ["denied", "answered", "abort", "second send", "restart"])
+@pytest.mark.parametrize(
+    "interleaving",
+    ["denied", "answered", "abort", "second send", pytest.param("restart", marks=pytest.mark.sidecar_subprocess)],
+)
 async def test_decisions_during_the_steps_auto_tools_never_strand_the_reply(tmp_path: Path, interleaving: str) -> None:
     ws = tmp_path / "ws"
     ws.mkdir()
@@ -386,6 +389,7 @@ async def test_null_clears_and_absent_keeps_in_every_update(tmp_path: Path) -> N
 # ---- titles that were due ---------------------------------------------------------------
 
 
+@pytest.mark.sidecar_subprocess  # a SIGKILL, and the restart after it
 async def test_a_session_killed_after_its_first_reply_gets_its_title_at_the_next_start(tmp_path: Path) -> None:
     data = tmp_path / "data"
     async with scripted_provider() as server:

@@ -21,7 +21,7 @@ from protocol import METHODS, PROTOCOL_VERSION, ErrorCode, InitializeResult
 from sidecar.errors import PeerClosed, RemoteError
 from sidecar.rpc import JsonRpcPeer
 
-pytestmark = pytest.mark.anyio
+pytestmark = [pytest.mark.anyio, pytest.mark.sidecar_subprocess]  # exit codes, signals, stdio framing and fd guarding, memory peaks
 
 
 async def test_spawn_initialize_errors_and_shutdown(tmp_path: Path) -> None:

@@ -151,6 +151,7 @@ async def test_a_document_deleted_while_it_is_embedded(tmp_path: Path) -> None:
         await proc.close()
 
 
+@pytest.mark.sidecar_subprocess  # a SIGKILL, and the restart after it
 async def test_sigkill_during_embedding_leaves_no_vectors_and_a_restart_resumes(tmp_path: Path) -> None:
     data = tmp_path / "data"
     async with embedding_server() as server:

@@ -342,6 +342,7 @@ async def test_a_reply_paused_for_approval_keeps_its_citations_and_continues_the
         await proc.close()
 
 
+@pytest.mark.sidecar_subprocess  # a SIGKILL, and the restart after it
 async def test_a_reply_killed_while_streaming_keeps_the_citations_it_announced(tmp_path: Path) -> None:
     data = tmp_path / "data"
     async with scripted_provider() as chat, embedding_server() as embeddings:

@@ -225,9 +225,8 @@ async def test_memories_missing_vectors_are_embedded_after_a_restart(tmp_path: P
             await assistant(proc, "walker", rag=True,
                             embeddingModel={"providerId": provider["id"], "modelId": "embed-1"})
             kept = await proc.call("memory:create", {"text": "The user walks the dog at seven.", "scope": "walker"})
-            with anyio.fail_after(20):  # the background embedding failed and said so
-                while "embedding memories of scope walker" not in proc.stderr_text():
-                    await anyio.sleep(0.05)
+            # the background embedding failed and said so
+            await proc.wait_stderr("embedding memories of scope walker", timeout=20)
             assert (await active(proc, "walker"))[0]["embeddingModels"] == []
             await proc.close()
         await embeddings.config(status=None)

@@ -34,9 +34,7 @@ async def exchange(proc: SidecarProcess, sid: str, text: str) -> str:
 
 
 async def wait_log(proc: SidecarProcess, needle: str, count: int = 1, timeout: float = 20) -> None:
-    with anyio.fail_after(timeout):
-        while proc.stderr_text().count(needle) < count:
-            await anyio.sleep(0.05)
+    await proc.wait_stderr(needle, count=count, timeout=timeout)
 
 
 async def wait_memories(proc: SidecarProcess, scope: str, count: int, timeout: float = 20) -> list[dict[str, Any]]:

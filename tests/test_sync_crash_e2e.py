@@ -26,6 +26,7 @@ async def check_whole(proc, server_counts: dict[str, int]) -> list[dict]:
     return sessions
 
 
+@pytest.mark.sidecar_subprocess  # a SIGKILL, and the restart after it
 async def test_sigkill_during_a_pull_then_restart_and_pull_again(tmp_path):
     async with qiming_server() as server:
         await server.control("seed", {"count": COUNT, "messages": PER})

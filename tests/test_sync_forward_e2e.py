@@ -255,6 +255,7 @@ async def test_the_computer_api_drives_a_turn(tmp_path):
         await proc.close()
 
 
+@pytest.mark.sidecar_subprocess  # a SIGKILL, and the restart after it
 async def test_restart_during_a_forwarded_turn_leaves_it_aborted_with_its_text(tmp_path):
     async with qiming_server() as server:
         async with spawn_sidecar(tmp_path) as proc:

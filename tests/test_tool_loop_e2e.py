@@ -290,6 +290,7 @@ async def test_new_send_supersedes_a_paused_reply(tmp_path):
         await proc.close()
 
 
+@pytest.mark.sidecar_subprocess  # a SIGKILL, and the restart after it
 async def test_crash_while_a_tool_runs_gets_a_cancelled_result(tmp_path):
     ws = tmp_path / "ws"
     ws.mkdir()

@@ -73,6 +73,7 @@ async def still_serving(proc: SidecarProcess, session_id: str | None = None) -> 
 # ---- nesting depth -----------------------------------------------------------------------
 
 
+@pytest.mark.sidecar_subprocess  # nesting near Python's recursion limit: the server's own stack, as in a process
 async def test_deep_channel_meta_is_refused_naming_the_field_and_nothing_is_poisoned(tmp_path: Path) -> None:
     async with spawn_sidecar(tmp_path) as proc:
         await proc.call("sidecar:initialize", {})
@@ -98,6 +99,7 @@ async def test_deep_channel_meta_is_refused_naming_the_field_and_nothing_is_pois
     assert "Traceback" not in proc.stderr_text()
 
 
+@pytest.mark.sidecar_subprocess  # nesting near Python's recursion limit: the server's own stack, as in a process
 async def test_deep_provider_body_and_tool_inputs_are_refused(tmp_path: Path) -> None:
     async with spawn_sidecar(tmp_path) as proc:
         await proc.call("sidecar:initialize", {})
