@@ -15,7 +15,7 @@ from chat_helpers import configure_provider
 from scripted_server import scripted_provider
 from sidecar_proc import SidecarProcess, spawn_sidecar
 
-pytestmark = pytest.mark.anyio
+pytestmark = [pytest.mark.anyio, pytest.mark.sidecar_subprocess]  # over the subprocess, as the host runs it
 
 REPLY = "channel:reply"
 

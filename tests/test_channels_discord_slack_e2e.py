@@ -28,7 +28,7 @@ from scripted_server import scripted_provider
 from sidecar_proc import SidecarProcess, spawn_sidecar
 from test_channels_telegram_e2e import connected
 
-pytestmark = pytest.mark.anyio
+pytestmark = [pytest.mark.anyio, pytest.mark.sidecar_subprocess]  # over the subprocess, as the host runs it
 
 CODE = "```js\n" + "\n".join(f"console.log({i}); // line {i}" for i in range(400)) + "\n```"
 

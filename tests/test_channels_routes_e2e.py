@@ -17,7 +17,7 @@ from compat_helpers import v1_sidecar
 from scripted_server import scripted_provider
 from sidecar_proc import CallError, SidecarProcess, spawn_sidecar
 
-pytestmark = pytest.mark.anyio
+pytestmark = [pytest.mark.anyio, pytest.mark.sidecar_subprocess]  # over the subprocess, as the host runs it
 
 REPLY = "channel:reply"
 

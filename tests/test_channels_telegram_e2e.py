@@ -18,7 +18,7 @@ from platform_fakes import TELEGRAM_TOKEN, FakeTelegram, fake_telegram, utf16_le
 from scripted_server import scripted_provider
 from sidecar_proc import CallError, SidecarProcess, spawn_sidecar
 
-pytestmark = pytest.mark.anyio
+pytestmark = [pytest.mark.anyio, pytest.mark.sidecar_subprocess]  # over the subprocess, as the host runs it
 
 TABLE = "| city | people |\n|---|---|\n" + "\n".join(f"| city_{i} | {i * 1000} |" for i in range(260))
 CODE = "```python\n" + "\n".join(f"print({i})  # line {i} (a.b)" for i in range(220)) + "\n```"
