@@ -96,6 +96,8 @@ class FakeTelegram:
         """The next send answers 429 with this retry_after."""
         self.limited = 0
         self.drop_next_poll = False
+        self.dropped = 0
+        """Long polls cut off mid-answer so far."""
         self.polls = 0
         self._ids = itertools.count(1)
         self._update_ids = itertools.count(100)
@@ -202,6 +204,7 @@ class FakeTelegram:
         pending = self._pending()
         if self.drop_next_poll and pending:
             self.drop_next_poll = False
+            self.dropped += 1
             body = json.dumps({"ok": True, "result": pending}).encode()
 
             async def cut() -> AsyncIterator[bytes]:

@@ -93,7 +93,8 @@ async def test_discord_gateway_reply_split_resume_and_rate_limits(tmp_path: Path
         await server.script({"text": "missed but answered"})
         await fake.drop()
         await fake.post(fake.message("<@9001> are you there?"))
-        await fake.connected.wait()
+        with anyio.fail_after(30):
+            await fake.connected.wait()
         await answered(proc, "dc", 2)
         assert fake.resumes == 1 and fake.identifies == 1
         assert fake.contents().count("missed but answered") == 1
@@ -109,7 +110,8 @@ async def test_discord_gateway_reply_split_resume_and_rate_limits(tmp_path: Path
         # an invalid session: a new IDENTIFY (after Discord's 1-5 s)
         await fake.send_op(9, False)
         await wait_until(lambda: fake.identifies == 2)
-        await fake.connected.wait()
+        with anyio.fail_after(30):
+            await fake.connected.wait()
         # a reconnect request: resumed at once
         await fake.send_op(7)
         await wait_until(lambda: fake.resumes == 2)
@@ -173,7 +175,8 @@ async def test_slack_socket_mode_acks_redeliveries_and_disconnects(tmp_path: Pat
         # Slack asks for a new socket: the client opens one; a 429 on the reply is waited out
         await fake.disconnect("refresh_requested")
         await wait_until(lambda: fake.sockets == 2)
-        await fake.connected.wait()
+        with anyio.fail_after(30):
+            await fake.connected.wait()
         fake.limit_next = 1.0
         await server.script({"text": "after the refresh"})
         await fake.post(fake.event("<@UBOT> still there?", kind="app_mention"))

@@ -82,7 +82,7 @@ class ConnectionManager:
     async def load(self, configs: dict[str, ChannelConfig]) -> None:
         for channel_id in await self._store.run(lambda s: s.channels.wanted_connections()):
             config = configs.get(channel_id)
-            if config is not None and config.connection.kind != "host":
+            if config is not None and config.enabled and config.connection.kind != "host":
                 try:
                     await self._start(config)
                 except EngineError as exc:
@@ -93,8 +93,8 @@ class ConnectionManager:
             raise EngineError(f"channel {config.id!r} has no connection of its own (connection.kind is host)")
         if not config.enabled:
             raise EngineError(f"channel {config.id!r} is disabled")
+        await self._start(config)  # EngineError (no credentials) before the wish is stored
         await self._store.run(lambda s: s.channels.set_connection(config.id, connect=True))
-        await self._start(config)
         return self.status(config.id) or ChannelConnectionStatus(state="connecting")
 
     async def disconnect(self, channel_id: str) -> ChannelConnectionStatus:
