@@ -1,4 +1,5 @@
-"""``channel:*``: IM conversations (Feishu/Lark, DingTalk, WeCom, WeChat, Slack, a plain host).
+"""``channel:*``: IM conversations (Feishu/Lark, DingTalk, WeCom, WeChat, Slack, Telegram, Discord,
+a plain host).
 
 The sidecar never talks to an IM platform. The host (the Electron main process or a gateway)
 receives the platform's events and hands each message in with ``channel:message``; the
@@ -16,6 +17,16 @@ from __future__ import annotations
 
 from typing import Any, Literal, Union
 
+import msgspec
+
+from protocol.channel_state import (
+    ChannelConnection,
+    ChannelConnectionStatus,
+    ChannelCounters,
+    ChannelCredentials,
+    ConnectionKind,
+    ConnectionState,
+)
 from protocol.common import EmptyParams, IdParams, MethodSpec, SuccessResult
 from protocol.types import Struct
 
@@ -51,9 +62,28 @@ __all__ = [
     "ReplyChunk",
     "ChannelReplyParams",
     "ChannelAckParams",
+    "StrangerAction",
+    "LogStatus",
+    "RemoteAgentAuth",
+    "LocalRoute",
+    "AssistantRoute",
+    "AcpRoute",
+    "RemoteAgentRoute",
+    "ChannelRoute",
+    "ChannelCounters",
+    "ChannelMessagesParams",
+    "ChannelLogEntry",
+    "ChannelMessagesResult",
+    "ConnectionKind",
+    "ConnectionState",
+    "ChannelConnection",
+    "ChannelCredentials",
+    "ChannelConnectionStatus",
 ]
 
-ChannelPlatform = Literal["feishu", "lark", "dingtalk", "wecom", "wechat", "slack", "plain"]
+ChannelPlatform = Literal[
+    "feishu", "lark", "dingtalk", "wecom", "wechat", "slack", "telegram", "discord", "plain"
+]
 """``plain``: any other host (a terminal, a test gateway) that takes plain text."""
 ChatType = Literal["private", "group"]
 ChannelScope = Literal["chat", "chat_sender", "thread"]
@@ -66,25 +96,38 @@ GroupTrigger = Literal["mention", "always"]
 """In group chats: answer only messages that mention the bot (others are stored without a
 reply), or answer every message."""
 ChannelDialect = Literal[
-    "feishu_card", "feishu_post", "dingtalk_md", "wecom_md", "slack_mrkdwn", "slack_blocks", "plain"
+    "feishu_card", "feishu_post", "dingtalk_md", "wecom_md", "slack_mrkdwn", "slack_blocks", "telegram_md",
+    "discord_md", "plain",
 ]
 """What a reply's Markdown is rendered to: Feishu card (JSON 2.0 rich text) or post ``md``
 Markdown, DingTalk Markdown, WeCom Markdown, Slack mrkdwn (text) or mrkdwn section blocks,
-plain text."""
-SizeUnit = Literal["chars", "utf8_bytes", "json_bytes"]
-"""How a chunk's size is measured: characters, UTF-8 bytes, or the UTF-8 bytes of the chunk as
-a JSON string (escapes counted; Feishu's limit is on the request body)."""
+Telegram MarkdownV2 (send with ``parse_mode: "MarkdownV2"``), Discord Markdown, plain text."""
+SizeUnit = Literal["chars", "utf8_bytes", "json_bytes", "utf16_units"]
+"""How a chunk's size is measured: characters, UTF-8 bytes, the UTF-8 bytes of the chunk as
+a JSON string (escapes counted; Feishu's limit is on the request body), or UTF-16 code units
+(what JavaScript's ``length`` counts: Telegram and Discord)."""
 InboundType = Literal["text", "rich", "card", "image", "file", "audio", "video", "sticker", "other"]
 AttachmentKind = Literal["image", "file", "audio", "video"]
 DeliveryKind = Literal["send", "edit", "delete"]
 """``send`` a new platform message; ``edit`` (stream mode) replace the content of the message
 sent by delivery ``editOf``; ``delete`` recall that message (a streamed message the final
 reply no longer needs)."""
-MessageAction = Literal["reply", "store", "new_session", "duplicate", "throttled", "ignored"]
+MessageAction = Literal["reply", "store", "new_session", "duplicate", "throttled", "ignored", "refused"]
 """What ``channel:message`` does with a message: answer it; store it without a reply (a group
-message that does not mention the bot); start a new session (``/new``); nothing (already
-received); store it without a reply because the chat is cooling down (loop guard); nothing
-(the bot's own message, or no content)."""
+message that does not address the bot, or a stranger's with ``strangers: "store"``); start a
+new session (``/new``); nothing (already received); store it without a reply because the chat
+is cooling down (loop guard); nothing (the bot's own message, or no content); nothing but
+the message log (a stranger's message, ``strangers: "refuse"``)."""
+StrangerAction = Literal["refuse", "store"]
+"""A message from someone the channel does not answer (not in ``allowedUsers``, not in an
+``allowedGroups`` chat): ``refuse`` keeps it only in the message log (``channel:messages``);
+``store`` also stores it in the chat's session without a reply (the model sees it as part of
+the conversation when an allowed user asks)."""
+LogStatus = Literal["received", "replied", "ignored", "refused", "failed"]
+"""A logged message: ``received`` (queued or being answered), ``replied`` (answered; the
+reply's own delivery state is on the reply message), ``ignored`` (stored without a reply or
+not stored, ``reason`` says why), ``refused`` (a stranger's), ``failed`` (not answered:
+``reason``)."""
 
 
 class ChannelLimits(Struct, forbid_unknown_fields=True, kw_only=True):
@@ -119,6 +162,13 @@ class ChannelRate(Struct, forbid_unknown_fields=True, kw_only=True):
     loop_window_ms: int | None = None
     loop_cooldown_ms: int | None = None
     """While a chat cools down its messages are stored without a reply."""
+    chat_messages_per_minute: int | None = None
+    """Platform messages per minute into one private chat, on top of the channel's rate;
+    0 = no limit of its own (Telegram: 60, one a second)."""
+    group_messages_per_minute: int | None = None
+    """The same for one group chat (Telegram: 20; Discord: 60, five per five seconds)."""
+    chat_burst: int | None = None
+    """Messages that may go at once into one chat; 1..100."""
 
 
 class ChannelDeliveryPolicy(Struct, forbid_unknown_fields=True, kw_only=True):
@@ -131,6 +181,66 @@ class ChannelDeliveryPolicy(Struct, forbid_unknown_fields=True, kw_only=True):
     retry_backoff_ms: int | None = None
     """Wait before the second attempt, doubled for each further one (capped at 5 min);
     0..600,000 (default 2 s)."""
+
+
+class RemoteAgentAuth(Struct, forbid_unknown_fields=True, kw_only=True):
+    """How the remote agent service is authenticated (05-CHANNELS ``auth``). The token is
+    sealed at rest like an API key; the sidecar shows it as ``***``, and ``***`` sent back
+    keeps the stored one."""
+
+    type: Literal["bearer", "api-key", "custom-header"]
+    """``bearer``: ``Authorization: Bearer <token>``; ``api-key``: ``x-api-key: <token>``
+    (what the V1 endpoint and the Qiming server's SandboxAgentClient use);
+    ``custom-header``: ``<headerName>: <token>``."""
+    token: str
+    header_name: str | None = None
+    """``custom-header`` only: an HTTP header name (not Host, Content-Length and the like)."""
+
+
+class _Route(Struct, tag_field="type", forbid_unknown_fields=True, kw_only=True):
+    """Base of the ChannelRoute union (tagged by ``type``)."""
+
+
+class LocalRoute(_Route, tag="local", forbid_unknown_fields=True, kw_only=True):
+    """The local chat engine with the channel's ``providerId``/``modelId``/``systemPrompt``
+    (the default)."""
+
+
+class AssistantRoute(_Route, tag="assistant", forbid_unknown_fields=True, kw_only=True):
+    """An assistant profile (``assistant:*``): the channel's sessions get its system prompt,
+    knowledge bases, memory, Soul.md and tools."""
+
+    assistant_id: str
+
+
+class AcpRoute(_Route, tag="acp", forbid_unknown_fields=True, kw_only=True):
+    """An ACP agent engine (a provider of type ``acp-engine``) runs every turn."""
+
+    provider_id: str
+    workspace_dir: str | None = None
+    """The agent's working directory (absolute); default: the data dir's own."""
+
+
+class RemoteAgentRoute(_Route, tag="remote-agent", forbid_unknown_fields=True, kw_only=True):
+    """Another agent service's V1 API (05-CHANNELS §4.1): ``POST {serviceUrl}{chatEndpoint}``,
+    then its progress stream ``GET {serviceUrl}{progressEndpoint}`` (SSE)."""
+
+    service_url: str
+    """http(s) base URL of the service, e.g. ``https://testagent.example.com``."""
+    auth: RemoteAgentAuth | None = None
+    chat_endpoint: str = "/computer/chat"
+    progress_endpoint: str = "/computer/progress/{session_id}"
+    """The placeholder in braces (as in the default) is replaced by the session id the chat
+    call answered."""
+    cancel_endpoint: str = "/computer/agent/session/cancel"
+    """Called (the V1 user, project and session ids in the query) when the reply is aborted."""
+    idle_timeout_ms: int = 120_000
+    """A progress stream silent this long is re-attached (the V1 endpoint pings every 30 s);
+    10,000..3,600,000."""
+
+
+ChannelRoute = Union[LocalRoute, AssistantRoute, AcpRoute, RemoteAgentRoute]
+"""Where a channel's messages go (``route``)."""
 
 
 class ChannelConfigUpsertParams(Struct, forbid_unknown_fields=True, kw_only=True):
@@ -158,12 +268,35 @@ class ChannelConfigUpsertParams(Struct, forbid_unknown_fields=True, kw_only=True
     ``＜`` or ``＠`` so no platform turns it into a mention (a reply is model output). On:
     the reply's text is sent as rendered."""
     provider_id: str | None = None
-    """Provider and model of the sessions this channel creates (default: provider:setDefault)."""
+    """Provider and model of the sessions this channel creates (default: provider:setDefault);
+    routes ``local`` and ``assistant`` (the assistant's own model otherwise)."""
     model_id: str | None = None
     system_prompt: str | None = None
     limits: ChannelLimits | None = None
     rate: ChannelRate | None = None
     delivery: ChannelDeliveryPolicy | None = None
+    route: ChannelRoute | None = None
+    """Where the messages go (default ``{"type": "local"}``). A chat whose session was made
+    for another route gets a new session at its next message."""
+    allowed_users: list[str] | None = None
+    """Sender ids answered in any chat (at most 1,000)."""
+    allowed_groups: list[str] | None = None
+    """Group chat ids in which everyone is answered (at most 1,000)."""
+    allow_everyone: bool = False
+    """Answer everyone. Off by default: a channel answers only ``allowedUsers`` and the
+    members of ``allowedGroups`` (with neither: nobody), because a reply can use the tools
+    of this computer (workspace, MCP servers, an ACP agent)."""
+    strangers: StrangerAction = "refuse"
+    trigger_keyword: str | None = None
+    """In groups, a message containing this word addresses the bot as a mention does
+    (case-insensitive; taken out of the text when the message starts with it); 1..64
+    characters."""
+    max_concurrent: int = 5
+    """Replies of this channel running at once (others wait, in arrival order, also across a
+    restart); 1..64."""
+    connection: ChannelConnection | None = None
+    """Default ``{"kind": "host"}``."""
+    credentials: ChannelCredentials | None = None
 
 
 class ChannelConfig(Struct, omit_defaults=False, kw_only=True):
@@ -185,8 +318,23 @@ class ChannelConfig(Struct, omit_defaults=False, kw_only=True):
     limits: ChannelLimits
     rate: ChannelRate
     delivery: ChannelDeliveryPolicy
+    route: ChannelRoute = msgspec.field(default_factory=LocalRoute)
+    allowed_users: list[str] | None = None
+    allowed_groups: list[str] | None = None
+    allow_everyone: bool = False
+    strangers: StrangerAction = "refuse"
+    trigger_keyword: str | None = None
+    max_concurrent: int = 5
     can_edit: bool = False
     """Whether the platform can edit sent messages (reply mode ``stream`` needs it)."""
+    connection: ChannelConnection = msgspec.field(default_factory=ChannelConnection)
+    credentials: ChannelCredentials = msgspec.field(default_factory=ChannelCredentials)
+    """Set ones as ``***``."""
+    counters: ChannelCounters | None = None
+    """``channel:config:list`` and ``channel:config:get``: the channel's counts."""
+    status: ChannelConnectionStatus | None = None
+    """``channel:config:list`` and ``channel:config:get``, for a channel with a connection of
+    its own."""
     created_at: int
     updated_at: int
 
@@ -328,6 +476,8 @@ class ChannelReplyParams(Struct, omit_defaults=False, kw_only=True):
     thread_id: str | None = None
     reply_to: str | None = None
     """The platform message id this answers (to quote or thread the reply)."""
+    chat_type: ChatType | None = None
+    """The chat's type (per-chat rate limits differ for groups)."""
     session_id: str
     message_id: str | None = None
     """The assistant message in the session (None for a command's confirmation)."""
@@ -356,6 +506,48 @@ class ChannelAckParams(Struct, forbid_unknown_fields=True, kw_only=True):
     """The platform's id of the (first) message sent, kept for the record."""
 
 
+class ChannelMessagesParams(Struct, forbid_unknown_fields=True, kw_only=True):
+    """``channel:messages``: a channel's message log, newest first."""
+
+    channel: str
+    status: LogStatus | None = None
+    chat_id: str | None = None
+    before: str | None = None
+    """``nextBefore`` of the previous page."""
+    limit: int = 50
+    """1..500."""
+
+
+class ChannelLogEntry(Struct, omit_defaults=False, kw_only=True):
+    """One received message (kept for the channel's dedup window, at least 24 h)."""
+
+    inbox_id: str
+    chat_id: str
+    chat_type: ChatType | None = None
+    thread_id: str | None = None
+    message_id: str | None = None
+    """The platform's message id."""
+    sender_id: str | None = None
+    sender_name: str | None = None
+    text: str | None = None
+    """The start of the message's clean text (at most 500 characters)."""
+    action: MessageAction
+    status: LogStatus
+    reason: str | None = None
+    """Why it was ignored, refused or failed."""
+    session_id: str | None = None
+    user_message_id: str | None = None
+    reply_message_id: str | None = None
+    received_at: int
+    updated_at: int
+
+
+class ChannelMessagesResult(Struct, omit_defaults=False, kw_only=True):
+    entries: list[ChannelLogEntry]
+    next_before: str | None = None
+    """Pass as ``before`` for the next (older) page; None: no more."""
+
+
 METHODS: dict[str, MethodSpec] = {
     "channel:message": MethodSpec(
         ChannelMessageParams, ChannelMessageResult,
@@ -373,6 +565,15 @@ METHODS: dict[str, MethodSpec] = {
     ),
     "channel:config:delete": MethodSpec(
         IdParams, SuccessResult, "Delete a channel; its open deliveries fail, its sessions stay."
+    ),
+    "channel:connect": MethodSpec(
+        IdParams, ChannelConnectionStatus,
+        "Open the channel's own connection (kept across restarts until channel:disconnect).",
+    ),
+    "channel:disconnect": MethodSpec(IdParams, ChannelConnectionStatus, "Close the channel's own connection."),
+    "channel:messages": MethodSpec(
+        ChannelMessagesParams, ChannelMessagesResult,
+        "A channel's message log (received, replied, ignored, refused, failed, with reasons), paged.",
     ),
 }
 """The methods of this domain (see ``protocol.methods``)."""

@@ -55,7 +55,7 @@ or ``acp`` (an agent engine's permission request)."""
 
 NoticeCode = Literal[
     "acp_session_replaced", "acp_history_unavailable", "acp_history_kept", "acp_content_not_sent",
-    "stream_unsupported", "context_trimmed",
+    "stream_unsupported", "context_trimmed", "remote_content_not_sent", "remote_permission_unanswered",
 ]
 """``acp_session_replaced``: the agent could not reload the conversation after a restart and
 starts a new agent session without the earlier turns; ``acp_history_unavailable``: the agent
@@ -66,7 +66,10 @@ branch): the agent cannot go back, so the later turns stay in its context;
 message (e.g. images) that the agent does not accept were left out; ``stream_unsupported``:
 the endpoint refused to stream this model, so it is asked for whole replies from now on (the
 model's ``stream`` became false); ``context_trimmed``: older messages were left out of this
-request so it fits the model's context window (the notice says how many)."""
+request so it fits the model's context window (the notice says how many);
+``remote_content_not_sent``: a remote agent (a channel's remote-agent route) gets the user
+message's text only, its attachments were left out; ``remote_permission_unanswered``: the
+remote agent asked for a permission a channel cannot answer."""
 
 
 class StreamToolCall(Struct, kw_only=True):

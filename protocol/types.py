@@ -167,9 +167,11 @@ class UsageTotals(Struct, omit_defaults=False, kw_only=True):
     """Replies (or side calls) counted."""
 
 
-SessionMode = Literal["direct", "acp", "server"]
+SessionMode = Literal["direct", "acp", "server", "remote"]
 """``direct``: the sidecar calls the model; ``acp``: an agent engine subprocess runs the turn;
-``server``: the turn is forwarded to the Qiming server the session is linked to."""
+``server``: the turn is forwarded to the Qiming server the session is linked to; ``remote``:
+the turn goes to another agent service's V1 API (a channel's ``remote-agent`` route; such
+sessions are made by channels only)."""
 MessageRole = Literal["system", "user", "assistant", "tool"]
 MessageStatus = Literal["pending", "streaming", "completed", "error", "aborted", "paused"]
 """``paused``: the reply waits for a tool-call approval (``chat:tool:approve``); it is not

@@ -51,6 +51,8 @@ Attributes:
               endpoint (off until compat:start; stopped first on exit).
     channels: ChannelService (sidecar/channels/service.py): channel:*; its workers stop on
               exit before the chat engine does (their turns and deliveries resume on restart).
+              The replies of its remote-agent route (mode 'remote' sessions):
+              RemoteAgentHandler (sidecar/channels/remote.py), the chat engine's ``remote``.
     knowledge: KnowledgeService (sidecar/retrieval/service.py): kb:*, background ingestion,
               the retriever of the KnowledgeRetrieval transformer and the knowledge_search tool.
     sync:     SyncService (sidecar/sync/service.py): server:*, sync:*, server:conversation:*,
@@ -101,6 +103,8 @@ if TYPE_CHECKING:
     from protocol.types import SearchResult, SessionV2
     from sidecar.acp.engines import AcpEngines
     from sidecar.acp.types import AgentFeatures
+    from protocol.channels import ChannelConfig
+    from sidecar.channels.remote import RemoteAgentHandler
     from sidecar.channels.service import ChannelService
     from sidecar.compat.service import CompatService
     from sidecar.engine.acp_turn import AcpTurnHandler
@@ -232,7 +236,9 @@ async def open_app(
         # engine aborts on exit
         await _open_sync(app, stack)
         await _open_memory(app, stack)  # before the chat engine: it closes after the engine
+        remote = _open_remote_agents(app, stack)  # before the chat engine, as sync
         await _open_chat(app, stack)
+        app.chat.remote = remote
         await _open_forwarding(app, stack)
         _open_context(app)
         from sidecar.skills.service import open_skills
@@ -280,6 +286,7 @@ _SERVICE_MODULES = (
     "sidecar.store.assistants",
     "sidecar.compat.service",
     "sidecar.channels.service",
+    "sidecar.channels.remote",
     "sidecar.retrieval.service",
     "sidecar.sync.service",
     "sidecar.sync.forward",
@@ -513,8 +520,24 @@ async def _open_channels(app: App, stack: AsyncExitStack) -> None:
         notify=app.notify,
         attachments=app.attachments,
         task_group=task_group,
+        remote_agents=app.chat.remote is not None,
     )
+    stack.push_async_callback(app.channels.aclose)  # its connections stop first
     await app.channels.load()
+
+
+def _open_remote_agents(app: App, stack: AsyncExitStack) -> RemoteAgentHandler:
+    """Mode 'remote' replies (a channel's remote-agent route). Entered before the chat
+    engine: its HTTP client must outlive the turns the engine aborts on exit."""
+    from sidecar.channels.remote import RemoteAgentHandler
+
+    def config_of(channel_id: str) -> ChannelConfig | None:
+        channels: ChannelService | None = getattr(app, "channels", None)
+        return channels.config(channel_id) if channels is not None else None
+
+    handler = RemoteAgentHandler(app.store, config_of)
+    stack.push_async_callback(handler.aclose)
+    return handler
 
 
 def _assistant_for(app: App) -> AssistantFor:

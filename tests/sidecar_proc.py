@@ -47,7 +47,10 @@ parent death, exit deadlines); test_bundle_smoke.py and the stray-output test (t
 bases, citations, sync, forwarded turns, the tool loop); the nesting tests near Python's
 recursion limit in test_wire_bounds_e2e.py (the stack the server runs on is the
 process's); the tests that give the sidecar environment variables (the OS keychain, the
-ACP environment allow-list) or a key fd; and tests/security/. Everything else runs in process.
+ACP environment allow-list) or a key fd; the IM channel tests of connections, access and
+routes (test_channels_telegram_e2e, test_channels_discord_slack_e2e, test_channels_access_e2e,
+test_channels_routes_e2e: the host's own mode, a SIGKILL-then-restart, a remote agent killed
+mid-turn); and tests/security/. Everything else runs in process.
 
 Sound under pytest-xdist (``python3 dev.py test`` runs 2 workers): every server of a test
 binds port 0 on loopback, data dirs are ``tmp_path`` (per worker), the shared scripted

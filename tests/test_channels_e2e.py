@@ -30,7 +30,8 @@ _md = MarkdownIt("commonmark").enable(["table"])
 
 async def channel(proc: SidecarProcess, **fields: Any) -> dict[str, Any]:
     return await proc.call(
-        "channel:config:upsert", {"id": "im", "platform": "feishu", "botUserIds": ["ou_bot"], **fields}
+        "channel:config:upsert",
+        {"id": "im", "platform": "feishu", "botUserIds": ["ou_bot"], "allowEveryone": True, **fields},
     )
 
 
@@ -139,7 +140,7 @@ async def test_a_message_gets_a_reply_split_for_the_platform(tmp_path: Path) -> 
         assert session["channelId"] == "im" and session["title"] == "dingtalk - group - Ops"
         assert session["channelMeta"] == {
             "platform": "dingtalk", "chatId": "oc_group", "chatType": "group", "scope": "chat",
-            "scopeKey": '["chat","oc_group"]', "chatName": "Ops",
+            "scopeKey": '["chat","oc_group"]', "route": "local", "chatName": "Ops",
         }
         listed = await proc.call("chat:session:list", {"channelId": "im"})
         assert [s["id"] for s in listed["sessions"]] == [session_id]
@@ -463,8 +464,41 @@ async def test_bad_input_on_every_method(tmp_path: Path) -> None:
         assert (await call_error(proc, "channel:ack", {"ok": True})).code == -32602
         # channel:config:*
         for bad in (
-            {"id": "x", "platform": "telegram"},
+            {"id": "x", "platform": "matrix"},
             {"id": "bad id!", "platform": "plain"},
+            {"id": "x", "platform": "plain", "maxConcurrent": 0},
+            {"id": "x", "platform": "plain", "triggerKeyword": "  "},
+            {"id": "x", "platform": "plain", "allowedUsers": [""]},
+            {"id": "x", "platform": "plain", "strangers": "answer"},
+            {"id": "x", "platform": "plain", "rate": {"chatBurst": 0}},
+            {"id": "x", "platform": "plain", "route": {"type": "assistant", "assistantId": "no-such"}},
+            {"id": "x", "platform": "plain", "route": {"type": "acp", "providerId": "no-such"}},
+            {"id": "x", "platform": "plain", "route": {"type": "acp", "providerId": "p", "workspaceDir": "rel/dir"}},
+            {"id": "x", "platform": "plain", "route": {"type": "teleport"}},
+            {"id": "x", "platform": "plain", "route": {"type": "remote-agent", "serviceUrl": "ftp://x"}},
+            {"id": "x", "platform": "plain", "route": {"type": "remote-agent", "serviceUrl": "http://u:p@x"}},
+            {"id": "x", "platform": "plain", "route": {"type": "remote-agent", "serviceUrl": "http://x",
+                                                       "progressEndpoint": "/progress"}},
+            {"id": "x", "platform": "plain", "route": {"type": "remote-agent", "serviceUrl": "http://x",
+                                                       "auth": {"type": "custom-header", "token": "t",
+                                                                "headerName": "Host"}}},
+            {"id": "x", "platform": "plain", "route": {"type": "remote-agent", "serviceUrl": "http://x",
+                                                       "auth": {"type": "bearer", "token": "a\nb"}}},
+            {"id": "x", "platform": "plain", "route": {"type": "remote-agent", "serviceUrl": "http://x",
+                                                       "auth": {"type": "bearer", "token": "***"}}},
+            {"id": "x", "platform": "feishu", "connection": {"kind": "telegram_polling"}},
+            {"id": "x", "platform": "telegram", "connection": {"kind": "telegram_polling", "apiBaseUrl": "ftp://x"}},
+            {"id": "x", "platform": "telegram", "connection": {"kind": "telegram_polling", "pollTimeoutS": 0}},
+            {"id": "x", "platform": "telegram", "connection": {"kind": "telegram_polling", "intents": 1}},
+            {"id": "x", "platform": "discord", "connection": {"kind": "discord_gateway", "gatewayUrl": "http://x"}},
+            {"id": "x", "platform": "plain", "connection": {"apiBaseUrl": "https://x"}},
+            {"id": "x", "platform": "plain", "credentials": {"botToken": "t"}},
+            {"id": "x", "platform": "telegram", "connection": {"kind": "telegram_polling"},
+             "credentials": {"appToken": "xapp-1"}},
+            {"id": "x", "platform": "telegram", "connection": {"kind": "telegram_polling"},
+             "credentials": {"botToken": "has space"}},
+            {"id": "x", "platform": "telegram", "connection": {"kind": "telegram_polling"},
+             "credentials": {"botToken": "***"}},
             {"id": "x", "platform": "wecom", "replyMode": "stream"},
             {"id": "x", "platform": "plain", "limits": {"maxMessageSize": 10}},
             {"id": "x", "platform": "plain", "limits": {"maxBlocks": 5}},
@@ -478,6 +512,20 @@ async def test_bad_input_on_every_method(tmp_path: Path) -> None:
         assert (await call_error(proc, "channel:config:get", {"id": "x"})).code == -32001
         assert (await call_error(proc, "channel:config:delete", {"id": "x"})).code == -32001
         assert (await call_error(proc, "channel:config:get", {})).code == -32602
+        # channel:connect / channel:disconnect
+        assert (await call_error(proc, "channel:connect", {"id": "x"})).code == -32001
+        assert (await call_error(proc, "channel:disconnect", {"id": "x"})).code == -32001
+        assert (await call_error(proc, "channel:connect", {"id": "im"})).code == -32003  # host-driven
+        await proc.call("channel:config:upsert", {"id": "tg", "platform": "telegram",
+                                                  "connection": {"kind": "telegram_polling"}})
+        no_token = await call_error(proc, "channel:connect", {"id": "tg"})
+        assert no_token.code == -32003 and "credentials.botToken" in no_token.message
+        assert await proc.call("channel:config:delete", {"id": "tg"}) == {"success": True}
+        # channel:messages
+        assert (await call_error(proc, "channel:messages", {"channel": "x"})).code == -32001
+        assert (await call_error(proc, "channel:messages", {"channel": "im", "limit": 0})).code == -32602
+        assert (await call_error(proc, "channel:messages", {"channel": "im", "status": "odd"})).code == -32602
+        assert (await call_error(proc, "channel:messages", {"channel": "im", "before": ""})).code == -32602
         # a disabled channel refuses messages; a deleted one is unknown
         await channel(proc, enabled=False)
         assert (await call_error(proc, "channel:message", message(message_id="d1"))).code == -32003

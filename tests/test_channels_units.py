@@ -287,7 +287,9 @@ async def test_a_refused_turn_is_stored_and_the_chat_told(tmp_path: Path) -> Non
                 notify=hub.publish, attachments=AttachmentStore(tmp_path), task_group=tg,
             )
             await service.load()
-            await service.upsert_config(msgspec.convert({"id": "c", "platform": "plain"}, ChannelConfigUpsertParams))
+            await service.upsert_config(
+                msgspec.convert({"id": "c", "platform": "plain", "allowEveryone": True}, ChannelConfigUpsertParams)
+            )
             params = msgspec.convert(
                 {"channel": "c", "chatId": "chat", "chatType": "private", "sender": {"id": "u"}, "messageId": "m",
                  "text": "hello", "timestamp": 1},
@@ -325,5 +327,5 @@ def test_scope_keys_titles_and_meta() -> None:
     assert _title(cfg(), params(chatType="private", chatName=None)) == "plain - private - Ann"
     assert _meta(cfg(scope="thread"), threaded, "k") == {
         "platform": "plain", "chatId": "oc_1", "chatType": "group", "scope": "thread", "scopeKey": "k",
-        "chatName": "Ops", "threadId": "t9",
+        "route": "local", "chatName": "Ops", "threadId": "t9",
     }

@@ -86,11 +86,15 @@ export type AuditDecision = "answered" | "approved" | "cancelled" | "denied" | "
 /**
  * What a reply's Markdown is rendered to: Feishu card (JSON 2.0 rich text) or post ``md``
  * Markdown, DingTalk Markdown, WeCom Markdown, Slack mrkdwn (text) or mrkdwn section blocks,
- * plain text.
+ * Telegram MarkdownV2 (send with ``parse_mode: "MarkdownV2"``), Discord Markdown, plain text.
  */
-export type ChannelDialect = "dingtalk_md" | "feishu_card" | "feishu_post" | "plain" | "slack_blocks" | "slack_mrkdwn" | "wecom_md";
+export type ChannelDialect = "dingtalk_md" | "discord_md" | "feishu_card" | "feishu_post" | "plain" | "slack_blocks" | "slack_mrkdwn" | "telegram_md" | "wecom_md";
 /** ``plain``: any other host (a terminal, a test gateway) that takes plain text. */
-export type ChannelPlatform = "dingtalk" | "feishu" | "lark" | "plain" | "slack" | "wechat" | "wecom";
+export type ChannelPlatform = "dingtalk" | "discord" | "feishu" | "lark" | "plain" | "slack" | "telegram" | "wechat" | "wecom";
+/** Where a channel's messages go (``route``). */
+export type ChannelRoute = LocalRoute | AssistantRoute | AcpRoute | RemoteAgentRoute;
+/** ChannelRoute as params accept it (members whose defaulted fields may be left out). */
+export type ChannelRouteInput = LocalRoute | AssistantRoute | AcpRouteInput | RemoteAgentRouteInput;
 /**
  * Which messages share a session: the whole chat, each sender in a chat, or each thread of a
  * chat (messages without a thread id fall back to the chat).
@@ -112,6 +116,15 @@ export type ChatType = "group" | "private";
  * every ``data``, end reason ``EndTurn``, pings every 15 s, the stream closes after a turn).
  */
 export type CompatFlavor = "electron" | "rcoder";
+/**
+ * Who talks to the platform: ``host`` (the host hands messages in with ``channel:message`` and
+ * delivers ``channel:reply``), or a connection the sidecar owns (``channel:connect``): Telegram
+ * long polling (``getUpdates``), the Discord gateway (WebSocket) with its REST API, Slack Socket
+ * Mode (WebSocket) with its Web API. With a connection, replies go out through it and
+ * ``channel:message`` / ``channel:ack`` are refused for the channel.
+ */
+export type ConnectionKind = "discord_gateway" | "host" | "slack_socket" | "telegram_polling";
+export type ConnectionState = "connected" | "connecting" | "disconnected" | "failed";
 export type ConsolidationMode = "auto" | "propose";
 export type ContentPart = TextPart | ImagePart | FilePart | CodePart | ToolUsePart | ToolResultPart | ThinkingPart | StepStartPart | StepFinishPart | DiffPart;
 /** ContentPart as params accept it (members whose defaulted fields may be left out). */
@@ -180,6 +193,13 @@ export type InputPart = TextPart | ImagePart | FilePart;
 /** InputPart as params accept it (members whose defaulted fields may be left out). */
 export type InputPartInput = TextPart | ImagePartInput | FilePartInput;
 /**
+ * A logged message: ``received`` (queued or being answered), ``replied`` (answered; the
+ * reply's own delivery state is on the reply message), ``ignored`` (stored without a reply or
+ * not stored, ``reason`` says why), ``refused`` (a stranger's), ``failed`` (not answered:
+ * ``reason``).
+ */
+export type LogStatus = "failed" | "ignored" | "received" | "refused" | "replied";
+/**
  * ``connecting``: starting or initializing; ``ready``: its tools are offered; ``failed``: the
  * last attempt failed (``error``), the next one starts at ``retryAt``; ``disabled``: ``enabled``
  * is false (no process runs).
@@ -209,11 +229,12 @@ export type MemorySourceKind = "encoder" | "manual" | "tool";
 export type MemoryStatus = "active" | "deleted" | "superseded";
 /**
  * What ``channel:message`` does with a message: answer it; store it without a reply (a group
- * message that does not mention the bot); start a new session (``/new``); nothing (already
- * received); store it without a reply because the chat is cooling down (loop guard); nothing
- * (the bot's own message, or no content).
+ * message that does not address the bot, or a stranger's with ``strangers: "store"``); start a
+ * new session (``/new``); nothing (already received); store it without a reply because the chat
+ * is cooling down (loop guard); nothing (the bot's own message, or no content); nothing but
+ * the message log (a stranger's message, ``strangers: "refuse"``).
  */
-export type MessageAction = "duplicate" | "ignored" | "new_session" | "reply" | "store" | "throttled";
+export type MessageAction = "duplicate" | "ignored" | "new_session" | "refused" | "reply" | "store" | "throttled";
 export type MessageRole = "assistant" | "system" | "tool" | "user";
 /**
  * ``paused``: the reply waits for a tool-call approval (``chat:tool:approve``); it is not
@@ -236,9 +257,12 @@ export type MissedPolicy = "run_once" | "skip";
  * message (e.g. images) that the agent does not accept were left out; ``stream_unsupported``:
  * the endpoint refused to stream this model, so it is asked for whole replies from now on (the
  * model's ``stream`` became false); ``context_trimmed``: older messages were left out of this
- * request so it fits the model's context window (the notice says how many).
+ * request so it fits the model's context window (the notice says how many);
+ * ``remote_content_not_sent``: a remote agent (a channel's remote-agent route) gets the user
+ * message's text only, its attachments were left out; ``remote_permission_unanswered``: the
+ * remote agent asked for a permission a channel cannot answer.
  */
-export type NoticeCode = "acp_content_not_sent" | "acp_history_kept" | "acp_history_unavailable" | "acp_session_replaced" | "context_trimmed" | "stream_unsupported";
+export type NoticeCode = "acp_content_not_sent" | "acp_history_kept" | "acp_history_unavailable" | "acp_session_replaced" | "context_trimmed" | "remote_content_not_sent" | "remote_permission_unanswered" | "stream_unsupported";
 export type ProgressKind = "begin" | "end" | "report";
 /** Chosen by the caller (a number or a string of at most 256 characters). */
 export type ProgressToken = number | string;
@@ -274,20 +298,30 @@ export type SecretsState = "locked" | "ready";
 export type ServerState = "auth_required" | "logged_out" | "ok" | "secrets_locked" | "unconfigured";
 /**
  * ``direct``: the sidecar calls the model; ``acp``: an agent engine subprocess runs the turn;
- * ``server``: the turn is forwarded to the Qiming server the session is linked to.
+ * ``server``: the turn is forwarded to the Qiming server the session is linked to; ``remote``:
+ * the turn goes to another agent service's V1 API (a channel's ``remote-agent`` route; such
+ * sessions are made by channels only).
  */
-export type SessionMode = "acp" | "direct" | "server";
+export type SessionMode = "acp" | "direct" | "remote" | "server";
 export type SessionSortBy = "created_at" | "last_message_at" | "updated_at";
 /**
- * How a chunk's size is measured: characters, UTF-8 bytes, or the UTF-8 bytes of the chunk as
- * a JSON string (escapes counted; Feishu's limit is on the request body).
+ * How a chunk's size is measured: characters, UTF-8 bytes, the UTF-8 bytes of the chunk as
+ * a JSON string (escapes counted; Feishu's limit is on the request body), or UTF-16 code units
+ * (what JavaScript's ``length`` counts: Telegram and Discord).
  */
-export type SizeUnit = "chars" | "json_bytes" | "utf8_bytes";
+export type SizeUnit = "chars" | "json_bytes" | "utf16_units" | "utf8_bytes";
 /**
  * Who wrote a version: ``assistant:soul:set``, the ``soul_update`` tool (approved),
  * ``assistant:soul:revert``, or the import of a Soul.md file of an older version.
  */
 export type SoulSource = "import" | "revert" | "tool" | "user";
+/**
+ * A message from someone the channel does not answer (not in ``allowedUsers``, not in an
+ * ``allowedGroups`` chat): ``refuse`` keeps it only in the message log (``channel:messages``);
+ * ``store`` also stores it in the chat's session without a reply (the model sees it as part of
+ * the conversation when an allowed user asks).
+ */
+export type StrangerAction = "refuse" | "store";
 /**
  * Who wrote a session's ``summary``: the user (``chat:session:update``, an import) or the
  * sidecar (``chat:session:summarize``, the automatic summary).
@@ -428,6 +462,22 @@ export interface AcpEngineConfigInput {
   shutdownTimeoutMs?: number;
 }
 
+/** An ACP agent engine (a provider of type ``acp-engine``) runs every turn. */
+export interface AcpRoute {
+  type: "acp";
+  providerId: string;
+  /** The agent's working directory (absolute); default: the data dir's own. */
+  workspaceDir: string | null;
+}
+
+/** AcpRoute as params accept it: fields with a default may be left out. */
+export interface AcpRouteInput {
+  type: "acp";
+  providerId: string;
+  /** The agent's working directory (absolute); default: the data dir's own. */
+  workspaceDir?: string | null;
+}
+
 export interface AssistantIdParams {
   id: string;
 }
@@ -459,6 +509,15 @@ export interface AssistantProfile {
   isDefault: boolean;
   createdAt: number;
   updatedAt: number;
+}
+
+/**
+ * An assistant profile (``assistant:*``): the channel's sessions get its system prompt,
+ * knowledge bases, memory, Soul.md and tools.
+ */
+export interface AssistantRoute {
+  type: "assistant";
+  assistantId: string;
 }
 
 export interface AssistantSoul {
@@ -555,8 +614,25 @@ export interface ChannelConfig {
   limits: ChannelLimits;
   rate: ChannelRate;
   delivery: ChannelDeliveryPolicy;
+  route: ChannelRoute;
+  allowedUsers: string[] | null;
+  allowedGroups: string[] | null;
+  allowEveryone: boolean;
+  strangers: StrangerAction;
+  triggerKeyword: string | null;
+  maxConcurrent: number;
   /** Whether the platform can edit sent messages (reply mode ``stream`` needs it). */
   canEdit: boolean;
+  connection: ChannelConnection;
+  /** Set ones as ``***``. */
+  credentials: ChannelCredentials;
+  /** ``channel:config:list`` and ``channel:config:get``: the channel's counts. */
+  counters: ChannelCounters | null;
+  /**
+   * ``channel:config:list`` and ``channel:config:get``, for a channel with a connection of
+   * its own.
+   */
+  status: ChannelConnectionStatus | null;
   createdAt: number;
   updatedAt: number;
 }
@@ -592,13 +668,144 @@ export interface ChannelConfigUpsertParams {
    * the reply's text is sent as rendered.
    */
   allowMentions?: boolean;
-  /** Provider and model of the sessions this channel creates (default: provider:setDefault). */
+  /**
+   * Provider and model of the sessions this channel creates (default: provider:setDefault);
+   * routes ``local`` and ``assistant`` (the assistant's own model otherwise).
+   */
   providerId?: string | null;
   modelId?: string | null;
   systemPrompt?: string | null;
   limits?: ChannelLimitsInput | null;
   rate?: ChannelRateInput | null;
   delivery?: ChannelDeliveryPolicyInput | null;
+  /**
+   * Where the messages go (default ``{"type": "local"}``). A chat whose session was made
+   * for another route gets a new session at its next message.
+   */
+  route?: ChannelRouteInput | null;
+  /** Sender ids answered in any chat (at most 1,000). */
+  allowedUsers?: string[] | null;
+  /** Group chat ids in which everyone is answered (at most 1,000). */
+  allowedGroups?: string[] | null;
+  /**
+   * Answer everyone. Off by default: a channel answers only ``allowedUsers`` and the
+   * members of ``allowedGroups`` (with neither: nobody), because a reply can use the tools
+   * of this computer (workspace, MCP servers, an ACP agent).
+   */
+  allowEveryone?: boolean;
+  strangers?: StrangerAction;
+  /**
+   * In groups, a message containing this word addresses the bot as a mention does
+   * (case-insensitive; taken out of the text when the message starts with it); 1..64
+   * characters.
+   */
+  triggerKeyword?: string | null;
+  /**
+   * Replies of this channel running at once (others wait, in arrival order, also across a
+   * restart); 1..64.
+   */
+  maxConcurrent?: number;
+  /** Default ``{"kind": "host"}``. */
+  connection?: ChannelConnectionInput | null;
+  credentials?: ChannelCredentialsInput | null;
+}
+
+/**
+ * A connection the sidecar owns; every endpoint is a base URL (tests and proxies point it
+ * elsewhere).
+ */
+export interface ChannelConnection {
+  kind: ConnectionKind;
+  /**
+   * Telegram ``https://api.telegram.org`` (methods at ``/bot<token>/<method>``, files at
+   * ``/file/bot<token>/<path>``); Discord ``https://discord.com/api/v10``; Slack
+   * ``https://slack.com/api``.
+   */
+  apiBaseUrl: string | null;
+  /** Discord: the gateway (default: what ``GET /gateway/bot`` answers). */
+  gatewayUrl: string | null;
+  /** Telegram: the long poll's ``timeout`` (1..50 s). */
+  pollTimeoutS: number;
+  /**
+   * Discord gateway intents (default: GUILDS, GUILD_MESSAGES, DIRECT_MESSAGES and the
+   * privileged MESSAGE_CONTENT, 37377).
+   */
+  intents: number | null;
+}
+
+/** ChannelConnection as params accept it: fields with a default may be left out. */
+export interface ChannelConnectionInput {
+  kind?: ConnectionKind;
+  /**
+   * Telegram ``https://api.telegram.org`` (methods at ``/bot<token>/<method>``, files at
+   * ``/file/bot<token>/<path>``); Discord ``https://discord.com/api/v10``; Slack
+   * ``https://slack.com/api``.
+   */
+  apiBaseUrl?: string | null;
+  /** Discord: the gateway (default: what ``GET /gateway/bot`` answers). */
+  gatewayUrl?: string | null;
+  /** Telegram: the long poll's ``timeout`` (1..50 s). */
+  pollTimeoutS?: number;
+  /**
+   * Discord gateway intents (default: GUILDS, GUILD_MESSAGES, DIRECT_MESSAGES and the
+   * privileged MESSAGE_CONTENT, 37377).
+   */
+  intents?: number | null;
+}
+
+/** The state of a channel's own connection. */
+export interface ChannelConnectionStatus {
+  state: ConnectionState;
+  /** Why the last attempt failed (state ``failed``). */
+  error: string | null;
+  /**
+   * When the next attempt starts (ms); None in state ``failed``: not retried (the platform
+   * refused the credentials or the configuration), ``channel:connect`` tries again.
+   */
+  retryAt: number | null;
+  /** When the current state began (ms). */
+  since: number | null;
+  /**
+   * The bot's own id as the platform told it (its messages are ignored, its mention
+   * addresses it).
+   */
+  botUserId: string | null;
+}
+
+/** What a channel has received and done since it was created (kept across restarts). */
+export interface ChannelCounters {
+  /** Messages accepted (duplicates not counted). */
+  received: number;
+  replied: number;
+  /**
+   * Stored without a reply or not stored: unaddressed group messages, the bot's own,
+   * empty ones, loop-guard cool-downs.
+   */
+  ignored: number;
+  /** Strangers' messages (access rules). */
+  refused: number;
+  failed: number;
+  /** Redeliveries answered ``duplicate``. */
+  duplicates: number;
+}
+
+/**
+ * The platform's credentials, sealed at rest like API keys; shown as ``***``, and ``***``
+ * sent back keeps the stored value; ``""`` removes it.
+ */
+export interface ChannelCredentials {
+  /** Telegram's bot token, Discord's bot token, Slack's bot token (``xoxb-``). */
+  botToken: string | null;
+  /** Slack: the app-level token (``xapp-``) Socket Mode connects with. */
+  appToken: string | null;
+}
+
+/** ChannelCredentials as params accept it: fields with a default may be left out. */
+export interface ChannelCredentialsInput {
+  /** Telegram's bot token, Discord's bot token, Slack's bot token (``xoxb-``). */
+  botToken?: string | null;
+  /** Slack: the app-level token (``xapp-``) Socket Mode connects with. */
+  appToken?: string | null;
 }
 
 /** Acknowledgements and retries of ``channel:reply`` deliveries. */
@@ -666,6 +873,29 @@ export interface ChannelLimitsInput {
   dedupWindowMs?: number | null;
 }
 
+/** One received message (kept for the channel's dedup window, at least 24 h). */
+export interface ChannelLogEntry {
+  inboxId: string;
+  chatId: string;
+  chatType: ChatType | null;
+  threadId: string | null;
+  /** The platform's message id. */
+  messageId: string | null;
+  senderId: string | null;
+  senderName: string | null;
+  /** The start of the message's clean text (at most 500 characters). */
+  text: string | null;
+  action: MessageAction;
+  status: LogStatus;
+  /** Why it was ignored, refused or failed. */
+  reason: string | null;
+  sessionId: string | null;
+  userMessageId: string | null;
+  replyMessageId: string | null;
+  receivedAt: number;
+  updatedAt: number;
+}
+
 /**
  * One mention of the message. ``key`` is the placeholder the text holds for it, when the
  * platform uses one (Feishu ``@_user_1``).
@@ -723,6 +953,23 @@ export interface ChannelMessageResult {
   sessionId: string | null;
 }
 
+/** ``channel:messages``: a channel's message log, newest first. */
+export interface ChannelMessagesParams {
+  channel: string;
+  status?: LogStatus | null;
+  chatId?: string | null;
+  /** ``nextBefore`` of the previous page. */
+  before?: string | null;
+  /** 1..500. */
+  limit?: number;
+}
+
+export interface ChannelMessagesResult {
+  entries: ChannelLogEntry[];
+  /** Pass as ``before`` for the next (older) page; None: no more. */
+  nextBefore: string | null;
+}
+
 /** The message this one replies to (a quoted reply). */
 export interface ChannelQuote {
   messageId?: string | null;
@@ -743,6 +990,15 @@ export interface ChannelRate {
   loopWindowMs: number | null;
   /** While a chat cools down its messages are stored without a reply. */
   loopCooldownMs: number | null;
+  /**
+   * Platform messages per minute into one private chat, on top of the channel's rate;
+   * 0 = no limit of its own (Telegram: 60, one a second).
+   */
+  chatMessagesPerMinute: number | null;
+  /** The same for one group chat (Telegram: 20; Discord: 60, five per five seconds). */
+  groupMessagesPerMinute: number | null;
+  /** Messages that may go at once into one chat; 1..100. */
+  chatBurst: number | null;
 }
 
 /** ChannelRate as params accept it: fields with a default may be left out. */
@@ -758,6 +1014,15 @@ export interface ChannelRateInput {
   loopWindowMs?: number | null;
   /** While a chat cools down its messages are stored without a reply. */
   loopCooldownMs?: number | null;
+  /**
+   * Platform messages per minute into one private chat, on top of the channel's rate;
+   * 0 = no limit of its own (Telegram: 60, one a second).
+   */
+  chatMessagesPerMinute?: number | null;
+  /** The same for one group chat (Telegram: 20; Discord: 60, five per five seconds). */
+  groupMessagesPerMinute?: number | null;
+  /** Messages that may go at once into one chat; 1..100. */
+  chatBurst?: number | null;
 }
 
 /**
@@ -773,6 +1038,8 @@ export interface ChannelReplyParams {
   threadId: string | null;
   /** The platform message id this answers (to quote or thread the reply). */
   replyTo: string | null;
+  /** The chat's type (per-chat rate limits differ for groups). */
+  chatType: ChatType | null;
   sessionId: string;
   /** The assistant message in the session (None for a command's confirmation). */
   messageId: string | null;
@@ -1640,6 +1907,14 @@ export interface ListedModel {
   createdAt: number | null;
   /** The provider's ``models`` has it already. */
   configured: boolean;
+}
+
+/**
+ * The local chat engine with the channel's ``providerId``/``modelId``/``systemPrompt``
+ * (the default).
+ */
+export interface LocalRoute {
+  type: "local";
 }
 
 /** Text injected when one of its keywords appears in the recent messages. */
@@ -2679,6 +2954,81 @@ export interface RegexRuleInput {
   ignoreCase?: boolean;
   multiline?: boolean;
   enabled?: boolean;
+}
+
+/**
+ * How the remote agent service is authenticated (05-CHANNELS ``auth``). The token is
+ * sealed at rest like an API key; the sidecar shows it as ``***``, and ``***`` sent back
+ * keeps the stored one.
+ */
+export interface RemoteAgentAuth {
+  /**
+   * ``bearer``: ``Authorization: Bearer <token>``; ``api-key``: ``x-api-key: <token>``
+   * (what the V1 endpoint and the Qiming server's SandboxAgentClient use);
+   * ``custom-header``: ``<headerName>: <token>``.
+   */
+  type: "api-key" | "bearer" | "custom-header";
+  token: string;
+  /** ``custom-header`` only: an HTTP header name (not Host, Content-Length and the like). */
+  headerName: string | null;
+}
+
+/** RemoteAgentAuth as params accept it: fields with a default may be left out. */
+export interface RemoteAgentAuthInput {
+  /**
+   * ``bearer``: ``Authorization: Bearer <token>``; ``api-key``: ``x-api-key: <token>``
+   * (what the V1 endpoint and the Qiming server's SandboxAgentClient use);
+   * ``custom-header``: ``<headerName>: <token>``.
+   */
+  type: "api-key" | "bearer" | "custom-header";
+  token: string;
+  /** ``custom-header`` only: an HTTP header name (not Host, Content-Length and the like). */
+  headerName?: string | null;
+}
+
+/**
+ * Another agent service's V1 API (05-CHANNELS §4.1): ``POST {serviceUrl}{chatEndpoint}``,
+ * then its progress stream ``GET {serviceUrl}{progressEndpoint}`` (SSE).
+ */
+export interface RemoteAgentRoute {
+  type: "remote-agent";
+  /** http(s) base URL of the service, e.g. ``https://testagent.example.com``. */
+  serviceUrl: string;
+  auth: RemoteAgentAuth | null;
+  chatEndpoint: string;
+  /**
+   * The placeholder in braces (as in the default) is replaced by the session id the chat
+   * call answered.
+   */
+  progressEndpoint: string;
+  /** Called (the V1 user, project and session ids in the query) when the reply is aborted. */
+  cancelEndpoint: string;
+  /**
+   * A progress stream silent this long is re-attached (the V1 endpoint pings every 30 s);
+   * 10,000..3,600,000.
+   */
+  idleTimeoutMs: number;
+}
+
+/** RemoteAgentRoute as params accept it: fields with a default may be left out. */
+export interface RemoteAgentRouteInput {
+  type: "remote-agent";
+  /** http(s) base URL of the service, e.g. ``https://testagent.example.com``. */
+  serviceUrl: string;
+  auth?: RemoteAgentAuthInput | null;
+  chatEndpoint?: string;
+  /**
+   * The placeholder in braces (as in the default) is replaced by the session id the chat
+   * call answered.
+   */
+  progressEndpoint?: string;
+  /** Called (the V1 user, project and session ids in the query) when the reply is aborted. */
+  cancelEndpoint?: string;
+  /**
+   * A progress stream silent this long is re-attached (the V1 endpoint pings every 30 s);
+   * 10,000..3,600,000.
+   */
+  idleTimeoutMs?: number;
 }
 
 /** One Slack message: section blocks plus the same content as ``text`` (notifications). */
@@ -4097,8 +4447,14 @@ export interface Methods {
   "channel:config:list": { params: EmptyParams; result: ChannelConfig[] };
   /** Create or replace a channel (platform, scope, reply mode, limits). */
   "channel:config:upsert": { params: ChannelConfigUpsertParams; result: ChannelConfig };
+  /** Open the channel's own connection (kept across restarts until channel:disconnect). */
+  "channel:connect": { params: IdParams; result: ChannelConnectionStatus };
+  /** Close the channel's own connection. */
+  "channel:disconnect": { params: IdParams; result: ChannelConnectionStatus };
   /** An incoming IM message: deduplicated, routed to its chat's session, answered by channel:reply. */
   "channel:message": { params: ChannelMessageParams; result: ChannelMessageResult };
+  /** A channel's message log (received, replied, ignored, refused, failed, with reasons), paged. */
+  "channel:messages": { params: ChannelMessagesParams; result: ChannelMessagesResult };
   /** Stop the running generation of a session. */
   "chat:abort": { params: AbortParams; result: SuccessResult };
   /** Summarize the old part of the active branch now (target size, extra instructions). */
@@ -4430,6 +4786,6 @@ export function isFinalEvent(event: ChatStreamEvent): event is FinalEvent {
   return (FINAL_EVENT_TYPES as readonly string[]).includes(event.type);
 }
 /** Every method of the contract (e.g. a preload's allow-list). */
-export const METHOD_NAMES: readonly MethodName[] = Object.freeze(["assistant:delete", "assistant:get", "assistant:list", "assistant:setDefault", "assistant:soul:get", "assistant:soul:history", "assistant:soul:revert", "assistant:soul:set", "assistant:upsert", "channel:ack", "channel:config:delete", "channel:config:get", "channel:config:list", "channel:config:upsert", "channel:message", "chat:abort", "chat:context:compact", "chat:context:get", "chat:context:update", "chat:editResend", "chat:messages:delete", "chat:messages:get", "chat:messages:page", "chat:messages:search", "chat:messages:searchPage", "chat:messages:select", "chat:messages:tree", "chat:messages:update", "chat:regenerate", "chat:send", "chat:session:archive", "chat:session:create", "chat:session:delete", "chat:session:export", "chat:session:fork", "chat:session:get", "chat:session:import", "chat:session:list", "chat:session:pin", "chat:session:summarize", "chat:session:title", "chat:session:update", "chat:suggest", "chat:tool:approve", "compat:start", "compat:status", "compat:stop", "kb:create", "kb:delete", "kb:document:add", "kb:document:delete", "kb:document:get", "kb:document:list", "kb:document:reindex", "kb:get", "kb:list", "kb:search", "kb:settings:get", "kb:settings:update", "kb:update", "mcp:server:delete", "mcp:server:list", "mcp:server:upsert", "memory:accept", "memory:consolidate", "memory:consolidation:accept", "memory:consolidation:list", "memory:consolidation:reject", "memory:create", "memory:delete", "memory:export", "memory:get", "memory:import", "memory:list", "memory:proposal:list", "memory:purge", "memory:reject", "memory:restore", "memory:search", "memory:settings:get", "memory:settings:update", "memory:stats", "memory:update", "provider:delete", "provider:list", "provider:models", "provider:setDefault", "provider:test", "provider:upsert", "server:chat:pageResult", "server:configure", "server:conversation:delete", "server:conversation:share", "server:conversation:update", "server:logout", "server:session:create", "server:status", "settings:get", "settings:update", "sidecar:initialize", "sidecar:shutdown", "skill:accept", "skill:create", "skill:delete", "skill:export", "skill:get", "skill:import", "skill:list", "skill:proposal:list", "skill:propose", "skill:reject", "skill:settings:get", "skill:settings:update", "skill:update", "storage:gc", "sync:pull", "sync:push", "sync:run", "sync:settings:get", "sync:settings:update", "task:create", "task:delete", "task:get", "task:list", "task:run", "task:runs", "task:settings:get", "task:settings:update", "task:update", "tool:audit:list", "tool:list", "tool:pending:list", "tool:policy:get", "tool:policy:set", "tool:settings:get", "tool:settings:update"] as const);
+export const METHOD_NAMES: readonly MethodName[] = Object.freeze(["assistant:delete", "assistant:get", "assistant:list", "assistant:setDefault", "assistant:soul:get", "assistant:soul:history", "assistant:soul:revert", "assistant:soul:set", "assistant:upsert", "channel:ack", "channel:config:delete", "channel:config:get", "channel:config:list", "channel:config:upsert", "channel:connect", "channel:disconnect", "channel:message", "channel:messages", "chat:abort", "chat:context:compact", "chat:context:get", "chat:context:update", "chat:editResend", "chat:messages:delete", "chat:messages:get", "chat:messages:page", "chat:messages:search", "chat:messages:searchPage", "chat:messages:select", "chat:messages:tree", "chat:messages:update", "chat:regenerate", "chat:send", "chat:session:archive", "chat:session:create", "chat:session:delete", "chat:session:export", "chat:session:fork", "chat:session:get", "chat:session:import", "chat:session:list", "chat:session:pin", "chat:session:summarize", "chat:session:title", "chat:session:update", "chat:suggest", "chat:tool:approve", "compat:start", "compat:status", "compat:stop", "kb:create", "kb:delete", "kb:document:add", "kb:document:delete", "kb:document:get", "kb:document:list", "kb:document:reindex", "kb:get", "kb:list", "kb:search", "kb:settings:get", "kb:settings:update", "kb:update", "mcp:server:delete", "mcp:server:list", "mcp:server:upsert", "memory:accept", "memory:consolidate", "memory:consolidation:accept", "memory:consolidation:list", "memory:consolidation:reject", "memory:create", "memory:delete", "memory:export", "memory:get", "memory:import", "memory:list", "memory:proposal:list", "memory:purge", "memory:reject", "memory:restore", "memory:search", "memory:settings:get", "memory:settings:update", "memory:stats", "memory:update", "provider:delete", "provider:list", "provider:models", "provider:setDefault", "provider:test", "provider:upsert", "server:chat:pageResult", "server:configure", "server:conversation:delete", "server:conversation:share", "server:conversation:update", "server:logout", "server:session:create", "server:status", "settings:get", "settings:update", "sidecar:initialize", "sidecar:shutdown", "skill:accept", "skill:create", "skill:delete", "skill:export", "skill:get", "skill:import", "skill:list", "skill:proposal:list", "skill:propose", "skill:reject", "skill:settings:get", "skill:settings:update", "skill:update", "storage:gc", "sync:pull", "sync:push", "sync:run", "sync:settings:get", "sync:settings:update", "task:create", "task:delete", "task:get", "task:list", "task:run", "task:runs", "task:settings:get", "task:settings:update", "task:update", "tool:audit:list", "tool:list", "tool:pending:list", "tool:policy:get", "tool:policy:set", "tool:settings:get", "tool:settings:update"] as const);
 /** The notifications the sidecar sends. */
 export const SERVER_NOTIFICATIONS: readonly ServerNotificationName[] = Object.freeze(["channel:reply", "chat:session:updated", "chat:stream", "chat:suggestions", "memory_consolidation_proposed", "memory_proposed", "server:status:updated", "sidecar:progress", "skill_proposed", "task_finished", "task_fired"] as const);

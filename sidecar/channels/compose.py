@@ -34,6 +34,8 @@ from sidecar.store.attachments import AttachmentStore
 __all__ = ["compose", "text_chunks", "media_chunks", "reply_text", "EMPTY_REPLY"]
 
 EMPTY_REPLY = "(empty reply)"
+NAME_MENTION_PLATFORMS = frozenset({"telegram"})
+"""Platforms where a plain ``@username`` in a bot's message notifies that user."""
 _SECTION_GAP = "\n\n"
 
 
@@ -49,7 +51,7 @@ def text_chunks(text: str, config: ChannelConfig) -> tuple[list[ReplyChunk], Ren
     dialect = DIALECTS[config.dialect]
     rendered = render_markdown(text, dialect)
     if not config.allow_mentions:
-        neutralize_rendered(rendered)
+        neutralize_rendered(rendered, names=config.platform in NAME_MENTION_PLATFORMS)
     limits = config.limits
     assert limits.max_message_size is not None and limits.size_unit is not None
     if config.dialect != "slack_blocks":

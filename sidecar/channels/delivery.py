@@ -1,11 +1,18 @@
 """Outbox: ``channel:reply`` deliveries sent to the host, acknowledged, retried, or failed.
 
 Owns: one worker per (channel, chat) that sends the chat's stored deliveries in order, each
-after taking its chunks' worth of tokens from the channel's TokenBucket, then waits for
-``channel:ack``. A delivery not acknowledged within ``ackTimeoutMs`` (or refused with
+after taking its chunks' worth of tokens from the channel's TokenBucket and from the chat's
+own (``chatMessagesPerMinute`` / ``groupMessagesPerMinute`` by the chat's type, when set),
+then waits for ``channel:ack``. A delivery not acknowledged within ``ackTimeoutMs`` (or refused with
 ``ok: false``) is sent again with the same delivery id after ``retryBackoffMs`` (doubled per
 attempt, at most 5 min), up to ``maxAttempts`` sends; then it is marked failed (a refusal
 with ``retryable: false`` fails it at once) and the chat's next delivery goes.
+
+A channel with a connection of its own (``connection.kind`` not ``host``) sends through its
+platform sender instead (connections/): the send's outcome stands for the acknowledgement
+(the platform's message id, or a DeliveryError: ``retryable`` or not), an edit or a delete
+addresses the platform message its ``editOf`` delivery sent; ``channel:ack`` is refused for
+such a channel.
 
 Must stay true: every state change is stored before the next step (a restart resends what
 was not acknowledged, counting the attempts already made); an acknowledgement that comes
@@ -18,20 +25,20 @@ from __future__ import annotations
 
 import logging
 from collections.abc import Awaitable, Callable
-from typing import Any, TypeVar
+from typing import Any, Protocol, TypeVar
 
 import anyio
 import anyio.abc
 import msgspec
 
-from protocol.channels import ChannelAckParams, ChannelConfig
+from protocol.channels import ChannelAckParams, ChannelConfig, ChannelReplyParams
 from sidecar.channels.ratelimit import TokenBucket
 from sidecar.channels.workers import KeyedWorkers
-from sidecar.errors import NotFound
+from sidecar.errors import EngineError, NotFound, SidecarError
 from sidecar.store.async_store import AsyncStore
 from sidecar.store.channels import ChannelRepo, DeliveryRow
 
-__all__ = ["Outbox", "REPLY_METHOD", "MAX_BACKOFF_S"]
+__all__ = ["Outbox", "REPLY_METHOD", "MAX_BACKOFF_S", "DeliveryError", "PlatformSender", "SenderOf"]
 
 log = logging.getLogger(__name__)
 
@@ -39,17 +46,39 @@ T = TypeVar("T")
 
 REPLY_METHOD = "channel:reply"
 MAX_BACKOFF_S = 300.0
+MAX_CHAT_BUCKETS = 10_000
 ACK_STORE_WAIT_S = 5.0
 """How long ``channel:ack`` waits for the worker to store the acknowledgement it hands over."""
 Notify = Callable[[str, Any], Awaitable[None]]
 
 
+class DeliveryError(Exception):
+    """A platform message that could not be sent (``retryable``: the outbox tries again)."""
+
+    def __init__(self, message: str, *, retryable: bool) -> None:
+        super().__init__(message[:2000])
+        self.message = message[:2000]
+        self.retryable = retryable
+
+
+class PlatformSender(Protocol):
+    async def deliver(self, payload: ChannelReplyParams, target: str | None) -> str | None:
+        """Send the delivery's chunks (``kind`` send), or edit / delete the platform message
+        ``target``; the platform's id of the (first) message sent. DeliveryError on failure."""
+        ...
+
+
+SenderOf = Callable[[ChannelConfig], Awaitable["PlatformSender | None"]]
+
+
 class _Waiter:
-    __slots__ = ("event", "ack", "stored")
+    __slots__ = ("event", "ack", "stored", "platform")
 
     def __init__(self) -> None:
         self.event = anyio.Event()
         self.ack: ChannelAckParams | None = None
+        self.platform = False
+        """The outcome came from the channel's own connection, not from the host."""
         self.stored = anyio.Event()
         """Set by the worker once the outcome of this send is stored."""
 
@@ -61,14 +90,17 @@ class Outbox:
         notify: Notify,
         task_group: anyio.abc.TaskGroup,
         config_of: Callable[[str], ChannelConfig | None],
+        sender_of: SenderOf | None = None,
     ) -> None:
         self._store = store
         self._notify = notify
         self._config_of = config_of
+        self._sender_of = sender_of
         self._workers: KeyedWorkers[tuple[str, str]] = KeyedWorkers(task_group, self._drain, "delivery")
         self._waiting: dict[str, _Waiter] = {}
         self._resolved: dict[str, anyio.Event] = {}
         self._buckets: dict[str, TokenBucket] = {}
+        self._chat_buckets: dict[tuple[str, str], TokenBucket] = {}
 
     async def _db(self, fn: Callable[[ChannelRepo], T]) -> T:
         return await self._store.run(lambda s: fn(s.channels))
@@ -86,8 +118,27 @@ class Outbox:
             bucket.configure(rate.messages_per_minute, rate.burst)
         return bucket
 
+    def chat_bucket(self, config: ChannelConfig, chat_id: str, chat_type: str | None) -> TokenBucket | None:
+        rate = config.rate
+        per_minute = rate.group_messages_per_minute if chat_type == "group" else rate.chat_messages_per_minute
+        if not per_minute:
+            return None
+        burst = rate.chat_burst or 1
+        key = (config.id, chat_id)
+        bucket = self._chat_buckets.get(key)
+        if bucket is None:
+            if len(self._chat_buckets) >= MAX_CHAT_BUCKETS:  # forget chats whose bucket is full again
+                for idle in [k for k, b in self._chat_buckets.items() if b.wait_time(b.burst) == 0]:
+                    del self._chat_buckets[idle]
+            bucket = self._chat_buckets[key] = TokenBucket(per_minute, burst)
+        elif (bucket.per_minute, bucket.burst) != (per_minute, burst):
+            bucket.configure(per_minute, burst)
+        return bucket
+
     def forget(self, channel_id: str) -> None:
         self._buckets.pop(channel_id, None)
+        for key in [k for k in self._chat_buckets if k[0] == channel_id]:
+            del self._chat_buckets[key]
 
     async def wait_resolved(self, delivery_ids: list[str]) -> None:
         """Until each of these deliveries is acknowledged or failed (stream mode paces its
@@ -109,6 +160,10 @@ class Outbox:
     # ---- acknowledgements ---------------------------------------------------------
 
     async def ack(self, params: ChannelAckParams) -> None:
+        row = await self._db(lambda r: r.get_delivery(params.delivery_id))
+        config = self._config_of(row.channel_id) if row is not None else None
+        if config is not None and config.connection.kind != "host":
+            raise EngineError(f"channel {config.id!r} delivers through its own connection: channel:ack is for the host's")
         waiter = self._waiting.get(params.delivery_id)
         if waiter is not None:
             waiter.ack = params
@@ -116,7 +171,6 @@ class Outbox:
             with anyio.move_on_after(ACK_STORE_WAIT_S):
                 await waiter.stored.wait()
             return
-        row = await self._db(lambda r: r.get_delivery(params.delivery_id))
         if row is None:
             raise NotFound(f"no delivery {params.delivery_id!r}")
         if params.ok:
@@ -154,9 +208,17 @@ class Outbox:
                     await self._db(lambda r: r.mark_failed(row.id, error))
                     log.warning("delivery %s failed after %d attempts: %s", row.id, attempts, error)
                     return
-                await self.bucket(config).acquire(max(1, len(row.payload.chunks)))
+                chunks = max(1, len(row.payload.chunks))
+                chat = self.chat_bucket(config, row.chat_id, row.payload.chat_type)
+                if chat is not None:
+                    await chat.acquire(chunks)
+                await self.bucket(config).acquire(chunks)
                 attempts += 1
-                waiter = await self._send_once(row, attempts, policy.ack_timeout_ms / 1000.0)
+                sender = await self._sender_of(config) if self._sender_of is not None else None
+                if sender is not None:
+                    waiter = await self._send_through(sender, row, attempts, policy.ack_timeout_ms / 1000.0)
+                else:
+                    waiter = await self._send_once(row, attempts, policy.ack_timeout_ms / 1000.0)
                 ack = waiter.ack
                 try:
                     if ack is not None and ack.ok:
@@ -165,7 +227,7 @@ class Outbox:
                     if ack is None:
                         error = f"no acknowledgement within {policy.ack_timeout_ms} ms (attempt {attempts})"
                     else:
-                        error = _host_error(ack)
+                        error = _host_error(ack, waiter.platform)
                         if not ack.retryable:
                             await self._db(lambda r: r.mark_failed(row.id, error))
                             return
@@ -200,5 +262,29 @@ class Outbox:
         return waiter
 
 
-def _host_error(ack: ChannelAckParams) -> str:
-    return f"the host could not deliver it: {ack.error or 'no reason given'}"[:2000]
+    async def _send_through(self, sender: PlatformSender, row: DeliveryRow, attempt: int, timeout_s: float) -> _Waiter:
+        """Send once through the channel's own connection; its outcome is the acknowledgement."""
+        waiter = _Waiter()
+        payload = msgspec.structs.replace(row.payload, attempt=attempt)
+        await self._db(lambda r: r.mark_sent(row.id, attempt))
+        try:
+            target: str | None = None
+            if payload.kind != "send":
+                edited = await self._db(lambda r: r.get_delivery(payload.edit_of or ""))
+                target = edited.platform_message_id if edited is not None else None
+                if target is None:
+                    raise DeliveryError("the message to change was never sent", retryable=False)
+            with anyio.move_on_after(timeout_s):
+                platform_id = await sender.deliver(payload, target)
+                waiter.ack = ChannelAckParams(delivery_id=row.id, ok=True, platform_message_id=platform_id)
+        except DeliveryError as exc:
+            waiter.ack = ChannelAckParams(delivery_id=row.id, ok=False, error=exc.message, retryable=exc.retryable)
+        except SidecarError as exc:  # no credentials, a locked secret: the next attempt may work
+            waiter.ack = ChannelAckParams(delivery_id=row.id, ok=False, error=exc.message)
+        waiter.platform = True
+        return waiter
+
+
+def _host_error(ack: ChannelAckParams, platform: bool = False) -> str:
+    who = "the platform refused it" if platform else "the host could not deliver it"
+    return f"{who}: {ack.error or 'no reason given'}"[:2000]

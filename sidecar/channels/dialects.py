@@ -18,26 +18,63 @@ What the platforms render (their documented Markdown subsets):
 - slack_mrkdwn / slack_blocks: ``*bold*``, ``_italic_``, ``~strike~``, ``<url|text>``,
   inline code and code blocks (no language), quotes, bullets as "•"; ``&``, ``<``, ``>``
   escaped everywhere; tables become rows of text.
+- telegram_md: Telegram MarkdownV2 (the Bot API's "Formatting options"): ``*bold*``,
+  ``_italic_``, ``~strike~``, ``[label](url)``, inline code and ``` blocks with a language,
+  ``>`` quotes; headings become bold lines, tables rows of text, images separate items.
+  Escaping: in text every one of ``_ * [ ] ( ) ~ ` > # + - = | { } . !`` and the backslash
+  gets a backslash; inside code and pre only the backtick and the backslash; inside a link's
+  ``(...)`` only ``)`` and the backslash. Fences are always three backticks (backticks inside are escaped instead).
+- discord_md: Discord Markdown: ``**bold**``, ``*italic*``, ``~~strike~~``, masked links,
+  inline code and code blocks with a language, quotes, lists, headings ``#`` to ``###``
+  (deeper ones as ``###``); no tables (rows of text), images as separate items.
 - plain: no markup; links become footnotes ("text [1]" and "[1] url" at the end), bullets
   "•", quotes "> ", code blocks keep their fences (readable, and they keep code apart).
+
+Every character the renderer writes itself (list numbers, table separators, footnote
+markers) goes through ``escape`` too, so a dialect with escaping rules gets them everywhere.
 """
 
 from __future__ import annotations
 
+import re
+from collections.abc import Callable
 from dataclasses import dataclass
 from typing import Literal
 
 from protocol.channels import ChannelDialect
 
-__all__ = ["Dialect", "DIALECTS", "slack_escape"]
+__all__ = ["Dialect", "DIALECTS", "slack_escape", "telegram_escape", "telegram_escape_code", "telegram_escape_url"]
 
 
 def slack_escape(text: str) -> str:
     return text.replace("&", "&amp;").replace("<", "&lt;").replace(">", "&gt;")
 
 
+_TELEGRAM_SPECIAL = re.compile(r"([_*\[\]()~`>#+\-=|{}.!\\])")
+_TELEGRAM_CODE = re.compile(r"([`\\])")
+_TELEGRAM_URL = re.compile(r"([)\\])")
+
+
+def telegram_escape(text: str) -> str:
+    """MarkdownV2 text: every special character (and the backslash) escaped."""
+    return _TELEGRAM_SPECIAL.sub(r"\\\1", text)
+
+
+def telegram_escape_code(text: str) -> str:
+    """MarkdownV2 inside code and pre: backticks and backslashes escaped."""
+    return _TELEGRAM_CODE.sub(r"\\\1", text)
+
+
+def telegram_escape_url(url: str) -> str:
+    """MarkdownV2 inside a link's (...): ``)`` and backslashes escaped."""
+    return _TELEGRAM_URL.sub(r"\\\1", url)
+
+
 def _same(text: str) -> str:
     return text
+
+
+Escape = Callable[[str], str]
 
 
 @dataclass(frozen=True, slots=True)
@@ -48,16 +85,23 @@ class Dialect:
     strike: tuple[str, str] | None
     code: tuple[str, str] | None
     heading: Literal["hashes", "bold", "text"]
-    link: Literal["markdown", "slack", "footnote"]
+    link: Literal["markdown", "slack", "footnote", "telegram"]
     image: Literal["inline", "media"]
     table: Literal["markdown", "text"]
     bullet: str
     hr: str
     fence_language: bool
     slack: bool = False
-
-    def escape(self, text: str) -> str:
-        return slack_escape(text) if self.slack else _same(text)
+    escape: Escape = _same
+    """Text (and what the renderer writes itself)."""
+    escape_code: Escape = _same
+    """Inside inline code and code blocks."""
+    fixed_fence: bool = False
+    """Fences are always three backticks (the dialect escapes backticks in code instead)."""
+    max_heading: int = 6
+    nested_quotes: bool = True
+    """False: a quote inside a quote is written at the outer quote's level (Telegram's
+    blockquotes cannot nest, and a ``>`` inside one would have to be escaped)."""
 
     def wrap(self, style: tuple[str, str] | None, inner: str) -> str:
         if style is None or not inner.strip():
@@ -88,12 +132,23 @@ DIALECTS: dict[str, Dialect] = {
     "slack_mrkdwn": Dialect(
         name="slack_mrkdwn", bold=("*", "*"), italic=("_", "_"), strike=("~", "~"), code=("`", "`"),
         heading="bold", link="slack", image="media", table="text", bullet="• ", hr="───────────",
-        fence_language=False, slack=True,
+        fence_language=False, slack=True, escape=slack_escape, escape_code=slack_escape,
     ),
     "slack_blocks": Dialect(
         name="slack_blocks", bold=("*", "*"), italic=("_", "_"), strike=("~", "~"), code=("`", "`"),
         heading="bold", link="slack", image="media", table="text", bullet="• ", hr="───────────",
-        fence_language=False, slack=True,
+        fence_language=False, slack=True, escape=slack_escape, escape_code=slack_escape,
+    ),
+    "telegram_md": Dialect(
+        name="telegram_md", bold=("*", "*"), italic=("_", "_"), strike=("~", "~"), code=("`", "`"),
+        heading="bold", link="telegram", image="media", table="text", bullet="• ", hr="──────────",
+        fence_language=True, escape=telegram_escape, escape_code=telegram_escape_code, fixed_fence=True,
+        nested_quotes=False,
+    ),
+    "discord_md": Dialect(
+        name="discord_md", bold=("**", "**"), italic=("*", "*"), strike=("~~", "~~"), code=("`", "`"),
+        heading="hashes", link="markdown", image="media", table="text", bullet="- ", hr="──────────",
+        fence_language=True, max_heading=3,
     ),
     "plain": Dialect(
         name="plain", bold=None, italic=None, strike=None, code=None, heading="text", link="footnote",

@@ -12,8 +12,11 @@ are written so that no platform reads them as a mention, yet they read the same:
   (also with a CJK character right before or after): the ``@`` becomes a
   full-width ``＠`` (DingTalk, WeCom and WeChat hosts, and Slack with ``link_names``,
   turn these words into mentions).
-A plain ``@name`` is left alone: no platform notifies anyone for it unless the host adds the
-person to the message's mention list itself.
+- on Telegram (``names``), where a bot's ``@username`` in a message notifies that user,
+  every ``@`` before a letter, not inside a Latin word: the ``@`` becomes ``＠``.
+Elsewhere a plain ``@name`` is left alone: no other platform notifies anyone for it unless
+the host adds the person to the message's mention list itself (Discord's sends also say
+``allowed_mentions: {parse: []}``).
 
 The replacements keep the number of characters, so the renderer's atoms (ranges of a line
 not to cut inside) stay valid; they run on the rendered lines, table headers and image
@@ -38,22 +41,27 @@ _BROADCAST = re.compile(
 )
 
 
-def neutralize(text: str) -> str:
-    """``text`` with every mention tag and broadcast word made inert (same length)."""
+_NAME = re.compile(r"(?<![A-Za-z0-9_])@(?=[A-Za-z])")
+
+
+def neutralize(text: str, *, names: bool = False) -> str:
+    """``text`` with every mention tag and broadcast word (with ``names``: every
+    ``@username``) made inert (same length)."""
     if "<" not in text and "@" not in text:
         return text
-    return _BROADCAST.sub("＠", _TAG.sub("＜", text))
+    text = _BROADCAST.sub("＠", _TAG.sub("＜", text))
+    return _NAME.sub("＠", text) if names else text
 
 
-def neutralize_rendered(rendered: Rendered) -> None:
+def neutralize_rendered(rendered: Rendered, *, names: bool = False) -> None:
     """Neutralize, in place, what a rendered reply sends as text."""
     tables: dict[int, Table] = {}
     for line in rendered.lines:
-        line.text = neutralize(line.text)
+        line.text = neutralize(line.text, names=names)
         if line.table is not None:
             tables[id(line.table)] = line.table
     for table in tables.values():
-        table.header = tuple(neutralize(h) for h in table.header)
+        table.header = tuple(neutralize(h, names=names) for h in table.header)
     for media in rendered.media:
         if media.alt:
-            media.alt = neutralize(media.alt)
+            media.alt = neutralize(media.alt, names=names)

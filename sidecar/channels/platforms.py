@@ -16,27 +16,42 @@ Defaults, from the platforms' documented limits:
   28,000 bytes of JSON-escaped text for cards and posts, 148,000 for plain text; 5 messages
   per second per chat (300/min, bursts of 5).
 - WeChat: 2,048 UTF-8 bytes of plain text; 60/min, bursts of 5.
+- Telegram (Bot API): 4,096 characters of text after entity parsing (counted in UTF-16 code
+  units); about 30 messages per second for the bot, one per second into one chat and 20 per
+  minute into one group (the Bots FAQ); a 429 says how long to wait (``retry_after``).
+- Discord: 2,000 characters of ``content``; 50 requests per second for the bot and about
+  five messages per five seconds into one channel (the route's bucket; the X-RateLimit
+  headers and a 429's ``retry_after`` say the rest).
 - plain: 4,000 characters, no rate limit.
 Platforms that can edit a sent message (reply mode ``stream``): Feishu/Lark (message and card
-update), Slack (chat.update), DingTalk (AI card streaming update), plain (the host decides).
+update), Slack (chat.update), DingTalk (AI card streaming update), Telegram
+(editMessageText), Discord (PATCH of the channel message), plain (the host decides).
+
+A channel's access rules, trigger keyword and concurrency are checked here too; its route
+by routes.py.
 """
 
 from __future__ import annotations
 
 import re
+from urllib.parse import urlsplit
 
 import msgspec
 
 from protocol.channels import (
     ChannelConfig,
     ChannelConfigUpsertParams,
+    ChannelConnection,
+    ChannelCredentials,
     ChannelDeliveryPolicy,
     ChannelDialect,
     ChannelLimits,
     ChannelPlatform,
     ChannelRate,
+    LocalRoute,
     SizeUnit,
 )
+from sidecar.channels.routes import check_route
 from sidecar.errors import InvalidParams
 
 __all__ = ["PlatformDefaults", "PLATFORMS", "resolve_config", "CHANNEL_ID_RE", "DAY_MS"]
@@ -50,6 +65,9 @@ class PlatformDefaults(msgspec.Struct, frozen=True, kw_only=True):
     can_edit: bool
     messages_per_minute: int
     burst: int
+    chat_per_minute: int = 0
+    group_per_minute: int = 0
+    chat_burst: int = 100
 
 
 PLATFORMS: dict[ChannelPlatform, PlatformDefaults] = {
@@ -59,6 +77,14 @@ PLATFORMS: dict[ChannelPlatform, PlatformDefaults] = {
     "wecom": PlatformDefaults(dialect="wecom_md", can_edit=False, messages_per_minute=20, burst=20),
     "wechat": PlatformDefaults(dialect="plain", can_edit=False, messages_per_minute=60, burst=5),
     "slack": PlatformDefaults(dialect="slack_blocks", can_edit=True, messages_per_minute=60, burst=3),
+    "telegram": PlatformDefaults(
+        dialect="telegram_md", can_edit=True, messages_per_minute=1800, burst=30, chat_per_minute=60,
+        group_per_minute=20, chat_burst=3,
+    ),
+    "discord": PlatformDefaults(
+        dialect="discord_md", can_edit=True, messages_per_minute=3000, burst=50, chat_per_minute=60,
+        group_per_minute=60, chat_burst=5,
+    ),
     "plain": PlatformDefaults(dialect="plain", can_edit=True, messages_per_minute=0, burst=10),
 }
 
@@ -67,6 +93,8 @@ _SIZES: dict[tuple[str, str], tuple[int, SizeUnit]] = {
     ("feishu", "plain"): (148_000, "json_bytes"),
     ("lark", "plain"): (148_000, "json_bytes"),
     ("wechat", "plain"): (2_048, "utf8_bytes"),
+    ("telegram", "plain"): (4_096, "utf16_units"),
+    ("discord", "plain"): (2_000, "utf16_units"),
 }
 _DIALECT_SIZES: dict[str, tuple[int, SizeUnit]] = {
     "feishu_card": (28_000, "json_bytes"),
@@ -75,6 +103,8 @@ _DIALECT_SIZES: dict[str, tuple[int, SizeUnit]] = {
     "wecom_md": (4_096, "utf8_bytes"),
     "slack_mrkdwn": (40_000, "chars"),
     "slack_blocks": (40_000, "chars"),
+    "telegram_md": (4_096, "utf16_units"),
+    "discord_md": (2_000, "utf16_units"),
     "plain": (4_000, "chars"),
 }
 
@@ -89,6 +119,8 @@ DEFAULT_MAX_ATTEMPTS = 4
 DEFAULT_RETRY_BACKOFF_MS = 2_000
 SLACK_SECTION_CHARS = 3_000
 SLACK_MAX_BLOCKS = 50
+MAX_ALLOWED = 1_000
+MAX_KEYWORD_CHARS = 64
 
 
 def _pick(field: str, value: int | None, default: int, low: int, high: int) -> int:
@@ -148,6 +180,13 @@ def resolve_config(params: ChannelConfigUpsertParams, now: int) -> ChannelConfig
         loop_max_events=_pick("rate.loopMaxEvents", r.loop_max_events, DEFAULT_LOOP_MAX_EVENTS, 1, 10_000),
         loop_window_ms=_pick("rate.loopWindowMs", r.loop_window_ms, DEFAULT_LOOP_WINDOW_MS, 1_000, DAY_MS),
         loop_cooldown_ms=_pick("rate.loopCooldownMs", r.loop_cooldown_ms, DEFAULT_LOOP_COOLDOWN_MS, 0, DAY_MS),
+        chat_messages_per_minute=_pick(
+            "rate.chatMessagesPerMinute", r.chat_messages_per_minute, platform.chat_per_minute, 0, 6_000
+        ),
+        group_messages_per_minute=_pick(
+            "rate.groupMessagesPerMinute", r.group_messages_per_minute, platform.group_per_minute, 0, 6_000
+        ),
+        chat_burst=_pick("rate.chatBurst", r.chat_burst, platform.chat_burst, 1, 100),
     )
     d = params.delivery or ChannelDeliveryPolicy()
     delivery = ChannelDeliveryPolicy(
@@ -172,7 +211,84 @@ def resolve_config(params: ChannelConfigUpsertParams, now: int) -> ChannelConfig
         limits=limits,
         rate=rate,
         delivery=delivery,
+        route=check_route(params.route or LocalRoute()),
+        allowed_users=_ids("allowedUsers", params.allowed_users),
+        allowed_groups=_ids("allowedGroups", params.allowed_groups),
+        allow_everyone=params.allow_everyone,
+        strangers=params.strangers,
+        trigger_keyword=_keyword(params.trigger_keyword),
+        max_concurrent=_pick("maxConcurrent", params.max_concurrent, 5, 1, 64),
+        connection=_connection(params.platform, params.connection or ChannelConnection()),
+        credentials=params.credentials or ChannelCredentials(),
         can_edit=platform.can_edit,
         created_at=now,
         updated_at=now,
+    )
+
+
+def _ids(field: str, values: list[str] | None) -> list[str] | None:
+    if values is None:
+        return None
+    if len(values) > MAX_ALLOWED or any(not v or len(v) > 512 for v in values):
+        raise InvalidParams(f"invalid params: {field}: at most {MAX_ALLOWED} ids of 1..512 characters - at `$.{field}`")
+    return list(dict.fromkeys(values))
+
+
+def _keyword(value: str | None) -> str | None:
+    if value is None:
+        return None
+    if not value.strip() or len(value) > MAX_KEYWORD_CHARS or not value.isprintable():
+        raise InvalidParams(
+            f"invalid params: triggerKeyword must be 1..{MAX_KEYWORD_CHARS} printable characters - at `$.triggerKeyword`"
+        )
+    return value.strip()
+
+
+CONNECTION_PLATFORM = {"telegram_polling": "telegram", "discord_gateway": "discord", "slack_socket": "slack"}
+"""The platform each kind of connection is for."""
+DEFAULT_API = {
+    "telegram_polling": "https://api.telegram.org",
+    "discord_gateway": "https://discord.com/api/v10",
+    "slack_socket": "https://slack.com/api",
+}
+DEFAULT_INTENTS = (1 << 0) | (1 << 9) | (1 << 12) | (1 << 15)
+"""GUILDS, GUILD_MESSAGES, DIRECT_MESSAGES, MESSAGE_CONTENT."""
+
+
+def _base_url(field: str, value: str | None, default: str | None, schemes: tuple[str, ...]) -> str | None:
+    if value is None:
+        return default
+    parts = urlsplit(value.strip()) if len(value) <= 2_000 else None
+    if parts is None or parts.scheme not in schemes or not parts.hostname or parts.query or parts.fragment \
+            or parts.username or parts.password:
+        raise InvalidParams(
+            f"invalid params: {field} must be a {'/'.join(schemes)} URL without credentials, query or fragment"
+            f" - at `$.{field}`"
+        )
+    return value.strip().rstrip("/")
+
+
+def _connection(platform: ChannelPlatform, connection: ChannelConnection) -> ChannelConnection:
+    kind = connection.kind
+    if kind == "host":
+        if connection != ChannelConnection():
+            raise InvalidParams("invalid params: connection settings need a connection kind - at `$.connection`")
+        return connection
+    if CONNECTION_PLATFORM[kind] != platform:
+        raise InvalidParams(
+            f"invalid params: connection.kind {kind} is for {CONNECTION_PLATFORM[kind]} channels - at `$.connection.kind`"
+        )
+    if kind != "discord_gateway" and (connection.gateway_url is not None or connection.intents is not None):
+        raise InvalidParams("invalid params: gatewayUrl and intents are for discord_gateway - at `$.connection`")
+    if not 1 <= connection.poll_timeout_s <= 50:
+        raise InvalidParams("invalid params: connection.pollTimeoutS must be 1..50 - at `$.connection.pollTimeoutS`")
+    intents = connection.intents
+    if intents is not None and not 0 <= intents < 1 << 31:
+        raise InvalidParams("invalid params: connection.intents must be 0..2^31-1 - at `$.connection.intents`")
+    return ChannelConnection(
+        kind=kind,
+        api_base_url=_base_url("connection.apiBaseUrl", connection.api_base_url, DEFAULT_API[kind], ("http", "https")),
+        gateway_url=_base_url("connection.gatewayUrl", connection.gateway_url, None, ("ws", "wss")),
+        poll_timeout_s=connection.poll_timeout_s,
+        intents=(DEFAULT_INTENTS if intents is None else intents) if kind == "discord_gateway" else None,
     )

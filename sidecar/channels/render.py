@@ -21,7 +21,7 @@ from dataclasses import dataclass, field
 from functools import lru_cache
 from typing import TYPE_CHECKING, Any
 
-from sidecar.channels.dialects import Dialect
+from sidecar.channels.dialects import Dialect, telegram_escape_url
 from sidecar.channels.split import Fence, Line, Role, Table
 
 if TYPE_CHECKING:
@@ -108,7 +108,7 @@ def render_markdown(text: str, dialect: Dialect) -> Rendered:
     if renderer.result.notes:
         lines.append(Line("", Role.BLANK))
         for number, note in enumerate(renderer.result.notes, 1):
-            lines.append(Line(f"[{number}] {dialect.escape(note)}"))
+            lines.append(Line(dialect.escape(f"[{number}] ") + dialect.escape(note)))
     renderer.result.lines = lines
     return renderer.result
 
@@ -119,6 +119,8 @@ class _Renderer:
         self.definitions = definitions
         self.numbers: dict[str, int] = {}
         self.result = Rendered()
+        self.quotes = 0
+        """Blockquotes being rendered around the current block."""
 
     # ---- notes ----------------------------------------------------------------------
 
@@ -162,7 +164,7 @@ class _Renderer:
         if kind == "heading":
             text, atoms = self.inline_of(node)
             text = text.replace("\n", " ")
-            level = int(node.tag[1:]) if node.tag[1:].isdigit() else 1
+            level = min(int(node.tag[1:]) if node.tag[1:].isdigit() else 1, self.d.max_heading)
             if self.d.heading == "hashes":
                 prefix = "#" * level + " "
                 return [Line(prefix + text, atoms=_shift(atoms, len(prefix)))]
@@ -173,8 +175,14 @@ class _Renderer:
         if kind in ("bullet_list", "ordered_list"):
             return self._list(node, depth)
         if kind == "blockquote":
-            inner = self.blocks(node.children, depth + 1, separator=">")
-            return _prefixed(inner, "> ", "> ") if depth < MAX_DEPTH else inner
+            self.quotes += 1
+            try:
+                inner = self.blocks(node.children, depth + 1, separator=">" if self.d.nested_quotes else "")
+            finally:
+                self.quotes -= 1
+            if depth >= MAX_DEPTH or (self.quotes and not self.d.nested_quotes):
+                return inner  # a quote in a quote where quotes cannot nest: one level
+            return _prefixed(inner, "> ", "> ")
         if kind in ("fence", "code_block"):
             return self._fence(node.content, node.info if kind == "fence" else "")
         if kind == "table":
@@ -211,7 +219,7 @@ class _Renderer:
         except (TypeError, ValueError):
             number = 1
         for item in node.children:
-            marker = f"{number}. " if ordered else self.d.bullet
+            marker = self.d.escape(f"{number}. ") if ordered else self.d.bullet
             number += 1
             inner = self.blocks(item.children, depth + 1, separator=None)
             if not inner:
@@ -232,7 +240,9 @@ class _Renderer:
             if m and m.group(1)[0] == "`":
                 longest = max(longest, len(m.group(1)))
         size = max(3, longest + 1)
-        if size > 8:  # a pathological code line: indent it instead of growing the marker
+        if self.d.fixed_fence:  # backticks in the code are escaped: they cannot close it
+            size = 3
+        elif size > 8:  # a pathological code line: indent it instead of growing the marker
             size = 3
             body = ["    " + line if _FENCE_ONLY.match(line) else line for line in body]
         lang = info.strip().split(" ")[0] if info else ""
@@ -240,7 +250,7 @@ class _Renderer:
             lang = ""
         fence = Fence(opener="`" * size + lang, closer="`" * size)
         lines = [Line(fence.opener, Role.FENCE_OPEN, fence=fence)]
-        lines.extend(Line(self.d.escape(line), Role.FENCE_BODY, fence=fence) for line in body)
+        lines.extend(Line(self.d.escape_code(line), Role.FENCE_BODY, fence=fence) for line in body)
         lines.append(Line(fence.closer, Role.FENCE_CLOSE, fence=fence))
         return lines
 
@@ -266,8 +276,9 @@ class _Renderer:
             head_lines = [row(r) for r in header] + ["| " + " | ".join("---" for _ in header[0]) + " |"]
             body_lines = [row(r) for r in body]
         else:
-            head_lines = [" | ".join(self.d.wrap(self.d.bold, c) for c in r) for r in header]
-            body_lines = [" | ".join(r) for r in body]
+            bar = self.d.escape(" | ")
+            head_lines = [bar.join(self.d.wrap(self.d.bold, c) for c in r) for r in header]
+            body_lines = [bar.join(r) for r in body]
         table = Table(header=tuple(head_lines))
         lines = [Line(h, Role.TABLE_HEAD, table=table) for h in head_lines]
         lines.extend(Line(b, Role.TABLE_ROW, table=table) for b in body_lines)
@@ -292,7 +303,7 @@ class _Renderer:
             elif kind in ("softbreak", "hardbreak"):
                 buf.add("\n")
             elif kind == "code_inline":
-                code = self.d.escape(node.content)
+                code = self.d.escape_code(node.content)
                 buf.add(self.d.wrap(self.d.code, code) if self.d.code else code, atom=True)
             elif kind in ("strong", "em", "s"):
                 inner = _Buf()
@@ -330,11 +341,14 @@ class _Renderer:
         elif self.d.link == "markdown":
             label = text.replace("]", "\\]")
             buf.add(href if same else f"[{label}]({href.replace(')', '%29').replace(' ', '%20')})", atom=True)
+        elif self.d.link == "telegram":  # the label is escaped text already
+            url = telegram_escape_url(href.replace(" ", "%20"))
+            buf.add(self.d.escape(href) if same else f"[{text}]({url})", atom=True)
         else:
             if same:
                 buf.add(href, atom=True)
             else:
-                buf.add(f"{text} [{self._note('url:' + href, href)}]")
+                buf.add(text + self.d.escape(f" [{self._note('url:' + href, href)}]"))
 
     def _image(self, node: SyntaxTreeNode, buf: _Buf) -> None:
         src = str(node.attrs.get("src", ""))

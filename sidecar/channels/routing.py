@@ -5,7 +5,10 @@ which finds the session linked to that key or creates one (``channelId`` = the c
 ``channelMeta`` = platform, chat, chat type, scope and scope key, plus the thread or sender
 the scope names), titled "<platform> - <chatType> - <name>" as the real server titles its
 IM conversations. ``route(fresh=True)`` (``/new``) always creates a new session and moves
-the link to it; the old session stays as it is.
+the link to it; the old session stays as it is. A session is made for the channel's route
+(routes.py: its mode, provider, assistant profile, working directory), and its meta records
+the route's key (``route``); a linked session made for another route counts as no link, so
+a chat whose channel changed its route starts a new session.
 
 Must stay true: one scope key is linked to one session at a time, also when messages of a
 new chat arrive together (a lock per key); a link whose session was deleted counts as no
@@ -20,8 +23,10 @@ import msgspec
 
 from protocol.channels import ChannelConfig, ChannelMessageParams
 from protocol.sessions import CreateSessionOptions
+from sidecar.channels.routes import plan_for, route_key
 from sidecar.pipeline.locks import KeyedLocks
 from sidecar.store.async_store import AsyncStore
+from sidecar.store.store import Store
 
 __all__ = ["scope_key", "SessionRouter"]
 
@@ -56,6 +61,7 @@ def _meta(config: ChannelConfig, params: ChannelMessageParams, key: str) -> dict
         "chatType": params.chat_type,
         "scope": config.scope,
         "scopeKey": key,
+        "route": route_key(config.route),
     }
     if params.chat_name:
         meta["chatName"] = params.chat_name
@@ -74,18 +80,37 @@ class SessionRouter:
     async def route(self, config: ChannelConfig, params: ChannelMessageParams, *, fresh: bool = False) -> str:
         key = scope_key(config, params)
         async with self._locks.hold(f"{config.id}\n{key}"):
+            wanted = route_key(config.route)
             if not fresh:
-                linked = await self._store.run(lambda s: s.channels.linked_session(config.id, key))
+                linked = await self._store.run(lambda s: _linked(s, config.id, key, wanted))
                 if linked is not None:
                     return linked
+            plan = plan_for(config)
             opts = CreateSessionOptions(
                 title=_title(config, params),
-                provider_id=config.provider_id,
-                model_id=config.model_id,
-                system_prompt=config.system_prompt,
+                provider_id=plan.provider_id,
+                model_id=plan.model_id,
+                system_prompt=plan.system_prompt,
+                mode=plan.mode,
                 channel_id=config.id,
                 channel_meta=_meta(config, params, key),
+                workspace_dir=plan.workspace_dir,
             )
-            session = await self._store.run(lambda s: s.sessions.create(opts))
-            await self._store.run(lambda s: s.channels.link(config.id, key, session.id, params.chat_id))
-            return session.id
+
+            def create(s: Store) -> str:
+                session = s.sessions.create(opts)
+                if plan.assistant_id is not None:
+                    s.context.set_session_settings(session.id, assistant_id=plan.assistant_id, truncation_strategy=None)
+                s.channels.link(config.id, key, session.id, params.chat_id)
+                return session.id
+
+            return await self._store.run(create)
+
+
+def _linked(s: Store, channel_id: str, key: str, route: str) -> str | None:
+    """The session linked to the scope, if it exists and was made for this route."""
+    session_id = s.channels.linked_session(channel_id, key)
+    if session_id is None:
+        return None
+    meta = s.sessions.get(session_id).channel_meta or {}
+    return session_id if meta.get("route", "local") == route else None

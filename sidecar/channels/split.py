@@ -2,7 +2,7 @@
 
 Owns: the line model the renderer produces (``Line`` with its fence/table context) and
 ``split_lines``, which packs lines into chunks no larger than a limit measured in characters,
-UTF-8 bytes or JSON-string bytes (``Measure``).
+UTF-8 bytes, JSON-string bytes or UTF-16 code units (``Measure``).
 
 Must stay true (tests/test_channels_split.py checks them with hypothesis):
 - every chunk is within the limit;
@@ -84,6 +84,8 @@ class Measure:
             return len(text)
         if self.unit == "utf8_bytes":
             return len(text.encode("utf-8", "surrogatepass"))
+        if self.unit == "utf16_units":
+            return len(text.encode("utf-16-le", "surrogatepass")) // 2
         return len(_json.encode(text)) - 2
 
     def char_cost(self, ch: str) -> int:
@@ -92,6 +94,8 @@ class Measure:
             return 1
         if self.unit == "utf8_bytes":
             return 1 if o < 0x80 else 2 if o < 0x800 else 3 if o < 0x10000 else 4
+        if self.unit == "utf16_units":
+            return 2 if o >= 0x10000 else 1
         if o < 0x20:
             return 2 if ch in "\n\r\t\b\f" else 6
         if ch in '"\\':

@@ -25,7 +25,14 @@ from typing import TypeVar
 
 import anyio
 
-from protocol.channels import ChannelConfig, ChannelReplyParams, ReplyBlocksChunk, ReplyChunk, ReplyTextChunk
+from protocol.channels import (
+    ChannelConfig,
+    ChannelReplyParams,
+    ChatType,
+    ReplyBlocksChunk,
+    ReplyChunk,
+    ReplyTextChunk,
+)
 from sidecar.channels.compose import text_chunks
 from sidecar.store.async_store import AsyncStore
 from sidecar.store.channels import OPEN_DELIVERY_STATES, ChannelRepo, DeliveryRow
@@ -47,6 +54,7 @@ class ReplyAddress:
     session_id: str
     message_id: str | None
     inbox_id: str | None
+    chat_type: ChatType | None = None
 
 
 def acked_messages(rows: list[DeliveryRow]) -> dict[int, tuple[str, ReplyChunk]]:
@@ -101,6 +109,7 @@ def plan(
             chat_id=address.chat_id,
             thread_id=address.thread_id,
             reply_to=address.reply_to,
+            chat_type=address.chat_type,
             session_id=address.session_id,
             message_id=address.message_id,
             seq=next_seq + number,

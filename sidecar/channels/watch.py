@@ -13,7 +13,9 @@ Must stay true:
   store (subscribe first, then read), so the end is never missed; a reply left
   pending/streaming with no job generating it (its job died) is returned as it is;
 - ``on_text`` gets the reply's whole visible text so far (stream mode), never a duplicate
-  delta: events up to the ``seq`` of the resynced content are skipped.
+  delta: events up to the ``seq`` of the resynced content are skipped;
+- ``on_pause`` is called when the reply asks for an approval (an event, or a resync that
+  finds it paused); it may be called more than once.
 """
 
 from __future__ import annotations
@@ -25,7 +27,7 @@ from typing import Protocol
 import anyio
 
 from protocol.chat import SendParams, SendResult
-from protocol.events import AbortedEvent, ErrorEvent, StreamEndEvent, TextDeltaEvent
+from protocol.events import AbortedEvent, ErrorEvent, StreamEndEvent, TextDeltaEvent, ToolApprovalRequiredEvent
 from protocol.types import MessageV2
 from sidecar.channels.compose import reply_text
 from sidecar.engine.events import EventHub, Subscription
@@ -51,6 +53,7 @@ class ChatTurns(Protocol):
 
 
 OnText = Callable[[str], None]
+OnPause = Callable[[], None]
 
 
 class ReplyWatcher:
@@ -64,27 +67,34 @@ class ReplyWatcher:
         params: SendParams,
         started: Callable[[SendResult], Awaitable[None]],
         on_text: OnText | None = None,
+        on_pause: OnPause | None = None,
     ) -> MessageV2:
         """Send the turn, call ``started`` with its ids, return the final reply."""
         with self._events.subscribe(params.session_id) as sub:
             sent = await self._chat.send(params)
             await started(sent)
-            final = await self._follow(sub, params.session_id, sent.message_id, on_text, text="", seq=0)
+            final = await self._follow(sub, params.session_id, sent.message_id, on_text, on_pause, text="", seq=0)
         if final is not None:
             return final
-        return await self.wait(params.session_id, sent.message_id, on_text)
+        return await self.wait(params.session_id, sent.message_id, on_text, on_pause)
 
-    async def wait(self, session_id: str, message_id: str, on_text: OnText | None = None) -> MessageV2:
+    async def wait(
+        self, session_id: str, message_id: str, on_text: OnText | None = None, on_pause: OnPause | None = None
+    ) -> MessageV2:
         """The final state of a reply that is already running, paused or finished."""
         while True:
             with self._events.subscribe(session_id) as sub:
                 message = self._chat.overlay_live(await self._message(message_id))
                 if message.status in FINAL_STATUSES:
                     return message
+                if message.status == "paused" and on_pause is not None:
+                    on_pause()
                 text = reply_text(message.text_content, message.parts)
                 if on_text is not None and text:
                     on_text(text)
-                final = await self._follow(sub, session_id, message_id, on_text, text=text, seq=message.seq or 0)
+                final = await self._follow(
+                    sub, session_id, message_id, on_text, on_pause, text=text, seq=message.seq or 0
+                )
                 if final is not None:
                     return final
             message = await self._message(message_id)
@@ -95,7 +105,15 @@ class ReplyWatcher:
                 return message
 
     async def _follow(
-        self, sub: Subscription, session_id: str, message_id: str, on_text: OnText | None, *, text: str, seq: int
+        self,
+        sub: Subscription,
+        session_id: str,
+        message_id: str,
+        on_text: OnText | None,
+        on_pause: OnPause | None,
+        *,
+        text: str,
+        seq: int,
     ) -> MessageV2 | None:
         """Events of the reply until its final one (then the stored message), or None when
         the subscription ended or stayed quiet for CHECK_S (the caller resyncs)."""
@@ -114,6 +132,9 @@ class ReplyWatcher:
                 text += event.text
                 if on_text is not None:
                     on_text(text)
+            elif isinstance(event, ToolApprovalRequiredEvent):
+                if on_pause is not None:
+                    on_pause()
             elif isinstance(event, _FINAL_EVENTS):
                 break
         message = await self._message(message_id)

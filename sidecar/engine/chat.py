@@ -14,7 +14,8 @@ and ``chat:session:updated``) run with the driver of the session's mode: the ste
 (generation.py) for ``direct``, the agent turn (acp_turn.py) for ``acp``, the forwarded
 turn (sidecar/sync/forward.py, attached as ``server``) for ``server``, whose sends are
 checked by it before anything is stored (a server conversation is linear: no regenerate
-or edit). After a successful first exchange the session is titled by a side call
+or edit), and a remote agent's turn (sidecar/channels/remote.py, attached as ``remote``)
+for ``remote``, checked the same way. After a successful first exchange the session is titled by a side call
 (settings ``generateTitles``, titles.py), which sends ``chat:session:updated`` again with
 the title (a server session's title comes from its conversation's topic instead); the
 start-up pass (``start_background``) asks for the titles that were due when the previous
@@ -191,6 +192,9 @@ class ChatEngine:
         self.server: ServerTurns | None = None
         """ServerTurnHandler (sidecar/sync/forward.py), attached once the sync service is
         open: the drivers of mode 'server' replies."""
+        self.remote: ServerTurns | None = None
+        """RemoteAgentHandler (sidecar/channels/remote.py): the drivers of mode 'remote'
+        replies (a channel's remote-agent route)."""
         self._turns = TurnWriter(attachments)
         self._titles = TitleGenerator(store=store, providers=providers, settings=settings.current, usage=side_usage)
         self._jobs: dict[str, _RunningJob] = {}
@@ -238,7 +242,7 @@ class ChatEngine:
                 turn = self._turns.check_send(s, params)
                 if turn.session.mode == "acp" and not acp_ok:
                     raise SidecarError("ACP mode is not available in this process", code=ErrorCode.NOT_IMPLEMENTED)
-                if turn.session.mode == "server":
+                if turn.session.mode in ("server", "remote"):
                     self._check_server(s, turn.session, branching=False)
                 user, reply = self._turns.write(s, turn, after_active_leaf=True)
                 # the first request's reads in the same hop (the job reads again if they fail
@@ -472,12 +476,13 @@ class ChatEngine:
         self._tg.start_soon(self._run, running)
 
     def _check_server(self, s: Store, session: SessionV2, *, branching: bool) -> None:
-        if self.server is None:
-            raise SidecarError("server mode is not available in this process", code=ErrorCode.NOT_IMPLEMENTED)
-        self.server.check(s, session, branching=branching)
+        handler = self.remote if session.mode == "remote" else self.server
+        if handler is None:
+            raise SidecarError(f"{session.mode} mode is not available in this process", code=ErrorCode.NOT_IMPLEMENTED)
+        handler.check(s, session, branching=branching)
 
     async def _check_acp(self, turn: Turn, *, branching: bool) -> None:
-        if turn.session.mode == "server":
+        if turn.session.mode in ("server", "remote"):
             session = turn.session
             await self._store.run(lambda s: self._check_server(s, session, branching=branching))
             return
@@ -497,6 +502,8 @@ class ChatEngine:
                     driver = self._acp.driver(job, settings)
                 elif job.session.mode == "server" and self.server is not None:
                     driver = self.server.driver(job, settings)
+                elif job.session.mode == "remote" and self.remote is not None:
+                    driver = self.remote.driver(job, settings)
                 else:
                     driver = self._handler.driver(job, settings)
                 await ReplyLifecycle(job, self._services, settings).run(driver)
@@ -514,7 +521,8 @@ class ChatEngine:
     async def _after(self, job: ReplyJob) -> None:
         """Side tasks of a finished reply (its lifecycle sent chat:session:updated)."""
         session = job.ended_session
-        if job.outcome != COMPLETED or session is None or self._closing:
+        if job.outcome != COMPLETED or session is None or self._closing or session.mode == "remote":
+            return  # a remote agent keeps its own memory, titles and suggestions
             return
         for hook in self.on_completed:  # server-mode replies too: the memory encoder reads them
             try:

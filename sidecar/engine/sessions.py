@@ -115,7 +115,12 @@ class SessionService:
     async def create_session(self, params: CreateSessionOptions) -> SessionV2:
         """``chat:session:create``: a ``providerId`` must name a configured provider that
         fits the mode (see ``check_model_choice``); sessions made by sync, channels and the
-        V1 endpoint's own providers go through the store and are not refused here."""
+        V1 endpoint's own providers go through the store and are not refused here. Mode
+        ``remote`` is a channel's remote-agent route's own."""
+        if params.mode == "remote":
+            raise InvalidParams(
+                "invalid params: mode remote sessions are made by a channel's remote-agent route - at `$.mode`"
+            )
 
         def create(s: Store) -> SessionV2:
             if isinstance(params, CreateSessionOptions):

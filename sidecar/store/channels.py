@@ -1,7 +1,8 @@
 """ChannelRepo: IM channels' rows (configs, chat links, the inbox, deliveries) and the delivery
 summary of replies on ``messages_v2.delivery``.
 
-Owns: the tables of migration ``m_channels``. Each public method is one transaction.
+Owns: the tables of migrations ``m_channels`` and ``m_channel_routes_access`` (the log's
+statuses and the counters: channel_log.py). Each public method is one transaction.
 Must stay true:
 - dedup is decided by the database: ``receive`` inserts under UNIQUE(channel_id, chat_id,
   dedup_key) (a platform message id is unique within its chat, not across chats) and
@@ -19,20 +20,36 @@ Must stay true:
 from __future__ import annotations
 
 from collections.abc import Callable
-from typing import Any
+from typing import TYPE_CHECKING, Any
 
 import apsw
 import msgspec
 
-from protocol.channels import ChannelConfig, ChannelReplyParams
+from protocol.channels import ChannelConfig, ChannelCounters, ChannelLogEntry, ChannelReplyParams, LogStatus
 from protocol.types import DeliveryStatus, MessageDelivery
-from sidecar.errors import NotFound
+from sidecar.errors import NotFound, SecretsLocked
 from sidecar.store.db import Database
 from sidecar.store.ids import now_ms
 
-__all__ = ["ChannelRepo", "InboxRow", "DeliveryRow", "OPEN_INBOX_STATES", "OPEN_DELIVERY_STATES"]
+from sidecar.store.channel_log import (
+    COUNTERS,
+    LOG_TEXT_CHARS,
+    OPEN_INBOX_STATES,
+    STATUS_SQL,
+    bump,
+    count_change,
+    log_status,
+)
+from sidecar.store.secrets import CHANNEL_SECRET as SECRET_PURPOSE
 
-OPEN_INBOX_STATES = ("queued", "running")
+if TYPE_CHECKING:
+    from sidecar.store.secrets import Sealer
+
+__all__ = [
+    "ChannelRepo", "InboxRow", "DeliveryRow", "OPEN_INBOX_STATES", "OPEN_DELIVERY_STATES", "log_status",
+    "SECRET_PURPOSE", "KEEP", "LOG_TEXT_CHARS",
+]
+
 OPEN_DELIVERY_STATES = ("pending", "sent")
 
 _enc = msgspec.json.Encoder()
@@ -45,6 +62,7 @@ class InboxRow(msgspec.Struct, kw_only=True):
     channel_id: str
     dedup_key: str
     chat_id: str
+    chat_type: str | None = None
     thread_id: str | None = None
     platform_message_id: str | None = None
     session_id: str | None = None
@@ -57,6 +75,11 @@ class InboxRow(msgspec.Struct, kw_only=True):
     error: str | None = None
     received_at: int
     updated_at: int
+    sender_id: str | None = None
+    sender_name: str | None = None
+    text_preview: str | None = None
+    reason: str | None = None
+    """Why the message is not answered (ignored, refused), for the log."""
 
 
 class DeliveryRow(msgspec.Struct, kw_only=True):
@@ -80,8 +103,10 @@ class DeliveryRow(msgspec.Struct, kw_only=True):
 
 _INBOX_COLUMNS = (
     "id, channel_id, dedup_key, chat_id, thread_id, platform_message_id, session_id, action, state,"
-    " input, user_message_id, reply_message_id, error, received_at, updated_at"
+    " input, user_message_id, reply_message_id, error, received_at, updated_at, chat_type, sender_id,"
+    " sender_name, text_preview, reason"
 )
+_INBOX_COUNT = 20
 _DELIVERY_COLUMNS = (
     "id, channel_id, chat_id, message_id, inbox_id, seq, kind, target, payload, state, attempts,"
     " error, platform_message_id, created_at, updated_at"
@@ -93,7 +118,8 @@ def _inbox(row: tuple[Any, ...]) -> InboxRow:
         id=row[0], channel_id=row[1], dedup_key=row[2], chat_id=row[3], thread_id=row[4],
         platform_message_id=row[5], session_id=row[6], action=row[7], state=row[8], input=row[9],
         user_message_id=row[10], reply_message_id=row[11], error=row[12], received_at=row[13],
-        updated_at=row[14],
+        updated_at=row[14], chat_type=row[15], sender_id=row[16], sender_name=row[17], text_preview=row[18],
+        reason=row[19],
     )
 
 
@@ -105,10 +131,18 @@ def _delivery(row: tuple[Any, ...]) -> DeliveryRow:
     )
 
 
+class _Keep:
+    """``set_connection(resume=KEEP)``: leave the resume point as it is."""
+
+
+KEEP = _Keep()
+
+
 class ChannelRepo:
-    def __init__(self, db: Database, clock: Callable[[], int] = now_ms) -> None:
+    def __init__(self, db: Database, clock: Callable[[], int] = now_ms, sealer: Sealer | None = None) -> None:
         self._db = db
         self._clock = clock
+        self._sealer = sealer
 
     def now(self) -> int:
         return self._clock()
@@ -212,17 +246,26 @@ class ChannelRepo:
             if existing:
                 old = _inbox(existing[0])
                 if old.received_at >= row.received_at - window_ms or old.state in OPEN_INBOX_STATES:
+                    bump(conn, row.channel_id, "duplicates")
                     return old, False
                 conn.execute("DELETE FROM channel_inbox WHERE id = ?", (old.id,))
             conn.execute(
-                f"INSERT INTO channel_inbox({_INBOX_COLUMNS}) VALUES ({', '.join('?' * 15)})",
+                f"INSERT INTO channel_inbox({_INBOX_COLUMNS}) VALUES ({', '.join('?' * _INBOX_COUNT)})",
                 (
                     row.id, row.channel_id, row.dedup_key, row.chat_id, row.thread_id,
                     row.platform_message_id, row.session_id, row.action, row.state, row.input,
                     row.user_message_id, row.reply_message_id, row.error, row.received_at, row.updated_at,
+                    row.chat_type, row.sender_id, row.sender_name, row.text_preview, row.reason,
                 ),
             )
+            bump(conn, row.channel_id, "received")
+            count_change(conn, row.channel_id, None, log_status(row.action, row.state))
         return row, True
+
+    def note_duplicate(self, channel_id: str) -> None:
+        """A redelivery answered ``duplicate`` before it reached ``receive``."""
+        with self._db.write() as conn:
+            bump(conn, channel_id, "duplicates")
 
     def next_open(self, session_id: str) -> InboxRow | None:
         """The session's oldest turn not done yet (turns of a session run in arrival order)."""
@@ -250,8 +293,8 @@ class ChannelRepo:
 
     def update_inbox(self, inbox_id: str, **fields: Any) -> None:
         """Set columns of an inbox row (state, action, session_id, user/reply message ids,
-        error; a finished state clears ``input``)."""
-        allowed = {"state", "action", "session_id", "user_message_id", "reply_message_id", "error", "input"}
+        error, reason; a finished state clears ``input``); the channel's counters follow."""
+        allowed = {"state", "action", "session_id", "user_message_id", "reply_message_id", "error", "input", "reason"}
         unknown = set(fields) - allowed
         if unknown:
             raise ValueError(f"not inbox columns: {sorted(unknown)}")
@@ -259,10 +302,19 @@ class ChannelRepo:
             fields["input"] = None
         sets = ", ".join(f"{name} = ?" for name in fields)
         with self._db.write() as conn:
+            old = conn.execute(
+                "SELECT channel_id, action, state FROM channel_inbox WHERE id = ?", (inbox_id,)
+            ).fetchall()
             conn.execute(
                 f"UPDATE channel_inbox SET {sets}, updated_at = ? WHERE id = ?",
                 (*fields.values(), self._clock(), inbox_id),
             )
+            if old:
+                channel_id, action, state = (str(v) for v in old[0])
+                count_change(
+                    conn, channel_id, log_status(action, state),
+                    log_status(str(fields.get("action", action)), str(fields.get("state", state))),
+                )
 
     def known_text(self, channel_id: str, chat_id: str, platform_message_id: str) -> str | None:
         """The text of a platform message of this chat the sidecar received (its user turn)
@@ -305,9 +357,11 @@ class ChannelRepo:
         payloads: list[tuple[ChannelReplyParams, int]],
         *,
         finish_inbox: str | None = None,
+        finish_state: str = "done",
     ) -> list[DeliveryRow]:
         """Store deliveries (payload, target index) as ``pending``; with ``finish_inbox`` that
-        inbox row becomes ``done`` in the same transaction (the reply cannot be lost between)."""
+        inbox row becomes ``finish_state`` (done, or failed: a notice of what could not be
+        answered) in the same transaction (the reply cannot be lost between)."""
         out: list[DeliveryRow] = []
         with self._db.write() as conn:
             now = self._clock()
@@ -330,10 +384,16 @@ class ChannelRepo:
             for message_id in dict.fromkeys(p.message_id for p, _ in payloads if p.message_id):
                 self._summarize(conn, message_id, now)
             if finish_inbox is not None:
+                old = conn.execute(
+                    "SELECT channel_id, action, state FROM channel_inbox WHERE id = ?", (finish_inbox,)
+                ).fetchall()
                 conn.execute(
-                    "UPDATE channel_inbox SET state = 'done', input = NULL, updated_at = ? WHERE id = ?",
-                    (now, finish_inbox),
+                    "UPDATE channel_inbox SET state = ?, input = NULL, updated_at = ? WHERE id = ?",
+                    (finish_state, now, finish_inbox),
                 )
+                if old:
+                    channel_id, action, state = (str(v) for v in old[0])
+                    count_change(conn, channel_id, log_status(action, state), log_status(action, finish_state))
         return out
 
     def next_delivery(self, channel_id: str, chat_id: str) -> DeliveryRow | None:
@@ -419,3 +479,139 @@ class ChannelRepo:
             error=str(errors[-1]) if errors and status != "delivered" else None, updated_at=now,
         )
         conn.execute("UPDATE messages_v2 SET delivery = ? WHERE id = ?", (_enc.encode(summary).decode(), message_id))
+
+    # ---- the message log and the counters ------------------------------------------
+
+    def log(
+        self, channel_id: str, *, status: str | None, chat_id: str | None, before: str | None, limit: int
+    ) -> tuple[list[ChannelLogEntry], str | None]:
+        """A page of the channel's received messages, newest first, and the cursor of the next."""
+        where = ["channel_id = ?"]
+        args: list[Any] = [channel_id]
+        if status is not None:
+            where.append(STATUS_SQL[status])
+        if chat_id is not None:
+            where.append("chat_id = ?")
+            args.append(chat_id)
+        if before is not None:
+            where.append("id < ?")
+            args.append(before)
+        with self._db.read() as conn:
+            rows = conn.execute(
+                f"SELECT {_INBOX_COLUMNS} FROM channel_inbox WHERE {' AND '.join(where)} ORDER BY id DESC LIMIT ?",
+                (*args, limit + 1),
+            ).fetchall()
+        entries = [_entry(_inbox(r)) for r in rows[:limit]]
+        return entries, entries[-1].inbox_id if len(rows) > limit else None
+
+    def counters(self) -> dict[str, ChannelCounters]:
+        with self._db.read() as conn:
+            rows = conn.execute(f"SELECT channel_id, {', '.join(COUNTERS)} FROM channel_counters").fetchall()
+        return {str(r[0]): ChannelCounters(**dict(zip(COUNTERS, (int(str(v)) for v in r[1:])))) for r in rows}
+
+    # ---- secrets (sealed) -----------------------------------------------------------
+
+    def set_secret(self, channel_id: str, name: str, value: str | None) -> None:
+        """Store (None: remove) a channel's secret, sealed."""
+        with self._db.write() as conn:
+            if value is None:
+                conn.execute("DELETE FROM channel_secrets WHERE channel_id = ? AND name = ?", (channel_id, name))
+                return
+            sealed = self._sealer.seal(value, SECRET_PURPOSE) if self._sealer is not None else value
+            conn.execute(
+                "INSERT INTO channel_secrets(channel_id, name, value) VALUES (?, ?, ?)"
+                " ON CONFLICT(channel_id, name) DO UPDATE SET value = excluded.value",
+                (channel_id, name, sealed),
+            )
+
+    def secret_names(self, channel_id: str) -> set[str]:
+        with self._db.read() as conn:
+            rows = conn.execute("SELECT name FROM channel_secrets WHERE channel_id = ?", (channel_id,)).fetchall()
+        return {str(r[0]) for r in rows}
+
+    def secret(self, channel_id: str, name: str) -> str | None:
+        """The plaintext of a stored secret (None: none); SecretsLocked when it is sealed with
+        a key this process was not given."""
+        with self._db.read() as conn:
+            rows = conn.execute(
+                "SELECT value FROM channel_secrets WHERE channel_id = ? AND name = ?", (channel_id, name)
+            ).fetchall()
+        if not rows:
+            return None
+        stored = str(rows[0][0])
+        if self._sealer is None:
+            return stored
+        plain, locked = self._sealer.open(stored, SECRET_PURPOSE)
+        if locked:
+            raise SecretsLocked(f"the {name} of channel {channel_id!r} is sealed with a key this process was not given")
+        return plain
+
+    # ---- connections the sidecar owns ---------------------------------------------------
+
+    def connection_state(self, channel_id: str) -> tuple[bool, str | None]:
+        """(should it be connected, where to resume)."""
+        with self._db.read() as conn:
+            rows = conn.execute("SELECT connect, resume FROM channel_state WHERE channel_id = ?", (channel_id,)).fetchall()
+        if not rows:
+            return False, None
+        resume = rows[0][1]
+        return bool(rows[0][0]), str(resume) if resume is not None else None
+
+    def wanted_connections(self) -> list[str]:
+        with self._db.read() as conn:
+            rows = conn.execute("SELECT channel_id FROM channel_state WHERE connect = 1").fetchall()
+        return [str(r[0]) for r in rows]
+
+    def set_connection(self, channel_id: str, *, connect: bool | None = None, resume: str | None | _Keep = KEEP) -> None:
+        """Record whether the channel should be connected and/or its resume point."""
+        with self._db.write() as conn:
+            now = self._clock()
+            conn.execute(
+                "INSERT INTO channel_state(channel_id, connect, resume, updated_at) VALUES (?, 0, NULL, ?)"
+                " ON CONFLICT(channel_id) DO NOTHING",
+                (channel_id, now),
+            )
+            if connect is not None:
+                conn.execute(
+                    "UPDATE channel_state SET connect = ?, updated_at = ? WHERE channel_id = ?",
+                    (int(connect), now, channel_id),
+                )
+            if not isinstance(resume, _Keep):
+                conn.execute(
+                    "UPDATE channel_state SET resume = ?, updated_at = ? WHERE channel_id = ?", (resume, now, channel_id)
+                )
+
+    # ---- the remote-agent route's session map -------------------------------------------
+
+    def remote_session(self, session_id: str) -> tuple[str, str, str] | None:
+        """(remote session id, user_id, project_id) of a local session's previous turn."""
+        with self._db.read() as conn:
+            rows = conn.execute(
+                "SELECT remote_session_id, user_id, project_id FROM channel_remote_sessions WHERE session_id = ?",
+                (session_id,),
+            ).fetchall()
+        return (str(rows[0][0]), str(rows[0][1]), str(rows[0][2])) if rows else None
+
+    def set_remote_session(self, session_id: str, remote_session_id: str, user_id: str, project_id: str) -> None:
+        with self._db.write() as conn:
+            conn.execute(
+                "INSERT INTO channel_remote_sessions(session_id, remote_session_id, user_id, project_id, updated_at)"
+                " VALUES (?, ?, ?, ?, ?) ON CONFLICT(session_id) DO UPDATE SET"
+                " remote_session_id = excluded.remote_session_id, user_id = excluded.user_id,"
+                " project_id = excluded.project_id, updated_at = excluded.updated_at",
+                (session_id, remote_session_id, user_id, project_id, self._clock()),
+            )
+
+
+def _entry(row: InboxRow) -> ChannelLogEntry:
+    reason = row.reason
+    if row.state == "failed":
+        reason = row.error or reason
+    return ChannelLogEntry(
+        inbox_id=row.id, chat_id=row.chat_id, chat_type=row.chat_type,  # type: ignore[arg-type]
+        thread_id=row.thread_id, message_id=row.platform_message_id, sender_id=row.sender_id,
+        sender_name=row.sender_name, text=row.text_preview, action=row.action,  # type: ignore[arg-type]
+        status=log_status(row.action, row.state), reason=reason, session_id=row.session_id,
+        user_message_id=row.user_message_id, reply_message_id=row.reply_message_id,
+        received_at=row.received_at, updated_at=row.updated_at,
+    )

@@ -1129,3 +1129,48 @@ def m_kb_chunk_ids(conn: apsw.Connection) -> None:
                 "UPDATE message_citations SET chunk_id = ? WHERE chunk_id = ? AND document_id = ?"
                 " AND char_start = ? AND char_end = ?", (new, old, document_id, start, end),
             )
+def m_channel_routes_access(conn: apsw.Connection) -> None:
+    # IM channels, second part (sidecar/store/channels.py): what the message log shows of a
+    # received message (chat type, sender, the start of its text, why it was not answered);
+    # a channel's counters since it was created; its sealed secrets (platform credentials, a
+    # remote agent's token: channel_secrets, sealed by sidecar/store/secrets.py); the state of
+    # a connection the sidecar owns (whether it should run, and where to resume: a Telegram
+    # update offset, a Discord gateway session); and the session map of the remote-agent
+    # route (a local session -> the remote service's session and the V1 ids it was sent).
+    columns = {row[1] for row in conn.execute("PRAGMA table_info(channel_inbox)")}
+    for column in ("chat_type", "sender_id", "sender_name", "text_preview", "reason"):
+        if column not in columns:
+            conn.execute(f"ALTER TABLE channel_inbox ADD COLUMN {column} TEXT")
+    conn.execute(
+        """
+        CREATE INDEX IF NOT EXISTS idx_channel_inbox_log ON channel_inbox(channel_id, id);
+        CREATE TABLE IF NOT EXISTS channel_counters (
+          channel_id TEXT PRIMARY KEY REFERENCES channel_configs(id) ON DELETE CASCADE,
+          received   INTEGER NOT NULL DEFAULT 0,
+          replied    INTEGER NOT NULL DEFAULT 0,
+          ignored    INTEGER NOT NULL DEFAULT 0,
+          refused    INTEGER NOT NULL DEFAULT 0,
+          failed     INTEGER NOT NULL DEFAULT 0,
+          duplicates INTEGER NOT NULL DEFAULT 0
+        ) WITHOUT ROWID;
+        CREATE TABLE IF NOT EXISTS channel_secrets (
+          channel_id TEXT NOT NULL REFERENCES channel_configs(id) ON DELETE CASCADE,
+          name       TEXT NOT NULL,
+          value      TEXT NOT NULL,
+          PRIMARY KEY (channel_id, name)
+        ) WITHOUT ROWID;
+        CREATE TABLE IF NOT EXISTS channel_state (
+          channel_id TEXT PRIMARY KEY REFERENCES channel_configs(id) ON DELETE CASCADE,
+          connect    INTEGER NOT NULL DEFAULT 0,
+          resume     TEXT,
+          updated_at INTEGER NOT NULL
+        ) WITHOUT ROWID;
+        CREATE TABLE IF NOT EXISTS channel_remote_sessions (
+          session_id        TEXT PRIMARY KEY REFERENCES sessions_v2(id) ON DELETE CASCADE,
+          remote_session_id TEXT NOT NULL,
+          user_id           TEXT NOT NULL,
+          project_id        TEXT NOT NULL,
+          updated_at        INTEGER NOT NULL
+        ) WITHOUT ROWID;
+        """
+    )

@@ -9,7 +9,9 @@ hold a token as well as ``Authorization``):
   readable); every ``env`` value of an ``acp-engine`` provider's ``engine`` config;
 - ``mcp_servers.config``: every ``env`` value, every ``headers`` value, the ``url``'s
   userinfo and query values;
-- ``sync_account.token``: the Qiming server token.
+- ``sync_account.token``: the Qiming server token;
+- ``channel_secrets.value``: an IM channel's platform credentials and its remote agent's
+  token (ChannelRepo).
 Names (header and env names, body and query keys) stay readable: they are what the
 listings show (masked values, ``sidecar/secrets/mask.py``). A sealed URL part is stored
 percent-encoded in its place, so the stored URL still parses.
@@ -53,6 +55,7 @@ MCP_HEADERS = "mcp_servers.headers"
 MCP_URL = "mcp_servers.url"
 SYNC_TOKEN = "sync_account.token"
 _MCP_MAPS = (("env", MCP_ENV), ("headers", MCP_HEADERS))
+CHANNEL_SECRET = "channel_secrets.value"
 
 _obj = msgspec.json.Decoder(dict[str, Any])
 _any = msgspec.json.Decoder()
@@ -240,6 +243,13 @@ class SecretsRepo:
                 new_token = pass_.value(token, SYNC_TOKEN)
                 if new_token != token:
                     conn.execute("UPDATE sync_account SET token = ? WHERE id = ?", (new_token, account_id))
+            for channel_id, name, value in fetch_all(conn, "SELECT channel_id, name, value FROM channel_secrets"):
+                new_value = pass_.value(value, CHANNEL_SECRET)
+                if new_value != value:
+                    conn.execute(
+                        "UPDATE channel_secrets SET value = ? WHERE channel_id = ? AND name = ?",
+                        (new_value, channel_id, name),
+                    )
         # old page images (the plaintext of an older version, a rewritten value) must not
         # stay in the WAL file
         self._db.checkpoint()

@@ -857,7 +857,7 @@ def _context(store: Store) -> ContextRepo:
 def _channels(store: Store) -> ChannelRepo:
     from sidecar.store.channels import ChannelRepo
 
-    return ChannelRepo(store._db, store._clock)
+    return ChannelRepo(store._db, store._clock, store._sealer)
 
 
 def _knowledge(store: Store) -> KnowledgeRepo:

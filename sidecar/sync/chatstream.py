@@ -31,21 +31,25 @@ re-attaches the same way.
 Must stay true: an event is yielded at most once per turn; a failure to start the turn
 (the first request) is raised as it is, never retried by re-attaching (nothing may run the
 turn twice); AuthRequired and ConversationGone are never retried.
+
+``stop_and_drain`` is how a stopped turn ends (a forwarded turn's, a remote agent's): the
+stop call (bounded), then the rest of the turn mapped for at most a grace period, so the
+reply keeps what the other side still sent before it ended.
 """
 
 from __future__ import annotations
 
 import logging
-from collections.abc import AsyncGenerator, AsyncIterator, Callable
-from contextlib import AbstractAsyncContextManager
-from typing import Generic, TypeVar
+from collections.abc import AsyncGenerator, AsyncIterator, Awaitable, Callable
+from contextlib import AbstractAsyncContextManager, aclosing
+from typing import Any, Generic, Protocol, TypeVar
 
 import anyio
 import msgspec
 
 from sidecar.sync.errors import AuthRequired, ConversationGone, QimingError, ServerUnreachable
 
-__all__ = ["Follower", "ReplayFilter", "MAX_REATTACH", "canonical_key"]
+__all__ = ["Follower", "ReplayFilter", "MAX_REATTACH", "canonical_key", "stop_and_drain", "StoppableMapper"]
 
 log = logging.getLogger(__name__)
 
@@ -183,3 +187,34 @@ class _EndMarker:
 
 
 _END = _EndMarker()
+
+
+class StoppableMapper(Protocol):
+    stopping: bool
+
+    async def apply(self, item: Any) -> object | None:
+        """Map one event; not None once the turn ended."""
+        ...
+
+
+async def stop_and_drain(
+    stop: Callable[[], Awaitable[object]], follower: Follower[Any], mapper: StoppableMapper, *,
+    stop_call_s: float, grace_s: float, what: str,
+) -> bool:
+    """Stop the turn (``stop``, at most ``stop_call_s``), then keep mapping what the stream
+    still brings for at most ``grace_s``; False when the turn did not end in that time."""
+    mapper.stopping = True
+    try:
+        with anyio.move_on_after(stop_call_s):
+            await stop()
+    except QimingError as exc:
+        log.warning("stopping %s failed: %s", what, exc.message)
+    with anyio.move_on_after(grace_s) as scope:
+        try:
+            async with aclosing(follower.events()) as events:
+                async for item in events:
+                    if await mapper.apply(item) is not None:
+                        break
+        except QimingError as exc:
+            log.info("after the stop of %s: %s", what, exc.message)
+    return not scope.cancelled_caught

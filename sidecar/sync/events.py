@@ -42,6 +42,7 @@ from protocol.types import ToolUsePart, Usage
 from sidecar.acp.mapping import UpdateMapper
 from sidecar.engine.lifecycle import Aborted, Completed, Ending, Failed, ReplyFeed
 from sidecar.jsondepth import json_too_deep
+from sidecar.sync.chatstream import canonical_key
 from sidecar.sync.errors import ChatFailed
 from sidecar.sync.wire import (
     AgentOutputDto,
@@ -59,6 +60,8 @@ __all__ = [
     "DEFAULT_OPTIONS",
     "FINISH_REASONS",
     "ending_of_message",
+    "frame_key",
+    "frame_ends",
 ]
 
 log = logging.getLogger(__name__)
@@ -291,6 +294,17 @@ def _call_id(component: ComponentExecutingDto, result: ComponentExecuteResult | 
 
 def _str(value: Any) -> str | None:
     return value if isinstance(value, str) else None
+
+
+def frame_key(frame: SessionFrame) -> bytes | None:
+    """A progress frame's identity for the stream follower (None: carries nothing)."""
+    if frame.message_type in ("heartbeat", "sessionPromptStart"):
+        return None
+    return canonical_key(f"{frame.message_type}|{frame.sub_type or frame.event}", bytes(frame.data))
+
+
+def frame_ends(frame: SessionFrame) -> bool:
+    return frame.message_type == "sessionPromptEnd"
 
 
 class ComputerEvents:

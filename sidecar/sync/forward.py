@@ -65,10 +65,17 @@ from sidecar.store import AsyncStore, Store
 from sidecar.store.ids import now_ms
 from sidecar.supervision import SHUTDOWN_CLOCK
 from sidecar.sync.account import ServerAccount, usable_account
-from sidecar.sync.chatstream import Follower, canonical_key
+from sidecar.sync.chatstream import Follower, canonical_key, stop_and_drain
 from sidecar.sync.client import ChatAttachment, ComputerChatBody, QimingClient, TryReqDto
 from sidecar.sync.errors import AuthRequired, ChatFailed, QimingError, ServerMalformed
-from sidecar.sync.events import ComputerEvents, ConversationEvents, PermissionAsk, ending_of_message
+from sidecar.sync.events import (
+    ComputerEvents,
+    ConversationEvents,
+    PermissionAsk,
+    ending_of_message,
+    frame_ends,
+    frame_key,
+)
 from sidecar.sync.mapping import conversation_title, normalize_messages
 from sidecar.sync.run import AccountConfig
 from sidecar.sync.wire import AgentOutputDto, ChatMessageDto, SessionFrame, to_int, to_ms
@@ -129,16 +136,6 @@ def _dto_key(dto: AgentOutputDto) -> bytes | None:
 
 def _dto_ends(dto: AgentOutputDto) -> bool:
     return dto.completed or (dto.event_type or "").upper() == "ERROR"
-
-
-def _frame_key(frame: SessionFrame) -> bytes | None:
-    if frame.message_type in ("heartbeat", "sessionPromptStart"):
-        return None
-    return canonical_key(f"{frame.message_type}|{frame.sub_type or frame.event}", bytes(frame.data))
-
-
-def _frame_ends(frame: SessionFrame) -> bool:
-    return frame.message_type == "sessionPromptEnd"
 
 
 class _ConversationApi:
@@ -241,8 +238,8 @@ class _ComputerApi:
         self.follower: Follower[SessionFrame] = Follower(
             open_first=self._progress,
             open_again=self._progress,
-            key=_frame_key,
-            ends=_frame_ends,
+            key=frame_key,
+            ends=frame_ends,
             idle_s=idle_s,
             what=f"computer session of {session_id}",
             first_starts=False,
@@ -353,21 +350,11 @@ class _ServerTurn(ReplyDriver):
 
     async def _stop(self, api: _TurnApi, mapper: _Mapper, grace: float) -> None:
         """Stop the turn on the server, then keep mapping what it still sends, at most ``grace``."""
-        mapper.stopping = True
-        try:
-            with anyio.move_on_after(SHUTDOWN_CLOCK.bound(STOP_CALL_S)):
-                await api.stop()
-        except QimingError as exc:
-            log.warning("stopping the server turn of %s failed: %s", self.job.message_id, exc.message)
-        with anyio.move_on_after(grace) as scope:
-            try:
-                async with aclosing(api.follower.events()) as events:
-                    async for item in events:
-                        if await mapper.apply(item) is not None:
-                            break
-            except QimingError as exc:
-                log.info("after the stop of %s: %s", self.job.message_id, exc.message)
-        if scope.cancelled_caught:
+        ended = await stop_and_drain(
+            api.stop, api.follower, mapper, stop_call_s=SHUTDOWN_CLOCK.bound(STOP_CALL_S), grace_s=grace,
+            what=f"the server turn of {self.job.message_id}",
+        )
+        if not ended:
             self.job.abort_reason = (self.job.abort_reason or "aborted") + (
                 f" (the server did not end the turn within {grace:g} s; it was ended without it)"
             )

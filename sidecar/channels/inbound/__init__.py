@@ -1,7 +1,7 @@
 """Input adaptation (seed 004 §4.1 PreProcessor 6): an IM message -> the user turn.
 
 Owns: ``adapt``: the platform's markup (mentions, @all, emoji codes, quoted replies,
-rich-text posts and cards, Slack blocks) becomes clean text by the platform's adapter (one
+rich-text posts and cards, Slack blocks, Telegram entities, Discord markup) becomes clean text by the platform's adapter (one
 module per platform), then the turn is written so that it says who spoke and what was
 quoted:
 
@@ -36,8 +36,10 @@ from protocol.channels import ChannelConfig, ChannelMessageParams
 from protocol.types import FilePart, ImagePart, TextPart
 from sidecar.channels.inbound.common import Mentions, PlatformText, resolve_plain_mentions
 from sidecar.channels.inbound.dingtalk import dingtalk_text
+from sidecar.channels.inbound.discord import discord_text
 from sidecar.channels.inbound.feishu import feishu_text
 from sidecar.channels.inbound.slack import slack_text
+from sidecar.channels.inbound.telegram import telegram_text
 from sidecar.channels.inbound.wechat import wechat_text
 from sidecar.channels.inbound.wecom import wecom_text
 from sidecar.errors import InvalidParams
@@ -60,6 +62,8 @@ _ADAPTERS: dict[str, Callable[[ChannelMessageParams, Mentions], PlatformText]] =
     "wecom": wecom_text,
     "wechat": wechat_text,
     "slack": slack_text,
+    "telegram": telegram_text,
+    "discord": discord_text,
     "plain": _plain_text,
 }
 
@@ -72,6 +76,8 @@ class Adapted:
     """The user turn: speaker and quote written in, attachments as parts."""
     mentions_bot: bool
     mentions_all: bool
+    keyword: bool = False
+    """A group message containing the channel's trigger keyword."""
 
     @property
     def empty(self) -> bool:
@@ -90,6 +96,9 @@ def adapt(params: ChannelMessageParams, config: ChannelConfig, quoted: str | Non
     mentions = Mentions(params.mentions, config.bot_user_ids)
     platform = _ADAPTERS[config.platform](params, mentions)
     body = "\n".join(line.rstrip() for line in platform.text.split("\n")).strip()
+    keyword = False
+    if params.chat_type == "group" and config.trigger_keyword:
+        body, keyword = _trigger(body, config.trigger_keyword)
     quote_text = params.reply_to.text if params.reply_to and params.reply_to.text else platform.quote or quoted
     quote_sender = (params.reply_to.sender_name if params.reply_to else None) or platform.quote_sender
     lines: list[str] = []
@@ -114,7 +123,17 @@ def adapt(params: ChannelMessageParams, config: ChannelConfig, quoted: str | Non
         turn=UserInput(content=content, attachments=attachments or None),
         mentions_bot=mentions.bot,
         mentions_all=mentions.all or params.mention_all,
+        keyword=keyword,
     )
+
+
+def _trigger(body: str, keyword: str) -> tuple[str, bool]:
+    """Whether ``body`` holds the trigger keyword (case-insensitive); a leading one is taken
+    out with the punctuation after it ("bot, hi" reads "hi")."""
+    wanted = keyword.casefold()
+    if body[: len(keyword)].casefold() == wanted:
+        return body[len(keyword):].lstrip(" \t,:;，：；、").strip(), True
+    return body, wanted in body.casefold()
 
 
 def _speaker(params: ChannelMessageParams) -> str:
