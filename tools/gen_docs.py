@@ -185,8 +185,9 @@ def _member_doc(code: ErrorCode) -> str:
     import ast
     import inspect
 
-    tree = ast.parse(inspect.getsource(type(code)))
-    body = tree.body[0].body  # type: ignore[attr-defined]
+    cls = ast.parse(inspect.getsource(type(code))).body[0]
+    assert isinstance(cls, ast.ClassDef)
+    body = cls.body
     for node, following in zip(body, body[1:]):
         if (isinstance(node, ast.Assign) and any(getattr(t, "id", None) == code.name for t in node.targets)
                 and isinstance(following, ast.Expr) and isinstance(following.value, ast.Constant)):
