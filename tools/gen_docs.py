@@ -21,7 +21,7 @@ written by hand; ``undocumented()`` lists every method or notification its page 
 mention in a code span (```name``` or ```name {params}```), so a new method cannot go undocumented (tests/test_docs_generated.py).
 
 What must stay true: the output depends only on ``protocol/``, ``sidecar/__main__.py``'s
-``OPTIONS`` and this file (sorted by the contract's own order, no timestamps), so it is
+``OPTIONS`` and this file (in the contract's own order, no timestamps), so it is
 reproducible and a test compares it with the committed copies.
 """
 
