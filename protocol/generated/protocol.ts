@@ -4,7 +4,7 @@
 // Compiled to protocol.js (the runtime values: ErrorCode, PROTOCOL_VERSION, FINAL_EVENT_TYPES,
 // METHOD_NAMES...) and protocol.d.ts; an app may compile this file itself instead.
 
-/** The wire contract version this copy was generated for (see README: protocolVersion). */
+/** The wire contract version this copy was generated for (see docs/protocol.md: protocolVersion). */
 export type ProtocolVersion = 1;
 export const PROTOCOL_VERSION: ProtocolVersion = 1;
 
@@ -364,7 +364,7 @@ export type TruncationStrategy = "sliding-window" | "smart-select" | "summarize-
 
 /**
  * What every ``chat:stream`` event has, whatever its ``type``: the shape to give an event of
- * a type this copy of the contract does not know (a newer sidecar's, see README:
+ * a type this copy of the contract does not know (a newer sidecar's, see docs/protocol.md:
  * protocolVersion). ChatStreamEvent lists the known ones, so in the ``default`` branch of a
  * ``switch (event.type)`` write ``const other: UnknownStreamEvent = event;`` (no cast: it
  * compiles whether or not the cases cover every known type) and ignore or log ``other.type``.
