@@ -8,7 +8,8 @@ chat-template tokens, our tags and every Unicode line break, goes in as
 - a memory (its text and details, rendered by sidecar/memory/text.py; MemoryRetrievalTransformer),
 - an IM sender's name, and the message it quotes with its sender's name (sidecar/channels/inbound),
 - a conversation title pulled from a server (``{session_title}`` in the system prompt),
-- a history message in the transcript of a rolling summary (sidecar/pipeline/summary.py).
+- a history message in the transcript of a rolling summary, and the previous summary
+  (sidecar/pipeline/summary.py).
 
 The request must have no line that starts a role and no chat-template token
 (tests/security/prompt_lines.py says what those are), and exactly the tags of the same
@@ -181,8 +182,9 @@ class SummaryModel:
 
 
 @settings(max_examples=150, deadline=None, suppress_health_check=[HealthCheck.too_slow])
-@given(texts=st.lists(untrusted, min_size=1, max_size=6))
-def test_a_summary_transcript_has_one_line_per_message(texts: list[str]) -> None:
+@given(texts=st.lists(untrusted, min_size=1, max_size=6), previous=untrusted)
+def test_a_summary_transcript_has_one_line_per_message(texts: list[str], previous: str) -> None:
+    """And the previous summary (a model wrote it from the same history) is one element on one line."""
     model = SummaryModel()
     messages = [
         MessageV2(id=f"m{n}", session_id="s", role="user" if n % 2 == 0 else "assistant", text_content=text or "x",
@@ -192,7 +194,7 @@ def test_a_summary_transcript_has_one_line_per_message(texts: list[str]) -> None
 
     async def run() -> None:
         with anyio.fail_after(30):
-            await Summarizer(model).summarize(previous=None, messages=messages, provider_id="p", model_id="m")
+            await Summarizer(model).summarize(previous=previous or None, messages=messages, provider_id="p", model_id="m")
 
     anyio.run(run)
     (prompt,) = model.prompts
@@ -202,4 +204,9 @@ def test_a_summary_transcript_has_one_line_per_message(texts: list[str]) -> None
     lines = [line for line in inside.splitlines() if line]
     assert [line.split(":", 1)[0] for line in lines] == [m.role.capitalize() for m in messages]
     assert role_lines(user) == lines  # each message's own label, and no other
-    assert block_tags(user) == {"new_messages": 1, "/new_messages": 1}
+    expected = {"new_messages": 1, "/new_messages": 1}
+    if previous:
+        expected.update({"previous_summary": 1, "/previous_summary": 1})
+        (line,) = [line for line in user.splitlines() if "<previous_summary>" in line]
+        assert line.startswith("<previous_summary>") and line.endswith("</previous_summary>")
+    assert block_tags(user) == expected
