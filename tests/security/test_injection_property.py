@@ -9,7 +9,9 @@ chat-template tokens, our tags and every Unicode line break, goes in as
 - an IM sender's name, and the message it quotes with its sender's name (sidecar/channels/inbound),
 - a conversation title pulled from a server (``{session_title}`` in the system prompt),
 - a history message in the transcript of a rolling summary, and the previous summary
-  (sidecar/pipeline/summary.py).
+  (sidecar/pipeline/summary.py);
+- what a model wrote from such text (the rolling summary, Soul.md) and an attached
+  file's name, type and text, through the functions that write them into a prompt.
 
 The request must have no line that starts a role and no chat-template token
 (tests/security/prompt_lines.py says what those are), and exactly the tags of the same
@@ -29,14 +31,16 @@ from hypothesis import strategies as st
 
 from prompt_lines import block_tags, role_lines, template_tokens
 from protocol.channels import ChannelConfigUpsertParams, ChannelMessageParams
-from protocol.context import AssistantUpsertParams, MemorySettings
+from protocol.context import AssistantProfile, AssistantUpsertParams, MemorySettings
 from protocol.sessions import CreateSessionOptions
-from protocol.types import MessageV2
+from protocol.types import MessageV2, SessionV2
 from sidecar.channels.inbound import adapt
 from sidecar.channels.platforms import resolve_config
 from sidecar.memory.text import flags_of, render_memory
 from sidecar.pipeline.builder import RequestBuilder
 from sidecar.pipeline.summary import Summarizer
+from sidecar.pipeline.system import compose_system_prompt
+from sidecar.pipeline.transformers.document import file_block
 from sidecar.providers import OpenAICompatProvider, ProviderSettings
 from sidecar.providers.replay import ScriptedTransport
 from sidecar.providers.types import GenerationParams, ModelInfo, RequestMessage
@@ -210,3 +214,27 @@ def test_a_summary_transcript_has_one_line_per_message(texts: list[str], previou
         (line,) = [line for line in user.splitlines() if "<previous_summary>" in line]
         assert line.startswith("<previous_summary>") and line.endswith("</previous_summary>")
     assert block_tags(user) == expected
+
+
+@settings(max_examples=200, deadline=None)
+@given(summary=untrusted, soul=untrusted, name=untrusted, mime=untrusted, text=untrusted, truncated=st.booleans())
+def test_model_written_text_and_files_are_one_element_on_one_line(
+    summary: str, soul: str, name: str, mime: str, text: str, truncated: bool
+) -> None:
+    """The writers of the rolling summary, Soul.md and an attached file's text (the same
+    functions the request builder and the document transformer call): whatever the text,
+    its element is on one line after the header line, and nothing else is a role or a tag."""
+    session = SessionV2(id="s", title="t", provider_id="p", model_id="m", created_at=0, updated_at=0)
+    profile = AssistantProfile(id="default", name="Helper", system_prompt="You help.")
+    # blank text leaves its block out: not this rule's job
+    system = compose_system_prompt(session=session, assistant=profile, soul=soul if soul.strip() else "x",
+                                   summary=summary if summary.strip() else "x", summary_count=4)
+    assert system is not None
+    files = [file_block(tag, name or "f", mime or "text/plain", text, truncated) for tag in ("document", "file")]
+    expected = {"soul": 1, "/soul": 1, "conversation_summary": 1, "/conversation_summary": 1}
+    for written, tags in ((system, expected), (files[0], {"document": 1, "/document": 1}), (files[1], {"file": 1, "/file": 1})):
+        assert role_lines(written) == [] and template_tokens(written) == [], written
+        assert dict(block_tags(written)) == tags, (block_tags(written), written)
+    for tag, written in (("soul", system), ("conversation_summary", system), ("document", files[0]), ("file", files[1])):
+        (line,) = [line for line in written.splitlines() if line.startswith(f"<{tag}")]
+        assert line.endswith(f"</{tag}>")
