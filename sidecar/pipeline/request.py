@@ -17,7 +17,7 @@ model can take, after the input transformers ran. Rules (README "Attachments and
 - files still FileParts here (DocumentAsPrompt is off, or did not convert them): text-like
   ones are inlined as ``<file>`` text (escaped data, as DocumentAsPrompt's ``<document>``
   blocks) up to MAX_INLINE_FILE_BYTES (then truncated), any
-  other becomes a note naming it.
+  other becomes a note naming it (its name and type escaped: sidecar/untrusted.py).
 
 Blocking (reads attachment files): run ``finalize`` with ``anyio.to_thread.run_sync``
 when the drafts hold images or files.
@@ -43,6 +43,7 @@ from sidecar.pipeline.transformers.base import Draft
 from sidecar.pipeline.transformers.document import file_block
 from sidecar.providers.types import ModelInfo, RequestMessage
 from sidecar.store.attachments import AttachmentStore
+from sidecar.untrusted import escape
 
 __all__ = ["build_drafts", "finalize", "lead_with_user", "CONVERSATION_START", "MAX_INLINE_FILE_BYTES", "is_text_mime"]
 
@@ -127,8 +128,9 @@ def _image_part(part: ImagePart, model: ModelInfo, attachments: AttachmentStore)
 
 
 def _file_note(part: FilePart) -> TextPart:
-    name = part.name or part.uri.rsplit("/", 1)[-1]
-    mime = part.mime_type or "application/octet-stream"
+    # a name and type from anyone (a server's attachment, an IM file, a dropped file)
+    name = escape(part.name or part.uri.rsplit("/", 1)[-1])
+    mime = escape(part.mime_type or "application/octet-stream")
     return TextPart(text=f"[attached file: {name} ({mime}); its contents cannot be shown to the model]")
 
 
