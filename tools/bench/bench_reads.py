@@ -1,0 +1,271 @@
+#!/usr/bin/env python3
+"""Reads while replies stream: session list and search latency over the wire, idle and
+with N replies streaming at once, in one run.
+
+    python3 dev.py bench bench_reads [--sessions 200] [--streams 50] [--samples 300]
+                                     [--baseline-root DIR]
+
+A data dir of ``--sessions`` sessions (bench_store's generator: real migrated schema,
+searchable text; ``--streams`` of them are created over the wire to stream into) is served by a real sidecar subprocess, driven by a lean blocking client
+(a reader thread stamps every line as it arrives and parses only responses and endings,
+so the client's own JSON work is not counted). A loopback OpenAI-compatible server
+(fixtures/scripted_provider.py) streams ``--streams`` replies at once (``--chunk-ms``
+between deltas, a fast model's pace). Measured, each request sent when the previous one
+was answered, alternating:
+
+- ``chat:session:list`` (page of 50) and ``chat:messages:search`` (top 20, common words):
+  p50 / p99 / max, first idle, then while every reply is streaming (samples stop when the
+  first reply ends), and the ratio loaded / idle (the baseline of the same run);
+- every reply must end ``stream_end`` and be stored ``completed`` with its full text.
+
+Goals: with 50 replies streaming, list p99 <= 10 ms and search p99 <= 25 ms.
+``--baseline-root DIR`` first runs the same measurement against the sidecar of another
+checkout (e.g. ``git archive`` of main), on a copy of the same data dir, so a change is
+compared before/after in one run. The load average is printed: on a shared machine,
+figures are only comparable within a run.
+"""
+
+from __future__ import annotations
+
+import argparse
+import json
+import os
+import shutil
+import statistics
+import subprocess
+import sys
+import tempfile
+import threading
+import time
+from pathlib import Path
+from typing import Any
+
+ROOT = Path(__file__).resolve().parents[2]
+sys.path.insert(0, str(ROOT))
+sys.path.insert(0, str(ROOT / "tests"))
+sys.path.insert(0, str(ROOT / "tools" / "bench"))
+
+import anyio  # noqa: E402
+import anyio.to_thread  # noqa: E402
+
+from bench_store import generate  # noqa: E402
+from scripted_server import scripted_provider  # noqa: E402
+
+ENDINGS = (b'"stream_end"', b'"error"', b'"aborted"')
+LIST_PARAMS = {"limit": 50}
+SEARCH_QUERIES = ("function", "问题", "the data", "server")
+GOALS = {"list": 10.0, "search": 25.0}
+
+
+class WireClient:
+    """A sidecar subprocess over NDJSON pipes; responses stamped on arrival."""
+
+    def __init__(self, root: Path, data_dir: Path) -> None:
+        self.proc = subprocess.Popen(
+            [sys.executable, "-m", "sidecar", "--data-dir", str(data_dir), "--log-level", "WARNING"],
+            stdin=subprocess.PIPE, stdout=subprocess.PIPE, stderr=subprocess.DEVNULL, cwd=root,
+            env={**os.environ, "PYTHONPATH": str(root)},
+        )
+        self.next_id = 0
+        self._cond = threading.Condition()
+        self._responses: dict[int, tuple[float, dict[str, Any]]] = {}
+        self.ended: dict[str, str] = {}
+        self.first_delta: set[str] = set()
+        self.events = 0
+        self._reader = threading.Thread(target=self._read, daemon=True)
+        self._reader.start()
+
+    def _read(self) -> None:
+        assert self.proc.stdout is not None
+        for line in self.proc.stdout:
+            stamp = time.perf_counter()
+            head = line[:60]
+            if b'"method"' in head:
+                self.events += 1
+                if b'"chat:stream"' not in line[:120]:
+                    continue
+                if any(marker in line for marker in ENDINGS) or b'"text_delta"' in line[:400]:
+                    params = json.loads(line)["params"]
+                    with self._cond:
+                        if params["type"] == "text_delta":
+                            self.first_delta.add(params["messageId"])
+                        elif params["type"] in ("stream_end", "error", "aborted"):
+                            detail = params.get("error")
+                            self.ended[params["messageId"]] = params["type"] + (f": {detail}" if detail else "")
+                        self._cond.notify_all()
+                continue
+            message = json.loads(line)
+            if "id" in message and message["id"] is not None:
+                with self._cond:
+                    self._responses[message["id"]] = (stamp, message)
+                    self._cond.notify_all()
+        with self._cond:
+            self._cond.notify_all()
+
+    def send(self, method: str, params: Any) -> int:
+        assert self.proc.stdin is not None
+        self.next_id += 1
+        line = json.dumps({"jsonrpc": "2.0", "id": self.next_id, "method": method, "params": params})
+        self.proc.stdin.write(line.encode() + b"\n")
+        self.proc.stdin.flush()
+        return self.next_id
+
+    def wait(self, request_id: int, timeout: float = 60) -> tuple[float, Any]:
+        deadline = time.monotonic() + timeout
+        with self._cond:
+            while request_id not in self._responses:
+                left = deadline - time.monotonic()
+                if left <= 0 or self.proc.poll() is not None:
+                    raise SystemExit(f"no answer to request {request_id}")
+                self._cond.wait(left)
+            stamp, message = self._responses.pop(request_id)
+        if "error" in message:
+            raise SystemExit(f"request {request_id}: {message['error']}")
+        return stamp, message["result"]
+
+    def call(self, method: str, params: Any) -> Any:
+        return self.wait(self.send(method, params))[1]
+
+    def timed(self, method: str, params: Any) -> float:
+        start = time.perf_counter()
+        stamp, _ = self.wait(self.send(method, params))
+        return (stamp - start) * 1000
+
+    def until(self, predicate: Any, timeout: float) -> None:
+        deadline = time.monotonic() + timeout
+        with self._cond:
+            while not predicate():
+                left = deadline - time.monotonic()
+                if left <= 0:
+                    raise SystemExit("timed out waiting for the streams")
+                self._cond.wait(left)
+
+    def close(self) -> None:
+        try:
+            self.call("sidecar:shutdown", {})
+            self.proc.wait(timeout=30)
+        finally:
+            if self.proc.poll() is None:
+                self.proc.kill()
+                self.proc.wait()
+
+
+def sample(client: WireClient, count: int, keep_going: Any = lambda: True) -> dict[str, list[float]]:
+    out: dict[str, list[float]] = {"list": [], "search": []}
+    for i in range(count):
+        if not keep_going():
+            break
+        out["list"].append(client.timed("chat:session:list", LIST_PARAMS))
+        query = SEARCH_QUERIES[i % len(SEARCH_QUERIES)]
+        out["search"].append(client.timed("chat:messages:search", {"query": query, "options": {"limit": 20}}))
+    return out
+
+
+def stats(values: list[float]) -> tuple[float, float, float]:
+    ordered = sorted(values)
+    p99 = ordered[min(len(ordered) - 1, int(round(0.99 * (len(ordered) - 1))))]
+    return statistics.median(ordered), p99, ordered[-1]
+
+
+def measure(root: Path, data_dir: Path, base_url: str, args: argparse.Namespace) -> dict[str, Any]:
+    client = WireClient(root, data_dir)
+    try:
+        client.call("sidecar:initialize", {})
+        provider = client.call("provider:upsert", {
+            "name": "bench", "type": "openai-compat", "baseUrl": base_url, "models": [{"id": "bench-1"}],
+        })
+        client.call("provider:setDefault", {"providerId": provider["id"], "modelId": "bench-1"})
+        client.call("settings:update", {"generateTitles": False})
+        # the generated sessions name no provider: the replies stream into sessions of the
+        # bench's own, which complete the data dir's count
+        sessions = [client.call("chat:session:create", {"title": f"stream {i}"})["id"] for i in range(args.streams)]
+        sample(client, 20)  # warm up: imports, page cache, statement cache
+        idle = sample(client, args.samples)
+        load_before = os.getloadavg()
+        ids = [client.call("chat:send", {"sessionId": sid, "input": {"content": "go"}})["messageId"] for sid in sessions]
+        client.until(lambda: set(ids) <= client.first_delta | client.ended.keys(), 120)
+        if client.ended.keys() & set(ids):
+            raise SystemExit(f"a reply ended before every reply streamed: {client.ended}")
+        events_before = client.events
+        started = time.perf_counter()
+        loaded = sample(client, args.samples, keep_going=lambda: not (client.ended.keys() & set(ids)))
+        window = time.perf_counter() - started
+        events = client.events - events_before
+        streaming_at_end = len(set(ids) - client.ended.keys())
+        client.until(lambda: set(ids) <= client.ended.keys(), 300)
+        load_after = os.getloadavg()
+        bad = {mid: kind for mid, kind in client.ended.items() if mid in ids and kind != "stream_end"}
+        if bad:
+            raise SystemExit(f"replies did not complete: {bad}")
+        expected = args.word * args.chunks
+        for sid, mid in zip(sessions, ids):
+            stored = [m for m in client.call("chat:messages:get", {"sessionId": sid}) if m["id"] == mid]
+            if not stored or stored[0]["status"] != "completed" or stored[0]["textContent"] != expected:
+                raise SystemExit(f"reply {mid} was not stored whole: {stored[0]['status'] if stored else 'missing'}")
+        return {
+            "idle": idle, "loaded": loaded, "window_s": window, "events": events,
+            "streaming_at_end": streaming_at_end, "load": (load_before, load_after),
+        }
+    finally:
+        client.close()
+
+
+def report(label: str, result: dict[str, Any], streams: int) -> dict[str, float]:
+    before, after = result["load"]
+    print(f"{label}: {len(result['loaded']['list'])} loaded samples in {result['window_s']:.1f} s, "
+          f"{result['events'] / max(result['window_s'], 1e-9):.0f} events/s on the wire, "
+          f"{result['streaming_at_end']} of {streams} still streaming at the last sample; "
+          f"load average {before[0]:.2f} -> {after[0]:.2f}")
+    out: dict[str, float] = {}
+    for kind in ("list", "search"):
+        i50, i99, imax = stats(result["idle"][kind])
+        l50, l99, lmax = stats(result["loaded"][kind])
+        met = "met" if l99 <= GOALS[kind] else "NOT met"
+        print(f"  {kind:6} idle   p50 {i50:6.2f}  p99 {i99:6.2f}  max {imax:7.2f} ms")
+        print(f"  {kind:6} loaded p50 {l50:6.2f}  p99 {l99:6.2f}  max {lmax:7.2f} ms   "
+              f"p99 loaded/idle {l99 / i99:5.2f}   goal p99 <= {GOALS[kind]:.0f} ms: {met}")
+        out[f"{kind} p99"] = l99
+    return out
+
+
+async def main(args: argparse.Namespace) -> None:
+    work = Path(tempfile.mkdtemp(prefix="bench-reads-"))
+    try:
+        pristine = work / "pristine"
+        pristine.mkdir()
+        await anyio.to_thread.run_sync(generate, pristine, args.sessions - args.streams, args.messages)
+        print(f"data dir: {args.sessions} sessions, {args.messages} messages; {args.streams} replies of "
+              f"{args.chunks} deltas, {args.chunk_ms} ms apart; load average {os.getloadavg()[0]:.2f}")
+        runs: list[tuple[str, Path]] = []
+        if args.baseline_root:
+            runs.append(("baseline", Path(args.baseline_root).resolve()))
+        runs.append(("this tree", ROOT))
+        figures: dict[str, dict[str, float]] = {}
+        async with scripted_provider() as server:
+            for label, root in runs:
+                data_dir = work / label.replace(" ", "-")
+                shutil.copytree(pristine, data_dir)
+                await server.script(*[
+                    {"text": args.word, "repeat": args.chunks, "delay_ms": args.chunk_ms} for _ in range(args.streams)
+                ])
+                result = await anyio.to_thread.run_sync(measure, root, data_dir, server.base_url, args)
+                figures[label] = report(label, result, args.streams)
+        if len(figures) == 2:
+            for kind in ("list p99", "search p99"):
+                print(f"{kind} loaded, this tree / baseline: "
+                      f"{figures['this tree'][kind] / figures['baseline'][kind]:.2f}")
+    finally:
+        shutil.rmtree(work, ignore_errors=True)
+
+
+if __name__ == "__main__":
+    parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
+    parser.add_argument("--sessions", type=int, default=200)
+    parser.add_argument("--messages", type=int, default=20_000)
+    parser.add_argument("--streams", type=int, default=50)
+    parser.add_argument("--samples", type=int, default=300)
+    parser.add_argument("--chunks", type=int, default=1500, help="deltas per reply")
+    parser.add_argument("--chunk-ms", type=float, default=10.0, help="pause between deltas")
+    parser.add_argument("--word", default="word ", help="the text of each delta")
+    parser.add_argument("--baseline-root", help="another checkout whose sidecar is measured first")
+    anyio.run(main, parser.parse_args())
