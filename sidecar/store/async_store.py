@@ -2,7 +2,7 @@
 
 Owns: keeping database work off the event loop, and bounding it, in two lanes:
 
-- ``await store.run(fn)`` calls ``fn(store.sync)`` in a worker thread under the run lane's
+- ``await store.run(fn)`` calls ``fn(store.blocking)`` in a worker thread under the run lane's
   CapacityLimiter, shared by every caller of ``run``; it is sized to the connections (one
   writer plus the readers), so threads never queue inside the store and a burst of calls
   cannot take every thread anyio has. Anything may go here, writes included;
@@ -20,7 +20,7 @@ Owns: keeping database work off the event loop, and bounding it, in two lanes:
 A function may make several calls in one hop (a fast path: one thread switch instead of
 one per read) and may join them into one transaction with ``s.transaction()``.
 Collaborators whose blocking methods read through repositories they hold (the request
-builder's context reads, the turn writer) are built from ``store.sync`` and run those
+builder's context reads, the turn writer) are built from ``store.blocking`` and run those
 methods through ``run`` too; nothing else calls the Store from async code.
 
 Must stay true:
@@ -71,8 +71,9 @@ class AsyncStore:
         limiter: anyio.CapacityLimiter | None = None,
         read_limiter: anyio.CapacityLimiter | None = None,
     ) -> None:
-        self.sync = store
-        """The Store itself: for wiring collaborators whose blocking methods ``run`` calls."""
+        self.blocking = store
+        """The Store itself, whose every method blocks: for wiring collaborators whose
+        blocking methods ``run`` calls (never called from the event loop)."""
         self._limiter = limiter if limiter is not None else anyio.CapacityLimiter(3)
         self._read_limiter = read_limiter if read_limiter is not None else anyio.CapacityLimiter(READ_LANE)
 
@@ -93,12 +94,12 @@ class AsyncStore:
 
     async def run(self, fn: Callable[[Store], T]) -> T:
         """``fn(store)`` in a worker thread, through the run lane (writes allowed)."""
-        return await anyio.to_thread.run_sync(fn, self.sync, limiter=self._limiter)
+        return await anyio.to_thread.run_sync(fn, self.blocking, limiter=self._limiter)
 
     async def read(self, fn: Callable[[Store], T]) -> T:
         """``fn(store)`` in a worker thread of the read lane: reads only, on the lane's own
         connections, never behind the run lane's writes."""
-        return await anyio.to_thread.run_sync(_read_only, fn, self.sync, limiter=self._read_limiter)
+        return await anyio.to_thread.run_sync(_read_only, fn, self.blocking, limiter=self._read_limiter)
 
     async def close(self) -> None:
         """Close the database; shielded, so it also runs while the caller is cancelled."""
