@@ -10,7 +10,14 @@ Owns: keeping database work off the event loop, and bounding it, in two lanes:
   connections (sidecar/store/db.py ``read_lane``), so a read never queues behind the
   writes that hold the run lane (every streaming reply persists its partial content
   there); ``fn`` must only read, and a write inside it raises ``ReadLaneWrite``. For the
-  renderer's reads that must stay fast whatever streams: lists, searches, gets.
+  renderer's reads that must stay fast whatever streams: lists, searches, gets;
+- ``await store.persist(fn)`` is for the frequent, small writes of streaming replies (their
+  partial content): the writes submitted while one batch is being written are written
+  together as the next batch, one transaction through ``run``, each in its own savepoint
+  (one that fails, fails alone: its caller gets its exception, the others commit). So 50
+  streaming replies cost a few transactions and thread hops per persistence tick instead
+  of 50 that would take the run lane in turn. Batches are written one after the other, in
+  order; a write waits at most for the batch before its own.
 
 ``fn`` reaches any repository as an attribute of the Store::
 
@@ -29,6 +36,9 @@ Must stay true:
   thread limiter instead, so it never takes a slot a database call waits for);
 - the read lane never takes the write lock, so what it waits for is bounded by reads alone;
   a read sees what was committed before it began (one snapshot per repository call);
+- ``persist`` returns once its write is committed (or raises its failure), and cannot be
+  cancelled in between: a caller that was stopped has still written, so whatever it writes
+  next (a reply's final row) comes after it;
 - cancellation waits for the running call to finish (it is short, and one transaction at
   most per repository call), so a cancelled caller never leaves a transaction half-done.
 """
@@ -61,6 +71,32 @@ def _read_only(fn: Callable[[Store], T], store: Store) -> T:
         return fn(store)
 
 
+class _Write:
+    __slots__ = ("fn", "error")
+
+    def __init__(self, fn: Callable[[Store], None]) -> None:
+        self.fn = fn
+        self.error: BaseException | None = None
+
+
+class _Batch:
+    __slots__ = ("writes", "done")
+
+    def __init__(self) -> None:
+        self.writes: list[_Write] = []
+        self.done = anyio.Event()
+
+
+def _write_batch(writes: list[_Write], store: Store) -> None:
+    with store.transaction():
+        for write in writes:
+            try:
+                with store.savepoint():
+                    write.fn(store)
+            except Exception as exc:  # this write's failure is its caller's, not the batch's
+                write.error = exc
+
+
 class AsyncStore:
     """The gateway of one Store: ``run`` and ``read`` are its only ways in from async code."""
 
@@ -76,6 +112,10 @@ class AsyncStore:
         blocking methods ``run`` calls (never called from the event loop)."""
         self._limiter = limiter if limiter is not None else anyio.CapacityLimiter(3)
         self._read_limiter = read_limiter if read_limiter is not None else anyio.CapacityLimiter(READ_LANE)
+        self._open: _Batch | None = None
+        """The batch that takes new ``persist`` writes (its leader waits for ``_writing``)."""
+        self._writing: anyio.Event | None = None
+        """Set when the batch being written is committed (None: none is being written)."""
 
     @classmethod
     async def open(
@@ -100,6 +140,38 @@ class AsyncStore:
         """``fn(store)`` in a worker thread of the read lane: reads only, on the lane's own
         connections, never behind the run lane's writes."""
         return await anyio.to_thread.run_sync(_read_only, fn, self.blocking, limiter=self._read_limiter)
+
+    async def persist(self, fn: Callable[[Store], None]) -> None:
+        """``fn(store)`` in the next batch of persistence writes; returns once it committed,
+        raises what it raised (see the module docstring)."""
+        write = _Write(fn)
+        with anyio.CancelScope(shield=True):  # bounded: at most the batch before, then this one
+            batch = self._open
+            if batch is not None:
+                batch.writes.append(write)
+                await batch.done.wait()
+            else:
+                await self._lead(write)
+        if write.error is not None:
+            raise write.error
+
+    async def _lead(self, first: _Write) -> None:
+        """Open a batch with ``first``, wait for the batch being written, then write this one
+        with every write that joined it meanwhile."""
+        batch = self._open = _Batch()
+        batch.writes.append(first)
+        while self._writing is not None:
+            await self._writing.wait()
+        self._open = None
+        self._writing = batch.done
+        try:
+            await self.run(partial(_write_batch, batch.writes))
+        except Exception as exc:  # the transaction itself failed: nothing of it was written
+            for write in batch.writes:
+                write.error = write.error or exc
+        finally:
+            self._writing = None
+            batch.done.set()
 
     async def close(self) -> None:
         """Close the database; shielded, so it also runs while the caller is cancelled."""

@@ -171,6 +171,24 @@ class Database:
                 with _wrap_errors():
                     yield conn
 
+    @contextmanager
+    def savepoint(self) -> Iterator[None]:
+        """A part of the open write transaction that fails alone: an exception inside rolls
+        back what the block wrote (and propagates), the rest of the transaction stands."""
+        with self.write() as conn:
+            with _wrap_errors():
+                conn.execute("SAVEPOINT part")
+            try:
+                yield
+            except BaseException:
+                try:
+                    conn.execute("ROLLBACK TO part; RELEASE part")
+                except apsw.Error as exc:  # the transaction itself is gone: write() rolls it back
+                    log.error("ROLLBACK TO a savepoint failed: %s", exc)
+                raise
+            with _wrap_errors():
+                conn.execute("RELEASE part")
+
     def pragma(self, name: str) -> Any:
         """One pragma's value read on the writer connection outside any transaction (a
         shared lock for the one statement, no write lock: cheap when nothing is to change)."""
