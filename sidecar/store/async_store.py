@@ -98,7 +98,7 @@ def _write_batch(writes: list[_Write], store: Store) -> None:
 
 
 class AsyncStore:
-    """The gateway of one Store: ``run`` and ``read`` are its only ways in from async code."""
+    """The gateway of one Store: ``run``, ``read`` and ``persist`` are its only ways in from async code."""
 
     def __init__(
         self,

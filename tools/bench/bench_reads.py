@@ -16,6 +16,8 @@ was answered, alternating:
 - ``chat:session:list`` (page of 50) and ``chat:messages:search`` (top 20, common words):
   p50 / p99 / max, first idle, then while every reply is streaming (samples stop when the
   first reply ends), and the ratio loaded / idle (the baseline of the same run);
+- the floor: ``compat:status`` (answered from memory, no database work), the same way: what
+  the event loop and the pipes alone add under the same load, which no store change removes;
 - every reply must end ``stream_end`` and be stored ``completed`` with its full text.
 
 Goals: with 50 replies streaming, list p99 <= 10 ms and search p99 <= 25 ms.
@@ -151,10 +153,11 @@ class WireClient:
 
 
 def sample(client: WireClient, count: int, keep_going: Any = lambda: True) -> dict[str, list[float]]:
-    out: dict[str, list[float]] = {"list": [], "search": []}
+    out: dict[str, list[float]] = {"list": [], "search": [], "floor": []}
     for i in range(count):
         if not keep_going():
             break
+        out["floor"].append(client.timed("compat:status", {}))
         out["list"].append(client.timed("chat:session:list", LIST_PARAMS))
         query = SEARCH_QUERIES[i % len(SEARCH_QUERIES)]
         out["search"].append(client.timed("chat:messages:search", {"query": query, "options": {"limit": 20}}))
@@ -217,6 +220,11 @@ def report(label: str, result: dict[str, Any], streams: int) -> dict[str, float]
           f"{result['streaming_at_end']} of {streams} still streaming at the last sample; "
           f"load average {before[0]:.2f} -> {after[0]:.2f}")
     out: dict[str, float] = {}
+    f50, f99, fmax = stats(result["idle"]["floor"])
+    l50, l99, lmax = stats(result["loaded"]["floor"])
+    print(f"  floor  idle   p50 {f50:6.2f}  p99 {f99:6.2f}  max {fmax:7.2f} ms   (compat:status: no database work)")
+    print(f"  floor  loaded p50 {l50:6.2f}  p99 {l99:6.2f}  max {lmax:7.2f} ms   (the event loop's own latency)")
+    out["floor p99"] = l99
     for kind in ("list", "search"):
         i50, i99, imax = stats(result["idle"][kind])
         l50, l99, lmax = stats(result["loaded"][kind])
@@ -251,7 +259,7 @@ async def main(args: argparse.Namespace) -> None:
                 result = await anyio.to_thread.run_sync(measure, root, data_dir, server.base_url, args)
                 figures[label] = report(label, result, args.streams)
         if len(figures) == 2:
-            for kind in ("list p99", "search p99"):
+            for kind in ("list p99", "search p99", "floor p99"):
                 print(f"{kind} loaded, this tree / baseline: "
                       f"{figures['this tree'][kind] / figures['baseline'][kind]:.2f}")
     finally:
