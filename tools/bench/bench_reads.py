@@ -3,7 +3,7 @@
 with N replies streaming at once, in one run.
 
     python3 dev.py bench bench_reads [--sessions 200] [--streams 50] [--samples 300]
-                                     [--baseline-root DIR]
+                                     [--baseline-root DIR] [--rounds N]
 
 A data dir of ``--sessions`` sessions (bench_store's generator: real migrated schema,
 searchable text; ``--streams`` of them are created over the wire to stream into) is served by a real sidecar subprocess, driven by a lean blocking client
@@ -21,9 +21,11 @@ was answered, alternating:
 - every reply must end ``stream_end`` and be stored ``completed`` with its full text.
 
 Goals: with 50 replies streaming, list p99 <= 10 ms and search p99 <= 25 ms.
-``--baseline-root DIR`` first runs the same measurement against the sidecar of another
+``--baseline-root DIR`` also runs the same measurement against the sidecar of another
 checkout (e.g. ``git archive`` of main), on a copy of the same data dir, so a change is
-compared before/after in one run. The load average is printed: on a shared machine,
+compared before/after in one run; ``--rounds N`` measures each tree N times, in
+alternating order, and compares the medians. The sidecar's CPU seconds per second during
+the loaded window are printed too. The load average is printed: on a shared machine,
 figures are only comparable within a run.
 """
 
@@ -53,10 +55,16 @@ import anyio.to_thread  # noqa: E402
 from bench_store import generate  # noqa: E402
 from scripted_server import scripted_provider  # noqa: E402
 
+TICKS = os.sysconf("SC_CLK_TCK")
 ENDINGS = (b'"stream_end"', b'"error"', b'"aborted"')
 LIST_PARAMS = {"limit": 50}
 SEARCH_QUERIES = ("function", "问题", "the data", "server")
 GOALS = {"list": 10.0, "search": 25.0}
+
+
+def cpu_seconds(pid: int) -> float:
+    fields = Path(f"/proc/{pid}/stat").read_text().rsplit(")", 1)[1].split()
+    return (int(fields[11]) + int(fields[12])) / TICKS  # utime + stime
 
 
 class WireClient:
@@ -191,8 +199,10 @@ def measure(root: Path, data_dir: Path, base_url: str, args: argparse.Namespace)
             raise SystemExit(f"a reply ended before every reply streamed: {client.ended}")
         events_before = client.events
         started = time.perf_counter()
+        cpu_before = cpu_seconds(client.proc.pid)
         loaded = sample(client, args.samples, keep_going=lambda: not (client.ended.keys() & set(ids)))
         window = time.perf_counter() - started
+        cpu = cpu_seconds(client.proc.pid) - cpu_before
         events = client.events - events_before
         streaming_at_end = len(set(ids) - client.ended.keys())
         client.until(lambda: set(ids) <= client.ended.keys(), 300)
@@ -207,7 +217,7 @@ def measure(root: Path, data_dir: Path, base_url: str, args: argparse.Namespace)
                 raise SystemExit(f"reply {mid} was not stored whole: {stored[0]['status'] if stored else 'missing'}")
         return {
             "idle": idle, "loaded": loaded, "window_s": window, "events": events,
-            "streaming_at_end": streaming_at_end, "load": (load_before, load_after),
+            "streaming_at_end": streaming_at_end, "load": (load_before, load_after), "cpu_s": cpu,
         }
     finally:
         client.close()
@@ -217,7 +227,8 @@ def report(label: str, result: dict[str, Any], streams: int) -> dict[str, float]
     before, after = result["load"]
     print(f"{label}: {len(result['loaded']['list'])} loaded samples in {result['window_s']:.1f} s, "
           f"{result['events'] / max(result['window_s'], 1e-9):.0f} events/s on the wire, "
-          f"{result['streaming_at_end']} of {streams} still streaming at the last sample; "
+          f"{result['streaming_at_end']} of {streams} still streaming at the last sample; sidecar CPU "
+          f"{result['cpu_s'] / max(result['window_s'], 1e-9):.2f} s/s; "
           f"load average {before[0]:.2f} -> {after[0]:.2f}")
     out: dict[str, float] = {}
     f50, f99, fmax = stats(result["idle"]["floor"])
@@ -244,24 +255,30 @@ async def main(args: argparse.Namespace) -> None:
         await anyio.to_thread.run_sync(generate, pristine, args.sessions - args.streams, args.messages)
         print(f"data dir: {args.sessions} sessions, {args.messages} messages; {args.streams} replies of "
               f"{args.chunks} deltas, {args.chunk_ms} ms apart; load average {os.getloadavg()[0]:.2f}")
-        runs: list[tuple[str, Path]] = []
+        trees: list[tuple[str, Path]] = []
         if args.baseline_root:
-            runs.append(("baseline", Path(args.baseline_root).resolve()))
-        runs.append(("this tree", ROOT))
-        figures: dict[str, dict[str, float]] = {}
+            trees.append(("baseline", Path(args.baseline_root).resolve()))
+        trees.append(("this tree", ROOT))
+        figures: dict[str, list[dict[str, float]]] = {label: [] for label, _ in trees}
         async with scripted_provider() as server:
-            for label, root in runs:
-                data_dir = work / label.replace(" ", "-")
-                shutil.copytree(pristine, data_dir)
-                await server.script(*[
-                    {"text": args.word, "repeat": args.chunks, "delay_ms": args.chunk_ms} for _ in range(args.streams)
-                ])
-                result = await anyio.to_thread.run_sync(measure, root, data_dir, server.base_url, args)
-                figures[label] = report(label, result, args.streams)
+            for round_ in range(args.rounds):
+                # the order alternates, so neither tree always runs on a machine the other warmed
+                for label, root in trees if round_ % 2 == 0 else trees[::-1]:
+                    data_dir = work / f"{label.replace(' ', '-')}-{round_}"
+                    shutil.copytree(pristine, data_dir)
+                    await server.script(*[
+                        {"text": args.word, "repeat": args.chunks, "delay_ms": args.chunk_ms}
+                        for _ in range(args.streams)
+                    ])
+                    result = await anyio.to_thread.run_sync(measure, root, data_dir, server.base_url, args)
+                    figures[label].append(report(f"{label}, round {round_ + 1}", result, args.streams))
+                    shutil.rmtree(data_dir, ignore_errors=True)
         if len(figures) == 2:
             for kind in ("list p99", "search p99", "floor p99"):
-                print(f"{kind} loaded, this tree / baseline: "
-                      f"{figures['this tree'][kind] / figures['baseline'][kind]:.2f}")
+                mine = statistics.median(f[kind] for f in figures["this tree"])
+                base = statistics.median(f[kind] for f in figures["baseline"])
+                print(f"{kind} loaded, median of {args.rounds} rounds: this tree {mine:.1f} ms, baseline "
+                      f"{base:.1f} ms, ratio {mine / base:.2f}")
     finally:
         shutil.rmtree(work, ignore_errors=True)
 
@@ -275,5 +292,6 @@ if __name__ == "__main__":
     parser.add_argument("--chunks", type=int, default=1500, help="deltas per reply")
     parser.add_argument("--chunk-ms", type=float, default=10.0, help="pause between deltas")
     parser.add_argument("--word", default="word ", help="the text of each delta")
-    parser.add_argument("--baseline-root", help="another checkout whose sidecar is measured first")
+    parser.add_argument("--baseline-root", help="another checkout whose sidecar is measured too")
+    parser.add_argument("--rounds", type=int, default=1, help="runs of each tree, in alternating order")
     anyio.run(main, parser.parse_args())
