@@ -181,6 +181,45 @@ async def test_persist_writes_batch_and_one_that_fails_fails_alone(tmp_path: Pat
         await store.close()
 
 
+async def test_a_failure_that_ends_the_whole_transaction_fails_every_write_of_the_batch(tmp_path: Path) -> None:
+    store = await AsyncStore.open(tmp_path)
+    try:
+        sessions = [
+            await store.run(lambda s, i=i: s.sessions.create(CreateSessionOptions(title=f"s{i}"))) for i in range(4)
+        ]
+
+        def lose_everything(s: Store) -> None:
+            s.sessions.update(sessions[2].id, SessionUpdates(title="renamed"))
+            s._db.writer.execute("ROLLBACK")  # noqa: SLF001  (what SQLite does on a full disk)
+            raise StoreError("database error: disk full")
+
+        errors: dict[int, str] = {}
+
+        async def one(i: int) -> None:
+            fn = lose_everything if i == 2 else (
+                lambda s: s.sessions.update(sessions[i].id, SessionUpdates(title="renamed"))
+            )
+            try:
+                await store.persist(fn)
+            except StoreError as exc:
+                errors[i] = type(exc).__name__
+
+        async with blocked_writes(store, sessions[0].id, queued=0) as release:
+            async with anyio.create_task_group() as tg:
+                for i in (1, 2, 3):
+                    tg.start_soon(one, i)
+                await anyio.sleep(0.05)  # let them all join the waiting batch
+                release.set()
+        # 1 found no batch being written and went alone; 2 and 3 waited for it, together
+        assert errors == {2: "TransactionLost", 3: "TransactionLost"}
+        titles = [(await store.read(lambda s, x=x: s.sessions.get(x.id))).title for x in sessions[1:]]
+        assert titles == ["renamed", "s2", "s3"]  # nothing of the lost batch stands, and it says so
+        await store.persist(lambda s: s.sessions.update(sessions[1].id, SessionUpdates(title="later")))
+        assert (await store.read(lambda s: s.sessions.get(sessions[1].id))).title == "later"
+    finally:
+        await store.close()
+
+
 async def test_a_stopped_persist_has_committed_when_it_returns(tmp_path: Path) -> None:
     store = await AsyncStore.open(tmp_path)
     try:

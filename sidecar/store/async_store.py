@@ -54,7 +54,7 @@ import anyio
 import anyio.to_thread
 
 from sidecar.secrets.box import SecretBox
-from sidecar.store.db import read_lane
+from sidecar.store.db import TransactionLost, read_lane
 from sidecar.store.ids import now_ms
 from sidecar.store.store import Store, open_store
 
@@ -93,6 +93,8 @@ def _write_batch(writes: list[_Write], store: Store) -> None:
             try:
                 with store.savepoint():
                     write.fn(store)
+            except TransactionLost:  # nothing of the batch stands: every write failed
+                raise
             except Exception as exc:  # this write's failure is its caller's, not the batch's
                 write.error = exc
 

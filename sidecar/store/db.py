@@ -51,7 +51,8 @@ from sidecar.errors import InvalidParams, SidecarError, StoreError
 from sidecar.store import fts
 
 __all__ = [
-    "Database", "DB_FILENAME", "BUSY_TIMEOUT_MS", "ReadLaneWrite", "Row", "fetch_all", "fetch_iter", "read_lane",
+    "Database", "DB_FILENAME", "BUSY_TIMEOUT_MS", "ReadLaneWrite", "Row", "TransactionLost", "fetch_all", "fetch_iter",
+    "read_lane",
 ]
 
 log = logging.getLogger(__name__)
@@ -80,6 +81,10 @@ the repository knows: rows are Any-typed so each repository states what it maps 
 Bindings = Sequence[Any] | Mapping[str, Any]
 
 _lane = threading.local()
+
+
+class TransactionLost(StoreError):
+    """A failure inside a savepoint took the whole transaction with it: nothing of it stands."""
 
 
 class ReadLaneWrite(RuntimeError):
@@ -174,17 +179,17 @@ class Database:
     @contextmanager
     def savepoint(self) -> Iterator[None]:
         """A part of the open write transaction that fails alone: an exception inside rolls
-        back what the block wrote (and propagates), the rest of the transaction stands."""
+        back what the block wrote (and propagates), the rest of the transaction stands;
+        ``TransactionLost`` when the failure ended the whole transaction instead."""
         with self.write() as conn:
             with _wrap_errors():
                 conn.execute("SAVEPOINT part")
             try:
                 yield
-            except BaseException:
-                try:
-                    conn.execute("ROLLBACK TO part; RELEASE part")
-                except apsw.Error as exc:  # the transaction itself is gone: write() rolls it back
-                    log.error("ROLLBACK TO a savepoint failed: %s", exc)
+            except BaseException as exc:
+                if not conn.in_transaction:  # SQLite rolled all of it back (disk full, I/O error)
+                    raise TransactionLost(f"database error: the transaction was rolled back ({exc})") from exc
+                conn.execute("ROLLBACK TO part; RELEASE part")
                 raise
             with _wrap_errors():
                 conn.execute("RELEASE part")
