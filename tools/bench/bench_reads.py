@@ -20,6 +20,11 @@ was answered, alternating:
   the event loop and the pipes alone add under the same load, which no store change removes;
 - every reply must end ``stream_end`` and be stored ``completed`` with its full text.
 
+Then the gateway alone, in this process, with no pipeline and no pipes: ``--streams``
+writers persist a growing partial reply every ``--persist-ms`` (the lifecycle's default
+interval) while the same list and search are timed around the gateway call, once through
+one lane as before (``run`` for all) and once through the read lane with batched writes.
+
 Goals: with 50 replies streaming, list p99 <= 10 ms and search p99 <= 25 ms.
 ``--baseline-root DIR`` also runs the same measurement against the sidecar of another
 checkout (e.g. ``git archive`` of main), on a copy of the same data dir, so a change is
@@ -53,7 +58,10 @@ import anyio  # noqa: E402
 import anyio.to_thread  # noqa: E402
 
 from bench_store import generate  # noqa: E402
+from protocol.messages import SearchOptions  # noqa: E402
+from protocol.sessions import CreateSessionOptions, SessionFilter  # noqa: E402
 from scripted_server import scripted_provider  # noqa: E402
+from sidecar.store import AsyncStore, Store  # noqa: E402
 
 TICKS = os.sysconf("SC_CLK_TCK")
 ENDINGS = (b'"stream_end"', b'"error"', b'"aborted"')
@@ -247,6 +255,71 @@ def report(label: str, result: dict[str, Any], streams: int) -> dict[str, float]
     return out
 
 
+async def gateway(data_dir: Path, lanes: bool, args: argparse.Namespace) -> dict[str, list[float]]:
+    """The store gateway alone, in this process: ``--streams`` writers persisting a growing
+    partial reply every ``--persist-ms`` (as the lifecycle does), and the same list and
+    search, timed around the gateway call. ``lanes``: reads through ``read``, partial writes
+    through ``persist``; otherwise everything through ``run`` (one lane, one transaction per
+    write: the gateway as it was)."""
+    store = await AsyncStore.open(data_dir)
+    out: dict[str, list[float]] = {"list": [], "search": []}
+    try:
+        def rows(s: Store) -> list[str]:
+            ids = []
+            with s.transaction():
+                for i in range(args.streams):
+                    session = s.sessions.create(CreateSessionOptions(title=f"gateway {i}"))
+                    user = s.messages.append(session.id, role="user", text_content="go")
+                    ids.append(s.messages.append(session.id, role="assistant", parent_id=user.id, status="pending").id)
+            return ids
+
+        replies = await store.run(rows)
+        stop = anyio.Event()
+        read = store.read if lanes else store.run
+        per_tick = max(1, round(args.persist_ms / args.chunk_ms))
+
+        async def writer(message_id: str) -> None:
+            text = ""
+            while not stop.is_set():
+                await anyio.sleep(args.persist_ms / 1000)
+                text += args.word * per_tick
+
+                def write(s: Store, text: str = text) -> None:
+                    s.messages.update_partial(message_id, text_content=text, parts=None, seq=len(text))
+
+                await (store.persist(write) if lanes else store.run(write))
+
+        async def timed(fn: Any) -> float:
+            start = time.perf_counter()
+            await read(fn)
+            return (time.perf_counter() - start) * 1000
+
+        async with anyio.create_task_group() as tg:
+            for message_id in replies:
+                tg.start_soon(writer, message_id)
+            await anyio.sleep(args.persist_ms / 1000 * 2)  # every writer has written
+            for i in range(args.samples):
+                out["list"].append(await timed(lambda s: s.sessions.query(SessionFilter(limit=50))))
+                query = SEARCH_QUERIES[i % len(SEARCH_QUERIES)]
+                out["search"].append(await timed(lambda s, q=query: s.search.messages(q, SearchOptions(limit=20))))
+            stop.set()
+    finally:
+        await store.close()
+    return out
+
+
+def report_gateway(results: dict[str, dict[str, list[float]]]) -> None:
+    print("the gateway alone, in process (no pipeline, no pipes): list and search while the writers persist")
+    for kind in ("list", "search"):
+        for label, result in results.items():
+            p50, p99, top = stats(result[kind])
+            print(f"  {kind:6} {label:30} p50 {p50:6.2f}  p99 {p99:6.2f}  max {top:7.2f} ms")
+        one = stats(results["one lane (as before)"][kind])[1]
+        two = stats(results["read lane + batched writes"][kind])[1]
+        print(f"  {kind:6} p99 lanes / one lane: {two / one:.2f}   goal p99 <= {GOALS[kind]:.0f} ms: "
+              f"{'met' if two <= GOALS[kind] else 'NOT met'}")
+
+
 async def main(args: argparse.Namespace) -> None:
     work = Path(tempfile.mkdtemp(prefix="bench-reads-"))
     try:
@@ -273,6 +346,14 @@ async def main(args: argparse.Namespace) -> None:
                     result = await anyio.to_thread.run_sync(measure, root, data_dir, server.base_url, args)
                     figures[label].append(report(f"{label}, round {round_ + 1}", result, args.streams))
                     shutil.rmtree(data_dir, ignore_errors=True)
+        results: dict[str, dict[str, list[float]]] = {}
+        for lanes, label in ((False, "one lane (as before)"), (True, "read lane + batched writes")):
+            data_dir = work / f"gateway-{int(lanes)}"
+            shutil.copytree(pristine, data_dir)
+            results[label] = await gateway(data_dir, lanes, args)
+            shutil.rmtree(data_dir, ignore_errors=True)
+        print(f"load average {os.getloadavg()[0]:.2f}")
+        report_gateway(results)
         if len(figures) == 2:
             for kind in ("list p99", "search p99", "floor p99"):
                 mine = statistics.median(f[kind] for f in figures["this tree"])
@@ -292,6 +373,7 @@ if __name__ == "__main__":
     parser.add_argument("--chunks", type=int, default=1500, help="deltas per reply")
     parser.add_argument("--chunk-ms", type=float, default=10.0, help="pause between deltas")
     parser.add_argument("--word", default="word ", help="the text of each delta")
+    parser.add_argument("--persist-ms", type=float, default=250.0, help="the gateway part's persistence interval")
     parser.add_argument("--baseline-root", help="another checkout whose sidecar is measured too")
     parser.add_argument("--rounds", type=int, default=1, help="runs of each tree, in alternating order")
     anyio.run(main, parser.parse_args())
