@@ -6,8 +6,8 @@ with N replies streaming at once, in one run.
                                      [--baseline-root DIR] [--rounds N]
 
 A data dir of ``--sessions`` sessions (bench_store's generator: real migrated schema,
-searchable text; ``--streams`` of them are created over the wire to stream into) is served by a real sidecar subprocess, driven by a lean blocking client
-(a reader thread stamps every line as it arrives and parses only responses and endings,
+searchable text; ``--streams`` of them are created over the wire to stream into) is
+served by a real sidecar subprocess, driven by a lean blocking client (a reader thread stamps every line as it arrives and parses only responses and endings,
 so the client's own JSON work is not counted). A loopback OpenAI-compatible server
 (fixtures/scripted_provider.py) streams ``--streams`` replies at once (``--chunk-ms``
 between deltas, a fast model's pace). Measured, each request sent when the previous one
