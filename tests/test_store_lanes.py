@@ -39,6 +39,15 @@ class _Quiet:
         return None
 
 
+async def named_sessions(store: AsyncStore, count: int) -> list[SessionV2]:
+    """Sessions titled s0, s1, ..."""
+
+    def create(s: Store) -> list[SessionV2]:
+        return [s.sessions.create(CreateSessionOptions(title=f"s{i}")) for i in range(count)]
+
+    return await store.run(create)
+
+
 @asynccontextmanager
 async def blocked_writes(store: AsyncStore, session_id: str, queued: int) -> AsyncIterator[threading.Event]:
     """One write transaction open and waiting (it renamed the session, not yet committed),
@@ -121,9 +130,7 @@ async def test_a_write_in_the_read_lane_is_refused_before_it_waits_for_the_write
 async def test_many_reads_at_once_through_the_lane_all_answer(tmp_path: Path) -> None:
     store = await AsyncStore.open(tmp_path)
     try:
-        sessions = [
-            await store.run(lambda s, i=i: s.sessions.create(CreateSessionOptions(title=f"s{i}"))) for i in range(5)
-        ]
+        sessions = await named_sessions(store, 5)
         titles: list[str] = []
 
         async def one(session_id: str) -> None:
@@ -145,9 +152,7 @@ async def test_many_reads_at_once_through_the_lane_all_answer(tmp_path: Path) ->
 async def test_persist_writes_batch_and_one_that_fails_fails_alone(tmp_path: Path) -> None:
     store = await AsyncStore.open(tmp_path)
     try:
-        sessions = [
-            await store.run(lambda s, i=i: s.sessions.create(CreateSessionOptions(title=f"s{i}"))) for i in range(6)
-        ]
+        sessions = await named_sessions(store, 6)
         seen: dict[str, str | None] = {}
         failures: list[str] = []
 
@@ -184,9 +189,7 @@ async def test_persist_writes_batch_and_one_that_fails_fails_alone(tmp_path: Pat
 async def test_a_failure_that_ends_the_whole_transaction_fails_every_write_of_the_batch(tmp_path: Path) -> None:
     store = await AsyncStore.open(tmp_path)
     try:
-        sessions = [
-            await store.run(lambda s, i=i: s.sessions.create(CreateSessionOptions(title=f"s{i}"))) for i in range(4)
-        ]
+        sessions = await named_sessions(store, 4)
 
         def lose_everything(s: Store) -> None:
             s.sessions.update(sessions[2].id, SessionUpdates(title="renamed"))

@@ -57,22 +57,17 @@ sys.path.insert(0, str(ROOT / "tools" / "bench"))
 import anyio  # noqa: E402
 import anyio.to_thread  # noqa: E402
 
+from bench_generation import cpu_seconds  # noqa: E402
 from bench_store import generate  # noqa: E402
 from protocol.messages import SearchOptions  # noqa: E402
 from protocol.sessions import CreateSessionOptions, SessionFilter  # noqa: E402
 from scripted_server import scripted_provider  # noqa: E402
 from sidecar.store import AsyncStore, Store  # noqa: E402
 
-TICKS = os.sysconf("SC_CLK_TCK")
 ENDINGS = (b'"stream_end"', b'"error"', b'"aborted"')
 LIST_PARAMS = {"limit": 50}
 SEARCH_QUERIES = ("function", "问题", "the data", "server")
 GOALS = {"list": 10.0, "search": 25.0}
-
-
-def cpu_seconds(pid: int) -> float:
-    fields = Path(f"/proc/{pid}/stat").read_text().rsplit(")", 1)[1].split()
-    return (int(fields[11]) + int(fields[12])) / TICKS  # utime + stime
 
 
 class WireClient:
