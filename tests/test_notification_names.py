@@ -8,8 +8,11 @@ payload); a name spelled out anywhere else in sidecar/ is a call site mypy canno
 from __future__ import annotations
 
 import ast
+import os
 import typing
 from pathlib import Path
+
+from mypy import api as mypy_api
 
 from protocol.common import Notification
 from protocol.methods import NOTIFICATIONS
@@ -50,3 +53,31 @@ def test_each_notification_is_typed_with_its_params() -> None:
         note = getattr(notifications, name)
         (declared,) = typing.get_args(hints[name])
         assert declared == note.spec.params, f"{name}: annotated {declared}, table says {note.spec.params}"
+
+
+def test_mypy_refuses_a_payload_of_another_type(tmp_path: Path) -> None:
+    """The point of the Notifier: the wrong params for a notification is a type error."""
+    sender = tmp_path / "sender.py"
+    sender.write_text(
+        "from protocol.notifications import SESSION_UPDATED, TASK_FIRED\n"
+        "from protocol.tasks import TaskRun\n"
+        "from protocol.types import SessionV2\n"
+        "from sidecar.notify import Notifier\n"
+        "\n"
+        "async def send(notify: Notifier, session: SessionV2, run: TaskRun) -> None:\n"
+        "    await notify(SESSION_UPDATED, session)\n"
+        "    await notify(TASK_FIRED, run)\n"
+        "    await notify(SESSION_UPDATED, run)\n"
+        "    await notify(TASK_FIRED, session)\n"
+        "    await notify('chat:session:updated', session)\n"
+    )
+    cwd = os.getcwd()
+    os.chdir(ROOT)  # protocol/ and sidecar/ importable, pyproject.toml's [tool.mypy] (strict)
+    try:
+        out, err, status = mypy_api.run(
+            ["--no-incremental", "--cache-dir", os.devnull, "--follow-imports=silent", str(sender)]
+        )
+    finally:
+        os.chdir(cwd)
+    refused = sorted(int(line.split(":")[1]) for line in out.splitlines() if line.startswith(str(sender)))
+    assert status == 1 and refused == [9, 10, 11], out + err
