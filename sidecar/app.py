@@ -134,6 +134,7 @@ if TYPE_CHECKING:
     from sidecar.tools.mcp import McpManager
     from sidecar.tools.service import ToolService
 
+
 class App:
     # attached by open_app as each service opens (absent until then: its methods answer
     # NOT_IMPLEMENTED, see sidecar/server.py)

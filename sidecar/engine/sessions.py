@@ -78,7 +78,6 @@ __all__ = ["SessionService", "encode_tree", "check_model_choice", "DeleteHook"]
 log = logging.getLogger(__name__)
 
 
-
 class DeleteHook(Protocol):
     """``(session_id, reason)`` before a session goes, ``(session_id, reason, below)``
     before the messages at and below ``below`` go -> what to call once the delete is over

@@ -50,7 +50,6 @@ CACHE_TTL_S = 60.0
 CACHE_ENTRIES = 128
 
 
-
 class MemoryFound(msgspec.Struct, kw_only=True):
     record: MemoryRecord
     score: float

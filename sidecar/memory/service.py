@@ -97,7 +97,6 @@ ELEMENT_OVERHEAD_TOKENS = 24
 """Tokens of a ``<memory ...>`` element around its text (attributes, tags), for the budget."""
 
 
-
 class AssistantFor(Protocol):
     async def __call__(self, session_id: str | None) -> AssistantProfile: ...
 
@@ -631,7 +630,6 @@ def render(record: MemoryRecord, *, with_id: bool = False) -> str:
         created_at=record.created_at, flags=record.flags, task=record.task, outcome=record.outcome,
         context=record.context,
     )
-
 
 
 def basic_text(store: Store, assistant: AssistantProfile) -> str | None:

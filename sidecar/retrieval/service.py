@@ -101,7 +101,6 @@ REEMBED_RETRIES = 5
 REEMBED_RETRY_BASE_S = 2.0
 
 
-
 class Connections(Protocol):
     """ProviderService.connection: (record, ProviderSettings) of an enabled HTTP provider."""
 
