@@ -20,7 +20,7 @@ from protocol import tasks
 from protocol import memory_upkeep
 from protocol import skills
 from protocol.common import CANCEL_REQUEST, CancelRequestParams, MethodSpec
-from protocol.notifications import SENT
+from protocol.notifications import CORE, DOMAINS
 
 _DOMAIN_TABLES = (lifecycle, sessions, messages, chat, providers, settings, tools, mcp, context, compat, channels, kb, sync, storage, memory, memory_upkeep, tasks, skills)
 
@@ -30,7 +30,8 @@ for _domain in _DOMAIN_TABLES:
     assert not _clash, f"methods declared twice: {sorted(_clash)}"
     METHODS.update(_domain.METHODS)
 
-NOTIFICATIONS: dict[str, MethodSpec] = {note.method: note.spec for note in SENT}
-NOTIFICATIONS[CANCEL_REQUEST] = MethodSpec(
-    CancelRequestParams, None, "Cancel an in-flight request (LSP convention).",
-)
+NOTIFICATIONS: dict[str, MethodSpec] = {
+    **{note.method: note.spec for note in CORE},
+    CANCEL_REQUEST: MethodSpec(CancelRequestParams, None, "Cancel an in-flight request (LSP convention)."),
+    **{note.method: note.spec for note in DOMAINS},
+}

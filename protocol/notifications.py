@@ -4,7 +4,7 @@ A Notification carries its method name and its params type (the type argument), 
 sender names one of these objects and mypy checks the payload it sends with it
 (``sidecar/notify.py``). ``protocol.methods.NOTIFICATIONS`` is built from ``SENT`` (plus
 the client's ``$/cancelRequest``): the generated schema and TypeScript come from here.
-A new notification is declared here and added to ``SENT``.
+A new notification is declared here and added to ``CORE`` or ``DOMAINS``.
 """
 
 from __future__ import annotations
@@ -34,6 +34,8 @@ __all__ = [
     "TASK_FINISHED",
     "MEMORY_CONSOLIDATION_PROPOSED",
     "SKILL_PROPOSED",
+    "CORE",
+    "DOMAINS",
     "SENT",
 ]
 
@@ -73,8 +75,12 @@ SKILL_PROPOSED: Notification[SkillProposal] = Notification(
     "skill_proposed", SkillProposal, "The model proposes a skill; answer with skill:accept or skill:reject."
 )
 
-SENT: tuple[Notification[Any], ...] = (
-    CHAT_STREAM, SESSION_UPDATED, CHANNEL_REPLY, SUGGESTIONS, PROGRESS, SERVER_STATUS_UPDATED, MEMORY_PROPOSED,
-    TASK_FIRED, TASK_FINISHED, MEMORY_CONSOLIDATION_PROPOSED, SKILL_PROPOSED,
+CORE: tuple[Notification[Any], ...] = (CHAT_STREAM, SESSION_UPDATED, CHANNEL_REPLY, SUGGESTIONS, PROGRESS)
+"""The notifications of chat itself (the table lists them first, then the client's
+``$/cancelRequest``, then the domains')."""
+DOMAINS: tuple[Notification[Any], ...] = (
+    SERVER_STATUS_UPDATED, MEMORY_PROPOSED, TASK_FIRED, TASK_FINISHED, MEMORY_CONSOLIDATION_PROPOSED, SKILL_PROPOSED,
 )
+"""The notifications of the sync, memory, task and skill domains."""
+SENT: tuple[Notification[Any], ...] = CORE + DOMAINS
 """Every notification the sidecar sends, in the order of the table."""
