@@ -4,6 +4,7 @@
     python3 dev.py demo [args...]   create .venv, install, run the stdio demo client
     python3 dev.py test [pytest args...]   create .venv, install with test extras, run the tests (2 workers)
     python3 dev.py typecheck         create .venv with test extras, run mypy (strict on sidecar/, protocol/)
+    python3 dev.py lint              create .venv with test extras, check the layers (import-linter)
     python3 dev.py gen               regenerate protocol/generated/ (JSON Schema, TypeScript, client) and docs/methods.md
     python3 dev.py bench NAME        run tools/bench/NAME.py
     python3 dev.py bundle [args...]  build dist/chat-sidecar/, the folder a desktop app ships
@@ -133,6 +134,9 @@ def main(argv: list[str]) -> int:
     if cmd == "typecheck":  # the files and the strictness are in pyproject.toml [tool.mypy]
         ensure_venv("test")
         return run(PY, "-m", "mypy", *rest)
+    if cmd == "lint":  # the contracts are pyproject.toml's [tool.importlinter]
+        ensure_venv("test")
+        return run(BIN / "lint-imports", "--no-cache", "--no-logo", *rest)
     if cmd == "gen":
         ensure_venv()
         ensure_node_tools()

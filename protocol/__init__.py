@@ -37,7 +37,7 @@ _DOMAIN_NAMES = (
     "common", "lifecycle", "sessions", "messages", "chat", "providers", "settings", "tools", "mcp", "context",
     "compat", "channels", "kb", "sync", "storage", "memory", "memory_upkeep", "tasks", "skills",
 )
-_SUBMODULES = frozenset({*_DOMAIN_NAMES, "errors", "events", "types", "limits", "methods", "generated"})
+_SUBMODULES = frozenset({*_DOMAIN_NAMES, "errors", "events", "types", "limits", "methods", "notifications", "notification_names", "generated"})
 
 
 def _load() -> None:

@@ -11,7 +11,7 @@ refused before any work starts sends none). ``done``/``total`` count the units o
 
 from __future__ import annotations
 
-from typing import Any, Literal
+from typing import Any, Generic, Literal, TypeVar
 
 import msgspec
 
@@ -20,6 +20,8 @@ from protocol.types import Struct
 
 __all__ = [
     "MethodSpec",
+    "Notification",
+    "CANCEL_REQUEST",
     "SuccessResult",
     "EmptyParams",
     "IdParams",
@@ -45,6 +47,10 @@ class IdParams(Struct, kw_only=True):
 
 class NameParams(Struct, kw_only=True):
     name: Id
+
+
+CANCEL_REQUEST = "$/cancelRequest"
+"""The one notification a client sends (and the sidecar sends its own peers): cancel a request."""
 
 
 class CancelRequestParams(Struct, kw_only=True):
@@ -81,3 +87,25 @@ class MethodSpec(msgspec.Struct, frozen=True):
     doc: str
     direction: str = "client->server"
     """``client->server`` for requests we answer, ``server->client`` for notifications we send."""
+
+
+P = TypeVar("P")
+
+
+class Notification(Generic[P]):
+    """One notification the sidecar sends: its method name and its params type in one object.
+
+    Declared once in ``protocol/notifications.py`` with its params type as the type
+    argument (``SESSION_UPDATED: Notification[SessionV2]``), so that a sender's
+    ``await notify(SESSION_UPDATED, session)`` is checked by mypy: the payload must be of
+    the declared type. ``spec`` is its row of the notification table.
+    """
+
+    __slots__ = ("method", "spec")
+
+    def __init__(self, method: str, params: Any, doc: str) -> None:
+        self.method = method
+        self.spec = MethodSpec(params, None, doc, direction="server->client")
+
+    def __repr__(self) -> str:
+        return f"Notification({self.method!r})"

@@ -356,12 +356,3 @@ METHODS: dict[str, MethodSpec] = {
     ),
 }
 """The methods of this domain (see ``protocol.methods``)."""
-
-NOTIFICATIONS: dict[str, MethodSpec] = {
-    "memory_proposed": MethodSpec(
-        MemoryProposal, None,
-        "The MemoryEncoder (mode propose) would remember this; answer with memory:accept or memory:reject.",
-        direction="server->client",
-    ),
-}
-"""Notifications of this domain (joined into ``protocol.methods.NOTIFICATIONS``)."""

@@ -255,12 +255,3 @@ METHODS: dict[str, MethodSpec] = {
     ),
 }
 """The methods of this domain (see ``protocol.methods``)."""
-
-NOTIFICATIONS: dict[str, MethodSpec] = {
-    "memory_consolidation_proposed": MethodSpec(
-        MemoryMerge, None,
-        "memory:consolidate (mode propose) would merge these; answer with memory:consolidation:accept or reject.",
-        direction="server->client",
-    ),
-}
-"""Notifications of this domain (joined into ``protocol.methods.NOTIFICATIONS``)."""

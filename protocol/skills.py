@@ -184,11 +184,3 @@ METHODS: dict[str, MethodSpec] = {
     "skill:settings:update": MethodSpec(SkillSettingsUpdate, SkillSettings, "Change the skill proposal settings."),
 }
 """The methods of this domain (see ``protocol.methods``)."""
-
-NOTIFICATIONS: dict[str, MethodSpec] = {
-    "skill_proposed": MethodSpec(
-        SkillProposal, None, "The model proposes a skill; answer with skill:accept or skill:reject.",
-        direction="server->client",
-    ),
-}
-"""Notifications of this domain (joined into ``protocol.methods.NOTIFICATIONS``)."""

@@ -329,11 +329,3 @@ METHODS: dict[str, MethodSpec] = {
     ),
 }
 """The methods of this domain (see ``protocol.methods``)."""
-
-NOTIFICATIONS: dict[str, MethodSpec] = {
-    "server:status:updated": MethodSpec(
-        ServerStatus, None, "The server account's state changed (auth required, a sync finished).",
-        direction="server->client",
-    ),
-}
-"""Notifications of this domain (joined into ``protocol.methods.NOTIFICATIONS``)."""

@@ -228,11 +228,3 @@ METHODS: dict[str, MethodSpec] = {
     "task:settings:update": MethodSpec(TaskSettingsUpdate, TaskSettings, "Change the scheduler's settings."),
 }
 """The methods of this domain (see ``protocol.methods``)."""
-
-NOTIFICATIONS: dict[str, MethodSpec] = {
-    "task_fired": MethodSpec(TaskRun, None, "A task's run started (its session and reply ids once sent).",
-                             direction="server->client"),
-    "task_finished": MethodSpec(TaskRun, None, "A task's run ended (completed, error, aborted, skipped...).",
-                                direction="server->client"),
-}
-"""Notifications of this domain (joined into ``protocol.methods.NOTIFICATIONS``)."""

@@ -1,6 +1,6 @@
 """The App: the object that holds the process's services for the lifetime of a server.
 
-``open_app(config, notify)`` builds an App, yields it while the server runs and closes
+``open_app(config, send)`` builds an App, yields it while the server runs and closes
 everything it opened on exit (in reverse order, even when the server is cancelled).
 ``sidecar/server.py`` binds method names to attribute paths on the App (for example
 ``"sessions.create_session"``); a service that is not attached yet makes its methods
@@ -25,8 +25,8 @@ stay true:
 Attributes:
     config:   the finished Config.
     data_dir: Path of the data directory (created if missing).
-    notify:   ``await notify(method, params_struct)`` sends a notification to the client
-              (``events.publish``).
+    notify:   ``await notify(NOTIFICATION, params_struct)`` sends a notification to the client
+              (a Notifier over ``events.publish``; the names are protocol/notifications.py's).
     events:   EventHub (sidecar/engine/events.py): the same notifications, with in-process
               subscribers to the ``chat:stream`` events of a session (V1 shim, channels).
     store:    AsyncStore of ``<data_dir>/chat.db`` (sidecar/store), closed on exit: the one way
@@ -94,6 +94,7 @@ import anyio
 from sidecar import datadir
 from sidecar.config import Config
 from sidecar.engine.events import EventHub
+from sidecar.notify import Notifier, Send
 from sidecar.errors import SidecarError
 
 if TYPE_CHECKING:
@@ -133,8 +134,6 @@ if TYPE_CHECKING:
     from sidecar.tools.mcp import McpManager
     from sidecar.tools.service import ToolService
 
-Notify = Callable[[str, Any], Awaitable[None]]
-
 
 class App:
     # attached by open_app as each service opens (absent until then: its methods answer
@@ -168,17 +167,17 @@ class App:
     skills: SkillService
     tasks: TaskService
 
-    def __init__(self, config: Config, data_dir: Path, notify: Notify) -> None:
+    def __init__(self, config: Config, data_dir: Path, send: Send) -> None:
         self.config = config
         self.data_dir = data_dir
-        self.events = EventHub(notify)
-        self.notify: Notify = self.events.publish
+        self.events = EventHub(send)
+        self.notify = Notifier(self.events.publish)
 
 
 @asynccontextmanager
 async def open_app(
     config: Config,
-    notify: Notify,
+    send: Send,
     *,
     on_store: Callable[[App], Awaitable[None]] | None = None,
     services_wanted: Callable[[], Awaitable[bool]] | None = None,
@@ -200,7 +199,7 @@ async def open_app(
     except OSError as exc:
         raise SidecarError(f"cannot create the data directory {data_dir}: {exc.strerror or exc}") from exc
     async with AsyncExitStack() as stack:
-        app = App(config, data_dir, notify)
+        app = App(config, data_dir, send)
         # Services open here and register their cleanup on ``stack`` (closed in reverse
         # order), e.g. ``app.store = await stack.enter_async_context(open_store(data_dir))``.
         # The store: its modules are imported, and migrations and crash recovery run, in a
@@ -243,7 +242,11 @@ async def open_app(
         _open_context(app)
         from sidecar.skills.service import open_skills
 
-        app.skills = await open_skills(app, stack)
+        tools = app.tools
+        app.skills = await open_skills(
+            stack, store=app.store, data_dir=app.data_dir, skills_dirs=lambda: list(tools.settings.skills_dirs),
+            notify=app.notify, providers=app.providers, usage=app.side_usage, chat=app.chat,
+        )
         await _start_knowledge(app)
         await _start_memory(app)
         await _open_compat(app, stack)
@@ -251,7 +254,10 @@ async def open_app(
         await _start_background(app, stack)
         from sidecar.tasks.service import open_tasks
 
-        app.tasks = await open_tasks(app, stack)  # last: the scheduler is cancelled first on exit
+        app.tasks = await open_tasks(  # last: the scheduler is cancelled first on exit
+            stack, store=app.store, chat=app.chat, events=app.events, notify=app.notify, channels=app.channels,
+            consolidate=app.memory_upkeep.consolidate_scope, test_clock_ms=app.config.test_clock_ms,
+        )
         yield app
 
 
@@ -332,6 +338,7 @@ async def _open_chat(app: App, stack: AsyncExitStack) -> None:
     from sidecar.pipeline.builder import RequestBuilder
     from sidecar.store.attachments import AttachmentStore
     from sidecar.tools.mcp import McpManager
+    from sidecar.memory.tools import MemoryTools
     from sidecar.tools.service import ToolService
 
     store = app.store
@@ -378,7 +385,7 @@ async def _open_chat(app: App, stack: AsyncExitStack) -> None:
         knowledge=app.knowledge,
         all_policies=lambda: store.run(lambda s: s.tools.policies()),
         policy_version=lambda: store.blocking.tools.policy_version,
-        memory=app.memory,
+        memory=MemoryTools(app.memory),
         spill_owners=lambda root, path: store.run(lambda s: s.files.owners(root, path)),
     )
     await app.tools.load()

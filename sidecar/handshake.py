@@ -15,6 +15,7 @@ import sidecar
 from protocol import PROTOCOL_VERSION
 from protocol.errors import ErrorCode
 from protocol.lifecycle import InitializeParams, InitializeResult, SecretsInfo, ServerCapabilities, ServerInfo
+from protocol.notification_names import SERVER_NOTIFICATIONS
 from sidecar.bindings import BINDINGS, LIFECYCLE_METHODS
 from sidecar.config import Config
 from sidecar.errors import SidecarError
@@ -24,13 +25,6 @@ logger = logging.getLogger(__name__)
 BOUND_METHODS: list[str] = sorted([*LIFECYCLE_METHODS, *BINDINGS])
 """Every method this process answers: the contract's (tests/test_rpc_server.py holds them
 equal to ``protocol.METHODS``), and what ``implemented`` lists until the App is open."""
-SERVER_NOTIFICATIONS = (
-    "channel:reply", "chat:session:updated", "chat:stream", "chat:suggestions", "memory_consolidation_proposed",
-    "memory_proposed", "server:status:updated", "sidecar:progress", "skill_proposed", "task_finished", "task_fired",
-)
-"""The notifications this process sends: the server->client ones of ``protocol.NOTIFICATIONS``
-(tests/test_rpc_server.py holds them equal), named here so the handshake needs no domain of
-the protocol."""
 
 
 def check_version(params: InitializeParams) -> None:

@@ -40,6 +40,7 @@ import msgspec
 from protocol import METHODS
 from protocol.errors import ErrorCode
 from protocol.events import TextDeltaEvent
+from protocol.notifications import CHAT_STREAM
 from protocol.common import EmptyParams, SuccessResult
 from protocol.lifecycle import InitializeParams, InitializeResult
 from sidecar.app import App, open_app
@@ -335,9 +336,9 @@ class Server:
         notify = self.app.notify
         started = time.perf_counter()
         for seq in range(1, params.count + 1):
-            await notify("chat:stream", event(seq, text))
+            await notify(CHAT_STREAM, event(seq, text))
         elapsed = time.perf_counter() - started
-        line = msgspec.json.encode({"jsonrpc": "2.0", "method": "chat:stream", "params": event(params.count, text)})
+        line = msgspec.json.encode({"jsonrpc": "2.0", "method": CHAT_STREAM.method, "params": event(params.count, text)})
         return BenchNotifyResult(
             count=params.count, event_bytes=params.size, line_bytes=len(line) + 1, elapsed_ms=elapsed * 1000
         )

@@ -32,6 +32,7 @@ from sidecar.errors import EngineError, InvalidParams
 from sidecar.store import AsyncStore, Store, migrations
 from sidecar.store.attachments import AttachmentStore
 from sidecar.store.channels import DeliveryRow, InboxRow
+from sidecar.notify import Notifier
 
 pytestmark = pytest.mark.anyio
 
@@ -284,7 +285,7 @@ async def test_a_refused_turn_is_stored_and_the_chat_told(tmp_path: Path) -> Non
         async with anyio.create_task_group() as tg:
             service = ChannelService(
                 store=store, chat=RefusingEngine(), events=hub,
-                notify=hub.publish, attachments=AttachmentStore(tmp_path), task_group=tg,
+                notify=Notifier(hub.publish), attachments=AttachmentStore(tmp_path), task_group=tg,
             )
             await service.load()
             await service.upsert_config(

@@ -22,6 +22,7 @@ from sidecar.errors import InvalidParams
 from sidecar.store import AsyncStore, Store, migrations
 from sidecar.store.files import Deletion
 from sidecar.store.janitor import detach
+from sidecar.notify import Notifier
 
 pytestmark = pytest.mark.anyio
 
@@ -123,12 +124,12 @@ async def test_an_older_builds_files_are_owned_after_the_migration(tmp_path: Pat
         async def notify(method: str, params: object) -> None:
             pass
 
-        result = await StorageService(astore, notify).gc(StorageGcParams())
+        result = await StorageService(astore, Notifier(notify)).gc(StorageGcParams())
         assert (result.files, result.bytes) == (1, 6)  # only the orphan
         assert (tmp_path / "attachments" / "old-upload.bin").exists() and (tmp_path / "acp" / acp_sid).is_dir()
         # deleting the old session removes its files now
         await astore.run(lambda s: s.sessions.delete(sid))
-        freed = await StorageService(astore, notify).release()
+        freed = await StorageService(astore, Notifier(notify)).release()
         assert (freed.files, freed.bytes) == (3, 40000 + 2)  # the upload, the image, the spill
         assert sorted(p.name for p in (tmp_path / "attachments").iterdir()) == []
     finally:
@@ -230,7 +231,7 @@ async def test_storage_release_runs_its_hooks_and_a_missing_file_is_fine(tmp_pat
         calls.append("hook")
 
     try:
-        service = StorageService(astore, notify)
+        service = StorageService(astore, Notifier(notify))
         service.on_release.append(hook)
         sid = (await astore.run(lambda s: s.sessions.create(CreateSessionOptions()))).id
         uri = attach(astore.blocking, "gone-already.bin")

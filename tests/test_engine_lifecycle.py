@@ -39,6 +39,7 @@ from sidecar.engine.lifecycle import (
 from sidecar.engine.reply import ReplySnapshot
 from sidecar.errors import SidecarError, StoreError
 from sidecar.store import AsyncStore, Store
+from sidecar.notify import Notifier
 
 pytestmark = pytest.mark.anyio
 
@@ -121,7 +122,7 @@ async def rig(tmp_path: Path) -> AsyncIterator[Rig]:
         session = await store.run(lambda s: s.sessions.create(CreateSessionOptions(provider_id="p", model_id="m")))
         events = Recorder()
         price = Price()
-        services = ReplyServices(store=store, notify=events.notify, pricing=price)
+        services = ReplyServices(store=store, notify=Notifier(events.notify), pricing=price)
         yield Rig(store=store, events=events, price=price, session=session, services=services)
     finally:
         await store.close()

@@ -53,6 +53,7 @@ from sidecar.store import AsyncStore
 from sidecar.store.attachments import AttachmentStore
 from sidecar.tools.base import Tool, ToolContext, ToolOutput
 from sidecar.tools.registry import ToolRegistry
+from sidecar.notify import Notifier
 
 pytestmark = pytest.mark.anyio
 
@@ -171,7 +172,7 @@ async def rig(tmp_path: Path, provider: Any, providers: Providers | None = None)
     try:
         async with anyio.create_task_group() as tg:
             engine = ChatEngine(
-                store=store, notify=events.notify, providers=providers, attachments=attachments,
+                store=store, notify=Notifier(events.notify), providers=providers, attachments=attachments,
                 requests=RequestBuilder(store, attachments, providers=providers), settings=Settings(), task_group=tg, tools=Tools(),
                 approvals=approvals, data_dir=tmp_path,
             )
@@ -456,7 +457,7 @@ async def test_a_paused_reply_that_fails_to_close_keeps_the_session_busy(tmp_pat
 
 async def test_sends_are_refused_while_the_session_is_being_deleted(tmp_path: Path, monkeypatch: Any) -> None:
     async with rig(tmp_path, Hello()) as r:
-        sessions = SessionService(r.store, r.events.notify)
+        sessions = SessionService(r.store, Notifier(r.events.notify))
         raced: list[BaseException] = []
 
         async def hook(session_id: str, reason: str) -> Any:
@@ -503,7 +504,7 @@ async def test_a_cancelled_flush_loses_no_text() -> None:
         sent.append(event)
 
     reply = ReplyBuilder()
-    relay = StreamRelay(notify, "s", "m", coalesce_s=60, on_delta=reply.add_delta)
+    relay = StreamRelay(Notifier(notify), "s", "m", coalesce_s=60, on_delta=reply.add_delta)
     await relay.delta("text", "first ")  # the first delta goes out at once, the others wait
     await relay.delta("thinking", "hmm")
     await relay.delta("text", "second")

@@ -18,7 +18,7 @@ import pytest
 from chat_helpers import assert_well_ordered, wait_final
 from generation_helpers import events_for, setup
 from scripted_server import scripted_provider
-from sidecar.pipeline import tokens as tk
+from sidecar import tokens as tk
 from sidecar_proc import SidecarProcess, spawn_sidecar
 
 pytestmark = pytest.mark.anyio

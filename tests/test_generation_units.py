@@ -15,11 +15,11 @@ from protocol.context import AssistantProfile
 from protocol.sessions import CreateSessionOptions
 from protocol.types import MessageV2, TextPart, ThinkingPart, ToolResultPart, ToolUsePart
 from sidecar.engine.generation import says_streaming_unsupported
-from sidecar.engine.progress import work_progress
+from sidecar.progress import work_progress
 from sidecar.engine.side import parse_suggestions
 from sidecar.errors import EngineError
 from sidecar.pipeline import budget as bg
-from sidecar.pipeline import tokens as tk
+from sidecar import tokens as tk
 from sidecar.pipeline.summary import Summarizer
 from sidecar.providers.errors import ProviderCallError
 from sidecar.providers.types import GenerationParams, ModelInfo, RequestMessage
@@ -27,6 +27,7 @@ from sidecar.store import AsyncStore
 from sidecar.store.store import edited_parts
 from sidecar.tools.base import Tool, ToolContext, ToolOutput
 from sidecar.tools.service import ToolService
+from sidecar.notify import Notifier
 
 pytestmark = pytest.mark.anyio
 
@@ -172,13 +173,13 @@ async def test_progress_ends_once_with_the_failure() -> None:
         sent.append((method, params.kind, params.done, params.total, params.message))
 
     with pytest.raises(EngineError):
-        async with work_progress(notify, "t", "working") as progress:
+        async with work_progress(Notifier(notify), "t", "working") as progress:
             assert progress is not None
             await progress.begin(10)
             raise EngineError("the disk is full")
     assert sent == [("sidecar:progress", "begin", 0, 10, "working"),
                     ("sidecar:progress", "end", 0, 10, "failed: the disk is full")]
-    async with work_progress(notify, None, "nothing") as none:
+    async with work_progress(Notifier(notify), None, "nothing") as none:
         assert none is None
 
 
@@ -319,7 +320,7 @@ async def test_an_idle_send_reaches_its_first_delta_in_one_worker_thread_hop(tmp
     try:
         async with anyio.create_task_group() as tg:
             engine = ChatEngine(
-                store=store, notify=notify, providers=providers, attachments=attachments,
+                store=store, notify=Notifier(notify), providers=providers, attachments=attachments,
                 requests=RequestBuilder(store, attachments, providers=providers), settings=Settings(),
                 task_group=tg, tools=tools, approvals=approvals, data_dir=tmp_path / "data",
             )

@@ -19,6 +19,7 @@ from sidecar.engine import chat as chat_module
 from sidecar.engine.sessions import SessionService
 from sidecar.errors import SidecarError
 from sidecar.providers.types import ChatRequest, Finish, TextDelta
+from sidecar.notify import Notifier
 from test_engine_robustness import Rig, rig, send
 
 pytestmark = pytest.mark.anyio
@@ -40,7 +41,7 @@ class Gated:
 
 
 def service(r: Rig) -> SessionService:
-    sessions = SessionService(r.store, r.events.notify)
+    sessions = SessionService(r.store, Notifier(r.events.notify))
     sessions.on_delete.append(r.engine.stop_session)
     return sessions
 
@@ -54,7 +55,7 @@ async def test_turns_are_busy_while_messages_are_deleted_and_taken_again_after(t
         first = await send(r, "one")
         assert await r.events.final(first) == "StreamEndEvent"
         user, reply = await branch(r)
-        sessions = SessionService(r.store, r.events.notify)
+        sessions = SessionService(r.store, Notifier(r.events.notify))
         raced: list[SidecarError] = []
 
         async def hook(session_id: str, reason: str, below: str | None = None) -> Any:

@@ -12,7 +12,7 @@ from pathlib import Path
 import pytest
 
 from protocol.types import ImagePart, MessageV2, TextPart, ToolCall
-from sidecar.pipeline import tokens
+from sidecar import tokens
 
 KNOWN = [
     # (encoding, text, ids) - ids published in tiktoken's README / OpenAI cookbook
@@ -117,7 +117,7 @@ def test_message_estimate_adds_overhead_images_and_tool_calls() -> None:
 def test_nothing_loaded_at_import() -> None:
     """Importing the pipeline (as the sidecar does at start-up) loads no tiktoken."""
     code = (
-        "import sys, sidecar.pipeline.tokens, sidecar.pipeline.builder;"
+        "import sys, sidecar.tokens, sidecar.pipeline.builder;"
         "print('tiktoken' in sys.modules)"
     )
     out = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, check=True)

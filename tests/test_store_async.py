@@ -32,6 +32,7 @@ from protocol.types import MessageTreeNode, MessageV2, SessionV2
 from sidecar.engine.sessions import SessionService, encode_tree
 from sidecar.errors import NotFound
 from sidecar.store import AsyncStore
+from sidecar.notify import Notifier
 
 
 class Recorder:
@@ -95,7 +96,7 @@ async def test_streaming_through_async_store(astore: AsyncStore) -> None:
 @pytest.mark.anyio
 async def test_session_service_methods(astore: AsyncStore) -> None:
     notify = Recorder()
-    svc = SessionService(astore, notify)
+    svc = SessionService(astore, Notifier(notify))
     s = await svc.create_session(CreateSessionOptions(title="svc", tags=["a"]))
     assert (await svc.get_session(IdParams(id=s.id))).title == "svc"
     u = await svc.update_session(SessionUpdateParams(id=s.id, updates=SessionUpdates(folder="f")))

@@ -29,6 +29,7 @@ from sidecar.sync.errors import (
 )
 from sidecar.sync.mapping import normalize_messages
 from sidecar.sync.wire import ChatMessageDto, to_ms
+from sidecar.notify import Notifier
 
 pytestmark = pytest.mark.anyio
 
@@ -288,7 +289,7 @@ async def test_periodic_sync_runs_when_enabled(tmp_path: Path, monkeypatch):
         async def delete_path(session_id: str, reason: str, write):
             return await store.run(write)
 
-        svc = service_module.SyncService(store, notify, delete_path=delete_path)
+        svc = service_module.SyncService(store, Notifier(notify), delete_path=delete_path)
         try:
             await svc.load()
             async with anyio.create_task_group() as tg:

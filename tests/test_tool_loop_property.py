@@ -46,6 +46,7 @@ from sidecar.store import AsyncStore
 from sidecar.store.attachments import AttachmentStore
 from sidecar.tools.base import Tool, ToolContext, ToolOutput
 from sidecar.tools.registry import ToolRegistry
+from sidecar.notify import Notifier
 
 
 class World:
@@ -150,7 +151,7 @@ class Rig:
         providers = Providers(self.world)
         attachments = AttachmentStore(self.data_dir)
         self.engine = ChatEngine(
-            store=self.store, notify=self._notify, providers=providers, attachments=attachments,
+            store=self.store, notify=Notifier(self._notify), providers=providers, attachments=attachments,
             requests=RequestBuilder(self.store, attachments, providers=providers), settings=Settings(), task_group=self._tg,
             tools=Tools(self.world), approvals=self.approvals, data_dir=self.data_dir,
         )

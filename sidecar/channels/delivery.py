@@ -25,31 +25,31 @@ from __future__ import annotations
 
 import logging
 from collections.abc import Awaitable, Callable
-from typing import Any, Protocol, TypeVar
+from typing import Protocol, TypeVar
 
 import anyio
 import anyio.abc
 import msgspec
 
 from protocol.channels import ChannelAckParams, ChannelConfig, ChannelReplyParams
+from protocol.notifications import CHANNEL_REPLY
 from sidecar.channels.ratelimit import TokenBucket
 from sidecar.channels.workers import KeyedWorkers
 from sidecar.errors import EngineError, NotFound, SidecarError
 from sidecar.store.async_store import AsyncStore
 from sidecar.store.channels import ChannelRepo, DeliveryRow
+from sidecar.notify import Notifier
 
-__all__ = ["Outbox", "REPLY_METHOD", "MAX_BACKOFF_S", "DeliveryError", "PlatformSender", "SenderOf"]
+__all__ = ["Outbox", "MAX_BACKOFF_S", "DeliveryError", "PlatformSender", "SenderOf"]
 
 log = logging.getLogger(__name__)
 
 T = TypeVar("T")
 
-REPLY_METHOD = "channel:reply"
 MAX_BACKOFF_S = 300.0
 MAX_CHAT_BUCKETS = 10_000
 ACK_STORE_WAIT_S = 5.0
 """How long ``channel:ack`` waits for the worker to store the acknowledgement it hands over."""
-Notify = Callable[[str, Any], Awaitable[None]]
 
 
 class DeliveryError(Exception):
@@ -87,7 +87,7 @@ class Outbox:
     def __init__(
         self,
         store: AsyncStore,
-        notify: Notify,
+        notify: Notifier,
         task_group: anyio.abc.TaskGroup,
         config_of: Callable[[str], ChannelConfig | None],
         sender_of: SenderOf | None = None,
@@ -251,7 +251,7 @@ class Outbox:
         self._waiting[row.id] = waiter
         try:
             await self._db(lambda r: r.mark_sent(row.id, attempt))
-            await self._notify(REPLY_METHOD, msgspec.structs.replace(row.payload, attempt=attempt))
+            await self._notify(CHANNEL_REPLY, msgspec.structs.replace(row.payload, attempt=attempt))
             with anyio.move_on_after(timeout_s):
                 await waiter.event.wait()
         except BaseException:

@@ -24,7 +24,7 @@ import msgspec
 from protocol.channels import ChannelConfig, ChannelMessageParams
 from protocol.sessions import CreateSessionOptions
 from sidecar.channels.routes import plan_for, route_key
-from sidecar.pipeline.locks import KeyedLocks
+from sidecar.locks import KeyedLocks
 from sidecar.store.async_store import AsyncStore
 from sidecar.store.store import Store
 

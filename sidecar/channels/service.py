@@ -30,8 +30,8 @@ from __future__ import annotations
 
 import logging
 import time
-from collections.abc import Awaitable, Callable
-from typing import Any, TypeVar
+from collections.abc import Callable
+from typing import TypeVar
 
 import anyio
 import anyio.abc
@@ -73,6 +73,7 @@ from sidecar.store.attachments import AttachmentStore
 from sidecar.store.channels import LOG_TEXT_CHARS, ChannelRepo, InboxRow
 from sidecar.store.ids import new_id
 from sidecar.store.store import Store
+from sidecar.notify import Notifier
 
 __all__ = ["ChannelService"]
 
@@ -95,7 +96,7 @@ class ChannelService:
         store: AsyncStore,
         chat: ChatTurns,
         events: EventHub,
-        notify: Callable[[str, Any], Awaitable[None]],
+        notify: Notifier,
         attachments: AttachmentStore,
         task_group: anyio.abc.TaskGroup,
         remote_agents: bool = False,

@@ -49,7 +49,7 @@ from sidecar.compat.wire import (
     text_id,
 )
 from sidecar.errors import InvalidParams, SidecarError
-from sidecar.pipeline.locks import KeyedLocks
+from sidecar.locks import KeyedLocks
 
 log = logging.getLogger(__name__)
 

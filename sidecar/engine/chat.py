@@ -76,7 +76,6 @@ from protocol.settings import ChatSettings
 from protocol.types import MessageV2, SessionV2
 from sidecar.engine.approvals import ApprovalService
 from sidecar.engine.generation import GenerationHandler, ReplyProviders, ToolAssembler
-from sidecar.engine.relay import Notify
 from sidecar.engine.lifecycle import (
     COMPLETED,
     PAUSED,
@@ -91,11 +90,13 @@ from sidecar.engine.usage import SideUsage
 from sidecar.engine.turns import Turn, TurnWriter
 from sidecar.errors import NotFound, SidecarError
 from sidecar.pipeline.builder import Prepared, RequestBuilder
-from sidecar.pipeline.locks import KeyedLocks
+from sidecar.locks import KeyedLocks
 from sidecar.store.async_store import AsyncStore
 from sidecar.store.attachments import AttachmentStore
 from sidecar.store.store import Store
 from sidecar.store.tools import ToolRun
+from sidecar.notify import Notifier
+from protocol.notifications import SESSION_UPDATED
 
 log = logging.getLogger(__name__)
 
@@ -155,7 +156,7 @@ class ChatEngine:
         self,
         *,
         store: AsyncStore,
-        notify: Notify,
+        notify: Notifier,
         providers: ChatProviders,
         attachments: AttachmentStore,
         requests: RequestBuilder,
@@ -548,7 +549,7 @@ class ChatEngine:
         finally:
             self._titling.discard(session.id)
         if updated is not None and not self._closing:
-            await self._notify("chat:session:updated", updated)
+            await self._notify(SESSION_UPDATED, updated)
 
     # -- the start-up pass -----------------------------------------------------------
 

@@ -32,10 +32,10 @@ from protocol.types import SessionV2
 from sidecar.engine.generation import ToolAssembler
 from sidecar.errors import EngineError, InvalidParams, NotFound, SidecarError
 from sidecar.pipeline import planner
-from sidecar.pipeline import tokens as tk
+from sidecar import tokens as tk
 from sidecar.pipeline.budget import BudgetParts
 from sidecar.pipeline.builder import RequestBuilder
-from sidecar.pipeline.calls import ModelResolver
+from sidecar.providers.calls import ModelResolver
 from sidecar.providers.types import GenerationParams
 from sidecar.store.async_store import AsyncStore
 from sidecar.store.context import StoredSummary

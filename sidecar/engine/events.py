@@ -19,7 +19,7 @@ from __future__ import annotations
 
 import logging
 import math
-from collections.abc import Awaitable, Callable, Iterator
+from collections.abc import Iterator
 from contextlib import contextmanager
 from typing import Any
 
@@ -27,12 +27,11 @@ import anyio
 from anyio.streams.memory import MemoryObjectReceiveStream, MemoryObjectSendStream
 
 from protocol.events import ChatStreamEvent
+from protocol.notifications import CHAT_STREAM
+from sidecar.notify import Send
 
 log = logging.getLogger(__name__)
 
-Send = Callable[[str, Any], Awaitable[None]]
-
-STREAM_METHOD = "chat:stream"
 DEFAULT_BUFFER = 4096
 """Events a subscriber may fall behind by before it is cut off (deltas are coalesced, so a
 reply of tens of thousands of tokens stays far below it while the subscriber keeps up)."""
@@ -89,7 +88,7 @@ class EventHub:
 
     async def publish(self, method: str, params: Any = None) -> None:
         await self._send(method, params)
-        if method != STREAM_METHOD or not (self._all or self._by_session):
+        if method != CHAT_STREAM.method or not (self._all or self._by_session):
             return
         for sub in (*self._by_session.get(params.session_id, ()), *self._all):
             try:

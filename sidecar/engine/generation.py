@@ -74,7 +74,7 @@ from sidecar.engine.reply import ReplySnapshot
 from sidecar.engine.tool_loop import ToolLoop
 from sidecar.errors import SidecarError
 from sidecar.pipeline.builder import Prepared, RequestBuilder
-from sidecar.pipeline.calls import ModelResolver, ResolvedModel
+from sidecar.providers.calls import ModelResolver, ResolvedModel
 from sidecar.providers.errors import ProviderCallError
 from sidecar.providers.types import (
     Finish,

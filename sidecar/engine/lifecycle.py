@@ -161,9 +161,11 @@ from protocol.events import (
 from protocol.providers import ReasoningLevel
 from protocol.settings import ChatSettings
 from protocol.types import Citation, ContentPart, MessageV2, SessionV2, ToolResultPart, Usage
-from sidecar.engine.relay import Notify, StreamRelay
+from sidecar.engine.relay import StreamRelay
 from sidecar.engine.reply import ReplyBuilder, ReplySnapshot
 from sidecar.errors import SidecarError
+from sidecar.notify import Notifier
+from protocol.notifications import SESSION_UPDATED
 
 if TYPE_CHECKING:
     from sidecar.store.async_store import AsyncStore
@@ -312,7 +314,7 @@ class ReplyServices:
 
     __slots__ = ("store", "notify", "pricing")
 
-    def __init__(self, *, store: AsyncStore, notify: Notify, pricing: Pricing) -> None:
+    def __init__(self, *, store: AsyncStore, notify: Notifier, pricing: Pricing) -> None:
         self.store = store
         self.notify = notify
         self.pricing = pricing
@@ -770,6 +772,6 @@ class ReplyLifecycle:
             session = job.ended_session
             if session is None:
                 session = job.ended_session = await self._store.run(lambda s: s.sessions.get(job.session.id))
-            await self._notify("chat:session:updated", session)
+            await self._notify(SESSION_UPDATED, session)
         except SidecarError:
             log.debug("session %s vanished after its reply", job.session.id)

@@ -16,16 +16,14 @@ content built from it always matches ``seq``.
 from __future__ import annotations
 
 import time
-from collections.abc import Awaitable, Callable
+from collections.abc import Callable
 from typing import Any
 
 import anyio
 
 from protocol.events import TextDeltaEvent, ThinkingDeltaEvent
-
-Notify = Callable[[str, Any], Awaitable[None]]
-
-STREAM_METHOD = "chat:stream"
+from protocol.notifications import CHAT_STREAM
+from sidecar.notify import Notifier
 
 
 def now_ms() -> int:
@@ -35,7 +33,7 @@ def now_ms() -> int:
 class StreamRelay:
     def __init__(
         self,
-        notify: Notify,
+        notify: Notifier,
         session_id: str,
         message_id: str,
         *,
@@ -133,4 +131,4 @@ class StreamRelay:
             seq=self.seq,
             **fields,
         )
-        await self._notify(STREAM_METHOD, event)
+        await self._notify(CHAT_STREAM, event)

@@ -61,21 +61,21 @@ from protocol.sessions import (
     SessionUpdates,
 )
 from protocol.types import MessageTreeNode, MessageV2, SearchResult, SessionExport, SessionV2
-from sidecar.engine.progress import work_progress
+from sidecar.progress import work_progress
 from protocol.errors import ErrorCode
 from sidecar.errors import InvalidParams, NotFound, SidecarError, StoreError
 from sidecar.store import AsyncStore
 from sidecar.store.settings import DEFAULT_PROVIDER_KEY
 from sidecar.store.store import Store
+from sidecar.notify import Notifier
+from protocol.notifications import SESSION_UPDATED
 
 if TYPE_CHECKING:
     from sidecar.store.providers import ProviderRecord
 
-__all__ = ["SessionService", "encode_tree", "check_model_choice", "DeleteHook", "Notify"]
+__all__ = ["SessionService", "encode_tree", "check_model_choice", "DeleteHook"]
 
 log = logging.getLogger(__name__)
-
-Notify = Callable[[str, Any], Awaitable[None]]
 
 
 class DeleteHook(Protocol):
@@ -98,7 +98,7 @@ DEFAULT_PAGE = 100
 class SessionService:
     """The methods the server binds as ``sessions.<name>``."""
 
-    def __init__(self, store: AsyncStore, notify: Notify) -> None:
+    def __init__(self, store: AsyncStore, notify: Notifier) -> None:
         self.store = store
         self._notify = notify
         self.on_delete: list[DeleteHook] = []
@@ -371,7 +371,7 @@ class SessionService:
     async def publish(self, session_id: str) -> SessionV2:
         """Send ``chat:session:updated`` with the session as stored now; returns it."""
         session = await self.store.read(lambda s: s.sessions.get(session_id))
-        await self._notify("chat:session:updated", session)
+        await self._notify(SESSION_UPDATED, session)
         return session
 
 

@@ -44,17 +44,18 @@ from protocol.common import IdParams
 from protocol.settings import ChatSettings
 from protocol.types import MessageV2, SessionV2, TextPart
 from sidecar.engine.lifecycle import Pricing, ReplyJob
-from sidecar.engine.relay import Notify
 from sidecar.engine.titles import TitleGenerator
 from sidecar.engine.usage import SideUsage
 from sidecar.errors import EngineError, ProviderError, SidecarError
-from sidecar.pipeline import tokens as tk
-from sidecar.pipeline.calls import ModelResolver, ProviderModelCall, ResolvedModel
+from sidecar import tokens as tk
+from sidecar.providers.calls import ModelResolver, ProviderModelCall, ResolvedModel
 from sidecar.pipeline.summary import render_transcript
 from sidecar.providers.types import RequestMessage
 from sidecar.store.async_store import AsyncStore
 from sidecar.store.store import Store
 from sidecar.untrusted import ESCAPING, escape
+from sidecar.notify import Notifier
+from protocol.notifications import SESSION_UPDATED, SUGGESTIONS
 
 __all__ = [
     "SideCalls",
@@ -163,7 +164,7 @@ class SideCalls:
         store: AsyncStore,
         providers: SideProviders,
         settings: Callable[[], ChatSettings],
-        notify: Notify,
+        notify: Notifier,
         task_group: anyio.abc.TaskGroup,
         usage: SideUsage,
     ) -> None:
@@ -216,7 +217,7 @@ class SideCalls:
         """``chat:session:title``: name the session again now."""
         session = await self._store.run(lambda s: s.sessions.get(params.id))
         updated = await self._titles.title_now(session)
-        await self._notify("chat:session:updated", updated)
+        await self._notify(SESSION_UPDATED, updated)
         return updated
 
     # ---- suggestions ------------------------------------------------------------------
@@ -241,7 +242,7 @@ class SideCalls:
                 with anyio.CancelScope(shield=True), anyio.move_on_after(5):
                     if await self._store.run(store):
                         await self._notify(
-                            "chat:suggestions",
+                            SUGGESTIONS,
                             SuggestionsParams(session_id=session.id, message_id=job.message_id, suggestions=suggestions),
                         )
         except SidecarError as exc:
@@ -303,7 +304,7 @@ class SideCalls:
 
         updated = await self._store.run(write)
         if updated is not None:
-            await self._notify("chat:session:updated", updated)
+            await self._notify(SESSION_UPDATED, updated)
         return updated
 
     # ---- one call ---------------------------------------------------------------------
@@ -328,7 +329,7 @@ class SideCalls:
         )
         if kind == "suggestions":  # its cost shows in the session's counters
             try:
-                await self._notify("chat:session:updated", await self._store.run(lambda s: s.sessions.get(session_id)))
+                await self._notify(SESSION_UPDATED, await self._store.run(lambda s: s.sessions.get(session_id)))
             except SidecarError:
                 pass  # deleted meanwhile
         return text

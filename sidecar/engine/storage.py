@@ -32,24 +32,23 @@ from __future__ import annotations
 import logging
 from collections.abc import Awaitable, Callable
 from pathlib import Path
-from typing import Any
 
 import anyio
 import anyio.abc
 
 from protocol.storage import StorageGcParams, StorageGcResult
-from sidecar.engine.progress import WorkProgress, work_progress
+from sidecar.progress import WorkProgress, work_progress
 from sidecar.errors import InvalidParams, SidecarError
 from sidecar.store.async_store import AsyncStore
 from sidecar.store.files import Deletion
 from sidecar.store.janitor import GC_GRACE_S, Detached, Freed, detach, detach_orphan, orphans, purge
 from sidecar.store.store import Store
+from sidecar.notify import Notifier
 
 __all__ = ["StorageService"]
 
 log = logging.getLogger(__name__)
 
-Notify = Callable[[str, Any], Awaitable[None]]
 BATCH = 200
 STARTUP_DELAY_S = 0.5
 """The start-up pass waits this long: the first requests come first."""
@@ -59,7 +58,7 @@ MAX_GRACE_MS = 30 * 24 * 3600 * 1000
 class StorageService:
     """The methods the server binds as ``storage.<name>``, and ``release`` for the engine."""
 
-    def __init__(self, store: AsyncStore, notify: Notify) -> None:
+    def __init__(self, store: AsyncStore, notify: Notifier) -> None:
         self._store = store
         self._notify = notify
         self._data_dir: Path = store.blocking.data_dir

@@ -32,7 +32,7 @@ from protocol.settings import ChatSettings
 from protocol.types import SessionV2, TextPart
 from sidecar.engine.usage import SideUsage
 from sidecar.errors import EngineError, ProviderError, SidecarError
-from sidecar.pipeline.calls import ModelResolver, ProviderModelCall, ResolvedModel
+from sidecar.providers.calls import ModelResolver, ProviderModelCall, ResolvedModel
 from sidecar.providers.types import RequestMessage
 from sidecar.store.async_store import AsyncStore
 from sidecar.store.store import Store

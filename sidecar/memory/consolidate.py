@@ -22,7 +22,6 @@ else the default provider and model; its side call belongs to no session.
 from __future__ import annotations
 
 import logging
-from collections.abc import Awaitable, Callable
 from typing import TYPE_CHECKING, Annotated, Literal
 
 import anyio
@@ -34,11 +33,13 @@ from protocol.providers import DefaultModel
 from protocol.types import TextPart
 from sidecar.errors import InvalidParams, SidecarError
 from sidecar.memory import text as mtext
-from sidecar.pipeline.calls import ModelResolver, ProviderModelCall, ResolvedModel, json_object
+from sidecar.providers.calls import ModelResolver, ProviderModelCall, ResolvedModel, json_object
 from sidecar.providers.types import RequestMessage
 from sidecar.store.memory import MemoryRecord
 from sidecar.store.memory_upkeep import MergeRecord
 from sidecar.store.store import Store
+from protocol.notifications import MEMORY_CONSOLIDATION_PROPOSED
+from sidecar.notify import Notifier
 
 if TYPE_CHECKING:
     from sidecar.memory.service import MemoryService
@@ -102,7 +103,7 @@ class Consolidator:
         self,
         service: MemoryService,
         providers: ModelResolver,
-        notify: Callable[[str, object], Awaitable[None]],
+        notify: Notifier,
     ) -> None:
         self._service = service
         self._store = service.store
@@ -153,7 +154,7 @@ class Consolidator:
                     stored = await self._store.run(lambda s: s.memory_upkeep.add_merge(record))
                     wire = await self.wire(stored)
                     result.proposed.append(wire)
-                    await self._notify("memory_consolidation_proposed", wire)
+                    await self._notify(MEMORY_CONSOLIDATION_PROPOSED, wire)
         log.info("memory consolidation of %s (%s): %d memories, %d groups, %d merged, %d proposed", scope, mode,
                  result.examined, result.groups, len(result.applied), len(result.proposed))
         return result

@@ -55,14 +55,14 @@ from protocol.context import AssistantProfile
 from protocol.memory import GLOBAL_SCOPE, MAX_MEMORY_CHARS, MAX_MEMORY_DETAIL_CHARS
 from protocol.types import TextPart
 from sidecar.errors import NotFound, SidecarError
-from sidecar.pipeline.calls import ProviderModelCall, UsageSink
-from sidecar.pipeline.locks import KeyedLocks
+from sidecar.providers.calls import ProviderModelCall, UsageSink
+from sidecar.locks import KeyedLocks
 from sidecar.providers.types import RequestMessage
 from sidecar.store.memory import MemoryRecord, ProposalRecord
 
 if TYPE_CHECKING:
     from sidecar.memory.service import MemoryService
-    from sidecar.pipeline.calls import ModelResolver
+    from sidecar.providers.calls import ModelResolver
 
 __all__ = ["MemoryEncoder", "EncoderAnswer", "parse_answer", "strip_injected", "ENCODER_TIMEOUT_S"]
 

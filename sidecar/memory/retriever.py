@@ -40,7 +40,7 @@ from sidecar.store.async_store import AsyncStore
 from sidecar.store.memory import MemoryRecord
 
 if TYPE_CHECKING:
-    from sidecar.pipeline.calls import UsageSink
+    from sidecar.providers.calls import UsageSink
 
 __all__ = ["MemoryRetriever", "MemorySearch", "MemoryFound"]
 
@@ -48,7 +48,6 @@ log = logging.getLogger(__name__)
 
 CACHE_TTL_S = 60.0
 CACHE_ENTRIES = 128
-
 
 
 class MemoryFound(msgspec.Struct, kw_only=True):

@@ -40,7 +40,7 @@ from __future__ import annotations
 
 import logging
 import time
-from collections.abc import Awaitable, Callable, Sequence
+from collections.abc import Callable, Sequence
 from typing import TYPE_CHECKING, Any, Protocol
 
 import anyio
@@ -73,12 +73,12 @@ from sidecar.retrieval.retriever import EmbedderFor, charge_embedding
 from sidecar.store.async_store import AsyncStore
 from sidecar.store.memory import MemoryRecord, NewMemory, ProposalRecord
 from sidecar.store.store import Store
+from sidecar.notify import Notifier
+from protocol.notifications import MEMORY_PROPOSED
 
 if TYPE_CHECKING:
-    from protocol.types import SessionV2
-    from sidecar.memory.encoder import MemoryEncoder
     from sidecar.memory.soul import SoulService
-    from sidecar.pipeline.calls import UsageSink
+    from sidecar.providers.calls import UsageSink
 
 __all__ = ["MemoryService", "Written", "MAX_RESULTS", "model_key"]
 
@@ -96,8 +96,6 @@ SIMILAR_COSINE = 0.92
 ELEMENT_OVERHEAD_TOKENS = 24
 """Tokens of a ``<memory ...>`` element around its text (attributes, tags), for the budget."""
 
-Notify = Callable[[str, Any], Awaitable[None]]
-
 
 class AssistantFor(Protocol):
     async def __call__(self, session_id: str | None) -> AssistantProfile: ...
@@ -110,6 +108,12 @@ def model_key(assistant: AssistantProfile) -> str | None:
 
 def scopes_of(assistant: AssistantProfile) -> list[str]:
     return [assistant.id, GLOBAL_SCOPE]
+
+
+class ReplyReader(Protocol):
+    """The MemoryEncoder (encoder.py, which sits above this service)."""
+
+    def schedule(self, session_id: str, job: Any) -> None: ...
 
 
 class Written(msgspec.Struct, kw_only=True):
@@ -141,7 +145,7 @@ class MemoryService:
         self,
         *,
         store: AsyncStore,
-        notify: Notify,
+        notify: Notifier,
         embedder_for: EmbedderFor,
         assistant_for: AssistantFor,
     ) -> None:
@@ -159,7 +163,7 @@ class MemoryService:
         """(scope, model) pairs with no memory lacking a vector since the last write."""
         self._dirty: set[tuple[str, str]] = set()
         self._failed_at: dict[tuple[str, str], float] = {}
-        self.encoder: MemoryEncoder | None = None
+        self.encoder: ReplyReader | None = None
         """The MemoryEncoder (set by the app once providers exist)."""
         self.souls: SoulService | None = None
         """The SoulService the ``soul_update`` tool writes through (set by the app)."""
@@ -221,7 +225,7 @@ class MemoryService:
         outcome: str | None = None, context: str | None = None, key: str | None = None,
         session_id: str | None = None, message_id: str | None = None, tool_call_id: str | None = None,
     ) -> NewMemory:
-        from sidecar.pipeline.tokens import count_text
+        from sidecar.tokens import count_text
 
         return NewMemory(
             scope=scope, kind=kind, text=text, task=task, outcome=outcome, context=context, key=key,
@@ -571,7 +575,7 @@ class MemoryService:
     async def propose(self, proposal: ProposalRecord) -> MemoryProposal:
         stored = await self._store.run(lambda s: s.memory.add_proposal(proposal))
         wire = await self._proposal_wire(stored)
-        await self._notify("memory_proposed", wire)
+        await self._notify(MEMORY_PROPOSED, wire)
         return wire
 
     # ---- for requests and tools -----------------------------------------------------------
@@ -608,20 +612,6 @@ class MemoryService:
         """The basic memory block (blocking, in a store thread): see the module docstring."""
         return basic_text(store, assistant)
 
-    @property
-    def feature_tools(self) -> dict[str, str]:
-        """The tools memory brings (name -> the feature whose switch brings it), for ToolService."""
-        from sidecar.memory.tools import FEATURE_TOOLS
-
-        return dict(FEATURE_TOOLS)
-
-    async def offer(self, session: SessionV2 | None) -> Any:
-        """The memory tools (first among a request's tools) and the capabilities, for ToolService."""
-        from sidecar.memory.tools import offer
-
-        assistant = await self._assistant_for(session.id if session is not None else None)
-        return await offer(self, self.souls, assistant)
-
     def reply_completed(self, session_id: str, job: Any) -> None:
         """A reply completed (ChatEngine hook): the encoder reads it in the background."""
         if self.encoder is not None:
@@ -642,7 +632,6 @@ def render(record: MemoryRecord, *, with_id: bool = False) -> str:
     )
 
 
-
 def basic_text(store: Store, assistant: AssistantProfile) -> str | None:
     """The basic memory block of ``assistant`` (memory on, RAG off), or None (blocking)."""
     memory = assistant.memory
@@ -658,7 +647,7 @@ def basic_text(store: Store, assistant: AssistantProfile) -> str | None:
                 seen.add(lst[i])
                 order.append(lst[i])
     records = store.memory.by_rowids(order, active_only=True) if order else {}
-    from sidecar.pipeline.tokens import count_text
+    from sidecar.tokens import count_text
 
     spent = sum(count_text(e) + ELEMENT_OVERHEAD_TOKENS for e in memory.entries if e.strip())
     elements: list[str] = []

@@ -35,7 +35,7 @@ from protocol.memory import (
     SoulVersion,
 )
 from sidecar.errors import InvalidParams, NotFound
-from sidecar.pipeline.system import SoulFiles
+from sidecar.memory.soul_files import SoulFiles
 from sidecar.store.async_store import AsyncStore
 from sidecar.store.store import Store
 
@@ -112,7 +112,7 @@ class SoulService:
         return await self._store.run(lambda s: effective_soul(s, self.files, scope))
 
     async def view(self, scope: str) -> AssistantSoul:
-        from sidecar.pipeline.tokens import count_text
+        from sidecar.tokens import count_text
 
         view = await self._store.run(lambda s: effective_soul(s, self.files, scope))
         return AssistantSoul(

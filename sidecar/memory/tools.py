@@ -25,6 +25,7 @@ import msgspec
 
 from protocol.context import AssistantProfile
 from protocol.memory import GLOBAL_SCOPE, MAX_MEMORY_CHARS
+from protocol.types import SessionV2
 from sidecar.errors import InvalidParams, NotFound, SidecarError
 from sidecar.tools.base import Feature, Tool, ToolContext, ToolError, ToolOutput, obj
 
@@ -34,7 +35,7 @@ if TYPE_CHECKING:
 
 __all__ = [
     "MemoryOffer", "MemorySearchTool", "MemorySave", "MemoryUpdate", "MemoryForget", "SoulUpdate", "offer",
-    "FEATURE_TOOLS",
+    "FEATURE_TOOLS", "MemoryTools",
 ]
 
 KINDS = ["fact", "preference", "task-outcome", "instruction-from-user", "event", "note"]
@@ -273,3 +274,22 @@ async def offer(
             "encoder": memory.encoder,
         })
     return MemoryOffer(tools=tools, retrieval=retrieval)
+
+
+class MemoryTools:
+    """The memory side of ToolService (its MemorySource): what memory brings a request of a
+    session, for the assistant in effect there. Here, above MemoryService, so the service
+    knows nothing of its tools."""
+
+    def __init__(self, service: MemoryService) -> None:
+        self._service = service
+
+    @property
+    def feature_tools(self) -> dict[str, str]:
+        """The tools memory brings (name -> the feature whose switch brings it)."""
+        return dict(FEATURE_TOOLS)
+
+    async def offer(self, session: SessionV2 | None) -> MemoryOffer:
+        """The memory tools (first among a request's tools) and the capabilities."""
+        assistant = await self._service.assistant_for(session.id if session is not None else None)
+        return await offer(self._service, self._service.souls, assistant)

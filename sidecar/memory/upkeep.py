@@ -18,7 +18,6 @@ from __future__ import annotations
 
 import logging
 import time
-from typing import Any
 
 import msgspec
 
@@ -47,8 +46,9 @@ from sidecar.errors import InvalidParams, NotFound, SidecarError
 from sidecar.memory.consolidate import Consolidator
 from sidecar.memory.markdown import parse_scope, render_scope
 from sidecar.memory.service import MemoryService, scopes_of
-from sidecar.pipeline.calls import ModelResolver
+from sidecar.providers.calls import ModelResolver
 from sidecar.store.store import Store
+from sidecar.notify import Notifier
 
 __all__ = ["MemoryUpkeep", "SETTINGS_KEY", "DAY_MS"]
 
@@ -70,7 +70,7 @@ def _bad_state() -> int:
 
 
 class MemoryUpkeep:
-    def __init__(self, memory: MemoryService, providers: ModelResolver, notify: Any) -> None:
+    def __init__(self, memory: MemoryService, providers: ModelResolver, notify: Notifier) -> None:
         self._memory = memory
         self._store = memory.store
         self.consolidator = Consolidator(memory, providers, notify)

@@ -49,7 +49,7 @@ from protocol.types import (
     ToolUsePart,
 )
 from sidecar.errors import EngineError
-from sidecar.pipeline import tokens as tk
+from sidecar import tokens as tk
 from sidecar.providers.types import GenerationParams, ModelInfo, RequestMessage, ToolSpec
 
 __all__ = [

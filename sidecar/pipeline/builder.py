@@ -34,15 +34,16 @@ from protocol.types import Citation, ContentPart, FilePart, ImagePart, SessionV2
 from sidecar.errors import SidecarError
 from sidecar.pipeline import budget as bg
 from sidecar.pipeline import planner
-from sidecar.pipeline import tokens as tk
+from sidecar import tokens as tk
 from sidecar.pipeline.budget import BudgetParts, ContextOverflow, CountCache
-from sidecar.pipeline.calls import ModelResolver, ProviderModelCall, UsageSink
+from sidecar.providers.calls import ModelResolver, ProviderModelCall, UsageSink
 from sidecar.pipeline.context import BranchRead, ContextWindow, RollingContext
 from sidecar.pipeline.output import OutputProcessor
 from sidecar.pipeline.profiles import ProfileResolver, SessionProfile
 from sidecar.pipeline.request import build_drafts, finalize, lead_with_user
 from sidecar.pipeline.summary import Summarizer
-from sidecar.pipeline.system import SoulFiles, compose_system_prompt
+from sidecar.memory.soul_files import SoulFiles
+from sidecar.pipeline.system import compose_system_prompt
 from sidecar.memory.service import basic_text as basic_memory_text
 from sidecar.memory.soul import effective_soul
 from sidecar.pipeline.token_cache import TokenLedger

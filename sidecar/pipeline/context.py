@@ -36,8 +36,8 @@ from protocol.context import AssistantProfile, TruncationStrategy
 from protocol.types import MessageV2, SessionV2, TextPart
 from sidecar.errors import NotFound, SidecarError
 from sidecar.pipeline import planner
-from sidecar.pipeline import tokens as tk
-from sidecar.pipeline.locks import KeyedLocks
+from sidecar import tokens as tk
+from sidecar.locks import KeyedLocks
 from sidecar.pipeline.summary import Summarizer
 from sidecar.pipeline.token_cache import TokenLedger
 from sidecar.store.async_store import AsyncStore

@@ -36,7 +36,7 @@ from protocol.types import (
     ToolResultPart,
     ToolUsePart,
 )
-from sidecar.pipeline import tokens as tk
+from sidecar import tokens as tk
 from sidecar.pipeline.transformers.base import ModelCall
 from sidecar.providers.types import ModelInfo, RequestMessage
 from sidecar.untrusted import ESCAPING, escape

@@ -5,8 +5,8 @@ The system message is built from what is actually available, in this order:
    and the session has one; otherwise the assistant's system prompt;
 2. Soul.md (seed 004: the assistant's self-description that it may evolve; its versions
    live in the database, sidecar/memory/soul.py, which also reads the files of an older
-   version through SoulFiles: ``<dataDir>/assistants/<assistantId>/Soul.md``, else
-   ``<dataDir>/Soul.md``); only when the profile's ``context.useSoul`` is on; the model
+   version through SoulFiles (memory/soul_files.py): ``<dataDir>/assistants/<assistantId>/Soul.md``,
+   else ``<dataDir>/Soul.md``); only when the profile's ``context.useSoul`` is on; the model
    writes it (``soul_update``), so it is a ``<soul>`` block of escaped data (the rule for
    untrusted text, sidecar/untrusted.py) under a header that says it is a description;
 3. the capability note for a model without tool support;
@@ -23,17 +23,14 @@ Empty pieces are skipped; pieces are separated by a blank line.
 
 from __future__ import annotations
 
-import threading
 from collections.abc import Sequence
-from pathlib import Path
 
 from protocol.context import AssistantProfile
 from protocol.types import SessionV2
 from sidecar.untrusted import ESCAPING, escape
 
-__all__ = ["compose_system_prompt", "SoulFiles", "MAX_SOUL_BYTES", "summary_block", "soul_block", "CHANNEL_NOTE"]
+__all__ = ["compose_system_prompt", "summary_block", "soul_block", "CHANNEL_NOTE"]
 
-MAX_SOUL_BYTES = 64 * 1024
 CHANNEL_NOTE = (
     "This conversation comes from an IM chat. A user message may start with the message it replies "
     'to, on a line that starts with "> " (with its sender\'s name in double quotes first, when known). '
@@ -95,55 +92,3 @@ def compose_system_prompt(
     pieces.extend(tool_prompts)
     joined = "\n\n".join(p.strip() for p in pieces if p and p.strip())
     return joined or None
-
-
-class SoulFiles:
-    """Reads Soul.md files, cached by (path, mtime, size). Blocking: call from a worker thread."""
-
-    def __init__(self, data_dir: Path) -> None:
-        self._data_dir = data_dir
-        self._cache: dict[Path, tuple[float, int, str | None]] = {}
-        self._lock = threading.Lock()
-
-    def path_for(self, assistant_id: str) -> Path:
-        return self._data_dir / "assistants" / _safe(assistant_id) / "Soul.md"
-
-    def read_global(self) -> str | None:
-        text = self._read(self._data_dir / "Soul.md")
-        return text.strip() if text is not None and text.strip() else None
-
-    def read_own(self, assistant_id: str) -> str | None:
-        text = self._read(self.path_for(assistant_id))
-        return text.strip() if text is not None and text.strip() else None
-
-    def read(self, assistant_id: str) -> str | None:
-        for path in (self.path_for(assistant_id), self._data_dir / "Soul.md"):
-            text = self._read(path)
-            if text is not None and text.strip():
-                return text.strip()
-        return None
-
-    def _read(self, path: Path) -> str | None:
-        try:
-            st = path.stat()
-        except OSError:
-            return None
-        key = (st.st_mtime, st.st_size)
-        with self._lock:
-            hit = self._cache.get(path)
-        if hit is not None and hit[:2] == key:
-            return hit[2]
-        try:
-            with path.open("rb") as fh:
-                text: str | None = fh.read(MAX_SOUL_BYTES).decode("utf-8", errors="replace")
-        except OSError:
-            text = None
-        with self._lock:
-            self._cache[path] = (key[0], key[1], text)
-        return text
-
-
-def _safe(assistant_id: str) -> str:
-    name = "".join(c if c.isalnum() or c in "-_." else "_" for c in assistant_id)[:120]
-    return name.strip(".") or "_"
-

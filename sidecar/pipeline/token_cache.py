@@ -15,7 +15,7 @@ from collections import OrderedDict
 from collections.abc import Callable, Sequence
 
 from protocol.types import MessageV2
-from sidecar.pipeline import tokens as tk
+from sidecar import tokens as tk
 from sidecar.store.context import ContextRepo
 
 __all__ = ["TokenLedger"]

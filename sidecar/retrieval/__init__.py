@@ -17,7 +17,7 @@
 The tables are KnowledgeRepo's (sidecar/store/knowledge.py, ``Store.knowledge``), reached from
 async code only through ``AsyncStore.run``; file and CPU work use anyio's own worker threads. Arrows: the pipeline
 (KnowledgeRetrievalTransformer) and the tools (knowledge_search) call in; this package calls
-the store, the provider transport and the token counter of sidecar/pipeline/tokens.py.
+the store, the provider transport and the token counter of sidecar/tokens.py.
 The long-term memory (sidecar/memory) retrieves with the same core: the FTS terms, the
 VectorIndexes (keyed by memory scope) and fusion.
 Heavy imports (numpy, httpx2, selectolax, pypdf) happen on first use, not at start-up.

@@ -6,7 +6,7 @@ The text is cut into blocks first: Markdown (and HTML, which extraction writes a
 Markdown) gives ATX/setext headings, fenced code blocks and paragraphs; other kinds give
 paragraphs (blank-line separated; CSV: rows, with the header row as every chunk's heading;
 code: blank-line separated blocks). Blocks are packed into chunks of at most ``size``
-tokens (the project's tokenizer, ``sidecar/pipeline/tokens.py``, cl100k_base):
+tokens (the project's tokenizer, ``sidecar/tokens.py``, cl100k_base):
 - a heading closes the chunk before it and becomes part of the heading path of the chunks
   after it (the heading lines themselves are not in any chunk's text: the path carries them);
 - a PDF page boundary closes a chunk, so every chunk has one page;
@@ -34,7 +34,7 @@ import re
 from collections.abc import Iterator
 from typing import NamedTuple
 
-from sidecar.pipeline import tokens as tk
+from sidecar import tokens as tk
 from sidecar.store.knowledge import NewChunk, chunk_id, embed_text
 
 __all__ = [

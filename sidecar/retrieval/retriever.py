@@ -47,7 +47,7 @@ from sidecar.store.knowledge import ChunkHit, KbRecord, KnowledgeRepo
 if TYPE_CHECKING:
     import numpy as np
 
-    from sidecar.pipeline.calls import UsageSink
+    from sidecar.providers.calls import UsageSink
     from sidecar.retrieval.embeddings import Embedded, Embedder
     from sidecar.retrieval.indexes import KnowledgeIndexes
 

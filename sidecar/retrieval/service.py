@@ -64,7 +64,7 @@ from protocol.kb import (
     KnowledgeBase,
 )
 from protocol.types import Citation, SessionV2
-from sidecar.engine.progress import WorkProgress
+from sidecar.progress import WorkProgress
 from sidecar.errors import InvalidParams, NotFound, SidecarError
 from sidecar import parts
 from sidecar.retrieval import chunking
@@ -78,12 +78,12 @@ from sidecar.retrieval.retries import EmbeddingRetries, retry_delay_ms
 from sidecar.retrieval.retriever import DEFAULT_BUDGET_TOKENS, HybridRetriever
 from sidecar.providers.types import ProviderSettings
 from sidecar.store.async_store import AsyncStore
-from sidecar.store.knowledge import IndexDelta
+from sidecar.store.knowledge import IndexDelta, KbRecord
 from sidecar.store.providers import ProviderRecord
-from sidecar.tools.knowledge import KnowledgeOffer, KnowledgeSearch
+from sidecar.notify import Notifier
 
 if TYPE_CHECKING:
-    from sidecar.pipeline.calls import UsageSink
+    from sidecar.providers.calls import UsageSink
     from sidecar.retrieval.embeddings import Embedder
 
 __all__ = ["KnowledgeService", "SETTINGS_KEY", "INGEST_WORKERS", "MAX_SEARCH_LIMIT"]
@@ -100,8 +100,6 @@ MAX_DOCUMENT_BYTES_LIMIT = 256 * 1024 * 1024
 REEMBED_RETRIES = 5
 REEMBED_RETRY_BASE_S = 2.0
 
-Notify = Callable[[str, Any], Awaitable[None]]
-
 
 class Connections(Protocol):
     """ProviderService.connection: (record, ProviderSettings) of an enabled HTTP provider."""
@@ -114,7 +112,7 @@ class KnowledgeService:
         self,
         *,
         store: AsyncStore,
-        notify: Notify,
+        notify: Notifier,
         connections: Connections | None,
         assistant_for: Callable[[str | None], Awaitable[AssistantProfile]],
         transport: Any = None,
@@ -611,25 +609,11 @@ class KnowledgeService:
         citations = ledger.cite(result.chunks)
         return render_results(citations, query), citations
 
-    async def offer(self, session: SessionV2 | None) -> KnowledgeOffer:
+    async def offered_bases(self, session: SessionV2 | None) -> tuple[bool, list[KbRecord]]:
+        """The knowledge bases of ``session``'s assistant (that still exist), and whether its
+        requests retrieve from them automatically; the tools layer makes the offer of them
+        (sidecar/tools/knowledge.py)."""
         assistant = await self._assistant_for(session.id if session is not None else None)
         ids = list(assistant.knowledge_base_ids)
         kbs = await self._store.run(lambda s: s.knowledge.kbs(ids)) if ids else []
-        if not kbs:
-            return KnowledgeOffer(retrieval={"enabled": False})
-        bases = [
-            {
-                "id": kb.id, "name": kb.name, "mode": "hybrid" if kb.vector_model else "lexical",
-                "embeddingModel": kb.embed_model,
-            }
-            for kb in kbs
-        ]
-        retrieval = {
-            "enabled": True,
-            "automatic": assistant.transformers.knowledge_retrieval,
-            "tool": KnowledgeSearch.name,
-            "maxChunks": 6,
-            "bases": bases,
-        }
-        tool = KnowledgeSearch(self.tool_search, [kb.id for kb in kbs], [kb.name for kb in kbs])
-        return KnowledgeOffer(tools=[tool], retrieval=retrieval)
+        return assistant.transformers.knowledge_retrieval, kbs

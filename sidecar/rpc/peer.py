@@ -6,7 +6,7 @@ sends requests and notifications of its own.
 
     async with JsonRpcPeer(receive_stream, send_stream, handlers) as peer:
         result = await peer.request("initialize", params, result_type=InitResult)
-        await peer.notify("chat:stream", event)
+        await peer.notify("session/cancel", params)
         await peer.closed.wait()      # the other side went away
 
 What a line holds is sidecar.rpc.parse's to say (a message, a batch, or the error that
@@ -53,7 +53,7 @@ import anyio.abc
 import msgspec
 
 from protocol.errors import ErrorCode
-from protocol.common import CancelRequestParams
+from protocol.common import CANCEL_REQUEST, CancelRequestParams
 from sidecar.errors import PeerClosed, RemoteError, RpcError
 from sidecar.rpc.dispatch import Dispatcher, Handlers
 from sidecar.config import DEFAULT_MAX_LINE_BYTES
@@ -88,7 +88,7 @@ from sidecar.rpc.parse import BatchItem, Unreadable, parse_line
 
 logger = logging.getLogger(__name__)
 
-CANCEL_METHOD = "$/cancelRequest"
+CANCEL_METHOD = CANCEL_REQUEST
 _cancel_params_decoder = msgspec.json.Decoder(CancelRequestParams)
 
 

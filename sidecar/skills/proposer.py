@@ -21,7 +21,7 @@ import msgspec
 from protocol.skills import MAX_SKILL_MD_BYTES
 from protocol.types import MessageV2, TextPart, ToolResultPart, ToolUsePart
 from sidecar.untrusted import escape
-from sidecar.pipeline.calls import ModelResolver, ProviderModelCall, UsageSink, json_object
+from sidecar.providers.calls import ModelResolver, ProviderModelCall, UsageSink, json_object
 from sidecar.providers.types import RequestMessage
 from sidecar.skills.manifest import Manifest, ManifestError, parse_manifest
 

@@ -16,7 +16,7 @@ from __future__ import annotations
 import base64
 import binascii
 import logging
-from collections.abc import Awaitable, Callable
+from collections.abc import Callable
 from contextlib import AsyncExitStack
 from pathlib import Path
 from typing import TYPE_CHECKING, Any
@@ -44,15 +44,17 @@ from protocol.skills import (
 )
 from protocol.types import MessageV2
 from sidecar.errors import InvalidParams, NotFound, SidecarError
-from sidecar.pipeline.calls import ModelResolver, UsageSink
+from sidecar.providers.calls import ModelResolver, UsageSink
 from sidecar.skills.archive import ArchiveRefused, SkillExists, pack, unpack
 from sidecar.skills.library import Found, SkillLibrary
 from sidecar.skills.manifest import Manifest, ManifestError, parse_manifest
 from sidecar.skills.proposer import SkillProposer, tool_calls_of
 from sidecar.store.async_store import AsyncStore
+from sidecar.notify import Notifier
+from protocol.notifications import SKILL_PROPOSED
 
 if TYPE_CHECKING:
-    from sidecar.app import App
+    from sidecar.engine.chat import ChatEngine
 
 __all__ = ["SkillService", "SETTINGS_KEY", "open_skills"]
 
@@ -60,7 +62,6 @@ log = logging.getLogger(__name__)
 
 SETTINGS_KEY = "skills.settings"
 _settings = msgspec.json.Decoder(SkillSettings)
-Notify = Callable[[str, Any], Awaitable[None]]
 
 
 def _bad_state(message: str, **data: Any) -> SidecarError:
@@ -79,7 +80,7 @@ class SkillService:
         store: AsyncStore,
         data_dir: Path,
         skills_dirs: Callable[[], list[str]],
-        notify: Notify,
+        notify: Notifier,
         providers: ModelResolver,
         usage: UsageSink | None,
     ) -> None:
@@ -241,7 +242,7 @@ class SkillService:
         proposal = await self._store.run(lambda s: s.skills.add(
             session_id=session_id, message_id=reply.id, name=manifest.name, description=manifest.description,
             content=drafted.content, reason=drafted.reason[:2000]))
-        await self._notify("skill_proposed", proposal)
+        await self._notify(SKILL_PROPOSED, proposal)
         log.info("skill proposal %s (%s) for reply %s", proposal.id, proposal.name, reply.id)
         return SkillProposeResult(proposal=proposal, reason=drafted.reason)
 
@@ -297,18 +298,26 @@ def _manifest(content: str) -> Manifest:
         raise _invalid(exc) from None
 
 
-async def open_skills(app: App, stack: AsyncExitStack) -> SkillService:
+async def open_skills(
+    stack: AsyncExitStack,
+    *,
+    store: AsyncStore,
+    data_dir: Path,
+    skills_dirs: Callable[[], list[str]],
+    notify: Notifier,
+    providers: ModelResolver,
+    usage: UsageSink | None,
+    chat: ChatEngine,
+) -> SkillService:
     """The App's SkillService: its proposals run in a task group entered on ``stack`` (after
     the chat engine's, so cancelled on exit before the engine closes), fed by the engine's
     completed-reply hook."""
-    tools = app.tools
     service = SkillService(
-        store=app.store, data_dir=app.data_dir, skills_dirs=lambda: list(tools.settings.skills_dirs),
-        notify=app.notify, providers=app.providers, usage=app.side_usage,
+        store=store, data_dir=data_dir, skills_dirs=skills_dirs, notify=notify, providers=providers, usage=usage
     )
     await service.load()
     task_group = await stack.enter_async_context(anyio.create_task_group())
     stack.callback(task_group.cancel_scope.cancel)
     service.start(task_group)
-    app.chat.on_completed.append(service.reply_completed)
+    chat.on_completed.append(service.reply_completed)
     return service

@@ -24,8 +24,7 @@ from __future__ import annotations
 import base64
 import binascii
 import logging
-from collections.abc import Awaitable, Callable
-from typing import Any
+from collections.abc import Callable
 from urllib.parse import urlsplit, urlunsplit
 
 import anyio
@@ -49,12 +48,13 @@ from sidecar.sync.client import ClientSettings, QimingClient
 from sidecar.sync.errors import AuthRequired, NotConfigured, QimingError, ServerMalformed
 from sidecar.sync.run import AccountConfig
 from sidecar.sync.wire import UserDto, to_int, to_ms
+from sidecar.notify import Notifier
+from protocol.notifications import SERVER_STATUS_UPDATED
 
 __all__ = ["ServerAccount", "StoredConfig", "normalize_service_url", "jwt_expiry", "usable_account"]
 
 log = logging.getLogger(__name__)
 
-Notify = Callable[[str, Any], Awaitable[None]]
 STATUS_PROBE_TIMEOUT_S = 5.0
 MAX_TOKEN_CHARS = 8192
 LOCKED_MESSAGE = (
@@ -162,7 +162,7 @@ class ServerAccount:
     def __init__(
         self,
         store: AsyncStore,
-        notify: Notify,
+        notify: Notifier,
         *,
         syncing: Callable[[], bool] = lambda: False,
         transport: httpx2.AsyncBaseTransport | None = None,
@@ -225,7 +225,7 @@ class ServerAccount:
         log.info("server account configured: %s (user %s)", url, user.id)
         status = await self.status(probe=False)
         status.reachable = True
-        await self._notify("server:status:updated", status)
+        await self._notify(SERVER_STATUS_UPDATED, status)
         return status
 
     def _settings(self, url: str, config: StoredConfig) -> ClientSettings:
@@ -274,7 +274,7 @@ class ServerAccount:
         log.warning("server account: %s%s", state, f" ({message})" if message else "")
         status = await self.status(probe=False)
         status.message = message
-        await self._notify("server:status:updated", status)
+        await self._notify(SERVER_STATUS_UPDATED, status)
 
     async def record_result(self, result: SyncResult) -> None:
         encoded = _encode(result).decode()
@@ -331,4 +331,4 @@ class ServerAccount:
         await self._store.run(lambda s: s.sync.clear_token(now_ms()))
         await self.aclose()
         status = await self.status(probe=False)
-        await self._notify("server:status:updated", status)
+        await self._notify(SERVER_STATUS_UPDATED, status)

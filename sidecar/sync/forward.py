@@ -45,7 +45,7 @@ is started on the server at most once; every wait is bounded.
 from __future__ import annotations
 
 import logging
-from collections.abc import Awaitable, Callable
+from collections.abc import Callable
 from contextlib import aclosing
 from typing import Any, Protocol
 
@@ -79,12 +79,13 @@ from sidecar.sync.events import (
 from sidecar.sync.mapping import conversation_title, normalize_messages
 from sidecar.sync.run import AccountConfig
 from sidecar.sync.wire import AgentOutputDto, ChatMessageDto, SessionFrame, to_int, to_ms
+from sidecar.notify import Notifier
+from protocol.notifications import SESSION_UPDATED
 
 __all__ = ["ServerTurnHandler", "STOP_GRACE_S"]
 
 log = logging.getLogger(__name__)
 
-Notify = Callable[[str, Any], Awaitable[None]]
 
 STOP_GRACE_S = 5.0
 """After the stop call, how long the rest of a stopped turn is drained."""
@@ -420,7 +421,7 @@ class ServerTurnHandler:
         account: ServerAccount,
         approvals: ApprovalService | None,
         task_group: anyio.abc.TaskGroup,
-        notify: Notify,
+        notify: Notifier,
     ) -> None:
         self.store = store
         self.account = account
@@ -569,7 +570,7 @@ class ServerTurnHandler:
 
         session = await self.store.run(note)
         if session is not None:
-            await self._notify("chat:session:updated", session)
+            await self._notify(SESSION_UPDATED, session)
 
 
 def _request_content(user: MessageV2) -> tuple[str, list[ChatAttachment], list[str]]:

@@ -14,7 +14,7 @@ never as -32602, which says the caller's params were wrong.
 from __future__ import annotations
 
 import logging
-from collections.abc import Awaitable, Callable
+from collections.abc import Callable
 from typing import Any, TypeVar
 
 import anyio
@@ -32,19 +32,19 @@ from protocol.sync import (
     SyncResult,
     SyncSettings,
 )
-from sidecar.engine.progress import WorkProgress
+from sidecar.progress import WorkProgress
 from sidecar.errors import SidecarError
 from sidecar.store import AsyncStore, Store
 from sidecar.store.ids import now_ms
 from sidecar.sync.client import QimingClient
 from sidecar.sync.errors import BadServerData, QimingError
+from sidecar.notify import Notifier
 
-__all__ = ["RunContext", "AccountConfig", "Notify"]
+__all__ = ["RunContext", "AccountConfig"]
 
 log = logging.getLogger(__name__)
 
 T = TypeVar("T")
-Notify = Callable[[str, Any], Awaitable[None]]
 
 
 class AccountConfig(msgspec.Struct, frozen=True, kw_only=True):
@@ -68,7 +68,7 @@ class RunContext:
         client: QimingClient,
         account: AccountConfig,
         settings: SyncSettings,
-        notify: Notify,
+        notify: Notifier,
         progress_token: ProgressToken | None,
         store: AsyncStore,
         db_lock: anyio.Lock,

@@ -19,7 +19,7 @@ between two writes.
 from __future__ import annotations
 
 import logging
-from collections.abc import Awaitable, Callable
+from collections.abc import Awaitable
 from typing import Any
 
 import anyio
@@ -57,12 +57,13 @@ from sidecar.sync.errors import AuthRequired, ConversationGone, NotConfigured, Q
 from sidecar.sync.mapping import MAX_TITLE_CHARS, conversation_title
 from sidecar.sync.run import AccountConfig, RunContext
 from sidecar.sync.wire import ConversationDto, to_int, to_ms
+from sidecar.notify import Notifier
+from protocol.notifications import SERVER_STATUS_UPDATED
 
 __all__ = ["SyncService", "SETTINGS_KEY"]
 
 log = logging.getLogger(__name__)
 
-Notify = Callable[[str, Any], Awaitable[None]]
 SETTINGS_KEY = "sync_settings"
 MAX_SUGGESTIONS = 20
 MAX_SUGGESTION_CHARS = 1000
@@ -78,7 +79,7 @@ class SyncService:
     def __init__(
         self,
         store: AsyncStore,
-        notify: Notify,
+        notify: Notifier,
         *,
         delete_path: DeletePath,
         transport: Any = None,
@@ -184,7 +185,7 @@ class SyncService:
             result = ctx.result
             await self.account.record_result(result)
         status = await self.account.status(probe=False)
-        await self._notify("server:status:updated", status)
+        await self._notify(SERVER_STATUS_UPDATED, status)
         return result
 
     async def _periodic(self) -> None:

@@ -21,7 +21,6 @@ waits without a bound except on the reply itself, which ends or is aborted by th
 from __future__ import annotations
 
 import logging
-from collections.abc import Awaitable, Callable
 from typing import Any, Protocol
 
 import anyio
@@ -38,12 +37,13 @@ from sidecar.errors import NotFound, SidecarError
 from sidecar.store.async_store import AsyncStore
 from sidecar.store.store import Store
 from sidecar.store.tasks import TaskRecord
+from sidecar.notify import Notifier
+from protocol.notifications import SESSION_UPDATED, TASK_FINISHED, TASK_FIRED
 
 __all__ = ["TaskRunner", "Deliver", "Consolidate"]
 
 log = logging.getLogger(__name__)
 
-Notify = Callable[[str, Any], Awaitable[None]]
 _STATUS_OF_REPLY = {"completed": "completed", "error": "error", "aborted": "aborted"}
 MAX_ERROR_CHARS = 2000
 
@@ -65,7 +65,7 @@ class TaskRunner:
         store: AsyncStore,
         chat: ChatTurns,
         events: EventHub,
-        notify: Notify,
+        notify: Notifier,
         deliver: Deliver | None = None,
         consolidate: Consolidate | None = None,
     ) -> None:
@@ -129,7 +129,7 @@ class TaskRunner:
                 async def sent(result: SendResult) -> None:
                     fired = await self._store.run(lambda s: s.tasks.set_reply(run.id, session.id, result.message_id))
                     if fired is not None:
-                        await self._notify("task_fired", fired)
+                        await self._notify(TASK_FIRED, fired)
                     tg.start_soon(self._track_pauses, sub, run.id, result.message_id)
 
                 final = await self._watcher.send_and_wait(params, sent)
@@ -139,7 +139,7 @@ class TaskRunner:
     async def _consolidate(self, run: TaskRun, task: TaskRecord) -> None:
         if self.consolidate is None:
             raise SidecarError("memory upkeep is not available in this process")
-        await self._notify("task_fired", run)
+        await self._notify(TASK_FIRED, run)
         summary = await self.consolidate(task.spec.scope)
         log.info("task %s run %s: %s", task.id, run.id, summary)
         await self.finish(run.id, "completed")
@@ -167,7 +167,7 @@ class TaskRunner:
                 return session
 
         session = await self._store.run(create)
-        await self._notify("chat:session:updated", session)
+        await self._notify(SESSION_UPDATED, session)
         return session
 
     # ---- following and ending -------------------------------------------------------------
@@ -212,4 +212,4 @@ class TaskRunner:
         with anyio.CancelScope(shield=True):
             finished = await self._store.run(lambda s: s.tasks.finish(run_id, status, error=err, delivery_error=derr))
         if finished is not None:
-            await self._notify("task_finished", finished)
+            await self._notify(TASK_FINISHED, finished)

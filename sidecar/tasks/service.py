@@ -59,12 +59,17 @@ from sidecar.store.store import Store
 from sidecar.store.tasks import TaskRecord, TaskSpec
 from sidecar.tasks import schedule as sched
 from sidecar.tasks.clock import Clock, ManualClock, WallClock
-from sidecar.tasks.runner import Notify, TaskRunner
+from sidecar.tasks.runner import TaskRunner
+from sidecar.notify import Notifier
+from protocol.notifications import TASK_FINISHED
 
 if TYPE_CHECKING:
     from protocol.tasks import TaskDelivery
     from protocol.types import MessageV2
-    from sidecar.app import App
+    from sidecar.channels.service import ChannelService
+    from sidecar.channels.watch import ChatTurns
+    from sidecar.engine.events import EventHub
+    from sidecar.tasks.runner import Consolidate
 
 __all__ = ["TaskService", "LATE_MS", "SETTINGS_KEY", "open_tasks"]
 
@@ -83,7 +88,7 @@ def _bad(field: str, why: str) -> InvalidParams:
 
 
 class TaskService:
-    def __init__(self, *, store: AsyncStore, notify: Notify, runner: TaskRunner, clock: Clock) -> None:
+    def __init__(self, *, store: AsyncStore, notify: Notifier, runner: TaskRunner, clock: Clock) -> None:
         self._store = store
         self._notify = notify
         self.runner = runner
@@ -168,7 +173,7 @@ class TaskService:
                 task.id, scheduled_for, trigger=trigger, status="skipped", next_run_at=following, error=why))
             if run is not None:
                 log.info("task %s: the time %d was skipped (%s)", task.id, scheduled_for, why)
-                await self._notify("task_finished", run)
+                await self._notify(TASK_FINISHED, run)
             return
         run = await self._store.run(lambda s: s.tasks.claim(
             task.id, scheduled_for, trigger=trigger, status="queued", next_run_at=following))
@@ -394,19 +399,27 @@ def _camel(field: str) -> str:
     return head + "".join(part.title() for part in rest)
 
 
-async def open_tasks(app: App, stack: AsyncExitStack) -> TaskService:
+async def open_tasks(
+    stack: AsyncExitStack,
+    *,
+    store: AsyncStore,
+    chat: ChatTurns,
+    events: EventHub,
+    notify: Notifier,
+    channels: ChannelService,
+    consolidate: Consolidate,
+    test_clock_ms: int | None,
+) -> TaskService:
     """The App's TaskService: its scheduler runs in a task group entered on ``stack`` last,
     so it is cancelled first on exit (before the channels and the chat engine it uses close);
-    the clock is the test clock when the config has one."""
-    channels = app.channels
+    the clock is the test clock when the config has one (``test_clock_ms``)."""
 
     async def deliver(to: TaskDelivery, message: MessageV2) -> None:
         await channels.deliver_reply(to.channel, to.chat_id, message, thread_id=to.thread_id)
 
-    runner = TaskRunner(store=app.store, chat=app.chat, events=app.events, notify=app.notify, deliver=deliver,
-                        consolidate=app.memory_upkeep.consolidate_scope)
-    clock: Clock = ManualClock(app.config.test_clock_ms) if app.config.test_clock_ms is not None else WallClock()
-    service = TaskService(store=app.store, notify=app.notify, runner=runner, clock=clock)
+    runner = TaskRunner(store=store, chat=chat, events=events, notify=notify, deliver=deliver, consolidate=consolidate)
+    clock: Clock = ManualClock(test_clock_ms) if test_clock_ms is not None else WallClock()
+    service = TaskService(store=store, notify=notify, runner=runner, clock=clock)
     await service.load()
     task_group = await stack.enter_async_context(anyio.create_task_group())
     stack.callback(task_group.cancel_scope.cancel)

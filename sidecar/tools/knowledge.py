@@ -8,8 +8,9 @@ in its ToolContext); its ToolOutput carries the Citation records of what it show
 reply may cite them. The search runs for the call's session (its query embeddings are
 charged to it).
 
-``KnowledgeOffer`` is what ToolService.assemble asks the knowledge side for: the tools to
-register and the truth about retrieval for ``get_session_capabilities``.
+``KnowledgeOffer`` is what ToolService.assemble makes of a session's knowledge bases
+(``knowledge_offer``, from what the KnowledgeService says they are): the tools to register
+and the truth about retrieval for ``get_session_capabilities``.
 """
 
 from __future__ import annotations
@@ -20,9 +21,10 @@ import msgspec
 
 from protocol.types import Citation, SessionV2
 from sidecar.retrieval.citations import CitationLedger
+from sidecar.store.knowledge import KbRecord
 from sidecar.tools.base import Tool, ToolContext, ToolError, ToolOutput, obj
 
-__all__ = ["KnowledgeSearch", "KnowledgeOffer", "KnowledgeSource", "NO_KNOWLEDGE", "MAX_TOOL_RESULTS"]
+__all__ = ["KnowledgeSearch", "KnowledgeOffer", "KnowledgeSource", "NO_KNOWLEDGE", "MAX_TOOL_RESULTS", "knowledge_offer"]
 
 MAX_TOOL_RESULTS = 6
 
@@ -47,7 +49,39 @@ NO_KNOWLEDGE = KnowledgeOffer(retrieval={"enabled": False})
 
 
 class KnowledgeSource(Protocol):
-    async def offer(self, session: SessionV2 | None) -> KnowledgeOffer: ...
+    """KnowledgeService (sidecar/retrieval/service.py)."""
+
+    async def offered_bases(self, session: SessionV2 | None) -> tuple[bool, list[KbRecord]]:
+        """(retrieve automatically, the session's knowledge bases)."""
+        ...
+
+    async def tool_search(
+        self, ledger: CitationLedger, kb_ids: list[str], query: str, limit: int, *, session_id: str
+    ) -> tuple[str, list[Citation]]: ...
+
+
+async def knowledge_offer(source: KnowledgeSource, session: SessionV2 | None) -> KnowledgeOffer:
+    """What ``session``'s knowledge bases bring a request: ``knowledge_search`` over them and
+    the ``retrieval.knowledge_base`` capabilities (NO_KNOWLEDGE without any)."""
+    automatic, kbs = await source.offered_bases(session)
+    if not kbs:
+        return NO_KNOWLEDGE
+    bases = [
+        {
+            "id": kb.id, "name": kb.name, "mode": "hybrid" if kb.vector_model else "lexical",
+            "embeddingModel": kb.embed_model,
+        }
+        for kb in kbs
+    ]
+    retrieval = {
+        "enabled": True,
+        "automatic": automatic,
+        "tool": KnowledgeSearch.name,
+        "maxChunks": 6,
+        "bases": bases,
+    }
+    tool = KnowledgeSearch(source.tool_search, [kb.id for kb in kbs], [kb.name for kb in kbs])
+    return KnowledgeOffer(tools=[tool], retrieval=retrieval)
 
 
 class KnowledgeSearch(Tool):

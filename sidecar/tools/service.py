@@ -62,7 +62,7 @@ from sidecar.errors import InvalidParams
 from sidecar.providers.types import ModelInfo
 from sidecar.tools.base import Tool
 from sidecar.tools.conversation import ConversationSearch
-from sidecar.tools.knowledge import NO_KNOWLEDGE, KnowledgeOffer, KnowledgeSearch, KnowledgeSource
+from sidecar.tools.knowledge import NO_KNOWLEDGE, KnowledgeOffer, KnowledgeSearch, KnowledgeSource, knowledge_offer
 from sidecar.tools.local import LOCAL_TOOLS, ReadToolOutput, SessionCapabilities, SpillOwners
 from sidecar.tools.registry import ToolRegistry
 from sidecar.tools.skills import find_skills, skill_roots, skill_tools
@@ -302,7 +302,7 @@ class ToolService:
         knowledge = NO_KNOWLEDGE
         if self.knowledge is not None:
             try:
-                knowledge = await self.knowledge.offer(session)
+                knowledge = await knowledge_offer(self.knowledge, session)
             except anyio.get_cancelled_exc_class():
                 raise
             except Exception:  # knowledge is an addition: the other tools still come

@@ -40,7 +40,7 @@ import msgspec  # noqa: E402
 from protocol.context import AssistantUpsertParams, ContextOptions  # noqa: E402
 from protocol.sessions import CreateSessionOptions
 from protocol.types import MessageV2  # noqa: E402
-from sidecar.pipeline import tokens as tk  # noqa: E402
+from sidecar import tokens as tk  # noqa: E402
 from sidecar.pipeline.builder import RequestBuilder  # noqa: E402
 from sidecar.pipeline.token_cache import TokenLedger  # noqa: E402
 from sidecar.providers.types import GenerationParams, ModelInfo, RequestMessage  # noqa: E402

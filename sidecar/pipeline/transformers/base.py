@@ -27,13 +27,29 @@ from sidecar.providers.types import ModelInfo, RequestMessage
 from sidecar.store.attachments import AttachmentStore
 
 if TYPE_CHECKING:
-    from sidecar.pipeline.transformers.retrieval import KnowledgeRetriever, MemoryRetriever
     from sidecar.retrieval.citations import CitationLedger
+    from sidecar.retrieval.results import RetrievalResult
 
-__all__ = ["Draft", "TransformContext", "InputTransformer", "ModelCall", "last_index", "text_of", "with_system_text"]
+__all__ = ["Draft", "TransformContext", "InputTransformer", "ModelCall", "KnowledgeRetriever", "MemoryRetriever", "last_index", "text_of", "with_system_text"]
 
 ModelCall = Callable[..., Awaitable[str]]
 """``await call(provider_id, model_id, messages: list[RequestMessage], max_tokens=...) -> text``."""
+
+
+class KnowledgeRetriever(Protocol):
+    """What the knowledge transformer needs (KnowledgeService provides it)."""
+
+    async def retrieve(
+        self, *, query: str, knowledge_base_ids: list[str], limit: int, session_id: str
+    ) -> RetrievalResult: ...
+
+
+class MemoryRetriever(Protocol):
+    """What the memory transformer needs (MemoryService provides it)."""
+
+    async def retrieve(self, *, query: str, assistant_id: str, limit: int, session_id: str) -> list[str]:
+        """Rendered ``<memory>`` elements, best first, retrieved for ``session_id``."""
+        ...
 
 
 class Draft(msgspec.Struct, kw_only=True):

@@ -21,10 +21,16 @@ The retrieval runs for the request's session: its query embeddings are charged t
 from __future__ import annotations
 
 import logging
-from typing import Protocol
 
 from sidecar.errors import SidecarError
-from sidecar.pipeline.transformers.base import Draft, TransformContext, last_index, text_of, with_system_text
+from sidecar.pipeline.transformers.base import (
+    Draft,
+    KnowledgeRetriever,
+    TransformContext,
+    last_index,
+    text_of,
+    with_system_text,
+)
 from sidecar.retrieval.citations import CitationLedger, render_block
 from sidecar.retrieval.results import RetrievalResult
 
@@ -32,14 +38,6 @@ __all__ = ["MAX_RESULTS", "KnowledgeRetriever", "NoKnowledge", "KnowledgeRetriev
 
 log = logging.getLogger(__name__)
 MAX_RESULTS = 6
-
-
-class KnowledgeRetriever(Protocol):
-    """What the transformer needs (KnowledgeService provides it)."""
-
-    async def retrieve(
-        self, *, query: str, knowledge_base_ids: list[str], limit: int, session_id: str
-    ) -> RetrievalResult: ...
 
 
 class NoKnowledge:

@@ -15,12 +15,13 @@ The retrieval runs for the request's session: its query embeddings are charged t
 from __future__ import annotations
 
 import logging
-from typing import Protocol
 
 from sidecar.errors import SidecarError
 from sidecar.memory.text import render_block
 from sidecar.pipeline.transformers.base import (
     Draft,
+    KnowledgeRetriever,
+    MemoryRetriever,
     TransformContext,
     last_index,
     text_of,
@@ -29,7 +30,6 @@ from sidecar.pipeline.transformers.base import (
 from sidecar.pipeline.transformers.knowledge import (
     MAX_RESULTS,
     KnowledgeRetrievalTransformer,
-    KnowledgeRetriever,
     NoKnowledge,
 )
 
@@ -44,12 +44,6 @@ __all__ = [
 ]
 
 log = logging.getLogger(__name__)
-
-
-class MemoryRetriever(Protocol):
-    async def retrieve(self, *, query: str, assistant_id: str, limit: int, session_id: str) -> list[str]:
-        """Rendered ``<memory>`` elements, best first, retrieved for ``session_id``."""
-        ...
 
 
 class NoMemory:

@@ -6,6 +6,7 @@ lock, so the table is as large as the work in flight.
 
 Must stay true: two tasks that hold the same key at the same time share one lock (the
 entry is removed only when its last holder or waiter leaves, cancellation included).
+A leaf module: the engine, the pipeline, memory, channels and the V1 endpoint use it.
 """
 
 from __future__ import annotations

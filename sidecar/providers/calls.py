@@ -1,7 +1,9 @@
-"""ProviderModelCall: one non-streaming model call for the pipeline's side jobs; and what a
-model source looks like to the pipeline and the engine (ModelResolver).
+"""ProviderModelCall: one non-streaming model call for side jobs; and what a model source
+looks like to the layers that make such calls (ModelResolver).
 
-Rolling summaries and OCR each ask a model for text. This wraps the engine's provider
+Rolling summaries, OCR, titles, memory encoding and consolidation, skill proposals each ask
+a model for text; they sit in layers above providers (pipeline, memory, skills, engine), so
+this lives here, below all of them. This wraps the engine's provider
 service (a ModelResolver: ``await resolve(provider_id, model_id) -> .provider, .model``) into
 ``await call(provider_id, model_id, messages, max_tokens=..., session_id=..., kind=...) -> str``;
 with a ``session_id`` the call's usage is attributed to that session as a side call of

