@@ -26,6 +26,7 @@ from protocol.types import MessageV2, SessionV2
 from sidecar.engine.lifecycle import Completed, Ending, ReplyDriver, ReplyFeed, ReplyJob, ReplyLifecycle, ReplyServices
 from sidecar.engine.sessions import SessionService
 from sidecar.errors import StoreError
+from sidecar.notify import Notifier
 from sidecar.store import AsyncStore, Store
 from sidecar.store.db import ReadLaneWrite
 
@@ -294,7 +295,7 @@ async def test_the_final_row_is_written_after_a_pending_partial_and_before_the_e
                 return Completed("stop")
 
         job = ReplyJob(session=session, message_id=reply.id, parent_id=reply.parent_id or "", provider_id="p", model_id="m")
-        services = ReplyServices(store=store, notify=notify, pricing=_NoPrice())
+        services = ReplyServices(store=store, notify=Notifier(notify), pricing=_NoPrice())
         settings = ChatSettings(delta_coalesce_ms=0, persist_interval_ms=20)
         async with blocked_writes(store, blocker.id, queued=0) as release:
             async with anyio.create_task_group() as tg:
