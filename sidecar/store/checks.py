@@ -28,7 +28,6 @@ __all__ = [
     "CONTENT_TYPES",
     "MODES",
     "SORT_COLUMNS",
-    "FINAL_STATUSES",
 ]
 
 ROLES: frozenset[str] = frozenset(get_args(MessageRole))
@@ -36,8 +35,6 @@ STATUSES: frozenset[str] = frozenset(get_args(MessageStatus))
 CONTENT_TYPES: frozenset[str] = frozenset(get_args(ContentType))
 MODES: frozenset[str] = frozenset(get_args(SessionMode))
 SORT_COLUMNS: frozenset[str] = frozenset(get_args(SessionSortBy))
-FINAL_STATUSES: frozenset[str] = frozenset({"completed", "error", "aborted"})
-"""Statuses after which a message no longer changes (and is in the search index)."""
 
 
 def check_range(field: str, value: Any, lo: int, hi: int) -> int:

@@ -220,9 +220,9 @@ def m006_search_index(conn: apsw.Connection) -> None:
         END;
         """
     )
-    from sidecar.store.search import MessageSearch
+    from sidecar.store import search as message_search
 
-    MessageSearch.reindex_all(conn)
+    message_search.reindex_all(conn)
 
 
 @migration
@@ -1062,9 +1062,9 @@ def m_fts_fold(conn: apsw.Connection) -> None:
     # chunks, memories; their rowids and docids stay). Re-runnable: a rebuild from the rows.
     from sidecar.store.knowledge import KnowledgeRepo
     from sidecar.store.memory import MemoryRepo
-    from sidecar.store.search import MessageSearch
+    from sidecar.store import search as message_search
 
-    messages = MessageSearch.rebuild(conn)
+    messages = message_search.rebuild(conn)
     chunks = KnowledgeRepo.rebuild_index(conn)
     memories = MemoryRepo.rebuild_index(conn)
     log.info("full-text indexes rebuilt: %d messages, %d chunks, %d memories", messages, chunks, memories)

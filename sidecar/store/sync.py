@@ -48,12 +48,12 @@ from protocol.types import MessageV2, SessionV2
 from sidecar.errors import SidecarError, StoreError
 from sidecar.store.db import Database, fetch_all
 from sidecar.store.ids import new_id
-from sidecar.store.messages import MessageStore
+from sidecar.store import message_table
 from sidecar.store.rows import SESSION_COLUMNS, searchable_text, session_from_row, to_json
-from sidecar.store.search import MessageSearch
+from sidecar.store import search as message_search
 from sidecar.store.secrets import SYNC_TOKEN, Sealer
-from sidecar.store.sessions import SessionRepo
-from sidecar.store.settings import DEFAULT_MODEL_KEY, DEFAULT_PROVIDER_KEY, SettingsRepo
+from sidecar.store import session_table
+from sidecar.store.settings import DEFAULT_MODEL_KEY, DEFAULT_PROVIDER_KEY, setting
 from sidecar.store.transfer import import_session
 
 __all__ = [
@@ -376,7 +376,7 @@ class SyncRepo:
             state = "deleted"
             if link.session_exists:
                 if _unchanged(conn, link):
-                    SessionRepo.delete(conn, link.session_id)
+                    session_table.delete(conn, link.session_id)
                     outcome = "deleted_local"
                 else:
                     outcome, state = "kept", "server_deleted"
@@ -400,9 +400,9 @@ class SyncRepo:
     def delete_session(self, session_id: str) -> bool:
         """Delete a local session (its link stays as the tombstone); False if it was gone."""
         with self._db.write() as conn:
-            if not SessionRepo.exists(conn, session_id):
+            if not session_table.exists(conn, session_id):
                 return False
-            SessionRepo.delete(conn, session_id)
+            session_table.delete(conn, session_id)
             return True
 
     def set_link_state(self, account_key: str, conversation_id: int, state: str, now: int) -> None:
@@ -441,7 +441,7 @@ class SyncRepo:
             ).fetchone()
             if row is None:
                 return
-            if local_title is not None and SessionRepo.exists(conn, row[0]):
+            if local_title is not None and session_table.exists(conn, row[0]):
                 conn.execute("UPDATE sessions_v2 SET title = ? WHERE id = ?", (local_title, row[0]))
             conn.execute(
                 "UPDATE sync_links SET server_topic = coalesce(?, server_topic),"
@@ -459,7 +459,7 @@ class SyncRepo:
         """A conversation created for a server session (``/create`` answered): linked at once,
         without a topic (the server makes one from the first message)."""
         with self._db.write() as conn:
-            session = SessionRepo.get(conn, session_id)
+            session = session_table.get(conn, session_id)
             conn.execute(
                 "INSERT INTO sync_links (account_key, conversation_id, session_id, agent_id, state, server_modified,"
                 " local_title, local_synced_at, created_at, updated_at) VALUES (?, ?, ?, ?, 'linked', ?, ?, ?, ?, ?)",
@@ -490,9 +490,9 @@ class SyncRepo:
     def set_server_mode(self, session_id: str) -> SessionV2:
         """Make a session a server session (its turns go to its linked conversation)."""
         with self._db.write() as conn:
-            SessionRepo.require(conn, session_id)
+            session_table.require(conn, session_id)
             conn.execute("UPDATE sessions_v2 SET mode = 'server' WHERE id = ?", (session_id,))
-            return SessionRepo.get(conn, session_id)
+            return session_table.get(conn, session_id)
 
     def remote_session(self, session_id: str, chat_api: str) -> str | None:
         """The server-side session of a server session's last forwarded turn (computer API)."""
@@ -548,7 +548,7 @@ class SyncRepo:
                     continue
                 if link.session_id in open_ids:
                     continue
-                session = SessionRepo.get(conn, link.session_id)
+                session = session_table.get(conn, link.session_id)
                 if link.state == "linked" and session.updated_at <= (link.local_synced_at or -1):
                     continue
                 out.append(PushCandidate(
@@ -563,8 +563,8 @@ class SyncRepo:
             row = conn.execute("SELECT active_leaf_id FROM sessions_v2 WHERE id = ?", (session_id,)).fetchone()
             if row is None:
                 return []
-            leaf = row[0] or MessageStore.newest_leaf(conn, session_id)
-            return [] if leaf is None else MessageStore.path(conn, session_id, leaf)
+            leaf = row[0] or message_table.newest_leaf(conn, session_id)
+            return [] if leaf is None else message_table.path(conn, session_id, leaf)
 
     def record_creating(
         self, *, account_key: str, session_id: str, conversation_id: int, agent_id: int | None,
@@ -634,8 +634,8 @@ def _import_new(conn: apsw.Connection, item: NewConversation) -> SessionV2:
         conn, item.account_key, item.conversation_id, [p.server_index for p in item.messages]
     )
     messages = [p for p in item.messages if p.server_index not in foreign]
-    provider = item.session.provider_id or SettingsRepo.get(conn, DEFAULT_PROVIDER_KEY) or ""
-    model = item.session.model_id or SettingsRepo.get(conn, DEFAULT_MODEL_KEY) or ""
+    provider = item.session.provider_id or setting(conn, DEFAULT_PROVIDER_KEY) or ""
+    model = item.session.model_id or setting(conn, DEFAULT_MODEL_KEY) or ""
     stored_messages: list[MessageV2] = []
     parent: str | None = None
     for pulled in messages:
@@ -691,7 +691,7 @@ def _import_update(conn: apsw.Connection, item: ConversationUpdate) -> UpdateOut
     if not link.session_exists:
         return UpdateOutcome(state="local_deleted")
     session_id = link.session_id
-    before = SessionRepo.get(conn, session_id)
+    before = session_table.get(conn, session_id)
     locally_changed = before.updated_at > (link.local_synced_at or -1)
     known, foreign = _known_indexes(conn, item.account_key, item.conversation_id, [p.server_index for p in item.messages])
     fresh = [p for p in item.messages if p.server_index not in known and p.server_index not in foreign]
@@ -711,14 +711,14 @@ def _import_update(conn: apsw.Connection, item: ConversationUpdate) -> UpdateOut
         else:
             topic_snapshot = link.server_topic
     if added or changed_count or kept_edits:
-        SessionRepo.recount(conn, session_id)
+        session_table.recount(conn, session_id)
     # Local clock only: a server time ahead of ours would hide later local edits.
     updated_at = before.updated_at
     if added or changed_count or kept_edits or title_applied:
         updated_at = max(before.updated_at, min(item.server_modified or item.now, item.now))
         if title_applied:
             updated_at = max(updated_at, item.now)
-        SessionRepo.touch(conn, session_id, updated_at)
+        session_table.touch(conn, session_id, updated_at)
     stats = conn.execute(
         "SELECT max(server_index), min(CASE WHEN finished = 0 THEN server_index END)"
         " FROM sync_messages WHERE account_key = ? AND conversation_id = ?",
@@ -734,7 +734,7 @@ def _import_update(conn: apsw.Connection, item: ConversationUpdate) -> UpdateOut
             item.sandbox_session_id, item.now, item.now, item.account_key, item.conversation_id,
         ),
     )
-    session = SessionRepo.get(conn, session_id)
+    session = session_table.get(conn, session_id)
     branched = added > 0 and session.active_leaf_id is not None and not _is_server_message(
         conn, session.active_leaf_id
     )
@@ -748,7 +748,7 @@ def _import_update(conn: apsw.Connection, item: ConversationUpdate) -> UpdateOut
 def _unchanged(conn: apsw.Connection, link: SyncLink) -> bool:
     if not link.session_exists:
         return False
-    session = SessionRepo.get(conn, link.session_id)
+    session = session_table.get(conn, link.session_id)
     return (
         session.updated_at <= (link.local_synced_at or -1)
         and not _has_open(conn, link.session_id)
@@ -846,9 +846,9 @@ def _append_branch(
         mid = new_id()
         stored.append(msgspec.structs.replace(pulled.message, id=mid, session_id=session_id, parent_id=parent))
         parent = mid
-    MessageStore.insert_many(conn, stored)
+    message_table.insert_many(conn, stored)
     _map_messages(conn, account_key, conversation_id, session_id, fresh, stored)
-    MessageSearch.index(
+    message_search.index(
         conn,
         [(m.id, session_id, m.role, searchable_text(m.text_content, m.parts)) for m in stored],
         fresh=True,
@@ -856,7 +856,7 @@ def _append_branch(
     active = before.active_leaf_id
     follows_server = active is None or (old_server_leaf is not None and active == old_server_leaf[0])
     if follows_server:
-        SessionRepo.set_active_leaf(conn, session_id, stored[-1].id)
+        session_table.set_active_leaf(conn, session_id, stored[-1].id)
     return len(stored)
 
 
@@ -881,12 +881,12 @@ def _rewrite(
         m = p.message
         if edited_at is not None:
             sibling = msgspec.structs.replace(m, id=new_id(), session_id=session_id, parent_id=parent_id)
-            MessageStore.insert_many(conn, [sibling])
+            message_table.insert_many(conn, [sibling])
             conn.execute(
                 "UPDATE sync_messages SET message_id = ?, digest = ?, finished = ? WHERE message_id = ?",
                 (sibling.id, p.digest, int(p.finished), message_id),
             )
-            MessageSearch.index(
+            message_search.index(
                 conn, [(sibling.id, session_id, sibling.role, searchable_text(m.text_content, m.parts))], fresh=True,
             )
             kept += 1
@@ -903,7 +903,7 @@ def _rewrite(
             (p.digest, int(p.finished), message_id),
         )
         conn.execute("DELETE FROM search_docs WHERE message_id = ?", (message_id,))
-        MessageSearch.index(conn, [(message_id, session_id, role, searchable_text(m.text_content, m.parts))],
+        message_search.index(conn, [(message_id, session_id, role, searchable_text(m.text_content, m.parts))],
                             fresh=True)
         count += 1
     return count, kept
