@@ -180,8 +180,8 @@ when no call of it is pending, or ends ``aborted`` when a newer send supersedes 
 FinalMessageStatus = Literal["completed", "error", "aborted"]
 """The statuses a message ends in: after one it no longer changes (and it is in the search
 index). Every other status (pending, streaming, paused) is a reply still in flight."""
-FINAL_MESSAGE_STATUSES: frozenset[str] = frozenset(get_args(FinalMessageStatus))
-"""``FinalMessageStatus`` as a set, for membership tests on stored text."""
+FINAL_MESSAGE_STATUSES: frozenset[FinalMessageStatus] = frozenset(get_args(FinalMessageStatus))
+"""``FinalMessageStatus`` as a set: ``status in FINAL_MESSAGE_STATUSES`` also narrows a str."""
 ContentType = Literal["text", "multipart"]
 SummarySource = Literal["user", "ai"]
 """Who wrote a session's ``summary``: the user (``chat:session:update``, an import) or the

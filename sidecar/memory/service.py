@@ -51,18 +51,21 @@ from protocol.common import IdParams, SuccessResult
 from protocol.context import AssistantProfile
 from protocol.memory import (
     GLOBAL_SCOPE,
+    AcceptAction,
     Memory,
     MemoryAcceptParams,
     MemoryAcceptResult,
     MemoryCreateParams,
     MemoryDetail,
     MemoryHit,
+    MemoryKind,
     MemoryListParams,
     MemoryListResult,
     MemoryProposal,
     MemoryProposalListParams,
     MemorySearchParams,
     MemorySearchResult,
+    MemorySourceKind,
     MemoryUpdateParams,
 )
 from sidecar.errors import InvalidParams, NotFound, SidecarError
@@ -71,7 +74,7 @@ from sidecar.memory.retriever import MemoryRetriever, MemorySearch
 from sidecar.retrieval.indexes import VectorIndexes
 from sidecar.retrieval.retriever import EmbedderFor, charge_embedding
 from sidecar.store.async_store import AsyncStore
-from sidecar.store.memory import MemoryRecord, NewMemory, ProposalRecord
+from sidecar.store.memory_records import MemoryRecord, NewMemory, ProposalRecord
 from sidecar.store.store import Store
 
 if TYPE_CHECKING:
@@ -114,8 +117,7 @@ def scopes_of(assistant: AssistantProfile) -> list[str]:
 
 class Written(msgspec.Struct, kw_only=True):
     record: MemoryRecord
-    action: str
-    """``created`` | ``superseded`` | ``duplicate``."""
+    action: AcceptAction
     old: MemoryRecord | None = None
 
 
@@ -217,7 +219,7 @@ class MemoryService:
     # ---- writing ----------------------------------------------------------------------
 
     def new_memory(
-        self, *, scope: str, kind: str, text: str, source_kind: str, task: str | None = None,
+        self, *, scope: str, kind: MemoryKind, text: str, source_kind: MemorySourceKind, task: str | None = None,
         outcome: str | None = None, context: str | None = None, key: str | None = None,
         session_id: str | None = None, message_id: str | None = None, tool_call_id: str | None = None,
     ) -> NewMemory:
@@ -505,7 +507,7 @@ class MemoryService:
         assistant = await self.assistant(params.assistant_id)
         result = await self.search(assistant, query, params.limit, count_use=False)
         return MemorySearchResult(
-            mode=result.mode,  # type: ignore[arg-type]
+            mode=result.mode,
             notes=result.notes,
             hits=[
                 MemoryHit(memory=h.record.to_wire(), score=round(h.score, 6), lexical_rank=h.lexical_rank,
@@ -556,8 +558,7 @@ class MemoryService:
 
         written = await self.write(new, supersedes=proposal.supersedes if scope == proposal.scope else None,
                                    first=decide)
-        action = {"created": "created", "superseded": "superseded", "duplicate": "duplicate"}[written.action]
-        return MemoryAcceptResult(memory=written.record.to_wire(), action=action)  # type: ignore[arg-type]
+        return MemoryAcceptResult(memory=written.record.to_wire(), action=written.action)
 
     async def reject(self, params: IdParams) -> SuccessResult:
         proposal = await self._store.run(lambda s: s.memory.get_proposal(params.id))

@@ -19,12 +19,12 @@ meanwhile the call fails and writes nothing.
 
 from __future__ import annotations
 
-from typing import TYPE_CHECKING, Any
+from typing import TYPE_CHECKING, Any, get_args
 
 import msgspec
 
 from protocol.context import AssistantProfile
-from protocol.memory import GLOBAL_SCOPE, MAX_MEMORY_CHARS
+from protocol.memory import GLOBAL_SCOPE, MAX_MEMORY_CHARS, MemoryKind
 from sidecar.errors import InvalidParams, NotFound, SidecarError
 from sidecar.tools.base import Feature, Tool, ToolContext, ToolError, ToolOutput, obj
 
@@ -37,7 +37,18 @@ __all__ = [
     "FEATURE_TOOLS",
 ]
 
-KINDS = ["fact", "preference", "task-outcome", "instruction-from-user", "event", "note"]
+KINDS: list[MemoryKind] = list(get_args(MemoryKind))
+_KIND_SET: frozenset[MemoryKind] = frozenset(KINDS)
+
+
+def _kind(value: Any, default: MemoryKind) -> MemoryKind:
+    """The tool argument ``kind`` (checked against KINDS by the schema; again here, where
+    the text becomes a MemoryKind), ``default`` when it is left out."""
+    if value is None or value == "":
+        return default
+    if isinstance(value, str) and value in _KIND_SET:
+        return value
+    raise ToolError(f"kind must be one of {', '.join(KINDS)}")
 MAX_TOOL_RESULTS = 6
 
 
@@ -132,7 +143,7 @@ class MemorySave(_MemoryTool):
         scope = GLOBAL_SCOPE if where == "global" else self._assistant.id
         key = str(args["key"]).strip() or None if args.get("key") else None
         new = self._service.new_memory(
-            scope=scope, kind=str(args.get("kind") or "fact"), text=text, key=key, source_kind="tool",
+            scope=scope, kind=_kind(args.get("kind"), "fact"), text=text, key=key, source_kind="tool",
             session_id=ctx.session.id, message_id=ctx.message_id, tool_call_id=ctx.tool_call_id,
         )
         written = await self._service.write(new, similar_to=self._assistant)
@@ -164,7 +175,7 @@ class MemoryUpdate(_MemoryTool):
         if not text or "\x00" in text:
             raise ToolError("text must be a non-empty statement")
         new = self._service.new_memory(
-            scope=record.scope, kind=str(args.get("kind") or record.kind), text=text, key=record.key,
+            scope=record.scope, kind=_kind(args.get("kind"), record.kind), text=text, key=record.key,
             task=record.task, outcome=record.outcome, context=record.context, source_kind="tool",
             session_id=ctx.session.id, message_id=ctx.message_id, tool_call_id=ctx.tool_call_id,
         )

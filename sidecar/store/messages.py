@@ -186,9 +186,9 @@ class MessageRepo:
         seq: int | None = None,
     ) -> MessageV2:
         """Store a new message; counters follow, a final message is indexed for search."""
-        check_choice("role", role, ROLES)
-        check_choice("status", status, STATUSES)
-        check_choice("contentType", content_type, CONTENT_TYPES)
+        role_ = check_choice("role", role, ROLES)
+        status_ = check_choice("status", status, STATUSES)
+        content_type_ = check_choice("contentType", content_type, CONTENT_TYPES)
         check_text("textContent", text_content)
         _check_list("parts", parts)
         _check_list("toolCalls", tool_calls)
@@ -214,8 +214,8 @@ class MessageRepo:
                 id=new_id(),
                 session_id=session_id,
                 parent_id=parent,
-                role=role,  # type: ignore[arg-type]
-                content_type="multipart" if parts else content_type,  # type: ignore[arg-type]
+                role=role_,
+                content_type="multipart" if parts else content_type_,
                 text_content=text_content,
                 parts=parts,
                 tool_calls=tool_calls,
@@ -226,7 +226,7 @@ class MessageRepo:
                 latency_ms=latency_ms,
                 acp_message_id=acp_message_id,
                 acp_parts=acp_parts,
-                status=status,  # type: ignore[arg-type]
+                status=status_,
                 error=error,
                 created_at=created,
                 updated_at=created,

@@ -20,7 +20,7 @@ on the one Database, each in its own module:
     citations   Citations      the citations of replies (citations.py; read onto MessageV2 by MessageRepo)
     files       FileRepo       files on disk owned by sessions and messages, the deletion journal (files.py)
     memory      MemoryRepo     long-term memories, their vectors and FTS, encoder proposals (memory.py)
-    souls       SoulRepo       every version of every Soul.md (memory.py)
+    souls       SoulRepo       every version of every Soul.md (souls.py)
     tasks       TaskRepo       scheduled tasks and their runs (tasks.py)
     memory_upkeep MemoryUpkeepRepo memory statistics, expiry, merges, consolidation proposals (memory_upkeep.py)
     skills      SkillProposalRepo the skills the model proposed (skills.py)
@@ -81,7 +81,8 @@ if TYPE_CHECKING:
     from sidecar.store.channels import ChannelRepo
     from sidecar.store.context import ContextRepo
     from sidecar.store.knowledge import KnowledgeRepo
-    from sidecar.store.memory import MemoryRepo, SoulRepo
+    from sidecar.store.memory import MemoryRepo
+    from sidecar.store.souls import SoulRepo
     from sidecar.store.providers import ProviderRepo
     from sidecar.store.sync import SyncRepo
     from sidecar.store.tasks import TaskRepo
@@ -156,7 +157,7 @@ def _memory(store: Store) -> MemoryRepo:
 
 
 def _souls(store: Store) -> SoulRepo:
-    from sidecar.store.memory import SoulRepo
+    from sidecar.store.souls import SoulRepo
 
     return SoulRepo(store._db, store._clock)
 
