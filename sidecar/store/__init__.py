@@ -2,7 +2,8 @@
 
 Layout (each module says what it owns):
     db.py          connections, pragmas (WAL, foreign keys, busy timeout), transactions
-    migrations.py  the numbered schema migrations (PRAGMA user_version)
+    migrations/    the numbered schema migrations (PRAGMA user_version): the runner and
+                   the ordered list (__init__.py), the migrations in modules by era
     ids.py         UUIDv7 ids and the ms clock
     rows.py        row <-> protocol Struct mapping
     checks.py      argument checks -> InvalidParams
