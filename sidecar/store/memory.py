@@ -28,8 +28,8 @@ Synchronous: ``Store.memory``, reached from async code through
 
 from __future__ import annotations
 
-from collections.abc import Callable, Iterable, Iterator, Sequence
-from typing import Any, cast
+from collections.abc import Callable, Iterable, Sequence
+from typing import Any
 
 import msgspec
 

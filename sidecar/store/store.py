@@ -68,7 +68,7 @@ from sidecar.store.db import DB_FILENAME, Database
 from sidecar.store.dirlock import LOCK_FILENAME, DirLock
 from sidecar.store.files import MANAGED_DIRS, FileRepo
 from sidecar.store.ids import now_ms
-from sidecar.store.messages import ACTIVE_LEAF, MessageRepo
+from sidecar.store.messages import MessageRepo
 from sidecar.store.migrations import migrate, schema_is_current
 from sidecar.store.search import SearchRepo
 from sidecar.store.secrets import SecretsRepo, Sealer
@@ -89,7 +89,7 @@ if TYPE_CHECKING:
     from sidecar.store.memory_upkeep import MemoryUpkeepRepo
     from sidecar.store.skills import SkillProposalRepo
 
-__all__ = ["Store", "open_store", "ACTIVE_LEAF"]
+__all__ = ["Store", "open_store"]
 
 
 R = TypeVar("R")

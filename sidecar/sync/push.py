@@ -25,7 +25,7 @@ from protocol.sync import NotPushed, SyncConflict
 from protocol.types import FINAL_MESSAGE_STATUSES, MessageV2
 from sidecar.errors import SidecarError
 from sidecar.store.ids import now_ms
-from sidecar.store.sync import PushCandidate, SyncLink
+from sidecar.store.sync_records import PushCandidate, SyncLink
 from sidecar.sync.errors import AuthRequired, ConversationGone, ServerMalformed
 from sidecar.sync.mapping import conversation_title, normalize_messages
 from sidecar.sync.run import RunContext
