@@ -71,7 +71,7 @@ class _MemoryTool(Tool):
         self._assistant = assistant
 
     async def _visible(self, memory_id: str) -> Any:
-        from sidecar.memory.service import scopes_of
+        from sidecar.memory.embedding import scopes_of
 
         try:
             record = await self._service.get_record(memory_id)
@@ -264,7 +264,7 @@ FEATURE_TOOLS: dict[str, Feature] = {
 async def offer(
     service: MemoryService, souls: SoulService | None, assistant: AssistantProfile
 ) -> MemoryOffer:
-    from sidecar.memory.service import model_key
+    from sidecar.memory.embedding import model_key
 
     tools: list[Any] = []
     memory = assistant.memory

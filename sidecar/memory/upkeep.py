@@ -47,7 +47,8 @@ from protocol.providers import DefaultModel
 from sidecar.errors import InvalidParams, NotFound, SidecarError
 from sidecar.memory.consolidate import Consolidator
 from sidecar.memory.markdown import parse_scope, render_scope
-from sidecar.memory.service import MemoryService, scopes_of
+from sidecar.memory.embedding import scopes_of
+from sidecar.memory.service import MemoryService
 from sidecar.pipeline.calls import ModelResolver
 from sidecar.store.store import Store
 
