@@ -337,6 +337,8 @@ export type StrangerAction = "refuse" | "store";
  * sidecar (``chat:session:summarize``, the automatic summary).
  */
 export type SummarySource = "ai" | "user";
+/** The part of a sync run an issue comes from. */
+export type SyncPhase = "delete" | "list" | "probe" | "pull" | "push";
 /**
  * ``prompt``: send ``prompt`` in a session; ``memory-consolidate``: ``memory:consolidate``
  * of ``scope`` (every scope when none) in the mode of the memory settings.
@@ -3827,7 +3829,7 @@ export interface SyncConflict {
 
 /** One thing a run could not do; the next run tries again. */
 export interface SyncIssue {
-  phase: "delete" | "list" | "probe" | "pull" | "push";
+  phase: SyncPhase;
   /**
    * ``network``, ``timeout``, ``http``, ``malformed``, ``envelope``, ``auth_required``,
    * ``not_found``, ``no_agent``, ``store``.
