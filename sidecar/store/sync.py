@@ -62,6 +62,7 @@ from sidecar.store.sync_records import (
 
 __all__ = ["SyncRepo"]
 
+_OPEN_MARKS = ", ".join("?" * len(OPEN_STATUSES))
 _S_COLUMNS = ", ".join("s." + c.strip() for c in SESSION_COLUMNS.split(","))
 
 
@@ -401,7 +402,7 @@ class SyncRepo:
         with self._db.read() as conn:
             open_ids = {
                 r[0] for r in conn.execute(
-                    "SELECT DISTINCT session_id FROM messages_v2 WHERE status IN (?, ?, ?)", OPEN_STATUSES
+                    f"SELECT DISTINCT session_id FROM messages_v2 WHERE status IN ({_OPEN_MARKS})", OPEN_STATUSES
                 )
             }
             out: list[PushCandidate] = []
@@ -518,7 +519,7 @@ def _unchanged(conn: apsw.Connection, link: SyncLink) -> bool:
 
 def _has_open(conn: apsw.Connection, session_id: str) -> bool:
     return bool(conn.execute(
-        "SELECT 1 FROM messages_v2 WHERE session_id = ? AND status IN (?, ?, ?) LIMIT 1",
+        f"SELECT 1 FROM messages_v2 WHERE session_id = ? AND status IN ({_OPEN_MARKS}) LIMIT 1",
         (session_id, *OPEN_STATUSES),
     ).fetchall())
 

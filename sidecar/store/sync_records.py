@@ -6,11 +6,11 @@ Must stay true: a record is what one row (or one import) holds; no database acce
 
 from __future__ import annotations
 
-from typing import Any
+from typing import Any, get_args
 
 import msgspec
 
-from protocol.types import MessageV2, SessionV2
+from protocol.types import FINAL_MESSAGE_STATUSES, MessageStatus, MessageV2, SessionV2
 
 __all__ = [
     "AccountRow",
@@ -25,8 +25,9 @@ __all__ = [
     "link_from_row",
 ]
 
-OPEN_STATUSES = ("pending", "streaming", "paused")
-"""A session with a message in one of these is never pushed (its reply is not final)."""
+OPEN_STATUSES: tuple[str, ...] = tuple(sorted(set(get_args(MessageStatus)) - FINAL_MESSAGE_STATUSES))
+"""Every status but the final ones (pending, paused, streaming): a session with a message in
+one of these is never pushed (its reply is not final)."""
 
 LINK_COLUMNS = (
     "l.account_key, l.conversation_id, l.session_id, l.agent_id, l.state, l.server_modified,"
