@@ -4,7 +4,7 @@
     python3 dev.py demo [args...]   create .venv, install, run the stdio demo client
     python3 dev.py test [pytest args...]   create .venv, install with test extras, run the tests (2 workers)
     python3 dev.py typecheck         create .venv with test extras, run mypy (strict on sidecar/, protocol/)
-    python3 dev.py gen               regenerate protocol/generated/ (JSON Schema, TypeScript, client)
+    python3 dev.py gen               regenerate protocol/generated/ (JSON Schema, TypeScript, client) and docs/methods.md
     python3 dev.py bench NAME        run tools/bench/NAME.py
     python3 dev.py bundle [args...]  build dist/chat-sidecar/, the folder a desktop app ships
 
@@ -136,7 +136,9 @@ def main(argv: list[str]) -> int:
     if cmd == "gen":
         ensure_venv()
         ensure_node_tools()
-        return run(PY, ROOT / "tools" / "gen_protocol.py", *rest)
+        code = run(PY, ROOT / "tools" / "gen_protocol.py", *rest)
+        # the docs' generated parts (tools/gen_docs.py) take only --check of these arguments
+        return code or run(PY, ROOT / "tools" / "gen_docs.py", *[a for a in rest if a == "--check"])
     if cmd == "bench":
         ensure_venv("test")
         if not rest:

@@ -36,7 +36,17 @@ class CompatAgentCommand(Struct, forbid_unknown_fields=True, kw_only=True):
     """The executable to run instead (a path or a name looked up in PATH); None: the
     requested command as sent."""
     args: list[str] | None = None
-    """Arguments instead of the request's; None: the request's ``args``."""
+    """The arguments it runs with, whatever the request's ``agent_server.args`` say (they
+    are ignored). None: no arguments, unless ``requestArgs``."""
+    request_args: bool = False
+    """True (and ``args`` None): the request's ``agent_server.args`` are passed to the
+    command. False (default): a request that sends arguments for this command is refused
+    (``VALIDATION_ERROR``), since arguments can make an allowed program run anything
+    (``python -c``, ``sh -c``, a flag that skips the agent's permission checks)."""
+    request_env: list[str] = []
+    """The names of the environment variables a request's ``agent_server.env`` may set for
+    this command (exact names, up to 64; never a loader variable such as ``LD_PRELOAD`` or
+    ``PATH``). A request that sets any other name is refused (``VALIDATION_ERROR``)."""
 
 
 class CompatStartParams(Struct, forbid_unknown_fields=True, kw_only=True):

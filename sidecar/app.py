@@ -377,7 +377,7 @@ async def _open_chat(app: App, stack: AsyncExitStack) -> None:
         mcp=app.mcp,
         knowledge=app.knowledge,
         all_policies=lambda: store.run(lambda s: s.tools.policies()),
-        policy_version=lambda: store.sync.tools.policy_version,
+        policy_version=lambda: store.blocking.tools.policy_version,
         memory=app.memory,
         spill_owners=lambda root, path: store.run(lambda s: s.files.owners(root, path)),
     )
@@ -546,7 +546,7 @@ def _assistant_for(app: App) -> AssistantFor:
     from sidecar.pipeline.profiles import ProfileResolver
 
     store = app.store
-    profiles = ProfileResolver(store.sync.assistants, store.sync.context)
+    profiles = ProfileResolver(store.blocking.assistants, store.blocking.context)
 
     async def assistant_for(session_id: str | None) -> AssistantProfile:
         if session_id is None:

@@ -3,7 +3,10 @@
 Every text the process did not write and the user did not type into this turn's message,
 that goes into a request as text (knowledge chunks, memories, an IM sender's name and the
 message it quotes, a conversation title that came from a server or a chat, the messages of
-the transcript a summary or a side call reads), is written with ``escape``:
+the transcript a summary or a side call reads, what a model wrote from such text: the
+rolling summary and Soul.md, an attached file's text and the text read from an image,
+the names in a working directory), is written with ``escape``, inside an element that
+starts its line:
 
 - ``&``, ``<``, ``>`` and ``"`` become ``&amp;``, ``&lt;``, ``&gt;`` and ``&quot;``, so the text
   can neither close nor open an element of ours (``</knowledge>``, ``<memory ...>``) nor
@@ -18,6 +21,9 @@ The text is still readable: code blocks and tables come through with their line 
 shown as ``\\n``. A literal backslash-n already in the text reads the same (not escaped:
 doubling every backslash would make code and paths harder to read, and both mean a line
 break to the reader anyway).
+
+Not written with it: tool results (the tool role keeps them apart, and the model edits
+the exact bytes it read) and a message's own text in its role (SECURITY.md says why).
 
 Where it is written, the prompt says what it is (a header for the block, or the system
 prompt's note for IM turns) and that it is data, not instructions: ``ESCAPING`` is the

@@ -62,9 +62,11 @@ async def v1_sidecar(
     tmp_path: Path, *, provider: bool = True, env: dict[str, str] | None = None, **start: Any
 ) -> AsyncIterator[V1]:
     """A sidecar (and the scripted provider as its default) with the V1 endpoint started on
-    a free loopback port; the scripted agent is allowed as ``scripted-agent``."""
+    a free loopback port; the scripted agent is allowed as ``scripted-agent`` (with the
+    request's arguments)."""
     start.setdefault("port", 0)
-    start.setdefault("agentCommands", {AGENT_COMMAND: {"command": sys.executable}})
+    # the tests choose the scripted agent's flags per request: the host lets them
+    start.setdefault("agentCommands", {AGENT_COMMAND: {"command": sys.executable, "requestArgs": True}})
     async with _maybe_provider(provider) as server, spawn_sidecar(tmp_path / "data", env=env) as proc:
         if server is not None:
             await configure_provider(proc, server.base_url)

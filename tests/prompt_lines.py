@@ -16,7 +16,7 @@ own idea of a line would prove nothing).
   at the start of a line.)
 - A tag of ours (or one a model reads as a prompt section) opens or closes a block:
   ``<knowledge>``, ``</knowledge>``, ``<source ...>``, ``<memories>``, ``<memory ...>``,
-  ``<system>``, ``</system>``... Our prompts contain some of them; tests compare their count
+  ``<system>``, ``</system>``, ``<conversation_summary>``, ``<soul>``, ``<document ...>``... Our prompts contain some of them; tests compare their count
   with what the prompt is built to contain.
 """
 
@@ -35,7 +35,7 @@ _MARKER_LINE = re.compile(r"^[ \t]*(?:\[/?INST\]|<</?SYS>>|<\|[^|]{1,40}\|>|<(?:
 _TEMPLATE = re.compile(r"<\|[A-Za-z_][^|<>\n]{0,40}\|>|<(?:start|end)_of_turn>|<</?SYS>>", re.IGNORECASE)
 BLOCKS = (
     "knowledge", "source", "memories", "memory", "system", "user", "assistant", "instructions",
-    "conversation_summary", "previous_summary", "new_messages", "exchange", "document",
+    "conversation_summary", "previous_summary", "new_messages", "exchange", "document", "file", "soul", "image_ocr",
 )
 _TAG = re.compile(r"<\s*(/?)\s*(" + "|".join(BLOCKS) + r")(?=[\s>/])", re.IGNORECASE)
 

@@ -310,7 +310,8 @@ async def test_shutdown_is_prompt_with_streams_open_and_a_turn_running(tmp_path:
 async def test_only_commands_it_allows_run_and_placeholders_are_filled(tmp_path: Path) -> None:
     async with v1_sidecar(
         tmp_path, provider=False,
-        agentCommands={AGENT_COMMAND: {"command": sys.executable}, "pinned": {"command": sys.executable, "args": [str(AGENT)]}},
+        agentCommands={AGENT_COMMAND: {"command": sys.executable, "requestArgs": True, "requestEnv": ["KEY_SEEN", "LOGS"]},
+                       "pinned": {"command": sys.executable, "args": [str(AGENT)]}},
     ) as v1:
         body = v1.agent("env KEY_SEEN", project_id="env1", env={"KEY_SEEN": "{MODEL_PROVIDER_API_KEY}", "LOGS": "{PREFIX_WORKSPACE_DIR}/env1/logs"})
         body["model_provider"] = {"id": "1", "base_url": "http://127.0.0.1:9/m", "api_key": "sk-placeholder-1", "default_model": "m", "api_protocol": "anthropic"}

@@ -161,7 +161,7 @@ async def test_summary_reuse_refresh_merge_and_exact_prefix(tmp_path: Path) -> N
     _, info3 = await w.build(more[-1].id)
     assert len(w.model.calls) == 2 and info3.window.refreshed
     merged = w.model.prompt()
-    assert "<previous_summary>\nSUMMARY-1" in merged
+    assert "<previous_summary>SUMMARY-1" in merged
     assert "m0 word" not in merged and f"m{covered} word" in merged  # only the newly covered ones
     branch = msgs + more
     new_covered = len(branch) - len(info3.window.messages)
@@ -282,8 +282,8 @@ async def test_summarizer_chunks_a_long_prefix_and_bounds_the_calls() -> None:
     with anyio.fail_after(5):
         text = await summarizer.summarize(previous="OLD", messages=messages, provider_id="p", model_id="m")
     assert text == "SUMMARY-3" and len(model.calls) == 3
-    assert "<previous_summary>\nOLD" in model.prompt(0) and "earlier messages are not included" in model.prompt(0)
-    assert "<previous_summary>\nSUMMARY-1" in model.prompt(1)  # each chunk merges into the summary so far
+    assert "<previous_summary>OLD" in model.prompt(0) and "earlier messages are not included" in model.prompt(0)
+    assert "<previous_summary>SUMMARY-1" in model.prompt(1)  # each chunk merges into the summary so far
     assert "part39 word" in model.prompt(2) and "part0 word" not in "".join(model.prompt(i) for i in range(3))
 
 

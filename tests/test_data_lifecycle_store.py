@@ -116,7 +116,7 @@ async def test_an_older_builds_files_are_owned_after_the_migration(tmp_path: Pat
                          f"acp/{acp_sid}"}
         # existing sessions are not titled at the next start (a new one would be)
         assert await astore.run(lambda s: s.sessions.titles_due(["New Chat"], 10)) == []
-        with astore.sync._db.write() as conn:  # noqa: SLF001
+        with astore.blocking._db.write() as conn:  # noqa: SLF001
             conn.execute("UPDATE sessions_v2 SET title_attempted = 0 WHERE id = ?", (sid,))
         assert [(s.id, r) for s, r in await astore.run(lambda s: s.sessions.titles_due(["New Chat"], 10))] == [(sid, "m2")]
 
@@ -233,14 +233,14 @@ async def test_storage_release_runs_its_hooks_and_a_missing_file_is_fine(tmp_pat
         service = StorageService(astore, notify)
         service.on_release.append(hook)
         sid = (await astore.run(lambda s: s.sessions.create(CreateSessionOptions()))).id
-        uri = attach(astore.sync, "gone-already.bin")
+        uri = attach(astore.blocking, "gone-already.bin")
         await astore.run(lambda s: s.messages.append(sid, role="user", parts=[FilePart(uri=uri, name="g")]))
         (tmp_path / "attachments" / "gone-already.bin").unlink()
         await astore.run(lambda s: s.sessions.delete(sid))
         with anyio.fail_after(10):
             freed = await service.release()
         assert (freed.files, calls) == (0, ["hook"])
-        assert journal(astore.sync) == []
+        assert journal(astore.blocking) == []
         with apsw.Connection(str(tmp_path / "chat.db")) as conn:
             assert conn.execute("SELECT count(*) FROM owned_files").fetchone() == (0,)
     finally:

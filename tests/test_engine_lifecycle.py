@@ -382,7 +382,7 @@ async def test_every_ending_completes_when_a_stop_arrives_during_it(
         reply_row = await r.reply_row()
         entered = threading.Event()
         release = threading.Event()
-        repo = r.store.sync.messages
+        repo = r.store.blocking.messages
         name = "pause" if status == "paused" else "finish"
         original = getattr(repo, name)
 
@@ -465,7 +465,7 @@ async def test_store_failures_at_every_step(
         counted = method != "get"  # without usage or cost the final hop reads the session back
         if not counted:
             r.price.value = 0.0
-        target = getattr(r.store.sync, repo)
+        target = getattr(r.store.blocking, repo)
         setattr(target, method, failing(times)(getattr(target, method)))
 
         async def body(reply: ReplyFeed) -> Ending:

@@ -235,8 +235,8 @@ async def test_cost_comes_before_the_final_row_and_the_counters_right_after(tmp_
     providers = Providers(Hello())
     async with rig(tmp_path, None, providers) as r:
         for repo, method_name, name in (
-            (r.store.sync.messages, "finish", "finish_message"),
-            (r.store.sync.sessions, "add_usage", "add_session_usage"),
+            (r.store.blocking.messages, "finish", "finish_message"),
+            (r.store.blocking.sessions, "add_usage", "add_session_usage"),
         ):
             method = getattr(repo, method_name)
 
@@ -267,7 +267,7 @@ async def test_a_failing_partial_write_does_not_end_the_reply(tmp_path: Path, mo
 
     async with rig(tmp_path, Slow()) as r:
         failures = 0
-        original = r.store.sync.messages.update_partial
+        original = r.store.blocking.messages.update_partial
 
         def flaky(*args: Any, **kw: Any) -> None:  # runs in the store's worker thread
             nonlocal failures
@@ -277,7 +277,7 @@ async def test_a_failing_partial_write_does_not_end_the_reply(tmp_path: Path, mo
             original(*args, **kw)
             anyio.from_thread.run_sync(gate.set)  # the write after the failure went through
 
-        monkeypatch.setattr(r.store.sync.messages, "update_partial", flaky)
+        monkeypatch.setattr(r.store.blocking.messages, "update_partial", flaky)
         message_id = await send(r)
         assert await r.events.final(message_id) == "StreamEndEvent"
         stored = await r.store.run(lambda db: db.messages.get(message_id))
@@ -286,7 +286,7 @@ async def test_a_failing_partial_write_does_not_end_the_reply(tmp_path: Path, mo
 
 async def test_a_store_error_in_the_tool_loop_ends_the_reply_as_error(tmp_path: Path, monkeypatch: Any) -> None:
     async with rig(tmp_path, ToolThenText("free")) as r:
-        tools = r.store.sync.tools
+        tools = r.store.blocking.tools
 
         def broken(*args: Any, **kw: Any) -> None:
             raise SidecarError("database is locked")
@@ -468,12 +468,12 @@ async def test_sends_are_refused_while_the_session_is_being_deleted(tmp_path: Pa
             return release
 
         sessions.on_delete.append(hook)
-        original = r.store.sync.sessions.delete
+        original = r.store.blocking.sessions.delete
 
         def failing_delete(session_id: str) -> None:
             raise SidecarError("disk full")
 
-        monkeypatch.setattr(r.store.sync.sessions, "delete", failing_delete)
+        monkeypatch.setattr(r.store.blocking.sessions, "delete", failing_delete)
         with pytest.raises(SidecarError, match="disk full"):
             await sessions.delete_session(IdParams(id=r.session_id))
         assert len(raced) == 1 and isinstance(raced[0], NotFound)
@@ -481,7 +481,7 @@ async def test_sends_are_refused_while_the_session_is_being_deleted(tmp_path: Pa
         # the delete failed: the session takes sends again
         message_id = await send(r)
         assert await r.events.final(message_id) == "StreamEndEvent"
-        monkeypatch.setattr(r.store.sync.sessions, "delete", original)
+        monkeypatch.setattr(r.store.blocking.sessions, "delete", original)
         raced.clear()
         await sessions.delete_session(IdParams(id=r.session_id))
         assert len(raced) == 1 and isinstance(raced[0], NotFound)

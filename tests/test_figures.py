@@ -1,5 +1,5 @@
-"""README's measured figures are the ones the benchmarks last recorded
-(tools/bench/figures.py): text compared with text, no timing."""
+"""The measured figures README.md and docs/*.md quote are the ones the benchmarks last
+recorded (tools/bench/figures.py): text compared with text, no timing."""
 
 from __future__ import annotations
 
@@ -21,11 +21,14 @@ def figures() -> ModuleType:
     return module
 
 
-def test_readme_shows_the_figures_the_benchmarks_recorded(figures: ModuleType) -> None:
-    readme = (ROOT / "README.md").read_text(encoding="utf-8")
+def test_the_documents_show_the_figures_the_benchmarks_recorded(figures: ModuleType) -> None:
+    documents = figures.documents()
+    assert ROOT / "README.md" in documents and ROOT / "docs" / "bundle.md" in documents
+    texts = {path: path.read_text(encoding="utf-8") for path in documents}
     recorded = figures.values(figures.load())
-    assert figures.MARK.search(readme), "README marks no figure"
-    assert figures.problems(readme, recorded) == [], "run the benchmark (it writes README), or tools/bench/figures.py"
+    marked = {m[1] for text in texts.values() for m in figures.MARK.finditer(text)}
+    assert marked, "no document marks a figure"
+    assert figures.all_problems(recorded) == [], "run the benchmark (it writes the documents), or tools/bench/figures.py"
     for run in figures.load().values():
         assert run["command"].startswith("python3 dev.py bench ") and run["loadAverage"] and run["measured"]
 

@@ -211,7 +211,7 @@ async def test_assembly_honours_enabled_tools_deny_and_the_policy_cache(tmp_path
         policies=lambda keys: store.run(lambda s: s.tools.policies(keys)),
         extra_tools=lambda: [Fake("mcp__files__read", "files"), Fake("mcp__files__delete", "files"), Fake("other")],
         all_policies=all_policies,
-        policy_version=lambda: store.sync.tools.policy_version,
+        policy_version=lambda: store.blocking.tools.policy_version,
     )
     try:
         await service.load()
@@ -311,7 +311,7 @@ async def test_an_idle_send_reaches_its_first_delta_in_one_worker_thread_hop(tmp
         search=lambda query, options: store.run(lambda s: s.search.messages(query, options)),
         policies=approvals.policies_for,
         all_policies=lambda: store.run(lambda s: s.tools.policies()),
-        policy_version=lambda: store.sync.tools.policy_version,
+        policy_version=lambda: store.blocking.tools.policy_version,
     )
     await tools.load()
     attachments = AttachmentStore(tmp_path / "data")

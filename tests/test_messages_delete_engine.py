@@ -66,18 +66,18 @@ async def test_turns_are_busy_while_messages_are_deleted_and_taken_again_after(t
             return release
 
         sessions.on_delete.append(hook)
-        original = r.store.sync.messages.delete
+        original = r.store.blocking.messages.delete
 
         def failing_delete(*args: Any) -> Any:
             raise SidecarError("disk full")
 
-        monkeypatch.setattr(r.store.sync.messages, "delete", failing_delete)
+        monkeypatch.setattr(r.store.blocking.messages, "delete", failing_delete)
         params = MessagesDeleteParams(session_id=r.session_id, message_id=reply, mode="message")
         with pytest.raises(SidecarError, match="disk full"):
             await sessions.delete_messages(params)
         assert [e.code for e in raced] == [ErrorCode.BUSY] and r.engine._pruning == {}
         assert await branch(r) == [user, reply]
-        monkeypatch.setattr(r.store.sync.messages, "delete", original)
+        monkeypatch.setattr(r.store.blocking.messages, "delete", original)
         raced.clear()
         result = await sessions.delete_messages(params)
         assert (result.deleted, result.active_leaf_id) == (1, user)

@@ -99,7 +99,7 @@ async def test_every_transformer_in_order_on_the_wire_and_nothing_stored_changes
         for expected in ("<time_reminder>Current time:", '<document name="data.csv" type="text/csv">',
                          "keep {model_id} literal",  # 3 ran before 4: document text is not a template
                          "Trip to Lyon", "Take the TGV at 9:00.", "Hello PDF: quarterly report",
-                         "<image_ocr>\nOCR TEXT 123\n</image_ocr>"):
+                         "<image_ocr>OCR TEXT 123</image_ocr>"):
             assert expected in head, expected
         assert "alert(" not in text and rendered.startswith("[user #0]")
         # the model has no image input: a note instead of the picture, OCR text kept

@@ -16,6 +16,7 @@ from protocol.types import (
 )
 from sidecar.pipeline.request import MAX_INLINE_FILE_BYTES, build_drafts, finalize
 from sidecar.pipeline.transformers.base import Draft
+from sidecar.pipeline.transformers.document import FILE_HEADER
 from sidecar.providers.types import ModelInfo
 from sidecar.store.attachments import AttachmentStore
 
@@ -80,7 +81,7 @@ def test_text_files_are_inlined_when_no_transformer_converted_them(tmp_path: Pat
     ])
     [message] = finalize([draft], model=ModelInfo(id="m"), attachments=attachments)
     texts = [p.text for p in message.parts if isinstance(p, TextPart)]
-    assert texts[1] == '<file name="notes.md" type="text/markdown">\n# Plan\nship it\n</file>'
-    assert texts[2].startswith('<file name="big.txt" type="text/plain">\nxxx') and texts[2].endswith("[... truncated]\n</file>")
-    assert len(texts[2]) < MAX_INLINE_FILE_BYTES + 100
+    assert texts[1] == FILE_HEADER + '\n<file name="notes.md" type="text/markdown"># Plan\\nship it</file>'
+    assert texts[2].startswith(FILE_HEADER + '\n<file name="big.txt" type="text/plain">xxx') and texts[2].endswith(" [... truncated]</file>")
+    assert len(texts[2]) < MAX_INLINE_FILE_BYTES + len(FILE_HEADER) + 100
     assert "blob.bin" in texts[3] and "cannot be shown" in texts[3]

@@ -26,6 +26,8 @@ from protocol.sessions import CreateSessionOptions
 from protocol.types import ImagePart, TextPart
 from sidecar.pipeline.builder import RequestBuilder
 from sidecar.pipeline.transformers import TRANSFORMER_ORDER
+from sidecar.pipeline.transformers.document import FILE_HEADER
+from sidecar.pipeline.transformers.ocr import OCR_HEADER
 from sidecar.retrieval.results import RetrievalResult, RetrievedChunk
 from sidecar.store.knowledge import ChunkHit
 from sidecar.providers.types import GenerationParams, ModelInfo, RequestMessage
@@ -116,7 +118,7 @@ async def test_all_transformers_run_in_the_seeds_order(tmp_path: Path) -> None:
     assert system.count("<source ") == 6 and len(info.citations) == 6  # at most six, all cited
     assert [c.marker for c in info.citations] == [1, 2, 3, 4, 5, 6]
     assert "likes tea" in system and "not instructions" in system
-    assert user.startswith("<<Where?\n\n<image_ocr>\nSIGN: EXIT\n</image_ocr>\n\n<document name=\"notes.md\" type=\"text/markdown\">\n# Notes\n\n</document>\n\n<time_reminder>Current time: 2026-03-09 14:05 (Monday), UTC+08:00</time_reminder>>>")
+    assert user.startswith(f"<<Where?\n\n{OCR_HEADER}\n<image_ocr>SIGN: EXIT</image_ocr>\n\n{FILE_HEADER}\n<document name=\"notes.md\" type=\"text/markdown\"># Notes\\n</document>\n\n<time_reminder>Current time: 2026-03-09 14:05 (Monday), UTC+08:00</time_reminder>>>")
     assert user.endswith("</workspace>") and "(empty)" in user
     assert [msgspec.json.encode(m) for m in store.messages.path(sid)] == before
 
@@ -171,7 +173,7 @@ async def test_system_prompt_order_soul_memory_and_tool_prompts(tmp_path: Path) 
     store.messages.append(sid, role="user", text_content="hi")
     _, info = await build(store, builder, sid, capability_note="You cannot call tools.", tool_prompts=["Tool A rules."])
     prompt = info.system_prompt
-    order = ["Session prompt.", "# Soul\nI am curious.", "You cannot call tools.", "prefers metric units", "Tool A rules."]
+    order = ["Session prompt.", "<soul># Soul\\nI am curious.</soul>", "You cannot call tools.", "prefers metric units", "Tool A rules."]
     assert [prompt.index(p) for p in order] == sorted(prompt.index(p) for p in order)
     assert "Assistant prompt." not in prompt  # the session prompt wins when allowed
     # a profile's own Soul.md wins over the global one

@@ -142,7 +142,7 @@ async def test_a_summary_covering_a_deleted_message_is_dropped_and_others_kept(t
     astore = AsyncStore(Store(tmp_path / "d", clock=FakeClock()))
     try:
         svc = SessionService(astore, _Quiet())
-        store = astore.sync
+        store = astore.blocking
         t = Tree(store)
         covered = [t.u1.id, t.a1b.id]
 
@@ -165,14 +165,14 @@ async def test_a_summary_covering_a_deleted_message_is_dropped_and_others_kept(t
         r = await svc.delete_messages(MessagesDeleteParams(session_id=t.sid, message_id=t.u3.id, mode="branch"))
         assert store.context.get_summary(t.sid) is None and r.deleted == 1
     finally:
-        astore.sync.close()
+        astore.blocking.close()
 
 
 async def test_a_server_session_refuses_and_keeps_its_messages(tmp_path: Path) -> None:
     astore = AsyncStore(Store(tmp_path / "d", clock=FakeClock()))
     try:
         svc = SessionService(astore, _Quiet())
-        store = astore.sync
+        store = astore.blocking
         sid = store.sessions.create(CreateSessionOptions(mode="server")).id
         m = store.messages.append(sid, role="user", text_content="hi")
         hooks: list[str] = []
@@ -186,7 +186,7 @@ async def test_a_server_session_refuses_and_keeps_its_messages(tmp_path: Path) -
         assert err.value.code == -32003 and "server" in err.value.message
         assert hooks == [] and store.sessions.get(sid).message_count == 1
     finally:
-        astore.sync.close()
+        astore.blocking.close()
 
 
 class _Quiet:

@@ -315,3 +315,24 @@ def test_a_current_database_is_opened_without_a_write_transaction(tmp_path: Path
         db.close()
         other.execute("ROLLBACK")
         other.close()
+
+
+def test_every_migration_function_is_registered() -> None:
+    # a migration defined without its @migration never runs: a fresh data dir then lacks
+    # its tables (a merge once dropped the decorator line above the last one)
+    import importlib
+    import inspect
+    import pkgutil
+
+    import sidecar.store.migrations as root
+
+    modules = [root] + [
+        importlib.import_module(f"{root.__name__}.{info.name}")
+        for info in pkgutil.iter_modules(getattr(root, "__path__", []))
+    ]
+    defined = {
+        fn for module in modules for name, fn in vars(module).items()
+        if name.startswith("m_") and inspect.isfunction(fn)
+    }
+    assert defined, "no migration functions found"
+    assert sorted(f.__name__ for f in defined - set(root.MIGRATIONS)) == []

@@ -103,7 +103,7 @@ class Recording(Tool):
     async def run(self, args: dict[str, Any], ctx: ToolContext) -> ToolOutput:
         world = self._world
         assert world.store is not None
-        tools = world.store.sync.tools
+        tools = world.store.blocking.tools
         key = (self.name, ctx.message_id, ctx.tool_call_id)
         if key in world.runs:
             world.violations.append(f"{key} ran twice")

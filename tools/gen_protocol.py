@@ -455,7 +455,7 @@ def _comment(doc: str | None, indent: str = "") -> list[str]:
 UNKNOWN_EVENT_TS = '''
 /**
  * What every ``chat:stream`` event has, whatever its ``type``: the shape to give an event of
- * a type this copy of the contract does not know (a newer sidecar's, see README:
+ * a type this copy of the contract does not know (a newer sidecar's, see docs/protocol.md:
  * protocolVersion). ChatStreamEvent lists the known ones, so in the ``default`` branch of a
  * ``switch (event.type)`` write ``const other: UnknownStreamEvent = event;`` (no cast: it
  * compiles whether or not the cases cover every known type) and ignore or log ``other.type``.
@@ -535,7 +535,7 @@ def build_ts() -> str:
         "// Compiled to protocol.js (the runtime values: ErrorCode, PROTOCOL_VERSION, FINAL_EVENT_TYPES,",
         "// METHOD_NAMES...) and protocol.d.ts; an app may compile this file itself instead.",
         "",
-        "/** The wire contract version this copy was generated for (see README: protocolVersion). */",
+        "/** The wire contract version this copy was generated for (see docs/protocol.md: protocolVersion). */",
         f"export type ProtocolVersion = {PROTOCOL_VERSION};",
         f"export const PROTOCOL_VERSION: ProtocolVersion = {PROTOCOL_VERSION};",
         "",

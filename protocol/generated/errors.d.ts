@@ -83,7 +83,7 @@ export interface StateConflictData {
     proposalId?: string;
     status?: string;
 }
-/** FEATURE_UNAVAILABLE: the optional part of the bundle the request needs (README: the bundle). */
+/** FEATURE_UNAVAILABLE: the optional part of the bundle the request needs (docs/bundle.md). */
 export interface FeatureUnavailableData {
     part: "vectors" | "html";
     /** The module that part brings. */

@@ -4,7 +4,7 @@
 // Compiled to protocol.js (the runtime values: ErrorCode, PROTOCOL_VERSION, FINAL_EVENT_TYPES,
 // METHOD_NAMES...) and protocol.d.ts; an app may compile this file itself instead.
 
-/** The wire contract version this copy was generated for (see README: protocolVersion). */
+/** The wire contract version this copy was generated for (see docs/protocol.md: protocolVersion). */
 export type ProtocolVersion = 1;
 export const PROTOCOL_VERSION: ProtocolVersion = 1;
 
@@ -376,7 +376,7 @@ export type TruncationStrategy = "sliding-window" | "smart-select" | "summarize-
 
 /**
  * What every ``chat:stream`` event has, whatever its ``type``: the shape to give an event of
- * a type this copy of the contract does not know (a newer sidecar's, see README:
+ * a type this copy of the contract does not know (a newer sidecar's, see docs/protocol.md:
  * protocolVersion). ChatStreamEvent lists the known ones, so in the ``default`` branch of a
  * ``switch (event.type)`` write ``const other: UnknownStreamEvent = event;`` (no cast: it
  * compiles whether or not the cases cover every known type) and ignore or log ``other.type``.
@@ -1262,8 +1262,24 @@ export interface CompatAgentCommand {
    * requested command as sent.
    */
   command?: string | null;
-  /** Arguments instead of the request's; None: the request's ``args``. */
+  /**
+   * The arguments it runs with, whatever the request's ``agent_server.args`` say (they
+   * are ignored). None: no arguments, unless ``requestArgs``.
+   */
   args?: string[] | null;
+  /**
+   * True (and ``args`` None): the request's ``agent_server.args`` are passed to the
+   * command. False (default): a request that sends arguments for this command is refused
+   * (``VALIDATION_ERROR``), since arguments can make an allowed program run anything
+   * (``python -c``, ``sh -c``, a flag that skips the agent's permission checks).
+   */
+  requestArgs?: boolean;
+  /**
+   * The names of the environment variables a request's ``agent_server.env`` may set for
+   * this command (exact names, up to 64; never a loader variable such as ``LD_PRELOAD`` or
+   * ``PATH``). A request that sets any other name is refused (``VALIDATION_ERROR``).
+   */
+  requestEnv?: string[];
 }
 
 /** ``compat:start``: listen for V1 requests. */

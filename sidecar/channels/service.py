@@ -100,7 +100,7 @@ class ChannelService:
         remote_agents: bool = False,
     ) -> None:
         self._store = store
-        self._now = store.sync.channels.now
+        self._now = store.blocking.channels.now
         """The store's clock (no database call)."""
         self._attachments = attachments
         self._configs: dict[str, ChannelConfig] = {}

@@ -8,8 +8,10 @@ Mapping rules:
   session of another project, or any other local session, is never reachable from here);
 - ``agent_config.agent_server`` with a command -> an ``acp-engine`` provider, one per
   command / args / env (id ``v1-acp-<digest>``, so the same engine is reused), started
-  and supervised by ACP mode; only commands listed in ``agentCommands`` may run, and the
-  request's env may not set loader variables (LD_*, DYLD_*, PATH, NODE_OPTIONS...). The
+  and supervised by ACP mode; only commands listed in ``agentCommands`` may run, with the
+  entry's ``args`` (a request's args only when the entry sets ``requestArgs``, else a
+  request that sends some is refused), and a request's env may set only the names the
+  entry lists in ``requestEnv``, never a loader variable (LD_*, DYLD_*, PATH, NODE_OPTIONS...). The
   env placeholders ``{MODEL_PROVIDER_BASE_URL}``, ``{MODEL_PROVIDER_API_KEY}``,
   ``{MODEL_PROVIDER_MODEL}`` come from ``model_provider``; ``{PREFIX_WORKSPACE_DIR}`` (in
   the command, args and env) is ``<root>/computer-project-workspace/<user_id>``;
@@ -67,6 +69,12 @@ LOADER_ENV = frozenset({
     "BASH_ENV", "ENV", "PERL5OPT", "PERL5LIB", "RUBYOPT", "RUBYLIB",
 })
 """Variables that make an allowed program load or run other code: a request may not set them."""
+MAX_REQUEST_ENV = 64
+
+
+def is_loader_env(name: str) -> bool:
+    """Whether ``name`` is a variable that makes a program load or run other code."""
+    return name.upper() in LOADER_ENV or name.upper().startswith(LOADER_ENV_PREFIXES)
 
 
 class Sessions(Protocol):
@@ -258,15 +266,31 @@ class Projects:
                 f"the agent command {requested!r} is not allowed on this computer "
                 "(the sidecar's compat:start agentCommands lists the ones that are)",
             )
-        args = list(allowed.args if allowed.args is not None else (server.args or []))
+        # what runs is the host's to choose: a request's arguments and environment reach the
+        # program only as far as the host's entry for it lets them
+        if allowed.args is not None:
+            args = list(allowed.args)
+        elif server.args and not allowed.request_args:
+            raise invalid(
+                f"agent_server.args: the command {requested[:64]!r} takes no arguments from a request "
+                "(the sidecar's compat:start agentCommands entry decides them)"
+            )
+        else:
+            args = list(server.args or [])
         env = dict(server.env or {})
         if len(args) > MAX_ARGS or len(env) > MAX_ENV:
             raise invalid(f"agent_server: at most {MAX_ARGS} args and {MAX_ENV} env entries")
+        settable = set(allowed.request_env)
         for name, value in env.items():
             if not name or "=" in name or "\x00" in name or "\x00" in value:
                 raise invalid(f"agent_server.env has an invalid entry {name[:64]!r}")
-            if name.upper() in LOADER_ENV or name.upper().startswith(LOADER_ENV_PREFIXES):
+            if is_loader_env(name):
                 raise invalid(f"agent_server.env may not set {name[:64]}")
+            if name not in settable:
+                raise invalid(
+                    f"agent_server.env may not set {name[:64]} for the command {requested[:64]!r} "
+                    "(the sidecar's compat:start agentCommands entry lists the names a request may set)"
+                )
         if any("\x00" in a for a in args):
             raise invalid("agent_server.args contains a NUL character")
         mp = req.model_provider

@@ -32,7 +32,7 @@ from protocol.compat import CompatStartParams, CompatStartResult, CompatStatus
 from protocol.errors import ErrorCode
 from sidecar.compat.endpoint import Endpoint, Engines
 from sidecar.compat.progress import ProgressHub
-from sidecar.compat.projects import Projects, Providers, Sessions
+from sidecar.compat.projects import MAX_REQUEST_ENV, Projects, Providers, Sessions, is_loader_env
 from sidecar.compat.turns import Approvals, Chat, Events, GetMessage, TurnRunner
 from sidecar.compat.validate import TOKEN
 from sidecar.errors import InvalidParams, SidecarError
@@ -308,5 +308,12 @@ def _check(params: CompatStartParams) -> tuple[str, str]:
     for name, command in params.agent_commands.items():
         if not name.strip() or (command.command is not None and not command.command.strip()):
             raise InvalidParams("invalid params: agentCommands names and commands must not be empty - at `$.agentCommands`")
+        if len(command.request_env) > MAX_REQUEST_ENV:
+            raise InvalidParams(f"invalid params: at most {MAX_REQUEST_ENV} requestEnv names - at `$.agentCommands`")
+        for var in command.request_env:
+            if not var or "=" in var or "\x00" in var or is_loader_env(var):
+                raise InvalidParams(
+                    f"invalid params: requestEnv may not name {var[:64]!r} (a loader variable or not a name) - at `$.agentCommands`"
+                )
     token = params.token if params.token is not None else secrets.token_urlsafe(32)
     return host, token

@@ -130,10 +130,10 @@ class SessionService:
         return await self.store.run(create)
 
     async def list_sessions(self, params: SessionFilter) -> SessionListResult:
-        return await self.store.run(lambda s: s.sessions.query(params))
+        return await self.store.read(lambda s: s.sessions.query(params))
 
     async def get_session(self, params: IdParams) -> SessionV2:
-        return await self.store.run(lambda s: s.sessions.get(params.id))
+        return await self.store.read(lambda s: s.sessions.get(params.id))
 
     async def update_session(self, params: SessionUpdateParams) -> SessionV2:
         """``chat:session:update``: a new ``providerId``/``modelId`` is checked as at create."""
@@ -217,13 +217,13 @@ class SessionService:
     # ---- messages -------------------------------------------------------------------
 
     async def get_messages(self, params: MessagesGetParams) -> list[MessageV2]:
-        return await self._live(await self.store.run(lambda s: s.messages.query(params.session_id, params.options)))
+        return await self._live(await self.store.read(lambda s: s.messages.query(params.session_id, params.options)))
 
     async def get_tree(self, params: MessagesTreeParams) -> msgspec.Raw:
-        return msgspec.Raw(encode_tree(await self.store.run(lambda s: s.messages.tree(params.session_id))))
+        return msgspec.Raw(encode_tree(await self.store.read(lambda s: s.messages.tree(params.session_id))))
 
     async def search_messages(self, params: MessagesSearchParams) -> list[SearchResult]:
-        return await self.store.run(lambda s: s.search.messages(params.query, params.options))
+        return await self.store.read(lambda s: s.search.messages(params.query, params.options))
 
     async def select_branch(self, params: MessagesSelectParams) -> list[MessageV2]:
         return await self._live(
@@ -309,7 +309,7 @@ class SessionService:
         limit = options.limit if options.limit is not None else DEFAULT_PAGE
         before = params.cursor if params.cursor is not None else options.before
         query = msgspec.structs.replace(options, limit=min(limit + 1, 10_000), before=before)
-        found = await self.store.run(lambda s: s.messages.query(params.session_id, query))
+        found = await self.store.read(lambda s: s.messages.query(params.session_id, query))
         more = len(found) > limit
         items = await self._live(found[1:] if more else found)
         return MessagesPage(items=items, has_more=more, next_cursor=items[0].id if more and items else None)
@@ -337,7 +337,7 @@ class SessionService:
                 return found, False
             return found, bool(s.search.messages(params.query, probe))  # a full page of 200
 
-        items, more = await self.store.run(read)
+        items, more = await self.store.read(read)
         return SearchPage(items=items, has_more=more, next_cursor=str(offset + limit) if more else None)
 
     async def _live(self, messages: list[MessageV2]) -> list[MessageV2]:
@@ -361,7 +361,7 @@ class SessionService:
                         found.append(None)
                 return found
 
-            for i, m in zip(stale, await self.store.run(read_again)):
+            for i, m in zip(stale, await self.store.read(read_again)):
                 if m is not None:
                     out[i] = overlay(m) if m.status in ("pending", "streaming") else m
         return out
@@ -370,7 +370,7 @@ class SessionService:
 
     async def publish(self, session_id: str) -> SessionV2:
         """Send ``chat:session:updated`` with the session as stored now; returns it."""
-        session = await self.store.run(lambda s: s.sessions.get(session_id))
+        session = await self.store.read(lambda s: s.sessions.get(session_id))
         await self._notify("chat:session:updated", session)
         return session
 

@@ -62,7 +62,7 @@ class StorageService:
     def __init__(self, store: AsyncStore, notify: Notify) -> None:
         self._store = store
         self._notify = notify
-        self._data_dir: Path = store.sync.data_dir
+        self._data_dir: Path = store.blocking.data_dir
         self._lock = anyio.Lock()
         self.on_release: list[Callable[[], Awaitable[None]]] = []
         """Run after every ``release`` (the ACP handler closes released agent sessions)."""

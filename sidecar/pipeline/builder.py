@@ -141,7 +141,7 @@ class RequestBuilder:
         the session (sidecar/engine/usage.py)."""
         self._store = store
         self._attachments = attachments
-        repos = store.sync
+        repos = store.blocking
         self.profiles = ProfileResolver(repos.assistants, repos.context)
         call = call_model or (ProviderModelCall(providers, usage=side_usage) if providers is not None else None)
         self._call_model = call
@@ -347,7 +347,7 @@ class RequestBuilder:
         encoding = tk.encoding_for_model(model_id).encoding
         profile = self.profiles.for_session(session.id)
         assistant = profile.assistant
-        store = self._store.sync
+        store = self._store.blocking
         soul = None
         if assistant.context.use_soul:
             soul = effective_soul(store, self._souls, assistant.id).content.strip() or None

@@ -97,7 +97,7 @@ class RollingContext:
         clock: Callable[[], int] = now_ms,
     ) -> None:
         self._store = store
-        self._repo: ContextRepo = store.sync.context
+        self._repo: ContextRepo = store.blocking.context
         self._ledger = ledger
         self._summarizer = summarizer
         self._clock = clock

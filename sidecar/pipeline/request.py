@@ -15,8 +15,9 @@ model can take, after the input transformers ran. Rules (README "Attachments and
 - images stored as files are sent as base64 to models that accept images; a model that
   does not gets a text note ``[image omitted: ...]`` instead (never a silent drop);
 - files still FileParts here (DocumentAsPrompt is off, or did not convert them): text-like
-  ones are inlined as ``<file>`` text up to MAX_INLINE_FILE_BYTES (then truncated), any
-  other becomes a note naming it.
+  ones are inlined as ``<file>`` text (escaped data, as DocumentAsPrompt's ``<document>``
+  blocks) up to MAX_INLINE_FILE_BYTES (then truncated), any
+  other becomes a note naming it (its name and type escaped: sidecar/untrusted.py).
 
 Blocking (reads attachment files): run ``finalize`` with ``anyio.to_thread.run_sync``
 when the drafts hold images or files.
@@ -39,8 +40,10 @@ from protocol.types import (
 )
 from sidecar.pipeline.mime import is_text_mime
 from sidecar.pipeline.transformers.base import Draft
+from sidecar.pipeline.transformers.document import file_block
 from sidecar.providers.types import ModelInfo, RequestMessage
 from sidecar.store.attachments import AttachmentStore
+from sidecar.untrusted import escape
 
 __all__ = ["build_drafts", "finalize", "lead_with_user", "CONVERSATION_START", "MAX_INLINE_FILE_BYTES", "is_text_mime"]
 
@@ -125,8 +128,9 @@ def _image_part(part: ImagePart, model: ModelInfo, attachments: AttachmentStore)
 
 
 def _file_note(part: FilePart) -> TextPart:
-    name = part.name or part.uri.rsplit("/", 1)[-1]
-    mime = part.mime_type or "application/octet-stream"
+    # a name and type from anyone (a server's attachment, an IM file, a dropped file)
+    name = escape(part.name or part.uri.rsplit("/", 1)[-1])
+    mime = escape(part.mime_type or "application/octet-stream")
     return TextPart(text=f"[attached file: {name} ({mime}); its contents cannot be shown to the model]")
 
 
@@ -137,10 +141,8 @@ def _inline_text_file(part: FilePart, attachments: AttachmentStore) -> ContentPa
     if is_text_mime(mime):
         data = attachments.load_bytes(part.uri, MAX_INLINE_FILE_BYTES + 1)
         if data is not None:
-            truncated = len(data) > MAX_INLINE_FILE_BYTES
             text = data[:MAX_INLINE_FILE_BYTES].decode("utf-8", errors="replace")
-            note = "\n[... truncated]" if truncated else ""
-            return TextPart(text=f'<file name="{name}" type="{mime}">\n{text}{note}\n</file>')
+            return TextPart(text=file_block("file", name, mime, text, len(data) > MAX_INLINE_FILE_BYTES))
     return _file_note(part)
 
 

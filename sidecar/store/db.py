@@ -11,6 +11,12 @@ handler inside the process; readers each take a connection of their own from a p
 in WAL mode a search or a list never waits for a streaming write and vice versa. A
 connection is only ever used by one thread at a time.
 
+The read lane (``read_lane()``, entered by the store gateway's ``read``): while a thread is
+in it, its reads take connections from a pool of their own (one per thread the lane runs
+at once, opened on first use and kept), never the shared pool other callers may hold, and
+any attempt to write (``write``, ``pragma``, ``checkpoint``) raises ``ReadLaneWrite``
+before it touches the write lock. So a read-lane call waits for nothing but SQLite itself.
+
 Must stay true: a write either commits whole or leaves the database unchanged (any
 exception inside ``write()`` rolls back); apsw errors leave this module as ``StoreError``
 whose code says whose problem it is (``_store_error``, the one mapping):
@@ -44,7 +50,10 @@ from sidecar import datadir
 from sidecar.errors import InvalidParams, SidecarError, StoreError
 from sidecar.store import fts
 
-__all__ = ["Database", "DB_FILENAME", "BUSY_TIMEOUT_MS", "Row", "fetch_all", "fetch_iter"]
+__all__ = [
+    "Database", "DB_FILENAME", "BUSY_TIMEOUT_MS", "ReadLaneWrite", "Row", "TransactionLost", "fetch_all", "fetch_iter",
+    "read_lane",
+]
 
 log = logging.getLogger(__name__)
 
@@ -70,6 +79,36 @@ Row = tuple[Any, ...]
 the repository knows: rows are Any-typed so each repository states what it maps them to."""
 
 Bindings = Sequence[Any] | Mapping[str, Any]
+
+_lane = threading.local()
+
+
+class TransactionLost(StoreError):
+    """A failure inside a savepoint took the whole transaction with it: nothing of it stands."""
+
+
+class ReadLaneWrite(RuntimeError):
+    """A call in the read lane tried to write: a bug of the caller (it belongs in ``run``)."""
+
+
+@contextmanager
+def read_lane() -> Iterator[None]:
+    """This thread's database calls are read-lane reads until the block ends."""
+    outer = getattr(_lane, "active", False)
+    _lane.active = True
+    try:
+        yield
+    finally:
+        _lane.active = outer
+
+
+def _in_read_lane() -> bool:
+    return bool(getattr(_lane, "active", False))
+
+
+def _refuse_in_read_lane(what: str) -> None:
+    if _in_read_lane():
+        raise ReadLaneWrite(f"{what} in the read lane: a call that writes goes through the gateway's run")
 
 
 def fetch_all(conn: apsw.Connection, sql: str, args: Bindings = ()) -> list[Row]:
@@ -100,6 +139,7 @@ class Database:
         self._write_lock = threading.RLock()
         self._readers: queue.SimpleQueue[apsw.Connection] = queue.SimpleQueue()
         self._reader_slots = threading.BoundedSemaphore(readers)
+        self._lane_readers: queue.SimpleQueue[apsw.Connection] = queue.SimpleQueue()
         self._all_readers: list[apsw.Connection] = []
         self._pool_lock = threading.Lock()
         self._closed = False
@@ -112,6 +152,7 @@ class Database:
     @contextmanager
     def write(self) -> Iterator[apsw.Connection]:
         """One write transaction on the writer connection (re-entrant: nested = same txn)."""
+        _refuse_in_read_lane("a write")
         with self._write_lock:
             self._check_open()
             conn = self._writer
@@ -135,9 +176,28 @@ class Database:
                 with _wrap_errors():
                     yield conn
 
+    @contextmanager
+    def savepoint(self) -> Iterator[None]:
+        """A part of the open write transaction that fails alone: an exception inside rolls
+        back what the block wrote (and propagates), the rest of the transaction stands;
+        ``TransactionLost`` when the failure ended the whole transaction instead."""
+        with self.write() as conn:
+            with _wrap_errors():
+                conn.execute("SAVEPOINT part")
+            try:
+                yield
+            except BaseException as exc:
+                if not conn.in_transaction:  # SQLite rolled all of it back (disk full, I/O error)
+                    raise TransactionLost(f"database error: the transaction was rolled back ({exc})") from exc
+                conn.execute("ROLLBACK TO part; RELEASE part")
+                raise
+            with _wrap_errors():
+                conn.execute("RELEASE part")
+
     def pragma(self, name: str) -> Any:
         """One pragma's value read on the writer connection outside any transaction (a
         shared lock for the one statement, no write lock: cheap when nothing is to change)."""
+        _refuse_in_read_lane("a pragma on the writer")
         with self._write_lock:
             self._check_open()
             with _wrap_errors():
@@ -146,6 +206,7 @@ class Database:
     def checkpoint(self) -> None:
         """Copy the WAL into the database file and truncate it, so no page image older
         than the database's current content stays on disk."""
+        _refuse_in_read_lane("a checkpoint")
         with self._write_lock:
             self._check_open()
             with _wrap_errors():
@@ -200,23 +261,38 @@ class Database:
                 log.error("ROLLBACK failed: %s", exc)
 
     def _acquire_reader(self) -> apsw.Connection:
+        if _in_read_lane():
+            # the lane's own pool: bounded by the threads the gateway lets into the lane
+            try:
+                return self._lane_readers.get_nowait()
+            except queue.Empty:
+                return self._open_reader()
         self._reader_slots.acquire()
         try:
             return self._readers.get_nowait()
         except queue.Empty:
             pass
         try:
-            with _wrap_errors():
-                conn = apsw.Connection(self.path, flags=apsw.SQLITE_OPEN_READONLY)
-                _configure(conn)
+            return self._open_reader()
         except BaseException:
             self._reader_slots.release()
             raise
+
+    def _open_reader(self) -> apsw.Connection:
+        with _wrap_errors():
+            conn = apsw.Connection(self.path, flags=apsw.SQLITE_OPEN_READONLY)
+            _configure(conn)
         with self._pool_lock:
+            if self._closed:  # closed while this one opened: it must not outlive close()
+                conn.close()
+                raise StoreError("the store is closed (shutting down)", code=ErrorCode.BUSY)
             self._all_readers.append(conn)
         return conn
 
     def _release_reader(self, conn: apsw.Connection) -> None:
+        if _in_read_lane():
+            self._lane_readers.put(conn)
+            return
         self._readers.put(conn)
         self._reader_slots.release()
 

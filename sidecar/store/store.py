@@ -272,6 +272,12 @@ class Store:
         with self._db.write():
             yield
 
+    @contextmanager
+    def savepoint(self) -> Iterator[None]:
+        """Repository calls that fail alone inside a transaction (db.py ``savepoint``)."""
+        with self._db.savepoint():
+            yield
+
     def close(self) -> None:
         try:
             self._db.close()

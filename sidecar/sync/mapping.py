@@ -9,7 +9,8 @@ Owns the mapping rules (pure functions, no I/O):
   ``<attachment>[json]</attachment>`` block still in a USER text is extracted and removed
   exactly as the server does (reference 2.3: only when it is valid JSON, otherwise the text
   stays as it is). Only http(s) addresses become file URIs: a server must never make the
-  pipeline read a local ``file://`` path; any other attachment is kept as a text note;
+  pipeline read a local ``file://`` path; any other attachment is kept as a text note
+  (its name and type written by the rule for untrusted text, sidecar/untrusted.py);
 - ``finished``/``finishReason`` -> status: ``ERROR`` -> error (the text is the error
   message), a reason naming a cancel/stop/interrupt -> aborted, ``finished: false`` ->
   aborted (the server was still writing it; a later pull replaces it), else completed;
@@ -21,7 +22,6 @@ message it already has changed on the server.
 from __future__ import annotations
 
 import hashlib
-import json
 import re
 from typing import Literal
 
@@ -29,6 +29,7 @@ import msgspec
 
 from protocol.types import ContentPart, FilePart, FinalMessageStatus, MessageV2, TextPart, ThinkingPart
 from sidecar.sync.wire import AttachmentDto, ChatMessageDto, ConversationDto, to_int, to_ms
+from sidecar.untrusted import escape
 
 __all__ = [
     "ServerMessage",
@@ -151,8 +152,9 @@ def _file_part(a: AttachmentDto) -> tuple[FilePart | None, str | None]:
         return FilePart(uri=url, mime_type=a.mime_type or None, name=name), None
     if not url and not name:
         return None, None
-    label = json.dumps(name or url, ensure_ascii=False)
-    return None, f"[attachment {label} ({a.mime_type or 'unknown type'}): no web address to fetch it from]"
+    # the server's names reach a prompt in this note: written as untrusted text
+    label = f'"{escape(name or url)}"'
+    return None, f"[attachment {label} ({escape(a.mime_type or 'unknown type')}): no web address to fetch it from]"
 
 
 def to_message(sm: ServerMessage, *, message_id: str, session_id: str, parent_id: str | None) -> MessageV2:

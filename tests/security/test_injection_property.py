@@ -8,7 +8,10 @@ chat-template tokens, our tags and every Unicode line break, goes in as
 - a memory (its text and details, rendered by sidecar/memory/text.py; MemoryRetrievalTransformer),
 - an IM sender's name, and the message it quotes with its sender's name (sidecar/channels/inbound),
 - a conversation title pulled from a server (``{session_title}`` in the system prompt),
-- a history message in the transcript of a rolling summary (sidecar/pipeline/summary.py).
+- a history message in the transcript of a rolling summary, and the previous summary
+  (sidecar/pipeline/summary.py);
+- what a model wrote from such text (the rolling summary, Soul.md) and an attached
+  file's name, type and text, through the functions that write them into a prompt.
 
 The request must have no line that starts a role and no chat-template token
 (tests/security/prompt_lines.py says what those are), and exactly the tags of the same
@@ -28,14 +31,16 @@ from hypothesis import strategies as st
 
 from prompt_lines import block_tags, role_lines, template_tokens
 from protocol.channels import ChannelConfigUpsertParams, ChannelMessageParams
-from protocol.context import AssistantUpsertParams, MemorySettings
+from protocol.context import AssistantProfile, AssistantUpsertParams, MemorySettings
 from protocol.sessions import CreateSessionOptions
-from protocol.types import MessageV2
+from protocol.types import MessageV2, SessionV2
 from sidecar.channels.inbound import adapt
 from sidecar.channels.platforms import resolve_config
 from sidecar.memory.text import flags_of, render_memory
 from sidecar.pipeline.builder import RequestBuilder
 from sidecar.pipeline.summary import Summarizer
+from sidecar.pipeline.system import compose_system_prompt
+from sidecar.pipeline.transformers.document import file_block
 from sidecar.providers import OpenAICompatProvider, ProviderSettings
 from sidecar.providers.replay import ScriptedTransport
 from sidecar.providers.types import GenerationParams, ModelInfo, RequestMessage
@@ -181,8 +186,9 @@ class SummaryModel:
 
 
 @settings(max_examples=150, deadline=None, suppress_health_check=[HealthCheck.too_slow])
-@given(texts=st.lists(untrusted, min_size=1, max_size=6))
-def test_a_summary_transcript_has_one_line_per_message(texts: list[str]) -> None:
+@given(texts=st.lists(untrusted, min_size=1, max_size=6), previous=untrusted)
+def test_a_summary_transcript_has_one_line_per_message(texts: list[str], previous: str) -> None:
+    """And the previous summary (a model wrote it from the same history) is one element on one line."""
     model = SummaryModel()
     messages = [
         MessageV2(id=f"m{n}", session_id="s", role="user" if n % 2 == 0 else "assistant", text_content=text or "x",
@@ -192,7 +198,7 @@ def test_a_summary_transcript_has_one_line_per_message(texts: list[str]) -> None
 
     async def run() -> None:
         with anyio.fail_after(30):
-            await Summarizer(model).summarize(previous=None, messages=messages, provider_id="p", model_id="m")
+            await Summarizer(model).summarize(previous=previous or None, messages=messages, provider_id="p", model_id="m")
 
     anyio.run(run)
     (prompt,) = model.prompts
@@ -202,4 +208,33 @@ def test_a_summary_transcript_has_one_line_per_message(texts: list[str]) -> None
     lines = [line for line in inside.splitlines() if line]
     assert [line.split(":", 1)[0] for line in lines] == [m.role.capitalize() for m in messages]
     assert role_lines(user) == lines  # each message's own label, and no other
-    assert block_tags(user) == {"new_messages": 1, "/new_messages": 1}
+    expected = {"new_messages": 1, "/new_messages": 1}
+    if previous:
+        expected.update({"previous_summary": 1, "/previous_summary": 1})
+        (line,) = [line for line in user.splitlines() if "<previous_summary>" in line]
+        assert line.startswith("<previous_summary>") and line.endswith("</previous_summary>")
+    assert block_tags(user) == expected
+
+
+@settings(max_examples=200, deadline=None)
+@given(summary=untrusted, soul=untrusted, name=untrusted, mime=untrusted, text=untrusted, truncated=st.booleans())
+def test_model_written_text_and_files_are_one_element_on_one_line(
+    summary: str, soul: str, name: str, mime: str, text: str, truncated: bool
+) -> None:
+    """The writers of the rolling summary, Soul.md and an attached file's text (the same
+    functions the request builder and the document transformer call): whatever the text,
+    its element is on one line after the header line, and nothing else is a role or a tag."""
+    session = SessionV2(id="s", title="t", provider_id="p", model_id="m", created_at=0, updated_at=0)
+    profile = AssistantProfile(id="default", name="Helper", system_prompt="You help.")
+    # blank text leaves its block out: not this rule's job
+    system = compose_system_prompt(session=session, assistant=profile, soul=soul if soul.strip() else "x",
+                                   summary=summary if summary.strip() else "x", summary_count=4)
+    assert system is not None
+    files = [file_block(tag, name or "f", mime or "text/plain", text, truncated) for tag in ("document", "file")]
+    expected = {"soul": 1, "/soul": 1, "conversation_summary": 1, "/conversation_summary": 1}
+    for written, tags in ((system, expected), (files[0], {"document": 1, "/document": 1}), (files[1], {"file": 1, "/file": 1})):
+        assert role_lines(written) == [] and template_tokens(written) == [], written
+        assert dict(block_tags(written)) == tags, (block_tags(written), written)
+    for tag, written in (("soul", system), ("conversation_summary", system), ("document", files[0]), ("file", files[1])):
+        (line,) = [line for line in written.splitlines() if line.startswith(f"<{tag}")]
+        assert line.endswith(f"</{tag}>")

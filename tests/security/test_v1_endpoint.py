@@ -23,6 +23,7 @@ import anyio
 import httpx2
 import pytest
 from chat_helpers import configure_provider, wait_final
+from acp_helpers import AGENT
 from compat_helpers import V1, v1_sidecar
 from scripted_server import scripted_provider
 from sidecar_proc import CallError, SidecarProcess, sidecar_command, spawn_sidecar
@@ -140,6 +141,57 @@ async def test_agent_work_dir_stays_in_the_workspace_or_a_root_the_host_allowed(
             assert err.value.code == -32602 and "workDirRoots" in err.value.message
         finally:
             await again.client.aclose()
+        await v1.proc.close()
+
+
+async def test_a_request_cannot_choose_the_arguments_or_environment_of_what_runs(tmp_path: Path) -> None:
+    """An allowed command runs with the host's arguments: a request's ``args`` (``python
+    -c ...`` would be a shell) and ``env`` are refused unless the host's ``agentCommands``
+    entry lets them (``requestArgs``, ``requestEnv``); nothing is started for a refusal."""
+    proof = tmp_path / "proof.txt"
+    commands = {
+        "python": {"command": sys.executable},
+        "pinned": {"command": sys.executable, "args": [str(AGENT)]},
+        "open": {"command": sys.executable, "requestArgs": True, "requestEnv": ["KEY_SEEN"]},
+    }
+    async with v1_sidecar(tmp_path, agentCommands=commands) as v1, httpx2.AsyncClient() as client:
+
+        async def post(server: dict[str, Any], project_id: str) -> httpx2.Response:
+            body = {"user_id": "5", "project_id": project_id, "prompt": "env KEY_SEEN",
+                    "agent_config": {"agent_server": {"agent_id": "scripted", **server}}}
+            return await client.post(v1.url + "/computer/chat", json=body, headers={"x-api-key": v1.token})
+
+        shell = ["-c", f"open({str(proof)!r}, 'w').write('ran')"]
+        for server, named in (
+            ({"command": "python", "args": shell}, "agent_server.args"),
+            ({"command": "python", "args": [str(AGENT)]}, "agent_server.args"),  # even the right one
+            ({"command": "pinned", "env": {"KEY_SEEN": "x"}}, "KEY_SEEN"),
+            ({"command": "open", "args": [str(AGENT)], "env": {"OTHER": "x"}}, "OTHER"),
+            ({"command": "open", "args": [str(AGENT)], "env": {"LD_PRELOAD": "/tmp/x.so"}}, "LD_PRELOAD"),
+        ):
+            response = await post(server, "refused")
+            assert response.status_code == 400, (server, response.text)
+            assert response.json()["code"] == "VALIDATION_ERROR" and named in response.json()["message"], response.text
+        assert not proof.exists()
+        providers = await v1.proc.call("provider:list", {})
+        assert not [p for p in providers if p["id"].startswith("v1-acp-")]  # nothing was set up to run
+        assert (await v1.proc.call("chat:session:list", {"channelId": "v1-computer"}))["total"] == 0
+
+        # the host's own arguments run whatever the request sends; what it allows, runs
+        pinned = await v1.client.run_turn(
+            {**v1.agent("hi", project_id="pin"), "agent_config": {"agent_server": {"command": "pinned", "args": shell}}}
+        )
+        assert pinned.text.startswith("echo: hi") and not proof.exists()
+        opened = await v1.client.run_turn(v1.agent("env KEY_SEEN", project_id="open", command="open", env={"KEY_SEEN": "seen-1"}))
+        assert opened.text == "KEY_SEEN=seen-1"
+
+        await v1.proc.call("compat:stop", {})
+        for entry in ({"command": sys.executable, "requestEnv": ["LD_PRELOAD"]},
+                      {"command": sys.executable, "requestEnv": ["PATH"]},
+                      {"command": sys.executable, "requestEnv": ["A=B"]}):
+            with pytest.raises(CallError) as err:  # a host cannot hand out a loader variable either
+                await v1.proc.call("compat:start", {"port": 0, "agentCommands": {"x": entry}})
+            assert err.value.code == -32602 and "requestEnv" in err.value.message
         await v1.proc.close()
 
 

@@ -16,8 +16,8 @@ apart (the coldest this can measure without dropping the OS page cache); then th
 ``--runs`` runs and the ratio bundle / venv measured in the same run. The optional parts
 (``dist/chat-sidecar-parts/``) are measured too, each on disk and as tar.gz.
 
-The figures README quotes are recorded (tools/bench/figures.py: figures.json and README's
-marked figures) unless ``--no-record``.
+The figures docs/bundle.md quotes are recorded (tools/bench/figures.py: figures.json and the
+documents' marked figures) unless ``--no-record``.
 """
 
 from __future__ import annotations
@@ -121,7 +121,7 @@ def main() -> int:
     parser.add_argument("--bundle", type=Path, default=ROOT / "dist" / "chat-sidecar")
     parser.add_argument("--runs", type=int, default=10)
     parser.add_argument("--build", action="store_true", help="build the bundle first (python3 dev.py bundle)")
-    parser.add_argument("--no-record", dest="record", action="store_false", help="leave figures.json and README alone")
+    parser.add_argument("--no-record", dest="record", action="store_false", help="leave figures.json and the documents alone")
     args = parser.parse_args()
     bundle_tool = load_bundle_tool()
     if args.build:

@@ -1,14 +1,15 @@
-"""README's measured figures, from the benchmark run that measured them.
+"""The measured figures README.md and docs/*.md quote, from the benchmark run that measured them.
 
-A benchmark that measures a figure README quotes records it here (``record``): the figure
-goes into ``tools/bench/figures.json`` (committed: the last run's values, with the command,
-the date and the machine's load average), and README.md's text between the markers
-``<!--fig NAME-->`` and ``<!--/fig-->`` is rewritten to it. ``tests/test_figures.py``
-checks that README and figures.json agree (text against text, never timing), so a figure
-edited by hand, or a run whose new figures were not committed, fails the tests.
+A benchmark that measures a figure the documents quote records it here (``record``): the
+figure goes into ``tools/bench/figures.json`` (committed: the last run's values, with the
+command, the date and the machine's load average), and the text between the markers
+``<!--fig NAME-->`` and ``<!--/fig-->`` in every document (``documents()``) is rewritten to
+it. ``tests/test_figures.py`` checks that the documents and figures.json agree (text against
+text, never timing), so a figure edited by hand, or a run whose new figures were not
+committed, fails the tests.
 
-    python3 tools/bench/figures.py          rewrite README from figures.json
-    python3 tools/bench/figures.py --check  exit 1 when README disagrees (what the test runs)
+    python3 tools/bench/figures.py          rewrite the documents from figures.json
+    python3 tools/bench/figures.py --check  exit 1 when a document disagrees (what the test runs)
 """
 
 from __future__ import annotations
@@ -24,7 +25,13 @@ from typing import Any
 ROOT = Path(__file__).resolve().parents[2]
 FIGURES = ROOT / "tools" / "bench" / "figures.json"
 README = ROOT / "README.md"
+DOCS = ROOT / "docs"
 MARK = re.compile(r"<!--fig ([a-z0-9_.-]+)-->(.*?)<!--/fig-->", re.DOTALL)
+
+
+def documents() -> list[Path]:
+    """Every document that may mark figures: README.md and the pages of docs/."""
+    return [README, *sorted(DOCS.glob("*.md"))]
 
 
 def load() -> dict[str, Any]:
@@ -47,16 +54,33 @@ def render(text: str, figures: dict[str, str]) -> str:
     return MARK.sub(lambda m: f"<!--fig {m[1]}-->{figures.get(m[1], m[2])}<!--/fig-->", text)
 
 
-def problems(text: str, figures: dict[str, str]) -> list[str]:
-    """What is wrong between README's marks and the recorded figures."""
+def problems(text: str, figures: dict[str, str], where: str = "README") -> list[str]:
+    """What is wrong between the marks of one document (named ``where``) and the recorded figures."""
     found = []
     for match in MARK.finditer(text):
         name, shown = match[1], match[2]
         if name not in figures:
-            found.append(f"README marks {name!r}, which no benchmark recorded")
+            found.append(f"{where} marks {name!r}, which no benchmark recorded")
         elif shown != figures[name]:
-            found.append(f"README shows {name} = {shown!r}, the last run recorded {figures[name]!r}")
+            found.append(f"{where} shows {name} = {shown!r}, the last run recorded {figures[name]!r}")
     return found
+
+
+def all_problems(figures: dict[str, str]) -> list[str]:
+    """``problems`` of every document."""
+    found = []
+    for path in documents():
+        found += problems(path.read_text(encoding="utf-8"), figures, str(path.relative_to(ROOT)))
+    return found
+
+
+def write_all(figures: dict[str, str]) -> None:
+    """Every document's marked figures set to ``figures`` (files without a change untouched)."""
+    for path in documents():
+        text = path.read_text(encoding="utf-8")
+        rendered = render(text, figures)
+        if rendered != text:
+            path.write_text(rendered, encoding="utf-8")
 
 
 def load_average() -> str:
@@ -67,7 +91,7 @@ def load_average() -> str:
 
 
 def record(bench: str, figures: dict[str, str], *, command: str) -> None:
-    """Store ``figures`` as ``bench``'s last run and write them into README."""
+    """Store ``figures`` as ``bench``'s last run and write them into the documents."""
     data = load()
     data[bench] = {
         "command": command,
@@ -76,19 +100,18 @@ def record(bench: str, figures: dict[str, str], *, command: str) -> None:
         "figures": dict(sorted(figures.items())),
     }
     FIGURES.write_text(json.dumps(dict(sorted(data.items())), indent=2) + "\n", encoding="utf-8")
-    README.write_text(render(README.read_text(encoding="utf-8"), values(data)), encoding="utf-8")
-    print(f"recorded {len(figures)} figures of {bench} in {FIGURES.relative_to(ROOT)} and README.md")
+    write_all(values(data))
+    print(f"recorded {len(figures)} figures of {bench} in {FIGURES.relative_to(ROOT)} and the documents that quote them")
 
 
 def main(argv: list[str]) -> int:
-    text = README.read_text(encoding="utf-8")
     figures = values(load())
     if argv == ["--check"]:
-        found = problems(text, figures)
+        found = all_problems(figures)
         for problem in found:
             print(problem, file=sys.stderr)
         return 1 if found else 0
-    README.write_text(render(text, figures), encoding="utf-8")
+    write_all(figures)
     return 0
 
 

@@ -294,7 +294,9 @@ class ReplyLifecycle:
                 if extra is not None:
                     extra(s)
 
-        await self._store.run(write)
+        # batched with the other replies' partial writes; committed when it returns, even
+        # when the loop is being stopped, so the ending's final row is written after it
+        await self._store.persist(write)
 
     # -- the ending ------------------------------------------------------------------------
 

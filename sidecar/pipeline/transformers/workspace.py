@@ -4,7 +4,9 @@ When the session has a ``workspaceDir`` and ``transformers.workspaceReminder`` i
 last user message gets a text part naming the working directory and its top-level entries
 (directories end in ``/``; at most ``MAX_ENTRIES``, hidden entries left out):
 ``<workspace>Working directory: /path\nTop-level entries: README.md, src/, ...</workspace>``.
-A directory that does not exist (or cannot be read) is said so.
+A directory that does not exist (or cannot be read) is said so. File names are anyone's
+(a cloned repository, a download): the path and each name are written by the rule for
+untrusted text (sidecar/untrusted.py), so a name holding a line break cannot start a line.
 """
 
 from __future__ import annotations
@@ -15,6 +17,7 @@ import anyio
 
 from protocol.types import TextPart
 from sidecar.pipeline.transformers.base import Draft, TransformContext, last_index
+from sidecar.untrusted import escape
 
 __all__ = ["WorkspaceReminderTransformer", "workspace_text", "MAX_ENTRIES"]
 
@@ -29,11 +32,11 @@ def workspace_text(path: str) -> str:
                 key=str.lower,
             )
     except OSError as exc:
-        return f"<workspace>Working directory: {path}\n(it cannot be read: {exc.strerror or exc})</workspace>"
-    shown = entries[:MAX_ENTRIES]
+        return f"<workspace>Working directory: {escape(path)}\n(it cannot be read: {escape(str(exc.strerror or exc))})</workspace>"
+    shown = [escape(e) for e in entries[:MAX_ENTRIES]]
     more = f", ... ({len(entries) - MAX_ENTRIES} more)" if len(entries) > MAX_ENTRIES else ""
     listing = ", ".join(shown) + more if shown else "(empty)"
-    return f"<workspace>Working directory: {path}\nTop-level entries: {listing}</workspace>"
+    return f"<workspace>Working directory: {escape(path)}\nTop-level entries: {listing}</workspace>"
 
 
 class WorkspaceReminderTransformer:
