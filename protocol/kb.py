@@ -33,6 +33,7 @@ __all__ = [
     "LOCAL_EMBEDDING_PROVIDER",
     "DocumentStatus",
     "DocumentKind",
+    "DocumentSource",
     "DocumentErrorCode",
     "EmbeddingModelRef",
     "KnowledgeBase",
@@ -63,6 +64,8 @@ DocumentStatus = Literal["pending", "indexing", "ready", "embedding_pending", "e
 not made yet because the embedding provider failed; retried by the knowledge service
 (``KbDocument.nextRetryAt``) until it is ``ready``."""
 DocumentKind = Literal["text", "markdown", "code", "json", "csv", "html", "pdf"]
+DocumentSource = Literal["path", "text"]
+"""``path``: read from a file (its real path is kept); ``text``: given inline."""
 DocumentErrorCode = Literal[
     "empty", "too_large", "binary", "corrupt", "encrypted", "no_text", "unreadable", "embedding_failed", "internal"
 ]
@@ -149,7 +152,7 @@ class KbDocument(Struct, omit_defaults=False, kw_only=True):
     kb_id: str
     name: str
     kind: DocumentKind
-    source: Literal["path", "text"]
+    source: DocumentSource
     path: str | None = None
     """The real path it was read from (``source: "path"``)."""
     size_bytes: int = 0

@@ -52,8 +52,11 @@ __all__ = [
     "MemoryUpdateParams",
     "MemorySearchParams",
     "MemoryHit",
+    "MemorySearchMode",
     "MemorySearchResult",
     "ProposalAction",
+    "ProposalStatus",
+    "AcceptAction",
     "MemoryProposal",
     "MemoryProposalListParams",
     "MemoryAcceptParams",
@@ -213,13 +216,21 @@ class MemoryHit(Struct, omit_defaults=False, kw_only=True):
     cosine: float | None = None
 
 
+MemorySearchMode = Literal["hybrid", "lexical"]
+"""``lexical``: no vectors could be used for the search (its notes say why)."""
+
+
 class MemorySearchResult(Struct, omit_defaults=False, kw_only=True):
-    mode: Literal["hybrid", "lexical"]
+    mode: MemorySearchMode
     hits: list[MemoryHit]
     notes: list[str] = []
 
 
 ProposalAction = Literal["create", "supersede"]
+
+
+ProposalStatus = Literal["pending", "accepted", "rejected"]
+"""A proposal waits (``pending``) until the user accepts or rejects it."""
 
 
 class MemoryProposal(Struct, omit_defaults=False, kw_only=True):
@@ -243,7 +254,7 @@ class MemoryProposal(Struct, omit_defaults=False, kw_only=True):
     supersedes_text: str | None = None
     reason: str = ""
     flags: list[MemoryFlag] = []
-    status: Literal["pending", "accepted", "rejected"] = "pending"
+    status: ProposalStatus = "pending"
     created_at: Int64
 
 
@@ -265,9 +276,13 @@ class MemoryAcceptParams(Struct, forbid_unknown_fields=True, kw_only=True):
     context: MemoryDetailText | None = None
 
 
+AcceptAction = Literal["created", "superseded", "duplicate"]
+"""What accepting a proposal did; ``duplicate``: an equal memory existed already."""
+
+
 class MemoryAcceptResult(Struct, omit_defaults=False, kw_only=True):
     memory: Memory
-    action: Literal["created", "superseded", "duplicate"]
+    action: AcceptAction
     """``duplicate``: an equal memory existed already (``memory`` is that one)."""
 
 

@@ -38,6 +38,7 @@ __all__ = [
     "MemoryUpkeepSettings",
     "MemoryUpkeepSettingsUpdate",
     "MemoryConsolidateParams",
+    "MergeStatus",
     "MemoryMerge",
     "MemoryConsolidateResult",
     "MemoryConsolidationListParams",
@@ -98,6 +99,10 @@ class MemoryConsolidateParams(Struct, forbid_unknown_fields=True, kw_only=True):
     """Default: the settings' ``consolidationMode``."""
 
 
+MergeStatus = Literal["pending", "accepted", "rejected", "applied"]
+"""A consolidation merge: proposed (``pending``), decided by the host, or ``applied`` by an ``auto`` run."""
+
+
 class MemoryMerge(Struct, omit_defaults=False, kw_only=True):
     """Memories of one scope that say one thing, and the text they become."""
 
@@ -111,7 +116,7 @@ class MemoryMerge(Struct, omit_defaults=False, kw_only=True):
     reason: str = ""
     contradiction: bool = False
     """The model found them contradicting each other (the newest fact wins)."""
-    status: Literal["pending", "accepted", "rejected", "applied"]
+    status: MergeStatus
     """``applied``: written by an ``auto`` run; ``accepted``: a proposal the host accepted."""
     result_id: str | None = None
     """The active memory the chain ends in, once written."""

@@ -36,6 +36,7 @@ __all__ = [
     "ServerConversation",
     "ServerShare",
     "ChatApi",
+    "SyncPhase",
     "AgentMode",
     "ServerSessionCreateParams",
     "ChatSuggestParams",
@@ -115,10 +116,14 @@ class SyncConflict(Struct, omit_defaults=False, kw_only=True):
     message: str
 
 
+SyncPhase = Literal["list", "pull", "probe", "push", "delete"]
+"""The part of a sync run an issue comes from."""
+
+
 class SyncIssue(Struct, omit_defaults=False, kw_only=True):
     """One thing a run could not do; the next run tries again."""
 
-    phase: Literal["list", "pull", "probe", "push", "delete"]
+    phase: SyncPhase
     kind: str
     """``network``, ``timeout``, ``http``, ``malformed``, ``envelope``, ``auth_required``,
     ``not_found``, ``no_agent``, ``store``."""

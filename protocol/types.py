@@ -8,7 +8,7 @@ into typed values. Timestamps are integer milliseconds since the epoch.
 
 from __future__ import annotations
 
-from typing import Annotated, Literal, Union
+from typing import Annotated, Literal, Union, get_args
 
 import msgspec
 
@@ -177,6 +177,11 @@ MessageStatus = Literal["pending", "streaming", "completed", "error", "aborted",
 """``paused``: the reply waits for a tool-call approval (``chat:tool:approve``); it is not
 final, survives a restart (crash recovery only touches pending/streaming rows) and resumes
 when no call of it is pending, or ends ``aborted`` when a newer send supersedes it."""
+FinalMessageStatus = Literal["completed", "error", "aborted"]
+"""The statuses a message ends in: after one it no longer changes (and it is in the search
+index). Every other status (pending, streaming, paused) is a reply still in flight."""
+FINAL_MESSAGE_STATUSES: frozenset[FinalMessageStatus] = frozenset(get_args(FinalMessageStatus))
+"""``FinalMessageStatus`` as a set: ``status in FINAL_MESSAGE_STATUSES`` also narrows a str."""
 ContentType = Literal["text", "multipart"]
 SummarySource = Literal["user", "ai"]
 """Who wrote a session's ``summary``: the user (``chat:session:update``, an import) or the

@@ -22,7 +22,7 @@ from protocol.events import StreamToolCall
 from protocol.sessions import CreateSessionOptions
 from protocol.settings import ChatSettings
 from protocol.types import DiffPart, MessageV2, SessionV2, StepStartPart, ToolUsePart, Usage
-from sidecar.engine import lifecycle as lifecycle_module
+from sidecar.engine.lifecycle import runner as lifecycle_module
 from sidecar.engine.lifecycle import (
     Aborted,
     Completed,

@@ -24,7 +24,7 @@ from sidecar.pipeline.summary import Summarizer
 from sidecar.providers.errors import ProviderCallError
 from sidecar.providers.types import GenerationParams, ModelInfo, RequestMessage
 from sidecar.store import AsyncStore
-from sidecar.store.store import edited_parts
+from sidecar.store.messages import edited_parts
 from sidecar.tools.base import Tool, ToolContext, ToolOutput
 from sidecar.tools.service import ToolService
 from sidecar.notify import Notifier

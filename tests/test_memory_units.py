@@ -10,7 +10,7 @@ import pytest
 
 from sidecar.memory.encoder import parse_answer, strip_injected
 from sidecar.memory.text import flags_of, norm_hash, render_block, render_memory, similarity
-from sidecar.store.memory import NewMemory
+from sidecar.store.memory_records import NewMemory
 from sidecar.store.store import Store
 
 

@@ -376,7 +376,7 @@ def test_filters_apply_before_the_ranking_window_is_cut(
 def test_a_row_with_unreadable_parts_does_not_fail_search_or_reindex(store: Store) -> None:
     import apsw
 
-    from sidecar.store.search import MessageSearch
+    from sidecar.store import search as message_search
 
     sid = _session(store)
     good = store.messages.append(sid, role="user", text_content="needle in good row")
@@ -396,5 +396,5 @@ def test_a_row_with_unreadable_parts_does_not_fail_search_or_reindex(store: Stor
     assert {r.message_id: r.snippet for r in results}[odd.id] == "<mark>needle</mark> in odd row"
     # The migration's full re-index reads every row the same way (text kept, parts skipped).
     with store._db.write() as conn:
-        assert MessageSearch.reindex_all(conn) == 2
+        assert message_search.reindex_all(conn) == 2
     assert _ids(store.search.messages("odd")) == {odd.id}

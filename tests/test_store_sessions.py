@@ -323,7 +323,7 @@ def test_delete_cascades_everywhere(store: Store) -> None:
 def test_tag_filter_plans_agree(store: Store, clock: FakeClock, few: int, monkeypatch: pytest.MonkeyPatch) -> None:
     """Tag filters take one of three query shapes (folder-driven, tag-index-driven, list
     order with early stop); every shape must give the same sessions, order and total."""
-    from sidecar.store import sessions as sessions_mod
+    from sidecar.store import session_table as sessions_mod
 
     monkeypatch.setattr(sessions_mod, "_FEW_MATCHES", few)
     expected: dict[tuple[str | None, tuple[str, ...]], list[str]] = {}

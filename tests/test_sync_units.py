@@ -15,7 +15,7 @@ from protocol.types import FilePart, TextPart, ThinkingPart
 from qiming_helpers import PASSWORD, USER, qiming_server
 from sidecar.errors import InvalidParams, StoreError
 from sidecar.store import AsyncStore
-from sidecar.store.sync import ConversationUpdate, NewConversation
+from sidecar.store.sync_records import ConversationUpdate, NewConversation
 from sidecar.sync import service as service_module
 from sidecar.sync.account import jwt_expiry, normalize_service_url
 from sidecar.sync.client import ClientSettings, QimingClient

@@ -56,6 +56,8 @@ export type ErrorCode = (typeof ErrorCode)[keyof typeof ErrorCode];
 export type ErrorCodeName = keyof typeof ErrorCode;
 /** The same union as ErrorCode. */
 export type ErrorCodeValue = ErrorCode;
+/** What accepting a proposal did; ``duplicate``: an equal memory existed already. */
+export type AcceptAction = "created" | "duplicate" | "superseded";
 /**
  * TryReqDto ``agentMode``: ``ask`` makes the server's agent ask before it uses tools (its
  * permission requests come as pending approvals); ``yolo`` lets it act (the web UI's default).
@@ -152,6 +154,8 @@ export type DeliveryStatus = "delivered" | "failed" | "pending" | "sending";
  */
 export type DocumentErrorCode = "binary" | "corrupt" | "embedding_failed" | "empty" | "encrypted" | "internal" | "no_text" | "too_large" | "unreadable";
 export type DocumentKind = "code" | "csv" | "html" | "json" | "markdown" | "pdf" | "text";
+/** ``path``: read from a file (its real path is kept); ``text``: given inline. */
+export type DocumentSource = "path" | "text";
 /**
  * ``embedding_pending``: chunked and in the full-text index (found lexically), its vectors
  * not made yet because the embedding provider failed; retried by the knowledge service
@@ -214,12 +218,16 @@ export type MemoryFlag = "instruction-like" | "markup" | "role-marker";
  * ``event``: something that happened; ``note``: anything else.
  */
 export type MemoryKind = "event" | "fact" | "instruction-from-user" | "note" | "preference" | "task-outcome";
+/** ``lexical``: no vectors could be used for the search (its notes say why). */
+export type MemorySearchMode = "hybrid" | "lexical";
 /**
  * ``manual``: ``memory:create`` / ``memory:update`` / an accepted proposal edited by the
  * user; ``tool``: a memory tool the model called; ``encoder``: the MemoryEncoder.
  */
 export type MemorySourceKind = "encoder" | "manual" | "tool";
 export type MemoryStatus = "active" | "deleted" | "superseded";
+/** A consolidation merge: proposed (``pending``), decided by the host, or ``applied`` by an ``auto`` run. */
+export type MergeStatus = "accepted" | "applied" | "pending" | "rejected";
 /**
  * What ``channel:message`` does with a message: answer it; store it without a reply (a group
  * message that does not address the bot, or a stranger's with ``strangers: "store"``); start a
@@ -260,6 +268,8 @@ export type ProgressKind = "begin" | "end" | "report";
 /** Chosen by the caller (a number or a string of at most 256 characters). */
 export type ProgressToken = number | string;
 export type ProposalAction = "create" | "supersede";
+/** A proposal waits (``pending``) until the user accepts or rejects it. */
+export type ProposalStatus = "accepted" | "pending" | "rejected";
 export type ProviderKind = "acp-engine" | "anthropic" | "ollama" | "openai-compat";
 /**
  * ``auth``: 401/403 (a wrong or missing key); ``not_found``: 404 (a model or path that does
@@ -320,6 +330,8 @@ export type StrangerAction = "refuse" | "store";
  * sidecar (``chat:session:summarize``, the automatic summary).
  */
 export type SummarySource = "ai" | "user";
+/** The part of a sync run an issue comes from. */
+export type SyncPhase = "delete" | "list" | "probe" | "pull" | "push";
 /**
  * ``prompt``: send ``prompt`` in a session; ``memory-consolidate``: ``memory:consolidate``
  * of ``scope`` (every scope when none) in the mode of the memory settings.
@@ -1125,7 +1137,7 @@ export interface Citation {
     page: number | null;
     /** The fused retrieval score the chunk was chosen with. */
     score: number;
-    mode: RetrievalMode;
+    mode: MemorySearchMode;
     /** The chunk text as it was sent. */
     text: string;
     documentDeleted: boolean;
@@ -1157,7 +1169,7 @@ export interface CitationInput {
     page?: number | null;
     /** The fused retrieval score the chunk was chosen with. */
     score?: number;
-    mode?: RetrievalMode;
+    mode?: MemorySearchMode;
     /** The chunk text as it was sent. */
     text?: string;
     documentDeleted?: boolean;
@@ -1639,7 +1651,7 @@ export interface KbDocument {
     kbId: string;
     name: string;
     kind: DocumentKind;
-    source: "path" | "text";
+    source: DocumentSource;
     /** The real path it was read from (``source: "path"``). */
     path: string | null;
     sizeBytes: number;
@@ -1725,7 +1737,7 @@ export interface KbSearchHit {
     tokens: number;
     /** The fused score (reciprocal-rank fusion; lexical: of the one leg). */
     score: number;
-    mode: RetrievalMode;
+    mode: MemorySearchMode;
     /** 1-based rank in the vector leg (None: not found there). */
     vectorRank: number | null;
     lexicalRank: number | null;
@@ -1741,7 +1753,7 @@ export interface KbSearchParams {
     budgetTokens?: number | null;
 }
 export interface KbSearchResult {
-    mode: RetrievalMode;
+    mode: MemorySearchMode;
     hits: KbSearchHit[];
     /** Why a leg did not run (e.g. the embedding call failed), for debugging. */
     notes: string[];
@@ -1958,7 +1970,7 @@ export interface MemoryAcceptParams {
 export interface MemoryAcceptResult {
     memory: Memory;
     /** ``duplicate``: an equal memory existed already (``memory`` is that one). */
-    action: "created" | "duplicate" | "superseded";
+    action: AcceptAction;
 }
 /**
  * One scope (``global`` or an assistant's id), what one assistant sees (its scope and
@@ -2098,7 +2110,7 @@ export interface MemoryMerge {
     /** The model found them contradicting each other (the newest fact wins). */
     contradiction: boolean;
     /** ``applied``: written by an ``auto`` run; ``accepted``: a proposal the host accepted. */
-    status: "accepted" | "applied" | "pending" | "rejected";
+    status: MergeStatus;
     /** The active memory the chain ends in, once written. */
     resultId: string | null;
     createdAt: number;
@@ -2123,7 +2135,7 @@ export interface MemoryProposal {
     supersedesText: string | null;
     reason: string;
     flags: MemoryFlag[];
-    status: "accepted" | "pending" | "rejected";
+    status: ProposalStatus;
     createdAt: number;
 }
 export interface MemoryProposalListParams {
@@ -2155,7 +2167,7 @@ export interface MemorySearchParams {
     limit?: number;
 }
 export interface MemorySearchResult {
-    mode: RetrievalMode;
+    mode: MemorySearchMode;
     hits: MemoryHit[];
     notes: string[];
 }
@@ -3374,7 +3386,7 @@ export interface SkillProposal {
     /** The SKILL.md the model wrote (valid: checked before it is proposed). */
     content: string;
     reason: string;
-    status: "accepted" | "pending" | "rejected";
+    status: ProposalStatus;
     createdAt: number;
 }
 export interface SkillProposalListParams {
@@ -3577,7 +3589,7 @@ export interface SyncConflict {
 }
 /** One thing a run could not do; the next run tries again. */
 export interface SyncIssue {
-    phase: "delete" | "list" | "probe" | "pull" | "push";
+    phase: SyncPhase;
     /**
      * ``network``, ``timeout``, ``http``, ``malformed``, ``envelope``, ``auth_required``,
      * ``not_found``, ``no_agent``, ``store``.

@@ -20,7 +20,7 @@ Must stay true: every update is appended to ``raw`` verbatim before it is interp
 ``apply`` never raises for anything the agent sends (a malformed update of a known kind
 is treated as unknown). The mapper feeds an ``Output`` (content; each piece's event goes
 with it), so it knows nothing of relays or the database; the engine's reply lifecycle
-(sidecar/engine/lifecycle.py, its ReplyFeed) is the Output.
+(sidecar/engine/lifecycle/, its ReplyFeed) is the Output.
 """
 
 from __future__ import annotations

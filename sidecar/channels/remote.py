@@ -1,6 +1,6 @@
 """RemoteAgentHandler: the replies of ``mode: "remote"`` sessions (a channel's remote-agent route).
 
-A remote turn is one more ReplyLifecycle driver (sidecar/engine/lifecycle.py owns the row,
+A remote turn is one more ReplyLifecycle driver (sidecar/engine/lifecycle/ owns the row,
 seq, events, persistence and the ending); ChatEngine runs it for the replies of remote
 sessions, which only the channels' router makes (routes.py). A turn (05-CHANNELS §4.1):
 

@@ -50,7 +50,6 @@ from protocol.channels import (
     ChannelMessageResult,
     ChannelMessagesParams,
     ChannelMessagesResult,
-    MessageAction,
     RemoteAgentRoute,
 )
 from protocol.common import EmptyParams, IdParams, SuccessResult
@@ -316,7 +315,7 @@ class ChannelService:
         row, fresh = await self._db(lambda r: r.receive(row, window))
         if not fresh:
             return ChannelMessageResult(action="duplicate", inbox_id=row.id, session_id=row.session_id)
-        action: MessageAction = row.action  # type: ignore[assignment]
+        action = row.action
         if action == "reply":
             rate = config.rate
             assert rate.loop_max_events is not None and rate.loop_window_ms is not None

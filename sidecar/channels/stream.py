@@ -29,6 +29,7 @@ from protocol.channels import (
     ChannelConfig,
     ChannelReplyParams,
     ChatType,
+    DeliveryKind,
     ReplyBlocksChunk,
     ReplyChunk,
     ReplyTextChunk,
@@ -82,7 +83,7 @@ def plan(
     final: bool,
 ) -> list[tuple[ChannelReplyParams, int]]:
     """The deliveries that bring the acknowledged messages to ``text`` (+ ``media`` when final)."""
-    steps: list[tuple[str, int, str | None, list[ReplyChunk]]] = []
+    steps: list[tuple[DeliveryKind, int, str | None, list[ReplyChunk]]] = []
     for index, chunk in enumerate(text):
         known = state.get(index)
         if known is None:
@@ -114,7 +115,7 @@ def plan(
             message_id=address.message_id,
             seq=next_seq + number,
             final=final and number == len(steps) - 1,
-            kind=kind,  # type: ignore[arg-type]
+            kind=kind,
             edit_of=edit_of,
             chunks=chunks,
         )

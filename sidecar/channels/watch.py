@@ -28,16 +28,15 @@ import anyio
 
 from protocol.chat import SendParams, SendResult
 from protocol.events import AbortedEvent, ErrorEvent, StreamEndEvent, TextDeltaEvent, ToolApprovalRequiredEvent
-from protocol.types import MessageV2
+from protocol.types import FINAL_MESSAGE_STATUSES, MessageV2
 from sidecar.channels.compose import reply_text
 from sidecar.engine.events import EventHub, Subscription
 from sidecar.store.async_store import AsyncStore
 
-__all__ = ["ReplyWatcher", "ChatTurns", "FINAL_STATUSES", "CHECK_S"]
+__all__ = ["ReplyWatcher", "ChatTurns", "CHECK_S"]
 
 log = logging.getLogger(__name__)
 
-FINAL_STATUSES = frozenset({"completed", "error", "aborted"})
 CHECK_S = 30.0
 _FINAL_EVENTS = (StreamEndEvent, ErrorEvent, AbortedEvent)
 
@@ -85,7 +84,7 @@ class ReplyWatcher:
         while True:
             with self._events.subscribe(session_id) as sub:
                 message = self._chat.overlay_live(await self._message(message_id))
-                if message.status in FINAL_STATUSES:
+                if message.status in FINAL_MESSAGE_STATUSES:
                     return message
                 if message.status == "paused" and on_pause is not None:
                     on_pause()
@@ -98,7 +97,7 @@ class ReplyWatcher:
                 if final is not None:
                     return final
             message = await self._message(message_id)
-            if message.status in FINAL_STATUSES:
+            if message.status in FINAL_MESSAGE_STATUSES:
                 return message
             if message.status in ("pending", "streaming") and not self._chat.is_generating(session_id):
                 log.warning("reply %s is %s with no job generating it", message_id, message.status)
@@ -138,7 +137,7 @@ class ReplyWatcher:
             elif isinstance(event, _FINAL_EVENTS):
                 break
         message = await self._message(message_id)
-        return message if message.status in FINAL_STATUSES else None
+        return message if message.status in FINAL_MESSAGE_STATUSES else None
 
     async def _message(self, message_id: str) -> MessageV2:
         return await self._store.run(lambda s: s.messages.get(message_id))

@@ -46,7 +46,7 @@ import msgspec
 from protocol.chat import UserInput
 from protocol.common import IdParams
 from protocol.compat import CompatAgentCommand
-from protocol.providers import AcpEngineConfig, ProviderInfo, ProviderUpsertParams
+from protocol.providers import AcpEngineConfig, ProviderInfo, ProviderKind, ProviderUpsertParams
 from protocol.sessions import CreateSessionOptions, SessionFilter, SessionListResult, SessionUpdateParams, SessionUpdates
 from protocol.types import SessionV2
 from sidecar.compat import attachments, validate
@@ -58,7 +58,7 @@ log = logging.getLogger(__name__)
 
 CHANNEL_ID = "v1-computer"
 ORIGIN = "v1 /computer/chat"
-PROTOCOL_TYPES = {"anthropic": "anthropic", "openai": "openai-compat", "ollama": "ollama"}
+PROTOCOL_TYPES: dict[str, ProviderKind] = {"anthropic": "anthropic", "openai": "openai-compat", "ollama": "ollama"}
 MAX_PROMPT_CHARS = 10 * 1024 * 1024
 MAX_ENV = 256
 MAX_ARGS = 256
@@ -327,7 +327,7 @@ class Projects:
         params = ProviderUpsertParams(
             id=provider_id,
             name=f"V1 model {mp.name or mp.base_url}"[:200],
-            type=kind,  # type: ignore[arg-type]
+            type=kind,
             base_url=mp.base_url,
             api_key=mp.api_key or "",
         )

@@ -43,7 +43,7 @@ from protocol.chat import AbortParams, SendParams, SendResult, UserInput
 from protocol.common import SuccessResult
 from protocol.events import ChatStreamEvent, ToolApprovalRequiredEvent
 from protocol.tools import ToolApproveParams, ToolApproveResult
-from protocol.types import MessageV2
+from protocol.types import FINAL_MESSAGE_STATUSES, MessageV2
 from sidecar.compat.frames import Frame, FrameBuilder, is_final
 from sidecar.compat.rules import Rule, decide
 from sidecar.errors import SidecarError
@@ -52,7 +52,6 @@ from sidecar.store.async_store import AsyncStore
 log = logging.getLogger(__name__)
 
 STASH_MAX = 4096
-FINAL_STATUSES = ("completed", "error", "aborted")
 LOST = "the progress stream fell behind and was cut off; the reply goes on and is stored in the conversation"
 
 
@@ -255,7 +254,7 @@ class TurnRunner:
                 except SidecarError:
                     self._finish(pump, turn)
                     continue
-                if stored.status in FINAL_STATUSES:
+                if stored.status in FINAL_MESSAGE_STATUSES:
                     self._finish(pump, turn)
             if self._close_if_idle(pump):
                 return

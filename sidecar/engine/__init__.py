@@ -3,7 +3,7 @@
 Services here take typed protocol params, call the store and the pipeline, and publish
 events through ``notify``; ``sidecar/server.py`` binds method names to them.
 
-Replies: ``lifecycle.py`` (ReplyLifecycle) owns everything a reply has; a turn driver
+Replies: ``lifecycle/`` (ReplyLifecycle) owns everything a reply has; a turn driver
 produces its content: ``generation.py`` (the direct-mode step loop, with ``tool_loop.py``
 for its tool calls) and ``acp_turn.py`` (an ACP agent's turn). ``chat.py`` runs one job per
 session and picks the driver by the session's mode.

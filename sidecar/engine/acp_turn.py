@@ -1,6 +1,6 @@
 """AcpTurnHandler: the replies of ``mode: "acp"`` sessions, delegated to an agent engine.
 
-The agent turn is a ReplyLifecycle driver (sidecar/engine/lifecycle.py: the row, seq,
+The agent turn is a ReplyLifecycle driver (sidecar/engine/lifecycle/: the row, seq,
 events, persistence and the ending are the lifecycle's); ChatEngine runs it for the
 replies of ACP sessions (the user message is ``job.parent_id``). A turn:
 

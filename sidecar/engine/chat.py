@@ -9,7 +9,7 @@ Branch rules: regenerate adds a sibling assistant reply under the same user mess
 editResend adds a sibling user message under the same parent and a reply under it. Old
 branches are never rewritten; the active branch moves to the new one.
 
-A job is one ReplyLifecycle (lifecycle.py: the row, events, persistence, ending, counters
+A job is one ReplyLifecycle (lifecycle/: the row, events, persistence, ending, counters
 and ``chat:session:updated``) run with the driver of the session's mode: the step loop
 (generation.py) for ``direct``, the agent turn (acp_turn.py) for ``acp``, the forwarded
 turn (sidecar/sync/forward.py, attached as ``server``) for ``server``, whose sends are
@@ -101,8 +101,8 @@ from protocol.notifications import SESSION_UPDATED
 log = logging.getLogger(__name__)
 
 STOP_TIMEOUT_S = 15.0
-"""Longer than a reply's whole ending may take (lifecycle.py's timeouts), so a stop that
-arrives while a reply ends waits for it."""
+"""Longer than a reply's whole ending may take (the lifecycle's timeouts, in
+lifecycle/runner.py), so a stop that arrives while a reply ends waits for it."""
 
 
 class _RunningJob:

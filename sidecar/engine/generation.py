@@ -1,6 +1,6 @@
 """GenerationHandler: direct-mode replies, through the model/tool step loop (seed 000 section 8).
 
-The step loop is a ReplyLifecycle driver (sidecar/engine/lifecycle.py: the row, seq,
+The step loop is a ReplyLifecycle driver (sidecar/engine/lifecycle/: the row, seq,
 events, persistence and the ending are the lifecycle's). ``driver(job, settings)`` gives the
 driver of one reply, which resolves the model, assembles the request's tools (ToolService)
 and loops: build the request from the stored branch plus this reply's content so far,

@@ -28,6 +28,7 @@ from protocol.providers import (
     ProviderModelsParams,
     ProviderModelsResult,
     ProviderTestError,
+    ProviderTestErrorKind,
     ProviderTestParams,
     ProviderTestResult,
     ProviderUpsertParams,
@@ -54,6 +55,7 @@ def classify(exc: ProviderCallError) -> ProviderTestError:
     """The typed error of a failed call (see ProviderTestErrorKind)."""
     status = exc.status
     retry_ms = int(exc.retry_after * 1000) if exc.retry_after is not None else None
+    kind: ProviderTestErrorKind
     if exc.kind == "http" and status is not None:
         if status in (401, 403):
             kind = "auth"
@@ -75,7 +77,7 @@ def classify(exc: ProviderCallError) -> ProviderTestError:
         kind = "bad_response"
     else:
         kind = "bad_request"
-    return ProviderTestError(kind=kind, status=status, message=exc.message, retry_after_ms=retry_ms)  # type: ignore[arg-type]
+    return ProviderTestError(kind=kind, status=status, message=exc.message, retry_after_ms=retry_ms)
 
 
 class ProviderProbe:

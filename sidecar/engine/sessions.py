@@ -258,7 +258,7 @@ class SessionService:
           ``on_delete`` hooks with ``below``: its final event is ``aborted``, its pending
           approvals end); BUSY, with nothing deleted, when it does not stop in time.
         - One transaction: the rows, their search index, citations, tool runs, agent turns
-          (cascades), counters, the active leaf (Messages._move_active_leaf: when it was
+          (cascades), counters, the active leaf (MessageRepo._move_active_leaf: when it was
           removed, the newest leaf of the nearest surviving sibling, else the parent), and
           the rolling summary when it covered a deleted message (it quoted what is gone;
           the next request that needs one writes it again).

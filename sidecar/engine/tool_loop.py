@@ -28,7 +28,7 @@ Must stay true:
   ``paused`` with its steps, or ``done``, in the transaction of the reply's row
   (``final_write``).
 
-The paused state and restarts: crash recovery (Messages.recover_interrupted) only touches
+The paused state and restarts: crash recovery (MessageRepo.recover_interrupted) only touches
 ``pending``/``streaming`` rows, so a ``paused`` reply and its pending calls survive a
 restart and can be approved afterwards. A reply that was *running* tools when the process
 died is ``aborted`` by recovery; at the next start ToolStore.complete_interrupted gives its

@@ -21,7 +21,8 @@ from protocol.providers import ReasoningLevel
 from protocol.types import FilePart, ImagePart, MessageV2, SessionV2, TextPart
 from sidecar.errors import EngineError, InvalidParams, NotFound
 from sidecar.store.attachments import AttachmentStore, PreparedInput
-from sidecar.store.store import ACTIVE_LEAF, Store
+from sidecar.store.messages import ACTIVE_LEAF
+from sidecar.store.store import Store
 
 
 class Turn(msgspec.Struct, kw_only=True):

@@ -1,6 +1,6 @@
 """SideUsage: attributing the usage of a side call to the session it was made for.
 
-A reply's usage is added by its lifecycle (lifecycle.py, kind ``reply``). Every other model
+A reply's usage is added by its lifecycle (sidecar/engine/lifecycle/, kind ``reply``). Every other model
 call made on behalf of a session (a title, a rolling summary, OCR of an image, and the
 features that spend tokens around a turn: suggestions, the memory encoder, embeddings)
 is a side call, attributed with ONE call::

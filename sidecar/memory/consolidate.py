@@ -28,14 +28,14 @@ import anyio
 import msgspec
 
 from protocol.memory import MAX_MEMORY_CHARS, Memory
-from protocol.memory_upkeep import MemoryMerge
+from protocol.memory_upkeep import ConsolidationMode, MemoryMerge, MergeStatus
 from protocol.providers import DefaultModel
 from protocol.types import TextPart
 from sidecar.errors import InvalidParams, SidecarError
 from sidecar.memory import text as mtext
 from sidecar.providers.calls import ModelResolver, ProviderModelCall, ResolvedModel, json_object
 from sidecar.providers.types import RequestMessage
-from sidecar.store.memory import MemoryRecord
+from sidecar.store.memory_records import MemoryRecord
 from sidecar.store.memory_upkeep import MergeRecord
 from sidecar.store.store import Store
 from protocol.notifications import MEMORY_CONSOLIDATION_PROPOSED
@@ -113,7 +113,7 @@ class Consolidator:
         self._lock = anyio.Lock()
         """One pass at a time: two passes over a scope would judge the same memories twice."""
 
-    async def run(self, scope: str, mode: str, model: DefaultModel | None) -> Pass:
+    async def run(self, scope: str, mode: ConsolidationMode, model: DefaultModel | None) -> Pass:
         async with self._lock:
             return await self._run(scope, mode, model)
 
@@ -172,7 +172,7 @@ class Consolidator:
                                kind="side:memory-consolidate", resolved=resolved)
         return parse_answer(raw)
 
-    async def apply(self, record: MergeRecord, *, status: str, text: str | None = None) -> MemoryMerge:
+    async def apply(self, record: MergeRecord, *, status: MergeStatus, text: str | None = None) -> MemoryMerge:
         """Write a merge (``status`` ``applied`` or ``accepted``); BAD_STATE when one of its
         memories changed meanwhile (nothing is written)."""
         merged_text = (text if text is not None else record.text).strip()
@@ -213,8 +213,8 @@ class Consolidator:
 
         return MemoryMerge(
             id=record.id, scope=record.scope, memory_ids=record.memory_ids, memories=await self._store.run(read),
-            text=record.text, kind=record.kind, reason=record.reason,  # type: ignore[arg-type]
-            contradiction=record.contradiction, status=record.status,  # type: ignore[arg-type]
+            text=record.text, kind=record.kind, reason=record.reason,
+            contradiction=record.contradiction, status=record.status,
             result_id=record.result_id, created_at=record.created_at,
         )
 

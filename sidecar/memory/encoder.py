@@ -58,7 +58,7 @@ from sidecar.errors import NotFound, SidecarError
 from sidecar.providers.calls import ProviderModelCall, UsageSink
 from sidecar.locks import KeyedLocks
 from sidecar.providers.types import RequestMessage
-from sidecar.store.memory import MemoryRecord, ProposalRecord
+from sidecar.store.memory_records import MemoryRecord, ProposalRecord
 
 if TYPE_CHECKING:
     from sidecar.memory.service import MemoryService

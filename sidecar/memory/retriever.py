@@ -33,11 +33,12 @@ from typing import TYPE_CHECKING, Any
 import anyio
 import msgspec
 
+from protocol.memory import MemorySearchMode
 from sidecar.retrieval import fusion
 from sidecar.retrieval.indexes import VectorIndexes
 from sidecar.retrieval.retriever import LEG_DEPTH, EmbedderFor, embed_query
 from sidecar.store.async_store import AsyncStore
-from sidecar.store.memory import MemoryRecord
+from sidecar.store.memory_records import MemoryRecord
 
 if TYPE_CHECKING:
     from sidecar.providers.calls import UsageSink
@@ -59,7 +60,7 @@ class MemoryFound(msgspec.Struct, kw_only=True):
 
 
 class MemorySearch(msgspec.Struct, kw_only=True):
-    mode: str
+    mode: MemorySearchMode
     hits: list[MemoryFound]
     notes: list[str] = []
 
@@ -132,7 +133,7 @@ class MemoryRetriever:
             if model is not None:
                 tg.start_soon(vector_leg, model)
 
-        mode = "hybrid" if vector_hits is not None else "lexical"
+        mode: MemorySearchMode = "hybrid" if vector_hits is not None else "lexical"
         legs = [[rowid for rowid, _ in lexical]]
         weights = [1.0]
         if vector_hits:

@@ -16,14 +16,12 @@ Owns:
   ``budgetTokens``;
 - retrieval for requests and tools (MemoryRetriever, retriever.py), which counts a use of
   every memory it hands out;
-- embeddings: for each model some assistant with memory on uses (``memory.embeddingModel``),
-  every active memory of the scopes that assistant sees gets a vector, in the background
-  (after every write, at start, and when a search meets a (scope, model) not checked yet);
-  a failing embedding call is logged and retried at the next write, or at a search
-  EMBED_RETRY_S later. These stored vectors belong to no session (charged to nobody); the
-  embeddings made for a session's turn are charged to it as ``side:embedding`` (through the
-  SideUsage given to ``start``): the query of its retrieval and of ``memory_search``, and
-  the near-duplicate check of a memory its tools or its encoder write;
+- embeddings: the stored vectors of every memory are kept by MemoryEmbeddings
+  (embedding.py: in the background, after every write, at start, and when a search meets a
+  (scope, model) not checked yet; charged to nobody); the embeddings made for a session's
+  turn are charged to it as ``side:embedding`` (through the SideUsage given to ``start``):
+  the query of its retrieval and of ``memory_search``, and the near-duplicate check of a
+  memory its tools or its encoder write;
 - the in-memory vector indexes follow every write (superseded, deleted and purged rows
   leave them; a restored row comes back).
 
@@ -39,8 +37,7 @@ is one transaction).
 from __future__ import annotations
 
 import logging
-import time
-from collections.abc import Callable, Sequence
+from collections.abc import Awaitable, Callable, Sequence
 from typing import TYPE_CHECKING, Any, Protocol
 
 import anyio
@@ -51,27 +48,31 @@ from protocol.common import IdParams, SuccessResult
 from protocol.context import AssistantProfile
 from protocol.memory import (
     GLOBAL_SCOPE,
+    AcceptAction,
     Memory,
     MemoryAcceptParams,
     MemoryAcceptResult,
     MemoryCreateParams,
     MemoryDetail,
     MemoryHit,
+    MemoryKind,
     MemoryListParams,
     MemoryListResult,
     MemoryProposal,
     MemoryProposalListParams,
     MemorySearchParams,
     MemorySearchResult,
+    MemorySourceKind,
     MemoryUpdateParams,
 )
 from sidecar.errors import InvalidParams, NotFound, SidecarError
 from sidecar.memory import text as mtext
+from sidecar.memory.embedding import MemoryEmbeddings, model_key, scopes_of
 from sidecar.memory.retriever import MemoryRetriever, MemorySearch
 from sidecar.retrieval.indexes import VectorIndexes
 from sidecar.retrieval.retriever import EmbedderFor, charge_embedding
 from sidecar.store.async_store import AsyncStore
-from sidecar.store.memory import MemoryRecord, NewMemory, ProposalRecord
+from sidecar.store.memory_records import MemoryRecord, NewMemory, ProposalRecord
 from sidecar.store.store import Store
 from sidecar.notify import Notifier
 from protocol.notifications import MEMORY_PROPOSED
@@ -80,15 +81,12 @@ if TYPE_CHECKING:
     from sidecar.memory.soul import SoulService
     from sidecar.providers.calls import UsageSink
 
-__all__ = ["MemoryService", "Written", "MAX_RESULTS", "model_key"]
+__all__ = ["MemoryService", "Written", "MAX_RESULTS"]
 
 log = logging.getLogger(__name__)
 
 MAX_RESULTS = 6
 BASIC_DEPTH = 200
-EMBED_BATCH = 64
-EMBED_RETRY_S = 60.0
-"""After a failed embedding job, searches do not start another for this long (writes do)."""
 SIMILAR_TERMS = 0.8
 """Jaccard similarity of terms from which a new memory counts as a near duplicate."""
 SIMILAR_COSINE = 0.92
@@ -101,15 +99,6 @@ class AssistantFor(Protocol):
     async def __call__(self, session_id: str | None) -> AssistantProfile: ...
 
 
-def model_key(assistant: AssistantProfile) -> str | None:
-    ref = assistant.memory.embedding_model
-    return f"{ref.provider_id}/{ref.model_id}" if ref is not None else None
-
-
-def scopes_of(assistant: AssistantProfile) -> list[str]:
-    return [assistant.id, GLOBAL_SCOPE]
-
-
 class ReplyReader(Protocol):
     """The MemoryEncoder (encoder.py, which sits above this service)."""
 
@@ -118,8 +107,7 @@ class ReplyReader(Protocol):
 
 class Written(msgspec.Struct, kw_only=True):
     record: MemoryRecord
-    action: str
-    """``created`` | ``superseded`` | ``duplicate``."""
+    action: AcceptAction
     old: MemoryRecord | None = None
 
 
@@ -158,11 +146,9 @@ class MemoryService:
         self.indexes = VectorIndexes(store, source=lambda s: s.memory)
         self.retriever = MemoryRetriever(store, self.indexes, embedder_for)
         self._tg: anyio.abc.TaskGroup | None = None
-        self._embedding: set[tuple[str, str]] = set()
-        self._checked: set[tuple[str, str]] = set()
-        """(scope, model) pairs with no memory lacking a vector since the last write."""
-        self._dirty: set[tuple[str, str]] = set()
-        self._failed_at: dict[tuple[str, str], float] = {}
+        self.embeddings = MemoryEmbeddings(
+            store, self.indexes, self.retriever, embedder_for, task_group=lambda: self._tg
+        )
         self.encoder: ReplyReader | None = None
         """The MemoryEncoder (set by the app once providers exist)."""
         self.souls: SoulService | None = None
@@ -200,7 +186,7 @@ class MemoryService:
             model = model_key(assistant)
             if assistant.memory.enabled and model is not None:
                 for scope in scopes_of(assistant):
-                    self._schedule_embed(scope, model)
+                    self.embeddings.schedule(scope, model)
 
     # ---- validation helpers -----------------------------------------------------------
 
@@ -221,7 +207,7 @@ class MemoryService:
     # ---- writing ----------------------------------------------------------------------
 
     def new_memory(
-        self, *, scope: str, kind: str, text: str, source_kind: str, task: str | None = None,
+        self, *, scope: str, kind: MemoryKind, text: str, source_kind: MemorySourceKind, task: str | None = None,
         outcome: str | None = None, context: str | None = None, key: str | None = None,
         session_id: str | None = None, message_id: str | None = None, tool_call_id: str | None = None,
     ) -> NewMemory:
@@ -279,7 +265,7 @@ class MemoryService:
 
         written = await self._store.run(run)
         if written.action != "duplicate":
-            await self._changed(written.record.scope, removed=[written.old.rowid] if written.old else [])
+            await self.embeddings.changed(written.record.scope, removed=[written.old.rowid] if written.old else [])
         return written
 
     async def _near_duplicate(self, new: NewMemory, assistant: AssistantProfile) -> MemoryRecord | None:
@@ -337,65 +323,7 @@ class MemoryService:
     async def rewritten(self, scope: str, removed: Sequence[int] = ()) -> None:
         """Rows of ``scope`` were written or left the active set outside ``write`` (memory
         upkeep: merges, expiry, imports): retrieval caches, vector indexes and embeddings follow."""
-        await self._changed(scope, removed=removed)
-
-    async def _changed(self, scope: str, *, removed: Sequence[int] = ()) -> None:
-        self.retriever.generation += 1
-        if removed:
-            await self.indexes.update(scope, None, [], list(removed))
-        for key in [k for k in self._checked if k[0] == scope]:
-            self._checked.discard(key)
-        for key in [k for k in self._failed_at if k[0] == scope]:
-            del self._failed_at[key]
-        await self._embed_for_scope(scope)
-
-    async def _embed_for_scope(self, scope: str) -> None:
-        for assistant in await self._store.run(lambda s: s.assistants.list()):
-            model = model_key(assistant)
-            if model is not None and assistant.memory.enabled and scope in scopes_of(assistant):
-                self._schedule_embed(scope, model)
-
-    def _schedule_embed(self, scope: str, model: str) -> None:
-        key = (scope, model)
-        if self._tg is None:
-            return
-        if key in self._embedding:
-            self._dirty.add(key)  # the running job looks again when it is done
-            return
-        self._embedding.add(key)
-        self._tg.start_soon(self._embed_job, scope, model)
-
-    async def _embed_job(self, scope: str, model: str) -> None:
-        key = (scope, model)
-        try:
-            while True:
-                self._dirty.discard(key)
-                missing = await self._store.run(lambda s: s.memory.missing_vectors(scope, model, EMBED_BATCH))
-                if not missing:
-                    self._checked.add(key)
-                    if key not in self._dirty:
-                        return
-                    continue
-                embedder = await self._embedder_for(model)
-                vectors = (await embedder.embed([text for _, text in missing])).vectors
-                rows = [(rowid, vectors[i].astype("<f4").tobytes()) for i, (rowid, _) in enumerate(missing)]
-                dims = int(vectors.shape[1])
-                written = await self._store.run(lambda s: s.memory.write_vectors(model, dims, rows))
-                await self.indexes.update(scope, model, [(rowid, blob) for _, rowid, blob in written], [])
-                self.retriever.generation += 1
-                if len(written) < len(rows) and not written:
-                    return  # the rows vanished meanwhile
-        except anyio.get_cancelled_exc_class():
-            raise
-        except SidecarError as exc:
-            self._failed_at[key] = time.monotonic()
-            log.warning("embedding memories of scope %s with %s failed: %s (retried at the next write, or a "
-                        "search after %gs)", scope, model, exc.message, EMBED_RETRY_S)
-        except Exception:
-            self._failed_at[key] = time.monotonic()
-            log.exception("embedding memories of scope %s with %s failed", scope, model)
-        finally:
-            self._embedding.discard(key)
+        await self.embeddings.changed(scope, removed=removed)
 
     # ---- memory:* -----------------------------------------------------------------------
 
@@ -459,7 +387,7 @@ class MemoryService:
                                current.key) == (new.text, new.kind, new.task, new.outcome, new.context, new.key):
             return current
         record, old = await self._store.run(lambda s: s.memory.supersede(old_id, new))
-        await self._changed(record.scope, removed=[old.rowid])
+        await self.embeddings.changed(record.scope, removed=[old.rowid])
         return record
 
     async def delete_memory(self, params: IdParams) -> Memory:
@@ -509,7 +437,7 @@ class MemoryService:
         assistant = await self.assistant(params.assistant_id)
         result = await self.search(assistant, query, params.limit, count_use=False)
         return MemorySearchResult(
-            mode=result.mode,  # type: ignore[arg-type]
+            mode=result.mode,
             notes=result.notes,
             hits=[
                 MemoryHit(memory=h.record.to_wire(), score=round(h.score, 6), lexical_rank=h.lexical_rank,
@@ -560,8 +488,7 @@ class MemoryService:
 
         written = await self.write(new, supersedes=proposal.supersedes if scope == proposal.scope else None,
                                    first=decide)
-        action = {"created": "created", "superseded": "superseded", "duplicate": "duplicate"}[written.action]
-        return MemoryAcceptResult(memory=written.record.to_wire(), action=action)  # type: ignore[arg-type]
+        return MemoryAcceptResult(memory=written.record.to_wire(), action=written.action)
 
     async def reject(self, params: IdParams) -> SuccessResult:
         proposal = await self._store.run(lambda s: s.memory.get_proposal(params.id))
@@ -588,11 +515,8 @@ class MemoryService:
         embedding), None for none (``memory:search``)."""
         model = model_key(assistant)
         if model is not None:
-            now = time.monotonic()
             for scope in scopes_of(assistant):
-                key = (scope, model)
-                if key not in self._checked and now - self._failed_at.get(key, -EMBED_RETRY_S) >= EMBED_RETRY_S:
-                    self._schedule_embed(scope, model)
+                self.embeddings.check(scope, model)
         result, cached = await self.retriever.search(
             scopes_of(assistant), query, limit=limit, model=model, session_id=session_id
         )

@@ -32,6 +32,7 @@ from protocol.memory import (
     SoulHistoryParams,
     SoulRevertParams,
     SoulSetParams,
+    SoulSource,
     SoulVersion,
 )
 from sidecar.errors import InvalidParams, NotFound
@@ -47,7 +48,7 @@ class SoulView(msgspec.Struct, kw_only=True):
     version: int
     """The scope's own current version (0: none)."""
     inherited: bool
-    source: str | None = None
+    source: SoulSource | None = None
     updated_at: int | None = None
 
 
@@ -117,7 +118,7 @@ class SoulService:
         view = await self._store.run(lambda s: effective_soul(s, self.files, scope))
         return AssistantSoul(
             assistant_id=scope, content=view.content, version=view.version, inherited=view.inherited,
-            source=view.source,  # type: ignore[arg-type]
+            source=view.source,
             updated_at=view.updated_at, bytes=len(view.content.encode("utf-8")),
             tokens=count_text(view.content), max_bytes=MAX_SOUL_BYTES,
         )

@@ -20,6 +20,7 @@ import hashlib
 import re
 from collections.abc import Sequence
 
+from protocol.memory import MemoryFlag
 from sidecar.store import fts
 from sidecar.untrusted import ESCAPING, escape
 
@@ -95,10 +96,10 @@ def similarity(a: str, b: str) -> float:
     return len(ta & tb) / len(ta | tb)
 
 
-def flags_of(*texts: str | None) -> list[str]:
+def flags_of(*texts: str | None) -> list[MemoryFlag]:
     """Why these texts look like something other than data (protocol.memory.MemoryFlag)."""
     body = "\n".join(t for t in texts if t)
-    flags: list[str] = []
+    flags: list[MemoryFlag] = []
     if _MARKUP.search(body):
         flags.append("markup")
     if _INSTRUCTION.search(body):

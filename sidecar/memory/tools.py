@@ -19,12 +19,12 @@ meanwhile the call fails and writes nothing.
 
 from __future__ import annotations
 
-from typing import TYPE_CHECKING, Any
+from typing import TYPE_CHECKING, Any, get_args
 
 import msgspec
 
 from protocol.context import AssistantProfile
-from protocol.memory import GLOBAL_SCOPE, MAX_MEMORY_CHARS
+from protocol.memory import GLOBAL_SCOPE, MAX_MEMORY_CHARS, MemoryKind
 from protocol.types import SessionV2
 from sidecar.errors import InvalidParams, NotFound, SidecarError
 from sidecar.tools.base import Feature, Tool, ToolContext, ToolError, ToolOutput, obj
@@ -38,7 +38,18 @@ __all__ = [
     "FEATURE_TOOLS", "MemoryTools",
 ]
 
-KINDS = ["fact", "preference", "task-outcome", "instruction-from-user", "event", "note"]
+KINDS: list[MemoryKind] = list(get_args(MemoryKind))
+_KIND_SET: frozenset[MemoryKind] = frozenset(KINDS)
+
+
+def _kind(value: Any, default: MemoryKind) -> MemoryKind:
+    """The tool argument ``kind`` (checked against KINDS by the schema; again here, where
+    the text becomes a MemoryKind), ``default`` when it is left out."""
+    if value is None or value == "":
+        return default
+    if isinstance(value, str) and value in _KIND_SET:
+        return value
+    raise ToolError(f"kind must be one of {', '.join(KINDS)}")
 MAX_TOOL_RESULTS = 6
 
 
@@ -61,7 +72,7 @@ class _MemoryTool(Tool):
         self._assistant = assistant
 
     async def _visible(self, memory_id: str) -> Any:
-        from sidecar.memory.service import scopes_of
+        from sidecar.memory.embedding import scopes_of
 
         try:
             record = await self._service.get_record(memory_id)
@@ -133,7 +144,7 @@ class MemorySave(_MemoryTool):
         scope = GLOBAL_SCOPE if where == "global" else self._assistant.id
         key = str(args["key"]).strip() or None if args.get("key") else None
         new = self._service.new_memory(
-            scope=scope, kind=str(args.get("kind") or "fact"), text=text, key=key, source_kind="tool",
+            scope=scope, kind=_kind(args.get("kind"), "fact"), text=text, key=key, source_kind="tool",
             session_id=ctx.session.id, message_id=ctx.message_id, tool_call_id=ctx.tool_call_id,
         )
         written = await self._service.write(new, similar_to=self._assistant)
@@ -165,7 +176,7 @@ class MemoryUpdate(_MemoryTool):
         if not text or "\x00" in text:
             raise ToolError("text must be a non-empty statement")
         new = self._service.new_memory(
-            scope=record.scope, kind=str(args.get("kind") or record.kind), text=text, key=record.key,
+            scope=record.scope, kind=_kind(args.get("kind"), record.kind), text=text, key=record.key,
             task=record.task, outcome=record.outcome, context=record.context, source_kind="tool",
             session_id=ctx.session.id, message_id=ctx.message_id, tool_call_id=ctx.tool_call_id,
         )
@@ -254,7 +265,7 @@ FEATURE_TOOLS: dict[str, Feature] = {
 async def offer(
     service: MemoryService, souls: SoulService | None, assistant: AssistantProfile
 ) -> MemoryOffer:
-    from sidecar.memory.service import model_key
+    from sidecar.memory.embedding import model_key
 
     tools: list[Any] = []
     memory = assistant.memory

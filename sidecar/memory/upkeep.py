@@ -24,6 +24,7 @@ import msgspec
 from protocol.common import EmptyParams, IdParams, SuccessResult
 from protocol.memory import GLOBAL_SCOPE
 from protocol.memory_upkeep import (
+    ConsolidationMode,
     MemoryConsolidateParams,
     MemoryConsolidateResult,
     MemoryConsolidationAcceptParams,
@@ -45,7 +46,8 @@ from protocol.providers import DefaultModel
 from sidecar.errors import InvalidParams, NotFound, SidecarError
 from sidecar.memory.consolidate import Consolidator
 from sidecar.memory.markdown import parse_scope, render_scope
-from sidecar.memory.service import MemoryService, scopes_of
+from sidecar.memory.embedding import scopes_of
+from sidecar.memory.service import MemoryService
 from sidecar.providers.calls import ModelResolver
 from sidecar.store.store import Store
 from sidecar.notify import Notifier
@@ -169,11 +171,11 @@ class MemoryUpkeep:
         scopes = await self._scopes(params.scope, params.assistant_id)
         return await self.run(scopes, params.mode or self.settings.consolidation_mode)
 
-    async def run(self, scopes: list[str] | None, mode: str) -> MemoryConsolidateResult:
+    async def run(self, scopes: list[str] | None, mode: ConsolidationMode) -> MemoryConsolidateResult:
         expired = await self.expire(scopes)
         if scopes is None:
             scopes = sorted(await self._store.run(lambda s: s.memory.scopes()))
-        result = MemoryConsolidateResult(mode=mode, scopes=scopes, examined=0, groups=0,  # type: ignore[arg-type]
+        result = MemoryConsolidateResult(mode=mode, scopes=scopes, examined=0, groups=0,
                                          expired=expired)
         for scope in scopes:
             done = await self.consolidator.run(scope, mode, await self._model_for(scope))

@@ -14,13 +14,11 @@ import threading
 from collections import OrderedDict
 from collections.abc import Callable, Sequence
 
-from protocol.types import MessageV2
+from protocol.types import FINAL_MESSAGE_STATUSES, MessageV2
 from sidecar import tokens as tk
 from sidecar.store.context import ContextRepo
 
 __all__ = ["TokenLedger"]
-
-_FINAL = ("completed", "error", "aborted")
 
 
 class TokenLedger:
@@ -69,7 +67,7 @@ class TokenLedger:
             out[i] = n
             self.counted += 1
             self._remember(m.id, encoding, (hashes[i], n))
-            if m.status in _FINAL:
+            if m.status in FINAL_MESSAGE_STATUSES:
                 fresh.append((m.id, hashes[i], n))
         if fresh and self._repo is not None:
             self._repo.put_token_counts(encoding, fresh)

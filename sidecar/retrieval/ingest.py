@@ -165,7 +165,7 @@ class Indexer:
             raise DocumentError("unreadable", f"{what} cannot be read now: {exc.message}") from None
         if read.data is None:
             raise DocumentError("too_large", f"{what} is {read.size} bytes, more than the limit of {limit}")
-        kind = doc.kind
+        kind: str = doc.kind
         if kind == "text" and read.data.startswith(b"%PDF-"):
             kind = detect_kind(doc.name, read.data[:1024])
         return extract(kind, read.data, what)

@@ -2,13 +2,16 @@
 
 Layout (each module says what it owns):
     db.py          connections, pragmas (WAL, foreign keys, busy timeout), transactions
-    migrations.py  the numbered schema migrations (PRAGMA user_version)
+    migrations/    the numbered schema migrations (PRAGMA user_version): the runner and
+                   the ordered list (__init__.py), the migrations in modules by era
     ids.py         UUIDv7 ids and the ms clock
     rows.py        row <-> protocol Struct mapping
     checks.py      argument checks -> InvalidParams
-    sessions.py    SessionRepo      (sessions_v2, session_tags, counters: SQL on a connection)
-    messages.py    MessageStore     (messages_v2, the message tree, streaming updates)
-    search.py      MessageSearch    (FTS5 index and queries)
+    sessions.py    SessionRepo      (the sessions repository: one transaction per call)
+    session_table.py                (sessions_v2, session_tags, counters: SQL on a connection)
+    messages.py    MessageRepo      (the messages repository: tree, streaming, final rows)
+    message_table.py                (messages_v2 rows and tree walks: SQL on a connection)
+    search.py      SearchRepo       (FTS5 index and queries)
     fts.py         CJK-bigram text for the index, quoted MATCH expressions, snippets
     settings.py    SettingsRepo     (key/value settings)
     transfer.py    fork, export, import
@@ -21,6 +24,7 @@ InvalidParams for bad arguments; a failed call changes nothing.
 """
 
 from sidecar.store.async_store import AsyncStore
-from sidecar.store.store import ACTIVE_LEAF, Store
+from sidecar.store.messages import ACTIVE_LEAF
+from sidecar.store.store import Store
 
 __all__ = ["Store", "AsyncStore", "ACTIVE_LEAF"]

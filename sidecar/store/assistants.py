@@ -20,7 +20,7 @@ from protocol.errors import ErrorCode
 from sidecar.errors import NotFound, StoreError
 from sidecar.store.db import Database
 from sidecar.store.ids import new_id
-from sidecar.store.settings import SettingsRepo
+from sidecar.store.settings import put_setting, setting
 
 __all__ = ["AssistantRepo", "DEFAULT_ASSISTANT_ID", "DEFAULT_ASSISTANT_KEY"]
 
@@ -101,13 +101,13 @@ class AssistantRepo:
     def set_default(self, assistant_id: str) -> AssistantProfile:
         with self._db.write() as conn:
             self._get(conn, assistant_id)
-            SettingsRepo.set(conn, DEFAULT_ASSISTANT_KEY, assistant_id)
+            put_setting(conn, DEFAULT_ASSISTANT_KEY, assistant_id)
             return self._get(conn, assistant_id)
 
     # ---- internals ------------------------------------------------------------------
 
     def _default_id(self, conn: Any) -> str:
-        chosen = SettingsRepo.get(conn, DEFAULT_ASSISTANT_KEY)
+        chosen = setting(conn, DEFAULT_ASSISTANT_KEY)
         if chosen and conn.execute("SELECT 1 FROM assistants WHERE id = ?", (chosen,)).fetchall():
             return chosen
         return DEFAULT_ASSISTANT_ID

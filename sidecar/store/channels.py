@@ -25,7 +25,15 @@ from typing import TYPE_CHECKING, Any
 import apsw
 import msgspec
 
-from protocol.channels import ChannelConfig, ChannelCounters, ChannelLogEntry, ChannelReplyParams, LogStatus
+from protocol.channels import (
+    ChannelConfig,
+    ChannelCounters,
+    ChannelLogEntry,
+    ChannelReplyParams,
+    ChatType,
+    LogStatus,
+    MessageAction,
+)
 from protocol.types import DeliveryStatus, MessageDelivery
 from sidecar.errors import NotFound, SecretsLocked
 from sidecar.store.db import Database
@@ -62,11 +70,11 @@ class InboxRow(msgspec.Struct, kw_only=True):
     channel_id: str
     dedup_key: str
     chat_id: str
-    chat_type: str | None = None
+    chat_type: ChatType | None = None
     thread_id: str | None = None
     platform_message_id: str | None = None
     session_id: str | None = None
-    action: str
+    action: MessageAction
     state: str
     input: str | None = None
     """JSON of the turn to run or store (the service's QueuedTurn), until the row is done."""
@@ -608,9 +616,9 @@ def _entry(row: InboxRow) -> ChannelLogEntry:
     if row.state == "failed":
         reason = row.error or reason
     return ChannelLogEntry(
-        inbox_id=row.id, chat_id=row.chat_id, chat_type=row.chat_type,  # type: ignore[arg-type]
+        inbox_id=row.id, chat_id=row.chat_id, chat_type=row.chat_type,
         thread_id=row.thread_id, message_id=row.platform_message_id, sender_id=row.sender_id,
-        sender_name=row.sender_name, text=row.text_preview, action=row.action,  # type: ignore[arg-type]
+        sender_name=row.sender_name, text=row.text_preview, action=row.action,
         status=log_status(row.action, row.state), reason=reason, session_id=row.session_id,
         user_message_id=row.user_message_id, reply_message_id=row.reply_message_id,
         received_at=row.received_at, updated_at=row.updated_at,

@@ -8,7 +8,7 @@ Must stay true: a check runs before anything is written, and its message names t
 
 from __future__ import annotations
 
-from typing import Any, get_args
+from typing import Any, TypeVar, get_args
 
 from protocol.sessions import SessionSortBy
 from protocol.types import ContentType, DateRange, MessageRole, MessageStatus, SessionMode
@@ -28,16 +28,15 @@ __all__ = [
     "CONTENT_TYPES",
     "MODES",
     "SORT_COLUMNS",
-    "FINAL_STATUSES",
 ]
 
-ROLES: frozenset[str] = frozenset(get_args(MessageRole))
-STATUSES: frozenset[str] = frozenset(get_args(MessageStatus))
-CONTENT_TYPES: frozenset[str] = frozenset(get_args(ContentType))
-MODES: frozenset[str] = frozenset(get_args(SessionMode))
-SORT_COLUMNS: frozenset[str] = frozenset(get_args(SessionSortBy))
-FINAL_STATUSES: frozenset[str] = frozenset({"completed", "error", "aborted"})
-"""Statuses after which a message no longer changes (and is in the search index)."""
+ROLES: frozenset[MessageRole] = frozenset(get_args(MessageRole))
+STATUSES: frozenset[MessageStatus] = frozenset(get_args(MessageStatus))
+CONTENT_TYPES: frozenset[ContentType] = frozenset(get_args(ContentType))
+MODES: frozenset[SessionMode] = frozenset(get_args(SessionMode))
+SORT_COLUMNS: frozenset[SessionSortBy] = frozenset(get_args(SessionSortBy))
+
+S = TypeVar("S", bound=str)
 
 
 def check_range(field: str, value: Any, lo: int, hi: int) -> int:
@@ -48,7 +47,9 @@ def check_range(field: str, value: Any, lo: int, hi: int) -> int:
     return value
 
 
-def check_choice(field: str, value: Any, choices: frozenset[str]) -> str:
+def check_choice(field: str, value: Any, choices: frozenset[S]) -> S:
+    """``value`` as one of ``choices`` (a set of a protocol Literal's values narrows it to
+    that Literal), else InvalidParams naming the field."""
     if not isinstance(value, str) or value not in choices:
         allowed = ", ".join(sorted(choices))
         raise InvalidParams(f"{field} must be one of {allowed}, got {value!r}")

@@ -6,7 +6,7 @@ Owns:
   marker the reply used that points at no sent chunk; written by the reply's driver in the
   transaction of its row (``Citations.save`` as a lifecycle StoreWrite) and replaced whole
   each time;
-- reading them onto messages (``CitationRows.attach``: Messages.get/query/tree, export), with
+- reading them onto messages (``CitationRows.attach``: MessageRepo.get/query/tree, export), with
   the state of the cited document computed at read time: ``documentDeleted`` when the
   document (or its base) is gone, ``documentChanged`` when the document is still there but
   the cited chunk is not (re-indexed without that text in that section: a chunk id covers

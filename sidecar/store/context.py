@@ -13,7 +13,7 @@ Owns:
 
 Must stay true: every method is one transaction of its own (``Database.read``/``write``);
 nothing here decides whether a summary is valid, it only reads what the planner asks for.
-Walks up the message tree are MessageStore.path (whole rows, one primary-key lookup per
+Walks up the message tree are message_table.path (whole rows, one primary-key lookup per
 step) stopped at a given id, so reading the part of a long branch after a
 summary costs the length of that part, not of the branch.
 """
@@ -26,7 +26,7 @@ import msgspec
 
 from protocol.types import MessageV2
 from sidecar.store.db import Database, fetch_all, fetch_iter
-from sidecar.store.messages import MessageStore
+from sidecar.store import message_table
 
 __all__ = ["ContextRepo", "StoredSummary"]
 
@@ -55,12 +55,12 @@ class ContextRepo:
         """Root-side-first messages from ``stop_id`` (inclusive, when it is an ancestor) or
         the root down to ``leaf_id``; at most ``limit`` (the newest ones)."""
         with self._db.read() as conn:
-            return MessageStore.path(conn, session_id, leaf_id, limit, stop_id=stop_id)
+            return message_table.path(conn, session_id, leaf_id, limit, stop_id=stop_id)
 
     def path_ids(self, session_id: str, leaf_id: str) -> list[str]:
         """Ids root -> ``leaf_id``."""
         with self._db.read() as conn:
-            ids = MessageStore.ancestor_ids(conn, session_id, leaf_id)
+            ids = message_table.ancestor_ids(conn, session_id, leaf_id)
         ids.reverse()
         return ids
 

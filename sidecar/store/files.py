@@ -12,8 +12,8 @@ itself is the user's and is never owned).
 
 Must stay true:
 - ownership is written in the transaction of the row that references the file: every
-  message stored (MessageStore.insert / insert_many, whoever calls them: a turn, a fork,
-  an import, a sync) and every final or paused content (Messages.finish / pause) owns the
+  message stored (message_table.insert / insert_many, whoever calls them: a turn, a fork,
+  an import, a sync) and every final or paused content (MessageRepo.finish / pause) owns the
   data-dir files its ``file://`` references name (``record_message_files``); a spill file
   is owned as soon as it exists, before the result that names it is stored;
 - a file shared by several rows (a fork copies references, a generated image is stored

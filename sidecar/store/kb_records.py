@@ -28,7 +28,7 @@ from typing import Any, Protocol
 
 import msgspec
 
-from protocol.kb import KbDocument
+from protocol.kb import DocumentErrorCode, DocumentKind, DocumentSource, DocumentStatus, KbDocument
 from sidecar.store import fts
 
 __all__ = [
@@ -90,14 +90,14 @@ class DocRecord(msgspec.Struct, kw_only=True):
     id: str
     kb_id: str
     name: str
-    kind: str
-    source: str
+    kind: DocumentKind
+    source: DocumentSource
     path: str | None
     size_bytes: int
     content_hash: str | None
-    status: str
+    status: DocumentStatus
     error: str | None
-    error_code: str | None
+    error_code: DocumentErrorCode | None
     chunk_count: int
     pages: list[int] | None
     """Start offset of each page in the body (PDFs)."""
@@ -112,11 +112,11 @@ class DocRecord(msgspec.Struct, kw_only=True):
 
     def to_wire(self) -> KbDocument:
         return KbDocument(
-            id=self.id, kb_id=self.kb_id, name=self.name, kind=self.kind,  # type: ignore[arg-type]
-            source=self.source,  # type: ignore[arg-type]
+            id=self.id, kb_id=self.kb_id, name=self.name, kind=self.kind,
+            source=self.source,
             path=self.path, size_bytes=self.size_bytes, content_hash=self.content_hash,
-            status=self.status,  # type: ignore[arg-type]
-            error=self.error, error_code=self.error_code,  # type: ignore[arg-type]
+            status=self.status,
+            error=self.error, error_code=self.error_code,
             chunk_count=self.chunk_count, page_count=len(self.pages) if self.pages is not None else None,
             embedding_attempts=self.embed_attempts, next_retry_at=self.embed_retry_at,
             created_at=self.created_at, updated_at=self.updated_at, indexed_at=self.indexed_at,

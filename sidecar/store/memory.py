@@ -1,7 +1,7 @@
-"""MemoryRepo and SoulRepo: long-term memories, their vectors and full-text index, the
-encoder's proposals, and the versions of each Soul.md.
+"""MemoryRepo: long-term memories, their vectors and full-text index, and the encoder's
+proposals (their records: memory_records.py; the versions of each Soul.md: souls.py).
 
-Owns the tables of migration ``m_memory``:
+Owns these tables of migration ``m_memory``:
 - ``memories``: one row per version of a memory. A row's content (scope, kind, text,
   task/outcome/context, key, source, flags) never changes after it is written; only its
   state does: ``superseded_by`` (a newer version replaced it), ``deleted_at`` (soft delete),
@@ -14,8 +14,6 @@ Owns the tables of migration ``m_memory``:
   (``fts.key_token``) so a search is confined to the scopes asked for.
 - ``memory_proposals``: what the encoder proposed (``pending`` until accepted or rejected;
   they go with their session).
-- ``soul_versions``: every version of every Soul.md (scope ``global`` or an assistant id),
-  numbered from 1 per scope; a version is never rewritten.
 
 Must stay true:
 - every method is one transaction; ``supersede`` writes the new version and marks the old
@@ -24,44 +22,37 @@ Must stay true:
 - user text reaches MATCH only through ``fts`` quoting;
 - a scope's rows are never read for another scope: every read takes the scopes explicitly.
 
-Synchronous: ``Store.memory`` and ``Store.souls``, reached from async code through
+Synchronous: ``Store.memory``, reached from async code through
 ``AsyncStore.run``.
 """
 
 from __future__ import annotations
 
-from collections.abc import Callable, Iterable, Iterator, Sequence
-from typing import Any, cast
+from collections.abc import Callable, Iterable, Sequence
+from typing import Any
 
 import msgspec
 
 from protocol.errors import ErrorCode
-from protocol.memory import Memory, MemoryProposal, MemorySource, SoulVersion
+from protocol.memory import ProposalStatus
 from sidecar.errors import NotFound, StoreError
 from sidecar.store import fts
 from sidecar.store.db import Database, fetch_all, fetch_iter
 from sidecar.store.ids import new_id, now_ms
 from sidecar.store.knowledge import VectorSink
-
-__all__ = [
-    "MemoryRepo",
-    "SoulRepo",
-    "MemoryRecord",
-    "NewMemory",
-    "ProposalRecord",
-    "SoulRecord",
-    "scope_token",
-    "VectorRow",
-]
-
-_COLUMNS = (
-    "rowid, id, scope, kind, text, task, outcome, context, topic_key, norm_hash, source_kind, session_id,"
-    " message_id, tool_call_id, flags, supersedes, superseded_by, deleted_at, use_count, last_used_at, tokens,"
-    " created_at, updated_at"
+from sidecar.store.memory_records import (
+    MEMORY_COLUMNS,
+    PROPOSAL_COLUMNS,
+    MemoryRecord,
+    NewMemory,
+    ProposalRecord,
+    memory_from_row,
+    proposal_from_row,
 )
+
+__all__ = ["MemoryRepo", "scope_token", "VectorRow"]
 _ACTIVE = "superseded_by IS NULL AND deleted_at IS NULL"
 _ACTIVE_M = "m.superseded_by IS NULL AND m.deleted_at IS NULL"
-_flags_decoder = msgspec.json.Decoder(list[str])
 _encode = msgspec.json.encode
 
 DOC_COUNT_CACHE = 10_000
@@ -77,144 +68,6 @@ VectorRow = tuple[str, int, bytes]
 def scope_token(scope: str) -> str:
     """The token of a scope in the ``scope`` column of ``memories_fts``."""
     return fts.key_token("m", scope)
-
-
-class NewMemory(msgspec.Struct, kw_only=True):
-    """A version to write (the service computes hash, tokens and flags)."""
-
-    scope: str
-    kind: str
-    text: str
-    task: str | None = None
-    outcome: str | None = None
-    context: str | None = None
-    key: str | None = None
-    norm_hash: str
-    source_kind: str
-    session_id: str | None = None
-    message_id: str | None = None
-    tool_call_id: str | None = None
-    flags: list[str] = []
-    tokens: int = 0
-
-
-class MemoryRecord(msgspec.Struct, kw_only=True):
-    rowid: int
-    id: str
-    scope: str
-    kind: str
-    text: str
-    task: str | None
-    outcome: str | None
-    context: str | None
-    key: str | None
-    norm_hash: str
-    source_kind: str
-    session_id: str | None
-    message_id: str | None
-    tool_call_id: str | None
-    flags: list[str]
-    supersedes: str | None
-    superseded_by: str | None
-    deleted_at: int | None
-    use_count: int
-    last_used_at: int | None
-    tokens: int
-    created_at: int
-    updated_at: int
-    models: list[str] = []
-
-    @property
-    def active(self) -> bool:
-        return self.superseded_by is None and self.deleted_at is None
-
-    @property
-    def status(self) -> str:
-        if self.deleted_at is not None:
-            return "deleted"
-        return "superseded" if self.superseded_by is not None else "active"
-
-    def to_wire(self) -> Memory:
-        return Memory(
-            id=self.id, scope=self.scope, kind=self.kind, text=self.text,  # type: ignore[arg-type]
-            task=self.task, outcome=self.outcome, context=self.context, key=self.key,
-            source=MemorySource(
-                kind=self.source_kind,  # type: ignore[arg-type]
-                session_id=self.session_id, message_id=self.message_id, tool_call_id=self.tool_call_id,
-            ),
-            flags=list(self.flags),  # type: ignore[arg-type]
-            status=self.status,  # type: ignore[arg-type]
-            supersedes=self.supersedes, superseded_by=self.superseded_by, deleted_at=self.deleted_at,
-            use_count=self.use_count, last_used_at=self.last_used_at, embedding_models=list(self.models),
-            tokens=self.tokens, created_at=self.created_at, updated_at=self.updated_at,
-        )
-
-
-class ProposalRecord(msgspec.Struct, kw_only=True):
-    id: str
-    session_id: str
-    message_id: str
-    assistant_id: str
-    scope: str
-    kind: str
-    text: str
-    task: str | None = None
-    outcome: str | None = None
-    context: str | None = None
-    key: str | None = None
-    action: str
-    supersedes: str | None = None
-    reason: str = ""
-    flags: list[str] = []
-    status: str = "pending"
-    created_at: int = 0
-
-    def to_wire(self, supersedes_text: str | None = None) -> MemoryProposal:
-        return MemoryProposal(
-            id=self.id, session_id=self.session_id, message_id=self.message_id, assistant_id=self.assistant_id,
-            scope=self.scope, kind=self.kind,  # type: ignore[arg-type]
-            text=self.text, task=self.task, outcome=self.outcome, context=self.context, key=self.key,
-            action=self.action,  # type: ignore[arg-type]
-            supersedes=self.supersedes, supersedes_text=supersedes_text, reason=self.reason,
-            flags=list(self.flags),  # type: ignore[arg-type]
-            status=self.status,  # type: ignore[arg-type]
-            created_at=self.created_at,
-        )
-
-
-class SoulRecord(msgspec.Struct, kw_only=True):
-    scope: str
-    version: int
-    content: str
-    source: str
-    reason: str | None
-    session_id: str | None
-    message_id: str | None
-    reverted_from: int | None
-    created_at: int
-
-    def to_wire(self) -> SoulVersion:
-        return SoulVersion(
-            version=self.version, content=self.content, bytes=len(self.content.encode("utf-8")),
-            source=self.source,  # type: ignore[arg-type]
-            reason=self.reason, session_id=self.session_id, message_id=self.message_id,
-            reverted_from=self.reverted_from, created_at=self.created_at,
-        )
-
-
-def _record(row: tuple[Any, ...]) -> MemoryRecord:
-    (rowid, mid, scope, kind, text, task, outcome, context, key, nhash, skind, sid, msg, call, flags, sup,
-     sup_by, deleted, uses, used_at, tokens, created, updated) = row
-    try:
-        flag_list = _flags_decoder.decode(flags) if flags else []
-    except msgspec.DecodeError:
-        flag_list = []
-    return MemoryRecord(
-        rowid=rowid, id=mid, scope=scope, kind=kind, text=text, task=task, outcome=outcome, context=context,
-        key=key, norm_hash=nhash, source_kind=skind, session_id=sid, message_id=msg, tool_call_id=call,
-        flags=flag_list, supersedes=sup, superseded_by=sup_by, deleted_at=deleted, use_count=uses,
-        last_used_at=used_at, tokens=tokens, created_at=created, updated_at=updated,
-    )
 
 
 def _body(*texts: str | None) -> str:
@@ -347,7 +200,7 @@ class MemoryRepo:
             for i in range(0, len(ids), 500):
                 part = ids[i : i + 500]
                 where = f"rowid IN ({_marks(len(part))})" + (f" AND {_ACTIVE}" if active_only else "")
-                records = [_record(r) for r in fetch_iter(conn, f"SELECT {_COLUMNS} FROM memories WHERE {where}", part)]
+                records = [memory_from_row(r) for r in fetch_iter(conn, f"SELECT {MEMORY_COLUMNS} FROM memories WHERE {where}", part)]
                 out.update((r.rowid, r) for r in self._with_models(conn, records))
         return out
 
@@ -391,11 +244,11 @@ class MemoryRepo:
         with self._db.read() as conn:
             total = fetch_all(conn, f"SELECT count(*) FROM memories m{join}{clause}", args)[0][0]
             rows = fetch_all(conn, 
-                f"SELECT {', '.join('m.' + c.strip() for c in _COLUMNS.split(','))} FROM memories m{join}{clause}"
+                f"SELECT {', '.join('m.' + c.strip() for c in MEMORY_COLUMNS.split(','))} FROM memories m{join}{clause}"
                 " ORDER BY m.created_at DESC, m.rowid DESC LIMIT ? OFFSET ?",
                 [*args, limit, offset],
             )
-            return self._with_models(conn, [_record(r) for r in rows]), int(total)
+            return self._with_models(conn, [memory_from_row(r) for r in rows]), int(total)
 
     def same_text(self, scopes: Sequence[str], norm_hash: str) -> MemoryRecord | None:
         """An active memory of the scopes whose normalized text hashes to ``norm_hash``."""
@@ -403,21 +256,21 @@ class MemoryRepo:
             return None
         with self._db.read() as conn:
             rows = fetch_all(conn, 
-                f"SELECT {_COLUMNS} FROM memories WHERE scope IN ({_marks(len(scopes))}) AND norm_hash = ?"
+                f"SELECT {MEMORY_COLUMNS} FROM memories WHERE scope IN ({_marks(len(scopes))}) AND norm_hash = ?"
                 f" AND {_ACTIVE} ORDER BY created_at DESC LIMIT 1",
                 [*scopes, norm_hash],
             )
-        return _record(rows[0]) if rows else None
+        return memory_from_row(rows[0]) if rows else None
 
     def with_key(self, scope: str, key: str) -> MemoryRecord | None:
         """The active memory of ``scope`` with topic ``key`` (the newest, if several)."""
         with self._db.read() as conn:
             rows = fetch_all(conn, 
-                f"SELECT {_COLUMNS} FROM memories WHERE scope = ? AND topic_key = ? AND {_ACTIVE}"
+                f"SELECT {MEMORY_COLUMNS} FROM memories WHERE scope = ? AND topic_key = ? AND {_ACTIVE}"
                 " ORDER BY created_at DESC LIMIT 1",
                 (scope, key),
             )
-        return _record(rows[0]) if rows else None
+        return memory_from_row(rows[0]) if rows else None
 
     def lexical(self, scopes: Sequence[str], query: str, limit: int) -> list[tuple[int, float]]:
         """(rowid, BM25 score, higher is better) of the best ``limit`` active memories of the scopes.
@@ -568,21 +421,21 @@ class MemoryRepo:
 
     def get_proposal(self, proposal_id: str) -> ProposalRecord:
         with self._db.read() as conn:
-            rows = fetch_all(conn, f"SELECT {_PROPOSAL_COLUMNS} FROM memory_proposals WHERE id = ?",
+            rows = fetch_all(conn, f"SELECT {PROPOSAL_COLUMNS} FROM memory_proposals WHERE id = ?",
                                 (proposal_id,))
         if not rows:
             raise NotFound(f"memory proposal {proposal_id!r} not found", data={"proposalId": proposal_id})
-        return _proposal(rows[0])
+        return proposal_from_row(rows[0])
 
     def pending_proposals(self, session_id: str | None, limit: int) -> list[ProposalRecord]:
         where = "status = 'pending'" + (" AND session_id = ?" if session_id is not None else "")
         args: list[Any] = [session_id] if session_id is not None else []
         with self._db.read() as conn:
-            return [_proposal(r) for r in fetch_iter(conn, 
-                f"SELECT {_PROPOSAL_COLUMNS} FROM memory_proposals WHERE {where} ORDER BY created_at, id LIMIT ?",
+            return [proposal_from_row(r) for r in fetch_iter(conn, 
+                f"SELECT {PROPOSAL_COLUMNS} FROM memory_proposals WHERE {where} ORDER BY created_at, id LIMIT ?",
                 [*args, limit])]
 
-    def decide_proposal(self, proposal_id: str, status: str) -> bool:
+    def decide_proposal(self, proposal_id: str, status: ProposalStatus) -> bool:
         """``pending`` -> ``status``; False when it was decided already (or is gone)."""
         with self._db.write() as conn:
             conn.execute(
@@ -594,10 +447,10 @@ class MemoryRepo:
     # ---- internals ----------------------------------------------------------------
 
     def _get(self, conn: Any, memory_id: str) -> MemoryRecord:
-        rows = fetch_all(conn, f"SELECT {_COLUMNS} FROM memories WHERE id = ?", (memory_id,))
+        rows = fetch_all(conn, f"SELECT {MEMORY_COLUMNS} FROM memories WHERE id = ?", (memory_id,))
         if not rows:
             raise NotFound(f"memory {memory_id!r} not found", data={"memoryId": memory_id})
-        return _record(rows[0])
+        return memory_from_row(rows[0])
 
     def _chain(self, conn: Any, record: MemoryRecord) -> list[MemoryRecord]:
         """Every version ``record`` belongs to, oldest first (bounded against a broken link loop)."""
@@ -605,19 +458,19 @@ class MemoryRepo:
         seen = {record.id}
         current = record
         while current.supersedes and len(seen) < 10_000:
-            rows = fetch_all(conn, f"SELECT {_COLUMNS} FROM memories WHERE id = ?", (current.supersedes,))
+            rows = fetch_all(conn, f"SELECT {MEMORY_COLUMNS} FROM memories WHERE id = ?", (current.supersedes,))
             if not rows or rows[0][1] in seen:
                 break
-            current = _record(rows[0])
+            current = memory_from_row(rows[0])
             seen.add(current.id)
             older.append(current)
         newer: list[MemoryRecord] = []
         current = record
         while current.superseded_by and len(seen) < 10_000:
-            rows = fetch_all(conn, f"SELECT {_COLUMNS} FROM memories WHERE id = ?", (current.superseded_by,))
+            rows = fetch_all(conn, f"SELECT {MEMORY_COLUMNS} FROM memories WHERE id = ?", (current.superseded_by,))
             if not rows or rows[0][1] in seen:
                 break
-            current = _record(rows[0])
+            current = memory_from_row(rows[0])
             seen.add(current.id)
             newer.append(current)
         return [*reversed(older), record, *newer]
@@ -635,106 +488,3 @@ class MemoryRepo:
             ):
                 by_row[rowid].models.append(model)
         return records
-
-
-_PROPOSAL_COLUMNS = (
-    "id, session_id, message_id, assistant_id, scope, kind, text, task, outcome, context, topic_key, action,"
-    " supersedes, reason, flags, status, created_at"
-)
-
-
-def _proposal(row: tuple[Any, ...]) -> ProposalRecord:
-    (pid, sid, mid, aid, scope, kind, text, task, outcome, context, key, action, sup, reason, flags, status,
-     created) = row
-    try:
-        flag_list = _flags_decoder.decode(flags) if flags else []
-    except msgspec.DecodeError:
-        flag_list = []
-    return ProposalRecord(
-        id=pid, session_id=sid, message_id=mid, assistant_id=aid, scope=scope, kind=kind, text=text, task=task,
-        outcome=outcome, context=context, key=key, action=action, supersedes=sup, reason=reason, flags=flag_list,
-        status=status, created_at=created,
-    )
-
-
-_SOUL_COLUMNS = "scope, version, content, source, reason, session_id, message_id, reverted_from, created_at"
-
-
-def _soul(row: tuple[Any, ...]) -> SoulRecord:
-    scope, version, content, source, reason, sid, mid, reverted, created = row
-    return SoulRecord(scope=scope, version=version, content=content, source=source, reason=reason,
-                      session_id=sid, message_id=mid, reverted_from=reverted, created_at=created)
-
-
-class SoulRepo:
-    """Soul.md versions per scope (``global`` or an assistant id)."""
-
-    def __init__(self, db: Database, clock: Callable[[], int] = now_ms) -> None:
-        self._db = db
-        self._clock = clock
-
-    def current(self, scope: str) -> SoulRecord | None:
-        with self._db.read() as conn:
-            return self._current(conn, scope)
-
-    def effective(self, assistant_id: str, global_scope: str) -> tuple[SoulRecord | None, SoulRecord | None]:
-        """(the assistant's own current version, the global current version), one snapshot."""
-        with self._db.read() as conn:
-            own = self._current(conn, assistant_id)
-            shared = self._current(conn, global_scope) if assistant_id != global_scope else own
-            return own, shared
-
-    def add(
-        self,
-        scope: str,
-        content: str,
-        *,
-        source: str,
-        reason: str | None = None,
-        session_id: str | None = None,
-        message_id: str | None = None,
-        reverted_from: int | None = None,
-        base_version: int | None = None,
-    ) -> SoulRecord:
-        """The next version of ``scope``. ``base_version``: BAD_STATE unless it is still the
-        current one (an edit proposed against an older text is refused, not merged blindly)."""
-        with self._db.write() as conn:
-            current = self._current(conn, scope)
-            number = current.version if current is not None else 0
-            if base_version is not None and base_version != number:
-                raise StoreError(
-                    f"Soul.md of {scope!r} is at version {number}, not {base_version}: it changed meanwhile",
-                    code=ErrorCode.BAD_STATE, data={"version": number, "baseVersion": base_version},
-                )
-            conn.execute(
-                f"INSERT INTO soul_versions({_SOUL_COLUMNS}) VALUES (?, ?, ?, ?, ?, ?, ?, ?, ?)",
-                (scope, number + 1, content, source, reason, session_id, message_id, reverted_from, self._clock()),
-            )
-            record = self._current(conn, scope)
-            assert record is not None
-            return record
-
-    def version(self, scope: str, version: int) -> SoulRecord:
-        with self._db.read() as conn:
-            rows = fetch_all(conn, f"SELECT {_SOUL_COLUMNS} FROM soul_versions WHERE scope = ? AND version = ?",
-                                (scope, version))
-        if not rows:
-            raise NotFound(f"Soul.md of {scope!r} has no version {version}", data={"version": version})
-        return _soul(rows[0])
-
-    def history(self, scope: str, limit: int, offset: int) -> list[SoulRecord]:
-        with self._db.read() as conn:
-            return [_soul(r) for r in fetch_iter(conn, 
-                f"SELECT {_SOUL_COLUMNS} FROM soul_versions WHERE scope = ? ORDER BY version DESC LIMIT ? OFFSET ?",
-                (scope, limit, offset))]
-
-    def delete_scope(self, scope: str) -> int:
-        with self._db.write() as conn:
-            conn.execute("DELETE FROM soul_versions WHERE scope = ?", (scope,))
-            return int(conn.changes())
-
-    def _current(self, conn: Any, scope: str) -> SoulRecord | None:
-        rows = fetch_all(conn, 
-            f"SELECT {_SOUL_COLUMNS} FROM soul_versions WHERE scope = ? ORDER BY version DESC LIMIT 1", (scope,)
-        )
-        return _soul(rows[0]) if rows else None

@@ -21,10 +21,13 @@ from typing import Any
 import msgspec
 
 from protocol.errors import ErrorCode
+from protocol.memory import MemoryKind
+from protocol.memory_upkeep import MergeStatus
 from sidecar.errors import NotFound, StoreError
 from sidecar.store.db import Database, fetch_all
 from sidecar.store.ids import new_id, now_ms
-from sidecar.store.memory import _COLUMNS, MemoryRecord, MemoryRepo, NewMemory, _record
+from sidecar.store.memory import MemoryRepo
+from sidecar.store.memory_records import MEMORY_COLUMNS, MemoryRecord, NewMemory, memory_from_row
 
 __all__ = ["MemoryUpkeepRepo", "MergeRecord", "ScopeCounts"]
 
@@ -38,10 +41,10 @@ class MergeRecord(msgspec.Struct, kw_only=True):
     scope: str
     memory_ids: list[str]
     text: str
-    kind: str
+    kind: MemoryKind
     reason: str = ""
     contradiction: bool = False
-    status: str = "pending"
+    status: MergeStatus = "pending"
     result_id: str | None = None
     created_at: int = 0
 
@@ -127,7 +130,7 @@ class MemoryUpkeepRepo:
             cond += f" AND scope IN ({_marks(len(scopes))})"
             args += list(scopes)
         with self._db.write() as conn:
-            rows = [_record(r) for r in fetch_all(conn, f"SELECT {_COLUMNS} FROM memories WHERE {cond}", args)]
+            rows = [memory_from_row(r) for r in fetch_all(conn, f"SELECT {MEMORY_COLUMNS} FROM memories WHERE {cond}", args)]
             now = self._clock()
             for i in range(0, len(rows), 500):
                 part = [r.rowid for r in rows[i : i + 500]]
@@ -140,9 +143,9 @@ class MemoryUpkeepRepo:
     def active(self, scope: str, limit: int) -> list[MemoryRecord]:
         """The newest ``limit`` active memories of ``scope``, oldest first."""
         with self._db.read() as conn:
-            rows = fetch_all(conn, f"SELECT {_COLUMNS} FROM memories WHERE scope = ? AND {_ACTIVE}"
+            rows = fetch_all(conn, f"SELECT {MEMORY_COLUMNS} FROM memories WHERE scope = ? AND {_ACTIVE}"
                                    " ORDER BY created_at DESC, rowid DESC LIMIT ?", (scope, limit))
-        return [_record(r) for r in reversed(rows)]
+        return [memory_from_row(r) for r in reversed(rows)]
 
     def rows(self, scopes: Sequence[str] | None, *, history: bool) -> list[MemoryRecord]:
         """Every row (``history``) or the active ones, by scope then age."""
@@ -153,8 +156,8 @@ class MemoryUpkeepRepo:
             args.extend(scopes)
         clause = (" WHERE " + " AND ".join(where)) if where else ""
         with self._db.read() as conn:
-            rows = fetch_all(conn, f"SELECT {_COLUMNS} FROM memories{clause} ORDER BY scope, created_at, rowid", args)
-        return [_record(r) for r in rows]
+            rows = fetch_all(conn, f"SELECT {MEMORY_COLUMNS} FROM memories{clause} ORDER BY scope, created_at, rowid", args)
+        return [memory_from_row(r) for r in rows]
 
     # ---- merging --------------------------------------------------------------------------------
 
@@ -165,10 +168,10 @@ class MemoryUpkeepRepo:
         with self._db.write() as conn:
             records: list[MemoryRecord] = []
             for memory_id in dict.fromkeys(memory_ids):
-                rows = fetch_all(conn, f"SELECT {_COLUMNS} FROM memories WHERE id = ?", (memory_id,))
+                rows = fetch_all(conn, f"SELECT {MEMORY_COLUMNS} FROM memories WHERE id = ?", (memory_id,))
                 if not rows:
                     raise NotFound(f"memory {memory_id!r} not found", data={"memoryId": memory_id})
-                records.append(_record(rows[0]))
+                records.append(memory_from_row(rows[0]))
             changed = [r.id for r in records if not r.active]
             if changed or len({r.scope for r in records}) != 1 or len(records) < 2:
                 raise StoreError(
@@ -195,10 +198,10 @@ class MemoryUpkeepRepo:
         current = record
         seen = {record.id}
         while current.supersedes and len(seen) < 10_000:
-            rows = fetch_all(conn, f"SELECT {_COLUMNS} FROM memories WHERE id = ?", (current.supersedes,))
+            rows = fetch_all(conn, f"SELECT {MEMORY_COLUMNS} FROM memories WHERE id = ?", (current.supersedes,))
             if not rows or rows[0][1] in seen:
                 break
-            current = _record(rows[0])
+            current = memory_from_row(rows[0])
             seen.add(current.id)
         return current
 
@@ -228,7 +231,7 @@ class MemoryUpkeepRepo:
                                    " ORDER BY created_at, id LIMIT ?", [*args, limit])
         return [_merge(r) for r in rows]
 
-    def decide_merge(self, merge_id: str, status: str, *, text: str | None = None,
+    def decide_merge(self, merge_id: str, status: MergeStatus, *, text: str | None = None,
                      result_id: str | None = None) -> bool:
         """``pending`` -> ``status``; False when it was decided already."""
         with self._db.write() as conn:

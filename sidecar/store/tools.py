@@ -17,7 +17,7 @@ Must stay true (the "Pending never runs" invariant rests on these):
   call becomes ``running`` only from ``approved``, never from ``pending``;
 - a decision, its audit row and a remembered policy are one transaction;
 - pausing a reply writes its content, status ``paused`` and the run state together (the
-  engine joins Messages.pause and ``set_run`` in one transaction).
+  engine joins MessageRepo.pause and ``set_run`` in one transaction).
 
 Synchronous and thread-safe (``db.Database``); async code calls it through
 ``AsyncStore.run`` (``s.tools``). Errors: StoreError / NotFound / InvalidParams.
@@ -41,7 +41,7 @@ from sidecar.errors import InvalidParams, NotFound
 from sidecar.store.db import Database, fetch_all
 from sidecar.store.ids import now_ms
 from sidecar.store.citations import CitationRows
-from sidecar.store.messages import MessageStore
+from sidecar.store import message_table
 from sidecar.store.rows import decode_parts, to_json
 from sidecar.store.secrets import Sealer
 from sidecar.secrets.box import SecretBox
@@ -324,7 +324,7 @@ class ToolStore:
             return [_call(r) for r in fetch_all(conn, sql + " ORDER BY created_at", args)]
 
     # ---- the reply row while paused -----------------------------------------------------
-    # (pausing: Messages.pause and set_run(state="paused") in one Store.transaction)
+    # (pausing: MessageRepo.pause and set_run(state="paused") in one Store.transaction)
 
     def reopen_message(self, message_id: str) -> MessageV2 | None:
         """paused -> streaming (a resumed reply); None when it is no longer paused."""
@@ -341,7 +341,7 @@ class ToolStore:
                 "UPDATE tool_runs SET state = 'running', updated_at = ? WHERE message_id = ?",
                 (now, message_id),
             )
-            return CitationRows.attach(conn, [MessageStore.get(conn, message_id)])[0]
+            return CitationRows.attach(conn, [message_table.get(conn, message_id)])[0]
 
     def complete_interrupted(self, note: str = INTERRUPTED_NOTE) -> list[str]:
         """Runs left ``running`` by a dead process: every open call of them gets an error

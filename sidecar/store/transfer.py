@@ -25,11 +25,10 @@ import apsw
 import msgspec
 
 from protocol.errors import ErrorCode
-from protocol.types import MessageV2, SessionExport, SessionV2
+from protocol.types import FINAL_MESSAGE_STATUSES, MessageV2, SessionExport, SessionV2
 from sidecar.errors import InvalidParams, StoreError
 from sidecar.store.checks import (
     CONTENT_TYPES,
-    FINAL_STATUSES,
     MODES,
     ROLES,
     STATUSES,
@@ -40,10 +39,10 @@ from sidecar.store.checks import (
 from sidecar.store.citations import CitationRows
 from sidecar.store.citations import check_import as check_citations
 from sidecar.store.ids import new_id
-from sidecar.store.messages import MessageStore
+from sidecar.store import message_table
 from sidecar.store.rows import MESSAGE_COLUMNS, message_from_row, searchable_text
-from sidecar.store.search import MessageSearch
-from sidecar.store.sessions import SessionRepo
+from sidecar.store import search as message_search
+from sidecar.store import session_table
 
 __all__ = ["fork_session", "export_session", "import_session", "MAX_IMPORT_MESSAGES"]
 
@@ -55,21 +54,21 @@ def _index_docs(messages: list[MessageV2]) -> list[tuple[str, str, str, str]]:
     return [
         (m.id, m.session_id, m.role, searchable_text(m.text_content, m.parts))
         for m in messages
-        if m.status in FINAL_STATUSES
+        if m.status in FINAL_MESSAGE_STATUSES
     ]
 
 
 def fork_session(conn: apsw.Connection, session_id: str, message_id: str, now: int) -> SessionV2:
-    src = SessionRepo.get(conn, session_id)
-    MessageStore.get_in_session(conn, session_id, message_id)
-    path = MessageStore.path(conn, session_id, message_id)
+    src = session_table.get(conn, session_id)
+    message_table.get_in_session(conn, session_id, message_id)
+    path = message_table.path(conn, session_id, message_id)
     new_session_id = new_id()
     id_map: dict[str, str] = {}
     copies: list[MessageV2] = []
     for m in path:
         new_mid = new_id()
         id_map[m.id] = new_mid
-        status = m.status if m.status in FINAL_STATUSES else "aborted"
+        status = m.status if m.status in FINAL_MESSAGE_STATUSES else "aborted"
         copies.append(
             MessageV2(
                 id=new_mid,
@@ -114,10 +113,10 @@ def fork_session(conn: apsw.Connection, session_id: str, message_id: str, now: i
         last_message_at=max((c.created_at for c in copies), default=None),
         active_leaf_id=copies[-1].id if copies else None,
     )
-    SessionRepo.insert(conn, forked)
-    MessageStore.insert_many(conn, copies)  # the copies own the files too
+    session_table.insert(conn, forked)
+    message_table.insert_many(conn, copies)  # the copies own the files too
     CitationRows.copy(conn, id_map, new_session_id, session_id)
-    MessageSearch.index(conn, _index_docs(copies), fresh=True)
+    message_search.index(conn, _index_docs(copies), fresh=True)
     return forked
 
 
@@ -127,9 +126,9 @@ PROGRESS_STEP = 1000
 
 
 def export_session(conn: apsw.Connection, session_id: str, progress: Progress | None = None) -> SessionExport:
-    session = SessionRepo.get(conn, session_id)
+    session = session_table.get(conn, session_id)
     if progress is None:
-        return SessionExport(session=session, messages=CitationRows.attach(conn, MessageStore.all(conn, session_id)))
+        return SessionExport(session=session, messages=CitationRows.attach(conn, message_table.all_messages(conn, session_id)))
     counted = conn.execute("SELECT count(*) FROM messages_v2 WHERE session_id = ?", (session_id,)).fetchall()[0][0]
     total = counted if isinstance(counted, int) else 0
     progress(0, total)
@@ -200,7 +199,7 @@ def _validate_import(session: SessionV2, messages: list[MessageV2]) -> list[Mess
     check_citations(messages)
     # Nothing will ever finish an imported in-flight message.
     return [
-        m if m.status in FINAL_STATUSES else _with_status(m, "aborted") for m in messages
+        m if m.status in FINAL_MESSAGE_STATUSES else _with_status(m, "aborted") for m in messages
     ]
 
 
@@ -219,14 +218,14 @@ def import_session(
 ) -> SessionV2:
     messages = _validate_import(session, messages)
     workspace_dir = _trusted_workspace(session, trust_workspace)
-    if SessionRepo.exists(conn, session.id):
+    if session_table.exists(conn, session.id):
         if not replace:
             raise StoreError(
                 f"session {session.id!r} already exists (import with replace to overwrite it)",
                 code=ErrorCode.BAD_STATE,
                 data={"sessionId": session.id},
             )
-        SessionRepo.delete(conn, session.id)
+        session_table.delete(conn, session.id)
     if messages:
         # Message ids are global keys: an id used by another session cannot be imported.
         ids = [m.id for m in messages]
@@ -252,18 +251,18 @@ def import_session(
         active_leaf_id=session.active_leaf_id,
         workspace_dir=workspace_dir,
     )
-    SessionRepo.insert(conn, stored)
+    session_table.insert(conn, stored)
     if messages:
         for start in range(0, len(messages), PROGRESS_STEP):
-            MessageStore.insert_many(conn, messages[start : start + PROGRESS_STEP])
+            message_table.insert_many(conn, messages[start : start + PROGRESS_STEP])
             if progress is not None:
                 progress(min(start + PROGRESS_STEP, len(messages)), len(messages))
         for m in messages:
             if m.citations:
                 CitationRows.insert(conn, m.id, stored.id, m.citations)
         if stored.active_leaf_id is None:
-            leaf = MessageStore.newest_leaf(conn, stored.id)
-            SessionRepo.set_active_leaf(conn, stored.id, leaf)
+            leaf = message_table.newest_leaf(conn, stored.id)
+            session_table.set_active_leaf(conn, stored.id, leaf)
             stored = msgspec.structs.replace(stored, active_leaf_id=leaf)
-        MessageSearch.index(conn, _index_docs(messages), fresh=True)
+        message_search.index(conn, _index_docs(messages), fresh=True)
     return stored

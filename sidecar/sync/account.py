@@ -43,7 +43,7 @@ from protocol.sync import (
 from sidecar.errors import InvalidParams, SecretsLocked
 from sidecar.store import AsyncStore, Store
 from sidecar.store.ids import now_ms
-from sidecar.store.sync import AccountRow
+from sidecar.store.sync_records import AccountRow
 from sidecar.sync.client import ClientSettings, QimingClient
 from sidecar.sync.errors import AuthRequired, NotConfigured, QimingError, ServerMalformed
 from sidecar.sync.run import AccountConfig

@@ -59,7 +59,7 @@ from protocol.types import SessionMode, SessionV2
 from sidecar.errors import SidecarError
 from sidecar.store import Store
 from sidecar.store.ids import new_id, now_ms
-from sidecar.store.sync import (
+from sidecar.store.sync_records import (
     ConversationUpdate,
     NewConversation,
     PulledMessage,

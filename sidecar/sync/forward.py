@@ -1,6 +1,6 @@
 """ServerTurnHandler: the replies of ``mode: "server"`` sessions, forwarded to the Qiming server.
 
-The forwarded turn is a ReplyLifecycle driver (sidecar/engine/lifecycle.py: the row, seq,
+The forwarded turn is a ReplyLifecycle driver (sidecar/engine/lifecycle/: the row, seq,
 events, persistence and the ending are the lifecycle's, as for every reply); ChatEngine
 runs it for the replies of server sessions (the user message is ``job.parent_id``). A turn:
 

@@ -27,7 +27,7 @@ from typing import Literal
 
 import msgspec
 
-from protocol.types import ContentPart, FilePart, MessageV2, TextPart, ThinkingPart
+from protocol.types import ContentPart, FilePart, FinalMessageStatus, MessageV2, TextPart, ThinkingPart
 from sidecar.sync.wire import AttachmentDto, ChatMessageDto, ConversationDto, to_int, to_ms
 from sidecar.untrusted import escape
 
@@ -60,7 +60,7 @@ class ServerMessage(msgspec.Struct, frozen=True, kw_only=True):
     think: str | None
     files: tuple[FilePart, ...]
     notes: tuple[str, ...]
-    status: Literal["completed", "error", "aborted"]
+    status: FinalMessageStatus
     error: str | None
     created_at: int
     finished: bool
@@ -126,7 +126,7 @@ def _normalize(dto: ChatMessageDto, fallback_time: int) -> ServerMessage | None:
             notes.append(note)
     finished = dto.finished is not False
     reason = (dto.finish_reason or "").strip()
-    status: Literal["completed", "error", "aborted"] = "completed"
+    status: FinalMessageStatus = "completed"
     error: str | None = None
     if role == "assistant":
         if reason.upper() == "ERROR":

@@ -22,10 +22,10 @@ from collections.abc import Awaitable, Callable
 import msgspec
 
 from protocol.sync import NotPushed, SyncConflict
-from protocol.types import MessageV2
+from protocol.types import FINAL_MESSAGE_STATUSES, MessageV2
 from sidecar.errors import SidecarError
 from sidecar.store.ids import now_ms
-from sidecar.store.sync import PushCandidate, SyncLink
+from sidecar.store.sync_records import PushCandidate, SyncLink
 from sidecar.sync.errors import AuthRequired, ConversationGone, ServerMalformed
 from sidecar.sync.mapping import conversation_title, normalize_messages
 from sidecar.sync.run import RunContext
@@ -203,7 +203,7 @@ def _pushable(path: list[MessageV2]) -> list[tuple[str, str, str]]:
     server conversation can hold (final, with text)."""
     out: list[tuple[str, str, str]] = []
     for m in path:
-        if m.role not in ("user", "assistant") or m.status not in ("completed", "aborted", "error"):
+        if m.role not in ("user", "assistant") or m.status not in FINAL_MESSAGE_STATUSES:
             continue
         text = m.text_content or ""
         if text.strip():

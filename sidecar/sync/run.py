@@ -29,6 +29,7 @@ from protocol.sync import (
     SkippedConversation,
     SyncConflict,
     SyncIssue,
+    SyncPhase,
     SyncResult,
     SyncSettings,
 )
@@ -98,7 +99,7 @@ class RunContext:
     # ---- reporting --------------------------------------------------------------------
 
     def issue(
-        self, phase: str, exc: SidecarError, *, session_id: str | None = None, conversation_id: int | None = None
+        self, phase: SyncPhase, exc: SidecarError, *, session_id: str | None = None, conversation_id: int | None = None
     ) -> None:
         kind: str
         if isinstance(exc, QimingError):
@@ -107,13 +108,13 @@ class RunContext:
             kind, status, code, retryable = "store", None, None, False
         log.warning("sync %s: %s", phase, exc.message)
         self.result.errors.append(SyncIssue(
-            phase=phase, kind=kind, message=exc.message, session_id=session_id,  # type: ignore[arg-type]
+            phase=phase, kind=kind, message=exc.message, session_id=session_id,
             conversation_id=conversation_id, status=status, code=code, retryable=retryable,
         ))
 
-    def note(self, phase: str, kind: str, message: str, **where: Any) -> None:
+    def note(self, phase: SyncPhase, kind: str, message: str, **where: Any) -> None:
         log.warning("sync %s: %s", phase, message)
-        self.result.errors.append(SyncIssue(phase=phase, kind=kind, message=message, **where))  # type: ignore[arg-type]
+        self.result.errors.append(SyncIssue(phase=phase, kind=kind, message=message, **where))
 
     def skip(self, conversation_id: int | None, exc: QimingError, *, session_id: str | None = None) -> None:
         """A conversation (or a /list row) the server sent out of bounds: reported once per

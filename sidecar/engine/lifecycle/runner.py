@@ -1,128 +1,6 @@
-"""ReplyLifecycle: everything an assistant reply has, whatever produces its content.
-
-A reply is one assistant message, stored ``pending`` by the turn that asked for it
-(sidecar/engine/turns.py), and the ``chat:stream`` events that build it. Whatever produces
-the content (the direct-mode model/tool step loop, an ACP agent, a remote server, the V1
-shim), the life of the reply is the same, and it is owned here, once:
-
-- the row: ``pending`` -> ``streaming`` (written at the first persistence tick, so it never
-  delays the first delta) -> exactly one final status (``completed`` | ``error`` |
-  ``aborted``), or ``paused`` while it waits for the user (a later job resumes it);
-- ``seq`` and the StreamRelay: ``stream_start`` is event 1 (a resumed reply continues its
-  seq and sends none); the first delta goes out at once, later ones are merged for
-  ``deltaCoalesceMs``; every other event flushes the pending deltas first;
-- persistence: the partial content every ``persistIntervalMs`` while it changed (a failed
-  write is logged and retried at the next tick: the content stays in memory) and at every
-  state change (pause, ending);
-- the overlay ``chat:messages:get`` shows while the message streams (``overlay``): exactly
-  the content of events 1..seq;
-- usage (the driver reports running totals) and cost (``Pricing``), added to the session's
-  counters (``usageByKind.reply``) at every ending that used tokens, completed, error or
-  aborted (a paused reply adds its usage when it ends), and ``chat:session:updated`` with
-  the session as stored after the ending;
-- the ending: shielded (a stop that arrives meanwhile waits for it) and bounded
-  (FINALIZE_TIMEOUT_S); the last throttled state is flushed, then one final row and exactly
-  one final event (``stream_end`` | ``error`` | ``aborted``); when the driver's ``finalize``
-  stored other text than was streamed, ``content_replaced`` with the stored text comes right
-  before ``stream_end`` (the renderer never keeps text that is not stored); an ending that fails or runs
-  out of time falls back to ``error`` with the content so far (FALLBACK_TIMEOUT_S); if that
-  cannot store its row in time either, the ``error`` event is still sent (the row is left
-  to restart recovery).
-
-The driver interface
---------------------
-A driver produces content and nothing else. It subclasses ReplyDriver::
-
-    class EchoDriver(ReplyDriver):
-        doing = "echoing"              # a bug escaping drive(): "internal error while echoing"
-
-        async def drive(self, reply: ReplyFeed) -> Ending:
-            await reply.text("hello")
-            await reply.report_usage(Usage(input_tokens=3, output_tokens=1))
-            return Completed("stop")
-
-    await ReplyLifecycle(job, services, settings).run(EchoDriver())
-
-``drive`` feeds the reply through ReplyFeed and returns how the content ended:
-
-    Completed(finish_reason)        complete: ``stream_end`` with the finish reason
-    Failed(error, close_open=True)  failed: ``error`` (a SidecarError) is stored and sent;
-                                    ``close_open=False`` says nothing of the driver is left
-                                    open (its ``close`` hook is skipped)
-    Aborted(reason)                 the producer stopped by itself (an agent cancelled its turn)
-    Paused()                        waits for the user (tool calls pending approval): the row
-                                    becomes ``paused`` with content, usage and seq and no final
-                                    event is sent; a new job with ``ReplyJob.resume`` (the
-                                    stored message) continues it, content, usage and seq included
-
-Cancellation (chat:abort, a newer send, shutdown) propagates out of ``drive`` (a driver may
-clean up first, shielded and bounded, as ACP's ``session/cancel``) and ends the reply
-``aborted`` with ``job.abort_reason``; any other exception ends it ``error`` (a
-SidecarError as it is, anything else as an internal error naming only its type). A driver
-never has to catch anything to end its reply properly.
-
-ReplyFeed, what a driver calls (content and its event move together)::
-
-    await reply.text(delta)                               text_delta (coalesced)
-    await reply.thinking(delta, signature=None)           thinking_delta; a signature seals
-                                                          the block just streamed
-    await reply.tool_call_started(id, name, arguments="") tool_call_start (a call being made)
-    await reply.tool_call_arguments(id, name, fragment)   tool_call_delta
-    await reply.tool_use(id, name, arguments) -> index    a complete call the reply owes a
-                                                          result (ToolUsePart + ToolCall, no event)
-    await reply.tool_result(id, output, is_error, replace=None, announce=True) -> index
-                                                          ToolResultPart (+ tool_result); replace:
-                                                          the index of the result it updates
-    await reply.part(part) -> index                       any other part: DiffPart, StepStartPart,
-                                                          StepFinishPart, ImagePart, FilePart...
-    reply.replace_part(index, part)                       a part changed in place (no event)
-    await reply.report_usage(total, announce=False)       the usage so far (announce: usage event)
-    await reply.notice(text, code)                        notice
-    await reply.plan(entries)                             plan (an agent's whole plan)
-    await reply.citations(records)                        citations: every source the reply
-                                                          may cite so far (the full list)
-    await reply.approval_required(call, decisions=None, options=None, source="tool")
-                                                          tool_approval_required
-    reply.content                                         the ReplyBuilder, to read (parts so
-                                                          far, calls without a result, usage)
-
-Hooks a driver may override (ReplyDriver's defaults add nothing)::
-
-    def persisted(self) -> StoreWrite | None
-        Driver state stored with the row, in its transaction, at each persistence tick and
-        at the ending: a write of what changed since the last call, or None (ACP: the raw
-        session/update log, appended). A failed write is retried, together with the next
-        one (a write must be idempotent: it may run twice).
-    async def close(self, reply: ReplyFeed, ending: Failed | Aborted) -> None
-        Before the row of an error or aborted ending: close what the driver left open (the
-        tool loop: pending approvals cancelled, unanswered calls given a "cancelled" result
-        with announce=False). A failure is logged; the row and the final event still follow.
-    async def finalize(self, snapshot: ReplySnapshot) -> ReplySnapshot
-        Before the row of a completed ending: the content as it is stored (direct mode: think
-        tags, images to files, output regex rules, citation markers normalized and checked).
-        A failure ends the reply as ``error``. When it changes the content, ``stream_end``
-        carries the stored content (``contentReplaced``), so a renderer never keeps showing
-        text that was not stored; when it changes the citations, a ``citations`` event with
-        the final list comes first.
-    def final_write(self, outcome: str) -> StoreWrite | None
-        Stored in the transaction of the final or paused row: the driver's own record of how
-        the reply ended (the tool loop's run state).
-
-A reply that pauses for approvals fits as it is: the driver records the pending calls, sends
-``approval_required`` and returns Paused(); the approval starts a new job with ``resume``
-set, whose driver continues from ``reply.content`` (the restored message). A driver whose
-approvals are answered while it waits (ACP's permission requests) simply awaits them
-inside ``drive``.
-
-Where the events go is ``ReplyServices.notify`` (``chat:stream`` notifications through the
-server's writer, for ChatEngine's jobs); whoever runs a lifecycle may give it its own, e.g. a
-shim that also streams the events to an HTTP client. Whoever runs it also keeps the one
-job per message rule (ChatEngine does for its jobs).
-
-Must stay true: the lifecycle is the only writer of the reply's row and the only sender of
-its events while it runs; ``job.outcome`` is set right before the final event, once the
-final row was attempted (or when the paused row is stored); the timeouts of an ending add
-up to less than ChatEngine's STOP_TIMEOUT_S.
+"""ReplyLifecycle: the one implementation of the reply lifecycle (the contract is the
+package docstring, sidecar/engine/lifecycle/__init__.py): the row, seq and the relay,
+persistence, the overlay, usage and cost, and the bounded, shielded ending.
 """
 
 from __future__ import annotations
@@ -131,7 +9,7 @@ import functools
 import logging
 import time
 from collections.abc import Callable, Coroutine
-from typing import TYPE_CHECKING, Any, Protocol
+from typing import TYPE_CHECKING, Any
 
 import anyio
 import msgspec
@@ -142,7 +20,6 @@ from protocol.events import (
     CitationsEvent,
     ContentReplacedEvent,
     ErrorEvent,
-    FinishReason,
     NoticeCode,
     NoticeEvent,
     PlanEntry,
@@ -158,40 +35,42 @@ from protocol.events import (
     ToolResultEvent,
     UsageEvent,
 )
-from protocol.providers import ReasoningLevel
 from protocol.settings import ChatSettings
 from protocol.types import Citation, ContentPart, MessageV2, SessionV2, ToolResultPart, Usage
+from sidecar.engine.lifecycle.driver import (
+    ABORTED,
+    COMPLETED,
+    ERROR,
+    PAUSED,
+    Aborted,
+    Completed,
+    Ending,
+    Failed,
+    Paused,
+    ReplyDriver,
+    ReplyJob,
+    ReplyServices,
+    StoreWrite,
+    internal_failure,
+)
+from protocol.notifications import SESSION_UPDATED
 from sidecar.engine.relay import StreamRelay
 from sidecar.engine.reply import ReplyBuilder, ReplySnapshot
 from sidecar.errors import SidecarError
-from sidecar.notify import Notifier
-from protocol.notifications import SESSION_UPDATED
 
 if TYPE_CHECKING:
-    from sidecar.store.async_store import AsyncStore
     from sidecar.store.store import Store
 
 __all__ = [
-    "ABORTED",
-    "COMPLETED",
-    "ERROR",
-    "PAUSED",
-    "Aborted",
-    "Completed",
-    "Ending",
-    "Failed",
-    "Paused",
-    "Pricing",
-    "ReplyDriver",
-    "ReplyFeed",
-    "ReplyJob",
     "ReplyLifecycle",
-    "ReplyServices",
-    "StoreWrite",
-    "internal_failure",
+    "FINALIZE_TIMEOUT_S",
+    "FALLBACK_TIMEOUT_S",
+    "LAST_EVENT_TIMEOUT_S",
+    "COST_TIMEOUT_S",
+    "PUBLISH_TIMEOUT_S",
 ]
 
-log = logging.getLogger(__name__)
+log = logging.getLogger("sidecar.engine.lifecycle")
 
 FINALIZE_TIMEOUT_S = 10.0
 FALLBACK_TIMEOUT_S = 2.0
@@ -204,39 +83,6 @@ PUBLISH_TIMEOUT_S = 1.0
 """For ``chat:session:updated`` after the final event. A stop waits for all of these: their
 sum stays under ChatEngine's STOP_TIMEOUT_S, so it waits for the ending instead of giving up."""
 
-COMPLETED = "completed"
-ERROR = "error"
-ABORTED = "aborted"
-PAUSED = "paused"
-
-StoreWrite = Callable[["Store"], None]
-"""A write of a driver's own state, run in the store's worker thread inside the transaction
-of the reply's row."""
-
-
-# ---- endings ----------------------------------------------------------------------------
-
-
-class Completed(msgspec.Struct, frozen=True):
-    finish_reason: FinishReason = "stop"
-
-
-class Failed(msgspec.Struct, frozen=True):
-    error: SidecarError
-    close_open: bool = True
-    """False: the driver left nothing open (its ``close`` hook is skipped)."""
-
-
-class Aborted(msgspec.Struct, frozen=True):
-    reason: str | None = None
-
-
-class Paused(msgspec.Struct, frozen=True):
-    pass
-
-
-Ending = Completed | Failed | Aborted | Paused
-
 
 def _both(first: StoreWrite | None, second: StoreWrite | None) -> StoreWrite | None:
     if first is None or second is None:
@@ -248,144 +94,6 @@ def _both(first: StoreWrite | None, second: StoreWrite | None) -> StoreWrite | N
 
     return write
 
-
-def internal_failure(exc: BaseException, doing: str) -> SidecarError:
-    """The failure a reply ends with when ``exc`` escaped its driver: a SidecarError (a store
-    failure) as it is, anything else as an internal error naming only its type."""
-    while isinstance(exc, BaseExceptionGroup) and len(exc.exceptions) == 1:
-        exc = exc.exceptions[0]
-    if isinstance(exc, SidecarError):
-        return exc
-    return SidecarError(f"internal error while {doing}: {type(exc).__name__}")
-
-
-# ---- what a job is ------------------------------------------------------------------------
-
-
-class ReplyJob(msgspec.Struct, kw_only=True):
-    """One run of a reply: the assistant message ``message_id``, a child of ``parent_id``."""
-
-    session: SessionV2
-    message_id: str
-    parent_id: str
-    provider_id: str
-    model_id: str
-    temperature: float | None = None
-    reasoning: ReasoningLevel | None = None
-    """A reasoning level for this reply only (a per-send option); None: the settings'."""
-    tools: bool = True
-    """False: no tools are offered for this reply (a per-send option)."""
-    resume: MessageV2 | None = None
-    """A paused reply to continue (its stored content, usage and seq), instead of a new one."""
-    steps: int = 0
-    """Model steps taken so far (direct mode; a resumed reply keeps counting)."""
-    prepared: object | None = None
-    """Reads the turn made ahead for its driver (direct mode: the first request's
-    RequestBuilder.Prepared), or None; a driver checks the type it expects."""
-    abort_reason: str | None = None
-    """Set by whoever cancels the job (abort, a newer send, shutdown)."""
-    stop_grace: float = 0.0
-    """How much longer than ChatEngine's STOP_TIMEOUT_S a stop may take (set by a driver
-    whose cleanup is slower, e.g. an ACP agent's cancel timeout)."""
-    publish: bool = True
-    """Send ``chat:session:updated`` after the ending (off at shutdown)."""
-    outcome: str | None = None
-    """completed | error | aborted | paused, once the job has ended."""
-    ended_session: SessionV2 | None = None
-    """The session as stored after the ending (what ``chat:session:updated`` carried)."""
-    live: ReplyLifecycle | None = None
-    """The lifecycle while it runs: the in-flight content for ``chat:messages:get``."""
-    pausing: bool = False
-    """Set by a driver that has decided to pause (before its ``tool_approval_required``
-    events): the in-flight content is shown ``paused`` until the paused row is stored."""
-
-
-# ---- collaborators ------------------------------------------------------------------------
-
-
-class Pricing(Protocol):
-    async def cost(self, provider_id: str, model_id: str, usage: Usage) -> float:
-        """USD cost of ``usage`` (0 when unknown); SidecarError when it cannot be known."""
-        ...
-
-
-class ReplyServices:
-    """What every lifecycle of a process shares (built once by ChatEngine)."""
-
-    __slots__ = ("store", "notify", "pricing")
-
-    def __init__(self, *, store: AsyncStore, notify: Notifier, pricing: Pricing) -> None:
-        self.store = store
-        self.notify = notify
-        self.pricing = pricing
-
-
-class ReplyFeed(Protocol):
-    """What a driver feeds a reply with (see the module docstring)."""
-
-    @property
-    def content(self) -> ReplyBuilder: ...
-
-    async def text(self, delta: str) -> None: ...
-
-    async def thinking(self, delta: str, signature: str | None = None) -> None: ...
-
-    async def tool_call_started(self, call_id: str, name: str, arguments: str = "") -> None: ...
-
-    async def tool_call_arguments(self, call_id: str, name: str, fragment: str) -> None: ...
-
-    async def tool_use(self, call_id: str, name: str, arguments: str) -> int: ...
-
-    async def tool_result(
-        self, call_id: str, output: str, is_error: bool, *, replace: int | None = None, announce: bool = True
-    ) -> int: ...
-
-    async def part(self, part: ContentPart) -> int: ...
-
-    def replace_part(self, index: int, part: ContentPart) -> None: ...
-
-    async def report_usage(self, total: Usage, *, announce: bool = False) -> None: ...
-
-    async def notice(self, text: str, code: NoticeCode | None = None) -> None: ...
-
-    async def plan(self, entries: list[PlanEntry]) -> None: ...
-
-    async def citations(self, records: list[Citation]) -> None: ...
-
-    async def approval_required(
-        self,
-        call: StreamToolCall,
-        *,
-        decisions: list[str] | None = None,
-        options: list[ToolApprovalOption] | None = None,
-        source: str = "tool",
-        preview: str | None = None,
-    ) -> None: ...
-
-
-class ReplyDriver:
-    """Produces a reply's content; see the module docstring for the contract."""
-
-    doing = "generating the reply"
-    """Completes "internal error while ..." when a bug escapes ``drive``."""
-
-    async def drive(self, reply: ReplyFeed) -> Ending:
-        raise NotImplementedError
-
-    def persisted(self) -> StoreWrite | None:
-        return None
-
-    async def close(self, reply: ReplyFeed, ending: Failed | Aborted) -> None:
-        return None
-
-    async def finalize(self, snapshot: ReplySnapshot) -> ReplySnapshot:
-        return snapshot
-
-    def final_write(self, outcome: str) -> StoreWrite | None:
-        return None
-
-
-# ---- the lifecycle --------------------------------------------------------------------------
 
 
 class ReplyLifecycle:
