@@ -13,6 +13,10 @@ Lifetime (``serve``): start the peer, register the handlers and start reading, t
 open the App with ``peer.notify`` (requests other than the handshake wait for it). It
 ends on stdin EOF, ``sidecar:shutdown``, SIGTERM or SIGINT, the parent's death (seen by
 the Supervisor, sidecar/supervision.py) or when the output breaks, always the same way:
+0. an orderly stop (``sidecar:shutdown``, the end of input) first refuses what comes after
+   it (BUSY) and lets the requests read before it that the start-up held up (waiting for
+   the store or the services to open) run and answer (bounded by ``OPEN_WAIT_S``): a host
+   may write its first requests and the shutdown at once;
 1. the shutdown deadline starts (``SHUTDOWN_DEADLINE_S``; the Supervisor's thread ends
    the process when it passes, whatever is stuck) and every request from now on is
    answered BUSY (-32002);
@@ -20,8 +24,9 @@ the Supervisor, sidecar/supervision.py) or when the output breaks, always the sa
    this happens before its answer, so a client that stops reading at the answer has them);
 3. in-flight requests answer (a short grace, then REQUEST_CANCELLED) and reading stops;
 4. the App closes (its services finish or cancel their work within what is left of the
-   deadline), children still alive are killed, everything queued is written out and the
-   streams close. A clean end returns normally (exit code 0).
+   deadline but ``ANSWER_RESERVE_S``; a request still waiting for an App that did not open
+   is answered REQUEST_CANCELLED), children still alive are killed, everything queued is
+   written out and the streams close. A clean end returns normally (exit code 0).
 """
 
 from __future__ import annotations
@@ -75,6 +80,14 @@ REPLY_STOP_BUDGET_S = 0.9
 """Of the shutdown deadline: how long running replies get to store and announce their end."""
 DRAIN_GRACE_S = 0.3
 """Of the shutdown deadline: how long in-flight requests get to answer before they are cancelled."""
+ANSWER_RESERVE_S = 0.6
+"""Of the shutdown deadline: kept after the App's close for the drain (``DRAIN_GRACE_S``
+twice at most) and the write-out, so that every request read is answered before the
+Supervisor's hard exit."""
+OPEN_WAIT_S = 15.0
+"""The longest an orderly stop (``sidecar:shutdown``, the end of input) waits for the App
+a request read before it needs (a migration, the services' imports); then those requests
+are answered REQUEST_CANCELLED and the stop goes on."""
 
 
 def resolve_binding(app: App, path: str) -> BoundFunc | None:
@@ -146,6 +159,13 @@ class Server:
         if cold.store_read:
             self.want_services.set()
         self.ready = anyio.Event()
+        self.app_over = anyio.Event()
+        """Set when ``open_app`` ended without the services (it stopped or failed): requests
+        that wait for them are answered REQUEST_CANCELLED."""
+        self._waiting = 0
+        """Requests that wait for the store or the services to open."""
+        self._none_waiting = anyio.Event()
+        self._none_waiting.set()
         self.implemented: list[str] = BOUND_METHODS
         """Before ``attach``: every bound method (``open_app`` attaches a service for each,
         tests/test_rpc_server.py checks it); after: the bindings that resolved."""
@@ -221,6 +241,46 @@ class Server:
 
         return call
 
+    async def _after_start(self, event: anyio.Event, call: Callable[[], Awaitable[Any]]) -> Any:
+        """``await call()`` once ``event`` is set (the store or the whole App is open): a
+        request held up by the start-up, which an orderly stop lets finish
+        (``settle_waiting``). REQUEST_CANCELLED if the App will not open any more."""
+        self._waiting += 1
+        self._none_waiting = anyio.Event()
+        try:
+            async with anyio.create_task_group() as tg:
+
+                async def first(other: anyio.Event) -> None:
+                    await other.wait()
+                    tg.cancel_scope.cancel()
+
+                tg.start_soon(first, event)
+                tg.start_soon(first, self.app_over)
+            if not event.is_set():
+                raise SidecarError(
+                    "request cancelled: the sidecar stopped before its services were open",
+                    code=ErrorCode.REQUEST_CANCELLED,
+                )
+            return await call()
+        finally:
+            self._waiting -= 1
+            if not self._waiting:
+                self._none_waiting.set()
+
+    async def settle_waiting(self) -> None:
+        """An orderly stop: refuse what comes next (BUSY), and let the requests read before
+        it that wait for the App get it and their answer first (bounded by OPEN_WAIT_S;
+        requests that were already running get the drain's grace, as before)."""
+        self.closing = True
+        if not self._waiting:
+            return
+        logger.info("the stop waits for %d request%s read before it (held up by the start-up)",
+                    self._waiting, "" if self._waiting == 1 else "s")
+        with anyio.move_on_after(OPEN_WAIT_S) as scope:
+            await self._none_waiting.wait()
+        if scope.cancelled_caught:
+            logger.warning("the services did not open within %.0f s of the stop", OPEN_WAIT_S)
+
     def begin_shutdown(self) -> None:
         """Refuse new requests and start the shutdown deadline (idempotent)."""
         self.closing = True
@@ -249,7 +309,7 @@ class Server:
 
             async def call_store(raw: msgspec.Raw) -> Any:
                 if not self.store_ready.is_set():
-                    await self.store_ready.wait()
+                    return await self._after_start(self.store_ready, lambda: call_store(raw))
                 func = self._funcs.get(method)
                 if func is None:
                     return await unimplemented(raw)
@@ -265,7 +325,7 @@ class Server:
         async def call(raw: msgspec.Raw) -> Any:
             if not self.ready.is_set():
                 self.want_services.set()
-                await self.ready.wait()
+                return await self._after_start(self.ready, lambda: call(raw))
             func = self._funcs.get(method)
             if func is None:
                 return await unimplemented(raw)
@@ -293,6 +353,7 @@ class Server:
         then stop. A second shutdown during the first is answered the same way."""
         if not self.closing:
             logger.info("shutdown requested")
+        await self.settle_waiting()
         self.begin_shutdown()
         if self.ready.is_set():
             await self.stop_replies()
@@ -406,21 +467,24 @@ async def _serve(
             for method, handler in server.handlers().items():
                 peer.dispatcher.add(method, handler)
             peer.start_reading()  # the handshake is answered while the App opens
-            watchers.start_soon(_set_when, peer.closed, stop)
+            watchers.start_soon(_stop_at_end_of_input, peer.closed, server, stop)
             watchers.start_soon(_on_stop, stop, server, supervisor, app_scope)
             watchers.start_soon(_warm_up, server, config.warmup_ms / 1000)
-            with app_scope:  # its deadline is set when shutdown begins (_on_stop)
-                async with open_app(
-                    config, peer.notify,
-                    on_store=server.attach_store, services_wanted=server.services_wanted, store=cold.store,
-                ) as app:
-                    server.attach(app)
-                    logger.info("serving (data dir %s, pid %s)", app.data_dir, os.getpid())
-                    await stop.wait()
-                    logger.info("stopping")
-                    server.begin_shutdown()
-                    await server.stop_replies()
-                    await peer.drain_incoming()
+            try:
+                with app_scope:  # its deadline is set when shutdown begins (_on_stop)
+                    async with open_app(
+                        config, peer.notify,
+                        on_store=server.attach_store, services_wanted=server.services_wanted, store=cold.store,
+                    ) as app:
+                        server.attach(app)
+                        logger.info("serving (data dir %s, pid %s)", app.data_dir, os.getpid())
+                        await stop.wait()
+                        logger.info("stopping")
+                        server.begin_shutdown()
+                        await server.stop_replies()
+                        await peer.drain_incoming()
+            finally:
+                server.app_over.set()  # requests still waiting for the App are answered now
             if app_scope.cancelled_caught:
                 logger.warning("the services did not close within the shutdown deadline")
             # The App is closed; leaving the peer writes out what is queued.
@@ -437,7 +501,7 @@ async def _on_stop(
     server.stopping.set()  # an App still waiting to load its services stops without them
     if supervisor is not None:
         supervisor.begin_shutdown()
-    app_scope.deadline = anyio.current_time() + SHUTDOWN_CLOCK.bound(SHUTDOWN_DEADLINE_S)
+    app_scope.deadline = anyio.current_time() + SHUTDOWN_CLOCK.bound(SHUTDOWN_DEADLINE_S - ANSWER_RESERVE_S)
 
 
 async def _warm_up(server: Server, delay: float) -> None:
@@ -457,9 +521,11 @@ def _call_soon(loop: asyncio.AbstractEventLoop, func: Callable[[], Any]) -> None
         pass
 
 
-async def _set_when(event: anyio.Event, target: anyio.Event) -> None:
-    await event.wait()
-    target.set()
+async def _stop_at_end_of_input(closed: anyio.Event, server: Server, stop: anyio.Event) -> None:
+    """The end of input is an orderly stop, as ``sidecar:shutdown`` is."""
+    await closed.wait()
+    await server.settle_waiting()
+    stop.set()
 
 
 async def _watch_signals(stop: anyio.Event, early: EarlySignals) -> None:
