@@ -9,8 +9,10 @@ still registered and answers NOT_IMPLEMENTED, so the method list the client sees
 always the whole contract. tests/test_rpc_server.py fails if a method of the contract
 is neither bound nor handled here.
 
-Lifetime (``serve``): start the peer, register the handlers and start reading, then
-open the App with ``peer.notify`` (requests other than the handshake wait for it). It
+Lifetime (``serve``): start the peer (reading on from the early answers' LineReader,
+sidecar/coldstart.py), register the handlers and start reading, then open the App with
+``peer.notify``: the handshake and the ``EARLY`` methods (sidecar/bindings.py) are served
+once its store is open, every other method once its services are. It
 ends on stdin EOF, ``sidecar:shutdown``, SIGTERM or SIGINT, the parent's death (seen by
 the Supervisor, sidecar/supervision.py) or when the output breaks, always the same way:
 0. an orderly stop (``sidecar:shutdown``, the end of input) first refuses what comes after
@@ -48,9 +50,9 @@ from protocol.events import TextDeltaEvent
 from protocol.common import EmptyParams, SuccessResult
 from protocol.lifecycle import InitializeParams, InitializeResult
 from sidecar.app import App, open_app
-from sidecar.bindings import BINDINGS, INITIALIZE, LIFECYCLE_METHODS, SHUTDOWN
+from sidecar.bindings import BINDINGS, EARLY, INITIALIZE, LIFECYCLE_METHODS, SHUTDOWN
 from sidecar.coldstart import ColdStart, EarlySignals, loaded_heavy_modules
-from sidecar.handshake import BOUND_METHODS, check_version, initialize_result
+from sidecar.handshake import check_version, initialize_result
 from sidecar.config import Config
 from sidecar.errors import InvalidParams, SidecarError
 from sidecar.rpc import Handler, JsonRpcPeer
@@ -61,11 +63,6 @@ from sidecar.supervision import SHUTDOWN_CLOCK, SHUTDOWN_DEADLINE_S, Supervisor
 logger = logging.getLogger(__name__)
 
 
-STORE_METHODS = frozenset(
-    {"chat:session:list", "chat:session:get", "chat:messages:get", "chat:messages:tree", "chat:messages:search"}
-)
-"""Answered as soon as the store is open (they read it and nothing else): a cold start's
-first screen needs no provider, pipeline or tool module."""
 BENCH_NOTIFY = "sidecar:bench:notify"
 BENCH_PING = "sidecar:bench:ping"
 BENCH_MODULES = "sidecar:bench:modules"
@@ -131,10 +128,11 @@ class Server:
     """The method table of one App, plus the two lifecycle methods.
 
     The table exists before the App does: ``serve`` starts reading as soon as the peer
-    is up, so ``sidecar:initialize`` is answered while the services are still being
-    imported and opened (in a worker thread, see ``sidecar.app``). A bound method that
-    arrives before ``attach(app)`` waits for it; its params are decoded only then, so
-    the answers are exactly those of an App that was open from the start.
+    is up, so ``sidecar:initialize`` and the EARLY methods are answered as soon as the
+    store is open (``attach_store``), while the services are still being imported and
+    opened (in a worker thread, see ``sidecar.app``). Any other bound method that arrives
+    before ``attach(app)`` waits for it; its params are decoded only then, so the answers
+    are exactly those of an App that was open from the start.
     """
 
     def __init__(self, config: Config, app: App | None, stop: anyio.Event, *, cold: ColdStart | None = None) -> None:
@@ -144,12 +142,9 @@ class Server:
         self.closing = False
         """Set when shutdown begins: every request from then on is answered BUSY."""
         cold = cold or ColdStart()
-        self.initialized = cold.initialized
-        """The handshake came (maybe before the loop, sidecar/coldstart.py): the secrets
-        key is settled as soon as the store is open."""
         self._replies_stopped = False
         self.store_ready = anyio.Event()
-        """The store is open: STORE_METHODS are served."""
+        """The store is open: the handshake and the EARLY methods are served."""
         self.stopping = anyio.Event()
         """Set when shutdown begins (an App still waiting to load its services stops without)."""
         self.modules_at_first_answer = cold.modules_at_first_read
@@ -166,20 +161,14 @@ class Server:
         """Requests that wait for the store or the services to open."""
         self._none_waiting = anyio.Event()
         self._none_waiting.set()
-        self.implemented: list[str] = BOUND_METHODS
-        """Before ``attach``: every bound method (``open_app`` attaches a service for each,
-        tests/test_rpc_server.py checks it); after: the bindings that resolved."""
         self._funcs: dict[str, Callable[[Any], Awaitable[Any]]] = {}
         if app is not None:
             self.attach(app)
 
     async def attach_store(self, app: App) -> None:
-        """The store step of the App is open: settle the secrets key if the handshake
-        already came, then serve STORE_METHODS."""
-        if self.initialized:
-            await app.secrets.settle()
+        """The store step of the App is open: serve the handshake and the EARLY methods."""
         self.app = app
-        for method in STORE_METHODS:
+        for method in EARLY:
             func = resolve_binding(app, BINDINGS[method])
             if func is not None:
                 self._funcs[method] = func
@@ -207,7 +196,6 @@ class Server:
             func = resolve_binding(app, path)
             if func is not None:
                 self._funcs[method] = func
-        self.implemented = sorted([*LIFECYCLE_METHODS, *self._funcs])
         self.store_ready.set()
         self.ready.set()
 
@@ -305,7 +293,7 @@ class Server:
         params = Handler.for_params(METHODS[method].params)
         unimplemented = not_implemented(method)
 
-        if method in STORE_METHODS:
+        if method in EARLY:
 
             async def call_store(raw: msgspec.Raw) -> Any:
                 if not self.store_ready.is_set():
@@ -334,19 +322,21 @@ class Server:
         return call
 
     async def initialize(self, params: InitializeParams) -> InitializeResult:
+        """Settle the secrets key on the store (the host's ``secretKey``, else the sidecar's
+        own), then answer: the same answer whenever it comes (sidecar/handshake.py)."""
         host_key = None
         if params.secret_key is not None:
             try:
                 host_key = parse_key(params.secret_key)
             except ValueError as exc:
                 raise InvalidParams(f"invalid params: {exc} - at `$.secretKey`") from None
-            await self.store_ready.wait()  # the key is applied to the store before the answer
-        self.initialized = True
-        secrets = None
-        if self.store_ready.is_set() and self.app is not None:
-            secrets = await self.app.secrets.settle(host_key)
+        if not self.store_ready.is_set():
+            answer: InitializeResult = await self._after_start(self.store_ready, lambda: self.initialize(params))
+            return answer
+        assert self.app is not None
+        secrets = await self.app.secrets.settle(host_key)
         check_version(params)
-        return initialize_result(self.config, self.implemented, secrets)
+        return initialize_result(self.config, secrets)
 
     async def shutdown(self, params: EmptyParams) -> SuccessResult:
         """Abort running replies (their final events go out before this answer), answer,
@@ -416,7 +406,7 @@ async def serve(
 ) -> None:
     """Serve one client over the given streams until EOF, shutdown, a signal, ``stop`` or
     (with a ``supervisor``) the parent's death. ``cold``: what was answered and opened on
-    these streams before the event loop (sidecar/coldstart.py)."""
+    these streams before the event loop, and the reader that read them (sidecar/coldstart.py)."""
     stop = stop or anyio.Event()
     # In-process (tests, embedding) the clock is reset on both sides: the deadline of this
     # server's shutdown must not bound the waits of whatever runs after it returns. With a
@@ -462,6 +452,7 @@ async def _serve(
             max_line_bytes=config.max_line_bytes,
             autostart=False,
             shutdown_grace=DRAIN_GRACE_S,
+            reader=cold.reader,
         ) as peer:
             server = Server(config, None, stop, cold=cold)
             for method, handler in server.handlers().items():

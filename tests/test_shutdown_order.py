@@ -18,7 +18,7 @@ from protocol.errors import ErrorCode
 pytestmark = [pytest.mark.anyio, pytest.mark.sidecar_subprocess]  # exit, stdio, what a host writes at once
 
 UPSERT = {"name": "P", "type": "openai-compat", "baseUrl": "http://127.0.0.1:9/v1", "apiKey": "sk-x"}
-WAITS = "waits for 1 request read before it"
+WAITS = "the stop waits for "
 
 
 def _lines(*messages: tuple[Any, str, Any]) -> bytes:
@@ -61,7 +61,7 @@ async def _until_waiting_or_exit(proc: SidecarProcess) -> None:
 async def test_a_request_read_before_the_stop_is_answered_while_the_services_open(tmp_path: Path, stop: str) -> None:
     data = tmp_path / "data"
     db = await _one_migration_behind(data)
-    waiting = _lines(("i", "sidecar:initialize", {}), ("u", "provider:upsert", UPSERT))
+    waiting = _lines(("u", "provider:upsert", UPSERT))
     if stop == "shutdown":
         waiting += _lines(("s", "sidecar:shutdown", None), ("late", "provider:list", {}))
     try:
