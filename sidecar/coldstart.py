@@ -41,7 +41,7 @@ from sidecar import datadir
 from sidecar.bindings import EARLY, INITIALIZE
 from sidecar.config import Config
 from sidecar.errors import SidecarError
-from sidecar.handshake import check_version, initialize_result
+from sidecar.handshake import check_version, initialize_result, secrets_info
 from sidecar.rpc.dispatch import Handler
 from sidecar.rpc.framing import LineReader
 from sidecar.rpc.messages import Envelope, OutResult, classify, encode, envelope_decoder
@@ -147,19 +147,20 @@ def _answer(config: Config, line: bytes, cold: ColdStart) -> bytes | None:
 
 
 def _initialize(config: Config, envelope: Envelope, cold: ColdStart) -> bytes | None:
-    from sidecar.engine.secrets import secrets_info
-    from sidecar.secrets.keys import parse_key
-
     try:
         params = Handler.for_params(InitializeParams).decode_params(envelope.params)
     except SidecarError:
         return None
     if params.protocol_version not in (None, PROTOCOL_VERSION):
         return None
-    try:
-        host_key = parse_key(params.secret_key) if params.secret_key is not None else None
-    except ValueError:  # the server says why
-        return None
+    host_key = None
+    if params.secret_key is not None:
+        from sidecar.secrets.keys import parse_key
+
+        try:
+            host_key = parse_key(params.secret_key)
+        except ValueError:  # the server says why
+            return None
     try:  # the answer names the data dir: it exists by then, as when the server answers
         datadir.make_dirs(config.data_dir)
     except OSError:  # the server reports it

@@ -13,6 +13,7 @@ domain of the protocol and nothing of the server.
 from __future__ import annotations
 
 import logging
+from typing import TYPE_CHECKING
 
 import sidecar
 from protocol import PROTOCOL_VERSION
@@ -21,6 +22,9 @@ from protocol.lifecycle import InitializeParams, InitializeResult, SecretsInfo, 
 from sidecar.bindings import BINDINGS, LIFECYCLE_METHODS
 from sidecar.config import Config
 from sidecar.errors import SidecarError
+
+if TYPE_CHECKING:
+    from sidecar.secrets.box import SecretsStatus
 
 logger = logging.getLogger(__name__)
 
@@ -69,3 +73,9 @@ def initialize_result(config: Config, secrets: SecretsInfo) -> InitializeResult:
         data_dir=config.data_dir,
         secrets=secrets,
     )
+
+
+def secrets_info(status: SecretsStatus) -> SecretsInfo:
+    """What the answer reports of a settled key."""
+    assert status.source is not None  # settled
+    return SecretsInfo(state="locked" if status.locked else "ready", source=status.source, locked=status.locked)
