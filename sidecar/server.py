@@ -17,7 +17,7 @@ ends on stdin EOF, ``sidecar:shutdown``, SIGTERM or SIGINT, the parent's death (
 the Supervisor, sidecar/supervision.py) or when the output breaks, always the same way:
 0. an orderly stop (``sidecar:shutdown``, the end of input) first refuses what comes after
    it (BUSY) and lets the requests read before it that the start-up held up (waiting for
-   the store or the services to open) run and answer (bounded by ``OPEN_WAIT_S``): a host
+   the store or the services to open) run and answer (``sidecar.startup.OPEN_WAIT_S``): a host
    may write its first requests and the shutdown at once;
 1. the shutdown deadline starts (``SHUTDOWN_DEADLINE_S``; the Supervisor's thread ends
    the process when it passes, whatever is stuck) and every request from now on is
@@ -58,6 +58,7 @@ from sidecar.errors import InvalidParams, SidecarError
 from sidecar.rpc import Handler, JsonRpcPeer
 from sidecar.rpc.framing import ReceiveStream, SendStream
 from sidecar.secrets.keys import parse_key
+from sidecar.startup import Startup, Step
 from sidecar.supervision import SHUTDOWN_CLOCK, SHUTDOWN_DEADLINE_S, Supervisor
 
 logger = logging.getLogger(__name__)
@@ -81,10 +82,6 @@ ANSWER_RESERVE_S = 0.6
 """Of the shutdown deadline: kept after the App's close for the drain (``DRAIN_GRACE_S``
 twice at most) and the write-out, so that every request read is answered before the
 Supervisor's hard exit."""
-OPEN_WAIT_S = 15.0
-"""The longest an orderly stop (``sidecar:shutdown``, the end of input) waits for the App
-a request read before it needs (a migration, the services' imports); then those requests
-are answered REQUEST_CANCELLED and the stop goes on."""
 
 
 def resolve_binding(app: App, path: str) -> BoundFunc | None:
@@ -143,24 +140,10 @@ class Server:
         """Set when shutdown begins: every request from then on is answered BUSY."""
         cold = cold or ColdStart()
         self._replies_stopped = False
-        self.store_ready = anyio.Event()
-        """The store is open: the handshake and the EARLY methods are served."""
-        self.stopping = anyio.Event()
-        """Set when shutdown begins (an App still waiting to load its services stops without)."""
+        self.startup = Startup(services_wanted=cold.store_read)
+        """Where the App's opening stands (sidecar/startup.py); a first screen answered
+        early wants the services at once."""
         self.modules_at_first_answer = cold.modules_at_first_read
-        self.want_services = anyio.Event()
-        """Set by the first request that needs the other services, by the first answer of
-        a store method, or after an idle delay (``serve``): the App then loads them."""
-        if cold.store_read:
-            self.want_services.set()
-        self.ready = anyio.Event()
-        self.app_over = anyio.Event()
-        """Set when ``open_app`` ended without the services (it stopped or failed): requests
-        that wait for them are answered REQUEST_CANCELLED."""
-        self._waiting = 0
-        """Requests that wait for the store or the services to open."""
-        self._none_waiting = anyio.Event()
-        self._none_waiting.set()
         self._funcs: dict[str, Callable[[Any], Awaitable[Any]]] = {}
         if app is not None:
             self.attach(app)
@@ -172,21 +155,7 @@ class Server:
             func = resolve_binding(app, BINDINGS[method])
             if func is not None:
                 self._funcs[method] = func
-        self.store_ready.set()
-
-    async def services_wanted(self) -> bool:
-        """Wait until the other services are needed (True) or the server stops before
-        anything asked for them (False: a request that arrived before the stop still
-        asked, and is served)."""
-        async with anyio.create_task_group() as tg:
-
-            async def first(event: anyio.Event) -> None:
-                await event.wait()
-                tg.cancel_scope.cancel()
-
-            tg.start_soon(first, self.want_services)
-            tg.start_soon(first, self.stopping)
-        return self.want_services.is_set()
+        self.startup.reach(Step.STORE)
 
     def attach(self, app: App) -> None:
         """Resolve the bindings on the now open App and release the waiting requests."""
@@ -196,8 +165,7 @@ class Server:
             func = resolve_binding(app, path)
             if func is not None:
                 self._funcs[method] = func
-        self.store_ready.set()
-        self.ready.set()
+        self.startup.reach(Step.SERVICES)
 
     def handlers(self) -> dict[str, Handler[Any]]:
         table: dict[str, Handler[Any]] = {
@@ -229,45 +197,12 @@ class Server:
 
         return call
 
-    async def _after_start(self, event: anyio.Event, call: Callable[[], Awaitable[Any]]) -> Any:
-        """``await call()`` once ``event`` is set (the store or the whole App is open): a
-        request held up by the start-up, which an orderly stop lets finish
-        (``settle_waiting``). REQUEST_CANCELLED if the App will not open any more."""
-        self._waiting += 1
-        self._none_waiting = anyio.Event()
-        try:
-            async with anyio.create_task_group() as tg:
-
-                async def first(other: anyio.Event) -> None:
-                    await other.wait()
-                    tg.cancel_scope.cancel()
-
-                tg.start_soon(first, event)
-                tg.start_soon(first, self.app_over)
-            if not event.is_set():
-                raise SidecarError(
-                    "request cancelled: the sidecar stopped before its services were open",
-                    code=ErrorCode.REQUEST_CANCELLED,
-                )
-            return await call()
-        finally:
-            self._waiting -= 1
-            if not self._waiting:
-                self._none_waiting.set()
-
     async def settle_waiting(self) -> None:
         """An orderly stop: refuse what comes next (BUSY), and let the requests read before
-        it that wait for the App get it and their answer first (bounded by OPEN_WAIT_S;
-        requests that were already running get the drain's grace, as before)."""
+        it that the start-up held up answer first (``Startup.settle``; requests that were
+        already running get the drain's grace, as before)."""
         self.closing = True
-        if not self._waiting:
-            return
-        logger.info("the stop waits for %d request%s read before it (held up by the start-up)",
-                    self._waiting, "" if self._waiting == 1 else "s")
-        with anyio.move_on_after(OPEN_WAIT_S) as scope:
-            await self._none_waiting.wait()
-        if scope.cancelled_caught:
-            logger.warning("the services did not open within %.0f s of the stop", OPEN_WAIT_S)
+        await self.startup.settle()
 
     def begin_shutdown(self) -> None:
         """Refuse new requests and start the shutdown deadline (idempotent)."""
@@ -296,24 +231,24 @@ class Server:
         if method in EARLY:
 
             async def call_store(raw: msgspec.Raw) -> Any:
-                if not self.store_ready.is_set():
-                    return await self._after_start(self.store_ready, lambda: call_store(raw))
+                if self.startup.step < Step.STORE:
+                    return await self.startup.after(Step.STORE, lambda: call_store(raw))
                 func = self._funcs.get(method)
                 if func is None:
                     return await unimplemented(raw)
                 try:
                     return await func(await params.decode(raw))
                 finally:
-                    if not self.want_services.is_set():  # the first answers are out: load the rest
+                    if not self.startup.wanted:  # the first answers are out: load the rest
                         self.modules_at_first_answer = loaded_heavy_modules()
-                        self.want_services.set()
+                        self.startup.want_services()
 
             return call_store
 
         async def call(raw: msgspec.Raw) -> Any:
-            if not self.ready.is_set():
-                self.want_services.set()
-                return await self._after_start(self.ready, lambda: call(raw))
+            if self.startup.step < Step.SERVICES:
+                self.startup.want_services()
+                return await self.startup.after(Step.SERVICES, lambda: call(raw))
             func = self._funcs.get(method)
             if func is None:
                 return await unimplemented(raw)
@@ -330,9 +265,8 @@ class Server:
                 host_key = parse_key(params.secret_key)
             except ValueError as exc:
                 raise InvalidParams(f"invalid params: {exc} - at `$.secretKey`") from None
-        if not self.store_ready.is_set():
-            answer: InitializeResult = await self._after_start(self.store_ready, lambda: self.initialize(params))
-            return answer
+        if self.startup.step < Step.STORE:
+            return await self.startup.after(Step.STORE, lambda: self.initialize(params))
         assert self.app is not None
         secrets = await self.app.secrets.settle(host_key)
         check_version(params)
@@ -345,14 +279,14 @@ class Server:
             logger.info("shutdown requested")
         await self.settle_waiting()
         self.begin_shutdown()
-        if self.ready.is_set():
+        if self.startup.step >= Step.SERVICES:
             await self.stop_replies()
         self.stop.set()  # serve() waits for this reply to be queued before it stops writing
         return SuccessResult(success=True)
 
     async def test_clock(self, params: TestClockParams) -> dict[str, int]:
         """Move the scheduler's test clock; answered once every time up to it was handled."""
-        await self.ready.wait()
+        await self.startup.wait(Step.SERVICES)
         tasks = getattr(self.app, "tasks", None)
         if tasks is None:
             raise SidecarError("the task scheduler is not running", code=ErrorCode.NOT_IMPLEMENTED)
@@ -381,7 +315,7 @@ class Server:
         if not empty <= params.size <= 1_000_000:
             raise InvalidParams(f"invalid params: size must be {empty}..1000000")
         text = "x" * (params.size - empty)
-        await self.ready.wait()
+        await self.startup.wait(Step.SERVICES)
         assert self.app is not None
         notify = self.app.notify
         started = time.perf_counter()
@@ -460,12 +394,13 @@ async def _serve(
             peer.start_reading()  # the handshake is answered while the App opens
             watchers.start_soon(_stop_at_end_of_input, peer.closed, server, stop)
             watchers.start_soon(_on_stop, stop, server, supervisor, app_scope)
-            watchers.start_soon(_warm_up, server, config.warmup_ms / 1000)
+            watchers.start_soon(server.startup.warm_up, config.warmup_ms / 1000)
             try:
                 with app_scope:  # its deadline is set when shutdown begins (_on_stop)
                     async with open_app(
                         config, peer.notify,
-                        on_store=server.attach_store, services_wanted=server.services_wanted, store=cold.store,
+                        on_store=server.attach_store, services_wanted=server.startup.services_wanted,
+                        store=cold.store,
                     ) as app:
                         server.attach(app)
                         logger.info("serving (data dir %s, pid %s)", app.data_dir, os.getpid())
@@ -475,7 +410,7 @@ async def _serve(
                         await server.stop_replies()
                         await peer.drain_incoming()
             finally:
-                server.app_over.set()  # requests still waiting for the App are answered now
+                server.startup.end()  # requests still waiting for the App are answered now
             if app_scope.cancelled_caught:
                 logger.warning("the services did not close within the shutdown deadline")
             # The App is closed; leaving the peer writes out what is queued.
@@ -489,19 +424,10 @@ async def _on_stop(
     """Once stopping: start the deadline, and bound the App (also while it is still opening)."""
     await stop.wait()
     server.begin_shutdown()
-    server.stopping.set()  # an App still waiting to load its services stops without them
+    server.startup.stop()  # an App still waiting to load its services stops without them
     if supervisor is not None:
         supervisor.begin_shutdown()
     app_scope.deadline = anyio.current_time() + SHUTDOWN_CLOCK.bound(SHUTDOWN_DEADLINE_S - ANSWER_RESERVE_S)
-
-
-async def _warm_up(server: Server, delay: float) -> None:
-    """Load the services ``delay`` seconds after the store opened if nothing asked yet
-    (a client that only shook hands then idles gets them loaded before its first send)."""
-    await server.store_ready.wait()
-    with anyio.move_on_after(delay):
-        await server.want_services.wait()
-    server.want_services.set()
 
 
 def _call_soon(loop: asyncio.AbstractEventLoop, func: Callable[[], Any]) -> None:

@@ -81,3 +81,32 @@ async def test_a_request_read_before_the_stop_is_answered_while_the_services_ope
     async with spawn_sidecar(data) as proc:  # the upsert was stored
         assert [p["name"] for p in await proc.call("provider:list", {})] == ["P"]
         await proc.close()
+
+
+async def test_a_request_held_up_by_an_opening_that_ends_short_is_answered_cancelled() -> None:
+    from sidecar.errors import SidecarError
+    from sidecar.startup import Startup, Step
+
+    startup = Startup()
+    codes: list[int] = []
+    settled = anyio.Event()
+
+    async def held() -> None:
+        with pytest.raises(SidecarError) as err:
+            await startup.after(Step.SERVICES, lambda: anyio.sleep(0))
+        codes.append(err.value.code)
+
+    async def orderly_stop() -> None:
+        await startup.settle()
+        settled.set()
+
+    with anyio.fail_after(5):
+        async with anyio.create_task_group() as tg:
+            tg.start_soon(held)
+            await anyio.wait_all_tasks_blocked()
+            tg.start_soon(orderly_stop)
+            startup.reach(Step.STORE)  # not the step it needs: it keeps waiting, and the stop too
+            await anyio.wait_all_tasks_blocked()
+            assert codes == [] and not settled.is_set() and startup.held == 1
+            startup.end()  # the App stopped opening (a signal, a failure)
+    assert codes == [ErrorCode.REQUEST_CANCELLED] and settled.is_set() and startup.held == 0
