@@ -186,7 +186,7 @@ def _read(config: Config, envelope: Envelope, method: str, cold: ColdStart) -> b
         store = _store(config, cold)
         if store is None:
             return None
-        result = session_reads.handler(EARLY[method])(store, params)
+        result = session_reads.HANDLERS[EARLY[method]](store, params)
     except SidecarError:
         return None
     answer = encode(OutResult(id=envelope.id, result=result))

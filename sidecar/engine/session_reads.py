@@ -51,10 +51,10 @@ def search_messages(store: Store, params: MessagesSearchParams) -> list[SearchRe
     return store.search.messages(params.query, params.options)
 
 
-def handler(name: str) -> Callable[[Store, Any], Any]:
-    """The handler ``sidecar.bindings.EARLY`` names."""
-    found: Callable[[Store, Any], Any] = globals()[name]
-    return found
+HANDLERS: dict[str, Callable[[Store, Any], Any]] = {
+    f.__name__: f for f in (list_sessions, get_session, get_messages, get_tree, search_messages)
+}
+"""The handlers by the name ``sidecar.bindings.EARLY`` gives them."""
 
 
 def encode_tree(roots: list[MessageTreeNode]) -> bytes:
