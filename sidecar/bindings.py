@@ -154,3 +154,16 @@ BINDINGS: dict[str, str] = {
     "task:settings:update": "tasks.update_settings",
 }
 """Method name -> attribute path on the App of the ``async def f(params) -> result`` that answers it."""
+
+EARLY: dict[str, str] = {
+    "chat:session:list": "list_sessions",
+    "chat:session:get": "get_session",
+    "chat:messages:get": "get_messages",
+    "chat:messages:tree": "get_tree",
+    "chat:messages:search": "search_messages",
+}
+"""The methods that may be answered before the App's services are open (a desktop client's
+first screen): method -> its blocking handler on the store, ``f(store, params) -> result``
+in sidecar/engine/session_reads.py, which the bound service method runs too. The leading
+ones waiting at start are answered before the event loop (sidecar/coldstart.py), later ones
+as soon as the store is open (sidecar/server.py)."""

@@ -1,24 +1,26 @@
-"""The cold start: the first answers, given before the event loop exists.
+"""The start-up's early answers: the leading requests a host wrote before the event loop.
 
 A desktop host spawns the sidecar and writes its first requests at once: the handshake and
-the session list of its first screen. They are usually waiting in the pipe by the time the
+the reads of its first screen. They are usually waiting in the pipe by the time the
 command line is parsed. ``answer_waiting`` answers them there, synchronously, before
 asyncio, the server and the services are imported (about half of the time to those
-answers), and hands what it opened to the server (``ColdStart``).
+answers), and hands the server what it opened and the LineReader it read with
+(``ColdStart``): the server's peer reads on from that reader, so every line is split once,
+by the framing module the server uses (sidecar/rpc/framing.py).
 
 It answers, in order, the leading requests of the waiting input that are
-- ``sidecar:initialize``, answered by sidecar/handshake.py; with ``secretKey`` the key is
-  first settled on the store opened here (``SecretsService.settle``'s repository call);
-- ``chat:session:list``, read from the store (``SessionRepo.query``, what the App's
-  SessionService answers it with).
-The store is opened here when its schema is current and no key comes on a file descriptor
-(both are left to the App: a migration may take long, and runs where signals and the
-parent's death are served; the key can be read only once). It stops at the first other
-line. What must stay true:
+- ``sidecar:initialize``, answered by sidecar/handshake.py after the secrets key is settled
+  on the store (the host's ``secretKey``, or the sidecar's own key), as the server does;
+- a method of ``sidecar.bindings.EARLY``, answered by its blocking handler on the store
+  (sidecar/engine/session_reads.py, what the App's SessionService runs too).
+The store is opened here (``sidecar.store_open.open_store``, the App's way) when its schema
+is current and no key comes on a file descriptor (both are left to the App: a migration may
+take long, and runs where signals and the parent's death are served; the key can be read
+only once). It stops at the first other line. What must stay true:
 - an answer given here is the one the server would give at that moment, and only a success:
-  anything else (params that do not decode, an error of the store, a version mismatch, a
-  partial or oversized line, a batch, a notification, another method) stops it, and that
-  line and everything after it reach the server byte for byte, in order;
+  anything else (params that do not decode, an error of the store, a version mismatch, an
+  empty, partial or oversized line, a batch, a notification, another method) stops it, and
+  that line and everything after it reach the server as they came, in order;
 - nothing here waits for input, and nothing here imports what HEAVY_MODULES names.
 """
 
@@ -34,14 +36,15 @@ from typing import TYPE_CHECKING
 import msgspec
 
 from protocol import PROTOCOL_VERSION
-from protocol.lifecycle import InitializeParams, SecretsInfo
-from protocol.sessions import SessionFilter
-from sidecar.bindings import INITIALIZE
+from protocol.lifecycle import InitializeParams
 from sidecar import datadir
+from sidecar.bindings import EARLY, INITIALIZE
 from sidecar.config import Config
 from sidecar.errors import SidecarError
-from sidecar.handshake import BOUND_METHODS, check_version, initialize_result
+from sidecar.handshake import check_version, initialize_result
+from sidecar.secrets.box import secrets_info
 from sidecar.rpc.dispatch import Handler
+from sidecar.rpc.framing import LineReader
 from sidecar.rpc.messages import Envelope, OutResult, classify, encode, envelope_decoder
 from sidecar.rpc.stdio import FdReceiveStream, FdSendStream
 
@@ -49,11 +52,6 @@ if TYPE_CHECKING:
     from sidecar.store.store import Store
 
 logger = logging.getLogger(__name__)
-
-SESSION_LIST = "chat:session:list"
-SESSION_LIST_PARAMS = SessionFilter
-"""Its params type (``protocol.METHODS`` has the same: tests/test_cold_start.py), named
-directly so that the first list imports no other domain of the protocol."""
 
 HEAVY_MODULES = (
     "sidecar.providers", "sidecar.pipeline", "sidecar.tools", "sidecar.acp", "sidecar.retrieval",
@@ -90,9 +88,11 @@ class EarlySignals:
 
 @dataclass
 class ColdStart:
-    """What the cold start did, for the server to carry on from."""
+    """What the early answers did, for the server to carry on from."""
 
     signals: EarlySignals = field(default_factory=EarlySignals)
+    reader: LineReader | None = None
+    """The reader of the input, holding what was read and not answered (None: nothing read)."""
     answered: list[str] = field(default_factory=list)
     """The methods answered, in order."""
     store: Store | None = None
@@ -101,40 +101,32 @@ class ColdStart:
     """``loaded_heavy_modules()`` when the first store method was answered."""
 
     @property
-    def initialized(self) -> bool:
-        """The handshake was answered."""
-        return INITIALIZE in self.answered
-
-    @property
     def store_read(self) -> bool:
         """A store method was answered: the other services are wanted now."""
-        return SESSION_LIST in self.answered
+        return any(method in EARLY for method in self.answered)
 
 
 def answer_waiting(
     config: Config, receive: FdReceiveStream, send: FdSendStream, signals: EarlySignals
 ) -> ColdStart:
-    """Answer the leading requests of what is waiting on ``receive`` (see the module doc);
-    whatever was read and not answered is put back."""
-    cold = ColdStart(signals=signals)
-    waiting = receive.read_waiting()
-    start = 0
-    while (end := waiting.find(b"\n", start)) >= 0:
-        line = waiting[start:end]
+    """Answer the leading requests of what is waiting on ``receive`` (see the module doc)."""
+    reader = LineReader(receive, config.max_line_bytes)
+    cold = ColdStart(signals=signals, reader=reader)
+    reader.feed(receive.read_waiting())
+    while (line := reader.next_ready()) is not None:
         try:
-            answer = _answer(config, line, cold) if 0 < len(line) <= config.max_line_bytes else None
+            answer = _answer(config, line, cold) if isinstance(line, bytes) and line else None
         except Exception:  # a bug here must not cost the start: the server answers it instead
-            logger.exception("the cold start failed on a waiting request; the server answers it")
+            logger.exception("an early answer failed on a waiting request; the server answers it")
             answer = None
         if answer is None:
+            reader.put_back(line)
             break
-        start = end + 1
         try:
             send.write_now(answer)
         except OSError as exc:  # the reader is gone: the server finds the output broken too
-            logger.info("an answer of the cold start could not be written: %s", exc)
+            logger.info("an early answer could not be written: %s", exc)
             break
-    receive.unread(waiting[start:])
     if cold.answered:
         logger.info("answered before the event loop: %s", ", ".join(cold.answered))
     return cold
@@ -150,8 +142,8 @@ def _answer(config: Config, line: bytes, cold: ColdStart) -> bytes | None:
         return None
     if envelope.method == INITIALIZE:
         return _initialize(config, envelope, cold)
-    if envelope.method == SESSION_LIST:
-        return _session_list(config, envelope, cold)
+    if isinstance(envelope.method, str) and envelope.method in EARLY:
+        return _read(config, envelope, envelope.method, cold)
     return None
 
 
@@ -162,72 +154,58 @@ def _initialize(config: Config, envelope: Envelope, cold: ColdStart) -> bytes | 
         return None
     if params.protocol_version not in (None, PROTOCOL_VERSION):
         return None
-    try:  # the answer names the data dir: it exists by then, as when the App answers
-        datadir.make_dirs(config.data_dir)
-    except OSError:  # the App reports it
-        return None
-    secrets = None
+    host_key = None
     if params.secret_key is not None:
-        # the host's key is applied to the store before the answer, which reports it
-        secrets = _settle(config, params.secret_key, cold)
-        if secrets is None:
+        from sidecar.secrets.keys import parse_key
+
+        try:
+            host_key = parse_key(params.secret_key)
+        except ValueError:  # the server says why
             return None
-    # without a key, it is settled once the App has the store (``secrets`` null, as in any
-    # handshake answered before the store is open)
+    try:  # the answer names the data dir: it exists by then, as when the server answers
+        datadir.make_dirs(config.data_dir)
+    except OSError:  # the server reports it
+        return None
+    store = _store(config, cold)
+    if store is None:
+        return None
+    try:
+        secrets = secrets_info(store.secrets.settle(host_key))
+    except SidecarError:
+        return None
     check_version(params)
-    answer = encode(OutResult(id=envelope.id, result=initialize_result(config, BOUND_METHODS, secrets)))
+    answer = encode(OutResult(id=envelope.id, result=initialize_result(config, secrets)))
     cold.answered.append(INITIALIZE)
     return answer
 
 
-def _settle(config: Config, secret_key: str, cold: ColdStart) -> SecretsInfo | None:
-    """``SecretsService.settle`` with the host's key, on the store opened here; None when
-    it cannot be done here (a key that does not parse, a store left to the App)."""
-    from sidecar.engine.secrets import secrets_info
-    from sidecar.secrets.keys import parse_key
+def _read(config: Config, envelope: Envelope, method: str, cold: ColdStart) -> bytes | None:
+    from sidecar.engine import session_reads
 
     try:
-        host_key = parse_key(secret_key)
-    except ValueError:  # the server says why
-        return None
-    store = cold.store or _open_store(config, cold)
-    if store is None:
-        return None
-    try:
-        return secrets_info(store.secrets.settle(host_key))
-    except SidecarError:
-        return None
-
-
-def _session_list(config: Config, envelope: Envelope, cold: ColdStart) -> bytes | None:
-    try:
-        params = Handler.for_params(SESSION_LIST_PARAMS).decode_params(envelope.params)
-        store = cold.store or _open_store(config, cold)
+        params = Handler.for_params(session_reads.SPECS[method].params).decode_params(envelope.params)
+        store = _store(config, cold)
         if store is None:
             return None
-        result = store.sessions.query(params)
+        result = session_reads.HANDLERS[EARLY[method]](store, params)
     except SidecarError:
         return None
     answer = encode(OutResult(id=envelope.id, result=result))
     if not cold.store_read:
         cold.modules_at_first_read = loaded_heavy_modules()
-    cold.answered.append(SESSION_LIST)
+    cold.answered.append(method)
     return answer
 
 
-def _open_store(config: Config, cold: ColdStart) -> Store | None:
+def _store(config: Config, cold: ColdStart) -> Store | None:
+    if cold.store is not None:
+        return cold.store
     if config.secret_key_fd is not None:
         return None
-    from pathlib import Path
+    from sidecar.store_open import open_store
 
-    from sidecar.secrets.box import SecretBox
-    from sidecar.store.store import open_store
-
-    data_dir = Path(config.data_dir)
     try:
-        cold.store = open_store(
-            data_dir, secrets=SecretBox(data_dir, use_keychain=config.keychain), migrate_schema=False
-        )
+        cold.store = open_store(config, migrate=False)
     except Exception as exc:  # the App opens it, or reports why it cannot
         # (a migration to run, a lock held, a file it cannot read)
         logger.debug("the store is left to the App: %s", exc)

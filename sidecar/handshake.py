@@ -1,10 +1,13 @@
 """The handshake: the one answer to ``sidecar:initialize``.
 
 ``check_version`` and ``initialize_result`` are the whole of it: ``Server.initialize``
-(sidecar/server.py) answers with them, and so does the cold start (sidecar/coldstart.py)
-when the handshake is already waiting before the event loop runs. Light on imports for
-that reason: the handshake's own types and the names of methods and notifications, no
-other domain of the protocol and nothing of the server.
+(sidecar/server.py) answers with them, and so do the early answers (sidecar/coldstart.py)
+when the handshake is already waiting before the event loop runs. What must stay true: the
+answer is the same whenever it is given; it is given once the store is open and the
+secrets key settled on it (``secrets`` is never null), and ``implemented`` is every bound
+method (``open_app`` attaches a service for each: tests/test_rpc_server.py). Light on
+imports: the handshake's own types and the names of methods and notifications, no other
+domain of the protocol and nothing of the server.
 """
 
 from __future__ import annotations
@@ -24,7 +27,7 @@ logger = logging.getLogger(__name__)
 
 BOUND_METHODS: list[str] = sorted([*LIFECYCLE_METHODS, *BINDINGS])
 """Every method this process answers: the contract's (tests/test_rpc_server.py holds them
-equal to ``protocol.METHODS``), and what ``implemented`` lists until the App is open."""
+equal to ``protocol.METHODS``)."""
 
 
 def check_version(params: InitializeParams) -> None:
@@ -47,13 +50,13 @@ def check_version(params: InitializeParams) -> None:
         )
 
 
-def initialize_result(config: Config, implemented: list[str], secrets: SecretsInfo | None) -> InitializeResult:
+def initialize_result(config: Config, secrets: SecretsInfo) -> InitializeResult:
     return InitializeResult(
         protocol_version=PROTOCOL_VERSION,
         server_info=ServerInfo(name=sidecar.SERVER_NAME, version=sidecar.__version__),
         capabilities=ServerCapabilities(
             methods=BOUND_METHODS,
-            implemented=implemented,
+            implemented=BOUND_METHODS,
             notifications=list(SERVER_NOTIFICATIONS),
             max_line_bytes=config.max_line_bytes,
         ),

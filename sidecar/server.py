@@ -9,10 +9,16 @@ still registered and answers NOT_IMPLEMENTED, so the method list the client sees
 always the whole contract. tests/test_rpc_server.py fails if a method of the contract
 is neither bound nor handled here.
 
-Lifetime (``serve``): start the peer, register the handlers and start reading, then
-open the App with ``peer.notify`` (requests other than the handshake wait for it). It
+Lifetime (``serve``): start the peer (reading on from the early answers' LineReader,
+sidecar/coldstart.py), register the handlers and start reading, then open the App with
+``peer.notify``: the handshake and the ``EARLY`` methods (sidecar/bindings.py) are served
+once its store is open, every other method once its services are. It
 ends on stdin EOF, ``sidecar:shutdown``, SIGTERM or SIGINT, the parent's death (seen by
 the Supervisor, sidecar/supervision.py) or when the output breaks, always the same way:
+0. an orderly stop (``sidecar:shutdown``, the end of input) first refuses what comes after
+   it (BUSY) and lets the requests read before it that the start-up held up (waiting for
+   the store or the services to open) run and answer (``sidecar.startup.OPEN_WAIT_S``): a host
+   may write its first requests and the shutdown at once;
 1. the shutdown deadline starts (``SHUTDOWN_DEADLINE_S``; the Supervisor's thread ends
    the process when it passes, whatever is stuck) and every request from now on is
    answered BUSY (-32002);
@@ -20,8 +26,9 @@ the Supervisor, sidecar/supervision.py) or when the output breaks, always the sa
    this happens before its answer, so a client that stops reading at the answer has them);
 3. in-flight requests answer (a short grace, then REQUEST_CANCELLED) and reading stops;
 4. the App closes (its services finish or cancel their work within what is left of the
-   deadline), children still alive are killed, everything queued is written out and the
-   streams close. A clean end returns normally (exit code 0).
+   deadline but ``ANSWER_RESERVE_S``; a request still waiting for an App that did not open
+   is answered REQUEST_CANCELLED), children still alive are killed, everything queued is
+   written out and the streams close. A clean end returns normally (exit code 0).
 """
 
 from __future__ import annotations
@@ -44,24 +51,20 @@ from protocol.notifications import CHAT_STREAM
 from protocol.common import EmptyParams, SuccessResult
 from protocol.lifecycle import InitializeParams, InitializeResult
 from sidecar.app import App, open_app
-from sidecar.bindings import BINDINGS, INITIALIZE, LIFECYCLE_METHODS, SHUTDOWN
+from sidecar.bindings import BINDINGS, EARLY, INITIALIZE, LIFECYCLE_METHODS, SHUTDOWN
 from sidecar.coldstart import ColdStart, EarlySignals, loaded_heavy_modules
-from sidecar.handshake import BOUND_METHODS, check_version, initialize_result
+from sidecar.handshake import check_version, initialize_result
 from sidecar.config import Config
 from sidecar.errors import InvalidParams, SidecarError
 from sidecar.rpc import Handler, JsonRpcPeer
 from sidecar.rpc.framing import ReceiveStream, SendStream
 from sidecar.secrets.keys import parse_key
+from sidecar.startup import Startup, Step
 from sidecar.supervision import SHUTDOWN_CLOCK, SHUTDOWN_DEADLINE_S, Supervisor
 
 logger = logging.getLogger(__name__)
 
 
-STORE_METHODS = frozenset(
-    {"chat:session:list", "chat:session:get", "chat:messages:get", "chat:messages:tree", "chat:messages:search"}
-)
-"""Answered as soon as the store is open (they read it and nothing else): a cold start's
-first screen needs no provider, pipeline or tool module."""
 BENCH_NOTIFY = "sidecar:bench:notify"
 BENCH_PING = "sidecar:bench:ping"
 BENCH_MODULES = "sidecar:bench:modules"
@@ -76,6 +79,10 @@ REPLY_STOP_BUDGET_S = 0.9
 """Of the shutdown deadline: how long running replies get to store and announce their end."""
 DRAIN_GRACE_S = 0.3
 """Of the shutdown deadline: how long in-flight requests get to answer before they are cancelled."""
+ANSWER_RESERVE_S = 0.6
+"""Of the shutdown deadline: kept after the App's close for the drain (``DRAIN_GRACE_S``
+twice at most) and the write-out, so that every request read is answered before the
+Supervisor's hard exit."""
 
 
 def resolve_binding(app: App, path: str) -> BoundFunc | None:
@@ -119,10 +126,11 @@ class Server:
     """The method table of one App, plus the two lifecycle methods.
 
     The table exists before the App does: ``serve`` starts reading as soon as the peer
-    is up, so ``sidecar:initialize`` is answered while the services are still being
-    imported and opened (in a worker thread, see ``sidecar.app``). A bound method that
-    arrives before ``attach(app)`` waits for it; its params are decoded only then, so
-    the answers are exactly those of an App that was open from the start.
+    is up, so ``sidecar:initialize`` and the EARLY methods are answered as soon as the
+    store is open (``attach_store``), while the services are still being imported and
+    opened (in a worker thread, see ``sidecar.app``). Any other bound method that arrives
+    before ``attach(app)`` waits for it; its params are decoded only then, so the answers
+    are exactly those of an App that was open from the start.
     """
 
     def __init__(self, config: Config, app: App | None, stop: anyio.Event, *, cold: ColdStart | None = None) -> None:
@@ -132,53 +140,23 @@ class Server:
         self.closing = False
         """Set when shutdown begins: every request from then on is answered BUSY."""
         cold = cold or ColdStart()
-        self.initialized = cold.initialized
-        """The handshake came (maybe before the loop, sidecar/coldstart.py): the secrets
-        key is settled as soon as the store is open."""
         self._replies_stopped = False
-        self.store_ready = anyio.Event()
-        """The store is open: STORE_METHODS are served."""
-        self.stopping = anyio.Event()
-        """Set when shutdown begins (an App still waiting to load its services stops without)."""
+        self.startup = Startup(services_wanted=cold.store_read)
+        """Where the App's opening stands (sidecar/startup.py); a first screen answered
+        early wants the services at once."""
         self.modules_at_first_answer = cold.modules_at_first_read
-        self.want_services = anyio.Event()
-        """Set by the first request that needs the other services, by the first answer of
-        a store method, or after an idle delay (``serve``): the App then loads them."""
-        if cold.store_read:
-            self.want_services.set()
-        self.ready = anyio.Event()
-        self.implemented: list[str] = BOUND_METHODS
-        """Before ``attach``: every bound method (``open_app`` attaches a service for each,
-        tests/test_rpc_server.py checks it); after: the bindings that resolved."""
         self._funcs: dict[str, Callable[[Any], Awaitable[Any]]] = {}
         if app is not None:
             self.attach(app)
 
     async def attach_store(self, app: App) -> None:
-        """The store step of the App is open: settle the secrets key if the handshake
-        already came, then serve STORE_METHODS."""
-        if self.initialized:
-            await app.secrets.settle()
+        """The store step of the App is open: serve the handshake and the EARLY methods."""
         self.app = app
-        for method in STORE_METHODS:
+        for method in EARLY:
             func = resolve_binding(app, BINDINGS[method])
             if func is not None:
                 self._funcs[method] = func
-        self.store_ready.set()
-
-    async def services_wanted(self) -> bool:
-        """Wait until the other services are needed (True) or the server stops before
-        anything asked for them (False: a request that arrived before the stop still
-        asked, and is served)."""
-        async with anyio.create_task_group() as tg:
-
-            async def first(event: anyio.Event) -> None:
-                await event.wait()
-                tg.cancel_scope.cancel()
-
-            tg.start_soon(first, self.want_services)
-            tg.start_soon(first, self.stopping)
-        return self.want_services.is_set()
+        self.startup.reach(Step.STORE)
 
     def attach(self, app: App) -> None:
         """Resolve the bindings on the now open App and release the waiting requests."""
@@ -188,9 +166,7 @@ class Server:
             func = resolve_binding(app, path)
             if func is not None:
                 self._funcs[method] = func
-        self.implemented = sorted([*LIFECYCLE_METHODS, *self._funcs])
-        self.store_ready.set()
-        self.ready.set()
+        self.startup.reach(Step.SERVICES)
 
     def handlers(self) -> dict[str, Handler[Any]]:
         table: dict[str, Handler[Any]] = {
@@ -222,6 +198,13 @@ class Server:
 
         return call
 
+    async def settle_waiting(self) -> None:
+        """An orderly stop: refuse what comes next (BUSY), and let the requests read before
+        it that the start-up held up answer first (``Startup.settle``; requests that were
+        already running get the drain's grace, as before)."""
+        self.closing = True
+        await self.startup.settle()
+
     def begin_shutdown(self) -> None:
         """Refuse new requests and start the shutdown deadline (idempotent)."""
         self.closing = True
@@ -246,27 +229,27 @@ class Server:
         params = Handler.for_params(METHODS[method].params)
         unimplemented = not_implemented(method)
 
-        if method in STORE_METHODS:
+        if method in EARLY:
 
             async def call_store(raw: msgspec.Raw) -> Any:
-                if not self.store_ready.is_set():
-                    await self.store_ready.wait()
+                if self.startup.step < Step.STORE:
+                    return await self.startup.after(Step.STORE, lambda: call_store(raw))
                 func = self._funcs.get(method)
                 if func is None:
                     return await unimplemented(raw)
                 try:
                     return await func(await params.decode(raw))
                 finally:
-                    if not self.want_services.is_set():  # the first answers are out: load the rest
+                    if not self.startup.wanted:  # the first answers are out: load the rest
                         self.modules_at_first_answer = loaded_heavy_modules()
-                        self.want_services.set()
+                        self.startup.want_services()
 
             return call_store
 
         async def call(raw: msgspec.Raw) -> Any:
-            if not self.ready.is_set():
-                self.want_services.set()
-                await self.ready.wait()
+            if self.startup.step < Step.SERVICES:
+                self.startup.want_services()
+                return await self.startup.after(Step.SERVICES, lambda: call(raw))
             func = self._funcs.get(method)
             if func is None:
                 return await unimplemented(raw)
@@ -275,34 +258,36 @@ class Server:
         return call
 
     async def initialize(self, params: InitializeParams) -> InitializeResult:
+        """Settle the secrets key on the store (the host's ``secretKey``, else the sidecar's
+        own), then answer: the same answer whenever it comes (sidecar/handshake.py)."""
         host_key = None
         if params.secret_key is not None:
             try:
                 host_key = parse_key(params.secret_key)
             except ValueError as exc:
                 raise InvalidParams(f"invalid params: {exc} - at `$.secretKey`") from None
-            await self.store_ready.wait()  # the key is applied to the store before the answer
-        self.initialized = True
-        secrets = None
-        if self.store_ready.is_set() and self.app is not None:
-            secrets = await self.app.secrets.settle(host_key)
+        if self.startup.step < Step.STORE:
+            return await self.startup.after(Step.STORE, lambda: self.initialize(params))
+        assert self.app is not None
+        secrets = await self.app.secrets.settle(host_key)
         check_version(params)
-        return initialize_result(self.config, self.implemented, secrets)
+        return initialize_result(self.config, secrets)
 
     async def shutdown(self, params: EmptyParams) -> SuccessResult:
         """Abort running replies (their final events go out before this answer), answer,
         then stop. A second shutdown during the first is answered the same way."""
         if not self.closing:
             logger.info("shutdown requested")
+        await self.settle_waiting()
         self.begin_shutdown()
-        if self.ready.is_set():
+        if self.startup.step >= Step.SERVICES:
             await self.stop_replies()
         self.stop.set()  # serve() waits for this reply to be queued before it stops writing
         return SuccessResult(success=True)
 
     async def test_clock(self, params: TestClockParams) -> dict[str, int]:
         """Move the scheduler's test clock; answered once every time up to it was handled."""
-        await self.ready.wait()
+        await self.startup.wait(Step.SERVICES)
         tasks = getattr(self.app, "tasks", None)
         if tasks is None:
             raise SidecarError("the task scheduler is not running", code=ErrorCode.NOT_IMPLEMENTED)
@@ -331,7 +316,7 @@ class Server:
         if not empty <= params.size <= 1_000_000:
             raise InvalidParams(f"invalid params: size must be {empty}..1000000")
         text = "x" * (params.size - empty)
-        await self.ready.wait()
+        await self.startup.wait(Step.SERVICES)
         assert self.app is not None
         notify = self.app.notify
         started = time.perf_counter()
@@ -356,7 +341,7 @@ async def serve(
 ) -> None:
     """Serve one client over the given streams until EOF, shutdown, a signal, ``stop`` or
     (with a ``supervisor``) the parent's death. ``cold``: what was answered and opened on
-    these streams before the event loop (sidecar/coldstart.py)."""
+    these streams before the event loop, and the reader that read them (sidecar/coldstart.py)."""
     stop = stop or anyio.Event()
     # In-process (tests, embedding) the clock is reset on both sides: the deadline of this
     # server's shutdown must not bound the waits of whatever runs after it returns. With a
@@ -402,26 +387,31 @@ async def _serve(
             max_line_bytes=config.max_line_bytes,
             autostart=False,
             shutdown_grace=DRAIN_GRACE_S,
+            reader=cold.reader,
         ) as peer:
             server = Server(config, None, stop, cold=cold)
             for method, handler in server.handlers().items():
                 peer.dispatcher.add(method, handler)
             peer.start_reading()  # the handshake is answered while the App opens
-            watchers.start_soon(_set_when, peer.closed, stop)
+            watchers.start_soon(_stop_at_end_of_input, peer.closed, server, stop)
             watchers.start_soon(_on_stop, stop, server, supervisor, app_scope)
-            watchers.start_soon(_warm_up, server, config.warmup_ms / 1000)
-            with app_scope:  # its deadline is set when shutdown begins (_on_stop)
-                async with open_app(
-                    config, peer.notify,
-                    on_store=server.attach_store, services_wanted=server.services_wanted, store=cold.store,
-                ) as app:
-                    server.attach(app)
-                    logger.info("serving (data dir %s, pid %s)", app.data_dir, os.getpid())
-                    await stop.wait()
-                    logger.info("stopping")
-                    server.begin_shutdown()
-                    await server.stop_replies()
-                    await peer.drain_incoming()
+            watchers.start_soon(server.startup.warm_up, config.warmup_ms / 1000)
+            try:
+                with app_scope:  # its deadline is set when shutdown begins (_on_stop)
+                    async with open_app(
+                        config, peer.notify,
+                        on_store=server.attach_store, services_wanted=server.startup.services_wanted,
+                        store=cold.store,
+                    ) as app:
+                        server.attach(app)
+                        logger.info("serving (data dir %s, pid %s)", app.data_dir, os.getpid())
+                        await stop.wait()
+                        logger.info("stopping")
+                        server.begin_shutdown()
+                        await server.stop_replies()
+                        await peer.drain_incoming()
+            finally:
+                server.startup.end()  # requests still waiting for the App are answered now
             if app_scope.cancelled_caught:
                 logger.warning("the services did not close within the shutdown deadline")
             # The App is closed; leaving the peer writes out what is queued.
@@ -435,19 +425,10 @@ async def _on_stop(
     """Once stopping: start the deadline, and bound the App (also while it is still opening)."""
     await stop.wait()
     server.begin_shutdown()
-    server.stopping.set()  # an App still waiting to load its services stops without them
+    server.startup.stop()  # an App still waiting to load its services stops without them
     if supervisor is not None:
         supervisor.begin_shutdown()
-    app_scope.deadline = anyio.current_time() + SHUTDOWN_CLOCK.bound(SHUTDOWN_DEADLINE_S)
-
-
-async def _warm_up(server: Server, delay: float) -> None:
-    """Load the services ``delay`` seconds after the store opened if nothing asked yet
-    (a client that only shook hands then idles gets them loaded before its first send)."""
-    await server.store_ready.wait()
-    with anyio.move_on_after(delay):
-        await server.want_services.wait()
-    server.want_services.set()
+    app_scope.deadline = anyio.current_time() + SHUTDOWN_CLOCK.bound(SHUTDOWN_DEADLINE_S - ANSWER_RESERVE_S)
 
 
 def _call_soon(loop: asyncio.AbstractEventLoop, func: Callable[[], Any]) -> None:
@@ -458,9 +439,11 @@ def _call_soon(loop: asyncio.AbstractEventLoop, func: Callable[[], Any]) -> None
         pass
 
 
-async def _set_when(event: anyio.Event, target: anyio.Event) -> None:
-    await event.wait()
-    target.set()
+async def _stop_at_end_of_input(closed: anyio.Event, server: Server, stop: anyio.Event) -> None:
+    """The end of input is an orderly stop, as ``sidecar:shutdown`` is."""
+    await closed.wait()
+    await server.settle_waiting()
+    stop.set()
 
 
 async def _watch_signals(stop: anyio.Event, early: EarlySignals) -> None:

@@ -60,11 +60,19 @@ async def test_shutdown_before_the_services_loaded_is_quick_and_clean(tmp_path: 
 EARLY_LOG = "answered before the event loop: "
 
 
-def test_the_cold_start_decodes_the_params_the_contract_names() -> None:
-    from protocol import METHODS
-    from sidecar.coldstart import SESSION_LIST, SESSION_LIST_PARAMS
+def test_every_early_method_is_answered_by_the_handler_its_service_runs() -> None:
+    import inspect
 
-    assert METHODS[SESSION_LIST].params is SESSION_LIST_PARAMS
+    from protocol import METHODS
+    from sidecar.bindings import BINDINGS, EARLY
+    from sidecar.engine import session_reads
+    from sidecar.engine.sessions import SessionService
+
+    for method, name in EARLY.items():
+        assert session_reads.SPECS[method] is METHODS[method] and name in session_reads.HANDLERS
+        service, _, func = BINDINGS[method].partition(".")
+        assert service == "sessions", method
+        assert f"reads.{name}(" in inspect.getsource(getattr(SessionService, func)), method
 
 
 def _lines(*messages: dict[str, Any]) -> bytes:
@@ -105,9 +113,8 @@ async def test_waiting_handshake_and_list_are_answered_as_the_server_answers_the
         # the same requests, now answered by the server (the list first: the store is the App's then)
         assert early_list == await proc.call("chat:session:list", {"limit": 5})
         init = await proc.call("sidecar:initialize", {})
-        assert early_init["secrets"] is None  # the store was not the App's yet
-        assert init["secrets"]["state"] == "ready"  # settled once it was: the handshake counted
-        assert {**early_init, "secrets": None} == {**init, "secrets": None}
+        assert init["secrets"]["state"] == "ready"  # settled on the store before either answer
+        assert early_init == init  # the handshake's answer is the same whenever it is given
         assert _early(proc) == "sidecar:initialize, chat:session:list"
         # nothing heavy was imported for them, and a first read wants the services at once
         modules = await proc.call("sidecar:bench:modules", {})
@@ -162,7 +169,7 @@ async def test_a_store_that_needs_its_schema_is_opened_by_the_app(tmp_path: Path
         assert info["dataDir"] == str(data) and data.is_dir()  # it exists when it is named
         assert (await proc.response("w2"))["result"] == {"sessions": [], "total": 0}
         await proc.close()
-    assert _early(proc) == "sidecar:initialize"
+    assert _early(proc) is None  # the handshake reports the secrets: it waits for the App's store
 
 
 async def test_a_handshake_with_a_secret_key_settles_it_on_the_store_first(tmp_path: Path) -> None:

@@ -64,7 +64,6 @@ async def test_resolved_bindings_are_called_and_missing_ones_answer_not_implemen
     server = Server(config, app, anyio.Event())
     handlers = server.handlers()
     assert set(handlers) == set(METHODS)
-    assert "chat:session:get" in server.implemented and "chat:send" not in server.implemented
 
     async def call(method: str, params: bytes) -> Any:
         handler = handlers[method]
@@ -82,27 +81,58 @@ async def test_resolved_bindings_are_called_and_missing_ones_answer_not_implemen
     assert app.sessions.calls == [IdParams(id="s1")]  # type: ignore[attr-defined]
 
 
-async def test_bound_methods_wait_for_the_app_and_the_handshake_does_not(tmp_path: Path) -> None:
+async def test_the_handshake_waits_for_the_store_and_bound_methods_for_the_app(tmp_path: Path) -> None:
+    from sidecar.engine.secrets import SecretsService
+    from sidecar.store import AsyncStore
+    from sidecar.store_open import open_store
+
     config = Config(data_dir=str(tmp_path))
     server = Server(config, None, anyio.Event())
     handlers = server.handlers()
-    with anyio.fail_after(5):
-        info = await handlers["sidecar:initialize"].func(InitializeParams())
-    assert info.data_dir == str(tmp_path) and "chat:session:get" in info.capabilities.implemented
-    results: list[Any] = []
+    answers: dict[str, Any] = {}
+    store_answers = anyio.Event()
 
-    async def get() -> None:
-        handler = handlers["chat:session:get"]
-        results.append(await handler.func(handler.decode_params(_raw(b'{"id": "s2"}'))))
+    async def call(method: str, params: bytes) -> None:
+        handler = handlers[method]
+        answers[method] = await handler.func(handler.decode_params(_raw(params)))
+        if {"sidecar:initialize", "chat:session:get"} <= set(answers):
+            store_answers.set()
 
-    async with anyio.create_task_group() as tg:
-        tg.start_soon(get)
-        await anyio.wait_all_tasks_blocked()
-        assert results == []  # waiting for the App
-        app = App(config, tmp_path, _no_notify)
-        app.sessions = FakeSessions()  # type: ignore[assignment]
-        server.attach(app)
-    assert results[0].id == "s2"
+    store = AsyncStore(open_store(config, migrate=True))
+    try:
+        async with anyio.create_task_group() as tg:
+            tg.start_soon(call, "sidecar:initialize", b"{}")
+            tg.start_soon(call, "chat:session:get", b'{"id": "s2"}')
+            tg.start_soon(call, "provider:list", b"{}")
+            await anyio.wait_all_tasks_blocked()
+            assert answers == {}  # waiting for the store
+            app = App(config, tmp_path, _no_notify)
+            app.store = store
+            app.secrets = SecretsService(store)
+            app.sessions = FakeSessions()  # type: ignore[assignment]
+            await server.attach_store(app)
+            with anyio.fail_after(5):
+                await store_answers.wait()
+            info = answers["sidecar:initialize"]
+            assert info.data_dir == str(tmp_path) and info.secrets.state == "ready"
+            assert "chat:session:get" in info.capabilities.implemented
+            assert answers["chat:session:get"].id == "s2"  # an early method: the store is enough
+            assert "provider:list" not in answers  # waiting for the whole App
+            providers = FakeProviders()
+            app.providers = providers  # type: ignore[assignment]
+            server.attach(app)
+        assert answers["provider:list"] == [] and providers.listed == 1
+    finally:
+        await store.close()
+
+
+class FakeProviders:
+    def __init__(self) -> None:
+        self.listed = 0
+
+    async def list_providers(self, params: Any) -> list[Any]:
+        self.listed += 1
+        return []
 
 
 def test_open_app_attaches_a_service_for_every_binding(tmp_path: Path) -> None:

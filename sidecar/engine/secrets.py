@@ -1,4 +1,5 @@
-"""SecretsService: settling the key of secrets at rest, and what ``sidecar:initialize`` reports.
+"""SecretsService: settling the key of secrets at rest (``sidecar.secrets.box.secrets_info``
+says what ``sidecar:initialize`` reports of it).
 
 The key is settled once the store is open: with the host's key when it comes (an
 inherited fd at start, or ``sidecar:initialize {secretKey}``), else at the handshake with
@@ -11,7 +12,7 @@ from __future__ import annotations
 import anyio
 
 from protocol.lifecycle import SecretsInfo
-from sidecar.secrets.box import SecretsStatus
+from sidecar.secrets.box import secrets_info
 from sidecar.store.async_store import AsyncStore
 
 
@@ -24,9 +25,3 @@ class SecretsService:
         async with self._lock:  # two handshakes must not re-seal at once
             status = await self._store.run(lambda s: s.secrets.settle(host_key))
         return secrets_info(status)
-
-
-def secrets_info(status: SecretsStatus) -> SecretsInfo:
-    """What ``sidecar:initialize`` reports of a settled key."""
-    assert status.source is not None  # settled
-    return SecretsInfo(state="locked" if status.locked else "ready", source=status.source, locked=status.locked)

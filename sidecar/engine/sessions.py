@@ -61,6 +61,8 @@ from protocol.sessions import (
     SessionUpdates,
 )
 from protocol.types import MessageTreeNode, MessageV2, SearchResult, SessionExport, SessionV2
+from sidecar.engine import session_reads as reads
+from sidecar.engine.session_reads import encode_tree
 from sidecar.progress import work_progress
 from protocol.errors import ErrorCode
 from sidecar.errors import InvalidParams, NotFound, SidecarError, StoreError
@@ -88,7 +90,6 @@ class DeleteHook(Protocol):
     ) -> Awaitable[Callable[[], None] | None]: ...
 
 
-_encoder = msgspec.json.Encoder()
 T = TypeVar("T")
 
 DEFAULT_PAGE = 100
@@ -130,10 +131,10 @@ class SessionService:
         return await self.store.run(create)
 
     async def list_sessions(self, params: SessionFilter) -> SessionListResult:
-        return await self.store.read(lambda s: s.sessions.query(params))
+        return await self.store.read(lambda s: reads.list_sessions(s, params))
 
     async def get_session(self, params: IdParams) -> SessionV2:
-        return await self.store.read(lambda s: s.sessions.get(params.id))
+        return await self.store.read(lambda s: reads.get_session(s, params))
 
     async def update_session(self, params: SessionUpdateParams) -> SessionV2:
         """``chat:session:update``: a new ``providerId``/``modelId`` is checked as at create."""
@@ -217,13 +218,13 @@ class SessionService:
     # ---- messages -------------------------------------------------------------------
 
     async def get_messages(self, params: MessagesGetParams) -> list[MessageV2]:
-        return await self._live(await self.store.read(lambda s: s.messages.query(params.session_id, params.options)))
+        return await self._live(await self.store.read(lambda s: reads.get_messages(s, params)))
 
     async def get_tree(self, params: MessagesTreeParams) -> msgspec.Raw:
-        return msgspec.Raw(encode_tree(await self.store.read(lambda s: s.messages.tree(params.session_id))))
+        return await self.store.read(lambda s: reads.get_tree(s, params))
 
     async def search_messages(self, params: MessagesSearchParams) -> list[SearchResult]:
-        return await self.store.read(lambda s: s.search.messages(params.query, params.options))
+        return await self.store.read(lambda s: reads.search_messages(s, params))
 
     async def select_branch(self, params: MessagesSelectParams) -> list[MessageV2]:
         return await self._live(
@@ -433,27 +434,3 @@ def check_model_choice(
             f"invalid params: {prefix}modelId {model_id!r} is not a model of provider {record.name!r}"
             f" (its models: {listed}) - at `$.{prefix}modelId`"
         )
-
-
-def encode_tree(roots: list[MessageTreeNode]) -> bytes:
-    """JSON of ``roots`` (list[MessageTreeNode]) without recursion, at any depth."""
-    out: list[bytes] = [b"["]
-    # Each frame: the children still to write, and where we are in them.
-    stack: list[tuple[list[MessageTreeNode], int]] = [(roots, 0)]
-    closers: list[bytes] = [b"]"]
-    while stack:
-        nodes, i = stack[-1]
-        if i == len(nodes):
-            stack.pop()
-            out.append(closers.pop())
-            continue
-        stack[-1] = (nodes, i + 1)
-        if i:
-            out.append(b",")
-        node = nodes[i]
-        out.append(b'{"message":')
-        out.append(_encoder.encode(node.message))
-        out.append(b',"children":[')
-        stack.append((node.children, 0))
-        closers.append(b'],"isActive":' + (b"true" if node.is_active else b"false") + b"}")
-    return b"".join(out)

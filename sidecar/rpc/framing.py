@@ -107,6 +107,21 @@ class LineReader:
         except anyio.EndOfStream:
             raise StopAsyncIteration from None
 
+    def next_ready(self) -> Line | None:
+        """The next line already split (after the filter), without reading: None when
+        none is complete. With ``feed`` and ``put_back``, the reader works before an event
+        loop exists (sidecar/coldstart.py)."""
+        while self._ready:
+            line = self._ready.popleft()
+            passed = line if self._filter is None else self._filter(line)
+            if passed is not None:
+                return passed
+        return None
+
+    def put_back(self, line: Line) -> None:
+        """Return ``line`` (just taken by ``next_ready``) to the front: it is read again first."""
+        self._ready.appendleft(line)
+
     def feed(self, chunk: bytes) -> None:
         """Split ``chunk`` into the ready queue (public for tests and benchmarks)."""
         start = 0

@@ -133,12 +133,15 @@ class JsonRpcPeer:
         cancel_method: str | None = CANCEL_METHOD,
         max_concurrent: int = 64,
         line_filter: LineFilter | None = None,
+        reader: LineReader | None = None,
     ) -> None:
         """``autostart=False`` delays reading until ``start_reading()`` (so handlers can be
         added once the services they call exist); ``cancel_method`` is the notification
         sent when one of our requests is cancelled or times out (None: send nothing);
         ``max_concurrent`` bounds the tasks running incoming requests (more wait in order);
-        ``line_filter`` is a stage every input line passes first (framing.LineReader)."""
+        ``line_filter`` is a stage every input line passes first (framing.LineReader);
+        ``reader``: the LineReader of ``receive_stream`` already in use (lines it holds are
+        read first), instead of a new one."""
         self.name = name
         self.max_line_bytes = max_line_bytes
         self.dispatcher = Dispatcher(handlers)
@@ -148,7 +151,7 @@ class JsonRpcPeer:
         """Set when the other side is gone: our input ended (EOF, read error,
         ``stop_reading``) or our output broke."""
         self._receive_stream = receive_stream
-        self._reader = LineReader(receive_stream, max_line_bytes, line_filter=line_filter)
+        self._reader = reader or LineReader(receive_stream, max_line_bytes, line_filter=line_filter)
         self._writer = LineWriter(send_stream, max_queue, on_broken=self._on_output_broken)
         self._autostart = autostart
         self._next_id = 0

@@ -17,8 +17,9 @@ How the streams wait (what must stay true: the event loop never blocks on the wi
   everything is written.
 
 Before the event loop runs (the cold start, sidecar/coldstart.py) the streams are used
-synchronously: ``read_waiting`` takes what has already arrived without waiting, ``unread``
-puts back what was not used (the next receives return it first), ``write_now`` writes whole.
+synchronously: ``read_waiting`` takes what has already arrived without waiting (the
+framing's LineReader it is fed to keeps what was not answered, and the server reads on from
+that reader), ``write_now`` writes whole.
 """
 
 from __future__ import annotations
@@ -79,7 +80,6 @@ class FdReceiveStream(ByteReceiveStream):
         if self._mode.thread:
             _threaded = True
         self._closed = False
-        self._unread = b""
 
     def read_waiting(self) -> bytes:
         """What has already arrived, without waiting: b"" when nothing has (or at end of
@@ -91,17 +91,9 @@ class FdReceiveStream(ByteReceiveStream):
         except (BlockingIOError, InterruptedError):
             return b""
 
-    def unread(self, data: bytes) -> None:
-        """Put ``data`` back: the next receives return it before reading the fd again."""
-        self._unread = data + self._unread
-
     async def receive(self, max_bytes: int = READ_SIZE) -> bytes:
         if self._closed:
             raise anyio.ClosedResourceError
-        if self._unread:
-            data, self._unread = self._unread[:max_bytes], self._unread[max_bytes:]
-            await anyio.lowlevel.checkpoint()
-            return data
         if self._mode.thread:
             data = await anyio.to_thread.run_sync(os.read, self._fd, max_bytes, abandon_on_cancel=True)
         else:

@@ -29,6 +29,7 @@ from pathlib import Path
 
 import msgspec
 
+from protocol.lifecycle import SecretsInfo
 from sidecar.errors import SecretsLocked
 from sidecar.secrets.keys import Key, KeySource, file_key, keychain_key, make_key
 
@@ -164,3 +165,8 @@ def _required(key: Key | None) -> Key:
         raise SecretsLocked("no key to seal secrets with")
     return key
 
+
+def secrets_info(status: SecretsStatus) -> SecretsInfo:
+    """What the answer reports of a settled key."""
+    assert status.source is not None  # settled
+    return SecretsInfo(state="locked" if status.locked else "ready", source=status.source, locked=status.locked)
