@@ -1129,6 +1129,7 @@ def m_kb_chunk_ids(conn: apsw.Connection) -> None:
                 "UPDATE message_citations SET chunk_id = ? WHERE chunk_id = ? AND document_id = ?"
                 " AND char_start = ? AND char_end = ?", (new, old, document_id, start, end),
             )
+@migration
 def m_channel_routes_access(conn: apsw.Connection) -> None:
     # IM channels, second part (sidecar/store/channels.py): what the message log shows of a
     # received message (chat type, sender, the start of its text, why it was not answered);

@@ -407,6 +407,33 @@ def man_pages(limit: int) -> list[tuple[str, str, str]]:
     return out
 
 
+GROUPS = ("all", "en", "zh", "calib", "held-out")
+"""Query groups of the quality table: both languages, each, and the two halves of the set
+(``in_calibration``): constants are tuned on ``calib`` only, ``held-out`` shows they carry over."""
+
+
+def in_calibration(name: str) -> bool:
+    """Whether a page is in the calibration half (a stable hash of its name, not its order)."""
+    import hashlib
+
+    return hashlib.blake2b(name.encode(), digest_size=2).digest()[0] % 2 == 0
+
+
+def recall_at(ranks: list[int], cut: int) -> float:
+    return sum(1 for r in ranks if 0 < r <= cut) / max(1, len(ranks))
+
+
+def mrr_at(ranks: list[int], cut: int) -> float:
+    return sum(1 / r for r in ranks if 0 < r <= cut) / max(1, len(ranks))
+
+
+def size_distribution(sizes: list[int]) -> str:
+    if not sizes:
+        return "none"
+    return (f"{len(sizes):,} chunks, p10 {pct(sizes, 10):.0f}, median {pct(sizes, 50):.0f}, p90 {pct(sizes, 90):.0f},"
+            f" max {max(sizes)}, {sum(1 for n in sizes if n < 50) / len(sizes):.0%} under 50 tokens")
+
+
 def quality(data_dir: Path, limit: int) -> None:
     missing = []
     if not PYDOC.is_dir():
@@ -434,6 +461,8 @@ def quality(data_dir: Path, limit: int) -> None:
         kb = repo.create_kb(name="debian", description="", embed=("@local", "wordllama"), chunk_size=512,
                             chunk_overlap=64)
         doc_of: dict[str, str] = {}
+        target_name: dict[str, str] = {}
+        sizes: list[int] = []
         queries: list[tuple[str, str, str]] = []
         t = time.perf_counter()
         n_chunks = 0
@@ -451,8 +480,11 @@ def quality(data_dir: Path, limit: int) -> None:
                              model=embedder.key, dims=int(vectors.shape[1]))
             n_chunks += len(chunks)
             doc_of[doc.id] = name
+            target_name[doc.id] = f"{lang}:{name}"
             queries.append((lang, query, doc.id))
+            sizes.extend(c.tokens for c in chunks)
         say(f"  indexed {len(queries)} documents, {n_chunks:,} chunks (wordllama vectors) in {time.perf_counter() - t:.1f} s")
+        say("  chunk sizes (tokens): " + size_distribution(sizes))
         gateway = AsyncStore(store)
         indexes = KnowledgeIndexes(gateway)
 
@@ -466,9 +498,9 @@ def quality(data_dir: Path, limit: int) -> None:
             ranks: dict[tuple[str, str], list[float]] = {}
             for lang, query, target in queries:
                 qv = (await embedder.embed([query])).vectors[0]
-                lexical_rowids = [r for r, _ in repo.lexical([kb.id], query, 6)]
-                vector_rowids = [r for r, _ in indexes.search_blocking(repo, [(kb.id, embedder.key)], qv, 6)]
-                hybrid = await retriever._search(kbs, query, 6, None)
+                lexical_rowids = [r for r, _ in repo.lexical([kb.id], query, 10)]
+                vector_rowids = [r for r, _ in indexes.search_blocking(repo, [(kb.id, embedder.key)], qv, 10)]
+                hybrid = await retriever._search(kbs, query, 10, None)
                 hits = repo.hits(lexical_rowids + vector_rowids)
                 legs = {
                     "lexical": [hits[r].document_id for r in lexical_rowids if r in hits],
@@ -477,20 +509,24 @@ def quality(data_dir: Path, limit: int) -> None:
                 }
                 for leg, docs in legs.items():
                     rank = docs.index(target) + 1 if target in docs else 0
-                    ranks.setdefault((leg, lang), []).append(rank)
-                    ranks.setdefault((leg, "all"), []).append(rank)
+                    for group in (lang, "all", "calib" if in_calibration(target_name[target]) else "held-out"):
+                        ranks.setdefault((leg, group), []).append(rank)
             return ranks
 
         ranks = anyio.run(evaluate)
-        say(f"  {'':8} {'recall@6':>24} {'MRR@6':>24}")
-        say(f"  {'':8} {'all':>8}{'en':>8}{'zh':>8} {'all':>8}{'en':>8}{'zh':>8}")
+        counts = ", ".join(f"{g} {len(ranks[('lexical', g)])}" for g in GROUPS)
+        say(f"  {'':8} {'recall@6':>45} {'MRR@10':>45}   (queries: {counts})")
+        say(f"  {'':8} " + "".join(f"{g:>9}" for g in GROUPS) + " " + "".join(f"{g:>9}" for g in GROUPS))
         for leg in ("lexical", "vector", "hybrid"):
-            rec = [sum(1 for r in ranks[(leg, g)] if r) / len(ranks[(leg, g)]) for g in ("all", "en", "zh")]
-            mrr = [sum(1 / r for r in ranks[(leg, g)] if r) / len(ranks[(leg, g)]) for g in ("all", "en", "zh")]
-            say(f"  {leg:8} " + "".join(f"{v:8.3f}" for v in rec) + " " + "".join(f"{v:8.3f}" for v in mrr))
-        best = max(sum(1 for r in ranks[(leg, "all")] if r) for leg in ("lexical", "vector"))
-        got = sum(1 for r in ranks[("hybrid", "all")] if r)
-        say(f"  hybrid recall@6 {'>=' if got >= best else '<'} the better leg ({got} vs {best} of {len(queries)})")
+            say(f"  {leg:8} " + "".join(f"{recall_at(ranks[(leg, g)], 6):9.3f}" for g in GROUPS) + " "
+                + "".join(f"{mrr_at(ranks[(leg, g)], 10):9.3f}" for g in GROUPS))
+        for g in GROUPS:
+            verdict = []
+            for name, fn, cut in (("recall@6", recall_at, 6), ("MRR@10", mrr_at, 10)):
+                best = max(fn(ranks[(leg, g)], cut) for leg in ("lexical", "vector"))
+                got = fn(ranks[("hybrid", g)], cut)
+                verdict.append(f"{name} {got:.3f} {'>=' if got >= best - 1e-12 else '<'} {best:.3f}")
+            say(f"  hybrid vs the better leg, {g:>9}: " + ", ".join(verdict))
     finally:
         store.close()
     coded_search_on_real_vectors([(text, query) for lang, _name, text, query in items if lang == "en"], embedder)
