@@ -30,7 +30,8 @@ from sidecar.retrieval.paths import confine, read_bounded
 from sidecar.retrieval.results import RetrievedChunk
 from sidecar.retrieval.vectors import VectorIndex
 from sidecar.store import Store
-from sidecar.store.knowledge import ChunkHit, KnowledgeRepo, lexical_match
+from sidecar.store import fts
+from sidecar.store.knowledge import ChunkHit, KnowledgeRepo
 
 pytestmark = pytest.mark.anyio
 
@@ -171,8 +172,8 @@ def test_broken_pdfs_and_legacy_encodings() -> None:
 
 
 def test_lexical_match_quotes_everything(tmp_path: Path) -> None:
-    expr = lexical_match('roses" OR NEAR(x) * -y 网络代理配置', ["kb1"])
-    assert expr is not None and expr.startswith('{kb} : ("k')
+    expr = fts.retrieval_match(fts.retrieval_terms('roses" OR NEAR(x) * -y 网络代理配置'))
+    assert expr is not None and expr.startswith('({body} : ("roses")')
     assert '"网络"' in expr and '"代理"' in expr and '"or"' in expr
     store = Store(tmp_path)
     try:
@@ -484,9 +485,9 @@ def test_lexical_leg_keeps_to_the_bases_whatever_the_filter(tmp_path: Path) -> N
 
 
 def test_lexical_leg_ranks_within_its_budget(tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> None:
-    from sidecar.store import knowledge
+    from sidecar.store import kb_lexical
 
-    monkeypatch.setattr(knowledge, "LEXICAL_BUDGET", 8)
+    monkeypatch.setattr(kb_lexical, "LEXICAL_BUDGET", 8)
     store = Store(tmp_path)
     try:
         repo = store.knowledge
@@ -512,3 +513,33 @@ def test_affordable_terms_take_the_rarest_within_the_budget() -> None:
     assert affordable_terms([50, 60], 1000, 100) == [0]  # the second would pass the budget
     assert affordable_terms([500], 100, 10) == [0]  # one term is always kept
     assert affordable_terms([0, 0], 10, 10) == []
+
+
+def test_a_bases_ranking_does_not_depend_on_other_bases(tmp_path: Path) -> None:
+    # base A: "lantern" rare, "harbor" common; base B (never searched with A): the reverse,
+    # and large. A's results, scores included, must be the same alone, beside B, and after B
+    store = Store(tmp_path)
+    try:
+        repo = store.knowledge
+        a = repo.create_kb(name="a", description="", embed=None, chunk_size=64, chunk_overlap=0)
+        _fill(repo, a.id, [
+            f"note {i}" + " harbor" * (1 + i % 3) + (" lantern" * (1 + i % 2) if i % 10 == 0 else "") + " tide" * (i % 4)
+            for i in range(30)
+        ])
+        queries = ["lantern harbor", "harbor tide", "lantern", "tide note", "harbor lantern tide note"]
+
+        def ranking() -> list[list[tuple[int, float]]]:
+            return [repo.lexical([a.id], q, 10) for q in queries]
+
+        alone = ranking()
+        assert all(alone) and alone[0][0][0] in {h.rowid for h in repo.hits([r for r, _ in alone[0]]).values()
+                                                 if "lantern" in h.text}
+        b = repo.create_kb(name="b", description="", embed=None, chunk_size=64, chunk_overlap=0)
+        _fill(repo, b.id, [f"lantern lantern tide {i}" + (" harbor" if i % 50 == 0 else "") for i in range(400)])
+        assert ranking() == alone
+        both = repo.lexical([a.id, b.id], "lantern harbor", 10)
+        assert {h.kb_id for h in repo.hits([r for r, _ in both]).values()} == {a.id, b.id}
+        repo.delete_kb(b.id)
+        assert ranking() == alone
+    finally:
+        store.close()
