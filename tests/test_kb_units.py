@@ -130,6 +130,19 @@ def test_pdf_pages_and_csv_headers() -> None:
 # ---- extraction ----------------------------------------------------------------------
 
 
+def test_html_hidden_elements_are_left_out() -> None:
+    page = """<html><head><style>/* the page's own CSS */ .foot { display: none }
+    @media print { .screen-only { display: none } } #gone , .away { visibility : hidden }</style></head>
+    <body><h1>Guide</h1><p>Visible words.</p><p hidden>hiddenattr</p><div aria-hidden="true">ariahidden</div>
+    <span style="color: red; display:none">inlinenone</span><div class="page foot">Title is: footerword</div>
+    <div class="screen-only">Shown on screen.</div><p id="gone">idhidden</p><p class="away">classhidden</p>
+    <p aria-hidden="false" style="color: red">Also visible.</p></body></html>"""
+    text = extract("html", page.encode()).text
+    assert text == "# Guide\n\nVisible words.\n\nShown on screen.\n\nAlso visible."
+    # a page that is all hidden keeps what there is (as a page that is all navigation does)
+    assert "secret" in extract("html", b"<body><div hidden>secret words</div></body>").text
+
+
 def test_html_visible_text_as_markdown() -> None:
     html = ("<html><head><title>T</title><style>.x{}</style></head><body><nav>menu</nav><h1>Main</h1>"
             "<p>Hello <b>world</b>.</p><pre>a = 1\n  b = 2</pre><ul><li>one</li><li>two</li></ul>"
