@@ -41,7 +41,6 @@ from __future__ import annotations
 
 import argparse
 import os
-import re
 import resource
 import shutil
 import statistics
@@ -61,16 +60,16 @@ import numpy as np  # noqa: E402
 from sidecar.retrieval import chunking  # noqa: E402
 from sidecar.retrieval import vectors as vectors_module  # noqa: E402
 from sidecar.retrieval.embeddings import Embedded, HttpEmbedder, local_embeddings_available  # noqa: E402
-from sidecar.retrieval.extract import extract  # noqa: E402
 from sidecar.retrieval.indexes import KnowledgeIndexes  # noqa: E402
 from sidecar.retrieval.retriever import HybridRetriever  # noqa: E402
 from sidecar.store import Store  # noqa: E402
 from sidecar.store.async_store import AsyncStore  # noqa: E402
 from sidecar.store.knowledge import NewChunk  # noqa: E402
+from retrieval_sets import (  # noqa: E402
+    GROUPS, MANZH, PYDOC, in_calibration, man_pages, mrr_at, python_docs, recall_at, size_distribution,
+)
 
 MODEL = "bench/synthetic"
-PYDOC = Path("/usr/share/doc/python3/html/library")
-MANZH = Path("/usr/share/man/zh_CN")
 ZH_CHARS = "的一是在不了有和人这中大为上个国我以要他时来用们生到作地于出就分对成会可主发年动同工也能下过子说产种面而方后多定行学法所民得经十三之进着等部度家电力里如水化高自二理起小物现实加量都两体制机当使点从业本去把性好应开它合还因由其些然前外天政四日那社义事平形相全表间样与关各重新线内数正心反你明看原又么利比或但质气第向道命此变条只没结解问意建月公无系军很情者最立代想已通并提直题党程展五果料象员革位入常文总次品式活设及管特件长求老头基资边流路级少图山统接知较将组见计别她手角期根论运农指几九区强放决西被干做必战先回则任取据处理府研质"
 
 
@@ -378,91 +377,6 @@ def memory(db_dir: Path, kb_id: str, chunks: int, dims: int) -> None:
 # ---- 5. quality ----------------------------------------------------------------------------
 
 
-def python_docs(limit: int) -> list[tuple[str, str, str]]:
-    """(name, held-out text, query) of python3-doc library pages."""
-    out = []
-    for path in sorted(PYDOC.glob("*.html"))[:limit]:
-        try:
-            text = extract("html", path.read_bytes()).text
-        except Exception:
-            continue
-        first, _, rest = text.partition("\n")
-        if not first.startswith("# ") or len(rest) < 200:
-            continue
-        title = first[2:].strip()
-        query = title.split("—", 1)[1].strip() if "—" in title else title
-        if len(query) < 4:
-            continue
-        out.append((path.name, rest.strip(), query))
-    return out
-
-
-_NAME_HEADERS = ("名称", "名字", "NAME", "名  称")
-
-
-def man_pages(limit: int) -> list[tuple[str, str, str]]:
-    """(name, text without its NAME section, the NAME summary) of manpages-zh pages."""
-    out = []
-    files = sorted((MANZH / "man1").glob("*.gz")) + sorted((MANZH / "man8").glob("*.gz"))
-    env = dict(os.environ, MANWIDTH="100", LANG="C.UTF-8")
-    for path in files[:limit]:
-        try:
-            rendered = subprocess.run(["man", "-l", str(path)], capture_output=True, env=env, timeout=20).stdout
-            text = subprocess.run(["col", "-b"], input=rendered, capture_output=True, timeout=20).stdout.decode(
-                "utf-8", "replace")
-        except (OSError, subprocess.SubprocessError):
-            continue
-        lines = text.splitlines()
-        summary = None
-        kept: list[str] = []
-        i = 0
-        while i < len(lines):
-            if lines[i].strip() in _NAME_HEADERS and summary is None:
-                i += 1
-                body = []
-                while i < len(lines) and (not lines[i].strip() or lines[i].startswith((" ", "\t"))):
-                    body.append(lines[i].strip())
-                    i += 1
-                line = " ".join(b for b in body if b)
-                parts = re.split(r"\s+[-—－]+\s+|\s*\\-\s*", line, maxsplit=1)
-                summary = parts[1].strip() if len(parts) == 2 else None
-                continue
-            kept.append(lines[i])
-            i += 1
-        if summary and len(summary) >= 2 and re.search(r"[\u4e00-\u9fff]", summary):
-            body = "\n".join(kept[1:-1]).strip()  # drop the header/footer lines naming the page
-            if len(body) > 200:
-                out.append((path.name, body, summary))
-    return out
-
-
-GROUPS = ("all", "en", "zh", "calib", "held-out")
-"""Query groups of the quality table: both languages, each, and the two halves of the set
-(``in_calibration``): constants are tuned on ``calib`` only, ``held-out`` shows they carry over."""
-
-
-def in_calibration(name: str) -> bool:
-    """Whether a page is in the calibration half (a stable hash of its name, not its order)."""
-    import hashlib
-
-    return hashlib.blake2b(name.encode(), digest_size=2).digest()[0] % 2 == 0
-
-
-def recall_at(ranks: list[int], cut: int) -> float:
-    return sum(1 for r in ranks if 0 < r <= cut) / max(1, len(ranks))
-
-
-def mrr_at(ranks: list[int], cut: int) -> float:
-    return sum(1 / r for r in ranks if 0 < r <= cut) / max(1, len(ranks))
-
-
-def size_distribution(sizes: list[int]) -> str:
-    if not sizes:
-        return "none"
-    return (f"{len(sizes):,} chunks, p10 {pct(sizes, 10):.0f}, median {pct(sizes, 50):.0f}, p90 {pct(sizes, 90):.0f},"
-            f" max {max(sizes)}, {sum(1 for n in sizes if n < 50) / len(sizes):.0%} under 50 tokens")
-
-
 def quality(data_dir: Path, limit: int) -> None:
     missing = []
     if not PYDOC.is_dir():
@@ -538,7 +452,8 @@ def quality(data_dir: Path, limit: int) -> None:
                 }
                 for leg, docs in legs.items():
                     rank = docs.index(target) + 1 if target in docs else 0
-                    for group in (lang, "all", "calib" if in_calibration(target_name[target]) else "held-out"):
+                    calib = in_calibration(target_name[target])
+                    for group in (lang, "all", "calib" if calib else "held-out", *(() if calib else (f"held-{lang}",))):
                         ranks.setdefault((leg, group), []).append(rank)
             return ranks
 
