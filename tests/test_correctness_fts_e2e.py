@@ -108,7 +108,7 @@ def _old_index_text(text: str) -> str:
 def _index_as_before(db: Path) -> None:
     """Rewrite every FTS row the way the code before folding wrote it, and step the schema
     back to before the migration that folds (it runs again at the next start)."""
-    from sidecar.store import fts, migrations
+    from sidecar.store import fts, kb_lexical, migrations
 
     conn = apsw.Connection(str(db))
     with conn:
@@ -119,10 +119,11 @@ def _index_as_before(db: Path) -> None:
         ).fetchall():
             conn.execute("INSERT INTO messages_fts(rowid, body, sid, role) VALUES (?, ?, ?, ?)",
                          (docid, _old_index_text(text), fts.session_token(sid), role))
-        conn.execute("INSERT INTO kb_chunks_fts(kb_chunks_fts) VALUES ('delete-all')")
-        for rowid, kb_id, text in conn.execute("SELECT rowid, kb_id, text FROM kb_chunks").fetchall():
-            conn.execute("INSERT INTO kb_chunks_fts(rowid, body, kb) VALUES (?, ?, ?)",
-                         (rowid, _old_index_text(text), fts.key_token("k", kb_id)))
+        for (kb_id,) in conn.execute("SELECT id FROM kb_bases").fetchall():
+            table = kb_lexical.table_of(kb_id)
+            conn.execute(f"INSERT INTO {table}({table}) VALUES ('delete-all')")
+            for rowid, text in conn.execute("SELECT rowid, text FROM kb_chunks WHERE kb_id = ?", (kb_id,)).fetchall():
+                conn.execute(f"INSERT INTO {table}(rowid, body) VALUES (?, ?)", (rowid, _old_index_text(text)))
         conn.execute("INSERT INTO memories_fts(memories_fts) VALUES ('delete-all')")
         for rowid, scope, text in conn.execute("SELECT rowid, scope, text FROM memories").fetchall():
             conn.execute("INSERT INTO memories_fts(rowid, body, scope) VALUES (?, ?, ?)",

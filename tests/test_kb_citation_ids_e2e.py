@@ -23,8 +23,11 @@ from sidecar_proc import SidecarProcess, spawn_sidecar
 
 pytestmark = pytest.mark.anyio
 
-SENTENCE = "Restart the device and wait ten seconds before printing again."
-PRINTER = f"# Printer\n\n{SENTENCE}\n\n# Network\n\nCheck the cable and the router lights.\n"
+# each section too large to share a chunk of 64 tokens with the next: one chunk per section
+SENTENCE = ("Restart the device and wait ten seconds before printing again, then check that the paper tray is"
+            " closed, the toner cartridge is seated firmly and the status light has stopped blinking.")
+PRINTER = (f"# Printer\n\n{SENTENCE}\n\n# Network\n\nCheck the cable and the router lights, then open the"
+           " network settings page and confirm that the printer has an address on the same subnet as the computer.\n")
 SCANNER = f"# Scanner\n\n{SENTENCE}\n\n"
 
 

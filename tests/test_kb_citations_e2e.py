@@ -28,9 +28,12 @@ from sidecar_proc import CallError, SidecarProcess, spawn_sidecar
 pytestmark = pytest.mark.anyio
 
 FACTS = "\n\n".join(
-    f"## Plant {i}\n\nThe plant number {i} in the greenhouse needs {i % 5 + 1} litres of water." for i in range(40)
-)
-NOTES = "# Pets\n\nThe kitten naps in the greenhouse.\n\n# 备注\n\n温室的门每天早上打开。"
+    f"## Plant {i}\n\nThe plant number {i} in the greenhouse needs {i % 5 + 1} litres of water. It stands by"
+    f" window {i}, away from the heater, and it is repotted every spring." for i in range(40)
+)  # each section too large to share a chunk of 64 tokens with the next: one chunk each
+NOTES = ("# Pets\n\nThe kitten naps in the greenhouse on the warm shelf above the seed trays every afternoon, while"
+         " the old dog sleeps by the door and the parrot watches the tomatoes from its perch near the window. The cat"
+         " food is kept in the blue tin on the bottom shelf.\n\n# 备注\n\n温室的门每天早上打开。")
 QUESTION = "How much water does plant number 3 need?"
 EITHER = "How much water does plant number 3 need in the greenhouse?"
 # one element per chunk, on one line: the text entity-escaped, line breaks written as \n
@@ -335,7 +338,9 @@ async def test_a_reply_paused_for_approval_keeps_its_citations_and_continues_the
         assert block_of(body) == block  # the resumed reply's request: the same markers
         tool_text = next(m["content"] for m in body["messages"] if m["role"] == "tool" and m["tool_call_id"] == "k1")
         from_tool = sent_sources(tool_text)
-        assert min(from_tool) == n + 1  # numbering continues after the pause
+        # numbering continues after the pause; a chunk of the block found again keeps its marker
+        assert min(m for m in from_tool if m not in block) == n + 1
+        assert all(from_tool[m] == block[m] for m in from_tool if m in block)
         reply = await last_reply(proc, sid)
         assert sources_of(reply["citations"]) == {**block, **from_tool}
         assert not [c for c in reply["citations"] if c["dangling"]]

@@ -138,3 +138,50 @@ def test_import_checks_citations() -> None:
     ):
         with pytest.raises(InvalidParams):
             check_import(bad)
+
+
+def test_citations_stay_resolvable_when_a_base_is_cut_into_other_chunks(tmp_path: Path) -> None:
+    # a document indexed in small chunks, each cited; then cut again in chunks of another
+    # size (the small sections merged): no citation is "changed", each still points at its text
+    store = Store(tmp_path)
+    try:
+        repo = store.knowledge
+        kb = repo.create_kb(name="k", description="", embed=None, chunk_size=64, chunk_overlap=0)
+        text = "# Guide\n\n" + "".join(
+            f"## Step {i}\n\n" + " ".join([f"Turn the valve number {i} a quarter."] * (2 + i % 5)) + "\n\n"
+            for i in range(12)
+        )
+        doc, _ = repo.add_document(kb_id=kb.id, name="g.md", kind="markdown", source="text", path=None,
+                                   size_bytes=len(text), content_hash="g", body=text)
+
+        def index(size: int) -> list[str]:
+            claimed = repo.claim(doc.id)
+            assert claimed is not None
+            chunks = chunk_document(doc.id, "markdown", text, None, size=size, overlap=0)
+            repo.write_index(claimed, body=text, pages=None, kind="markdown", chunks=chunks, model=None, dims=None)
+            return [c.id for c in chunks]
+
+        small = index(64)
+        hits = repo.hits([h.rowid for h in repo.hits(list(range(1, 100))).values()])
+        cited = [citation_of(i + 1, RetrievedChunk(chunk=h, score=1.0, mode="lexical"))
+                 for i, h in enumerate(sorted(hits.values(), key=lambda h: h.ordinal))]
+        assert len(cited) == len(small) > 6
+        _, mid = _reply_with(store, cited)
+        repo.request_reindex(doc.id)
+        large = index(512)
+        assert len(large) < len(small) / 2 and not set(large) & set(small)  # other chunks, other ids
+        got = store.messages.get(mid).citations or []
+        assert len(got) == len(cited) and not any(c.document_changed or c.document_deleted for c in got)
+        for c, before in zip(got, cited):
+            assert c.start is not None and c.end is not None and text[c.start : c.end] == before.text == c.text
+        # the text under a citation edited: that one is changed, the others are not
+        edited = text.replace("valve number 3 a", "knobs number 3 a")  # same length: nothing moves
+        repo.request_reindex(doc.id)
+        claimed = repo.claim(doc.id)
+        assert claimed is not None
+        repo.write_index(claimed, body=edited, pages=None, kind="markdown", model=None, dims=None,
+                         chunks=chunk_document(doc.id, "markdown", edited, None, size=512, overlap=0))
+        got = store.messages.get(mid).citations or []
+        assert [c.document_changed for c in got] == ["valve number 3 a" in c.text for c in cited]
+    finally:
+        store.close()

@@ -30,7 +30,8 @@ from sidecar.retrieval.paths import confine, read_bounded
 from sidecar.retrieval.results import RetrievedChunk
 from sidecar.retrieval.vectors import VectorIndex
 from sidecar.store import Store
-from sidecar.store.knowledge import ChunkHit, KnowledgeRepo, lexical_match
+from sidecar.store import fts
+from sidecar.store.knowledge import ChunkHit, KnowledgeRepo
 
 pytestmark = pytest.mark.anyio
 
@@ -41,13 +42,40 @@ pytestmark = pytest.mark.anyio
 def test_markdown_chunks_are_spans_with_heading_paths_and_whole_fences() -> None:
     fence = "```python\n" + "\n".join(f"x{i} = {i}" for i in range(30)) + "\n```"
     text = f"# Guide\n\nIntro.\n\n## Setup\n\nInstall it first. Then run it.\n\n{fence}\n\n### Deep\n\nDetails here."
-    chunks = chunk_document("d1", "markdown", text, None, size=200, overlap=20)
+    chunks = chunk_document("d1", "markdown", text, None, size=190, overlap=20)
     for c in chunks:
         assert text[c.start : c.end] == c.text and c.id.startswith("d1:")
-    assert [c.heading for c in chunks] == [["Guide"], ["Guide", "Setup"], ["Guide", "Setup", "Deep"]]
-    assert fence in chunks[1].text  # the code fence fits: kept whole
-    assert all("#" not in c.text.split("\n")[0] for c in chunks)  # heading lines are the path, not text
-    assert chunks[2].embed_text.startswith("Guide > Setup > Deep\n\n")
+    # the small Intro takes the start of Setup (its heading line with it); Setup's fence does
+    # not fit there: it starts a chunk of its own, under Setup's path, and Deep joins it
+    assert [c.heading for c in chunks] == [["Guide"], ["Guide", "Setup"]]
+    assert chunks[0].text == "Intro.\n\n## Setup\n\nInstall it first. Then run it."
+    assert fence in chunks[1].text and chunks[1].text.endswith("### Deep\n\nDetails here.")  # kept whole
+    assert "# Guide" not in text[chunks[0].start :]  # the heading that starts the path is not repeated
+    assert chunks[1].embed_text.startswith("Guide > Setup\n\n```python")
+    alone = chunk_document("d1", "markdown", "# Guide\n\nIntro.\n\n# Other\n\n" + "Long text. " * 60, None,
+                           size=100, overlap=0)
+    assert [(c.heading, c.text) for c in alone][0] == (["Guide"], "Intro.")  # nothing fits beside it
+
+
+def test_small_sections_are_merged_up_to_the_size_with_their_heading_path() -> None:
+    sections = "".join(f"## Option {i}\n\nThe option number {i} sets the lantern colour.\n\n" for i in range(60))
+    text = f"# Manual\n\n{sections}# Appendix\n\nLast words.\n\n# Index\n\nA list of terms."
+    chunks = chunk_document("d", "markdown", text, None, size=128, overlap=0)
+    for c in chunks:
+        assert text[c.start : c.end] == c.text and c.tokens <= 128
+    options = [c for c in chunks if "Option" in c.text]
+    # every chunk but the last of the options is filled close to the size, not one section each
+    assert len(options) < 60 / 4 and all(c.tokens > 128 * 3 // 4 for c in options[:-1])
+    # a chunk's path is what its sections share; every heading is in its path or its text
+    assert all(c.heading == ["Manual"] for c in options[1:])
+    for i in range(60):
+        [holder] = [c for c in chunks if f"## Option {i}\n" in c.text]
+        assert f"The option number {i} sets" in holder.text
+    # two small sections of the top level: one chunk under no path, both heading lines in it
+    assert (chunks[-1].heading, chunks[-1].text) == ([], "# Appendix\n\nLast words.\n\n# Index\n\nA list of terms.")
+    # nothing of the text is lost: every non-blank line is in a chunk
+    covered = "\n".join(c.text for c in chunks)
+    assert all(line in covered for line in text.splitlines() if line and line != "# Manual")
 
 
 def test_long_text_splits_at_sentence_ends_with_overlap_and_cjk_punctuation() -> None:
@@ -63,23 +91,28 @@ def test_long_text_splits_at_sentence_ends_with_overlap_and_cjk_punctuation() ->
 
 
 def test_chunk_ids_survive_a_reindex_that_keeps_the_text() -> None:
-    a = "# A\n\nFirst paragraph stays.\n\n# B\n\nSecond paragraph changes."
-    b = "# A\n\nFirst   paragraph\nstays.\n\n# B\n\nSecond paragraph is new now."
+    def para(words: str) -> str:  # a section too large to share a chunk of 100 tokens
+        return " ".join([words] * 16)
+
+    a = f"# A\n\n{para('First paragraph stays.')}\n\n# B\n\n{para('Second paragraph changes.')}"
+    b = f"# A\n\n{para('First   paragraph stays.')}\n\n# B\n\n{para('Second paragraph is new now.')}"
     first = chunk_document("doc", "markdown", a, None, size=100, overlap=0)
     second = chunk_document("doc", "markdown", b, None, size=100, overlap=0)
+    assert len(first) == len(second) == 2
     assert first[0].id == second[0].id  # normalized text is equal
     assert first[1].id != second[1].id
     assert chunk_id("doc", [], "x  y") == chunk_id("doc", [], "x y") != chunk_id("other", [], "x y")
     # the heading path is part of the id: the same text in two sections is two chunks
     assert chunk_id("doc", ["A"], "x y") != chunk_id("doc", ["B"], "x y") != chunk_id("doc", [], "x y")
     assert chunk_id("doc", ["A", "B"], "x") != chunk_id("doc", ["A B"], "x")
-    twice = chunk_document("doc", "markdown", "# A\n\nSame.\n\n# B\n\nSame.", None, size=100, overlap=0)
+    same = para("The same words.")
+    twice = chunk_document("doc", "markdown", f"# A\n\n{same}\n\n# B\n\n{same}", None, size=100, overlap=0)
     assert twice[1].id != twice[0].id and "." not in twice[1].id.split(":")[1]
     # repeats are numbered within their section only: a section inserted before moves nothing
-    repeated = "# A\n\nSame.\n\n# A\n\nSame."
+    repeated = f"# A\n\n{same}\n\n# A\n\n{same}"
     ids = [c.id for c in chunk_document("doc", "markdown", repeated, None, size=100, overlap=0)]
-    assert ids[1] == ids[0] + ".2"
-    inserted = [c.id for c in chunk_document("doc", "markdown", "# B\n\nSame.\n\n" + repeated, None, size=100, overlap=0)]
+    assert len(ids) == 2 and ids[1] == ids[0] + ".2"
+    inserted = [c.id for c in chunk_document("doc", "markdown", f"# B\n\n{same}\n\n" + repeated, None, size=100, overlap=0)]
     assert inserted[1:] == ids
 
 
@@ -95,6 +128,19 @@ def test_pdf_pages_and_csv_headers() -> None:
 
 
 # ---- extraction ----------------------------------------------------------------------
+
+
+def test_html_hidden_elements_are_left_out() -> None:
+    page = """<html><head><style>/* the page's own CSS */ .foot { display: none }
+    @media print { .screen-only { display: none } } #gone , .away { visibility : hidden }</style></head>
+    <body><h1>Guide</h1><p>Visible words.</p><p hidden>hiddenattr</p><div aria-hidden="true">ariahidden</div>
+    <span style="color: red; display:none">inlinenone</span><div class="page foot">Title is: footerword</div>
+    <div class="screen-only">Shown on screen.</div><p id="gone">idhidden</p><p class="away">classhidden</p>
+    <p aria-hidden="false" style="color: red">Also visible.</p></body></html>"""
+    text = extract("html", page.encode()).text
+    assert text == "# Guide\n\nVisible words.\n\nShown on screen.\n\nAlso visible."
+    # a page that is all hidden keeps what there is (as a page that is all navigation does)
+    assert "secret" in extract("html", b"<body><div hidden>secret words</div></body>").text
 
 
 def test_html_visible_text_as_markdown() -> None:
@@ -139,8 +185,8 @@ def test_broken_pdfs_and_legacy_encodings() -> None:
 
 
 def test_lexical_match_quotes_everything(tmp_path: Path) -> None:
-    expr = lexical_match('roses" OR NEAR(x) * -y 网络代理配置', ["kb1"])
-    assert expr is not None and expr.startswith('{kb} : ("k')
+    expr = fts.retrieval_match(fts.retrieval_terms('roses" OR NEAR(x) * -y 网络代理配置'))
+    assert expr is not None and expr.startswith('({body} : ("roses")')
     assert '"网络"' in expr and '"代理"' in expr and '"or"' in expr
     store = Store(tmp_path)
     try:
@@ -452,9 +498,9 @@ def test_lexical_leg_keeps_to_the_bases_whatever_the_filter(tmp_path: Path) -> N
 
 
 def test_lexical_leg_ranks_within_its_budget(tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> None:
-    from sidecar.store import knowledge
+    from sidecar.store import kb_lexical
 
-    monkeypatch.setattr(knowledge, "LEXICAL_BUDGET", 8)
+    monkeypatch.setattr(kb_lexical, "LEXICAL_BUDGET", 8)
     store = Store(tmp_path)
     try:
         repo = store.knowledge
@@ -480,3 +526,33 @@ def test_affordable_terms_take_the_rarest_within_the_budget() -> None:
     assert affordable_terms([50, 60], 1000, 100) == [0]  # the second would pass the budget
     assert affordable_terms([500], 100, 10) == [0]  # one term is always kept
     assert affordable_terms([0, 0], 10, 10) == []
+
+
+def test_a_bases_ranking_does_not_depend_on_other_bases(tmp_path: Path) -> None:
+    # base A: "lantern" rare, "harbor" common; base B (never searched with A): the reverse,
+    # and large. A's results, scores included, must be the same alone, beside B, and after B
+    store = Store(tmp_path)
+    try:
+        repo = store.knowledge
+        a = repo.create_kb(name="a", description="", embed=None, chunk_size=64, chunk_overlap=0)
+        _fill(repo, a.id, [
+            f"note {i}" + " harbor" * (1 + i % 3) + (" lantern" * (1 + i % 2) if i % 10 == 0 else "") + " tide" * (i % 4)
+            for i in range(30)
+        ])
+        queries = ["lantern harbor", "harbor tide", "lantern", "tide note", "harbor lantern tide note"]
+
+        def ranking() -> list[list[tuple[int, float]]]:
+            return [repo.lexical([a.id], q, 10) for q in queries]
+
+        alone = ranking()
+        assert all(alone) and alone[0][0][0] in {h.rowid for h in repo.hits([r for r, _ in alone[0]]).values()
+                                                 if "lantern" in h.text}
+        b = repo.create_kb(name="b", description="", embed=None, chunk_size=64, chunk_overlap=0)
+        _fill(repo, b.id, [f"lantern lantern tide {i}" + (" harbor" if i % 50 == 0 else "") for i in range(400)])
+        assert ranking() == alone
+        both = repo.lexical([a.id, b.id], "lantern harbor", 10)
+        assert {h.kb_id for h in repo.hits([r for r, _ in both]).values()} == {a.id, b.id}
+        repo.delete_kb(b.id)
+        assert ranking() == alone
+    finally:
+        store.close()

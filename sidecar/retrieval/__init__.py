@@ -7,14 +7,16 @@
     vectors.py     VectorIndex: cosine over an in-memory float32 matrix, updated in place
                    (exact; a large one ranks by sign codes first, exact scores after)
     indexes.py     the VectorIndex of each (base, model): lazy load, deltas, a search over cores
-    fusion.py      weighted reciprocal-rank fusion, relevance floors, diversity, token budget
+    fusion.py      score fusion weighed by each leg's evidence (knowledge), weighted
+                   reciprocal-rank fusion (memory), relevance floors, diversity, token budget
     retriever.py   HybridRetriever: the lexical leg + vector legs -> ranked chunks (results.py)
     citations.py   citation markers per reply (CitationLedger) and the tagged <knowledge> block
     paths.py       files under the allowed roots (sidecar/confine.py, the one rule), read bounded
     ingest.py      Indexer: a document to ``ready``/``error``; re-embedding a base
     service.py     KnowledgeService: kb:*, the ingestion queue, progress, what requests retrieve
 
-The tables are KnowledgeRepo's (sidecar/store/knowledge.py, ``Store.knowledge``), reached from
+The tables are KnowledgeRepo's (sidecar/store/knowledge.py, ``Store.knowledge``; each base's
+full-text table: sidecar/store/kb_lexical.py), reached from
 async code only through ``AsyncStore.run``; file and CPU work use anyio's own worker threads. Arrows: the pipeline
 (KnowledgeRetrievalTransformer) and the tools (knowledge_search) call in; this package calls
 the store, the provider transport and the token counter of sidecar/tokens.py.

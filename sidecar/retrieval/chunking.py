@@ -7,8 +7,18 @@ Markdown) gives ATX/setext headings, fenced code blocks and paragraphs; other ki
 paragraphs (blank-line separated; CSV: rows, with the header row as every chunk's heading;
 code: blank-line separated blocks). Blocks are packed into chunks of at most ``size``
 tokens (the project's tokenizer, ``sidecar/tokens.py``, cl100k_base):
-- a heading closes the chunk before it and becomes part of the heading path of the chunks
-  after it (the heading lines themselves are not in any chunk's text: the path carries them);
+- sections are merged up to the size: a section (its heading line and its own text, up to
+  the next heading) joins the chunk before it when it fits there and lies under that
+  chunk's heading path (so small sections do not make small chunks), or when that chunk is
+  under a quarter of the size and the section's first block fits (the rest of the section
+  starts the next chunk); otherwise the heading closes the chunk before it;
+- a chunk's heading path is the path in force where it starts; its first section's heading
+  line is not in its text (the path carries it), the headings of the sections merged into
+  it are (their lines are in the span). A chunk that starts a section and will take a
+  sibling section (one that is not under its heading) starts at its heading line instead,
+  and its path is the parent's: every heading of a chunk is in its path or in its text,
+  and a section that merges with nothing is cut exactly as before merging existed (its id
+  unchanged);
 - a PDF page boundary closes a chunk, so every chunk has one page;
 - a code fence is kept whole when it fits in a chunk; a larger one is split between lines;
 - a paragraph larger than a chunk is split at sentence ends (``. ! ?`` before a space,
@@ -54,6 +64,9 @@ DEFAULT_OVERLAP = 64
 MIN_CHUNK_SIZE = 64
 MAX_CHUNK_SIZE = 8192
 ENCODING = "cl100k_base"
+SMALL_SHARE = 4
+"""A chunk under 1/SMALL_SHARE of the size takes the start of the next section even when
+the whole section does not fit (the rest of it starts the next chunk)."""
 HEADING_ALLOWANCE = 48
 """Tokens kept free for the heading path when a chunk is clamped to a model's input limit."""
 
@@ -184,6 +197,66 @@ def _blocks(kind: str, text: str, pages: list[int] | None) -> tuple[list[_Block]
     return _paragraph_blocks(text, 0, "code" if kind in ("code", "json") else "para"), ""
 
 
+class _Section(NamedTuple):
+    path: tuple[str, ...]
+    """The heading path in force under this heading."""
+    parent: tuple[str, ...]
+    """The path of the sections around it (its own heading left out)."""
+    line: int
+    """Tokens of the heading line."""
+    tokens: int
+    """Tokens of the heading line and its own text (the blocks up to the next heading)."""
+    first: int
+    """Tokens of the first block of its own text."""
+    next: int | None
+    """The block index of the next heading when no page boundary is between."""
+
+
+def _sections(blocks: list[_Block], counts: dict[tuple[int, int], int], packer: _Packer) -> dict[int, _Section]:
+    """The sections of the heading blocks, by block index."""
+    out: dict[int, _Section] = {}
+    stack: list[tuple[int, str]] = []
+    current: int | None = None
+    for i, block in enumerate(blocks):
+        if block.kind == "page":
+            current = None
+        elif block.kind == "heading":
+            while stack and stack[-1][0] >= block.level:
+                stack.pop()
+            parent = tuple(t for _, t in stack)
+            if block.title:
+                stack.append((block.level, block.title))
+            line = packer.count(block.start, block.end)
+            if current is not None:
+                out[current] = out[current]._replace(next=i)
+            out[i] = _Section(tuple(t for _, t in stack), parent, line, line, 0, None)
+            current = i
+        elif current is not None:
+            n = counts[(block.start, block.end)]
+            here = out[current]
+            out[current] = here._replace(tokens=here.tokens + n, first=here.first or n)
+    return out
+
+
+def _joins_sibling(sections: dict[int, _Section], i: int, size: int) -> bool:
+    """Whether a chunk that starts with section ``i`` and takes the sections after it while
+    they fit will hold one that is not under ``i``'s heading (then the chunk's path must be
+    ``i``'s parent's)."""
+    first = sections[i]
+    total = first.tokens
+    k = first.next
+    while k is not None and total + sections[k].tokens <= size:
+        if not _under(sections[k].parent, first.path):
+            return _under(sections[k].parent, first.parent)
+        total += sections[k].tokens
+        k = sections[k].next
+    return False
+
+
+def _under(path: tuple[str, ...], ancestor: tuple[str, ...]) -> bool:
+    return path[: len(ancestor)] == ancestor
+
+
 def _hash(text: str) -> str:
     return hashlib.blake2b(text.encode("utf-8", "surrogatepass"), digest_size=16).hexdigest()
 
@@ -201,7 +274,12 @@ class _Packer:
         """(start, end, tokens) of what the current chunk holds."""
         self.total = 0
         self.heading: tuple[str, ...] = ()
+        """The heading path of the chunk being packed (the path in force where it began)."""
+        self.path: tuple[str, ...] = ()
+        """The heading path in force at the block being added (the next chunk's)."""
         self.page: int | None = None
+        self.heads: set[int] = set()
+        """Start offsets of the heading lines among the pieces."""
 
     def count(self, start: int, end: int) -> int:
         key = (start, end)
@@ -211,7 +289,12 @@ class _Packer:
         return n
 
     def close(self, *, carry: bool) -> None:
+        while self.pieces and self.pieces[-1][0] in self.heads:
+            # a heading line ending a chunk: its section is in the next one, whose path names it
+            self.total -= self.pieces.pop()[2]
         if not self.pieces:
+            self.total = 0
+            self.heading = self.path
             return
         start, end = self.pieces[0][0], self.pieces[-1][1]
         self.spans.append((start, end, self.total, self.heading, self.page))
@@ -230,6 +313,7 @@ class _Packer:
                 kept = kept[1:]
         self.pieces = kept
         self.total = sum(t for _, _, t in kept)
+        self.heading = self.path
 
     def _sentence_tail(self, piece: tuple[int, int, int], budget: int) -> tuple[int, int, int] | None:
         start, end, _ = piece
@@ -244,11 +328,19 @@ class _Packer:
                 return (cut, end, n)
         return None
 
+    def add_heading(self, start: int, end: int, tokens: int) -> None:
+        """A heading line into the current chunk, as the start of a section that fits."""
+        self.heads.add(start)
+        self.pieces.append((start, end, tokens))
+        self.total += tokens
+
     def add(self, start: int, end: int, tokens: int) -> None:
         if self.pieces and self.total + tokens > self.size:
             self.close(carry=True)
             while self.pieces and self.total + tokens > self.size:
                 self.total -= self.pieces.pop(0)[2]  # the carried overlap does not fit beside this block
+        if not self.pieces:
+            self.heading = self.path
         self.pieces.append((start, end, tokens))
         self.total += tokens
 
@@ -324,21 +416,33 @@ def chunk_document(
     encode = tk.get_encoding(ENCODING).encode_ordinary
     counts = {(b.start, b.end): len(encode(text[b.start : b.end])) for b in blocks if b.kind in ("para", "code")}
     packer = _Packer(text, size, overlap, counts)
-    headings: list[tuple[int, str]] = []
+    sections = _sections(blocks, counts, packer)
     if csv_header:
-        packer.heading = (csv_header,)
-    for block in blocks:
+        packer.heading = packer.path = (csv_header,)
+    for i, block in enumerate(blocks):
         if block.kind == "page":
             packer.close(carry=False)
             packer.page = block.level
             continue
         if block.kind == "heading":
-            packer.close(carry=False)
-            while headings and headings[-1][0] >= block.level:
-                headings.pop()
-            if block.title:
-                headings.append((block.level, block.title))
-            packer.heading = tuple(t for _, t in headings)
+            here = sections[i]
+            fits = packer.total + here.tokens <= size or (
+                packer.total < size // SMALL_SHARE and packer.total + here.line + here.first <= size)
+            if packer.pieces and _under(here.parent, packer.heading) and fits:
+                # a section under the chunk's path joins it, its heading line with it (every
+                # heading of a chunk is in its path or in its text), when it fits beside it,
+                # or when the chunk is small and the section's first block fits
+                packer.add_heading(block.start, block.end, here.line)
+            else:
+                packer.close(carry=False)
+                if _joins_sibling(sections, i, size):
+                    # a section beside this one (not under it) will join this chunk: the
+                    # chunk's path is their parent's, this heading line is in its text
+                    packer.heading = here.parent
+                    packer.add_heading(block.start, block.end, here.line)
+            packer.path = here.path
+            if not packer.pieces:
+                packer.heading = packer.path
             continue
         n = counts[(block.start, block.end)]
         if n > size:

@@ -10,7 +10,11 @@ offset where each page starts). Kinds:
   spec-conformant parser; the stdlib ``html.parser`` is not HTML5 and mis-nests real
   pages), written as Markdown: ``h1``-``h6`` become ``#`` headings, ``pre`` a fenced code
   block, list items ``- ``, table cells ``|``; scripts, styles, navigation and forms are
-  dropped;
+  dropped, and so are hidden elements: the ``hidden`` attribute, ``aria-hidden="true"``,
+  an inline ``display: none`` or ``visibility: hidden``, and the classes and ids the page's
+  own ``<style>`` hides that way in a rule of the top level (one class or id per selector;
+  rules inside ``@media`` and other at-rules are not read: a print-only rule hides nothing
+  on screen);
 - PDF: pypdf, page by page, pages separated by a blank line (their start offsets kept).
 
 Must stay true: every failure is a DocumentError with a DocumentErrorCode (``empty``,
@@ -268,7 +272,8 @@ def html_text(markup: str) -> str:
         return ""
     title_node = tree.css_first("title")
     title = _SPACES.sub(" ", title_node.text() if title_node is not None else "").strip()
-    out = _walk(root, drop=True)
+    hidden = _hidden_selectors(" ".join(n.text() or "" for n in tree.css("style")))
+    out = _walk(root, drop=True, hidden=hidden)
     if not out.strip():  # a page that is all navigation: keep what there is
         out = _walk(root, drop=False)
     text = _tidy(out)
@@ -277,7 +282,53 @@ def html_text(markup: str) -> str:
     return text
 
 
-def _walk(root: object, *, drop: bool) -> str:
+_HIDING = re.compile(r"display\s*:\s*none|visibility\s*:\s*hidden", re.IGNORECASE)
+_SIMPLE_SELECTOR = re.compile(r"^([.#])(-?[A-Za-z_][\w-]*)$")
+
+
+def _hidden_selectors(css: str) -> frozenset[str]:
+    """``.class`` and ``#id`` selectors that top-level rules of ``css`` hide (display: none,
+    visibility: hidden). Comments are removed; an at-rule's block is skipped whole."""
+    css = re.sub(r"/\*.*?\*/", "", css, flags=re.DOTALL)
+    found: set[str] = set()
+    pos, depth, start = 0, 0, 0
+    prelude = ""
+    while pos < len(css):
+        char = css[pos]
+        if char == "{":
+            if depth == 0:
+                prelude = css[start:pos].strip()
+                start = pos + 1
+            depth += 1
+        elif char == "}" and depth > 0:
+            depth -= 1
+            if depth == 0:
+                if not prelude.startswith("@") and _HIDING.search(css[start:pos]):
+                    for selector in prelude.split(","):
+                        m = _SIMPLE_SELECTOR.match(selector.strip())
+                        if m:
+                            found.add(m.group(0))
+                start = pos + 1
+        elif char == ";" and depth == 0:
+            start = pos + 1  # a statement at-rule (@import ...;) ends here
+        pos += 1
+    return frozenset(found)
+
+
+def _is_hidden(attributes: dict[str, str | None], hidden: frozenset[str]) -> bool:
+    if "hidden" in attributes or (attributes.get("aria-hidden") or "").strip().lower() == "true":
+        return True
+    style = attributes.get("style")
+    if style and _HIDING.search(style):
+        return True
+    if hidden:
+        if "#" + (attributes.get("id") or "") in hidden:
+            return True
+        return any("." + name in hidden for name in (attributes.get("class") or "").split())
+    return False
+
+
+def _walk(root: object, *, drop: bool, hidden: frozenset[str] = frozenset()) -> str:
     """Depth-first over the tree with an explicit stack (deeply nested pages are legal)."""
     parts: list[str] = []
     stack: list[tuple[object, bool]] = [(root, False)]
@@ -314,8 +365,10 @@ def _walk(root: object, *, drop: bool) -> str:
             continue
         if tag in ("-comment", "!doctype"):
             continue
-        if drop and (tag in _DROP or (node.attributes.get("role") or "") in _DROP_ROLES):  # type: ignore[attr-defined]
-            continue
+        if drop:
+            attributes = node.attributes  # type: ignore[attr-defined]
+            if tag in _DROP or (attributes.get("role") or "") in _DROP_ROLES or _is_hidden(attributes, hidden):
+                continue
         if tag == "pre":
             flush()
             code = (node.text(deep=True) or "").strip("\n")  # type: ignore[attr-defined]

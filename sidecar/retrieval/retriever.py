@@ -6,7 +6,8 @@
 2. the vector leg, for each model whose vectors serve the bases (their ``vector_model``):
    the query embedded by that model (at most QUERY_EMBED_TIMEOUT_S), cosine over the
    bases' in-memory indexes, the best LEG_DEPTH above the vector floor;
-3. reciprocal-rank fusion of the legs, the fused floor, at most PER_DOCUMENT chunks of one
+3. score fusion of the legs (each leg relative to its own best, a vector leg weighed by
+   the spread of its cosines: ``fusion.fuse_scores``), the fused floor, at most PER_DOCUMENT chunks of one
    document unless nothing else passes, at most ``limit`` chunks within ``budget`` tokens
    (``fusion.py``). A chunk of the lexical leg that no vector leg that ran could have
    found (it has no vector of that model: its document is still ``embedding_pending``, or
@@ -184,10 +185,9 @@ class HybridRetriever:
             for model, members in by_model.items():
                 tg.start_soon(vector_leg, model, members)
 
-        legs = [[rowid for rowid, _ in lexical], *[[rowid for rowid, _ in leg] for leg in vector_legs]]
-        weights = [1.0, *[fusion.VECTOR_WEIGHT] * len(vector_legs)]
+        lexical_ids = [rowid for rowid, _ in lexical]
         mode = "hybrid" if searched else "lexical"
-        if not any(legs):
+        if not lexical and not any(vector_legs):
             return RetrievalResult(mode=mode, chunks=[], notes=notes)
         lexical_rank = {rowid: i for i, (rowid, _) in enumerate(lexical, start=1)}
         vector_rank: dict[int, tuple[int, float]] = {}
@@ -197,8 +197,9 @@ class HybridRetriever:
                     vector_rank[rowid] = (i, cosine)
         def pick(repo: KnowledgeRepo) -> tuple[list[tuple[int, float]], dict[int, ChunkHit], set[int]]:
             # in a worker thread: the vector indexes' locks and the store are blocking
-            unseen = set(legs[0]) - self._indexes.holding_blocking(searched, legs[0]) if searched else set()
-            fused = fusion.fused_floor(fusion.fuse(legs, weights, unseen=unseen))
+            unseen = set(lexical_ids) - self._indexes.holding_blocking(searched, lexical_ids) if searched else set()
+            fused = fusion.fused_floor(fusion.fuse_scores(lexical, vector_legs, unseen=unseen),
+                                       fusion.SCORE_RELATIVE_FLOOR)
             # rank on the little ranking needs; read whole rows only for the chosen few
             meta = repo.chunk_meta([rowid for rowid, _ in fused])
             picked = fusion.select(

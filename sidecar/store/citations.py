@@ -11,8 +11,12 @@ Owns:
   document (or its base) is gone, ``documentChanged`` when the document is still there but
   the cited chunk is not (re-indexed without that text in that section: a chunk id covers
   its heading path and text, sidecar/store/kb_records.py) or carries another heading
-  path; while the chunk is there, ``start``, ``end`` and ``page`` are the chunk's current
-  ones (text inserted before it moves it), the rest is the snapshot;
+  path, and the document's text no longer holds the cited text at the cited offsets in a
+  chunk of the cited section or of a section around it (a document cut into other chunks,
+  its text unchanged, keeps its citations: their offsets still point at what was cited);
+  while the chunk is there, ``start``, ``end`` and
+  ``page`` are the chunk's current ones (text inserted before it moves it), the rest is
+  the snapshot;
 - the bounds of a snapshot (``clip_heading``; the text: MAX_CITATION_TEXT_CHARS);
 - copies: fork (the copied messages keep their citations) and import (validated first,
   ``check_import``).
@@ -38,6 +42,7 @@ from sidecar.store.db import Database
 __all__ = ["Citations", "CitationRows", "check_import", "clip_heading", "MAX_HEADING_CHARS", "MAX_HEADING_LEVELS"]
 
 _heading = msgspec.json.Decoder(list[str])
+_paths = msgspec.json.Decoder(list[list[str]])
 _encode = msgspec.json.encode
 _MODES = ("hybrid", "lexical")
 
@@ -53,7 +58,13 @@ def clip_heading(heading: Sequence[str]) -> list[str]:
 _SELECT = (
     "SELECT c.message_id, c.marker, c.chunk_id, c.kb_id, c.document_id, c.document_name, c.heading,"
     " c.char_start, c.char_end, c.page, c.score, c.mode, c.text, c.dangling,"
-    " d.id IS NOT NULL, k.heading, k.char_start, k.char_end, k.page"
+    " d.id IS NOT NULL, k.heading, k.char_start, k.char_end, k.page,"
+    # only for a citation whose chunk is gone, while the document still holds its text there:
+    # the heading paths of the chunks around those offsets now
+    " CASE WHEN k.id IS NULL AND length(c.text) > 0"
+    " AND substr(d.body, c.char_start + 1, length(c.text)) = c.text"
+    " THEN (SELECT json_group_array(json(o.heading)) FROM kb_chunks o WHERE o.document_id = c.document_id"
+    " AND o.char_start <= c.char_start AND o.char_end >= c.char_end) END"
     " FROM message_citations c"
     " LEFT JOIN kb_documents d ON d.id = c.document_id"
     " LEFT JOIN kb_chunks k ON k.id = c.chunk_id AND k.document_id = c.document_id"
@@ -62,7 +73,7 @@ _SELECT = (
 
 def _citation(row: tuple[Any, ...]) -> Citation:
     (message_id, marker, chunk_id, kb_id, document_id, document_name, heading, start, end, page, score, mode,
-     text, dangling, document_there, chunk_heading, chunk_start, chunk_end, chunk_page) = row
+     text, dangling, document_there, chunk_heading, chunk_start, chunk_end, chunk_page, around) = row
     cited_heading = _heading.decode(heading) if heading else []
     deleted = document_id is not None and not document_there
     # the same id names the same heading path and text: it only differs for ids an older
@@ -70,6 +81,13 @@ def _citation(row: tuple[Any, ...]) -> Citation:
     resolved = chunk_heading is not None and clip_heading(_heading.decode(chunk_heading)) == cited_heading
     if resolved:
         start, end, page = chunk_start, chunk_end, chunk_page
+    elif around:
+        # the document cut into other chunks (another chunk size or chunking rule), the cited
+        # text where it was, in a chunk of its section or of one around it (merged sections
+        # share their parent's path): its offsets still point at it
+        resolved = any(
+            cited_heading[: len(path)] == path for path in (clip_heading(h) for h in _paths.decode(around))
+        )
     return Citation(
         message_id=message_id, marker=marker, chunk_id=chunk_id, kb_id=kb_id, document_id=document_id,
         document_name=document_name, heading=cited_heading, start=start, end=end,

@@ -4,8 +4,7 @@ Owns: the column lists and row decoding of bases (``KbRecord``) and documents
 (``DocRecord``), what an indexing run hands to the repository (``NewChunk``), what a
 committed write changed in the vectors (``IndexDelta``), a search hit (``ChunkHit``), the
 text of a chunk that is embedded and full-text indexed (``embed_text``), a chunk's
-content-addressed id (``chunk_id``) and the MATCH expression of a retrieval query
-(``lexical_match``). KnowledgeRepo (knowledge.py) and its vectors (kb_vectors.py) share
+content-addressed id (``chunk_id``). KnowledgeRepo (knowledge.py) and its vectors (kb_vectors.py) share
 them; nothing here touches the database.
 
 Chunk ids (what citations keep): ``{documentId}:{blake2b of the heading path and the
@@ -38,9 +37,6 @@ __all__ = [
     "IndexDelta",
     "ChunkHit",
     "VectorSink",
-    "kb_token",
-    "lexical_terms",
-    "lexical_match",
     "embed_text",
     "chunk_id",
     "doc_of",
@@ -191,22 +187,6 @@ def chunk_id(document_id: str, heading: Sequence[str], text: str) -> str:
 def embed_text(heading: list[str], text: str) -> str:
     """What is embedded and full-text indexed of a chunk: its heading path, a blank line, its text."""
     return (" > ".join(heading) + "\n\n" + text) if heading else text
-
-
-def kb_token(kb_id: str) -> str:
-    """A single unicode61 token standing for a base (the ``kb`` column of the index)."""
-    return fts.key_token("k", kb_id)
-
-
-lexical_terms = fts.retrieval_terms
-"""The MATCH terms of a retrieval query (``fts.retrieval_terms``, shared with memories)."""
-
-
-def lexical_match(query: str, kb_ids: Sequence[str], terms: Sequence[str] | None = None) -> str | None:
-    """The MATCH expression of a retrieval query (any of its terms, ranked by BM25) within the
-    given bases (an empty ``kb_ids``: no filter). None when nothing is searchable."""
-    terms = lexical_terms(query) if terms is None else list(terms)
-    return fts.retrieval_match(list(terms), "kb", [kb_token(k) for k in kb_ids])
 
 
 def doc_of(row: tuple[Any, ...]) -> DocRecord:

@@ -2,8 +2,8 @@
 
 Owns the tables of migration ``m_knowledge``: ``kb_bases``, ``kb_documents``, ``kb_chunks``,
 ``kb_vectors`` (through its base KnowledgeVectors, kb_vectors.py, which also keeps the
-embedding retry schedule) and ``kb_chunks_fts`` (contentless FTS5 over each chunk's
-heading path + text, rewritten by ``sidecar/store/fts.py``, plus a token naming its base).
+embedding retry schedule) and each base's full-text table (kb_lexical.py: contentless
+FTS5 over each chunk's heading path + text, rewritten by ``sidecar/store/fts.py``).
 The records and row decoding are in kb_records.py (re-exported here).
 
 Must stay true:
@@ -18,15 +18,15 @@ Must stay true:
   ``mark_error`` change nothing when the document is gone or a newer revision was asked
   for (delete or reindex during indexing), so a stale run never overwrites newer state.
 - A chunk keeps its row (rowid, vectors) across a re-index that keeps its content-addressed
-  id; chunks whose id disappears are deleted with their vectors and index rows (trigger).
-- User text reaches MATCH only through ``fts`` quoting (``lexical_match``).
+  id; chunks whose id disappears are deleted with their vectors (cascade) and full-text
+  rows (here, in the same transaction).
+- User text reaches MATCH only through ``fts`` quoting (kb_lexical.py).
 
 Synchronous: ``Store.knowledge``, reached from async code through ``AsyncStore.run``.
 """
 
 from __future__ import annotations
 
-import threading
 from collections.abc import Callable, Sequence
 from typing import Any
 
@@ -34,7 +34,7 @@ import msgspec
 
 from protocol.kb import KbChunk, KnowledgeBase
 from sidecar.errors import NotFound
-from sidecar.store import fts
+from sidecar.store import fts, kb_lexical
 from sidecar.store.db import Database, fetch_all, fetch_iter
 from sidecar.store.ids import new_id, now_ms
 from sidecar.store.kb_records import (
@@ -53,9 +53,6 @@ from sidecar.store.kb_records import (
     embed_text,
     heading_decoder,
     kb_of,
-    kb_token,
-    lexical_match,
-    lexical_terms,
 )
 from sidecar.store.kb_vectors import KnowledgeVectors
 
@@ -67,16 +64,9 @@ __all__ = [
     "IndexDelta",
     "ChunkHit",
     "VectorSink",
-    "kb_token",
-    "lexical_terms",
-    "lexical_match",
     "embed_text",
     "chunk_id",
 ]
-
-LEXICAL_BUDGET = 10_000
-"""Chunks a lexical query ranks at most (about 10 ms at 10^5 chunks here): see ``lexical``."""
-DF_CACHE_ENTRIES = 50_000
 
 
 _encode = msgspec.json.encode
@@ -88,17 +78,13 @@ class KnowledgeRepo(KnowledgeVectors):
 
     def __init__(self, db: Database, clock: Callable[[], int] = now_ms) -> None:
         super().__init__(db, clock)
-        self._df: dict[str, tuple[int, int]] = {}
-        self._df_lock = threading.Lock()
+        self._lexical = kb_lexical.LexicalIndex()
 
     @staticmethod
     def rebuild_index(conn: Any) -> int:
-        """Write every row of ``kb_chunks_fts`` again from its chunk (after a change of
-        ``fts.index_text``: the migration that folds width and case); how many."""
-        return fts.rebuild(conn, "kb_chunks_fts", ("body", "kb"), (
-            (rowid, fts.index_text(embed_text(heading_decoder.decode(heading), text)), kb_token(kb_id))
-            for rowid, kb_id, heading, text in conn.execute("SELECT rowid, kb_id, heading, text FROM kb_chunks")
-        ))
+        """Write every base's full-text table again from its chunks (after a change of
+        ``fts.index_text``: the migration that folds width and case); how many rows."""
+        return kb_lexical.rebuild_all(conn)
 
     # ---- bases --------------------------------------------------------------------
 
@@ -113,6 +99,7 @@ class KnowledgeRepo(KnowledgeVectors):
                 (kb_id, name, description, embed[0] if embed else None, embed[1] if embed else None,
                  chunk_size, chunk_overlap, now, now),
             )
+            kb_lexical.create(conn, kb_id)
             return self._kb(conn, kb_id)
 
     def get_kb(self, kb_id: str) -> KbRecord:
@@ -203,6 +190,7 @@ class KnowledgeRepo(KnowledgeVectors):
         with self._db.write() as conn:
             self._kb(conn, kb_id)
             conn.execute("DELETE FROM kb_bases WHERE id = ?", (kb_id,))
+            kb_lexical.drop(conn, kb_id)
 
     # ---- documents ----------------------------------------------------------------
 
@@ -335,7 +323,6 @@ class KnowledgeRepo(KnowledgeVectors):
             if not rows or rows[0][0] != doc.revision:
                 return None
             kb_id = rows[0][1]
-            token = kb_token(kb_id)
             old = {
                 cid: (rowid, ehash)
                 for rowid, cid, ehash in fetch_iter(conn,
@@ -345,6 +332,7 @@ class KnowledgeRepo(KnowledgeVectors):
             keep = {c.id for c in chunks}
             removed = [rowid for cid, (rowid, _) in old.items() if cid not in keep]
             if removed:
+                kb_lexical.delete(conn, kb_id, removed)
                 conn.executemany("DELETE FROM kb_chunks WHERE rowid = ?", [(r,) for r in removed])
             fresh = [c for c in chunks if c.id not in old]
             conn.executemany(
@@ -373,13 +361,10 @@ class KnowledgeRepo(KnowledgeVectors):
                      c.text, rowid),
                 )
                 if old_hash != c.embed_hash:
-                    conn.execute("DELETE FROM kb_chunks_fts WHERE rowid = ?", (rowid,))
+                    kb_lexical.delete(conn, kb_id, [rowid])
                     conn.execute("DELETE FROM kb_vectors WHERE chunk_rowid = ?", (rowid,))
                     reindexed.append(c)
-            conn.executemany(
-                "INSERT INTO kb_chunks_fts(rowid, body, kb) VALUES (?, ?, ?)",
-                [(rowid_of[c.id], fts.index_text(c.embed_text), token) for c in reindexed],
-            )
+            kb_lexical.write(conn, kb_id, [(rowid_of[c.id], fts.index_text(c.embed_text)) for c in reindexed])
             upserted: list[tuple[int, bytes]] = []
             if model is not None and dims is not None:
                 upserted = [(rowid_of[c.id], c.vector) for c in chunks if c.vector is not None]
@@ -418,74 +403,26 @@ class KnowledgeRepo(KnowledgeVectors):
         with self._db.write() as conn:
             doc = self._doc(conn, doc_id)
             rowids = [r[0] for r in fetch_iter(conn, "SELECT rowid FROM kb_chunks WHERE document_id = ?", (doc_id,))]
+            kb_lexical.delete(conn, doc.kb_id, rowids)
             conn.execute("DELETE FROM kb_documents WHERE id = ?", (doc_id,))
             return doc.kb_id, rowids
 
     # ---- search -------------------------------------------------------------------
 
     def lexical(self, kb_ids: Sequence[str], query: str, limit: int) -> list[tuple[int, float]]:
-        """(rowid, BM25 score, higher is better) of the best ``limit`` chunks of the bases.
-
-        What keeps it fast at 10^5 chunks (measured in tools/bench/bench_retrieval.py):
-        - ranking is paid per matching chunk, so the terms ranked are
-          ``fts.affordable_terms`` within LEXICAL_BUDGET chunks: rarest first, the commonest
-          dropped while a rarer one remains (they weigh least in BM25 anyway). Document
-          frequencies come from a count capped just above the budget, cached (they change
-          slowly; only this decision uses them);
-        - a query whose rarest term alone is in more chunks than the budget ranks the
-          newest LEXICAL_BUDGET chunks that term matches (a term that common barely
-          separates chunks: the vector leg carries such a query);
-        - the base filter is left out when the bases hold every chunk there is (a single
-          base: the usual case), applied after the match when they hold most of them, and
-          as the ``kb`` column's token otherwise (its doclist costs as much as the bases are
-          large: 10 ms at 10^5 chunks)."""
-        terms = lexical_terms(query)
-        if not terms:
-            return []
+        """(rowid, BM25 score, higher is better) of the best ``limit`` chunks of the bases,
+        each ranked on its own statistics (kb_lexical.py: what other bases hold changes
+        nothing)."""
         ids = list(dict.fromkeys(kb_ids))
+        if not ids:
+            return []
         with self._db.read() as conn:
-            sizes: dict[str, int | None] = dict(fetch_all(conn, "SELECT kb_id, sum(chunk_count) FROM kb_documents GROUP BY kb_id"))
-            total = sum(v or 0 for v in sizes.values())
-            mine = sum(sizes.get(k) or 0 for k in ids)
-            if not mine:
-                return []
-            counts = [self._doc_freq(conn, t, LEXICAL_BUDGET + 1, total) for t in terms]
-            kept = fts.affordable_terms(counts, total, LEXICAL_BUDGET)
-            sampled = len(kept) == 1 and counts[kept[0]] > LEXICAL_BUDGET
-            terms = [terms[i] for i in kept] or terms
-            if mine >= total:
-                expr, join, where, args = lexical_match("", [], terms), "", "", []
-            elif mine * 2 >= total:
-                expr = lexical_match("", [], terms)
-                join = " JOIN kb_chunks c ON c.rowid = kb_chunks_fts.rowid"
-                where = f" AND c.kb_id IN ({','.join('?' * len(ids))})"
-                args = ids
-            else:
-                expr, join, where, args = lexical_match("", ids, terms), "", "", []
-            ranked = (
-                f"SELECT kb_chunks_fts.rowid AS id, bm25(kb_chunks_fts, 1.0, 0.0) AS r FROM kb_chunks_fts{join}"
-                f" WHERE kb_chunks_fts MATCH ?{where}"
-            )
-            if sampled:
-                ranked += f" ORDER BY kb_chunks_fts.rowid DESC LIMIT {LEXICAL_BUDGET}"
-            rows = fetch_all(conn, f"SELECT id, r FROM ({ranked}) ORDER BY r LIMIT ?", [expr, *args, limit])
-        return [(rowid, -score) for rowid, score in rows]
-
-    def _doc_freq(self, conn: Any, term: str, cap: int, total: int) -> int:
-        """How many chunks hold ``term``, counted up to ``cap`` (cached while the number of
-        chunks stays within a fifth of what it was)."""
-        with self._df_lock:
-            known = self._df.get(term)
-        if known is not None and abs(known[1] - total) <= total // 5:
-            return known[0]
-        count = fetch_all(conn,
-            "SELECT count(*) FROM (SELECT 1 FROM kb_chunks_fts WHERE kb_chunks_fts MATCH ? LIMIT ?)", (term, cap)
-        )[0][0]
-        with self._df_lock:
-            if len(self._df) >= DF_CACHE_ENTRIES:
-                self._df.clear()
-            self._df[term] = (count, total)
-        return int(count)
+            sizes = {k: 0 for k in ids}
+            sizes.update(fetch_all(conn,
+                "SELECT kb_id, coalesce(sum(chunk_count), 0) FROM kb_documents"
+                f" WHERE kb_id IN ({','.join('?' * len(ids))}) GROUP BY kb_id", ids,
+            ))
+            return self._lexical.search(conn, sizes, query, limit)
 
     def chunk_meta(self, rowids: Sequence[int]) -> dict[int, tuple[str, int]]:
         """rowid -> (document id, tokens) of the chunks that exist (what ranking needs)."""

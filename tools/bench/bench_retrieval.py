@@ -1,7 +1,7 @@
 #!/usr/bin/env python3
 """Knowledge retrieval benchmark: latency, ingestion, embedding throughput, memory, quality.
 
-    python3 dev.py bench bench_retrieval [--chunks 100000] [--dims 384] [--queries 300]
+    python3 dev.py bench bench_retrieval [--chunks 100000] [--dims 384] [--queries 300] [--other-bases 9]
                                          [--skip-quality] [--quality-docs N] [--keep]
 
 Figures (with their targets), each beside a baseline measured in the same run:
@@ -10,15 +10,19 @@ Figures (with their targets), each beside a baseline measured in the same run:
    p50 and p99 (target p50 <= 10 ms, p99 <= 25 ms), against plain numpy brute force
    (cosine computed with the norms per query, full argsort); the vector leg alone (and
    exact, without its sign codes, with the leg's recall against it) and the lexical leg
-   alone (FTS5 over the chunks' CJK-bigram text) at the same size;
+   alone (FTS5 over the chunks' CJK-bigram text) at the same size; then OTHER_BASES bases
+   of a tenth of the size each are added to the data dir and the same base is measured
+   again (target: within 1.2x of alone);
 2. ingestion: chunking and storing (chunks, full-text rows, vectors given), chunks/s
    (target >= 2,000), embedding excluded;
 3. embedding throughput: texts/s through HttpEmbedder (batches, the provider transport)
    against the loopback server's own rate (texts / the server's compute time);
 4. memory: RSS growth of a fresh process when it loads the CHUNKS x DIMS index, as a
    ratio to the raw float32 size (target <= 1.3);
-5. quality on an offline set built from Debian packages: recall@6 and MRR@6 for lexical
-   only, vector only (the local wordllama embedder) and hybrid. Documents: the
+5. quality on an offline set built from Debian packages: recall@6 and MRR@10 for lexical
+   only, vector only (the local wordllama embedder) and hybrid, for both languages, each,
+   and the two halves of the set (``calib``: where fusion constants are tuned; ``held-out``:
+   where they are shown to carry over), with the chunk-size distribution. Documents: the
    ``python3-doc`` library pages (English HTML) and the ``manpages-zh`` sections 1 and 8
    (Chinese, rendered with ``man -l``); queries: each page's title (HTML: the part after
    "—"; man: the NAME summary), held out of the indexed text (the h1 / the NAME section is
@@ -37,7 +41,6 @@ from __future__ import annotations
 
 import argparse
 import os
-import re
 import resource
 import shutil
 import statistics
@@ -57,16 +60,16 @@ import numpy as np  # noqa: E402
 from sidecar.retrieval import chunking  # noqa: E402
 from sidecar.retrieval import vectors as vectors_module  # noqa: E402
 from sidecar.retrieval.embeddings import Embedded, HttpEmbedder, local_embeddings_available  # noqa: E402
-from sidecar.retrieval.extract import extract  # noqa: E402
 from sidecar.retrieval.indexes import KnowledgeIndexes  # noqa: E402
 from sidecar.retrieval.retriever import HybridRetriever  # noqa: E402
 from sidecar.store import Store  # noqa: E402
 from sidecar.store.async_store import AsyncStore  # noqa: E402
 from sidecar.store.knowledge import NewChunk  # noqa: E402
+from retrieval_sets import (  # noqa: E402
+    GROUPS, MANZH, PYDOC, in_calibration, man_pages, mrr_at, python_docs, recall_at, size_distribution,
+)
 
 MODEL = "bench/synthetic"
-PYDOC = Path("/usr/share/doc/python3/html/library")
-MANZH = Path("/usr/share/man/zh_CN")
 ZH_CHARS = "的一是在不了有和人这中大为上个国我以要他时来用们生到作地于出就分对成会可主发年动同工也能下过子说产种面而方后多定行学法所民得经十三之进着等部度家电力里如水化高自二理起小物现实加量都两体制机当使点从业本去把性好应开它合还因由其些然前外天政四日那社义事平形相全表间样与关各重新线内数正心反你明看原又么利比或但质气第向道命此变条只没结解问意建月公无系军很情者最立代想已通并提直题党程展五果料象员革位入常文总次品式活设及管特件长求老头基资边流路级少图山统接知较将组见计别她手角期根论运农指几九区强放决西被干做必战先回则任取据处理府研质"
 
 
@@ -118,16 +121,16 @@ def unit_rows(rng: np.random.Generator, n: int, dims: int) -> np.ndarray:
     return m
 
 
-def build(store: Store, chunks: int, dims: int, corpus: Corpus) -> tuple[str, np.ndarray, float]:
+def build(store: Store, chunks: int, dims: int, corpus: Corpus, name: str = "bench") -> tuple[str, np.ndarray, float]:
     """A base of ``chunks`` chunks with vectors; (kb id, the matrix, seconds)."""
     repo = store.knowledge
-    kb = repo.create_kb(name="bench", description="", embed=("bench", "synthetic"), chunk_size=512, chunk_overlap=0)
+    kb = repo.create_kb(name=name, description="", embed=("bench", "synthetic"), chunk_size=512, chunk_overlap=0)
     matrix = unit_rows(corpus.rng, chunks, dims)
     per_doc = 1000
     started = time.perf_counter()
     for d in range(0, chunks, per_doc):
         doc, _ = repo.add_document(kb_id=kb.id, name=f"doc{d}.txt", kind="text", source="text", path=None,
-                                   size_bytes=0, content_hash=f"h{d}", body="")
+                                   size_bytes=0, content_hash=f"{name}:h{d}", body="")
         doc = repo.claim(doc.id)
         assert doc is not None
         rows = []
@@ -159,7 +162,7 @@ class FixedEmbedder:
 # ---- 1. latency ------------------------------------------------------------------------
 
 
-def latency(store: Store, kb_id: str, matrix: np.ndarray, corpus: Corpus, n_queries: int) -> None:
+def latency(store: Store, kb_id: str, matrix: np.ndarray, corpus: Corpus, n_queries: int, other_bases: int) -> None:
     repo = store.knowledge
     gateway = AsyncStore(store)
     indexes = KnowledgeIndexes(gateway)
@@ -224,6 +227,31 @@ def latency(store: Store, kb_id: str, matrix: np.ndarray, corpus: Corpus, n_quer
     say(f"  baseline: plain numpy brute force   {ms(brute)}")
     say(f"  ratio hybrid/brute force: p50 {pct(hybrid, 50) / pct(brute, 50):.2f}  p99 {pct(hybrid, 99) / pct(brute, 99):.2f}"
         f"   (targets: hybrid p50 <= 10 ms, p99 <= 25 ms)")
+    if other_bases <= 0:
+        return
+    each = max(1000, matrix.shape[0] // 10)
+    t = time.perf_counter()
+    for n in range(other_bases):
+        build(store, each, matrix.shape[1], corpus, name=f"other{n}")
+    say(f"  {other_bases} other bases of {each:,} chunks added to the data dir in {time.perf_counter() - t:.1f} s")
+
+    async def again() -> tuple[list[float], list[float]]:
+        await indexes.search([(kb_id, MODEL)], vectors[0], 6)
+        hybrid, lexical = [], []
+        for i, q in enumerate(queries):
+            embedder.vector = vectors[i : i + 1]
+            t = time.perf_counter()
+            await retriever._search(kbs, q, 6, 4096)
+            hybrid.append(time.perf_counter() - t)
+            t = time.perf_counter()
+            repo.lexical([kb_id], q, 50)
+            lexical.append(time.perf_counter() - t)
+        return hybrid, lexical
+
+    beside, lexical_beside = anyio.run(again)
+    say(f"  the same base beside them: hybrid {ms(beside)}   lexical leg {ms(lexical_beside)}")
+    say(f"  ratio beside/alone: hybrid p50 {pct(beside, 50) / pct(hybrid, 50):.2f}  p99 {pct(beside, 99) / pct(hybrid, 99):.2f}"
+        "   (target <= 1.2)")
 
 
 # ---- 2. ingestion --------------------------------------------------------------------------
@@ -349,64 +377,6 @@ def memory(db_dir: Path, kb_id: str, chunks: int, dims: int) -> None:
 # ---- 5. quality ----------------------------------------------------------------------------
 
 
-def python_docs(limit: int) -> list[tuple[str, str, str]]:
-    """(name, held-out text, query) of python3-doc library pages."""
-    out = []
-    for path in sorted(PYDOC.glob("*.html"))[:limit]:
-        try:
-            text = extract("html", path.read_bytes()).text
-        except Exception:
-            continue
-        first, _, rest = text.partition("\n")
-        if not first.startswith("# ") or len(rest) < 200:
-            continue
-        title = first[2:].strip()
-        query = title.split("—", 1)[1].strip() if "—" in title else title
-        if len(query) < 4:
-            continue
-        out.append((path.name, rest.strip(), query))
-    return out
-
-
-_NAME_HEADERS = ("名称", "名字", "NAME", "名  称")
-
-
-def man_pages(limit: int) -> list[tuple[str, str, str]]:
-    """(name, text without its NAME section, the NAME summary) of manpages-zh pages."""
-    out = []
-    files = sorted((MANZH / "man1").glob("*.gz")) + sorted((MANZH / "man8").glob("*.gz"))
-    env = dict(os.environ, MANWIDTH="100", LANG="C.UTF-8")
-    for path in files[:limit]:
-        try:
-            rendered = subprocess.run(["man", "-l", str(path)], capture_output=True, env=env, timeout=20).stdout
-            text = subprocess.run(["col", "-b"], input=rendered, capture_output=True, timeout=20).stdout.decode(
-                "utf-8", "replace")
-        except (OSError, subprocess.SubprocessError):
-            continue
-        lines = text.splitlines()
-        summary = None
-        kept: list[str] = []
-        i = 0
-        while i < len(lines):
-            if lines[i].strip() in _NAME_HEADERS and summary is None:
-                i += 1
-                body = []
-                while i < len(lines) and (not lines[i].strip() or lines[i].startswith((" ", "\t"))):
-                    body.append(lines[i].strip())
-                    i += 1
-                line = " ".join(b for b in body if b)
-                parts = re.split(r"\s+[-—－]+\s+|\s*\\-\s*", line, maxsplit=1)
-                summary = parts[1].strip() if len(parts) == 2 else None
-                continue
-            kept.append(lines[i])
-            i += 1
-        if summary and len(summary) >= 2 and re.search(r"[\u4e00-\u9fff]", summary):
-            body = "\n".join(kept[1:-1]).strip()  # drop the header/footer lines naming the page
-            if len(body) > 200:
-                out.append((path.name, body, summary))
-    return out
-
-
 def quality(data_dir: Path, limit: int) -> None:
     missing = []
     if not PYDOC.is_dir():
@@ -434,6 +404,8 @@ def quality(data_dir: Path, limit: int) -> None:
         kb = repo.create_kb(name="debian", description="", embed=("@local", "wordllama"), chunk_size=512,
                             chunk_overlap=64)
         doc_of: dict[str, str] = {}
+        target_name: dict[str, str] = {}
+        sizes: list[int] = []
         queries: list[tuple[str, str, str]] = []
         t = time.perf_counter()
         n_chunks = 0
@@ -451,8 +423,11 @@ def quality(data_dir: Path, limit: int) -> None:
                              model=embedder.key, dims=int(vectors.shape[1]))
             n_chunks += len(chunks)
             doc_of[doc.id] = name
+            target_name[doc.id] = f"{lang}:{name}"
             queries.append((lang, query, doc.id))
+            sizes.extend(c.tokens for c in chunks)
         say(f"  indexed {len(queries)} documents, {n_chunks:,} chunks (wordllama vectors) in {time.perf_counter() - t:.1f} s")
+        say("  chunk sizes (tokens): " + size_distribution(sizes))
         gateway = AsyncStore(store)
         indexes = KnowledgeIndexes(gateway)
 
@@ -466,9 +441,9 @@ def quality(data_dir: Path, limit: int) -> None:
             ranks: dict[tuple[str, str], list[float]] = {}
             for lang, query, target in queries:
                 qv = (await embedder.embed([query])).vectors[0]
-                lexical_rowids = [r for r, _ in repo.lexical([kb.id], query, 6)]
-                vector_rowids = [r for r, _ in indexes.search_blocking(repo, [(kb.id, embedder.key)], qv, 6)]
-                hybrid = await retriever._search(kbs, query, 6, None)
+                lexical_rowids = [r for r, _ in repo.lexical([kb.id], query, 10)]
+                vector_rowids = [r for r, _ in indexes.search_blocking(repo, [(kb.id, embedder.key)], qv, 10)]
+                hybrid = await retriever._search(kbs, query, 10, None)
                 hits = repo.hits(lexical_rowids + vector_rowids)
                 legs = {
                     "lexical": [hits[r].document_id for r in lexical_rowids if r in hits],
@@ -477,20 +452,25 @@ def quality(data_dir: Path, limit: int) -> None:
                 }
                 for leg, docs in legs.items():
                     rank = docs.index(target) + 1 if target in docs else 0
-                    ranks.setdefault((leg, lang), []).append(rank)
-                    ranks.setdefault((leg, "all"), []).append(rank)
+                    calib = in_calibration(target_name[target])
+                    for group in (lang, "all", "calib" if calib else "held-out", *(() if calib else (f"held-{lang}",))):
+                        ranks.setdefault((leg, group), []).append(rank)
             return ranks
 
         ranks = anyio.run(evaluate)
-        say(f"  {'':8} {'recall@6':>24} {'MRR@6':>24}")
-        say(f"  {'':8} {'all':>8}{'en':>8}{'zh':>8} {'all':>8}{'en':>8}{'zh':>8}")
+        counts = ", ".join(f"{g} {len(ranks[('lexical', g)])}" for g in GROUPS)
+        say(f"  {'':8} {'recall@6':>45} {'MRR@10':>45}   (queries: {counts})")
+        say(f"  {'':8} " + "".join(f"{g:>9}" for g in GROUPS) + " " + "".join(f"{g:>9}" for g in GROUPS))
         for leg in ("lexical", "vector", "hybrid"):
-            rec = [sum(1 for r in ranks[(leg, g)] if r) / len(ranks[(leg, g)]) for g in ("all", "en", "zh")]
-            mrr = [sum(1 / r for r in ranks[(leg, g)] if r) / len(ranks[(leg, g)]) for g in ("all", "en", "zh")]
-            say(f"  {leg:8} " + "".join(f"{v:8.3f}" for v in rec) + " " + "".join(f"{v:8.3f}" for v in mrr))
-        best = max(sum(1 for r in ranks[(leg, "all")] if r) for leg in ("lexical", "vector"))
-        got = sum(1 for r in ranks[("hybrid", "all")] if r)
-        say(f"  hybrid recall@6 {'>=' if got >= best else '<'} the better leg ({got} vs {best} of {len(queries)})")
+            say(f"  {leg:8} " + "".join(f"{recall_at(ranks[(leg, g)], 6):9.3f}" for g in GROUPS) + " "
+                + "".join(f"{mrr_at(ranks[(leg, g)], 10):9.3f}" for g in GROUPS))
+        for g in GROUPS:
+            verdict = []
+            for name, fn, cut in (("recall@6", recall_at, 6), ("MRR@10", mrr_at, 10)):
+                best = max(fn(ranks[(leg, g)], cut) for leg in ("lexical", "vector"))
+                got = fn(ranks[("hybrid", g)], cut)
+                verdict.append(f"{name} {got:.3f} {'>=' if got >= best - 1e-12 else '<'} {best:.3f}")
+            say(f"  hybrid vs the better leg, {g:>9}: " + ", ".join(verdict))
     finally:
         store.close()
     coded_search_on_real_vectors([(text, query) for lang, _name, text, query in items if lang == "en"], embedder)
@@ -547,6 +527,8 @@ def main() -> int:
     parser.add_argument("--chunks", type=int, default=100_000)
     parser.add_argument("--dims", type=int, default=384)
     parser.add_argument("--queries", type=int, default=300)
+    parser.add_argument("--other-bases", type=int, default=9,
+                        help="bases of a tenth of --chunks each added beside the measured one (1.)")
     parser.add_argument("--embed-texts", type=int, default=5_000)
     parser.add_argument("--quality-docs", type=int, default=1000, help="at most this many pages of each source")
     parser.add_argument("--skip-quality", action="store_true")
@@ -572,7 +554,7 @@ def main() -> int:
                     f" ({args.chunks / seconds:,.0f} chunks/s with FTS rows and vectors)")
                 if 1 in sections:
                     say("\n1. query latency (embedding call excluded)")
-                    latency(store, kb_id, matrix, corpus, args.queries)
+                    latency(store, kb_id, matrix, corpus, args.queries, args.other_bases)
             finally:
                 store.close()
         if 2 in sections:

@@ -80,6 +80,7 @@ from sidecar.store.migrations.v26_refinements import (
     m_fts_fold,
     m_kb_chunk_ids,
     m_kb_embedding_retry,
+    m_kb_fts_per_base,
 )
 
 __all__ = ["Migration", "MIGRATIONS", "migrate", "schema_is_current", "schema_version"]
@@ -118,6 +119,7 @@ MIGRATIONS: list[Migration] = [
     m_kb_embedding_retry,  # 27
     m_kb_chunk_ids,  # 28
     m_channel_routes_access,  # 29
+    m_kb_fts_per_base,  # 30
 ]
 """Every migration, in order: a migration's version is its position here, from 1."""
 

@@ -18,6 +18,7 @@ __all__ = [
     "m_kb_embedding_retry",
     "m_kb_chunk_ids",
     "m_channel_routes_access",
+    "m_kb_fts_per_base",
 ]
 
 
@@ -140,3 +141,17 @@ def m_channel_routes_access(conn: apsw.Connection) -> None:
         ) WITHOUT ROWID;
         """
     )
+
+
+def m_kb_fts_per_base(conn: apsw.Connection) -> None:
+    # Each knowledge base gets its own full-text table (sidecar/store/kb_lexical.py), so its
+    # BM25 statistics and term pruning are its own: written from kb_chunks (the same text
+    # kb_chunks_fts held), then the shared table and its trigger are dropped (chunk rows are
+    # deleted from their base's table by KnowledgeRepo, in the transaction that deletes them).
+    # Re-runnable: a rebuild from the rows, and DROP ... IF EXISTS.
+    from sidecar.store.kb_lexical import rebuild_all
+
+    rows = rebuild_all(conn)
+    conn.execute("DROP TRIGGER IF EXISTS kb_chunks_after_delete")
+    conn.execute("DROP TABLE IF EXISTS kb_chunks_fts")
+    log.info("knowledge full-text index split per base: %d rows", rows)
