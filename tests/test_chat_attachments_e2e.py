@@ -83,7 +83,8 @@ async def test_attachments_are_files_and_reach_the_model_as_it_allows(tmp_path, 
         else:
             assert not images
             assert any("image omitted" in t for t in texts)
-        assert any("line one\nline two" in t and "notes.txt" in t for t in texts)
+        # the file is untrusted text: one element on one line, its line breaks shown as \n
+        assert any("line one\\nline two" in t and "notes.txt" in t for t in texts)
         assert any("blob.bin" in t and "cannot be shown" in t for t in texts)
         await proc.close()
 
