@@ -187,6 +187,9 @@ async def test_trusting_agent_mode_approves_yolo_requests(tmp_path: Path) -> Non
 async def test_progress_clients_before_the_chat_late_and_when_idle(tmp_path: Path) -> None:
     async with v1_sidecar(tmp_path) as v1:
         c = v1.client
+        # no side calls: a title request that comes late would take the reply scripted for
+        # the next turn
+        await v1.proc.call("settings:update", {"generateTitles": False, "generateSuggestions": False})
         first = await c.run_turn(v1.direct("one"))
         session_id = first.session_id
 

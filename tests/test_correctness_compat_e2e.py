@@ -1,4 +1,4 @@
-"""The V1 ``/computer/chat`` endpoint, over a real sidecar subprocess, as the Qiming
+"""The V1 ``/computer/chat`` endpoint, over the real server, as the Qiming
 server's SandboxAgentClient calls it: a turn with ``attachments`` (the agent runner's shape)
 runs, an http(s) one stored as a file part and a base64 one as a stored file, as
 ``chat:send`` takes them; an attachment that cannot be taken is a 400 naming it. The

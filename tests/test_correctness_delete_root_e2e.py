@@ -1,4 +1,4 @@
-"""No request starts with a reply, over a real sidecar subprocess: deleting the root question
+"""No request starts with a reply, over the real server: deleting the root question
 alone (``chat:messages:delete {mode: "message"}``) takes the replies below it with it, down
 to the next user messages, which become roots; a branch that starts with a reply anyway (an
 imported conversation that opens with the assistant's greeting) is sent with a short user

@@ -1,4 +1,4 @@
-"""Follow-up suggestions a model answers as a JSON array, over a real sidecar subprocess: a
+"""Follow-up suggestions a model answers as a JSON array, over the real server: a
 bare array, one in a ```json fence and one cut off by the token limit give their strings
 (non-strings and overlong items left out, at most three); a plain list of lines still works."""
 

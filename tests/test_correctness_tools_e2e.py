@@ -1,4 +1,4 @@
-"""``enabledTools`` and the feature tools, over a real sidecar subprocess: an assistant with
+"""``enabledTools`` and the feature tools, over the real server: an assistant with
 memory on (and Soul.md evolving) keeps ``memory_*`` and ``soul_update`` whatever its
 ``enabledTools`` names, ``[]`` included; ``tool:list`` says why each tool is offered
 (``offeredBy``) and matches the wire; ``assistant:upsert`` refuses an unknown name (listing

@@ -1,4 +1,4 @@
-"""The context budget over a real sidecar subprocess: a model with a 4,096-token window and
+"""The context budget over the real server: a model with a 4,096-token window and
 a 40,000-token branch gets requests that fit, counted with the real tokenizer over the exact
 bodies the provider received (system prompt and tools included), the summary calls too; a
 window that cannot hold the recent messages loses its oldest ones with a notice; a message

@@ -1,4 +1,4 @@
-"""Non-streaming replies over a real sidecar subprocess (seed 000 section 6): a model with
+"""Non-streaming replies over the real server (seed 000 section 6): a model with
 ``stream: false`` is asked with whole requests and its answers go through the same events
 and message model (tool calls and the step loop included); an abort cancels the request in
 flight; an endpoint that refuses to stream switches the model once, with a notice, and the

@@ -1,4 +1,4 @@
-"""Round trips an integrator asked for, over a real sidecar subprocess: editResend's user
+"""Round trips an integrator asked for, over the real server: editResend's user
 message id, per-send overrides, a post-stream rewrite announced with ``content_replaced``,
 the user's correction of a reply (``chat:messages:update``), paged reads with hasMore and a
 cursor, and ``sidecar:progress`` for import and export."""

@@ -1,4 +1,4 @@
-"""Side calls over a real sidecar subprocess: follow-up suggestions (stored, announced with
+"""Side calls over the real server: follow-up suggestions (stored, announced with
 ``chat:suggestions``, cancelled by a new send, their cost on the session), the AI session
 summary (automatic every N exchanges, never over the user's own, found by the session-list
 search; ``chat:session:summarize`` on demand) and ``chat:session:title``."""

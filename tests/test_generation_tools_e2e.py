@@ -1,4 +1,4 @@
-"""Per-assistant tools over a real sidecar subprocess: ``enabledTools`` decides what a reply
+"""Per-assistant tools over the real server: ``enabledTools`` decides what a reply
 is offered (``[]``: nothing on the wire), a ``deny`` policy hides a tool from the model,
 ``tool:list {sessionId}`` shows exactly what the model gets, and a send can switch tools off
 for one reply."""

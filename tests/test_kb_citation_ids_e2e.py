@@ -1,4 +1,4 @@
-"""Chunk ids and citations across a re-index, over a real sidecar subprocess and the
+"""Chunk ids and citations across a re-index, over the real server and the
 scripted chat provider: a chunk's id covers its heading path, so a new section that repeats
 a cited sentence leaves the citation on its own section (with its offsets refreshed), a
 cited section renamed makes the citation ``documentChanged``, and a database whose ids were

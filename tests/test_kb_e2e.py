@@ -1,4 +1,4 @@
-"""Knowledge bases over a real sidecar subprocess and a loopback embeddings server whose
+"""Knowledge bases over the real server and a loopback embeddings server whose
 vectors the test controls: Markdown, PDF, HTML and Chinese documents with progress,
 kb:search by an English word, a two-character Chinese word and by vector similarity
 alone, the Ollama endpoint, lexical fallback when the embedding server fails, a change of

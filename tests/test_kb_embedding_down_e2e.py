@@ -1,4 +1,4 @@
-"""A document added while the embedding provider is down, over a real sidecar subprocess and
+"""A document added while the embedding provider is down, over the real server and
 the loopback embeddings server: it is chunked and lexically searchable at once (status
 ``embedding_pending`` with the last error and the next retry), its vectors are made later
 by the knowledge service's retry schedule (backoff that doubles, persisted, resumed after a

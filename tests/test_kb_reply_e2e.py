@@ -1,4 +1,4 @@
-"""Knowledge in a reply, over a real sidecar subprocess, the scripted chat provider and the
+"""Knowledge in a reply, over the real server, the scripted chat provider and the
 loopback embeddings server: an assistant with a knowledge base gets at most six chunks in a
 tagged system block with markers [1].., ``knowledge_search`` first among its tools (its
 results continue the numbering), and ``get_session_capabilities`` telling the truth; with

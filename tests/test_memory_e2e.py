@@ -1,4 +1,4 @@
-"""Long-term memory over a real sidecar subprocess and the scripted provider on loopback:
+"""Long-term memory over the real server and the scripted provider on loopback:
 memory:* with history and soft delete, bad input on every method, the memories in the exact
 request body (escaped, basic text with RAG off, at most six retrieved with RAG on), scope
 isolation between two assistants, and what deleting an assistant does to its memories."""

@@ -1,4 +1,4 @@
-"""The MemoryEncoder over a real sidecar subprocess and the scripted provider: in auto mode a
+"""The MemoryEncoder over the real server and the scripted provider: in auto mode a
 memory appears after a completed reply (bounded wait), the same fact twice stays one memory,
 a contradicting fact supersedes with history, an exchange that only repeats injected memory
 creates none, propose mode sends memory_proposed (accept edited / reject), and a failing side

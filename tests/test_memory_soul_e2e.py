@@ -1,4 +1,4 @@
-"""Soul.md over a real sidecar subprocess and the scripted provider: versions set, listed and
+"""Soul.md over the real server and the scripted provider: versions set, listed and
 reverted (none overwritten), the size limit, inheritance of the global one, the request's
 system prompt, and the soul_update tool: it asks by default, the approval carries the diff,
 the new version is written only after approval, and an edit against a changed Soul.md fails."""

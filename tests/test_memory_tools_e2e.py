@@ -1,4 +1,4 @@
-"""The memory tools over a real sidecar subprocess and the scripted provider: registered first
+"""The memory tools over the real server and the scripted provider: registered first
 when memory is on, saves run at once, an update waits for the user's approval, and the next
 session's request carries what was saved (basic text with RAG off, at most six with RAG on)."""
 

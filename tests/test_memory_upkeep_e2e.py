@@ -1,4 +1,4 @@
-"""Memory upkeep over a real sidecar subprocess and the scripted provider: consolidation
+"""Memory upkeep over the real server and the scripted provider: consolidation
 (two contradicting memories become one version chain with nothing lost; propose mode waits
 for an answer), expiry by policy, statistics, export and import as JSON and Markdown, a
 memory-consolidate task, and the encoder reading server-mode replies."""

@@ -1,4 +1,4 @@
-"""The request pipeline over a real sidecar subprocess and the scripted loopback provider:
+"""The request pipeline over the real server and the scripted loopback provider:
 every input transformer and their order, asserted on the exact request bodies the provider
 received; stored messages byte-identical; summary failure -> recent window only; manual
 compaction; assistant and context methods; output transforms on the stored reply."""

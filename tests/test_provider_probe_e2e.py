@@ -1,4 +1,4 @@
-"""provider:test and provider:models over a real sidecar subprocess against loopback fakes of
+"""provider:test and provider:models over the real server against loopback fakes of
 the three wire formats (fixtures/model_endpoints.py): their model lists (Anthropic's pages
 followed, Ollama's context sizes from /api/show), a one-token test call, and their error
 shapes typed (401 bodies, 404, 429 with Retry-After, malformed JSON, timeouts, no

@@ -1,4 +1,4 @@
-"""Managed skills over a real sidecar subprocess: SKILL.md front matter checked, create /
+"""Managed skills over the real server: SKILL.md front matter checked, create /
 update / delete in <dataDir>/skills, configured skills folders read-only, zip import confined
 (``../`` entries, absolute paths, symlinks and zip bombs refused, nothing written) and export;
 skill proposals after multi-tool replies are nothing until accepted."""

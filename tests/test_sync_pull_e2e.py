@@ -1,4 +1,4 @@
-"""sync:pull over a real sidecar subprocess against the fake Qiming server on loopback."""
+"""sync:pull over the real server against the fake Qiming server on loopback."""
 
 from __future__ import annotations
 

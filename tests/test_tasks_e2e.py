@@ -1,4 +1,4 @@
-"""Scheduled tasks over a real sidecar subprocess with the test clock (``--test-clock``,
+"""Scheduled tasks over the real server with the test clock (``--test-clock``,
 moved by ``sidecar:test:clock``, which answers once the scheduler handled every time up to
 the new one) and the scripted loopback provider: a cron task fires at its minute exactly
 once, a time missed across a restart runs once or is skipped as the task says, a task never

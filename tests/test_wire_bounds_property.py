@@ -1,4 +1,4 @@
-"""Property over a real sidecar subprocess: random JSON nested up to 2,000 levels in every
+"""Property over the real server: random JSON nested up to 2,000 levels in every
 free-form field of every method never poisons the process or its data dir.
 
 Each example sends a few such requests (every one gets an answer with its own id; nothing
