@@ -28,7 +28,7 @@ import threading
 from collections.abc import Iterable, Sequence
 from typing import Any
 
-from sidecar.store import fts
+from sidecar.store import fts, kb_segment
 from sidecar.store.db import fetch_all
 
 __all__ = ["table_of", "create", "drop", "write", "delete", "rebuild_all", "LexicalIndex", "LEXICAL_BUDGET"]
@@ -99,20 +99,28 @@ class LexicalIndex:
         they change slowly, and only this decision uses them); a query whose rarest term
         alone is in more of the base's chunks than the budget ranks the newest
         LEXICAL_BUDGET of them (a term that common barely separates chunks: the vector leg
-        carries such a query)."""
+        carries such a query). A bigram of an unspaced CJK run that straddles a word boundary
+        in the base (``kb_segment.straddling_terms``) scores only in chunks that also match
+        one of the query's other kept terms."""
         terms = fts.retrieval_terms(query)
         if not terms:
             return []
         found: list[tuple[int, float]] = []
         for kb_id, size in sizes.items():
             if size > 0:
-                found.extend(self._search_base(conn, kb_id, size, terms, limit))
+                found.extend(self._search_base(conn, kb_id, size, query, terms, limit))
         found.sort(key=lambda hit: (-hit[1], hit[0]))
         return found[:limit]
 
-    def _search_base(self, conn: Any, kb_id: str, size: int, terms: list[str], limit: int) -> list[tuple[int, float]]:
+    def _search_base(
+        self, conn: Any, kb_id: str, size: int, query: str, terms: list[str], limit: int
+    ) -> list[tuple[int, float]]:
         table = table_of(kb_id)
-        counts = [self._doc_freq(conn, kb_id, table, t, LEXICAL_BUDGET + 1, size) for t in terms]
+
+        def doc_freq(term: str) -> int:
+            return self._doc_freq(conn, kb_id, table, term, LEXICAL_BUDGET + 1, size)
+
+        counts = [doc_freq(t) for t in terms]
         kept = fts.affordable_terms(counts, size, LEXICAL_BUDGET)
         if not kept:
             return []
@@ -121,7 +129,15 @@ class LexicalIndex:
         ranked = f"SELECT rowid AS id, bm25({table}) AS r FROM {table} WHERE {table} MATCH ?"
         if sampled:
             ranked += f" ORDER BY rowid DESC LIMIT {LEXICAL_BUDGET}"
-        rows = fetch_all(conn, f"SELECT id, r FROM ({ranked}) ORDER BY r, id LIMIT ?", [expr, limit])
+        args: list[Any] = [expr]
+        straddling = kb_segment.straddling_terms(query, doc_freq, size) if len(kept) > 1 else set()
+        words = [terms[i] for i in kept if terms[i] not in straddling]
+        if words and len(words) < len(kept):
+            # a bigram across a word boundary of the query counts only beside one of its words;
+            # ``+id``: a rowid constraint pushed into the FTS table would run the MATCH once per id
+            ranked = f"SELECT id, r FROM ({ranked}) WHERE +id IN (SELECT rowid FROM {table} WHERE {table} MATCH ?)"
+            args.append(fts.retrieval_match(words))
+        rows = fetch_all(conn, f"SELECT id, r FROM ({ranked}) ORDER BY r, id LIMIT ?", [*args, limit])
         return [(rowid, -score) for rowid, score in rows]
 
     def _doc_freq(self, conn: Any, kb_id: str, table: str, term: str, cap: int, size: int) -> int:
