@@ -125,12 +125,12 @@ def pdf_bytes(pages: list[list[str]]) -> bytes:
     return bytes(out)
 
 
-def fill_base(repo: Any, kb_id: str, texts: list[str]) -> None:
+def fill_base(repo: Any, kb_id: str, texts: list[str], first: int = 0) -> None:
     """Index each of ``texts`` as a text document of the base (no vectors), through the
-    product's write path (KnowledgeRepo.write_index)."""
+    product's write path (KnowledgeRepo.write_index); numbered from ``first``."""
     from sidecar.retrieval.chunking import chunk_document
 
-    for n, text in enumerate(texts):
+    for n, text in enumerate(texts, first):
         doc, _ = repo.add_document(kb_id=kb_id, name=f"{n}.txt", kind="text", source="text", path=None,
                                    size_bytes=len(text), content_hash=f"{kb_id}{n}", body=text)
         claimed = repo.claim(doc.id)

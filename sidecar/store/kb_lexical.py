@@ -25,7 +25,7 @@ from __future__ import annotations
 
 import hashlib
 import threading
-from collections.abc import Iterable, Sequence
+from collections.abc import Callable, Iterable, Sequence
 from typing import Any
 
 from sidecar.store import fts, kb_segment
@@ -64,19 +64,21 @@ def delete(conn: Any, kb_id: str, rowids: Sequence[int]) -> None:
     conn.executemany(f"DELETE FROM {table_of(kb_id)} WHERE rowid = ?", [(r,) for r in rowids])
 
 
-def rebuild_all(conn: Any) -> int:
-    """Write every base's table again from its chunks (created when missing); how many rows."""
+def rebuild_all(conn: Any, rows_of: Callable[[Any, str], Iterable[tuple[int, str]]] | None = None) -> int:
+    """Write every base's table again from its chunks (created when missing); how many rows.
+    ``rows_of(conn, kb_id)``: the (rowid, row text) of a base's chunks (``kb_common.rows_of``,
+    their common lines left out); None: every chunk's whole embedded text (the schema before
+    ``kb_lines``, migrations 26 and 30)."""
     from sidecar.store.kb_records import embed_text, heading_decoder
+
+    def whole(conn: Any, kb_id: str) -> Iterable[tuple[int, str]]:
+        for rowid, heading, text in conn.execute("SELECT rowid, heading, text FROM kb_chunks WHERE kb_id = ?", (kb_id,)):
+            yield rowid, fts.index_text(embed_text(heading_decoder.decode(heading), text))
 
     count = 0
     for (kb_id,) in fetch_all(conn, "SELECT id FROM kb_bases"):
         create(conn, kb_id)
-        count += fts.rebuild(conn, table_of(kb_id), ("body",), (
-            (rowid, fts.index_text(embed_text(heading_decoder.decode(heading), text)))
-            for rowid, heading, text in conn.execute(
-                "SELECT rowid, heading, text FROM kb_chunks WHERE kb_id = ?", (kb_id,)
-            )
-        ))
+        count += fts.rebuild(conn, table_of(kb_id), ("body",), (rows_of or whole)(conn, kb_id))
     return count
 
 
