@@ -329,8 +329,7 @@ class KnowledgeRepo(KnowledgeVectors):
             if not rows or rows[0][0] != doc.revision:
                 return None
             kb_id = rows[0][1]
-            counted = fetch_all(conn, "SELECT body FROM kb_documents WHERE id = ? AND indexed_at IS NOT NULL", (doc.id,))
-            common = self._count_lines(conn, kb_id, doc.id, counted[0][0] if counted else None, body)
+            common = self._count_lines(conn, kb_id, doc.id, self._indexed_body(conn, doc.id), body)
             old = {
                 cid: (rowid, ehash)
                 for rowid, cid, ehash in fetch_iter(conn,
@@ -372,7 +371,9 @@ class KnowledgeRepo(KnowledgeVectors):
                     kb_lexical.delete(conn, kb_id, [rowid])
                     conn.execute("DELETE FROM kb_vectors WHERE chunk_rowid = ?", (rowid,))
                     reindexed.append(c)
-            kb_lexical.write(conn, kb_id, [(rowid_of[c.id], kb_common.index_row(c.heading, c.text, common)) for c in reindexed])
+            kb_lexical.write(conn, kb_id, [
+                (rowid_of[c.id], kb_common.index_row(c.heading, c.text, common)) for c in reindexed
+            ])
             upserted: list[tuple[int, bytes]] = []
             if model is not None and dims is not None:
                 upserted = [(rowid_of[c.id], c.vector) for c in chunks if c.vector is not None]
@@ -412,11 +413,17 @@ class KnowledgeRepo(KnowledgeVectors):
             doc = self._doc(conn, doc_id)
             rowids = [r[0] for r in fetch_iter(conn, "SELECT rowid FROM kb_chunks WHERE document_id = ?", (doc_id,))]
             kb_lexical.delete(conn, doc.kb_id, rowids)
-            counted = fetch_all(conn, "SELECT body FROM kb_documents WHERE id = ? AND indexed_at IS NOT NULL", (doc_id,))
+            counted = self._indexed_body(conn, doc_id)
             conn.execute("DELETE FROM kb_documents WHERE id = ?", (doc_id,))
-            if counted:
-                self._count_lines(conn, doc.kb_id, doc_id, counted[0][0], None)
+            if counted is not None:
+                self._count_lines(conn, doc.kb_id, doc_id, counted, None)
             return doc.kb_id, rowids
+
+    @staticmethod
+    def _indexed_body(conn: Any, doc_id: str) -> str | None:
+        """The body a document was last indexed with (its lines are counted), None if never."""
+        rows = fetch_all(conn, "SELECT body FROM kb_documents WHERE id = ? AND indexed_at IS NOT NULL", (doc_id,))
+        return str(rows[0][0]) if rows and rows[0][0] is not None else None
 
     @staticmethod
     def _count_lines(conn: Any, kb_id: str, doc_id: str, removed: str | None, added: str | None) -> frozenset[int]:
