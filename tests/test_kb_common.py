@@ -66,3 +66,33 @@ def test_a_line_shared_by_fewer_than_half_of_the_documents_stays_indexed(tmp_pat
         assert repo.common_lines(kb.id) == frozenset()
     finally:
         store.close()
+
+
+def test_the_migration_counts_the_lines_of_documents_indexed_before_it(tmp_path: Path) -> None:
+    import apsw
+
+    from sidecar.store import kb_lexical
+
+    store = Store(tmp_path)
+    try:
+        repo = store.knowledge
+        kb = repo.create_kb(name="kb", description="", embed=None, chunk_size=64, chunk_overlap=0)
+        fill_base(repo, kb.id, [_page(t) for t in TOPICS])
+    finally:
+        store.close()
+    # the database as version 30 left it: no kb_lines, every line in the full-text rows
+    conn = apsw.Connection(str(tmp_path / "chat.db"))
+    conn.execute("DROP TABLE kb_lines")
+    kb_lexical.rebuild_all(conn)
+    conn.execute("PRAGMA user_version = 30")
+    conn.close()
+    store = Store(tmp_path)
+    try:
+        repo = store.knowledge
+        assert repo.lexical([kb.id], "Acme Corporation", 10) == []
+        assert len(repo.lexical([kb.id], "widget", 10)) == len(TOPICS)
+        fill_base(repo, kb.id, [_page("levers")], first=len(TOPICS))  # counted on from there
+        assert repo.lexical([kb.id], "Acme Corporation", 10) == []
+        assert len(repo.lexical([kb.id], "levers", 10)) == 1
+    finally:
+        store.close()
