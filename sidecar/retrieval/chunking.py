@@ -34,7 +34,8 @@ Must stay true:
   under the same heading path in one document, so the same text in the same section gets
   the same id after any re-index, and a section inserted elsewhere moves no id;
 - what is embedded and full-text indexed is ``embed_text``: the heading path, a blank
-  line, the text; ``embed_hash`` is its hash (a vector is reused only when it matches).
+  line, the text, without the lines common to the base (``kb_common``; the text keeps
+  them); ``embed_hash`` is its hash (a vector is reused only when it matches).
 """
 
 from __future__ import annotations
