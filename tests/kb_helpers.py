@@ -123,3 +123,17 @@ def pdf_bytes(pages: list[list[str]]) -> bytes:
         out += b"%010d 00000 n \n" % offset
     out += b"trailer\n<< /Size %d /Root 1 0 R >>\nstartxref\n%d\n%%%%EOF\n" % (len(objects) + 1, xref)
     return bytes(out)
+
+
+def fill_base(repo: Any, kb_id: str, texts: list[str], first: int = 0) -> None:
+    """Index each of ``texts`` as a text document of the base (no vectors), through the
+    product's write path (KnowledgeRepo.write_index); numbered from ``first``."""
+    from sidecar.retrieval.chunking import chunk_document
+
+    for n, text in enumerate(texts, first):
+        doc, _ = repo.add_document(kb_id=kb_id, name=f"{n}.txt", kind="text", source="text", path=None,
+                                   size_bytes=len(text), content_hash=f"{kb_id}{n}", body=text)
+        claimed = repo.claim(doc.id)
+        assert claimed is not None
+        repo.write_index(claimed, body=text, pages=None, kind="text",
+                         chunks=chunk_document(doc.id, "text", text, None, size=64, overlap=0), model=None, dims=None)

@@ -18,7 +18,7 @@ import msgspec
 import numpy as np
 import pytest
 
-from kb_helpers import pdf_bytes
+from kb_helpers import fill_base, pdf_bytes
 from sidecar.errors import InvalidParams, SidecarError
 from sidecar.providers.types import ProviderSettings
 from sidecar.retrieval import fusion, vectors
@@ -31,7 +31,7 @@ from sidecar.retrieval.results import RetrievedChunk
 from sidecar.retrieval.vectors import VectorIndex
 from sidecar.store import Store
 from sidecar.store import fts
-from sidecar.store.knowledge import ChunkHit, KnowledgeRepo
+from sidecar.store.knowledge import ChunkHit
 
 pytestmark = pytest.mark.anyio
 
@@ -462,26 +462,14 @@ async def test_local_embedder_loads_offline_behind_a_socket_guard(monkeypatch: p
     assert vectors[0] @ vectors[1] > vectors[0] @ vectors[2]
 
 
-def _fill(repo: KnowledgeRepo, kb_id: str, texts: list[str]) -> None:
-    from sidecar.retrieval.chunking import chunk_document
-
-    for n, text in enumerate(texts):
-        doc, _ = repo.add_document(kb_id=kb_id, name=f"{n}.txt", kind="text", source="text", path=None,
-                                   size_bytes=len(text), content_hash=f"{kb_id}{n}", body=text)
-        claimed = repo.claim(doc.id)
-        assert claimed is not None
-        repo.write_index(claimed, body=text, pages=None, kind="text",
-                         chunks=chunk_document(doc.id, "text", text, None, size=64, overlap=0), model=None, dims=None)
-
-
 def test_lexical_leg_keeps_to_the_bases_whatever_the_filter(tmp_path: Path) -> None:
     store = Store(tmp_path)
     try:
         repo = store.knowledge
         big = repo.create_kb(name="big", description="", embed=None, chunk_size=64, chunk_overlap=0)
         small = repo.create_kb(name="small", description="", embed=None, chunk_size=64, chunk_overlap=0)
-        _fill(repo, big.id, [f"common words and the lantern number {i}" for i in range(30)])
-        _fill(repo, small.id, ["common words and the lantern in the small base", "网络代理的设置"])
+        fill_base(repo, big.id, [f"common words and the lantern number {i}" for i in range(30)])
+        fill_base(repo, small.id, ["common words and the lantern in the small base", "网络代理的设置"])
 
         def kbs_of(rows: list[tuple[int, float]]) -> set[str]:
             return {h.kb_id for h in repo.hits([r for r, _ in rows]).values()}
@@ -505,7 +493,7 @@ def test_lexical_leg_ranks_within_its_budget(tmp_path: Path, monkeypatch: pytest
     try:
         repo = store.knowledge
         kb = repo.create_kb(name="kb", description="", embed=None, chunk_size=64, chunk_overlap=0)
-        _fill(repo, kb.id, [
+        fill_base(repo, kb.id, [
             f"note {i}" + (" lantern" if i < 15 else "") + (" harbor" if i % 10 == 0 else "") for i in range(40)
         ])
         notes = lambda rows: {int(repo.hits([r])[r].text.split()[1]) for r, _ in rows}  # noqa: E731
@@ -535,7 +523,7 @@ def test_a_bases_ranking_does_not_depend_on_other_bases(tmp_path: Path) -> None:
     try:
         repo = store.knowledge
         a = repo.create_kb(name="a", description="", embed=None, chunk_size=64, chunk_overlap=0)
-        _fill(repo, a.id, [
+        fill_base(repo, a.id, [
             f"note {i}" + " harbor" * (1 + i % 3) + (" lantern" * (1 + i % 2) if i % 10 == 0 else "") + " tide" * (i % 4)
             for i in range(30)
         ])
@@ -548,7 +536,7 @@ def test_a_bases_ranking_does_not_depend_on_other_bases(tmp_path: Path) -> None:
         assert all(alone) and alone[0][0][0] in {h.rowid for h in repo.hits([r for r, _ in alone[0]]).values()
                                                  if "lantern" in h.text}
         b = repo.create_kb(name="b", description="", embed=None, chunk_size=64, chunk_overlap=0)
-        _fill(repo, b.id, [f"lantern lantern tide {i}" + (" harbor" if i % 50 == 0 else "") for i in range(400)])
+        fill_base(repo, b.id, [f"lantern lantern tide {i}" + (" harbor" if i % 50 == 0 else "") for i in range(400)])
         assert ranking() == alone
         both = repo.lexical([a.id, b.id], "lantern harbor", 10)
         assert {h.kb_id for h in repo.hits([r for r, _ in both]).values()} == {a.id, b.id}

@@ -34,7 +34,8 @@ Must stay true:
   under the same heading path in one document, so the same text in the same section gets
   the same id after any re-index, and a section inserted elsewhere moves no id;
 - what is embedded and full-text indexed is ``embed_text``: the heading path, a blank
-  line, the text; ``embed_hash`` is its hash (a vector is reused only when it matches).
+  line, the text, without the lines common to the base (``kb_common``; the text keeps
+  them); ``embed_hash`` is its hash (a vector is reused only when it matches).
 """
 
 from __future__ import annotations
@@ -45,6 +46,7 @@ from collections.abc import Iterator
 from typing import NamedTuple
 
 from sidecar import tokens as tk
+from sidecar.store import kb_common
 from sidecar.store.knowledge import NewChunk, chunk_id, embed_text
 
 __all__ = [
@@ -407,9 +409,12 @@ class _Packer:
 
 
 def chunk_document(
-    document_id: str, kind: str, text: str, pages: list[int] | None, *, size: int, overlap: int
+    document_id: str, kind: str, text: str, pages: list[int] | None, *, size: int, overlap: int,
+    common: frozenset[int] = frozenset(),
 ) -> list[NewChunk]:
-    """The chunks of a document (see the module docstring). Blocking: CPU only."""
+    """The chunks of a document (see the module docstring); ``common``: the base's common
+    lines (``kb_common``), left out of what is embedded (not of the text, its offsets or its
+    id). Blocking: CPU only."""
     size = max(16, size)
     overlap = max(0, min(overlap, size // 2))
     blocks, csv_header = _blocks(kind, text, pages)
@@ -465,7 +470,7 @@ def chunk_document(
         seen[cid] = repeat
         if repeat > 1:
             cid = f"{cid}.{repeat}"
-        full = embed_text(path, body)
+        full = kb_common.embedded(embed_text(path, body), common)
         chunks.append(
             NewChunk(
                 id=cid, ordinal=ordinal, heading=path, start=start, end=end, page=page, tokens=tokens,

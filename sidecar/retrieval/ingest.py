@@ -101,9 +101,11 @@ class Indexer:
                 except SidecarError as exc:  # its provider is gone or disabled: lexical until it is back
                     failure = exc.message
             size = chunking.effective_size(kb.chunk_size, embedder.input_limit if embedder is not None else None)
+            common = await self._db(lambda k: k.common_lines(doc.kb_id))
             chunks: list[NewChunk] = await anyio.to_thread.run_sync(
                 lambda: chunking.chunk_document(
-                    doc.id, extracted.kind, extracted.text, extracted.pages, size=size, overlap=kb.chunk_overlap
+                    doc.id, extracted.kind, extracted.text, extracted.pages, size=size, overlap=kb.chunk_overlap,
+                    common=common,
                 )
             )
             # one unit per chunk embedded, plus the final write: done == total only at the end

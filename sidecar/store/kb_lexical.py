@@ -25,10 +25,10 @@ from __future__ import annotations
 
 import hashlib
 import threading
-from collections.abc import Iterable, Sequence
+from collections.abc import Callable, Iterable, Sequence
 from typing import Any
 
-from sidecar.store import fts
+from sidecar.store import fts, kb_segment
 from sidecar.store.db import fetch_all
 
 __all__ = ["table_of", "create", "drop", "write", "delete", "rebuild_all", "LexicalIndex", "LEXICAL_BUDGET"]
@@ -64,19 +64,21 @@ def delete(conn: Any, kb_id: str, rowids: Sequence[int]) -> None:
     conn.executemany(f"DELETE FROM {table_of(kb_id)} WHERE rowid = ?", [(r,) for r in rowids])
 
 
-def rebuild_all(conn: Any) -> int:
-    """Write every base's table again from its chunks (created when missing); how many rows."""
+def rebuild_all(conn: Any, rows_of: Callable[[Any, str], Iterable[tuple[int, str]]] | None = None) -> int:
+    """Write every base's table again from its chunks (created when missing); how many rows.
+    ``rows_of(conn, kb_id)``: the (rowid, row text) of a base's chunks (``kb_common.rows_of``,
+    their common lines left out); None: every chunk's whole embedded text (the schema before
+    ``kb_lines``, migrations 26 and 30)."""
     from sidecar.store.kb_records import embed_text, heading_decoder
+
+    def whole(conn: Any, kb_id: str) -> Iterable[tuple[int, str]]:
+        for rowid, heading, text in conn.execute("SELECT rowid, heading, text FROM kb_chunks WHERE kb_id = ?", (kb_id,)):
+            yield rowid, fts.index_text(embed_text(heading_decoder.decode(heading), text))
 
     count = 0
     for (kb_id,) in fetch_all(conn, "SELECT id FROM kb_bases"):
         create(conn, kb_id)
-        count += fts.rebuild(conn, table_of(kb_id), ("body",), (
-            (rowid, fts.index_text(embed_text(heading_decoder.decode(heading), text)))
-            for rowid, heading, text in conn.execute(
-                "SELECT rowid, heading, text FROM kb_chunks WHERE kb_id = ?", (kb_id,)
-            )
-        ))
+        count += fts.rebuild(conn, table_of(kb_id), ("body",), (rows_of or whole)(conn, kb_id))
     return count
 
 
@@ -99,20 +101,28 @@ class LexicalIndex:
         they change slowly, and only this decision uses them); a query whose rarest term
         alone is in more of the base's chunks than the budget ranks the newest
         LEXICAL_BUDGET of them (a term that common barely separates chunks: the vector leg
-        carries such a query)."""
+        carries such a query). A bigram of an unspaced CJK run that straddles a word boundary
+        in the base (``kb_segment.straddling_terms``) scores only in chunks that also match
+        one of the query's other kept terms."""
         terms = fts.retrieval_terms(query)
         if not terms:
             return []
         found: list[tuple[int, float]] = []
         for kb_id, size in sizes.items():
             if size > 0:
-                found.extend(self._search_base(conn, kb_id, size, terms, limit))
+                found.extend(self._search_base(conn, kb_id, size, query, terms, limit))
         found.sort(key=lambda hit: (-hit[1], hit[0]))
         return found[:limit]
 
-    def _search_base(self, conn: Any, kb_id: str, size: int, terms: list[str], limit: int) -> list[tuple[int, float]]:
+    def _search_base(
+        self, conn: Any, kb_id: str, size: int, query: str, terms: list[str], limit: int
+    ) -> list[tuple[int, float]]:
         table = table_of(kb_id)
-        counts = [self._doc_freq(conn, kb_id, table, t, LEXICAL_BUDGET + 1, size) for t in terms]
+
+        def doc_freq(term: str) -> int:
+            return self._doc_freq(conn, kb_id, table, term, LEXICAL_BUDGET + 1, size)
+
+        counts = [doc_freq(t) for t in terms]
         kept = fts.affordable_terms(counts, size, LEXICAL_BUDGET)
         if not kept:
             return []
@@ -121,7 +131,15 @@ class LexicalIndex:
         ranked = f"SELECT rowid AS id, bm25({table}) AS r FROM {table} WHERE {table} MATCH ?"
         if sampled:
             ranked += f" ORDER BY rowid DESC LIMIT {LEXICAL_BUDGET}"
-        rows = fetch_all(conn, f"SELECT id, r FROM ({ranked}) ORDER BY r, id LIMIT ?", [expr, limit])
+        args: list[Any] = [expr]
+        straddling = kb_segment.straddling_terms(query, doc_freq, size) if len(kept) > 1 else set()
+        words = [terms[i] for i in kept if terms[i] not in straddling]
+        if words and len(words) < len(kept):
+            # a bigram across a word boundary of the query counts only beside one of its words;
+            # ``+id``: a rowid constraint pushed into the FTS table would run the MATCH once per id
+            ranked = f"SELECT id, r FROM ({ranked}) WHERE +id IN (SELECT rowid FROM {table} WHERE {table} MATCH ?)"
+            args.append(fts.retrieval_match(words))
+        rows = fetch_all(conn, f"SELECT id, r FROM ({ranked}) ORDER BY r, id LIMIT ?", [*args, limit])
         return [(rowid, -score) for rowid, score in rows]
 
     def _doc_freq(self, conn: Any, kb_id: str, table: str, term: str, cap: int, size: int) -> int:

@@ -23,6 +23,7 @@ from collections.abc import Callable
 from typing import Any
 
 from sidecar.errors import NotFound
+from sidecar.store import kb_common
 from sidecar.store.db import Database, fetch_all, fetch_iter
 from sidecar.store.ids import now_ms
 from sidecar.store.kb_records import (
@@ -95,11 +96,17 @@ class KnowledgeVectors:
         return self._missing("c.kb_id = ?", kb_id, model, limit)
 
     def _missing(self, where: str, key: str, model: str, limit: int | None) -> list[tuple[int, str, str]]:
+        commons: dict[str, frozenset[int]] = {}
         with self._db.read() as conn:
+            def common(kb_id: str) -> frozenset[int]:
+                if kb_id not in commons:
+                    commons[kb_id] = kb_common.common_of(conn, kb_id)
+                return commons[kb_id]
+
             return [
-                (rowid, ehash, embed_text(heading_decoder.decode(heading), text))
-                for rowid, ehash, heading, text in fetch_iter(conn,
-                    "SELECT c.rowid, c.embed_hash, c.heading, c.text FROM kb_chunks c"
+                (rowid, ehash, kb_common.embedded(embed_text(heading_decoder.decode(heading), text), common(kb_id)))
+                for rowid, ehash, kb_id, heading, text in fetch_iter(conn,
+                    "SELECT c.rowid, c.embed_hash, c.kb_id, c.heading, c.text FROM kb_chunks c"
                     " LEFT JOIN kb_vectors v ON v.kb_id = c.kb_id AND v.model = ? AND v.chunk_rowid = c.rowid"
                     f" WHERE {where} AND (v.chunk_rowid IS NULL OR v.embed_hash != c.embed_hash)"
                     " ORDER BY c.rowid LIMIT ?",

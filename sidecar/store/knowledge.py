@@ -34,7 +34,7 @@ import msgspec
 
 from protocol.kb import KbChunk, KnowledgeBase
 from sidecar.errors import NotFound
-from sidecar.store import fts, kb_lexical
+from sidecar.store import kb_common, kb_lexical
 from sidecar.store.db import Database, fetch_all, fetch_iter
 from sidecar.store.ids import new_id, now_ms
 from sidecar.store.kb_records import (
@@ -190,6 +190,7 @@ class KnowledgeRepo(KnowledgeVectors):
         with self._db.write() as conn:
             self._kb(conn, kb_id)
             conn.execute("DELETE FROM kb_bases WHERE id = ?", (kb_id,))
+            conn.execute("DELETE FROM kb_lines WHERE kb_id = ?", (kb_id,))
             kb_lexical.drop(conn, kb_id)
 
     # ---- documents ----------------------------------------------------------------
@@ -236,6 +237,11 @@ class KnowledgeRepo(KnowledgeVectors):
                 [*args, limit, offset],
             )
         return [doc_of(r) for r in rows]
+
+    def common_lines(self, kb_id: str) -> frozenset[int]:
+        """The base's common lines now (kb_common.py), left out of what is embedded."""
+        with self._db.read() as conn:
+            return kb_common.common_of(conn, kb_id)
 
     def document_body(self, doc_id: str) -> str | None:
         with self._db.read() as conn:
@@ -323,6 +329,7 @@ class KnowledgeRepo(KnowledgeVectors):
             if not rows or rows[0][0] != doc.revision:
                 return None
             kb_id = rows[0][1]
+            common = self._count_lines(conn, kb_id, doc.id, self._indexed_body(conn, doc.id), body)
             old = {
                 cid: (rowid, ehash)
                 for rowid, cid, ehash in fetch_iter(conn,
@@ -364,7 +371,9 @@ class KnowledgeRepo(KnowledgeVectors):
                     kb_lexical.delete(conn, kb_id, [rowid])
                     conn.execute("DELETE FROM kb_vectors WHERE chunk_rowid = ?", (rowid,))
                     reindexed.append(c)
-            kb_lexical.write(conn, kb_id, [(rowid_of[c.id], fts.index_text(c.embed_text)) for c in reindexed])
+            kb_lexical.write(conn, kb_id, [
+                (rowid_of[c.id], kb_common.index_row(c.heading, c.text, common)) for c in reindexed
+            ])
             upserted: list[tuple[int, bytes]] = []
             if model is not None and dims is not None:
                 upserted = [(rowid_of[c.id], c.vector) for c in chunks if c.vector is not None]
@@ -404,8 +413,32 @@ class KnowledgeRepo(KnowledgeVectors):
             doc = self._doc(conn, doc_id)
             rowids = [r[0] for r in fetch_iter(conn, "SELECT rowid FROM kb_chunks WHERE document_id = ?", (doc_id,))]
             kb_lexical.delete(conn, doc.kb_id, rowids)
+            counted = self._indexed_body(conn, doc_id)
             conn.execute("DELETE FROM kb_documents WHERE id = ?", (doc_id,))
+            if counted is not None:
+                self._count_lines(conn, doc.kb_id, doc_id, counted, None)
             return doc.kb_id, rowids
+
+    @staticmethod
+    def _indexed_body(conn: Any, doc_id: str) -> str | None:
+        """The body a document was last indexed with (its lines are counted), None if never."""
+        rows = fetch_all(conn, "SELECT body FROM kb_documents WHERE id = ? AND indexed_at IS NOT NULL", (doc_id,))
+        return str(rows[0][0]) if rows and rows[0][0] is not None else None
+
+    @staticmethod
+    def _count_lines(conn: Any, kb_id: str, doc_id: str, removed: str | None, added: str | None) -> frozenset[int]:
+        """Count a document's lines out (the body it was indexed with) and in (the body it is
+        indexed with now), settle the base's common lines and rewrite the full-text rows of
+        its chunks the change alters (kb_common.py); the common set now."""
+        kb_common.count(conn, kb_id, removed, added)
+        others = int(fetch_all(conn,
+            "SELECT count(*) FROM kb_documents WHERE kb_id = ? AND indexed_at IS NOT NULL AND id != ?", (kb_id, doc_id)
+        )[0][0])
+        before, after = kb_common.settle(conn, kb_id, others + (added is not None))
+        changed = kb_common.changed_rows(conn, kb_id, before, after)
+        kb_lexical.delete(conn, kb_id, [rowid for rowid, _ in changed])
+        kb_lexical.write(conn, kb_id, changed)
+        return after
 
     # ---- search -------------------------------------------------------------------
 

@@ -81,6 +81,7 @@ from sidecar.store.migrations.v26_refinements import (
     m_kb_chunk_ids,
     m_kb_embedding_retry,
     m_kb_fts_per_base,
+    m_kb_common_lines,
 )
 
 __all__ = ["Migration", "MIGRATIONS", "migrate", "schema_is_current", "schema_version"]
@@ -120,6 +121,7 @@ MIGRATIONS: list[Migration] = [
     m_kb_chunk_ids,  # 28
     m_channel_routes_access,  # 29
     m_kb_fts_per_base,  # 30
+    m_kb_common_lines,  # 31
 ]
 """Every migration, in order: a migration's version is its position here, from 1."""
 

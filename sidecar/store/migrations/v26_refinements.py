@@ -19,6 +19,7 @@ __all__ = [
     "m_kb_chunk_ids",
     "m_channel_routes_access",
     "m_kb_fts_per_base",
+    "m_kb_common_lines",
 ]
 
 
@@ -155,3 +156,32 @@ def m_kb_fts_per_base(conn: apsw.Connection) -> None:
     conn.execute("DROP TRIGGER IF EXISTS kb_chunks_after_delete")
     conn.execute("DROP TABLE IF EXISTS kb_chunks_fts")
     log.info("knowledge full-text index split per base: %d rows", rows)
+
+
+def m_kb_common_lines(conn: apsw.Connection) -> None:
+    # Per base, how many indexed documents hold each line (a digest of it) and whether it is
+    # common (sidecar/store/kb_common.py): counted from the bodies of the documents indexed so
+    # far, settled, and every base's full-text table rewritten without its common lines.
+    # Vectors stay as they are (re-indexing a document re-embeds what its text changed).
+    # Re-runnable: the counts are rebuilt from nothing.
+    from sidecar.store import kb_common
+    from sidecar.store.db import fetch_all
+    from sidecar.store.kb_lexical import rebuild_all
+
+    conn.execute(
+        "CREATE TABLE IF NOT EXISTS kb_lines ("
+        " kb_id TEXT NOT NULL, line INTEGER NOT NULL, docs INTEGER NOT NULL, common INTEGER NOT NULL DEFAULT 0,"
+        " PRIMARY KEY (kb_id, line)) WITHOUT ROWID"
+    )
+    conn.execute("CREATE INDEX IF NOT EXISTS idx_kb_lines_common ON kb_lines(kb_id, common, docs)")
+    conn.execute("DELETE FROM kb_lines")
+    documents: dict[str, int] = {}
+    for kb_id, body in fetch_all(conn,
+        "SELECT kb_id, body FROM kb_documents WHERE indexed_at IS NOT NULL AND body IS NOT NULL"
+    ):
+        kb_common.count(conn, str(kb_id), None, str(body))
+        documents[str(kb_id)] = documents.get(str(kb_id), 0) + 1
+    for kb_id, n in documents.items():
+        kb_common.settle(conn, kb_id, n)
+    rows = rebuild_all(conn, kb_common.rows_of)
+    log.info("knowledge common lines counted for %d bases, %d full-text rows rewritten", len(documents), rows)
