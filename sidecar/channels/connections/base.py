@@ -38,7 +38,8 @@ from sidecar.tools.mcp_supervisor import STABLE_S, backoff_delay
 
 __all__ = [
     "ConnectionSupervisor", "Link", "Reconnect", "Fatal", "DeliveryError", "PlatformSender", "OnMessage",
-    "ERROR_CHARS", "MAX_RETRY_AFTER_S", "MAX_RATE_LIMIT_WAITS", "retry_after_wait", "first_leaf",
+    "ERROR_CHARS", "MAX_RETRY_AFTER_S", "MAX_RATE_LIMIT_WAITS", "CALL_TIMEOUT_S", "HELLO_TIMEOUT_S",
+    "MAX_FRAME_BYTES", "retry_after_wait", "first_leaf",
 ]
 
 log = logging.getLogger(__name__)
@@ -46,6 +47,12 @@ log = logging.getLogger(__name__)
 ERROR_CHARS = 500
 MAX_RETRY_AFTER_S = 300.0
 MAX_RATE_LIMIT_WAITS = 5
+CALL_TIMEOUT_S = 30.0
+"""One platform API call (a long poll adds its own wait to it)."""
+HELLO_TIMEOUT_S = 30.0
+"""A WebSocket's opening handshake and the platform's first frame (Discord hello, Slack hello)."""
+MAX_FRAME_BYTES = 16 * 1024 * 1024
+"""The largest WebSocket frame a gateway or socket may send."""
 
 OnMessage = Callable[[ChannelMessageParams], Awaitable[object]]
 """Hands one platform message to the channel (returns once it is stored: only then is it

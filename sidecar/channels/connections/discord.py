@@ -63,6 +63,9 @@ from sidecar.channels.connections.base import (
     Reconnect,
     first_leaf,
     retry_after_wait,
+    CALL_TIMEOUT_S,
+    HELLO_TIMEOUT_S,
+    MAX_FRAME_BYTES,
 )
 from sidecar.channels.connections.media import local_file
 from sidecar.channels.inbound.common import as_dict, as_list, as_str
@@ -74,9 +77,6 @@ __all__ = ["DiscordRest", "DiscordError", "DiscordGateway", "DiscordSender", "to
 
 log = logging.getLogger(__name__)
 
-CALL_TIMEOUT_S = 30.0
-HELLO_TIMEOUT_S = 30.0
-MAX_FRAME_BYTES = 16 * 1024 * 1024
 USER_AGENT = "DiscordBot (https://github.com/chat-sidecar, 0.1)"
 FATAL_CLOSE = frozenset({4004, 4010, 4011, 4012, 4013, 4014})
 NEW_SESSION_CLOSE = frozenset({4007, 4009})

@@ -52,6 +52,9 @@ from sidecar.channels.connections.base import (
     Reconnect,
     first_leaf,
     retry_after_wait,
+    CALL_TIMEOUT_S,
+    HELLO_TIMEOUT_S,
+    MAX_FRAME_BYTES,
 )
 from sidecar.channels.connections.media import download, local_file
 from sidecar.channels.inbound.common import as_dict, as_list, as_str
@@ -62,9 +65,6 @@ __all__ = ["SlackApi", "SlackError", "SlackSocket", "SlackSender", "to_params"]
 
 log = logging.getLogger(__name__)
 
-CALL_TIMEOUT_S = 30.0
-HELLO_TIMEOUT_S = 30.0
-MAX_FRAME_BYTES = 16 * 1024 * 1024
 MESSAGE_SUBTYPES = frozenset({"", "thread_broadcast", "file_share"})
 AUTH_ERRORS = frozenset({"invalid_auth", "not_authed", "account_inactive", "token_revoked", "not_allowed_token_type"})
 

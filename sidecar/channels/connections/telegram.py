@@ -45,7 +45,7 @@ from protocol.channels import (
     ReplyImageChunk,
     ReplyTextChunk,
 )
-from sidecar.channels.connections.base import DeliveryError, Fatal, OnMessage, retry_after_wait
+from sidecar.channels.connections.base import CALL_TIMEOUT_S, DeliveryError, Fatal, OnMessage, retry_after_wait
 from sidecar.channels.connections.media import download, local_file
 from sidecar.channels.inbound.common import as_dict, as_list, as_str
 from sidecar.channels.inbound.telegram import display_name
@@ -56,7 +56,6 @@ __all__ = ["TelegramApi", "TelegramError", "TelegramPoller", "TelegramSender", "
 
 log = logging.getLogger(__name__)
 
-CALL_TIMEOUT_S = 30.0
 _UNESCAPE = re.compile(r"\\([\x01-\x7e])")
 
 
