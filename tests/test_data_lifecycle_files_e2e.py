@@ -236,9 +236,17 @@ async def test_a_delete_cut_by_a_crash_is_finished_at_the_next_start(tmp_path: P
             # answered before the start-up pass is done (it runs in the background)
             await proc.call("chat:session:list", {})
             await wait_until(lambda: entries(data) == set(), "the start-up pass removes the file")
-            db = apsw.Connection(str(data / "chat.db"))
-            assert db.execute("SELECT count(*) FROM file_deletions").fetchone() == (0,)
-            db.close()
+
+            def journal() -> tuple[int, ...]:
+                db = apsw.Connection(str(data / "chat.db"))
+                try:
+                    return tuple(db.execute("SELECT count(*) FROM file_deletions").fetchone())
+                finally:
+                    db.close()
+
+            # the pass removes the file, then clears its journal row in its next transaction
+            await wait_until(lambda: journal() == (0,), "the start-up pass clears the journal")
+            assert journal() == (0,)
             await proc.close()
         assert "removed 1 files" in proc.stderr_text() or "freed 1 files" in proc.stderr_text()
 
