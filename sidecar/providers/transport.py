@@ -30,6 +30,7 @@ import anyio
 import httpx2
 
 from sidecar.providers.errors import ErrorKind, ProviderCallError, error_detail
+from sidecar.providers.pacing import pace_client
 from sidecar.providers.redact import install_http_log_filter, safe_url
 from sidecar.providers.types import ProviderSettings
 
@@ -159,7 +160,10 @@ def make_client(settings: ProviderSettings, transport: httpx2.AsyncBaseTransport
     if transport is not None and not isinstance(transport, httpx2.AsyncHTTPTransport):
         transport = IdleTimeoutTransport(transport)
     install_http_log_filter()
-    return httpx2.AsyncClient(transport=transport, timeout=timeout, follow_redirects=False)
+    client = httpx2.AsyncClient(transport=transport, timeout=timeout, follow_redirects=False)
+    if transport is None:
+        pace_client(client)  # many streams at once: fewer, larger reads (sidecar/providers/pacing.py)
+    return client
 
 
 def parse_retry_after(headers: httpx2.Headers, now: float | None = None) -> float | None:
