@@ -2,8 +2,10 @@
 
 Owns the event numbering of a message (``seq`` starts at 1 with ``stream_start``) and
 the coalescing of deltas: the first text/thinking delta goes out at once, later ones
-are merged for ``coalesce_s`` (a flusher task sends what is pending when the window
-closes, so a stalled provider never leaves text sitting in the buffer). Every other
+are merged for ``coalesce_s``: the flusher task sends what is pending when the window
+closes (so a stalled provider never leaves text sitting in the buffer), or as soon as the
+producer yields when it already has (the deltas of one read go out as one event, and the
+producer never waits for the pipe). Every other
 event first flushes the pending deltas, so the renderer always sees deltas before the
 tool call, usage or finish event that followed them.
 
@@ -74,10 +76,9 @@ class StreamRelay:
             self._sent_delta = True
             async with self._lock:
                 await self._flush_locked()
-        elif time.monotonic() - self._last_flush >= self._coalesce_s:
-            async with self._lock:
-                await self._flush_locked()
         else:
+            # the flusher sends it when the window closes, at once if it has: after the
+            # deltas read with this one (one network read brings several), in one event
             self._wake.set()
 
     async def flush(self) -> None:
