@@ -54,6 +54,7 @@ from sidecar.app import App, open_app
 from sidecar.bindings import BINDINGS, EARLY, INITIALIZE, LIFECYCLE_METHODS, SHUTDOWN
 from sidecar.coldstart import ColdStart, EarlySignals, loaded_heavy_modules
 from sidecar.handshake import check_version, initialize_result
+from sidecar.heap import freeze_startup
 from sidecar.config import Config
 from sidecar.errors import InvalidParams, SidecarError
 from sidecar.rpc import Handler, JsonRpcPeer
@@ -404,6 +405,10 @@ async def _serve(
                         store=cold.store,
                     ) as app:
                         server.attach(app)
+                        if supervisor is not None:
+                            # the process is ours (an in-process server leaves its host's
+                            # heap alone): full collections walk only what comes after
+                            freeze_startup()
                         logger.info("serving (data dir %s, pid %s)", app.data_dir, os.getpid())
                         await stop.wait()
                         logger.info("stopping")
