@@ -113,7 +113,7 @@ def keychain_key(data_dir: Path, *, create: bool) -> Key | None:
     except KeychainUnavailable as exc:
         log.info("no OS keychain for the secrets key: %s", exc)
         return None
-    except ValueError as exc:  # the stored entry is not a key
+    except (ValueError, OSError, RuntimeError) as exc:  # the stored entry is not a key; a backend's own error
         log.info("no OS keychain for the secrets key: %s", type(exc).__name__)
         return None
     finally:

@@ -99,14 +99,14 @@ class SecretService:
         """The first matching entry's secret in the default collection, or None."""
         try:
             return self._get(service, username)
-        except (TypeError, ValueError, IndexError, UnicodeDecodeError) as exc:  # a reply of another shape
+        except (TypeError, ValueError, IndexError, KeyError) as exc:  # a reply of another shape
             raise SecretServiceError(f"the Secret Service answered an unexpected reply ({type(exc).__name__})") from None
 
     def set_password(self, service: str, username: str, password: str) -> None:
         """Write (or replace) the entry in the default collection, created when missing."""
         try:
             self._set(service, username, password)
-        except (TypeError, ValueError, IndexError) as exc:
+        except (TypeError, ValueError, IndexError, KeyError) as exc:
             raise SecretServiceError(f"the Secret Service answered an unexpected reply ({type(exc).__name__})") from None
 
     def _get(self, service: str, username: str) -> str | None:
@@ -181,7 +181,9 @@ class SecretService:
                 signal = self._connection.recv_until_filtered(completed, timeout=PROMPT_SECONDS)
             except TimeoutError:
                 self._call(path, "Prompt", "Dismiss", "")
-                raise SecretServiceLocked("the keychain's unlock prompt was not answered in time") from None
+                raise SecretServiceLocked("the keychain's prompt was not answered in time") from None
+            except (OSError, ValueError, EOFError) as exc:
+                raise SecretServiceError(f"the session bus failed ({type(exc).__name__})") from None
         dismissed, result = signal.body
         if dismissed:
             raise SecretServiceLocked("the keychain's prompt was dismissed")
@@ -211,7 +213,7 @@ class SecretService:
                 raise _Missing(str(exc.name)) from None
             raise SecretServiceError(f"the Secret Service answered {exc.name}") from None
         except (OSError, ValueError, EOFError) as exc:  # TimeoutError is an OSError
-            raise SecretServiceError(f"the session bus failed ({type(exc).__name__})") from exc
+            raise SecretServiceError(f"the session bus failed ({type(exc).__name__})") from None
 
 
 class _Missing(SecretServiceError):
