@@ -57,6 +57,7 @@ HEAVY_MODULES = (
     "sidecar.providers", "sidecar.pipeline", "sidecar.tools", "sidecar.acp", "sidecar.retrieval",
     "sidecar.channels", "sidecar.compat", "sidecar.sync", "sidecar.engine.chat", "mcp", "jsonschema",
     "jinja2", "pypdf", "numpy", "tiktoken", "httpx2", "uvicorn", "selectolax", "markdown_it",
+    "Crypto", "cryptography",  # AES-GCM: only when a value is sealed or opened
 )
 """What the first answers must not import (``sidecar:bench:modules`` reports which are loaded)."""
 

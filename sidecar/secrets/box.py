@@ -1,4 +1,4 @@
-"""SecretBox: stored secret values sealed with AES-GCM (``cryptography``).
+"""SecretBox: stored secret values sealed with AES-256-GCM (``sidecar.secrets.aead``).
 
 A sealed value is ``enc1:<key id>:<base64 of nonce + ciphertext + tag>``, with a fresh
 96-bit random nonce per value and the value's purpose (``providers.api_key``...) as
@@ -31,12 +31,13 @@ import msgspec
 
 from protocol.lifecycle import SecretsInfo
 from sidecar.errors import SecretsLocked
+from sidecar.secrets import aead
 from sidecar.secrets.keys import Key, KeySource, file_key, keychain_key, make_key
 
 log = logging.getLogger(__name__)
 
 PREFIX = "enc1:"
-NONCE_BYTES = 12
+NONCE_BYTES = aead.NONCE_BYTES
 
 
 class SecretsStatus(msgspec.Struct, kw_only=True):
@@ -114,23 +115,18 @@ class SecretBox:
     # -- values ----------------------------------------------------------------------
 
     def seal(self, value: str, purpose: str) -> str:
-        from cryptography.hazmat.primitives.ciphers.aead import AESGCM
-
         self.settle()
         with self._lock:
             key = self._primary
         assert key is not None
         nonce = os.urandom(NONCE_BYTES)
-        sealed = AESGCM(key.material).encrypt(nonce, value.encode("utf-8"), purpose.encode())
+        sealed = aead.seal(key.material, nonce, value.encode("utf-8"), purpose.encode())
         return f"{PREFIX}{key.kid}:{base64.b64encode(nonce + sealed).decode('ascii')}"
 
     def open(self, value: str, purpose: str) -> str:
         """The plaintext of a stored value (legacy plaintext is returned as is)."""
         if not is_sealed(value):
             return value
-        from cryptography.exceptions import InvalidTag
-        from cryptography.hazmat.primitives.ciphers.aead import AESGCM
-
         self.settle()
         kid, _, body = value[len(PREFIX) :].partition(":")
         with self._lock:
@@ -139,8 +135,8 @@ class SecretBox:
             raise SecretsLocked(f"a stored secret ({purpose}) was sealed with a key this process was not given")
         try:
             raw = base64.b64decode(body, validate=True)
-            plain = AESGCM(key.material).decrypt(raw[:NONCE_BYTES], raw[NONCE_BYTES:], purpose.encode())
-        except (InvalidTag, ValueError) as exc:
+            plain = aead.open_sealed(key.material, raw[:NONCE_BYTES], raw[NONCE_BYTES:], purpose.encode())
+        except ValueError as exc:  # TagMismatch, bad base64, a nonce cut short
             raise SecretsLocked(f"a stored secret ({purpose}) cannot be decrypted (damaged or moved)") from exc
         return plain.decode("utf-8")
 

@@ -5,8 +5,15 @@ In order of preference:
    ``safeStorage`` and passes it at every start, in ``sidecar:initialize {secretKey}``
    or on an inherited file descriptor (``--secret-key-fd N`` /
    ``CHAT_SIDECAR_SECRET_KEY_FD``); base64 of exactly 32 bytes;
-2. the OS keychain through the ``keyring`` package (one entry per data dir, service
-   ``chat-sidecar``), when a keychain backend works;
+2. the OS keychain (one entry per data dir, service ``chat-sidecar``, username
+   ``data-dir:<hash of its path>``), when one works; which keychain is a rule, never a
+   discovery (``sidecar.secrets.keychain``): ``PYTHON_KEYRING_BACKEND`` when set (a keyring
+   backend's dotted name; on Linux ``keyring.backends.SecretService.Keyring`` is our own
+   client), else macOS's and Windows' keyring backend loaded directly, else on Linux the
+   freedesktop Secret Service over D-Bus (``sidecar.secrets.secret_service``, the entries
+   keyring's SecretService backend wrote and reads); ``--no-keychain`` /
+   ``CHAT_SIDECAR_KEYCHAIN=off`` skips it; any failure (no session bus, no service, a
+   locked keychain whose prompt is dismissed) is "no keychain";
 3. a key file ``<dataDir>/secret.key`` created with mode 0600 (it protects the database
    file copied alone, not a reader of the whole data dir: use 1. or 2. for that).
 
@@ -28,6 +35,8 @@ import os
 import stat
 from pathlib import Path
 from typing import Literal, NamedTuple
+
+from sidecar.secrets.keychain import KeychainUnavailable, open_keychain
 
 log = logging.getLogger(__name__)
 
@@ -83,27 +92,32 @@ def _encode(material: bytes) -> str:
 
 def keychain_key(data_dir: Path, *, create: bool) -> Key | None:
     """The data dir's key in the OS keychain (created there when ``create``), or None when
-    there is no entry or no working keychain."""
+    there is no entry or no working keychain (logged: the failure's type, never a secret)."""
     account = "data-dir:" + hashlib.sha256(str(data_dir.resolve()).encode()).hexdigest()[:24]
     try:
-        import keyring
-        from keyring.errors import KeyringError
-
-        stored = keyring.get_password(KEYCHAIN_SERVICE, account)
+        chain = open_keychain()
+    except KeychainUnavailable as exc:
+        log.info("no OS keychain for the secrets key: %s", exc)
+        return None
+    try:
+        stored = chain.get_password(KEYCHAIN_SERVICE, account)
         if stored is None:
             if not create:
                 return None
             material = os.urandom(KEY_BYTES)
-            keyring.set_password(KEYCHAIN_SERVICE, account, _encode(material))
-            if keyring.get_password(KEYCHAIN_SERVICE, account) != _encode(material):
+            chain.set_password(KEYCHAIN_SERVICE, account, _encode(material))
+            if chain.get_password(KEYCHAIN_SERVICE, account) != _encode(material):
                 return None  # a backend that does not keep what it is given
             return make_key(material, "keychain")
         return make_key(parse_key(stored), "keychain")
-    except ImportError:
+    except KeychainUnavailable as exc:
+        log.info("no OS keychain for the secrets key: %s", exc)
         return None
-    except (KeyringError, ValueError, OSError, RuntimeError) as exc:
+    except (ValueError, OSError, RuntimeError) as exc:  # the stored entry is not a key; a backend's own error
         log.info("no OS keychain for the secrets key: %s", type(exc).__name__)
         return None
+    finally:
+        chain.close()
 
 
 def file_key(data_dir: Path, *, create: bool) -> Key | None:
