@@ -31,11 +31,12 @@ the peer's:
   failures logged) and cancels the POSTs still running.
 
 Must stay true: what the server sends is untrusted. A JSON body and an SSE event are each
-bounded by ``max_bytes`` (the stdio line limit), SSE data and JSON bodies are put on one
-line (a newline in valid JSON is whitespace) and judged by the peer's parser like any
-line; redirects are never followed (``follow_redirects`` off: a redirect could leave the
-origin the headers were configured for). Every task is in the channel's one task group,
-entered and left by the task that opened it.
+bounded by ``max_bytes`` (the stdio line limit); SSE data and JSON bodies are put on one
+line (a newline in valid JSON is whitespace) and go through the same line filter and
+parser as a stdio server's lines (what is not JSON is dropped); a session id that is not
+visible ASCII is ignored; redirects are never followed (``follow_redirects`` off: a
+redirect could leave the origin the headers were configured for). Every task is in the
+channel's one task group, entered and left by the task that opened it.
 """
 
 from __future__ import annotations
@@ -92,6 +93,15 @@ def _head_of(line: bytes | str) -> _Head | None:
         return _head.decode(line)
     except (msgspec.DecodeError, RecursionError):
         return None
+
+
+def _session_id(value: str | None) -> str | None:
+    """The server's session id if it is what the specification allows (visible ASCII)."""
+    if value and len(value) <= 1024 and all(0x21 <= ord(c) <= 0x7E for c in value):
+        return value
+    if value:
+        log.warning("MCP: a session id that is not visible ASCII was ignored")
+    return None
 
 
 def _one_line(data: bytes) -> bytes:
@@ -200,6 +210,9 @@ class HttpChannel:
         except httpx2.TransportError as exc:
             self.close(f"cannot reach the server: {type(exc).__name__}: {_cut(str(exc))}")
             return
+        except httpx2.HTTPError as exc:
+            log.warning("MCP %s: the answer to %s cannot be read: %s", self.url, what, type(exc).__name__)
+            return
         if response.status_code == 404 and self.session_id:
             self.close("the server ended the session (HTTP 404)")
         elif response.status_code >= 300:
@@ -226,6 +239,8 @@ class HttpChannel:
                     await self._answer(response, request_id, method)
         except httpx2.TransportError as exc:
             self.close(f"cannot reach the server: {type(exc).__name__}: {_cut(str(exc))}")
+        except httpx2.HTTPError as exc:  # an answer that cannot be read (a bad encoding...)
+            await self._fail(request_id, f"the answer to {method} cannot be read: {type(exc).__name__}: {_cut(str(exc))}")
         finally:
             if self._posts.get(request_id) is scope:
                 del self._posts[request_id]
@@ -233,7 +248,7 @@ class HttpChannel:
     async def _answer(self, response: httpx2.Response, request_id: Any, method: str) -> None:
         status = response.status_code
         if method == "initialize" and status < 300:
-            self.session_id = response.headers.get(SESSION_HEADER) or None
+            self.session_id = _session_id(response.headers.get(SESSION_HEADER))
         kind = response.headers.get("content-type", "").partition(";")[0].strip().lower()
         if status == 202:
             await self._fail(request_id, f"the server accepted {method} without answering it (HTTP 202)")
@@ -320,7 +335,7 @@ class HttpChannel:
                         if event.event == "message" and event.data:
                             got = True
                             await self._feed(_one_line(event.data.encode()))
-            except httpx2.TransportError as exc:  # SSEError included
+            except httpx2.HTTPError as exc:  # SSEError included
                 log.debug("MCP %s: its stream ended: %s", self.url, exc)
             failures = 0 if got else failures + 1
             await anyio.sleep(retry_s)

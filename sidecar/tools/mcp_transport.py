@@ -37,6 +37,7 @@ from typing import Any
 
 import anyio
 
+from sidecar.children.lines import JsonLines
 from sidecar.children.stdio import MAX_LINE_BYTES, ChildSpec, ChildStartError, spawn_child
 from sidecar.rpc.peer import JsonRpcPeer
 from sidecar.tools.mcp_client import new_peer
@@ -93,8 +94,10 @@ async def _http_link(config: McpServerConfig) -> AsyncIterator[Link]:
     timeout = httpx2.Timeout(config.tool_timeout_s, connect=config.connect_timeout_s)
     async with httpx2.AsyncClient(headers=config.headers, timeout=timeout, follow_redirects=False) as client:
         async with open_channel(client, config.url or "", max_bytes=MAX_LINE_BYTES) as channel:
+            name = f"mcp {config.name}"
+            junk = JsonLines(name, max_line_bytes=MAX_LINE_BYTES)  # what is not JSON is dropped, as on stdio
             async with new_peer(
-                channel.peer_receive, channel.peer_send, name=f"mcp {config.name}", max_line_bytes=MAX_LINE_BYTES
+                channel.peer_receive, channel.peer_send, name=name, max_line_bytes=MAX_LINE_BYTES, line_filter=junk
             ) as peer:
                 yield Link(peer=peer, closed=channel.closed, exit_note=channel.exit_note, use_version=channel.use_version)
 
