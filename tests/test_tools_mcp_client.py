@@ -6,7 +6,9 @@ the content mapping, ``notifications/cancelled`` for a cancelled call and never 
 ``initialize``. Over streamable HTTP (sidecar/tools/mcp_http.py, on httpx2's MockTransport):
 the session and version headers, SSE answers carrying server messages, every answer that
 cannot give a response failing its request, the session's end and the server's loss
-closing the channel, the DELETE at close. And the client imports none of the SDK."""
+closing the channel, the DELETE at close. Through the manager, a raw stdio server (a banner
+on stdout, a ping of its own, ``list_changed`` mid-call): the tools are listed again. And the
+client imports none of the SDK."""
 
 from __future__ import annotations
 
@@ -397,3 +399,54 @@ def test_the_client_imports_none_of_the_sdk() -> None:
     out = subprocess.run([sys.executable, "-c", code], cwd=root, capture_output=True, text=True, timeout=60)
     assert out.returncode == 0, out.stderr[-2000:]
     assert out.stdout.strip() == "[]"
+
+
+# ---- a raw stdio server through the manager -------------------------------------------------
+
+RAW_SERVER = r'''
+import json, sys
+def send(m):
+    sys.stdout.write(json.dumps(m) + "\n"); sys.stdout.flush()
+print("a banner on stdout, not JSON"); sys.stdout.flush()
+listings = 0
+for line in sys.stdin:
+    m = json.loads(line)
+    method, mid = m.get("method"), m.get("id")
+    if method == "initialize":
+        send({"jsonrpc": "2.0", "id": mid, "result": {"protocolVersion": "2025-03-26", "capabilities": {"tools": {"listChanged": True}}, "serverInfo": {"name": "raw", "version": "0"}}})
+    elif method == "tools/list":
+        listings += 1
+        name = "first" if listings == 1 else "second"
+        send({"jsonrpc": "2.0", "id": mid, "result": {"tools": [{"name": name, "inputSchema": {"type": "object"}}]}})
+    elif method == "tools/call":
+        send({"jsonrpc": "2.0", "id": "srv-ping", "method": "ping"})
+        send({"jsonrpc": "2.0", "method": "notifications/tools/list_changed"})
+        send({"jsonrpc": "2.0", "id": mid, "result": {"content": [{"type": "text", "text": "called " + m["params"]["name"]}]}})
+    elif mid == "srv-ping":
+        sys.stderr.write("ping answered: " + json.dumps(m.get("result")) + "\n"); sys.stderr.flush()
+'''
+
+
+async def test_a_raw_stdio_server_its_pings_and_its_changed_tools(tmp_path: Path, caplog: pytest.LogCaptureFixture) -> None:
+    import logging
+
+    from protocol.mcp import McpServerUpsertParams
+    from sidecar.store import AsyncStore, Store
+    from sidecar.tools.mcp import McpManager
+
+    caplog.set_level(logging.INFO, logger="sidecar.children.stderr")
+    store = Store(tmp_path)
+    try:
+        async with McpManager.open(AsyncStore(store)) as manager:
+            await manager.upsert_server(McpServerUpsertParams(name="raw", command=sys.executable, args=["-c", RAW_SERVER]))
+            with anyio.fail_after(30):
+                while [t.name for t in manager.tools()] != ["mcp__raw__first"]:
+                    await anyio.sleep(0.02)
+                out = await manager.call("raw", "first", {})
+                assert out.text == "called first" and not out.is_error
+                while [t.name for t in manager.tools()] != ["mcp__raw__second"]:  # list_changed: listed again
+                    await anyio.sleep(0.02)
+                while "ping answered: {}" not in caplog.text:
+                    await anyio.sleep(0.02)
+    finally:
+        store.close()
