@@ -29,6 +29,7 @@ CancelledError its own ``__context__``, and anyio's task bookkeeping then loops 
 from __future__ import annotations
 
 import logging
+import sys
 from collections.abc import AsyncIterator, Callable
 from contextlib import asynccontextmanager
 from dataclasses import dataclass, field
@@ -86,7 +87,8 @@ def _import_http() -> None:
 
 @asynccontextmanager
 async def _http_link(config: McpServerConfig) -> AsyncIterator[Link]:
-    await anyio.to_thread.run_sync(_import_http, abandon_on_cancel=True)  # ~100 ms: off the event loop
+    if "sidecar.tools.mcp_http" not in sys.modules:  # httpx2 is ~100 ms: imported off the event loop
+        await anyio.to_thread.run_sync(_import_http, abandon_on_cancel=True)
     import httpx2
 
     from sidecar.tools.mcp_http import open_channel
