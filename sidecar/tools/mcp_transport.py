@@ -23,7 +23,9 @@ configured headers, the connect timeout, no redirects), the same line limit as s
 Must stay true: every context manager and task group here is entered and left by the task
 that opened the link, in nested ``async with`` blocks (no exit stack of ours: an
 ``AsyncExitStack`` unwinding a cancellation through an anyio task group can make a
-CancelledError its own ``__context__``, and anyio's task bookkeeping then loops on it forever).
+CancelledError its own ``__context__``, and anyio's task bookkeeping then loops on it forever;
+the peer's own ``__aenter__`` keeps its one context in a stack, as for ACP, and
+tests/test_tools_mcp_exit.py cancels through it in every state).
 """
 
 from __future__ import annotations
