@@ -7,8 +7,9 @@ the content mapping, ``notifications/cancelled`` for a cancelled call and never 
 the session and version headers, SSE answers carrying server messages, every answer that
 cannot give a response failing its request, the session's end and the server's loss
 closing the channel, the DELETE at close. Through the manager, a raw stdio server (a banner
-on stdout, a ping of its own, ``list_changed`` mid-call): the tools are listed again. And the
-client imports none of the SDK."""
+on stdout, a ping of its own, ``list_changed`` mid-call): the tools are listed again; one
+answering a version we do not speak fails with that reason (not with how it was stopped).
+And the client imports none of the SDK."""
 
 from __future__ import annotations
 
@@ -37,6 +38,7 @@ from sidecar.tools.mcp_client import (
     new_peer,
 )
 from sidecar.tools.mcp_http import open_channel
+from mcp_helpers import wait_state
 
 pytestmark = pytest.mark.anyio
 
@@ -450,3 +452,20 @@ async def test_a_raw_stdio_server_its_pings_and_its_changed_tools(tmp_path: Path
                     await anyio.sleep(0.02)
     finally:
         store.close()
+
+
+async def test_a_stdio_server_speaking_another_version_fails_with_that_reason(tmp_path: Path) -> None:
+    from protocol.mcp import McpServerUpsertParams
+    from sidecar.store import AsyncStore, Store
+    from sidecar.tools.mcp import McpManager
+
+    old = RAW_SERVER.replace('"protocolVersion": "2025-03-26"', '"protocolVersion": "1999-01-01"')
+    store = Store(tmp_path)
+    try:
+        async with McpManager.open(AsyncStore(store)) as manager:
+            await manager.upsert_server(McpServerUpsertParams(name="old", command=sys.executable, args=["-c", old]))
+            failed = await wait_state(manager, "old", {"failed"})
+            assert "the server speaks MCP version '1999-01-01'" in (failed.error or ""), failed.error
+    finally:
+        store.close()
+

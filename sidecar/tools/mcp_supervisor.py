@@ -250,7 +250,10 @@ class ServerSupervisor:
                     else:
                         error = link.exit_note() or "the connection closed before the server was ready"
             except Exception as exc:  # a spawn failure, a protocol error, a crash at start
-                note = self._link.exit_note() if self._link is not None else None
+                # a crash is told by how the process ended; a protocol error by itself (the
+                # process was only stopped because of it)
+                lost = self._link is not None and _connection_lost(_leaf(exc))
+                note = self._link.exit_note() if lost and self._link is not None else None
                 error = note or describe(exc)
             finally:
                 self._active = None
@@ -298,9 +301,16 @@ async def _set_when(event: anyio.Event, target: anyio.Event) -> None:
     target.set()
 
 
-def _connection_lost(exc: Exception) -> bool:
+def _connection_lost(exc: BaseException) -> bool:
     """The peer closed before answering, or a broken stream: the server is gone."""
     return isinstance(exc, (PeerClosed, anyio.BrokenResourceError, anyio.ClosedResourceError, anyio.EndOfStream, OSError))
+
+
+def _leaf(exc: BaseException) -> BaseException:
+    """The first exception inside (nested) exception groups."""
+    while isinstance(exc, BaseExceptionGroup) and exc.exceptions:
+        exc = exc.exceptions[0]
+    return exc
 
 
 def describe(exc: BaseException) -> str:
