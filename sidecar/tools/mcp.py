@@ -1,7 +1,8 @@
-"""McpManager: MCP servers as tool sources, through the official ``mcp`` client SDK.
+"""McpManager: MCP servers as tool sources, through our own MCP client.
 
-The ``mcp`` package is imported only when a server is actually connected (start-up time:
-it pulls in pydantic, starlette...), in a worker thread, never at module import.
+The client (sidecar/tools/mcp_client.py on the JSON-RPC peer; streamable HTTP in
+sidecar/tools/mcp_http.py) is part of the core: no SDK, no optional bundle part. httpx2 is
+imported only when an HTTP server connects, in a worker thread.
 
 Servers are configured by method (``mcp:server:upsert|list|delete``) and stored in the
 ``mcp_servers`` table (reached through the store gateway, ``store.run``).
@@ -41,12 +42,12 @@ import msgspec
 
 from protocol.common import NameParams, SuccessResult
 from protocol.mcp import McpServerInfo, McpServerUpsertParams
-from sidecar import parts
 from sidecar.errors import InvalidParams, NotFound
 from sidecar.secrets.mask import mask_url
 from sidecar.secrets.urls import split_secret_parts
 from sidecar.store.async_store import AsyncStore
 from sidecar.tools.base import Tool, ToolContext, ToolError, ToolOutput
+from sidecar.tools.mcp_client import CallToolResult
 from sidecar.tools.mcp_config import McpServerConfig, RemoteTool, mcp_tool_name, sanitize
 from sidecar.tools.mcp_supervisor import ServerSupervisor, describe
 from sidecar.tools.mcp_transport import STOP_STEP_S
@@ -126,7 +127,6 @@ class McpManager:
     # ---- methods --------------------------------------------------------------------
 
     async def upsert_server(self, params: McpServerUpsertParams) -> McpServerInfo:
-        parts.require("mcp")
         name = sanitize(params.name)
         if not name or len(name) > 40 or not name.strip("_"):
             raise InvalidParams("invalid params: name must have 1..40 characters of A-Za-z0-9_- - at `$.name`")
@@ -229,7 +229,7 @@ class McpManager:
             why = "disabled" if server in self._configs else "not configured"
             raise ToolError(f"MCP server {server} is not available: {why}")
         result = await supervisor.call(tool, args)
-        return ToolOutput(text=_result_text(result), is_error=bool(getattr(result, "is_error", False)))
+        return ToolOutput(text=_result_text(result), is_error=result.is_error)
 
     # ---- supervisors ------------------------------------------------------------------
 
@@ -273,21 +273,21 @@ async def _stop_all(supervisors: list[ServerSupervisor], deadline_s: float) -> N
                 log.error("MCP server %s did not stop after SIGKILL", supervisor.name)
 
 
-def _result_text(result: Any) -> str:
+def _result_text(result: CallToolResult) -> str:
     chunks: list[str] = []
-    for block in getattr(result, "content", None) or []:
-        kind = getattr(block, "type", "")
-        if kind == "text":
+    for block in result.content:
+        kind = block.type
+        if kind == "text" and block.text is not None:  # McpSession refuses a text block without text
             chunks.append(block.text)
         elif kind == "image":
-            chunks.append(f"[image {getattr(block, 'mime_type', '')} omitted]")
+            chunks.append(f"[image {block.mime_type} omitted]")
         elif kind == "resource":
-            resource = getattr(block, "resource", None)
-            text = getattr(resource, "text", None)
-            chunks.append(text if text is not None else f"[resource {getattr(resource, 'uri', '')}]")
+            resource = block.resource
+            text = resource.text if resource is not None else None
+            chunks.append(text if text is not None else f"[resource {resource.uri if resource is not None else ''}]")
         else:
             chunks.append(f"[{kind or 'unknown'} content omitted]")
-    structured = getattr(result, "structured_content", None)
+    structured = result.structured_content
     if not chunks and structured is not None:
         try:
             chunks.append(msgspec.json.encode(structured).decode())

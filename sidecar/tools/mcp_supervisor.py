@@ -3,7 +3,7 @@
 The McpManager starts one supervisor per enabled server in its own task group (at start-up
 and on upsert) and stops it on delete, disable, re-configuration and shutdown. ``run`` loops:
 open the link (sidecar/tools/mcp_transport.py), ``initialize`` and list the tools within
-``connectTimeoutS``, serve (state ``ready``) until told to stop or the connection ends, then
+``connectTimeoutS`` (our MCP client, sidecar/tools/mcp_client.py), serve (state ``ready``) until told to stop or the connection ends, then
 wait out a backoff (state ``failed``, with the error and the time of the next attempt) and
 connect again. Replies never wait for any of it: they use ``tools`` and ``call`` of a ready
 supervisor and get a ToolError at once from one that is not.
@@ -33,18 +33,15 @@ import os
 import signal
 import sys
 import time
-from typing import TYPE_CHECKING, Any, Literal
+from typing import Any, Literal
 
 import anyio
 
-import sidecar
+from sidecar.errors import PeerClosed
 from sidecar.tools.base import ToolError
+from sidecar.tools.mcp_client import CallToolResult, McpSession
 from sidecar.tools.mcp_config import McpServerConfig, RemoteTool
 from sidecar.tools.mcp_transport import Link, LinkError, open_link
-
-if TYPE_CHECKING:
-    from mcp import ClientSession
-    from mcp_types import CallToolResult
 
 __all__ = ["ServerSupervisor", "SupervisorState", "BACKOFF_BASE_S", "BACKOFF_MAX_S", "STABLE_S", "describe"]
 
@@ -57,7 +54,6 @@ BACKOFF_MAX_S = 60.0
 STABLE_S = 60.0
 """A connection that stayed ready this long resets the backoff."""
 ERROR_CHARS = 500
-MAX_TOOL_PAGES = 50
 
 
 def backoff_delay(failures: int) -> float:
@@ -79,7 +75,7 @@ class ServerSupervisor:
         self.spawns = 0
         """Connection attempts so far (each one a process for a stdio server)."""
         self._previous = previous
-        self._session: ClientSession | None = None
+        self._session: McpSession | None = None
         self._link: Link | None = None
         self._stopping = anyio.Event()
         self._stop_deadline: float | None = None
@@ -176,15 +172,6 @@ class ServerSupervisor:
             if self._previous is not None:
                 await _wait_any(self._previous.done, self._stopping)
                 self._previous = None
-            # the SDK pulls in pydantic, starlette...: imported off the event loop
-            try:
-                await anyio.to_thread.run_sync(_import_sdk, abandon_on_cancel=True)
-            except ImportError as exc:  # nothing a retry would change
-                self.error = f"the MCP client SDK cannot be imported: {describe(exc)}"
-                self.state = "failed"
-                log.error("MCP server %s: %s", self.name, self.error)
-                await self._stopping.wait()
-                return
             while not self._stopping.is_set():
                 self.state = "connecting"
                 try:
@@ -212,9 +199,6 @@ class ServerSupervisor:
 
     async def _connection(self) -> float:
         """One connection from spawn to teardown; how long it was ready (0: never). Sets ``error``."""
-        from mcp import ClientSession
-        from mcp_types import Implementation
-
         config = self.config
         self._wake = anyio.Event()
         self._restart_reason = None
@@ -229,40 +213,36 @@ class ServerSupervisor:
             try:
                 async with open_link(config) as link:
                     self._link = link
-                    async with ClientSession(
-                        link.read,
-                        link.write,
-                        message_handler=self._on_message,
-                        client_info=Implementation(name=sidecar.SERVER_NAME, version=sidecar.__version__),
-                    ) as session:
-                        with anyio.CancelScope() as active:
-                            self._active = active
-                            if self._wake.is_set():
-                                active.cancel()
-                            tools: list[RemoteTool] | None = None
-                            step = "initialize"
-                            with anyio.move_on_after(config.connect_timeout_s):
-                                await session.initialize()
-                                step = "tools/list"
-                                tools = await _list_tools(session)
-                            if tools is None:
-                                if not link.closed.is_set():
-                                    error = f"no answer to {step} within {config.connect_timeout_s:g} s"
-                            else:
-                                self.tools = tuple(tools)
-                                self.error = None
-                                self._session = session
-                                self.state = "ready"
-                                ready_at = anyio.current_time()
-                                log.info("MCP server %s ready: %d tools (pid %s)", self.name, len(tools), link.pid)
-                                async with anyio.create_task_group() as tg:
-                                    tg.start_soon(self._refresh_tools, session)
-                                    tg.start_soon(_set_when, link.closed, self._wake)
-                                    await self._wake.wait()
-                                    tg.cancel_scope.cancel()
-                        self._active = None
-                        self._session = None
-                        self.tools = ()
+                    session = McpSession(link.peer, on_tools_changed=self._on_tools_changed, on_version=link.use_version)
+                    with anyio.CancelScope() as active:
+                        self._active = active
+                        if self._wake.is_set():
+                            active.cancel()
+                        tools: list[RemoteTool] | None = None
+                        step = "initialize"
+                        with anyio.move_on_after(config.connect_timeout_s):
+                            await session.initialize()
+                            step = "tools/list"
+                            tools = await session.list_tools()
+                        if tools is None:
+                            if not (link.closed.is_set() or session.closed.is_set()):
+                                error = f"no answer to {step} within {config.connect_timeout_s:g} s"
+                        else:
+                            self.tools = tuple(tools)
+                            self.error = None
+                            self._session = session
+                            self.state = "ready"
+                            ready_at = anyio.current_time()
+                            log.info("MCP server %s ready: %d tools (pid %s)", self.name, len(tools), link.pid)
+                            async with anyio.create_task_group() as tg:
+                                tg.start_soon(self._refresh_tools, session)
+                                tg.start_soon(_set_when, link.closed, self._wake)
+                                tg.start_soon(_set_when, session.closed, self._wake)
+                                await self._wake.wait()
+                                tg.cancel_scope.cancel()
+                    self._active = None
+                    self._session = None
+                    self.tools = ()
                 # the link is closed: a stdio server's exit status is known now
                 if error is None:
                     if ready_at is not None:
@@ -270,7 +250,10 @@ class ServerSupervisor:
                     else:
                         error = link.exit_note() or "the connection closed before the server was ready"
             except Exception as exc:  # a spawn failure, a protocol error, a crash at start
-                note = self._link.exit_note() if self._link is not None else None
+                # a crash is told by how the process ended; a protocol error by itself (the
+                # process was only stopped because of it)
+                lost = self._link is not None and _connection_lost(_leaf(exc))
+                note = self._link.exit_note() if lost and self._link is not None else None
                 error = note or describe(exc)
             finally:
                 self._active = None
@@ -283,22 +266,16 @@ class ServerSupervisor:
             self.error = error[:ERROR_CHARS]
         return 0.0 if ready_at is None else anyio.current_time() - ready_at
 
-    async def _on_message(self, message: Any) -> None:
-        from mcp_types import ToolListChangedNotification
+    def _on_tools_changed(self) -> None:
+        self._tools_changed.set()
 
-        inner = getattr(message, "root", message)
-        if isinstance(inner, ToolListChangedNotification):
-            self._tools_changed.set()
-        elif isinstance(message, Exception):
-            log.warning("MCP server %s sent something unreadable: %s", self.name, describe(message))
-
-    async def _refresh_tools(self, session: ClientSession) -> None:
+    async def _refresh_tools(self, session: McpSession) -> None:
         while True:
             await self._tools_changed.wait()
             self._tools_changed = anyio.Event()
             try:
                 with anyio.fail_after(self.config.tool_timeout_s):
-                    tools = await _list_tools(session)
+                    tools = await session.list_tools()
             except anyio.get_cancelled_exc_class():
                 raise
             except Exception as exc:
@@ -306,31 +283,6 @@ class ServerSupervisor:
                 continue
             if session is self._session:
                 self.tools = tuple(tools)
-
-
-def _import_sdk() -> None:
-    import mcp  # noqa: F401
-    import mcp.client.streamable_http  # noqa: F401
-    import mcp_types  # noqa: F401
-
-
-async def _list_tools(session: ClientSession) -> list[RemoteTool]:
-    from mcp_types import PaginatedRequestParams
-
-    out: list[RemoteTool] = []
-    cursor: str | None = None
-    for _ in range(MAX_TOOL_PAGES):  # a server that never stops paging is cut off
-        if cursor is None:
-            result = await session.list_tools()
-        else:
-            result = await session.list_tools(params=PaginatedRequestParams(cursor=cursor))
-        for t in result.tools:
-            schema = t.input_schema if isinstance(t.input_schema, dict) else {}
-            out.append(RemoteTool(name=t.name, description=t.description or "", schema=dict(schema)))
-        cursor = result.next_cursor
-        if not cursor:
-            break
-    return out
 
 
 async def _wait_any(*events: anyio.Event) -> None:
@@ -349,13 +301,16 @@ async def _set_when(event: anyio.Event, target: anyio.Event) -> None:
     target.set()
 
 
-def _connection_lost(exc: Exception) -> bool:
-    """An MCPError with CONNECTION_CLOSED, or a broken stream: the server is gone."""
-    from mcp_types import CONNECTION_CLOSED
+def _connection_lost(exc: BaseException) -> bool:
+    """The peer closed before answering, or a broken stream: the server is gone."""
+    return isinstance(exc, (PeerClosed, anyio.BrokenResourceError, anyio.ClosedResourceError, anyio.EndOfStream, OSError))
 
-    if getattr(exc, "code", None) == CONNECTION_CLOSED:
-        return True
-    return isinstance(exc, (anyio.BrokenResourceError, anyio.ClosedResourceError, anyio.EndOfStream, OSError))
+
+def _leaf(exc: BaseException) -> BaseException:
+    """The first exception inside (nested) exception groups."""
+    while isinstance(exc, BaseExceptionGroup) and exc.exceptions:
+        exc = exc.exceptions[0]
+    return exc
 
 
 def describe(exc: BaseException) -> str:
