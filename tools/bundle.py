@@ -14,7 +14,7 @@ cross-compile)::
                             their native libraries and data files
         licenses/           license files of Python and every bundled distribution
         bundle.json         version, protocol version, platform, launcher name, optional parts
-    chat-sidecar-parts/<part>/   each optional part (PARTS: vectors, html, mcp), laid out
+    chat-sidecar-parts/<part>/   each optional part (PARTS: vectors, html), laid out
                             like the bundle (_internal/, licenses/, part.json): copied over
                             chat-sidecar/ it is installed; without it the sidecar answers
                             what needs it with FEATURE_UNAVAILABLE (sidecar/parts.py)
@@ -261,11 +261,6 @@ PARTS: dict[str, dict[str, tuple[str, ...]]] = {
                 # the C++ runtime: on Linux only numpy's extension modules link it
                 "libraries": ("libstdc++.so",)},
     "html": {"modules": ("selectolax",), "dists": ("selectolax",), "libraries": ()},
-    # the MCP client SDK and what only it imports (pydantic, its server side's starlette...)
-    "mcp": {"modules": ('mcp', 'mcp_types', 'pydantic', 'pydantic_core', 'annotated_types', 'typing_inspection', 'sse_starlette', 'starlette', 'jwt', 'multipart', 'python_multipart', 'opentelemetry'),
-            "dists": ("mcp", "mcp-types", "pydantic", "pydantic-core", "annotated-types", "typing-inspection",
-                      "sse-starlette", "starlette", "pyjwt", "python-multipart", "opentelemetry-api"),
-            "libraries": ()},
 }
 """The optional parts (sidecar/parts.py says what needs each): top-level entries of
 ``_internal`` (packages, their native libraries, ``.pyc`` modules, shared libraries only
