@@ -63,6 +63,7 @@ __all__ = [
     "VECTOR_BASE",
     "SPREAD_FULL",
     "LEXICAL_SPREAD_FULL",
+    "LEXICAL_KEPT_SHARE",
     "SCORE_RELATIVE_FLOOR",
     "fuse_scores",
     "MIN_COSINE",
@@ -94,9 +95,16 @@ SCORE_VECTOR_WEIGHT = 0.5
 VECTOR_BASE = 0.8
 SPREAD_FULL = 0.1
 LEXICAL_SPREAD_FULL = 0.1
-SCORE_RELATIVE_FLOOR = 0.02
-"""The fused floor of ``fuse_scores``: a chunk under 2% of the best fused score is
-left out (a lower floor only adds chunks after the ones kept: it never moves a rank)."""
+LEXICAL_KEPT_SHARE = 0.074
+"""A chunk only the words found is kept down to this share of the best BM25 when the best
+fused score is the lexical leg's alone (what the floor of 2% kept while LEXICAL_POWER was
+1.5: 0.074 ** 1.5 = 0.02); with 2.5 and a floor of 2% it was 21%, and small bases lost
+chunks a reply had cited."""
+SCORE_RELATIVE_FLOOR = LEXICAL_KEPT_SHARE ** LEXICAL_POWER
+"""The fused floor of ``fuse_scores``: a chunk under this share of the best fused score
+(about 0.15%) is left out; it follows LEXICAL_POWER, so a sharper power moves the lexical
+leg's order without dropping the chunks it ranks lower (a lower floor only adds chunks
+after the ones kept: it never moves a rank)."""
 SPREAD_RANK = 10
 
 
