@@ -112,6 +112,21 @@ def _metrics(ranks: list[int]) -> tuple[float, float]:
     return (sum(1 for r in ranks if 0 < r <= 6) / len(ranks), sum(1 / r for r in ranks if 0 < r <= 10) / len(ranks))
 
 
+def test_the_fused_floor_keeps_what_the_words_rank_down_to_the_kept_share() -> None:
+    best = 12.0
+    kept_share = fusion.LEXICAL_KEPT_SHARE
+    lexical = [(1, best), (2, best * kept_share * 1.05), (3, best * kept_share * 0.9)]
+    fused = fusion.fused_floor(fusion.fuse_scores(lexical, []), fusion.SCORE_RELATIVE_FLOOR)
+    # lexical only: a chunk stays down to LEXICAL_KEPT_SHARE of the best BM25, whatever
+    # LEXICAL_POWER is; below it, it is left out
+    assert [key for key, _ in fused] == [1, 2]
+    # the vectors agreeing on the best and finding another: nothing the words ranked above
+    # the floor is lost beside it (it is relative to a best fused score up to 1.5x higher)
+    both = fusion.fused_floor(fusion.fuse_scores(lexical[:1] + [(2, best * 0.12)], [[(1, 0.9), (4, 0.85)]]),
+                              fusion.SCORE_RELATIVE_FLOOR)
+    assert [key for key, _ in both][0] == 1 and {2, 4} <= set(dict(both))
+
+
 def test_hybrid_is_never_worse_than_its_better_leg_on_the_fixture_set(tmp_path: Path) -> None:
     store = Store(tmp_path)
     model = _HashedWords()

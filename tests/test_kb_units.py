@@ -76,6 +76,12 @@ def test_small_sections_are_merged_up_to_the_size_with_their_heading_path() -> N
     # nothing of the text is lost: every non-blank line is in a chunk
     covered = "\n".join(c.text for c in chunks)
     assert all(line in covered for line in text.splitlines() if line and line != "# Manual")
+    # the rule before merging (the benchmark's baseline): every heading closes a chunk
+    before = chunk_document("d", "markdown", text, None, size=128, overlap=0, merge_sections=False)
+    assert [c.heading for c in before[:2]] == [["Manual", "Option 0"], ["Manual", "Option 1"]]
+    assert [c.text for c in before[:2]] == ["The option number 0 sets the lantern colour."] + [
+        "The option number 1 sets the lantern colour."]
+    assert len(before) == 62 and not any("#" in c.text for c in before)
 
 
 def test_long_text_splits_at_sentence_ends_with_overlap_and_cjk_punctuation() -> None:
@@ -544,3 +550,32 @@ def test_a_bases_ranking_does_not_depend_on_other_bases(tmp_path: Path) -> None:
         assert ranking() == alone
     finally:
         store.close()
+
+
+def test_a_split_coded_search_reranks_its_share_of_the_pool(monkeypatch: pytest.MonkeyPatch) -> None:
+    rng = np.random.default_rng(13)
+    dims, n = 64, 2 * vectors.APPROX_ROWS + 2000
+    data = _unit(rng.standard_normal((n, dims)) + 1.0)
+    index = VectorIndex()
+    index.reserve(n, dims)
+    for i in range(n):
+        index.put(i, i + 1, data[i].tobytes())
+    index.finish_load(n)
+    reranked: list[int] = []
+    matmul = np.ndarray.__matmul__
+
+    class Counting(np.ndarray):
+        def __matmul__(self, other: object) -> object:
+            reranked.append(self.shape[0])
+            return matmul(np.asarray(self), other)
+
+    whole = index._matrix
+    monkeypatch.setattr(index, "_matrix", whole.view(Counting))
+    q = _unit(data[7:8] + 0.05)[0]
+    index.search(q, 50)
+    alone = reranked.pop()
+    half = n // 2
+    split = index.search(q, 50, 0, half, share=half / n) + index.search(q, 50, half, n, share=(n - half) / n)
+    # as many exact cosines as the whole index's search, not a whole pool per range
+    assert sum(reranked) <= alone * 1.1 and max(vectors.RERANK_FACTOR * 50, vectors.RERANK_MIN) <= alone
+    assert max(split, key=lambda hit: hit[1])[0] == 8  # the near duplicate is still found

@@ -410,11 +410,13 @@ class _Packer:
 
 def chunk_document(
     document_id: str, kind: str, text: str, pages: list[int] | None, *, size: int, overlap: int,
-    common: frozenset[int] = frozenset(),
+    common: frozenset[int] = frozenset(), merge_sections: bool = True,
 ) -> list[NewChunk]:
     """The chunks of a document (see the module docstring); ``common``: the base's common
     lines (``kb_common``), left out of what is embedded (not of the text, its offsets or its
-    id). Blocking: CPU only."""
+    id). ``merge_sections=False``: every heading closes a chunk, the rule before sections
+    were merged (the baseline tools/bench/bench_retrieval.py measures against). Blocking:
+    CPU only."""
     size = max(16, size)
     overlap = max(0, min(overlap, size // 2))
     blocks, csv_header = _blocks(kind, text, pages)
@@ -433,14 +435,14 @@ def chunk_document(
             here = sections[i]
             fits = packer.total + here.tokens <= size or (
                 packer.total < size // SMALL_SHARE and packer.total + here.line + here.first <= size)
-            if packer.pieces and _under(here.parent, packer.heading) and fits:
+            if merge_sections and packer.pieces and _under(here.parent, packer.heading) and fits:
                 # a section under the chunk's path joins it, its heading line with it (every
                 # heading of a chunk is in its path or in its text), when it fits beside it,
                 # or when the chunk is small and the section's first block fits
                 packer.add_heading(block.start, block.end, here.line)
             else:
                 packer.close(carry=False)
-                if _joins_sibling(sections, i, size):
+                if merge_sections and _joins_sibling(sections, i, size):
                     # a section beside this one (not under it) will join this chunk: the
                     # chunk's path is their parent's, this heading line is in its text
                     packer.heading = here.parent

@@ -15,7 +15,9 @@ Owns when an index is loaded, updated and dropped:
 
 A search of an index of at least SPLIT_ROWS rows is split into one row range per core,
 each searched in its own worker thread (``anyio.to_thread``), then merged: BLAS runs one
-thread per call (see vectors.py), so the split is what uses the cores.
+thread per call (see vectors.py), so the split is what uses the cores. A range's coded
+search reranks its share of the pool (``VectorIndex.search(share=)``): the split computes
+as many exact cosines as a search of the whole index, not that many per range.
 
 Must stay true: loads and applies of one index are exclusive of each other and of its
 searches (a readers-writer lock per index: searches read together); everything runs in
@@ -136,9 +138,11 @@ class VectorIndexes:
     def _loader(self, key: str, model: str, slot: _Slot) -> Callable[[Store], VectorIndex]:
         return lambda s: self._loaded(self._source(s), key, model, slot)
 
-    def _search_part(self, slot: _Slot, query: np.ndarray, k: int, lo: int, hi: int | None) -> list[tuple[int, float]]:
+    def _search_part(
+        self, slot: _Slot, query: np.ndarray, k: int, lo: int, hi: int | None, share: float = 1.0
+    ) -> list[tuple[int, float]]:
         with slot.lock.read():
-            return slot.index.search(query, k, lo, hi) if slot.index is not None else []
+            return slot.index.search(query, k, lo, hi, share) if slot.index is not None else []
 
     def search_blocking(
         self, repo: VectorSource, targets: Sequence[tuple[str, str]], query: np.ndarray, k: int
@@ -197,7 +201,8 @@ class VectorIndexes:
             parts: list[list[tuple[int, float]]] = [[] for _ in range(PARTS)]
 
             async def part(i: int) -> None:
-                parts[i] = await anyio.to_thread.run_sync(self._search_part, slot, query, k, i * step, (i + 1) * step)
+                lo, hi = i * step, min(rows, (i + 1) * step)
+                parts[i] = await anyio.to_thread.run_sync(self._search_part, slot, query, k, lo, hi, (hi - lo) / rows)
 
             async with anyio.create_task_group() as tg:
                 for i in range(PARTS):

@@ -267,15 +267,20 @@ class VectorIndex:
         """Rows of the matrix (live and tombstoned): the range ``search`` takes."""
         return self._size
 
-    def search(self, query: np.ndarray, k: int, lo: int = 0, hi: int | None = None) -> list[tuple[int, float]]:
+    def search(
+        self, query: np.ndarray, k: int, lo: int = 0, hi: int | None = None, share: float = 1.0
+    ) -> list[tuple[int, float]]:
         """The ``k`` rows of ``lo:hi`` most similar to ``query`` (a unit vector):
-        (rowid, cosine), best first."""
+        (rowid, cosine), best first. ``share``: the part of the whole index ``lo:hi`` is,
+        when one search is split into row ranges; a coded search of a range reranks that
+        share of the pool, so a split search computes as many exact cosines as one over
+        every row (the pool's rows are read from memory at random: the costliest step)."""
         hi = self._size if hi is None else min(hi, self._size)
         n = hi - lo
         if n <= 0 or k <= 0 or query.shape[0] != self.dims:
             return []
         query = query.astype(np.float32, copy=False)
-        pool = max(RERANK_FACTOR * k, RERANK_MIN)
+        pool = max(int(max(RERANK_FACTOR * k, RERANK_MIN) * min(1.0, share)), k)
         if n >= APPROX_ROWS and pool < n:
             return self._coded_search(query, k, pool, lo, hi)
         scores = self._matrix[lo:hi] @ query

@@ -2,7 +2,8 @@
 """Knowledge retrieval benchmark: latency, ingestion, embedding throughput, memory, quality.
 
     python3 dev.py bench bench_retrieval [--chunks 100000] [--dims 384] [--queries 300] [--other-bases 9]
-                                         [--skip-quality] [--quality-docs N] [--keep]
+                                         [--skip-quality] [--quality-docs N] [--sets debian,help]
+                                         [--sets-cache DIR] [--help-queries N] [--keep]
 
 Figures (with their targets), each beside a baseline measured in the same run:
 1. query latency, embedding call excluded: hybrid top 6 (lexical leg + vector leg + fusion
@@ -19,19 +20,27 @@ Figures (with their targets), each beside a baseline measured in the same run:
    against the loopback server's own rate (texts / the server's compute time);
 4. memory: RSS growth of a fresh process when it loads the CHUNKS x DIMS index, as a
    ratio to the raw float32 size (target <= 1.3);
-5. quality on an offline set built from Debian packages: recall@6 and MRR@10 for lexical
-   only, vector only (the local wordllama embedder) and hybrid, for both languages, each,
-   and the two halves of the set (``calib``: where fusion constants are tuned; ``held-out``:
-   where they are shown to carry over), with the chunk-size distribution. Documents: the
-   ``python3-doc`` library pages (English HTML) and the ``manpages-zh`` sections 1 and 8
-   (Chinese, rendered with ``man -l``); queries: each page's title (HTML: the part after
-   "—"; man: the NAME summary), held out of the indexed text (the h1 / the NAME section is
-   removed), the page being the one relevant document. Install the data with
-       apt-get install python3-doc manpages-zh
+5. quality on offline sets built from Debian packages (retrieval_sets.py, measured by
+   retrieval_quality.py): recall@6 and MRR@10 for lexical only, vector only (the local
+   wordllama embedder) and hybrid, for both languages, each, and the two halves of each
+   set (``calib``: where fusion constants are tuned; ``held-out``: where they are shown to
+   carry over), with the chunk-size distribution, each set chunked twice in the same run:
+   as now (small sections merged) and with every heading closing a chunk (the rule
+   before merging), and hybrid MRR@10 of the two side by side (target +0.10). Sets
+   (``--sets``):
+   - ``debian``: the ``python3-doc`` library pages (English HTML) and the ``manpages-zh``
+     sections 1 and 8 (Chinese, rendered with ``man -l``); queries: each page's title
+     (HTML: the part after "—"; man: the NAME summary), held out of the indexed text, the
+     page being the one relevant document. Install the data with
+         apt-get install python3-doc manpages-zh
+   - ``help``: the LibreOffice help in English and Chinese (``libreoffice-help-en-us``,
+     ``libreoffice-help-zh-cn``: about 2,560 HTML pages each, a base per language), queries
+     the help's own index terms, relevant the pages they point to; the packages are fetched
+     with ``apt-get download`` into ``--sets-cache`` once (no install needed);
    and the embedder with ``pip install 'chat-sidecar[local-embeddings]'``; without them
-   the quality part is skipped with a message. Then the vector index's sign-code search
+   a set is skipped with a message saying what is missing. Then the vector index's sign-code search
    against exact search on real vectors, at a size where it is used (overlapping windows
-   of the English pages): recall, the known page found, latency.
+   of the English pages of the Debian set): recall, the known page found, latency.
 
 The synthetic corpus for 1-4 is generated (Zipf-distributed words, a fifth of the chunks
 Chinese) and written through KnowledgeRepo.write_index, the product's own write path.
@@ -65,9 +74,7 @@ from sidecar.retrieval.retriever import HybridRetriever  # noqa: E402
 from sidecar.store import Store  # noqa: E402
 from sidecar.store.async_store import AsyncStore  # noqa: E402
 from sidecar.store.knowledge import NewChunk  # noqa: E402
-from retrieval_sets import (  # noqa: E402
-    GROUPS, MANZH, PYDOC, in_calibration, man_pages, mrr_at, python_docs, recall_at, size_distribution,
-)
+from retrieval_quality import debian_set, help_set, measure_set  # noqa: E402
 
 MODEL = "bench/synthetic"
 ZH_CHARS = "的一是在不了有和人这中大为上个国我以要他时来用们生到作地于出就分对成会可主发年动同工也能下过子说产种面而方后多定行学法所民得经十三之进着等部度家电力里如水化高自二理起小物现实加量都两体制机当使点从业本去把性好应开它合还因由其些然前外天政四日那社义事平形相全表间样与关各重新线内数正心反你明看原又么利比或但质气第向道命此变条只没结解问意建月公无系军很情者最立代想已通并提直题党程展五果料象员革位入常文总次品式活设及管特件长求老头基资边流路级少图山统接知较将组见计别她手角期根论运农指几九区强放决西被干做必战先回则任取据处理府研质"
@@ -377,103 +384,32 @@ def memory(db_dir: Path, kb_id: str, chunks: int, dims: int) -> None:
 # ---- 5. quality ----------------------------------------------------------------------------
 
 
-def quality(data_dir: Path, limit: int) -> None:
-    missing = []
-    if not PYDOC.is_dir():
-        missing.append("python3-doc")
-    if not (MANZH / "man1").is_dir():
-        missing.append("manpages-zh")
-    if shutil.which("man") is None:
-        missing.append("man-db")
-    if missing:
-        say(f"  skipped: the evaluation data is not installed (apt-get install {' '.join(missing)})")
-        return
+def quality(data_dir: Path, limit: int, sets: set[str], cache: Path, help_queries: int) -> None:
     if not local_embeddings_available():
         say("  skipped: the local embedder is not installed (pip install 'chat-sidecar[local-embeddings]')")
         return
     from sidecar.retrieval.embeddings import LocalEmbedder
 
-    t = time.perf_counter()
-    items = [("en", *d) for d in python_docs(limit)] + [("zh", *d) for d in man_pages(limit)]
-    say(f"  {sum(1 for i in items if i[0] == 'en')} English pages, {sum(1 for i in items if i[0] == 'zh')} Chinese"
-        f" pages prepared in {time.perf_counter() - t:.1f} s")
-    store = Store(data_dir / "quality")
     embedder = LocalEmbedder()
-    try:
-        repo = store.knowledge
-        kb = repo.create_kb(name="debian", description="", embed=("@local", "wordllama"), chunk_size=512,
-                            chunk_overlap=64)
-        doc_of: dict[str, str] = {}
-        target_name: dict[str, str] = {}
-        sizes: list[int] = []
-        queries: list[tuple[str, str, str]] = []
+    english: list[tuple[str, str]] = []
+    for label, title in (("debian", "the Debian set (python3-doc + manpages-zh, titles held out)"),
+                         ("help", "the LibreOffice help set (pages and the help's own index)")):
+        if label not in sets:
+            continue
+        say(f"\n  {title}")
         t = time.perf_counter()
-        n_chunks = 0
-        for lang, name, text, query in items:
-            doc, dup = repo.add_document(kb_id=kb.id, name=name, kind="markdown" if lang == "en" else "text",
-                                         source="text", path=None, size_bytes=len(text),
-                                         content_hash=f"{lang}:{name}", body=text)
-            claimed = repo.claim(doc.id)
-            assert claimed is not None
-            chunks = chunking.chunk_document(doc.id, claimed.kind, text, None, size=512, overlap=64)
-            vectors = embedder.embed_blocking([c.embed_text for c in chunks])
-            for c, v in zip(chunks, vectors):
-                c.vector = v.astype("<f4").tobytes()
-            repo.write_index(claimed, body=text, pages=None, kind=claimed.kind, chunks=chunks,
-                             model=embedder.key, dims=int(vectors.shape[1]))
-            n_chunks += len(chunks)
-            doc_of[doc.id] = name
-            target_name[doc.id] = f"{lang}:{name}"
-            queries.append((lang, query, doc.id))
-            sizes.extend(c.tokens for c in chunks)
-        say(f"  indexed {len(queries)} documents, {n_chunks:,} chunks (wordllama vectors) in {time.perf_counter() - t:.1f} s")
-        say("  chunk sizes (tokens): " + size_distribution(sizes))
-        gateway = AsyncStore(store)
-        indexes = KnowledgeIndexes(gateway)
-
-        async def embedder_for(key: str) -> Any:
-            return embedder
-
-        retriever = HybridRetriever(gateway, indexes, embedder_for)
-        kbs = repo.kbs([kb.id])
-
-        async def evaluate() -> dict[tuple[str, str], list[float]]:
-            ranks: dict[tuple[str, str], list[float]] = {}
-            for lang, query, target in queries:
-                qv = (await embedder.embed([query])).vectors[0]
-                lexical_rowids = [r for r, _ in repo.lexical([kb.id], query, 10)]
-                vector_rowids = [r for r, _ in indexes.search_blocking(repo, [(kb.id, embedder.key)], qv, 10)]
-                hybrid = await retriever._search(kbs, query, 10, None)
-                hits = repo.hits(lexical_rowids + vector_rowids)
-                legs = {
-                    "lexical": [hits[r].document_id for r in lexical_rowids if r in hits],
-                    "vector": [hits[r].document_id for r in vector_rowids if r in hits],
-                    "hybrid": [c.chunk.document_id for c in hybrid.chunks],
-                }
-                for leg, docs in legs.items():
-                    rank = docs.index(target) + 1 if target in docs else 0
-                    calib = in_calibration(target_name[target])
-                    for group in (lang, "all", "calib" if calib else "held-out", *(() if calib else (f"held-{lang}",))):
-                        ranks.setdefault((leg, group), []).append(rank)
-            return ranks
-
-        ranks = anyio.run(evaluate)
-        counts = ", ".join(f"{g} {len(ranks[('lexical', g)])}" for g in GROUPS)
-        say(f"  {'':8} {'recall@6':>45} {'MRR@10':>45}   (queries: {counts})")
-        say(f"  {'':8} " + "".join(f"{g:>9}" for g in GROUPS) + " " + "".join(f"{g:>9}" for g in GROUPS))
-        for leg in ("lexical", "vector", "hybrid"):
-            say(f"  {leg:8} " + "".join(f"{recall_at(ranks[(leg, g)], 6):9.3f}" for g in GROUPS) + " "
-                + "".join(f"{mrr_at(ranks[(leg, g)], 10):9.3f}" for g in GROUPS))
-        for g in GROUPS:
-            verdict = []
-            for name, fn, cut in (("recall@6", recall_at, 6), ("MRR@10", mrr_at, 10)):
-                best = max(fn(ranks[(leg, g)], cut) for leg in ("lexical", "vector"))
-                got = fn(ranks[("hybrid", g)], cut)
-                verdict.append(f"{name} {got:.3f} {'>=' if got >= best - 1e-12 else '<'} {best:.3f}")
-            say(f"  hybrid vs the better leg, {g:>9}: " + ", ".join(verdict))
-    finally:
-        store.close()
-    coded_search_on_real_vectors([(text, query) for lang, _name, text, query in items if lang == "en"], embedder)
+        got = debian_set(limit) if label == "debian" else help_set(cache, help_queries, 0)
+        if isinstance(got, str):
+            say(f"  skipped: {got}")
+            continue
+        docs, queries, what = got
+        say(f"  {what}; prepared in {time.perf_counter() - t:.1f} s")
+        measure_set(say, data_dir, label, docs, queries, embedder)
+        if label == "debian":
+            text_of = {d.name: d.text for d in docs}
+            english = [(text_of[next(iter(q.relevant))], q.text) for q in queries if q.lang == "en"]
+    if english:
+        coded_search_on_real_vectors(english, embedder)
 
 
 def coded_search_on_real_vectors(pages: list[tuple[str, str]], embedder: Any) -> None:
@@ -532,6 +468,11 @@ def main() -> int:
     parser.add_argument("--embed-texts", type=int, default=5_000)
     parser.add_argument("--quality-docs", type=int, default=1000, help="at most this many pages of each source")
     parser.add_argument("--skip-quality", action="store_true")
+    parser.add_argument("--sets", default="debian,help", help="the quality sets of 5.: debian, help")
+    parser.add_argument("--sets-cache", type=Path, default=Path.home() / ".cache" / "chat-sidecar-bench",
+                        help="where the help set's packages are downloaded and unpacked (kept between runs)")
+    parser.add_argument("--help-queries", type=int, default=600,
+                        help="index terms sampled per language of the help set")
     parser.add_argument("--keep", action="store_true", help="keep the data dir")
     parser.add_argument("--sections", default="1,2,3,4,5", help="which parts to run, e.g. 1,4")
     parser.add_argument("--rss-child", nargs=3, help=argparse.SUPPRESS)
@@ -567,11 +508,12 @@ def main() -> int:
             say("\n4. memory with the index loaded")
             memory(data_dir / "main", kb_id, args.chunks, args.dims)
         if 5 in sections:
-            say("\n5. quality (offline Debian set: python3-doc + manpages-zh)")
+            say("\n5. quality (offline sets from Debian packages)")
             if args.skip_quality:
                 say("  skipped (--skip-quality)")
             else:
-                quality(data_dir, args.quality_docs)
+                quality(data_dir, args.quality_docs, {x.strip() for x in args.sets.split(",")}, args.sets_cache,
+                        args.help_queries)
     finally:
         if args.keep:
             say(f"\ndata kept in {data_dir}")
