@@ -16,7 +16,17 @@ import pytest
 from kb_helpers import embedding_provider, embedding_server, wait_indexed
 from sidecar_proc import SidecarProcess, spawn_sidecar
 
+from sidecar.retrieval import retries
+
 pytestmark = pytest.mark.anyio
+
+DOWN_RETRY_AFTER_MS = 5
+"""The failing server asks for the provider's next try this soon: each failed attempt of the
+knowledge service is the provider's three requests at once, not 0.5 s and 1 s of its backoff
+(the schedule under test is the knowledge service's)."""
+TEST_RETRY_BASE_S = 0.5
+"""The restart test's first wait between attempts (the product's is RETRY_BASE_S, 2 s): the
+same doubling schedule, a quarter of the time (the sidecar runs in this process)."""
 
 PRINTER = "The printer manual explains duplex mode and the paper tray."
 HARBOUR = "\n\n".join(
@@ -55,7 +65,7 @@ async def _wait_attempts(proc: SidecarProcess, doc_id: str, attempts: int, timeo
 async def test_a_document_added_while_embeddings_fail_is_searchable_then_embedded(tmp_path: Path) -> None:
     async with embedding_server() as server, spawn_sidecar(tmp_path / "data") as proc:
         kb = await _base(proc, server)
-        await server.config(status=503)
+        await server.config(status=503, retry_after_ms=DOWN_RETRY_AFTER_MS)
         added = await proc.call("kb:document:add", {"kbId": kb["id"], "name": "printer.txt", "text": PRINTER})
         doc = await wait_indexed(proc, added["document"]["id"], timeout=60)
         # chunked and in the full-text index at once; the state says why and when next
@@ -81,11 +91,15 @@ async def test_a_document_added_while_embeddings_fail_is_searchable_then_embedde
         await proc.close()
 
 
-async def test_retries_back_off_survive_a_restart_and_stop_at_shutdown(tmp_path: Path) -> None:
+async def test_retries_back_off_survive_a_restart_and_stop_at_shutdown(
+    tmp_path: Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    monkeypatch.setattr(retries, "RETRY_BASE_S", TEST_RETRY_BASE_S)
     async with embedding_server() as server:
         async with spawn_sidecar(tmp_path / "data") as proc:
+            assert proc.in_process  # the shorter schedule is this process's
             kb = await _base(proc, server)
-            await server.config(status=500)
+            await server.config(status=500, retry_after_ms=DOWN_RETRY_AFTER_MS)
             added = await proc.call("kb:document:add", {"kbId": kb["id"], "name": "printer.txt", "text": PRINTER})
             doc_id = added["document"]["id"]
             first = await _wait_attempts(proc, doc_id, 1)
@@ -119,7 +133,7 @@ async def test_chunks_without_vectors_rank_lexically_beside_hybrid_ones(tmp_path
         kb = await _base(proc, server)
         harbour = await proc.call("kb:document:add", {"kbId": kb["id"], "name": "harbour.md", "text": HARBOUR})
         assert (await wait_indexed(proc, harbour["document"]["id"]))["status"] == "ready"
-        await server.config(status=503)
+        await server.config(status=503, retry_after_ms=DOWN_RETRY_AFTER_MS)
         late = await proc.call("kb:document:add", {"kbId": kb["id"], "name": "late.txt",
                                                    "text": "Harbour, harbour: the harbour."})
         assert (await wait_indexed(proc, late["document"]["id"], timeout=60))["status"] == "embedding_pending"

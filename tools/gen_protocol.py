@@ -47,6 +47,8 @@ from __future__ import annotations
 
 import argparse
 import ast
+import hashlib
+import os
 import json
 import shutil
 import subprocess
@@ -701,6 +703,22 @@ def tsc_available() -> bool:
     return TSC.exists() and shutil.which("node") is not None
 
 
+COMPILE_CACHE_ENV = "GEN_PROTOCOL_COMPILE_CACHE"
+"""A directory (set by tests/conftest.py for one test run): ``compile_client`` keeps its output
+there by a hash of everything it depends on (the sources, the options, the compiler's
+version), so the several tests that check the compiled client compile it once per run."""
+
+
+def _compile_key(texts: dict[str, str], options: dict[str, Any]) -> str:
+    digest = hashlib.sha256()
+    compiler = NODE_TOOLS / "node_modules" / "typescript" / "package.json"
+    for part in (json.dumps([sorted(texts.items()), options, list(COMPILED), HEADER], sort_keys=True),
+                 compiler.read_text(encoding="utf-8")):
+        digest.update(part.encode("utf-8"))
+        digest.update(b"\0")
+    return digest.hexdigest()
+
+
 def compile_client(texts: dict[str, str]) -> dict[str, str]:
     """Compile client.ts/errors.ts next to protocol.d.ts in a scratch dir; name -> text of
     every .js and .d.ts produced. Raises SystemExit when the compiler fails."""
@@ -709,6 +727,24 @@ def compile_client(texts: dict[str, str]) -> dict[str, str]:
             "gen_protocol: the TypeScript compiler is not installed: run `python3 dev.py gen`"
             " (or `npm ci --prefix tools/electron`); node and npm must be on PATH"
         )
+    cache = os.environ.get(COMPILE_CACHE_ENV)
+    if not cache:
+        return _compile(texts)
+    options = {**COMPILER_OPTIONS, "typeRoots": [str(NODE_TOOLS / "node_modules" / "@types")]}
+    kept = Path(cache) / f"{_compile_key(texts, options)}.json"
+    try:
+        return dict(json.loads(kept.read_text(encoding="utf-8")))
+    except (OSError, ValueError):
+        pass
+    produced = _compile(texts)
+    kept.parent.mkdir(parents=True, exist_ok=True)
+    partial = kept.with_suffix(f".{os.getpid()}.tmp")
+    partial.write_text(json.dumps(produced), encoding="utf-8")
+    os.replace(partial, kept)  # whole or absent, whoever reads it meanwhile
+    return produced
+
+
+def _compile(texts: dict[str, str]) -> dict[str, str]:
     with tempfile.TemporaryDirectory(prefix="gen-protocol-") as tmp:
         work = Path(tmp)
         for name, text in texts.items():
