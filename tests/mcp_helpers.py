@@ -10,6 +10,7 @@ Every wait is bounded.
 
 from __future__ import annotations
 
+import json
 import socket
 import subprocess
 import sys
@@ -98,3 +99,14 @@ async def wait_state(manager: Any, name: str, statuses: Collection[str], timeout
                 if info.name == name and info.status in statuses:
                     return info
             await anyio.sleep(0.05)
+
+
+def modules_loaded_by(code: str, names: tuple[str, ...]) -> list[str]:
+    """Which of ``names`` are in ``sys.modules`` after ``code`` runs in a fresh interpreter
+    (from the repository root)."""
+    script = code + f"import json, sys\nprint(json.dumps(sorted(m for m in {names!r} if m in sys.modules)))\n"
+    root = Path(__file__).resolve().parent.parent
+    out = subprocess.run([sys.executable, "-c", script], cwd=root, capture_output=True, text=True, timeout=60)
+    assert out.returncode == 0, out.stderr[-2000:]
+    loaded: list[str] = json.loads(out.stdout.strip().splitlines()[-1])
+    return loaded

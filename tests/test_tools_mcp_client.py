@@ -14,7 +14,6 @@ And the client imports none of the SDK."""
 from __future__ import annotations
 
 import json
-import subprocess
 import sys
 from collections.abc import AsyncIterator, Awaitable, Callable
 from contextlib import asynccontextmanager
@@ -38,7 +37,7 @@ from sidecar.tools.mcp_client import (
     new_peer,
 )
 from sidecar.tools.mcp_http import open_channel
-from mcp_helpers import wait_state
+from mcp_helpers import modules_loaded_by, wait_state
 
 pytestmark = pytest.mark.anyio
 
@@ -392,15 +391,8 @@ async def test_http_the_end_of_the_session_or_of_the_server_closes_the_channel()
 
 
 def test_the_client_imports_none_of_the_sdk() -> None:
-    code = (
-        "import sys\n"
-        "import sidecar.tools.mcp, sidecar.tools.mcp_transport, sidecar.tools.mcp_http\n"
-        "print(sorted(m for m in ('mcp', 'mcp_types', 'pydantic', 'pydantic_core', 'starlette') if m in sys.modules))\n"
-    )
-    root = Path(__file__).resolve().parent.parent
-    out = subprocess.run([sys.executable, "-c", code], cwd=root, capture_output=True, text=True, timeout=60)
-    assert out.returncode == 0, out.stderr[-2000:]
-    assert out.stdout.strip() == "[]"
+    code = "import sidecar.tools.mcp, sidecar.tools.mcp_transport, sidecar.tools.mcp_http\n"
+    assert modules_loaded_by(code, ("mcp", "mcp_types", "pydantic", "pydantic_core", "starlette")) == []
 
 
 # ---- a raw stdio server through the manager -------------------------------------------------
