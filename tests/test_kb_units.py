@@ -248,6 +248,17 @@ def _unit(rows: np.ndarray) -> np.ndarray:
     return (rows / np.linalg.norm(rows, axis=1, keepdims=True)).astype(np.float32)
 
 
+def _loaded_index(data: np.ndarray) -> VectorIndex:
+    """A VectorIndex loaded as a base's start-up loads it: row i has chunk id i + 1."""
+    n, dims = data.shape
+    index = VectorIndex()
+    index.reserve(n, dims)
+    for i in range(n):
+        index.put(i, i + 1, data[i].tobytes())
+    index.finish_load(n)
+    return index
+
+
 def _exact(index: VectorIndex, query: np.ndarray, k: int, monkeypatch: pytest.MonkeyPatch) -> list[tuple[int, float]]:
     with monkeypatch.context() as m:
         m.setattr(vectors, "APPROX_ROWS", 10**12)
@@ -262,11 +273,7 @@ def test_a_large_index_ranks_by_sign_codes_and_returns_exact_cosines(
     n = vectors.APPROX_ROWS + 3000
     # real embeddings share a component (anisotropy): the codes are taken around the mean
     data = _unit(rng.standard_normal((n, dims)) + 2.0)
-    index = VectorIndex()
-    index.reserve(n, dims)
-    for i in range(n):
-        index.put(i, i + 1, data[i].tobytes())
-    index.finish_load(n)
+    index = _loaded_index(data)
     queries = _unit(data[rng.integers(0, n, 40)] + 0.05 * rng.standard_normal((40, dims)))
     overlap = []
     for q in queries:
@@ -556,11 +563,7 @@ def test_a_split_coded_search_reranks_its_share_of_the_pool(monkeypatch: pytest.
     rng = np.random.default_rng(13)
     dims, n = 64, 2 * vectors.APPROX_ROWS + 2000
     data = _unit(rng.standard_normal((n, dims)) + 1.0)
-    index = VectorIndex()
-    index.reserve(n, dims)
-    for i in range(n):
-        index.put(i, i + 1, data[i].tobytes())
-    index.finish_load(n)
+    index = _loaded_index(data)
     reranked: list[int] = []
     matmul = np.ndarray.__matmul__
 
