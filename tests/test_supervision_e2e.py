@@ -14,6 +14,7 @@ import sys
 from pathlib import Path
 
 import anyio
+import msgspec
 import pytest
 from chat_helpers import wait_final
 from scripted_server import scripted_provider
@@ -111,9 +112,11 @@ async def test_a_stubborn_agent_turn_ends_aborted_before_the_shutdown_answer(tmp
 async def test_requests_after_shutdown_are_refused_busy(tmp_path: Path) -> None:
     async with spawn_sidecar_under(tmp_path / "data", via_parent=False) as (proc, pid):
         await proc.call("sidecar:initialize", {})
-        # pipelined: the list arrives while the shutdown is being handled
-        shutdown_id = await proc.request("sidecar:shutdown", {})
-        list_id = await proc.request("chat:session:list", {})
+        # pipelined: the list arrives with the shutdown (one write), before it is handled
+        shutdown_id, list_id = proc.new_id(), proc.new_id()
+        await proc.send_line(b"".join(msgspec.json.encode(
+            {"jsonrpc": "2.0", "id": i, "method": m, "params": {}}) + b"\n"
+            for i, m in ((shutdown_id, "sidecar:shutdown"), (list_id, "chat:session:list"))))
         assert (await proc.response(shutdown_id))["result"] == {"success": True}
         refused = await proc.response(list_id)
         assert refused["error"]["code"] == -32002, refused

@@ -100,8 +100,9 @@ class Dialect:
     """Fences are always three backticks (the dialect escapes backticks in code instead)."""
     max_heading: int = 6
     nested_quotes: bool = True
-    """False: a quote inside a quote is written at the outer quote's level (Telegram's
-    blockquotes cannot nest, and a ``>`` inside one would have to be escaped)."""
+    """False: a quote inside a quote is written at the outer quote's level, and a quote in
+    a list item as its text (Telegram's blockquotes cannot nest, and its ``>`` is a quote
+    only at the start of a line: anywhere else it would have to be escaped)."""
 
     def wrap(self, style: tuple[str, str] | None, inner: str) -> str:
         if style is None or not inner.strip():

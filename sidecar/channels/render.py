@@ -121,6 +121,8 @@ class _Renderer:
         self.result = Rendered()
         self.quotes = 0
         """Blockquotes being rendered around the current block."""
+        self.items = 0
+        """List items being rendered around the current block."""
 
     # ---- notes ----------------------------------------------------------------------
 
@@ -180,8 +182,10 @@ class _Renderer:
                 inner = self.blocks(node.children, depth + 1, separator=">" if self.d.nested_quotes else "")
             finally:
                 self.quotes -= 1
-            if depth >= MAX_DEPTH or (self.quotes and not self.d.nested_quotes):
-                return inner  # a quote in a quote where quotes cannot nest: one level
+            if depth >= MAX_DEPTH or ((self.quotes or self.items) and not self.d.nested_quotes):
+                # where quotes cannot nest, a quote marker is only read at the start of a
+                # line: a quote in a quote is one level, a quote in a list item plain text
+                return inner
             return _prefixed(inner, "> ", "> ")
         if kind in ("fence", "code_block"):
             return self._fence(node.content, node.info if kind == "fence" else "")
@@ -221,7 +225,11 @@ class _Renderer:
         for item in node.children:
             marker = self.d.escape(f"{number}. ") if ordered else self.d.bullet
             number += 1
-            inner = self.blocks(item.children, depth + 1, separator=None)
+            self.items += 1
+            try:
+                inner = self.blocks(item.children, depth + 1, separator=None)
+            finally:
+                self.items -= 1
             if not inner:
                 inner = [Line("")]
             if depth < MAX_DEPTH:

@@ -118,6 +118,15 @@ class LineReader:
                 return passed
         return None
 
+    def feed_waiting(self) -> None:
+        """Split what the input already holds, without waiting (a stream with
+        ``read_waiting``, the stdio one; other streams hold nothing unread here)."""
+        read_waiting = getattr(self._stream, "read_waiting", None)
+        if read_waiting is not None and not self._eof:
+            chunk = read_waiting()
+            if chunk:
+                self.feed(chunk)
+
     def put_back(self, line: Line) -> None:
         """Return ``line`` (just taken by ``next_ready``) to the front: it is read again first."""
         self._ready.appendleft(line)

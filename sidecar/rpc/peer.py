@@ -170,6 +170,9 @@ class JsonRpcPeer:
         self._workers = 0
         self._tasks: anyio.abc.TaskGroup | None = None
         self._reader_scope: anyio.CancelScope | None = None
+        self._reader_done = anyio.Event()
+        self._draining = False
+        """The drain has begun: lines the reader already holds are answered, then it stops."""
         self._active = 0
         self._idle: anyio.Event | None = None
         self._input_ended = False
@@ -238,13 +241,19 @@ class JsonRpcPeer:
             self._reader_scope.cancel()
         else:
             self._input_done()
+            self._reader_done.set()
 
     async def drain_incoming(self) -> None:
         """Stop reading, then wait for in-flight incoming work to answer; after
-        ``shutdown_grace`` seconds cancel what is left (answered REQUEST_CANCELLED)."""
+        ``shutdown_grace`` seconds cancel what is left (answered REQUEST_CANCELLED).
+        The lines that had arrived when the drain began (split by the reader, or waiting
+        in the input) are still handled, so a request pipelined behind a shutdown gets
+        its answer (BUSY, from the server's handlers) instead of none."""
+        self._draining = True
         self.stop_reading()
         with anyio.CancelScope(shield=True):
             with anyio.move_on_after(self.shutdown_grace):
+                await self._reader_done.wait()
                 await self._wait_idle()
             for inflight in list(self._inflight.values()):
                 inflight.reason = "request cancelled: the server is shutting down"
@@ -370,8 +379,24 @@ class JsonRpcPeer:
                         # A bug in routing must not end the connection: log it, answer, read on.
                         logger.exception("%s: failed to handle an input line", self.name)
                         await self._send_reply(error_reply(None, ErrorCode.INTERNAL_ERROR, "internal error"))
+            if self._draining:
+                await self._handle_arrived()
         finally:
             self._input_done()
+            self._reader_done.set()
+
+    async def _handle_arrived(self) -> None:
+        """The drain: handle the lines that have arrived (what the reader holds and what the
+        input has waiting), reading nothing more."""
+        self._reader.feed_waiting()
+        while (line := self._reader.next_ready()) is not None:
+            try:
+                if isinstance(line, OversizedLine):
+                    await self._on_oversized(line)
+                else:
+                    await self._handle_line(line)
+            except Exception:
+                logger.exception("%s: failed to handle an input line", self.name)
 
     async def _on_oversized(self, line: OversizedLine) -> None:
         message = (
