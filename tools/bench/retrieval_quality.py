@@ -6,7 +6,9 @@ the local wordllama embedder), each query run through the lexical leg alone, the
 alone and the HybridRetriever, and recall@6 / MRR@10 of each by query group
 (retrieval_sets.GROUPS). Each set is measured twice in the same run: chunked as now (small
 sections merged) and with ``merge_sections=False``, the rule before merging (every heading
-closes a chunk), so the gain from merging is a same-run figure.
+closes a chunk), so the gain from merging is a same-run figure; a set with Markdown or HTML
+documents is indexed a third time with every document added as kind ``text`` (paragraphs
+only), the reference a reader of small-section documentation would compare against.
 
 A query's rank is the place of the first chunk of a relevant document in the list: a leg's
 first 10 chunks, the hybrid's first 10 (which holds at most 3 chunks of one document while
@@ -178,23 +180,29 @@ def measure_set(say: Callable[[str], None], data_dir: Path, label: str, docs: li
                 embedder: Any) -> dict[str, Ranks]:
     """Both chunkings of one set, each in its own data dir; the ranks by chunking."""
     out: dict[str, Ranks] = {}
-    for mode, merge in (("before merging (every heading closes a chunk)", False), ("merged sections (now)", True)):
-        store = Store(data_dir / f"quality-{label}-{'merged' if merge else 'headings'}")
+    modes = [("headings", "before merging (every heading closes a chunk)", False, docs),
+             ("merged", "merged sections (now)", True, docs)]
+    if any(d.kind != "text" for d in docs):
+        modes.append(("text", "the same documents added as kind text (paragraphs only, no headings)", True,
+                      [d._replace(kind="text") for d in docs]))
+    for key, mode, merge, indexed in modes:
+        store = Store(data_dir / f"quality-{label}-{key}")
         try:
             t = time.perf_counter()
-            kb_of, doc_id, sizes = _index(store, embedder, docs, merge)
+            kb_of, doc_id, sizes = _index(store, embedder, indexed, merge)
             say(f"  {mode}: {len(doc_id)} documents, {len(sizes):,} chunks indexed in {time.perf_counter() - t:.1f} s")
             say("    chunk sizes (tokens): " + size_distribution(sizes))
             t = time.perf_counter()
             ranks = _rank(store, embedder, kb_of, doc_id, queries)
             say(f"    {len(queries)} queries in {time.perf_counter() - t:.1f} s")
             _table(say, ranks)
-            out["merged" if merge else "headings"] = ranks
+            out[key] = ranks
         finally:
             store.close()
     for g in ("all", "en", "zh", "held-out"):
         if ("hybrid", g) in out["merged"]:
             now, before = (mrr_at(out[m][("hybrid", g)], 10) for m in ("merged", "headings"))
+            as_text = f", {mrr_at(out['text'][('hybrid', g)], 10):.3f} as kind text" if "text" in out else ""
             say(f"  hybrid MRR@10 {g:>8}: {before:.3f} before merging, {now:.3f} merged ({now - before:+.3f})"
-                f"   (target +0.10)")
+                f"{as_text}   (target +0.10)")
     return out
