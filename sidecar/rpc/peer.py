@@ -34,9 +34,10 @@ What must stay true:
   fails with RpcError;
 - only the LineWriter's task writes to the send stream;
 - when input ends, every pending outgoing request fails at once with PeerClosed;
-- leaving the ``async with`` block normally stops reading, lets in-flight requests
-  finish (``shutdown_grace`` seconds, then cancels them), writes out everything queued,
-  and closes the send stream.
+- leaving the ``async with`` block normally (or ``drain_incoming``) stops reading, still
+  handles the lines that had arrived by then (split, or waiting in a stdio input), lets
+  in-flight requests finish (``shutdown_grace`` seconds, then cancels them), writes out
+  everything queued, and closes the send stream.
 """
 
 from __future__ import annotations
@@ -60,6 +61,7 @@ from sidecar.config import DEFAULT_MAX_LINE_BYTES
 from sidecar.rpc.batch import BatchAnswer
 from sidecar.rpc.framing import (
     OVERSIZED_HEAD_BYTES,
+    Line,
     LineFilter,
     LineReader,
     LineWriter,
@@ -370,33 +372,27 @@ class JsonRpcPeer:
                     except OSError as exc:
                         logger.warning("%s: reading input failed: %r", self.name, exc)
                         return
-                    if isinstance(line, OversizedLine):
-                        await self._on_oversized(line)
-                        continue
-                    try:
-                        await self._handle_line(line)
-                    except Exception:
-                        # A bug in routing must not end the connection: log it, answer, read on.
-                        logger.exception("%s: failed to handle an input line", self.name)
-                        await self._send_reply(error_reply(None, ErrorCode.INTERNAL_ERROR, "internal error"))
+                    await self._take(line)
             if self._draining:
-                await self._handle_arrived()
+                # the drain: the lines that have arrived (what the reader holds and what the
+                # input has waiting) are still handled; nothing more is read
+                self._reader.feed_waiting()
+                while (arrived := self._reader.next_ready()) is not None:
+                    await self._take(arrived)
         finally:
             self._input_done()
             self._reader_done.set()
 
-    async def _handle_arrived(self) -> None:
-        """The drain: handle the lines that have arrived (what the reader holds and what the
-        input has waiting), reading nothing more."""
-        self._reader.feed_waiting()
-        while (line := self._reader.next_ready()) is not None:
-            try:
-                if isinstance(line, OversizedLine):
-                    await self._on_oversized(line)
-                else:
-                    await self._handle_line(line)
-            except Exception:
-                logger.exception("%s: failed to handle an input line", self.name)
+    async def _take(self, line: Line) -> None:
+        if isinstance(line, OversizedLine):
+            await self._on_oversized(line)
+            return
+        try:
+            await self._handle_line(line)
+        except Exception:
+            # A bug in routing must not end the connection: log it, answer, read on.
+            logger.exception("%s: failed to handle an input line", self.name)
+            await self._send_reply(error_reply(None, ErrorCode.INTERNAL_ERROR, "internal error"))
 
     async def _on_oversized(self, line: OversizedLine) -> None:
         message = (
