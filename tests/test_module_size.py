@@ -1,4 +1,5 @@
-"""No module under sidecar/ or protocol/ is over 650 lines.
+"""No Python module of the project (the sidecar, its protocol, tools, tests, fixtures and
+examples) is over 650 lines.
 
 A module has one job; one that outgrows the limit is split by responsibility (a package
 whose modules each own a part), never trimmed to fit. The count is the module's lines as
@@ -11,11 +12,12 @@ from pathlib import Path
 
 LIMIT = 650
 ROOT = Path(__file__).resolve().parents[1]
-PACKAGES = ("sidecar", "protocol")
+PACKAGES = ("sidecar", "protocol", "tools", "tests", "fixtures", "examples")
 
 
 def _modules() -> list[Path]:
-    return sorted(path for package in PACKAGES for path in (ROOT / package).rglob("*.py"))
+    return sorted(path for package in PACKAGES for path in (ROOT / package).rglob("*.py")
+                  if "node_modules" not in path.parts)
 
 
 def test_no_module_is_over_the_limit() -> None:
