@@ -1,5 +1,5 @@
-"""No Python module of the project (the sidecar, its protocol, tools, tests and examples)
-is over 650 lines.
+"""No Python module of the project (the sidecar, its protocol, tools, tests, fixtures and
+examples) is over 650 lines.
 
 A module has one job; one that outgrows the limit is split by responsibility (a package
 whose modules each own a part), never trimmed to fit. The count is the module's lines as
@@ -12,7 +12,7 @@ from pathlib import Path
 
 LIMIT = 650
 ROOT = Path(__file__).resolve().parents[1]
-PACKAGES = ("sidecar", "protocol", "tools", "tests", "examples")
+PACKAGES = ("sidecar", "protocol", "tools", "tests", "fixtures", "examples")
 
 
 def _modules() -> list[Path]:
