@@ -64,6 +64,12 @@ async def test_a_whole_turn_as_the_server_drives_it_then_a_second_prompt(tmp_pat
         providers = await v1.proc.call("provider:list", {})
         assert any(p["id"].startswith("v1-model-") and p["hasApiKey"] for p in providers)
 
+        # the session's title (a side call to the same scripted provider) is in before the
+        # second answer is scripted, so the title call cannot take it
+        await v1.proc.wait_for(lambda m: isinstance(m, dict) and m.get("method") == "chat:session:updated"
+                               and m["params"]["id"] == turn.session_id
+                               and m["params"]["title"].startswith("A chat about"))
+
         # the second prompt of the conversation: the server sends the session id back
         await v1.server.script({"text": "Second answer."})  # type: ignore[union-attr]
         body = v1.direct("and now?", project_id="1464425", session_id=turn.session_id, system_prompt="ignored now")
