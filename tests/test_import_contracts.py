@@ -77,3 +77,14 @@ def test_no_contract_has_exceptions() -> None:
     assert {c["type"] for c in contracts} >= {"layers", "forbidden", "acyclic_siblings"}
     protocol = next(c for c in contracts if c["id"] == "protocol-alone")
     assert protocol["source_modules"] == ["protocol"] and protocol["forbidden_modules"] == ["sidecar"]
+
+
+NAME_WIDTH = 72
+"""lint-imports reports ``<name> KEPT`` / ``<name> BROKEN`` in 80 columns and wraps what is
+longer: a wrapped name leaves its tail alone on a line beside the status, which reads as a
+contract of its own."""
+
+
+def test_every_contract_name_fits_on_one_report_line() -> None:
+    long = [c["name"] for c in _contracts()["contracts"] if len(c["name"]) > NAME_WIDTH]
+    assert not long, f"contract names over {NAME_WIDTH} characters (the rest goes in a comment): {long}"
