@@ -113,7 +113,7 @@ def answer_waiting(
     """Answer the leading requests of what is waiting on ``receive`` (see the module doc)."""
     reader = LineReader(receive, config.max_line_bytes)
     cold = ColdStart(signals=signals, reader=reader)
-    reader.feed(receive.read_waiting())
+    reader.feed_waiting()
     while (line := reader.next_ready()) is not None:
         try:
             answer = _answer(config, line, cold) if isinstance(line, bytes) and line else None
