@@ -17,14 +17,34 @@ Layout (each module says what it owns):
     transfer.py    fork, export, import
     sync.py        SyncRepo         (Qiming server account, session <-> conversation links, message map)
     store.py       Store            (its repositories as attributes: one call = one transaction)
+    layout.py      the folders the store keeps in the data dir
+    recovery.py    what a dead process left behind, told by one read at open
     async_store.py AsyncStore       (the gateway: ``await run(fn)`` calls fn(store) in a worker thread)
 
 Errors: StoreError / NotFound (sidecar.errors) for database and reference failures,
 InvalidParams for bad arguments; a failed call changes nothing.
 """
 
-from sidecar.store.async_store import AsyncStore
-from sidecar.store.messages import ACTIVE_LEAF
-from sidecar.store.store import Store
+from __future__ import annotations
+
+from typing import TYPE_CHECKING, Any
+
+if TYPE_CHECKING:
+    from sidecar.store.async_store import AsyncStore
+    from sidecar.store.messages import ACTIVE_LEAF
+    from sidecar.store.store import Store
 
 __all__ = ["Store", "AsyncStore", "ACTIVE_LEAF"]
+
+_EXPORTS = {"Store": "sidecar.store.store", "AsyncStore": "sidecar.store.async_store", "ACTIVE_LEAF": "sidecar.store.messages"}
+
+
+def __getattr__(name: str) -> Any:
+    """The package's names, imported at first use: opening the store (``sidecar.store.store``)
+    runs this package's code first, and must not pay for the async gateway or the messages."""
+    module = _EXPORTS.get(name)
+    if module is None:
+        raise AttributeError(f"module {__name__!r} has no attribute {name!r}")
+    import importlib
+
+    return getattr(importlib.import_module(module), name)

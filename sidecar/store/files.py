@@ -40,6 +40,7 @@ import msgspec
 from protocol.types import ContentPart, FilePart, ImagePart, MessageV2, TextPart, ToolResultPart
 from sidecar.store.attachments import uri_to_path
 from sidecar.store.db import Database
+from sidecar.store.layout import MANAGED_DIRS
 from sidecar.store.rows import parts_or_none
 
 __all__ = [
@@ -60,8 +61,6 @@ log = logging.getLogger(__name__)
 FileKind = Literal["attachment", "spill", "workspace"]
 DATA_ROOT = ""
 """``root`` of a file in the data dir."""
-MANAGED_DIRS = ("attachments", "tool_outputs", "acp")
-"""The folders of the data dir whose entries the sidecar writes (and may remove)."""
 
 _FILE_URI = re.compile(r"file://[^\s)\]\"'<>]+")
 _SPILL_NOTE = re.compile(

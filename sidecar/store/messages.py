@@ -32,7 +32,7 @@ from protocol.errors import ErrorCode
 from protocol.messages import MessageQueryOptions
 from protocol.types import FINAL_MESSAGE_STATUSES, ContentPart, MessageTreeNode, MessageV2, TextPart, ToolCall, Usage
 from sidecar.errors import InvalidParams, NotFound, StoreError
-from sidecar.store import message_table, session_table
+from sidecar.store import message_table, recovery, session_table
 from sidecar.store import search as message_search
 from sidecar.store.checks import (
     CONTENT_TYPES,
@@ -441,7 +441,7 @@ class MessageRepo:
             rows = conn.execute(
                 "UPDATE messages_v2 SET status = 'aborted', updated_at = ?,"
                 " content_type = CASE WHEN parts IS NOT NULL THEN 'multipart' ELSE content_type END"
-                " WHERE status IN ('pending', 'streaming')"
+                f" WHERE {recovery.LIVE_MESSAGE}"
                 " RETURNING id, session_id, role, text_content, parts",
                 (self._clock(),),
             ).fetchall()

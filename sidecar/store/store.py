@@ -25,10 +25,11 @@ on the one Database, each in its own module:
     memory_upkeep MemoryUpkeepRepo memory statistics, expiry, merges, consolidation proposals (memory_upkeep.py)
     skills      SkillProposalRepo the skills the model proposed (skills.py)
 
-Those of the features around a chat (providers, assistants, context, channels, knowledge,
-sync, memory, souls, tasks, memory_upkeep, skills) are built at their first use
-(``_Repository``), so opening the store and the first session list do not import them; the
-others are built at open. A new repository takes the Database in its constructor and is
+Every repository but ``secrets`` is built at its first use (``_Repository``): opening the
+store imports only what opening needs (the database, the migrations, the secrets, the
+check of what a dead process left behind, sidecar/store/recovery.py), so the handshake's
+answer waits for no repository module; the recovery builds the repositories it needs only
+when there is something to recover. A new repository takes the Database in its constructor and is
 attached here; nothing outside the store package sees the Database. Each repository method
 is one transaction (``Database.write`` or ``Database.read``); ``Store.transaction()`` joins
 several calls, of any repositories, into one. SQL another repository's transaction needs
@@ -62,21 +63,23 @@ from sidecar import datadir
 from sidecar.errors import StoreError
 from sidecar.secrets.box import SecretBox
 from sidecar.secrets.keys import KEY_FILE
-from sidecar.store.acp import AcpRepo
-from sidecar.store.citations import Citations
+from sidecar.store import recovery
 from sidecar.store.db import DB_FILENAME, Database
 from sidecar.store.dirlock import LOCK_FILENAME, DirLock
-from sidecar.store.files import MANAGED_DIRS, FileRepo
 from sidecar.store.ids import now_ms
-from sidecar.store.messages import MessageRepo
+from sidecar.store.layout import MANAGED_DIRS
 from sidecar.store.migrations import migrate, schema_is_current
-from sidecar.store.search import SearchRepo
 from sidecar.store.secrets import SecretsRepo, Sealer
-from sidecar.store.sessions import SessionRepo
-from sidecar.store.settings import SettingsRepo
-from sidecar.store.tools import ToolStore
 
 if TYPE_CHECKING:
+    from sidecar.store.acp import AcpRepo
+    from sidecar.store.citations import Citations
+    from sidecar.store.files import FileRepo
+    from sidecar.store.messages import MessageRepo
+    from sidecar.store.search import SearchRepo
+    from sidecar.store.sessions import SessionRepo
+    from sidecar.store.settings import SettingsRepo
+    from sidecar.store.tools import ToolStore
     from sidecar.store.assistants import AssistantRepo
     from sidecar.store.channels import ChannelRepo
     from sidecar.store.context import ContextRepo
@@ -96,9 +99,10 @@ R = TypeVar("R")
 
 
 class _Repository(Generic[R]):
-    """A repository of the Store built at its first use (under the Store's lock, once): the
-    ones opening the store and the first session list need nothing of are not imported by
-    them. A non-data descriptor: once built it is a plain instance attribute."""
+    """A repository of the Store built at its first use (under the Store's lock, once), so
+    what opening the store and the first answers need nothing of is not imported by them. A
+    non-data descriptor: once built it is a plain instance attribute. The lock is reentrant,
+    so a builder may look up another repository."""
 
     def __init__(self, build: Callable[[Store], R]) -> None:
         self._build = build
@@ -118,6 +122,54 @@ class _Repository(Generic[R]):
             if self._name not in store.__dict__:
                 store.__dict__[self._name] = self._build(store)
             return cast(R, store.__dict__[self._name])
+
+
+def _sessions(store: Store) -> SessionRepo:
+    from sidecar.store.sessions import SessionRepo
+
+    return SessionRepo(store._db, store._clock)
+
+
+def _messages(store: Store) -> MessageRepo:
+    from sidecar.store.messages import MessageRepo
+
+    return MessageRepo(store._db, store._clock)
+
+
+def _search(store: Store) -> SearchRepo:
+    from sidecar.store.search import SearchRepo
+
+    return SearchRepo(store._db)
+
+
+def _settings(store: Store) -> SettingsRepo:
+    from sidecar.store.settings import SettingsRepo
+
+    return SettingsRepo(store._db)
+
+
+def _acp(store: Store) -> AcpRepo:
+    from sidecar.store.acp import AcpRepo
+
+    return AcpRepo(store._db)
+
+
+def _tools(store: Store) -> ToolStore:
+    from sidecar.store.tools import ToolStore
+
+    return ToolStore(store._db, store._clock, store._sealer)
+
+
+def _citations(store: Store) -> Citations:
+    from sidecar.store.citations import Citations
+
+    return Citations(store._db)
+
+
+def _files(store: Store) -> FileRepo:
+    from sidecar.store.files import FileRepo
+
+    return FileRepo(store._db, store.data_dir, store._clock)
 
 
 def _assistants(store: Store) -> AssistantRepo:
@@ -171,7 +223,6 @@ def _tasks(store: Store) -> TaskRepo:
 def _memory_upkeep(store: Store) -> MemoryUpkeepRepo:
     from sidecar.store.memory_upkeep import MemoryUpkeepRepo
 
-    # the MemoryRepo is looked up at use, not here: this runs under the lock its lookup takes
     return MemoryUpkeepRepo(store._db, lambda: store.memory, store._clock)
 
 
@@ -202,9 +253,16 @@ def _private_data_dir(path: Path) -> None:
 class Store:
     """The database of one data dir. Open = migrate + recover interrupted messages.
 
-    Its repositories are attributes; those of the features around a chat (providers,
-    assistants, context, channels, knowledge, sync, memory, souls) are built at first use."""
+    Its repositories are attributes, built at first use (``secrets`` at open)."""
 
+    sessions = _Repository(_sessions)
+    messages = _Repository(_messages)
+    search = _Repository(_search)
+    settings = _Repository(_settings)
+    acp = _Repository(_acp)
+    tools = _Repository(_tools)
+    citations = _Repository(_citations)
+    files = _Repository(_files)
     providers = _Repository(_providers)
     assistants = _Repository(_assistants)
     context = _Repository(_context)
@@ -244,23 +302,19 @@ class Store:
             raise
         db = self._db
         self.data_dir = path.resolve()
-        self.sessions = SessionRepo(db, clock)
-        self.messages = MessageRepo(db, clock)
-        self.search = SearchRepo(db)
-        self.settings = SettingsRepo(db)
         self._sealer = sealer = Sealer(secrets if secrets is not None else SecretBox(path, use_keychain=False))
-        self._repos_lock = threading.Lock()
+        self._repos_lock = threading.RLock()
         self.secrets = SecretsRepo(db, sealer, path)
-        self.acp = AcpRepo(db)
-        self.tools = ToolStore(db, clock, sealer)
-        self.citations = Citations(db)
-        self.files = FileRepo(db, self.data_dir, clock)
+        self.recovered = 0
         try:
             if not migrate_schema and not schema_is_current(db):
                 raise StoreError("the database needs a schema migration")
             self.schema_version = migrate(db)
-            self.recovered = self.messages.recover_interrupted()
-            self.acp.join_left_chunks()
+            self._left = recovery.left_behind(db)
+            if recovery.MESSAGES in self._left:
+                self.recovered = self.messages.recover_interrupted()
+            if recovery.ACP_CHUNKS in self._left:
+                self.acp.join_left_chunks()
         except BaseException:
             self._db.close()
             self._lock.release()
@@ -297,7 +351,8 @@ def open_store(
     by a dead process get their "cancelled" result, before anything reads their messages."""
     store = Store(data_dir, clock=clock, readers=readers, secrets=secrets, migrate_schema=migrate_schema)
     try:
-        store.tools.complete_interrupted()
+        if recovery.TOOL_RUNS in store._left:
+            store.tools.complete_interrupted()
     except BaseException:
         store.close()
         raise

@@ -41,7 +41,7 @@ from sidecar.errors import InvalidParams, NotFound
 from sidecar.store.db import Database, fetch_all
 from sidecar.store.ids import now_ms
 from sidecar.store.citations import CitationRows
-from sidecar.store import message_table
+from sidecar.store import message_table, recovery
 from sidecar.store.rows import decode_parts, to_json
 from sidecar.store.secrets import Sealer
 from sidecar.secrets.box import SecretBox
@@ -353,7 +353,7 @@ class ToolStore:
             runs = fetch_all(
                 conn,
                 "SELECT r.message_id, m.status FROM tool_runs r JOIN messages_v2 m ON m.id = r.message_id"
-                " WHERE r.state = 'running'"
+                f" WHERE r.{recovery.RUNNING_TOOL_RUN}"
             )
             for message_id, status in runs:
                 if status in ("pending", "streaming"):
