@@ -8,6 +8,7 @@ from __future__ import annotations
 import json
 import logging
 import math
+import sys
 from pathlib import Path
 from typing import Any
 
@@ -330,3 +331,34 @@ def test_a_closed_store_is_busy_not_a_failed_database(tmp_path: Path) -> None:
         with db.read():
             pass
     assert err.value.code == ErrorCode.BUSY
+
+
+# ---- the envelope of a deep message, whatever the caller's stack -------------------------
+
+
+def _deep_request(depth: int) -> bytes:
+    params = '{"channelMeta":' + '{"a":' * depth + "1" + "}" * depth + "}"
+    return f'{{"jsonrpc":"2.0","id":5,"method":"chat:session:create","params":{params}}}'.encode()
+
+
+def _parse_at_stack_depth(frames: int, line: bytes) -> Any:
+    from sidecar.rpc.parse import parse_line
+
+    if frames:
+        return _parse_at_stack_depth(frames - 1, line)
+    return parse_line(line)
+
+
+@pytest.mark.parametrize("frames", [0, 200, 600])
+def test_a_deep_message_is_read_the_same_however_deep_the_callers_stack(frames: int) -> None:
+    from sidecar.rpc.messages import Incoming
+    from sidecar.rpc.parse import ENVELOPE_DEPTH, TOO_DEEP, Unreadable
+
+    limit = sys.getrecursionlimit()
+    read = _parse_at_stack_depth(frames, _deep_request(975))
+    assert isinstance(read, Incoming) and read.envelope.method == "chat:session:create"
+    assert read.envelope.params is not None and bytes(read.envelope.params).count(b"{") == 976
+    refused = _parse_at_stack_depth(frames, _deep_request(ENVELOPE_DEPTH + 1))
+    assert isinstance(refused, Unreadable) and refused.message == TOO_DEEP
+    assert b'"id":5' in refused.head
+    assert sys.getrecursionlimit() == limit

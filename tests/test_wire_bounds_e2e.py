@@ -52,7 +52,13 @@ async def call_text(proc: SidecarProcess, method: str, params_text: str, request
     request_id = proc.new_id() if request_id is None else request_id
     line = f'{{"jsonrpc":"2.0","id":{json.dumps(request_id)},"method":"{method}","params":{params_text}}}'
     await proc.send_line(line)
-    return await proc.response(request_id, timeout=20)
+    reply: dict[str, Any] = await proc.next_matching(  # a reused id: each of its answers in turn
+        f"reply:{request_id!r}",
+        lambda m: isinstance(m, dict) and "method" not in m and m.get("id") == request_id
+        and type(m.get("id")) is type(request_id),
+        timeout=20,
+    )
+    return reply
 
 
 def error_of(reply: dict[str, Any]) -> tuple[int, str]:

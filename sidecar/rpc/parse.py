@@ -10,8 +10,11 @@ The one place where a peer's input text becomes classified JSON-RPC messages
   ``protocol.limits.MAX_BATCH_ITEMS`` items: one more is -32600 with ``id: null``, found
   without reading the rest of the line (a 10 MB line of five million tiny items must not
   become five million replies); ``[]`` is -32600; any other JSON value is -32600;
-- text nested deeper than msgspec can decode: -32700 with the id its first KiB shows
-  (``Unreadable``: the peer settles the caller's request, or fails ours for a response);
+- text nested deeper than ``ENVELOPE_DEPTH`` levels: -32700 with the id its first KiB
+  shows (``Unreadable``: the peer settles the caller's request, or fails ours for a
+  response). Up to that depth the envelope is read whatever the depth of the caller's
+  stack (``_envelope``), so deep ``params`` reach their handler, whose decoding names the
+  field (sidecar/rpc/dispatch.py);
 - text that is not JSON: -32700, ``id: null`` (nothing of it can be read);
 - a lone UTF-16 surrogate escape (``"\\ud800"``, see sidecar.rpc.surrogates): the JSON is
   well-formed, so it is never -32700; the message is read with the surrogate masked and
@@ -23,6 +26,7 @@ The one place where a peer's input text becomes classified JSON-RPC messages
 
 from __future__ import annotations
 
+import sys
 from dataclasses import dataclass
 from typing import Any
 
@@ -33,6 +37,7 @@ from protocol.errors import ErrorCode
 from protocol.limits import MAX_BATCH_ITEMS
 from sidecar.rpc import surrogates
 from sidecar.rpc.bounds import format_path
+from sidecar.jsondepth import json_text_too_deep
 from sidecar.rpc.framing import OVERSIZED_HEAD_BYTES
 from sidecar.rpc.messages import (
     Envelope,
@@ -46,9 +51,12 @@ from sidecar.rpc.messages import (
     scan_head,
 )
 
-__all__ = ["Unreadable", "Parsed", "BatchItem", "parse_line", "TOO_DEEP"]
+__all__ = ["Unreadable", "Parsed", "BatchItem", "parse_line", "TOO_DEEP", "ENVELOPE_DEPTH"]
 
 TOO_DEEP = "parse error: nesting too deep"
+ENVELOPE_DEPTH = 2048
+"""The deepest message whose envelope is read (its ``params``, ``result`` and ``error`` are
+``Raw``, but msgspec skips over them by recursion, against Python's recursion limit)."""
 NOT_UNICODE = "holds a lone UTF-16 surrogate escape (\\ud800-\\udfff not in a pair), which is not Unicode text"
 
 
@@ -90,19 +98,39 @@ def _message(text: bytes) -> Incoming | Reply | Unreadable:
     masked = False
     try:
         try:
-            envelope = envelope_decoder.decode(text)
+            envelope = _envelope(text)
         except msgspec.DecodeError:
             retry = surrogates.mask(text)
             if retry is None:
                 raise
             text, masked = retry, True
-            envelope = envelope_decoder.decode(text)
+            envelope = _envelope(text)
     except RecursionError:
         return Unreadable(text[:OVERSIZED_HEAD_BYTES], ErrorCode.PARSE_ERROR, TOO_DEEP)
     except msgspec.DecodeError as exc:
         return _parse_error(exc)
     incoming = classify(envelope)
     return _unmasked(incoming) if masked else incoming
+
+
+def _envelope(text: bytes | msgspec.Raw) -> Envelope:
+    """The envelope of one message, read the same however deep the caller's stack is: when
+    msgspec runs out of recursion on a message nested at most ENVELOPE_DEPTH levels, it is
+    decoded again with that much more room. msgspec holds the GIL while it decodes, so
+    another thread can run under the raised limit only between the calls around it, where
+    the limit only lets it recurse further before its own RecursionError. RecursionError
+    when the message is deeper still."""
+    try:
+        return envelope_decoder.decode(text)
+    except RecursionError:
+        if json_text_too_deep(bytes(text).decode("utf-8", "replace"), ENVELOPE_DEPTH):
+            raise
+    limit = sys.getrecursionlimit()
+    sys.setrecursionlimit(limit + ENVELOPE_DEPTH)
+    try:
+        return envelope_decoder.decode(text)
+    finally:
+        sys.setrecursionlimit(limit)
 
 
 def _batch(text: bytes) -> list[BatchItem] | Reply:
@@ -129,7 +157,7 @@ def _batch(text: bytes) -> list[BatchItem] | Reply:
     out: list[BatchItem] = []
     for raw in items:
         try:
-            envelope = envelope_decoder.decode(raw)
+            envelope = _envelope(raw)
         except RecursionError:
             out.append(error_reply(scan_head(bytes(raw)[:OVERSIZED_HEAD_BYTES]).id, ErrorCode.PARSE_ERROR, TOO_DEEP))
             continue
