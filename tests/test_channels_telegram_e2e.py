@@ -143,6 +143,9 @@ async def test_a_dropped_poll_and_a_restart_lose_nothing_and_repeat_nothing(tmp_
             three = fake.post("three", message_id=3)
             four = fake.post("four", message_id=4)  # the same chat: it waits behind three
             await wait_until(lambda: fake.confirmed > fake.updates[-1]["update_id"])
+            with anyio.fail_after(20):  # three's reply has reached the provider: it holds the slot
+                while not any("three" in str(body.get("messages")) for body in await server.requests()):
+                    await anyio.sleep(0.02)
             proc.send_signal(9)
             await proc.wait_exit()
         async with spawn_sidecar(tmp_path) as proc:
