@@ -6,6 +6,7 @@ queue, the 409 of a webhook, stream mode's edits, and the credentials sealed and
 
 from __future__ import annotations
 
+import base64
 import re
 from pathlib import Path
 from typing import Any
@@ -199,4 +200,27 @@ async def test_stream_mode_edits_the_message_in_place(tmp_path: Path) -> None:
         assert len(sends) == 1 and edits
         assert all(p["message_id"] == edits[0]["message_id"] for p in edits)
         assert fake.messages[("777", edits[0]["message_id"])] == words
+        await proc.close()
+
+
+async def test_a_photo_is_downloaded_into_the_users_turn(tmp_path: Path) -> None:
+    async with scripted_provider() as server, fake_telegram() as fake, spawn_sidecar(tmp_path) as proc:
+        await configure_provider(proc, server.base_url, models=[{"id": "scripted-1", "supportsImages": True}])
+        await telegram_channel(proc, fake)
+        await proc.call("channel:connect", {"id": "tg"})
+        await connected(proc)
+        await server.script({"text": "a fine picture"})
+        fake.post("", caption="what is this?", photo=[{"file_id": "small", "width": 90}, {"file_id": "big", "width": 800}])
+        session_id = await session_of(proc)
+        await replied(proc, session_id)
+        (user,) = [m for m in await proc.call("chat:messages:get", {"sessionId": session_id}) if m["role"] == "user"]
+        images = [p for p in user["parts"] if p["type"] == "image"]
+        assert len(images) == 1 and images[0]["mimeType"] == "image/png"
+        assert images[0]["url"].endswith("-big.png")  # the largest size of the photo is the one taken
+        stored = [p for p in (tmp_path / "attachments").rglob("*") if p.is_file()]
+        assert [p.read_bytes() for p in stored] == [b"\x89PNG fake image bytes"]
+        assert user["parts"][0] == {"type": "text", "text": "what is this?"}
+        sent_image = base64.b64encode(b"\x89PNG fake image bytes").decode()
+        assert any(sent_image in str(body.get("messages")) for body in await server.requests())  # the model saw it
+        assert fake.texts() == ["a fine picture"]
         await proc.close()
