@@ -224,3 +224,20 @@ async def test_a_photo_is_downloaded_into_the_users_turn(tmp_path: Path) -> None
         assert any(sent_image in str(body.get("messages")) for body in await server.requests())  # the model saw it
         assert fake.texts() == ["a fine picture"]
         await proc.close()
+
+
+async def test_an_image_in_the_reply_is_sent_as_a_photo_after_its_text(tmp_path: Path) -> None:
+    async with scripted_provider() as server, fake_telegram() as fake, spawn_sidecar(tmp_path) as proc:
+        await configure_provider(proc, server.base_url)
+        await telegram_channel(proc, fake)
+        await proc.call("channel:connect", {"id": "tg"})
+        await connected(proc)
+        await server.script({"text": "Here is the chart:\n\n![sales by month](https://img.example/chart.png)"})
+        fake.post("show me the chart")
+        await replied(proc, await session_of(proc))
+        methods = [m for m, _ in fake.sent]
+        assert methods == ["sendMessage", "sendPhoto"]
+        photo = fake.sent[1][1]
+        assert photo["photo"] == "https://img.example/chart.png" and photo["caption"] == "sales by month"
+        assert fake.texts() == ["Here is the chart:\n\nsales by month"]  # the image stands as its alt text
+        await proc.close()
