@@ -425,10 +425,20 @@ class FakeSlack:
         self._envelopes = itertools.count(1)
         self._ts = itertools.count(1)
         self.connected = anyio.Event()
+        self._file_ids = itertools.count(1)
+        self.upload_slots: dict[str, dict[str, Any]] = {}
+        """file_id -> the getUploadURLExternal arguments (filename, length) it was given for."""
+        self.uploads: dict[str, tuple[bytes, str]] = {}
+        """file_id -> (the bytes POSTed to its upload URL, their content type)."""
+        self.files: dict[str, tuple[bytes, str]] = {}
+        """name -> (bytes, type) served at ``file_url(name)`` to the bot token only (url_private)."""
 
     @property
     def api_url(self) -> str:
         return f"http://127.0.0.1:{self.port}/api"
+
+    def file_url(self, name: str) -> str:
+        return f"http://127.0.0.1:{self.port}/files-pri/T1-F1/{name}"
 
     def event(self, text: str, *, channel: str = "C1", user: str = "U1", kind: str = "message",
               channel_type: str = "channel", **extra: Any) -> dict[str, Any]:
@@ -463,7 +473,8 @@ class FakeSlack:
         async def method(request: Request) -> Response:
             name = request.path_params["method"]
             auth = request.headers.get("authorization", "")
-            body = json.loads(await request.body() or b"{}")
+            form = request.headers.get("content-type", "").startswith("application/x-www-form-urlencoded")
+            body: dict[str, Any] = dict(await request.form()) if form else json.loads(await request.body() or b"{}")
             if name == "apps.connections.open":
                 if auth != f"Bearer {SLACK_APP_TOKEN}":
                     return JSONResponse({"ok": False, "error": "invalid_auth"})
@@ -477,7 +488,26 @@ class FakeSlack:
                 self.limited += 1
                 return JSONResponse({"ok": False, "error": "ratelimited"}, 429, headers={"Retry-After": f"{retry:g}"})
             self.sent.append((name, body))
+            if name == "files.getUploadURLExternal":
+                return self._upload_slot(body, form)
+            if name == "files.completeUploadExternal":
+                return self._complete_upload(body, form)
             return JSONResponse({"ok": True, "channel": body.get("channel"), "ts": body.get("ts") or f"1800000000.{next(self._ts):06d}"})
+
+        async def upload(request: Request) -> Response:
+            file_id = request.path_params["file_id"]
+            if file_id not in self.upload_slots:
+                return Response(b"unknown upload", status_code=404)
+            self.uploads[file_id] = (await request.body(), request.headers.get("content-type", ""))
+            return Response(f"OK - {len(self.uploads[file_id][0])}".encode())
+
+        async def private_file(request: Request) -> Response:
+            if request.headers.get("authorization") != f"Bearer {SLACK_BOT_TOKEN}":
+                return Response(b"<html>sign in</html>", status_code=403, media_type="text/html")
+            found = self.files.get(request.path_params["name"])
+            if found is None:
+                return Response(status_code=404)
+            return Response(found[0], media_type=found[1])
 
         async def link(websocket: WebSocket) -> None:
             await websocket.accept()
@@ -506,8 +536,26 @@ class FakeSlack:
 
         return Starlette(routes=[
             Route("/api/{method}", method, methods=["POST"]),
+            Route("/upload/{file_id}", upload, methods=["POST"]),
+            Route("/files-pri/T1-F1/{name}", private_file),
             WebSocketRoute("/link/", link),
         ])
+
+    def _upload_slot(self, body: dict[str, Any], form: bool) -> Response:
+        # as the live service was seen to answer a JSON body here (its documents list both)
+        if not form or not body.get("filename") or not str(body.get("length", "")).isdigit():
+            return JSONResponse({"ok": False, "error": "invalid_arguments"})
+        file_id = f"F{next(self._file_ids):04d}"
+        self.upload_slots[file_id] = {"filename": body["filename"], "length": int(body["length"])}
+        return JSONResponse({"ok": True, "upload_url": f"http://127.0.0.1:{self.port}/upload/{file_id}", "file_id": file_id})
+
+    def _complete_upload(self, body: dict[str, Any], form: bool) -> Response:
+        files = json.loads(body.get("files", "[]")) if form else body.get("files", [])
+        if not files or any(f.get("id") not in self.uploads for f in files):
+            return JSONResponse({"ok": False, "error": "file_not_found"})
+        if any(len(self.uploads[f["id"]][0]) != self.upload_slots[f["id"]]["length"] for f in files):
+            return JSONResponse({"ok": False, "error": "invalid_arguments"})
+        return JSONResponse({"ok": True, "files": [{"id": f["id"], "title": f.get("title")} for f in files]})
 
 
 @asynccontextmanager

@@ -194,3 +194,24 @@ async def test_slack_socket_mode_acks_redeliveries_and_disconnects(tmp_path: Pat
         await proc.close()
     stored = b"".join(p.read_bytes() for p in tmp_path.glob("chat.db*"))
     assert SLACK_BOT_TOKEN.encode() not in stored and SLACK_APP_TOKEN.encode() not in stored
+
+
+async def test_slack_files_shared_in_a_message_reach_the_users_turn(tmp_path: Path) -> None:
+    async with scripted_provider() as server, fake_slack() as fake, spawn_sidecar(tmp_path) as proc:
+        await configure_provider(proc, server.base_url, models=[{"id": "scripted-1", "supportsImages": True}])
+        await slack_channel(proc, fake)
+        fake.files["chart.png"] = (b"\x89PNG slack chart", "image/png")
+        await server.script({"text": "a chart of sales"})
+        await fake.post(fake.event("<@UBOT> what is this?", kind="app_mention", files=[
+            {"id": "F1", "name": "chart.png", "mimetype": "image/png", "url_private_download": fake.file_url("chart.png")},
+            {"id": "F2", "name": "gone.txt", "mimetype": "text/plain", "url_private_download": fake.file_url("gone.txt")},
+        ]))
+        await answered(proc, "sl", 1)
+        (entry,) = (await proc.call("channel:messages", {"channel": "sl"}))["entries"]
+        (user,) = [m for m in await proc.call("chat:messages:get", {"sessionId": entry["sessionId"]}) if m["role"] == "user"]
+        images = [p for p in user["parts"] if p["type"] == "image"]
+        assert len(images) == 1 and images[0]["mimeType"] == "image/png"  # the missing file is left out
+        stored = [p.read_bytes() for p in (tmp_path / "attachments").rglob("*") if p.is_file()]
+        assert stored == [b"\x89PNG slack chart"]  # fetched with the bot token (the fake serves no one else)
+        assert [p["text"] for p in fake.posts()] == ["a chart of sales"]
+        await proc.close()

@@ -1,8 +1,10 @@
 """Slack: the Web API for sending, Socket Mode (WebSocket) for events.
 
-``SlackApi.call`` is one Web API method (``POST {apiBaseUrl}/<method>``, JSON, a bearer
-token): ``{"ok": true, ...}`` or ``{"ok": false, "error"}``; a 429 is waited out
-(``Retry-After``, base.retry_after_wait).
+``SlackApi.call`` is one Web API method (``POST {apiBaseUrl}/<method>``, a bearer token):
+``{"ok": true, ...}`` or ``{"ok": false, "error"}``; a 429 is waited out (``Retry-After``,
+base.retry_after_wait). The body is JSON, except for the two file-upload methods, which get
+their arguments form-encoded as Slack's own SDKs send them (``form=True``; a JSON body on
+``files.getUploadURLExternal`` has been seen refused with ``invalid_arguments``).
 
 ``SlackSocket`` (a Link), Socket Mode as Slack documents it: ``apps.connections.open`` with
 the app-level token gives a WebSocket URL; ``auth.test`` with the bot token gives the bot's
@@ -31,6 +33,7 @@ from __future__ import annotations
 import logging
 from collections.abc import Callable
 from typing import Any
+from urllib.parse import urlencode
 
 import anyio
 import httpx2
@@ -83,13 +86,24 @@ class SlackApi:
         self._http = http
         self._base = base_url
 
-    async def call(self, method: str, token: str, body: dict[str, Any] | None = None) -> dict[str, Any]:
+    async def call(
+        self, method: str, token: str, body: dict[str, Any] | None = None, *, form: bool = False
+    ) -> dict[str, Any]:
+        """``form``: the arguments form-encoded (a value that is not a string as its JSON
+        text, as Slack's SDKs send ``length`` and ``files``), else the body is JSON."""
+        if form:
+            content = urlencode({
+                k: v if isinstance(v, str) else _enc.encode(v).decode() for k, v in (body or {}).items()
+            }).encode()
+            kind = "application/x-www-form-urlencoded"
+        else:
+            content, kind = _enc.encode(body or {}), "application/json; charset=utf-8"
         attempt = 0
         while True:
             try:
                 response = await self._http.post(
-                    f"{self._base}/{method}", content=_enc.encode(body or {}), timeout=CALL_TIMEOUT_S,
-                    headers={"Authorization": f"Bearer {token}", "Content-Type": "application/json; charset=utf-8"},
+                    f"{self._base}/{method}", content=content, timeout=CALL_TIMEOUT_S,
+                    headers={"Authorization": f"Bearer {token}", "Content-Type": kind},
                 )
             except httpx2.HTTPError as exc:
                 raise ConnectionError(f"Slack {method}: {type(exc).__name__}") from None
@@ -295,7 +309,7 @@ class SlackSender:
         if local is None:
             raise DeliveryError(f"the file {name or 'of the reply'} is not in the attachments directory", retryable=False)
         slot = await self._api.call("files.getUploadURLExternal", self._token,
-                                    {"filename": local.name, "length": len(local.data)})
+                                    {"filename": local.name, "length": len(local.data)}, form=True)
         upload_url, file_id = as_str(slot.get("upload_url")), as_str(slot.get("file_id"))
         if not upload_url.lower().startswith(("http://", "https://")) or not file_id:
             raise DeliveryError("Slack files.getUploadURLExternal answered no upload URL", retryable=True)
@@ -309,4 +323,4 @@ class SlackSender:
         body = {"files": [{"id": file_id, "title": local.name}], "channel_id": where["channel"]}
         if "thread_ts" in where:
             body["thread_ts"] = where["thread_ts"]
-        await self._api.call("files.completeUploadExternal", self._token, body)
+        await self._api.call("files.completeUploadExternal", self._token, body, form=True)

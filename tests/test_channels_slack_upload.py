@@ -1,0 +1,64 @@
+"""A reply's local file sent to Slack, in process against the fake Slack on loopback: the
+upload flow as Slack documents it (``files.getUploadURLExternal`` with its arguments
+form-encoded, the bytes POSTed to the URL it gives, ``files.completeUploadExternal`` into
+the conversation and thread), and a file outside the attachments never leaves."""
+
+from __future__ import annotations
+
+import json
+from pathlib import Path
+
+import httpx2
+import pytest
+
+from platform_fakes import SLACK_BOT_TOKEN, fake_slack
+from protocol.channels import ChannelReplyParams, ReplyFileChunk, ReplyTextChunk
+from sidecar.channels.delivery import DeliveryError
+from sidecar.channels.connections.slack import SlackApi, SlackSender
+from sidecar.store.attachments import AttachmentStore
+
+pytestmark = pytest.mark.anyio
+
+
+def reply(*chunks: ReplyFileChunk | ReplyTextChunk, thread: str | None = None) -> ChannelReplyParams:
+    return ChannelReplyParams(
+        delivery_id="d1", channel="sl", chat_id="C1", session_id="s1", seq=1, final=True, chunks=list(chunks),
+        thread_id=thread,
+    )
+
+
+async def test_a_local_file_is_uploaded_into_the_thread(tmp_path: Path) -> None:
+    attachments = AttachmentStore(tmp_path)
+    attachments.root.mkdir(parents=True)
+    report = attachments.root / "q3-report.pdf"
+    report.write_bytes(b"%PDF-1.7 quarterly numbers")
+    async with fake_slack() as fake, httpx2.AsyncClient() as http:
+        sender = SlackSender(SlackApi(http, fake.api_url), http, SLACK_BOT_TOKEN, attachments)
+        first = await sender.deliver(
+            reply(ReplyTextChunk(text="Here is the report.", format="plain"), ReplyFileChunk(uri=report.as_uri(), name="Q3 report.pdf"),
+                  thread="1700000000.000001"),
+            None,
+        )
+        assert first is not None  # the text's ts
+        methods = [m for m, _ in fake.sent]
+        assert methods == ["chat.postMessage", "files.getUploadURLExternal", "files.completeUploadExternal"]
+        slot = fake.sent[1][1]
+        assert slot == {"filename": "Q3 report.pdf", "length": str(len(b"%PDF-1.7 quarterly numbers"))}
+        ((file_id, (data, kind)),) = fake.uploads.items()
+        assert data == b"%PDF-1.7 quarterly numbers" and kind == "application/pdf"
+        complete = fake.sent[2][1]
+        assert json.loads(complete["files"]) == [{"id": file_id, "title": "Q3 report.pdf"}]
+        assert complete["channel_id"] == "C1" and complete["thread_ts"] == "1700000000.000001"
+
+
+async def test_a_file_outside_the_attachments_is_not_sent(tmp_path: Path) -> None:
+    attachments = AttachmentStore(tmp_path / "data")
+    attachments.root.mkdir(parents=True)
+    secret = tmp_path / "id_rsa"
+    secret.write_text("PRIVATE KEY")
+    async with fake_slack() as fake, httpx2.AsyncClient() as http:
+        sender = SlackSender(SlackApi(http, fake.api_url), http, SLACK_BOT_TOKEN, attachments)
+        with pytest.raises(DeliveryError, match="not in the attachments directory") as err:
+            await sender.deliver(reply(ReplyFileChunk(uri=secret.as_uri(), name="id_rsa")), None)
+        assert err.value.retryable is False
+        assert fake.sent == [] and fake.uploads == {}
