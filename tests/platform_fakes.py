@@ -103,6 +103,8 @@ class FakeTelegram:
         self._update_ids = itertools.count(100)
         self._new = anyio.Event()
         self.messages: dict[tuple[str, int], str] = {}
+        self.uploaded: dict[str, tuple[str, bytes, str]] = {}
+        """form field -> (file name, bytes, content type) of the last multipart upload in it."""
         self.port = 0
 
     @property
@@ -136,6 +138,10 @@ class FakeTelegram:
             if "multipart" in request.headers.get("content-type", ""):
                 form = await request.form()
                 payload: dict[str, Any] = {k: (v if isinstance(v, str) else f"<upload {v.filename}>") for k, v in form.items()}
+                for field, value in form.items():
+                    if not isinstance(value, str):
+                        self.uploaded[field] = (value.filename or "", await value.read(), value.content_type or "")
+                await form.close()
             else:
                 payload = json.loads(await request.body() or b"{}")
             return await self._handle(name, payload)

@@ -1,7 +1,9 @@
-"""A reply's local file sent to Slack, in process against the fake Slack on loopback: the
-upload flow as Slack documents it (``files.getUploadURLExternal`` with its arguments
-form-encoded, the bytes POSTed to the URL it gives, ``files.completeUploadExternal`` into
-the conversation and thread), and a file outside the attachments never leaves."""
+"""A reply's local file sent to a platform, in process against the fake platforms on
+loopback: Slack's upload flow as Slack documents it (``files.getUploadURLExternal`` with
+its arguments form-encoded, the bytes POSTed to the URL it gives,
+``files.completeUploadExternal`` into the conversation and thread), Telegram's multipart
+``sendDocument`` (the other fields as JSON text), and a file outside the attachments never
+leaves."""
 
 from __future__ import annotations
 
@@ -11,19 +13,22 @@ from pathlib import Path
 import httpx2
 import pytest
 
-from platform_fakes import SLACK_BOT_TOKEN, fake_slack
+from platform_fakes import SLACK_BOT_TOKEN, TELEGRAM_TOKEN, fake_slack, fake_telegram
 from protocol.channels import ChannelReplyParams, ReplyFileChunk, ReplyTextChunk
 from sidecar.channels.delivery import DeliveryError
 from sidecar.channels.connections.slack import SlackApi, SlackSender
+from sidecar.channels.connections.telegram import TelegramApi, TelegramSender
 from sidecar.store.attachments import AttachmentStore
 
 pytestmark = pytest.mark.anyio
 
 
-def reply(*chunks: ReplyFileChunk | ReplyTextChunk, thread: str | None = None) -> ChannelReplyParams:
+def reply(
+    *chunks: ReplyFileChunk | ReplyTextChunk, thread: str | None = None, chat: str = "C1", reply_to: str | None = None,
+) -> ChannelReplyParams:
     return ChannelReplyParams(
-        delivery_id="d1", channel="sl", chat_id="C1", session_id="s1", seq=1, final=True, chunks=list(chunks),
-        thread_id=thread,
+        delivery_id="d1", channel="sl", chat_id=chat, session_id="s1", seq=1, final=True, chunks=list(chunks),
+        thread_id=thread, reply_to=reply_to,
     )
 
 
@@ -62,3 +67,21 @@ async def test_a_file_outside_the_attachments_is_not_sent(tmp_path: Path) -> Non
             await sender.deliver(reply(ReplyFileChunk(uri=secret.as_uri(), name="id_rsa")), None)
         assert err.value.retryable is False
         assert fake.sent == [] and fake.uploads == {}
+
+
+async def test_a_local_file_is_sent_to_telegram_as_a_document_in_reply(tmp_path: Path) -> None:
+    attachments = AttachmentStore(tmp_path)
+    attachments.root.mkdir(parents=True)
+    notes = attachments.root / "notes.txt"
+    notes.write_bytes("会议纪要 minutes".encode())
+    async with fake_telegram() as fake, httpx2.AsyncClient() as http:
+        sender = TelegramSender(TelegramApi(http, fake.base_url, TELEGRAM_TOKEN), attachments)
+        sent = await sender.deliver(reply(ReplyFileChunk(uri=notes.as_uri()), chat="777", reply_to="1001"), None)
+        assert sent is not None
+        ((method, payload),) = fake.sent
+        assert method == "sendDocument" and payload["chat_id"] == "777" and payload["document"] == "<upload notes.txt>"
+        assert json.loads(payload["reply_parameters"]) == {"message_id": 1001, "allow_sending_without_reply": True}
+        assert fake.uploaded["document"] == ("notes.txt", "会议纪要 minutes".encode(), "text/plain")
+        with pytest.raises(DeliveryError, match="not in the attachments directory"):
+            await sender.deliver(reply(ReplyFileChunk(uri=(tmp_path / "chat.db").as_uri()), chat="777"), None)
+        assert len(fake.sent) == 1
