@@ -249,6 +249,8 @@ class FakeDiscord:
 
     def __init__(self) -> None:
         self.port = 0
+        self.uploaded: dict[str, tuple[str, bytes, str]] = {}
+        """multipart field (``files[n]``) -> (file name, bytes, content type) of the last upload in it."""
         self.events: list[dict[str, Any]] = []
         """Dispatches of the current session, with their ``s``."""
         self.session_id: str | None = None
@@ -329,6 +331,15 @@ class FakeDiscord:
             if "multipart" in request.headers.get("content-type", ""):
                 form = await request.form()
                 body = json.loads(str(form["payload_json"]))
+                ids = {str(a.get("id")) for a in body.get("attachments", [])}
+                for field, value in form.items():
+                    if isinstance(value, str):
+                        continue
+                    if not (field.startswith("files[") and field[6:-1] in ids):  # files[n] needs attachments id n
+                        await form.close()
+                        return JSONResponse({"message": "Invalid Form Body", "code": 50035}, 400, headers=headers)
+                    self.uploaded[field] = (value.filename or "", await value.read(), value.content_type or "")
+                await form.close()
             else:
                 body = json.loads(await request.body())
             if len(body.get("content", "")) > 2000:

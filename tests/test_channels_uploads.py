@@ -2,7 +2,8 @@
 loopback: Slack's upload flow as Slack documents it (``files.getUploadURLExternal`` with
 its arguments form-encoded, the bytes POSTed to the URL it gives,
 ``files.completeUploadExternal`` into the conversation and thread), Telegram's multipart
-``sendDocument`` (the other fields as JSON text), and a file outside the attachments never
+``sendDocument`` (the other fields as JSON text), Discord's ``payload_json`` with
+``files[0]`` named in its ``attachments``, and a file outside the attachments never
 leaves."""
 
 from __future__ import annotations
@@ -13,9 +14,10 @@ from pathlib import Path
 import httpx2
 import pytest
 
-from platform_fakes import SLACK_BOT_TOKEN, TELEGRAM_TOKEN, fake_slack, fake_telegram
-from protocol.channels import ChannelReplyParams, ReplyFileChunk, ReplyTextChunk
+from platform_fakes import DISCORD_TOKEN, SLACK_BOT_TOKEN, TELEGRAM_TOKEN, fake_discord, fake_slack, fake_telegram
+from protocol.channels import ChannelReplyParams, ReplyFileChunk, ReplyImageChunk, ReplyTextChunk
 from sidecar.channels.delivery import DeliveryError
+from sidecar.channels.connections.discord import DiscordRest, DiscordSender
 from sidecar.channels.connections.slack import SlackApi, SlackSender
 from sidecar.channels.connections.telegram import TelegramApi, TelegramSender
 from sidecar.store.attachments import AttachmentStore
@@ -24,7 +26,7 @@ pytestmark = pytest.mark.anyio
 
 
 def reply(
-    *chunks: ReplyFileChunk | ReplyTextChunk, thread: str | None = None, chat: str = "C1", reply_to: str | None = None,
+    *chunks: ReplyFileChunk | ReplyImageChunk | ReplyTextChunk, thread: str | None = None, chat: str = "C1", reply_to: str | None = None,
 ) -> ChannelReplyParams:
     return ChannelReplyParams(
         delivery_id="d1", channel="sl", chat_id=chat, session_id="s1", seq=1, final=True, chunks=list(chunks),
@@ -85,3 +87,22 @@ async def test_a_local_file_is_sent_to_telegram_as_a_document_in_reply(tmp_path:
         with pytest.raises(DeliveryError, match="not in the attachments directory"):
             await sender.deliver(reply(ReplyFileChunk(uri=(tmp_path / "chat.db").as_uri()), chat="777"), None)
         assert len(fake.sent) == 1
+
+
+async def test_a_local_image_is_attached_to_a_discord_message(tmp_path: Path) -> None:
+    attachments = AttachmentStore(tmp_path)
+    attachments.root.mkdir(parents=True)
+    chart = attachments.root / "chart.png"
+    chart.write_bytes(b"\x89PNG discord chart")
+    async with fake_discord() as fake, httpx2.AsyncClient() as http:
+        sender = DiscordSender(DiscordRest(http, fake.api_url, DISCORD_TOKEN), attachments, allow_mentions=False)
+        sent = await sender.deliver(
+            reply(ReplyImageChunk(url=chart.as_uri(), mime_type="image/png"), chat="555", reply_to="9001"), None,
+        )
+        assert sent is not None
+        ((method, path, body),) = fake.sent
+        assert (method, path) == ("POST", "/api/v10/channels/555/messages")
+        assert body["attachments"] == [{"id": 0, "filename": "chart.png"}]
+        assert body["message_reference"] == {"message_id": "9001", "fail_if_not_exists": False}
+        assert body["allowed_mentions"] == {"parse": [], "replied_user": False}
+        assert fake.uploaded["files[0]"] == ("chart.png", b"\x89PNG discord chart", "image/png")
