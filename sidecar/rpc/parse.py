@@ -35,9 +35,9 @@ import msgspec.structs
 
 from protocol.errors import ErrorCode
 from protocol.limits import MAX_BATCH_ITEMS
+from sidecar.jsondepth import json_text_too_deep
 from sidecar.rpc import surrogates
 from sidecar.rpc.bounds import format_path
-from sidecar.jsondepth import json_text_too_deep
 from sidecar.rpc.framing import OVERSIZED_HEAD_BYTES
 from sidecar.rpc.messages import (
     Envelope,

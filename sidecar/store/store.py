@@ -29,8 +29,8 @@ Every repository but ``secrets`` is built at its first use (``_Repository``): op
 store imports only what opening needs (the database, the migrations, the secrets, the
 check of what a dead process left behind, sidecar/store/recovery.py), so the handshake's
 answer waits for no repository module; the recovery builds the repositories it needs only
-when there is something to recover. A new repository takes the Database in its constructor and is
-attached here; nothing outside the store package sees the Database. Each repository method
+when there is something to recover. A new repository takes the Database in its
+constructor and is attached here; nothing outside the store package sees the Database. Each repository method
 is one transaction (``Database.write`` or ``Database.read``); ``Store.transaction()`` joins
 several calls, of any repositories, into one. SQL another repository's transaction needs
 (a session's counters, a message row, the search index, a setting) is a function on a
