@@ -361,4 +361,6 @@ def test_a_deep_message_is_read_the_same_however_deep_the_callers_stack(frames: 
     refused = _parse_at_stack_depth(frames, _deep_request(ENVELOPE_DEPTH + 1))
     assert isinstance(refused, Unreadable) and refused.message == TOO_DEEP
     assert b'"id":5' in refused.head
+    batch = _parse_at_stack_depth(frames, b"[" + _deep_request(975) + b"," + _deep_request(1) + b"]")
+    assert isinstance(batch, list) and all(isinstance(item, Incoming) for item in batch) and len(batch) == 2
     assert sys.getrecursionlimit() == limit

@@ -12,9 +12,10 @@ The one place where a peer's input text becomes classified JSON-RPC messages
   become five million replies); ``[]`` is -32600; any other JSON value is -32600;
 - text nested deeper than ``ENVELOPE_DEPTH`` levels: -32700 with the id its first KiB
   shows (``Unreadable``: the peer settles the caller's request, or fails ours for a
-  response). Up to that depth the envelope is read whatever the depth of the caller's
-  stack (``_envelope``), so deep ``params`` reach their handler, whose decoding names the
-  field (sidecar/rpc/dispatch.py);
+  response; a batch that deep is one -32700 with ``id: null``). Up to that depth a message,
+  alone or in a batch, is read whatever the depth of the caller's stack (``_with_room``),
+  so deep ``params`` reach their handler, whose decoding names the field
+  (sidecar/rpc/dispatch.py);
 - text that is not JSON: -32700, ``id: null`` (nothing of it can be read);
 - a lone UTF-16 surrogate escape (``"\\ud800"``, see sidecar.rpc.surrogates): the JSON is
   well-formed, so it is never -32700; the message is read with the surrogate masked and
@@ -27,8 +28,9 @@ The one place where a peer's input text becomes classified JSON-RPC messages
 from __future__ import annotations
 
 import sys
+from collections.abc import Callable
 from dataclasses import dataclass
-from typing import Any
+from typing import Any, TypeVar
 
 import msgspec
 import msgspec.structs
@@ -55,8 +57,10 @@ __all__ = ["Unreadable", "Parsed", "BatchItem", "parse_line", "TOO_DEEP", "ENVEL
 
 TOO_DEEP = "parse error: nesting too deep"
 ENVELOPE_DEPTH = 2048
-"""The deepest message whose envelope is read (its ``params``, ``result`` and ``error`` are
-``Raw``, but msgspec skips over them by recursion, against Python's recursion limit)."""
+"""The deepest line whose messages are read, a batch's array counted (their ``params``,
+``result`` and ``error`` are ``Raw``, but msgspec skips over them by recursion, against
+Python's recursion limit)."""
+T = TypeVar("T")
 NOT_UNICODE = "holds a lone UTF-16 surrogate escape (\\ud800-\\udfff not in a pair), which is not Unicode text"
 
 
@@ -114,21 +118,26 @@ def _message(text: bytes) -> Incoming | Reply | Unreadable:
 
 
 def _envelope(text: bytes | msgspec.Raw) -> Envelope:
-    """The envelope of one message, read the same however deep the caller's stack is: when
-    msgspec runs out of recursion on a message nested at most ENVELOPE_DEPTH levels, it is
-    decoded again with that much more room. msgspec holds the GIL while it decodes, so
-    another thread can run under the raised limit only between the calls around it, where
-    the limit only lets it recurse further before its own RecursionError. RecursionError
-    when the message is deeper still."""
+    """The envelope of one message (``_with_room``)."""
+    return _with_room(envelope_decoder.decode, text)
+
+
+def _with_room(decode: Callable[[bytes | msgspec.Raw], T], text: bytes | msgspec.Raw) -> T:
+    """``decode(text)`` the same however deep the caller's stack is: when msgspec runs out
+    of recursion on text nested at most ENVELOPE_DEPTH levels (a message, or a batch and
+    its items), it is decoded again with that much more room. msgspec holds the GIL while
+    it decodes, so another thread can run under the raised limit only between the calls
+    around it, where the limit only lets it recurse further before its own RecursionError.
+    RecursionError when the text is deeper still."""
     try:
-        return envelope_decoder.decode(text)
+        return decode(text)
     except RecursionError:
         if json_text_too_deep(bytes(text).decode("utf-8", "replace"), ENVELOPE_DEPTH):
             raise
     limit = sys.getrecursionlimit()
     sys.setrecursionlimit(limit + ENVELOPE_DEPTH)
     try:
-        return envelope_decoder.decode(text)
+        return decode(text)
     finally:
         sys.setrecursionlimit(limit)
 
@@ -184,7 +193,7 @@ def _batch_items(text: bytes) -> list[msgspec.Raw]:
         fields = [(f"i{n}", msgspec.Raw, msgspec.Raw()) for n in range(MAX_BATCH_ITEMS)]
         kind = msgspec.defstruct("BatchItems", fields, array_like=True, forbid_unknown_fields=True)
         _batch_decoder = msgspec.json.Decoder(kind)
-    decoded = _batch_decoder.decode(text)
+    decoded = _with_room(_batch_decoder.decode, text)
     return [raw for raw in msgspec.structs.astuple(decoded) if len(raw)]
 
 
