@@ -34,11 +34,17 @@ def reply(
     )
 
 
-async def test_a_local_file_is_uploaded_into_the_thread(tmp_path: Path) -> None:
-    attachments = AttachmentStore(tmp_path)
+def stored(data_dir: Path, name: str, data: bytes) -> tuple[AttachmentStore, Path]:
+    """The attachments of ``data_dir``, holding the file ``name``."""
+    attachments = AttachmentStore(data_dir)
     attachments.root.mkdir(parents=True)
-    report = attachments.root / "q3-report.pdf"
-    report.write_bytes(b"%PDF-1.7 quarterly numbers")
+    path = attachments.root / name
+    path.write_bytes(data)
+    return attachments, path
+
+
+async def test_a_local_file_is_uploaded_into_the_thread(tmp_path: Path) -> None:
+    attachments, report = stored(tmp_path, "q3-report.pdf", b"%PDF-1.7 quarterly numbers")
     async with fake_slack() as fake, httpx2.AsyncClient() as http:
         sender = SlackSender(SlackApi(http, fake.api_url), http, SLACK_BOT_TOKEN, attachments)
         first = await sender.deliver(
@@ -72,10 +78,7 @@ async def test_a_file_outside_the_attachments_is_not_sent(tmp_path: Path) -> Non
 
 
 async def test_a_local_file_is_sent_to_telegram_as_a_document_in_reply(tmp_path: Path) -> None:
-    attachments = AttachmentStore(tmp_path)
-    attachments.root.mkdir(parents=True)
-    notes = attachments.root / "notes.txt"
-    notes.write_bytes("会议纪要 minutes".encode())
+    attachments, notes = stored(tmp_path, "notes.txt", "会议纪要 minutes".encode())
     async with fake_telegram() as fake, httpx2.AsyncClient() as http:
         sender = TelegramSender(TelegramApi(http, fake.base_url, TELEGRAM_TOKEN), attachments)
         sent = await sender.deliver(reply(ReplyFileChunk(uri=notes.as_uri()), chat="777", reply_to="1001"), None)
@@ -90,10 +93,7 @@ async def test_a_local_file_is_sent_to_telegram_as_a_document_in_reply(tmp_path:
 
 
 async def test_a_local_image_is_attached_to_a_discord_message(tmp_path: Path) -> None:
-    attachments = AttachmentStore(tmp_path)
-    attachments.root.mkdir(parents=True)
-    chart = attachments.root / "chart.png"
-    chart.write_bytes(b"\x89PNG discord chart")
+    attachments, chart = stored(tmp_path, "chart.png", b"\x89PNG discord chart")
     async with fake_discord() as fake, httpx2.AsyncClient() as http:
         sender = DiscordSender(DiscordRest(http, fake.api_url, DISCORD_TOKEN), attachments, allow_mentions=False)
         sent = await sender.deliver(

@@ -104,10 +104,9 @@ class AcpRepo:
         return _joined(None, bodies)
 
     def join_left_chunks(self) -> int:
-        """Replies a dead process left with chunks (crash recovery): joined. Returns how many."""
+        """Replies a dead process left with chunks (crash recovery): joined. Returns how many.
+        Called at open only when ``recovery.left_behind`` found chunks (the table exists)."""
         with self._db.write() as conn:
-            if not conn.execute("SELECT 1 FROM sqlite_master WHERE name = 'acp_raw_chunks'").fetchall():
-                return 0  # a schema without raw chunks (only tests open one)
             ids = [r[0] for r in conn.execute("SELECT DISTINCT message_id FROM acp_raw_chunks")]
             for message_id in ids:
                 _join_chunks(conn, message_id)

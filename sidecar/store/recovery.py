@@ -31,6 +31,7 @@ RUNNING_TOOL_RUN = "state = 'running'"
 """A tool_runs row whose loop is running (a dead process's: its open calls are cancelled)."""
 
 _TABLE_EXISTS = "SELECT 1 FROM sqlite_master WHERE type = 'table' AND name = ?"
+"""Tests open databases of older schemas (a shortened migration list), without every table."""
 
 
 def left_behind(db: Database) -> frozenset[str]:
