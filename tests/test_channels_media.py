@@ -1,19 +1,22 @@
-"""The files a channel connection moves, against a loopback HTTP server: a platform file
+"""The files a channel connection moves, against a loopback HTTP server (platform_fakes.serve): a platform file
 downloaded into a ChannelAttachment (at most MAX_DOWNLOAD_BYTES, a failure is None, never
 an error), and a reply's local file read only from inside the attachments directory."""
 
 from __future__ import annotations
 
 import base64
-import threading
-from collections.abc import Iterator
-from contextlib import contextmanager
-from http.server import BaseHTTPRequestHandler, ThreadingHTTPServer
+from collections.abc import AsyncIterator
+from contextlib import asynccontextmanager
 from pathlib import Path
 
 import httpx2
 import pytest
+from starlette.applications import Starlette
+from starlette.requests import Request
+from starlette.responses import Response, StreamingResponse
+from starlette.routing import Route
 
+from platform_fakes import serve
 from sidecar.channels.connections import media
 from sidecar.channels.connections.media import download, local_file
 from sidecar.store.attachments import AttachmentStore
@@ -23,42 +26,27 @@ pytestmark = pytest.mark.anyio
 PNG = b"\x89PNG\r\n\x1a\n some image"
 
 
-class _Files(BaseHTTPRequestHandler):
-    def log_message(self, format: str, *args: object) -> None:
-        pass
-
-    def do_GET(self) -> None:
-        if self.path == "/missing":
-            self.send_response(404)
-            self.end_headers()
-            return
-        if self.path == "/big":
-            self.send_response(200)
-            self.send_header("Content-Type", "application/octet-stream")
-            self.end_headers()
+async def _file(request: Request) -> Response:
+    name = request.path_params["name"]
+    if name == "missing":
+        return Response(status_code=404)
+    if name == "big":
+        async def chunks() -> AsyncIterator[bytes]:
             for _ in range(5):
-                self.wfile.write(b"x" * 1024)
-            return
-        self.send_response(200)
-        self.send_header("Content-Type", "image/png; charset=binary" if self.path == "/typed" else "application/octet-stream")
-        self.end_headers()
-        self.wfile.write(PNG)
+                yield b"x" * 1024
+        return StreamingResponse(chunks(), media_type="application/octet-stream")
+    kind = "image/png; charset=binary" if name == "typed" else "application/octet-stream"
+    return Response(PNG, headers={"content-type": kind})
 
 
-@contextmanager
-def file_server() -> Iterator[str]:
-    server = ThreadingHTTPServer(("127.0.0.1", 0), _Files)
-    thread = threading.Thread(target=server.serve_forever, daemon=True)
-    thread.start()
-    try:
-        yield f"http://127.0.0.1:{server.server_address[1]}"
-    finally:
-        server.shutdown()
-        server.server_close()
+@asynccontextmanager
+async def file_server() -> AsyncIterator[str]:
+    async with serve(Starlette(routes=[Route("/{name}", _file)])) as port:
+        yield f"http://127.0.0.1:{port}"
 
 
 async def test_a_download_is_the_files_bytes_with_the_type_it_was_served_with() -> None:
-    with file_server() as root:
+    async with file_server() as root:
         async with httpx2.AsyncClient() as http:
             found = await download(http, f"{root}/typed", kind="image", name="p.png", mime_type=None)
             assert found is not None and found.mime_type == "image/png" and found.name == "p.png"
@@ -69,7 +57,7 @@ async def test_a_download_is_the_files_bytes_with_the_type_it_was_served_with() 
 
 
 async def test_an_image_served_untyped_is_given_an_image_type() -> None:
-    with file_server() as root:
+    async with file_server() as root:
         async with httpx2.AsyncClient() as http:
             named = await download(http, f"{root}/untyped", kind="image", name="photo.gif", mime_type=None)
             assert named is not None and named.mime_type == "image/gif"
@@ -81,7 +69,7 @@ async def test_an_image_served_untyped_is_given_an_image_type() -> None:
 
 async def test_a_failed_or_oversized_download_is_none(monkeypatch: pytest.MonkeyPatch, caplog: pytest.LogCaptureFixture) -> None:
     monkeypatch.setattr(media, "MAX_DOWNLOAD_BYTES", 4096)
-    with file_server() as root:
+    async with file_server() as root:
         async with httpx2.AsyncClient() as http:
             assert await download(http, f"{root}/missing", kind="file", name=None, mime_type=None, what="doc") is None
             assert await download(http, f"{root}/big", kind="file", name=None, mime_type=None, what="big") is None
