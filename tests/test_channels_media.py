@@ -1,6 +1,7 @@
-"""The files a channel connection moves, against a loopback HTTP server (platform_fakes.serve): a platform file
-downloaded into a ChannelAttachment (at most MAX_DOWNLOAD_BYTES, a failure is None, never
-an error), and a reply's local file read only from inside the attachments directory."""
+"""The files a channel connection moves, against a loopback HTTP server
+(platform_fakes.serve): a platform file downloaded into a ChannelAttachment (at most
+MAX_DOWNLOAD_BYTES, a failure is None, never an error), and a reply's local file read only
+from inside the attachments directory."""
 
 from __future__ import annotations
 
