@@ -3,7 +3,7 @@
 
     python3 dev.py bench bench_retrieval [--chunks 100000] [--dims 384] [--queries 300] [--other-bases 9]
                                          [--skip-quality] [--quality-docs N] [--sets debian,help]
-                                         [--sets-cache DIR] [--help-queries N] [--keep]
+                                         [--sets-cache DIR] [--help-queries N] [--then REV] [--keep]
 
 Figures (with their targets), each beside a baseline measured in the same run:
 1. query latency, embedding call excluded: hybrid top 6 (lexical leg + vector leg + fusion
@@ -26,7 +26,11 @@ Figures (with their targets), each beside a baseline measured in the same run:
    set (``calib``: where fusion constants are tuned; ``held-out``: where they are shown to
    carry over), with the chunk-size distribution, each set chunked twice in the same run:
    as now (small sections merged) and with every heading closing a chunk (the rule
-   before merging), and hybrid MRR@10 of the two side by side (target +0.10). Sets
+   before merging), and hybrid MRR@10 of the two side by side (target +0.10); then the
+   same documents and queries ranked by the product at an earlier revision (``--then``,
+   by default THEN, the last one before merged sections, per-base full-text tables,
+   evidence-weighted fusion, query segmentation and boilerplate removal; ``--then ''``
+   skips it), its own code doing all of it, with its hybrid MRR@10 beside today's. Sets
    (``--sets``):
    - ``debian``: the ``python3-doc`` library pages (English HTML) and the ``manpages-zh``
      sections 1 and 8 (Chinese, rendered with ``man -l``); queries: each page's title
@@ -74,7 +78,10 @@ from sidecar.retrieval.retriever import HybridRetriever  # noqa: E402
 from sidecar.store import Store  # noqa: E402
 from sidecar.store.async_store import AsyncStore  # noqa: E402
 from sidecar.store.knowledge import NewChunk  # noqa: E402
-from retrieval_quality import debian_set, help_set, measure_set  # noqa: E402
+from retrieval_quality import debian_set, help_set, measure_set, unpack_revision  # noqa: E402
+
+THEN = "df9165f"
+"""The revision section 5 compares with by default: main before the retrieval rework."""
 
 MODEL = "bench/synthetic"
 ZH_CHARS = "的一是在不了有和人这中大为上个国我以要他时来用们生到作地于出就分对成会可主发年动同工也能下过子说产种面而方后多定行学法所民得经十三之进着等部度家电力里如水化高自二理起小物现实加量都两体制机当使点从业本去把性好应开它合还因由其些然前外天政四日那社义事平形相全表间样与关各重新线内数正心反你明看原又么利比或但质气第向道命此变条只没结解问意建月公无系军很情者最立代想已通并提直题党程展五果料象员革位入常文总次品式活设及管特件长求老头基资边流路级少图山统接知较将组见计别她手角期根论运农指几九区强放决西被干做必战先回则任取据处理府研质"
@@ -384,11 +391,18 @@ def memory(db_dir: Path, kb_id: str, chunks: int, dims: int) -> None:
 # ---- 5. quality ----------------------------------------------------------------------------
 
 
-def quality(data_dir: Path, limit: int, sets: set[str], cache: Path, help_queries: int) -> None:
+def quality(data_dir: Path, limit: int, sets: set[str], cache: Path, help_queries: int, then_rev: str) -> None:
     if not local_embeddings_available():
         say("  skipped: the local embedder is not installed (pip install 'chat-sidecar[local-embeddings]')")
         return
     from sidecar.retrieval.embeddings import LocalEmbedder
+
+    then = None
+    if then_rev:
+        try:
+            then = (then_rev, unpack_revision(then_rev, data_dir / "then-tree"))
+        except (OSError, subprocess.SubprocessError) as exc:
+            say(f"  the product at {then_rev} is not compared: git archive failed ({exc})")
 
     embedder = LocalEmbedder()
     english: list[tuple[str, str]] = []
@@ -404,7 +418,7 @@ def quality(data_dir: Path, limit: int, sets: set[str], cache: Path, help_querie
             continue
         docs, queries, what = got
         say(f"  {what}; prepared in {time.perf_counter() - t:.1f} s")
-        measure_set(say, data_dir, label, docs, queries, embedder)
+        measure_set(say, data_dir, label, docs, queries, embedder, then)
         if label == "debian":
             text_of = {d.name: d.text for d in docs}
             english = [(text_of[next(iter(q.relevant))], q.text) for q in queries if q.lang == "en"]
@@ -473,6 +487,7 @@ def main() -> int:
                         help="where the help set's packages are downloaded and unpacked (kept between runs)")
     parser.add_argument("--help-queries", type=int, default=600,
                         help="index terms sampled per language of the help set")
+    parser.add_argument("--then", default=THEN, help="the revision whose product 5. also ranks ('': none)")
     parser.add_argument("--keep", action="store_true", help="keep the data dir")
     parser.add_argument("--sections", default="1,2,3,4,5", help="which parts to run, e.g. 1,4")
     parser.add_argument("--rss-child", nargs=3, help=argparse.SUPPRESS)
@@ -513,7 +528,7 @@ def main() -> int:
                 say("  skipped (--skip-quality)")
             else:
                 quality(data_dir, args.quality_docs, {x.strip() for x in args.sets.split(",")}, args.sets_cache,
-                        args.help_queries)
+                        args.help_queries, args.then)
     finally:
         if args.keep:
             say(f"\ndata kept in {data_dir}")

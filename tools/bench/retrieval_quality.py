@@ -13,10 +13,20 @@ only), the reference a reader of small-section documentation would compare again
 A query's rank is the place of the first chunk of a relevant document in the list: a leg's
 first 10 chunks, the hybrid's first 10 (which holds at most 3 chunks of one document while
 others pass, as every search does).
+
+With a ``then`` tree (``unpack_revision``: an earlier revision's ``sidecar`` and
+``protocol``), the same documents and queries are also ranked by that revision's product
+(retrieval_then.py, in a child process on that tree), and its hybrid MRR@10 is printed
+beside today's: the gain of everything since then, in the same run. A document read from a
+file (``Doc.path``: the HTML pages of the help set) is extracted by each revision itself.
 """
 
 from __future__ import annotations
 
+import json
+import os
+import subprocess
+import sys
 import time
 from collections.abc import Callable
 from pathlib import Path
@@ -45,6 +55,8 @@ class Doc(NamedTuple):
     name: str
     kind: str
     text: str
+    path: str | None = None
+    """The file the text was extracted from (an earlier revision extracts it itself)."""
 
 
 class Query(NamedTuple):
@@ -57,7 +69,9 @@ class Query(NamedTuple):
 
 def debian_set(limit: int) -> tuple[list[Doc], list[Query], str] | str:
     """The Debian known-item set (one base), or why it is not here."""
-    missing = [pkg for pkg, ok in (("python3-doc", PYDOC.is_dir()), ("manpages-zh", (MANZH / "man1").is_dir())) if not ok]
+    # other packages install a few zh_CN pages too: the package's own doc dir says it is here
+    have_zh = (MANZH / "man1").is_dir() and Path("/usr/share/doc/manpages-zh").is_dir()
+    missing = [pkg for pkg, ok in (("python3-doc", PYDOC.is_dir()), ("manpages-zh", have_zh)) if not ok]
     if missing:
         return f"the evaluation data is not installed (apt-get install {' '.join(missing)})"
     docs: list[Doc] = []
@@ -82,7 +96,7 @@ def help_set(cache: Path, max_queries: int, limit: int) -> tuple[list[Doc], list
         base = f"help-{lang}"
         pages = got.pages[:limit] if limit else got.pages
         kept = {name for name, _ in pages}
-        docs.extend(Doc(base, name, "html", text) for name, text in pages)
+        docs.extend(Doc(base, name, "html", text, str(got.root / name)) for name, text in pages)
         for text, relevant in got.queries:
             if relevant & kept:
                 queries.append(Query(lang, base, text, relevant & kept, in_calibration("help:" + text)))
@@ -150,12 +164,49 @@ def _rank(store: Store, embedder: Any, kb_of: dict[str, str], doc_id: dict[tuple
             }
             for leg, found in lists.items():
                 rank = next((i for i, d in enumerate(found, start=1) if d in relevant), 0)
-                half = "calib" if q.calib else "held-out"
-                for group in (q.lang, "all", half, *(() if q.calib else (f"held-{q.lang}",))):
+                for group in _groups(q):
                     ranks.setdefault((leg, group), []).append(rank)
         return ranks
 
     return anyio.run(run)
+
+
+def _groups(q: Query) -> tuple[str, ...]:
+    half = "calib" if q.calib else "held-out"
+    return (q.lang, "all", half, *(() if q.calib else (f"held-{q.lang}",)))
+
+
+def unpack_revision(rev: str, target: Path) -> Path:
+    """``sidecar`` and ``protocol`` of git revision ``rev`` of this checkout, unpacked in ``target``."""
+    root = Path(__file__).resolve().parents[2]
+    target.mkdir(parents=True, exist_ok=True)
+    archive = subprocess.run(["git", "-C", str(root), "archive", rev, "sidecar", "protocol"], capture_output=True,
+                             check=True, timeout=120).stdout
+    subprocess.run(["tar", "-x", "-C", str(target)], input=archive, check=True, timeout=120)
+    return target
+
+
+def _rank_then(tree: Path, data_dir: Path, docs: list[Doc], queries: list[Query]) -> Ranks:
+    """The hybrid ranks of the product in ``tree`` (retrieval_then.py), grouped as today's."""
+    job = data_dir / "job.json"
+    data_dir.mkdir(parents=True, exist_ok=True)
+    job.write_text(json.dumps({
+        "tree": str(tree), "data_dir": str(data_dir / "db"),
+        "docs": [{"base": d.base, "name": d.name, "kind": d.kind, **({"path": d.path} if d.path else {"text": d.text})}
+                 for d in docs],
+        "queries": [{"base": q.base, "text": q.text, "relevant": sorted(q.relevant)} for q in queries],
+    }), encoding="utf-8")
+    script = Path(__file__).with_name("retrieval_then.py")
+    env = dict(os.environ, PYTHONPATH=str(tree))
+    got = subprocess.run([sys.executable, str(script), str(job)], capture_output=True, text=True, env=env,
+                         timeout=3600)
+    if got.returncode != 0:
+        raise RuntimeError(f"retrieval_then.py on {tree} failed: {got.stderr.strip()[-2000:]}")
+    ranks: Ranks = {}
+    for q, rank in zip(queries, json.loads(got.stdout.strip().splitlines()[-1]), strict=True):
+        for group in _groups(q):
+            ranks.setdefault(("hybrid", group), []).append(rank)
+    return ranks
 
 
 def _table(say: Callable[[str], None], ranks: Ranks) -> None:
@@ -177,8 +228,9 @@ def _table(say: Callable[[str], None], ranks: Ranks) -> None:
 
 
 def measure_set(say: Callable[[str], None], data_dir: Path, label: str, docs: list[Doc], queries: list[Query],
-                embedder: Any) -> dict[str, Ranks]:
-    """Both chunkings of one set, each in its own data dir; the ranks by chunking."""
+                embedder: Any, then: tuple[str, Path] | None = None) -> dict[str, Ranks]:
+    """Both chunkings of one set, each in its own data dir, and the product of ``then``
+    (revision, unpacked tree) if given; the ranks by chunking (and ``then``)."""
     out: dict[str, Ranks] = {}
     modes = [("headings", "before merging (every heading closes a chunk)", False, docs),
              ("merged", "merged sections (now)", True, docs)]
@@ -205,4 +257,16 @@ def measure_set(say: Callable[[str], None], data_dir: Path, label: str, docs: li
             as_text = f", {mrr_at(out['text'][('hybrid', g)], 10):.3f} as kind text" if "text" in out else ""
             say(f"  hybrid MRR@10 {g:>8}: {before:.3f} before merging, {now:.3f} merged ({now - before:+.3f})"
                 f"{as_text}   (target +0.10)")
+    if then is not None:
+        rev, tree = then
+        t = time.perf_counter()
+        out["then"] = _rank_then(tree, data_dir / f"then-{label}", docs, queries)
+        say(f"  the product at {rev} (its own extraction, chunking, index and fusion), ranked in"
+            f" {time.perf_counter() - t:.1f} s:")
+        for g in GROUPS:
+            if ("hybrid", g) in out["then"]:
+                old, now = mrr_at(out["then"][("hybrid", g)], 10), mrr_at(out["merged"][("hybrid", g)], 10)
+                old_r, now_r = recall_at(out["then"][("hybrid", g)], 6), recall_at(out["merged"][("hybrid", g)], 6)
+                say(f"    hybrid {g:>8}: MRR@10 {old:.3f} at {rev}, {now:.3f} now ({now - old:+.3f});"
+                    f" recall@6 {old_r:.3f}, {now_r:.3f} ({now_r - old_r:+.3f})")
     return out

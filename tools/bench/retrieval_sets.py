@@ -166,6 +166,8 @@ class HelpSet(NamedTuple):
     lang: str
     package: str
     version: str
+    root: Path
+    """The directory the pages' names are relative to."""
     pages: list[tuple[str, str]]
     """(name: the path under text/, extracted text) of every page."""
     queries: list[tuple[str, frozenset[str]]]
@@ -205,4 +207,4 @@ def libreoffice_help(lang: str, cache: Path, max_queries: int) -> HelpSet:
         by_term.setdefault(key, (query, set()))[1].add(name)
     ordered = sorted(by_term.values(), key=lambda q: hashlib.blake2b(q[0].encode(), digest_size=8).digest())
     queries = [(query, frozenset(relevant)) for query, relevant in ordered[:max_queries]]
-    return HelpSet(lang, package, version, pages, queries, entries)
+    return HelpSet(lang, package, version, base, pages, queries, entries)
