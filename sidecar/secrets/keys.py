@@ -27,14 +27,14 @@ readable by others (created 0600 with O_EXCL, refused when it is a symlink).
 
 from __future__ import annotations
 
-import base64
 import binascii
-import hashlib
 import logging
 import os
 import stat
+from dataclasses import dataclass
+from functools import cached_property
 from pathlib import Path
-from typing import Literal, NamedTuple
+from typing import Literal
 
 from sidecar.secrets.keychain import KeychainUnavailable, open_keychain
 
@@ -46,21 +46,28 @@ KEYCHAIN_SERVICE = "chat-sidecar"
 KeySource = Literal["host", "keychain", "file"]
 
 
-class Key(NamedTuple):
-    kid: str
+@dataclass(frozen=True, repr=False)
+class Key:
     material: bytes
     source: KeySource
+
+    @cached_property
+    def kid(self) -> str:
+        """Hashed at first use: a start that seals and compares no value hashes nothing."""
+        return key_id(self.material)
 
     def __repr__(self) -> str:  # never the material
         return f"Key(kid={self.kid!r}, source={self.source!r})"
 
 
 def key_id(material: bytes) -> str:
+    import hashlib  # here: it loads OpenSSL (~3 ms), which a start that needs no key id does without
+
     return hashlib.sha256(b"chat-sidecar key id\0" + material).hexdigest()[:16]
 
 
 def make_key(material: bytes, source: KeySource) -> Key:
-    return Key(key_id(material), material, source)
+    return Key(material, source)
 
 
 def parse_key(text: str) -> bytes:
@@ -68,7 +75,7 @@ def parse_key(text: str) -> bytes:
     cleaned = "".join(text.split())
     cleaned += "=" * (-len(cleaned) % 4)
     try:
-        material = base64.b64decode(cleaned.replace("-", "+").replace("_", "/"), validate=True)
+        material = binascii.a2b_base64(cleaned.replace("-", "+").replace("_", "/"), strict_mode=True)
     except (binascii.Error, ValueError):
         raise ValueError("the key is not base64") from None
     if len(material) != KEY_BYTES:
@@ -87,12 +94,14 @@ def read_key_fd(fd: int) -> bytes:
 
 
 def _encode(material: bytes) -> str:
-    return base64.b64encode(material).decode("ascii")
+    return binascii.b2a_base64(material, newline=False).decode("ascii")
 
 
 def keychain_key(data_dir: Path, *, create: bool) -> Key | None:
     """The data dir's key in the OS keychain (created there when ``create``), or None when
     there is no entry or no working keychain (logged: the failure's type, never a secret)."""
+    import hashlib  # here: it loads OpenSSL, which a start without a keychain does without
+
     account = "data-dir:" + hashlib.sha256(str(data_dir.resolve()).encode()).hexdigest()[:24]
     try:
         chain = open_keychain()
