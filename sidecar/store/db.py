@@ -48,7 +48,7 @@ import apsw
 from protocol.errors import ErrorCode
 from sidecar import datadir
 from sidecar.errors import InvalidParams, SidecarError, StoreError
-from sidecar.store import fts
+from sidecar.store import bm25
 
 __all__ = [
     "Database", "DB_FILENAME", "BUSY_TIMEOUT_MS", "ReadLaneWrite", "Row", "TransactionLost", "fetch_all", "fetch_iter",
@@ -71,7 +71,7 @@ def _configure(conn: apsw.Connection) -> None:
     conn.execute("PRAGMA secure_delete = ON")
     # SQLite passes the integers the query gives (the cast states that bm25's own
     # signature is narrower than the generic callback's)
-    conn.register_fts5_function(fts.BM25_FUNCTION, cast("apsw.FTS5Function", fts.bm25))
+    conn.register_fts5_function(bm25.BM25_FUNCTION, cast("apsw.FTS5Function", bm25.bm25))
 
 
 Row = tuple[Any, ...]

@@ -43,7 +43,7 @@ from sidecar.secrets.box import SecretBox, SecretsStatus, is_sealed
 from sidecar.secrets.keys import remove_key_file
 from sidecar.secrets.urls import map_secret_parts
 from sidecar.store.db import Database, fetch_all
-from sidecar.store.rows import lenient_json
+from sidecar.store.stored_json import lenient_json
 
 API_KEY = "providers.api_key"
 HEADERS = "providers.headers"
