@@ -33,7 +33,6 @@ import os
 import stat
 from dataclasses import dataclass
 from functools import cached_property
-from pathlib import Path
 from typing import Literal
 
 from sidecar.secrets.keychain import KeychainUnavailable, open_keychain
@@ -97,12 +96,15 @@ def _encode(material: bytes) -> str:
     return binascii.b2a_base64(material, newline=False).decode("ascii")
 
 
-def keychain_key(data_dir: Path, *, create: bool) -> Key | None:
+def keychain_key(data_dir: str | os.PathLike[str], *, create: bool) -> Key | None:
     """The data dir's key in the OS keychain (created there when ``create``), or None when
     there is no entry or no working keychain (logged: the failure's type, never a secret)."""
-    import hashlib  # here: it loads OpenSSL, which a start without a keychain does without
+    # here, not at the top: a start without a keychain needs neither (hashlib loads OpenSSL);
+    # the account is the hash of the resolved Path's text, the name of the stored entries
+    import hashlib
+    from pathlib import Path
 
-    account = "data-dir:" + hashlib.sha256(str(data_dir.resolve()).encode()).hexdigest()[:24]
+    account = "data-dir:" + hashlib.sha256(str(Path(data_dir).resolve()).encode()).hexdigest()[:24]
     try:
         chain = open_keychain()
     except KeychainUnavailable as exc:
@@ -129,9 +131,9 @@ def keychain_key(data_dir: Path, *, create: bool) -> Key | None:
         chain.close()
 
 
-def file_key(data_dir: Path, *, create: bool) -> Key | None:
+def file_key(data_dir: str | os.PathLike[str], *, create: bool) -> Key | None:
     """The key in ``<data_dir>/secret.key`` (created 0600 when ``create``), or None."""
-    path = data_dir / KEY_FILE
+    path = os.path.join(data_dir, KEY_FILE)
     try:
         fd = os.open(path, os.O_RDONLY | getattr(os, "O_NOFOLLOW", 0))
     except FileNotFoundError:
@@ -149,7 +151,7 @@ def file_key(data_dir: Path, *, create: bool) -> Key | None:
         return make_key(parse_key(stream.read(4096).decode("ascii", errors="replace")), "file")
 
 
-def _create_key_file(path: Path) -> Key:
+def _create_key_file(path: str) -> Key:
     material = os.urandom(KEY_BYTES)
     flags = os.O_WRONLY | os.O_CREAT | os.O_EXCL | getattr(os, "O_NOFOLLOW", 0)
     fd = os.open(path, flags, 0o600)
@@ -160,9 +162,9 @@ def _create_key_file(path: Path) -> Key:
     return make_key(material, "file")
 
 
-def remove_key_file(data_dir: Path) -> bool:
+def remove_key_file(data_dir: str | os.PathLike[str]) -> bool:
     try:
-        (data_dir / KEY_FILE).unlink()
+        os.unlink(os.path.join(data_dir, KEY_FILE))
     except FileNotFoundError:
         return False
     return True

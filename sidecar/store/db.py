@@ -36,11 +36,11 @@ whose code says whose problem it is (``_store_error``, the one mapping):
 from __future__ import annotations
 
 import logging
+import os
 import queue
 import threading
 from collections.abc import Iterator, Mapping, Sequence
 from contextlib import contextmanager
-from pathlib import Path
 from typing import Any, cast
 
 import apsw
@@ -124,8 +124,8 @@ def fetch_iter(conn: apsw.Connection, sql: str, args: Bindings = ()) -> Iterator
 class Database:
     """One database file; a writer connection plus up to ``readers`` reader connections."""
 
-    def __init__(self, path: str | Path, *, readers: int = 2) -> None:
-        self.path = str(path)
+    def __init__(self, path: datadir.StrPath, *, readers: int = 2) -> None:
+        self.path = os.fspath(path)
         try:
             # made 0600 before SQLite sees it: its -wal/-shm/-journal files copy this mode
             datadir.create_db_file(self.path)
