@@ -37,8 +37,8 @@ from __future__ import annotations
 
 import logging
 import os
-import queue
 import threading
+from collections import deque
 from collections.abc import Iterator, Mapping, Sequence
 from contextlib import contextmanager
 from typing import Any, cast
@@ -137,9 +137,10 @@ class Database:
         if mode != "wal":
             log.warning("database %s is in journal mode %s, not WAL", self.path, mode)
         self._write_lock = threading.RLock()
-        self._readers: queue.SimpleQueue[apsw.Connection] = queue.SimpleQueue()
+        # idle reader connections; a deque's appends and pops are thread-safe
+        self._readers: deque[apsw.Connection] = deque()
         self._reader_slots = threading.BoundedSemaphore(readers)
-        self._lane_readers: queue.SimpleQueue[apsw.Connection] = queue.SimpleQueue()
+        self._lane_readers: deque[apsw.Connection] = deque()
         self._all_readers: list[apsw.Connection] = []
         self._pool_lock = threading.Lock()
         self._closed = False
@@ -264,13 +265,13 @@ class Database:
         if _in_read_lane():
             # the lane's own pool: bounded by the threads the gateway lets into the lane
             try:
-                return self._lane_readers.get_nowait()
-            except queue.Empty:
+                return self._lane_readers.popleft()
+            except IndexError:
                 return self._open_reader()
         self._reader_slots.acquire()
         try:
-            return self._readers.get_nowait()
-        except queue.Empty:
+            return self._readers.popleft()
+        except IndexError:
             pass
         try:
             return self._open_reader()
@@ -291,9 +292,9 @@ class Database:
 
     def _release_reader(self, conn: apsw.Connection) -> None:
         if _in_read_lane():
-            self._lane_readers.put(conn)
+            self._lane_readers.append(conn)
             return
-        self._readers.put(conn)
+        self._readers.append(conn)
         self._reader_slots.release()
 
 
