@@ -31,11 +31,7 @@ import binascii
 import logging
 import os
 import stat
-from dataclasses import dataclass
-from functools import cached_property
 from typing import Literal
-
-from sidecar.secrets.keychain import KeychainUnavailable, open_keychain
 
 log = logging.getLogger(__name__)
 
@@ -45,15 +41,28 @@ KEYCHAIN_SERVICE = "chat-sidecar"
 KeySource = Literal["host", "keychain", "file"]
 
 
-@dataclass(frozen=True, repr=False)
 class Key:
-    material: bytes
-    source: KeySource
+    """A key's material and where it comes from; equal keys have both equal."""
 
-    @cached_property
+    __slots__ = ("material", "source", "_kid")
+
+    def __init__(self, material: bytes, source: KeySource) -> None:
+        self.material = material
+        self.source: KeySource = source
+        self._kid: str | None = None
+
+    @property
     def kid(self) -> str:
         """Hashed at first use: a start that seals and compares no value hashes nothing."""
-        return key_id(self.material)
+        if self._kid is None:
+            self._kid = key_id(self.material)
+        return self._kid
+
+    def __eq__(self, other: object) -> bool:
+        return isinstance(other, Key) and (self.material, self.source) == (other.material, other.source)
+
+    def __hash__(self) -> int:
+        return hash((self.material, self.source))
 
     def __repr__(self) -> str:  # never the material
         return f"Key(kid={self.kid!r}, source={self.source!r})"
@@ -99,10 +108,12 @@ def _encode(material: bytes) -> str:
 def keychain_key(data_dir: str | os.PathLike[str], *, create: bool) -> Key | None:
     """The data dir's key in the OS keychain (created there when ``create``), or None when
     there is no entry or no working keychain (logged: the failure's type, never a secret)."""
-    # here, not at the top: a start without a keychain needs neither (hashlib loads OpenSSL);
-    # the account is the hash of the resolved Path's text, the name of the stored entries
+    # here, not at the top: a start without a keychain needs none of these (hashlib loads
+    # OpenSSL); the account is the hash of the resolved Path's text, the name of stored entries
     import hashlib
     from pathlib import Path
+
+    from sidecar.secrets.keychain import KeychainUnavailable, open_keychain
 
     account = "data-dir:" + hashlib.sha256(str(Path(data_dir).resolve()).encode()).hexdigest()[:24]
     try:
