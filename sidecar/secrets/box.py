@@ -52,7 +52,9 @@ def is_sealed(value: str) -> bool:
 
 
 class SecretBox:
-    def __init__(self, data_dir: str | os.PathLike[str], *, host_key: bytes | None = None, use_keychain: bool = True) -> None:
+    def __init__(
+        self, data_dir: str | os.PathLike[str], *, host_key: bytes | None = None, use_keychain: bool = True
+    ) -> None:
         self._data_dir = data_dir
         self._lock = threading.RLock()
         self._keys: dict[bytes, Key] = {}
