@@ -30,7 +30,6 @@ import logging
 import os
 import signal
 import sys
-from dataclasses import dataclass, field
 from typing import TYPE_CHECKING
 
 import msgspec
@@ -87,19 +86,20 @@ class EarlySignals:
             self.received = signum
 
 
-@dataclass
 class ColdStart:
-    """What the early answers did, for the server to carry on from."""
+    """What the early answers did, for the server to carry on from. (Not a dataclass:
+    ``dataclasses`` and the classes it makes would cost the first answers ~1.5 ms.)"""
 
-    signals: EarlySignals = field(default_factory=EarlySignals)
-    reader: LineReader | None = None
-    """The reader of the input, holding what was read and not answered (None: nothing read)."""
-    answered: list[str] = field(default_factory=list)
-    """The methods answered, in order."""
-    store: Store | None = None
-    """The store, opened and recovered (``open_store``); the App owns it from ``open_app`` on."""
-    modules_at_first_read: list[str] | None = None
-    """``loaded_heavy_modules()`` when the first store method was answered."""
+    def __init__(self, signals: EarlySignals | None = None, reader: LineReader | None = None) -> None:
+        self.signals = signals if signals is not None else EarlySignals()
+        self.reader = reader
+        """The reader of the input, holding what was read and not answered (None: nothing read)."""
+        self.answered: list[str] = []
+        """The methods answered, in order."""
+        self.store: Store | None = None
+        """The store, opened and recovered (``open_store``); the App owns it from ``open_app`` on."""
+        self.modules_at_first_read: list[str] | None = None
+        """``loaded_heavy_modules()`` when the first store method was answered."""
 
     @property
     def store_read(self) -> bool:

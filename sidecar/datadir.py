@@ -4,7 +4,7 @@ modes of our own files; any layer writing under the data dir goes through it.
 
 Owns:
 - ``make_dirs(path)``: ``path`` and each missing parent, created 0700 (``os.makedirs``
-  would give the parents the umask's mode);
+  would give the parents the umask's mode; its walk otherwise);
 - ``open_private(path, ...)`` / ``write_private(path, data)``: a file created 0600 by the
   ``open`` that creates it (no window in which it is readable by others), never through a
   symlink at its name; a file that already exists wider is narrowed before anything is
@@ -33,7 +33,6 @@ import logging
 import os
 import stat
 from collections.abc import Iterable
-from pathlib import Path
 
 __all__ = ["DIR_MODE", "FILE_MODE", "make_dirs", "open_private", "write_private", "create_db_file", "tighten"]
 
@@ -44,25 +43,29 @@ FILE_MODE = 0o600
 _POSIX = os.name != "nt"
 _NOFOLLOW = getattr(os, "O_NOFOLLOW", 0) | getattr(os, "O_BINARY", 0)
 
+StrPath = str | os.PathLike[str]
+"""A path as these functions take it (os.path, not pathlib: they run before the first answer)."""
 
-def make_dirs(path: Path | str) -> None:
+
+def make_dirs(path: StrPath) -> None:
     """``path`` as a directory; the ones created here (it and missing parents) are 0700."""
-    path = Path(path)
-    missing: list[Path] = []
-    while not path.is_dir():
-        missing.append(path)
-        if path.parent == path:
-            break
-        path = path.parent
-    for directory in reversed(missing):
-        try:
-            os.mkdir(directory, DIR_MODE)
-        except FileExistsError:
-            if not directory.is_dir():
-                raise
+    if os.path.isdir(path):
+        return
+    head, tail = os.path.split(path)
+    if not tail:  # a trailing separator
+        head, tail = os.path.split(head)
+    if head and tail and not os.path.exists(head):
+        make_dirs(head)
+        if tail == os.curdir:  # "x/." is x, made just now
+            return
+    try:
+        os.mkdir(path, DIR_MODE)
+    except FileExistsError:
+        if not os.path.isdir(path):
+            raise
 
 
-def open_private(path: Path | str, *, exclusive: bool = False, append: bool = False) -> int:
+def open_private(path: StrPath, *, exclusive: bool = False, append: bool = False) -> int:
     """A write descriptor on ``path``, created 0600 (``exclusive``: it must not exist yet);
     truncated unless ``append``. OSError (ELOOP) when its last component is a symlink."""
     flags = os.O_WRONLY | os.O_CREAT | _NOFOLLOW
@@ -78,13 +81,13 @@ def open_private(path: Path | str, *, exclusive: bool = False, append: bool = Fa
     return fd
 
 
-def write_private(path: Path | str, data: bytes, *, exclusive: bool = False) -> None:
+def write_private(path: StrPath, data: bytes, *, exclusive: bool = False) -> None:
     """``data`` as the whole content of ``path`` (a file 0600, see ``open_private``)."""
     with os.fdopen(open_private(path, exclusive=exclusive), "wb") as handle:
         handle.write(data)
 
 
-def create_db_file(path: Path | str) -> None:
+def create_db_file(path: StrPath) -> None:
     """An empty 0600 file at ``path`` unless one exists (SQLite takes an empty file for an
     empty database, and gives its companion files the same mode)."""
     try:
@@ -93,22 +96,22 @@ def create_db_file(path: Path | str) -> None:
         pass
 
 
-def tighten(data_dir: Path, *, files: Iterable[str], folders: Iterable[str], filled: Iterable[str]) -> list[str]:
+def tighten(data_dir: StrPath, *, files: Iterable[str], folders: Iterable[str], filled: Iterable[str]) -> list[str]:
     """Narrow what is readable by others: the data dir, ``files`` and ``folders`` in it, and
     the files of the ``filled`` folders (one level). Returns what was narrowed (relative
     names, "." for the dir itself), logged once as a warning. POSIX only."""
     if not _POSIX:
         return []
-    root = data_dir.resolve()
+    root = os.path.realpath(data_dir)
     narrowed: list[str] = []
     if _narrow(root, DIR_MODE):
         narrowed.append(".")
     for name in files:
-        if _narrow(root / name, FILE_MODE):
+        if _narrow(os.path.join(root, name), FILE_MODE):
             narrowed.append(name)
     filled = set(filled)
     for name in (*folders, *filled):
-        folder = root / name
+        folder = os.path.join(root, name)
         if _narrow(folder, DIR_MODE):
             narrowed.append(name)
             # what an older version wrote in a folder it made readable is readable too
@@ -123,7 +126,7 @@ def tighten(data_dir: Path, *, files: Iterable[str], folders: Iterable[str], fil
     return narrowed
 
 
-def _narrow(path: Path, mode: int) -> bool:
+def _narrow(path: str, mode: int) -> bool:
     """chmod ``path`` to ``mode`` when it grants anything to group or others (never
     through a symlink, never a kind of entry ``mode`` is not for)."""
     try:
@@ -143,10 +146,10 @@ def _narrow(path: Path, mode: int) -> bool:
     return True
 
 
-def _narrow_files(folder: Path) -> list[str]:
+def _narrow_files(folder: str) -> list[str]:
     narrowed: list[str] = []
     with os.scandir(folder) as entries:
         for entry in entries:
-            if entry.is_file(follow_symlinks=False) and _narrow(Path(entry.path), FILE_MODE):
+            if entry.is_file(follow_symlinks=False) and _narrow(entry.path, FILE_MODE):
                 narrowed.append(entry.name)
     return narrowed

@@ -10,7 +10,6 @@ the App in a worker thread (sidecar/app.py). Light on imports: the store's own.
 
 from __future__ import annotations
 
-from pathlib import Path
 from typing import TYPE_CHECKING
 
 from sidecar.config import Config
@@ -24,9 +23,8 @@ def open_store(config: Config, *, migrate: bool) -> Store:
     from sidecar.secrets.box import SecretBox
     from sidecar.store.store import open_store as open_database
 
-    data_dir = Path(config.data_dir)
-    box = SecretBox(data_dir, host_key=_host_key_from_fd(config), use_keychain=config.keychain)
-    return open_database(data_dir, secrets=box, migrate_schema=migrate)
+    box = SecretBox(config.data_dir, host_key=_host_key_from_fd(config), use_keychain=config.keychain)
+    return open_database(config.data_dir, secrets=box, migrate_schema=migrate)
 
 
 def _host_key_from_fd(config: Config) -> bytes | None:

@@ -28,7 +28,7 @@ import os
 import select
 import stat
 import sys
-from dataclasses import dataclass
+from typing import NamedTuple
 
 import anyio
 from anyio.abc import ByteReceiveStream, ByteSendStream
@@ -42,8 +42,7 @@ def uses_blocking_thread() -> bool:
     return _threaded
 
 
-@dataclass
-class _Mode:
+class _Mode(NamedTuple):
     poll: bool
     """Non-blocking fd + readiness polling."""
     thread: bool

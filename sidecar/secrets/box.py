@@ -21,11 +21,10 @@ plaintext in a log record, an error or a repr.
 
 from __future__ import annotations
 
-import base64
+import binascii
 import logging
 import os
 import threading
-from pathlib import Path
 
 import msgspec
 
@@ -53,10 +52,13 @@ def is_sealed(value: str) -> bool:
 
 
 class SecretBox:
-    def __init__(self, data_dir: Path, *, host_key: bytes | None = None, use_keychain: bool = True) -> None:
+    def __init__(
+        self, data_dir: str | os.PathLike[str], *, host_key: bytes | None = None, use_keychain: bool = True
+    ) -> None:
         self._data_dir = data_dir
         self._lock = threading.RLock()
-        self._keys: dict[str, Key] = {}
+        self._keys: dict[bytes, Key] = {}
+        """Every key we have, by its material (its id is hashed only when a value needs it)."""
         self._primary: Key | None = None
         self._given_host = make_key(host_key, "host") if host_key is not None else None
         self._use_keychain = use_keychain
@@ -82,7 +84,7 @@ class SecretBox:
                 )
                 if primary is None:
                     primary = self._create_fallback()
-            self._keys[primary.kid] = primary
+            self._keys[primary.material] = primary
             changed = self._primary != primary
             self._primary = primary
             log.info("secrets are sealed with the %s key", primary.source)
@@ -95,11 +97,14 @@ class SecretBox:
             found.append(keychain_key(self._data_dir, create=False))
         for key in found:
             if key is not None:
-                self._keys.setdefault(key.kid, key)
+                self._keys.setdefault(key.material, key)
 
     def _create_fallback(self) -> Key:
         key = keychain_key(self._data_dir, create=True) if self._use_keychain else None
         return key if key is not None else _required(file_key(self._data_dir, create=True))
+
+    def _key_by_id(self, kid: str | None) -> Key | None:
+        return next((k for k in self._keys.values() if k.kid == kid), None)
 
     def kid_of_source(self, source: KeySource) -> str | None:
         with self._lock:
@@ -121,7 +126,7 @@ class SecretBox:
         assert key is not None
         nonce = os.urandom(NONCE_BYTES)
         sealed = aead.seal(key.material, nonce, value.encode("utf-8"), purpose.encode())
-        return f"{PREFIX}{key.kid}:{base64.b64encode(nonce + sealed).decode('ascii')}"
+        return f"{PREFIX}{key.kid}:{binascii.b2a_base64(nonce + sealed, newline=False).decode('ascii')}"
 
     def open(self, value: str, purpose: str) -> str:
         """The plaintext of a stored value (legacy plaintext is returned as is)."""
@@ -130,11 +135,11 @@ class SecretBox:
         self.settle()
         kid, _, body = value[len(PREFIX) :].partition(":")
         with self._lock:
-            key = self._keys.get(kid)
+            key = self._key_by_id(kid)
         if key is None:
             raise SecretsLocked(f"a stored secret ({purpose}) was sealed with a key this process was not given")
         try:
-            raw = base64.b64decode(body, validate=True)
+            raw = binascii.a2b_base64(body, strict_mode=True)
             plain = aead.open_sealed(key.material, raw[:NONCE_BYTES], raw[NONCE_BYTES:], purpose.encode())
         except ValueError as exc:  # TagMismatch, bad base64, a nonce cut short
             raise SecretsLocked(f"a stored secret ({purpose}) cannot be decrypted (damaged or moved)") from exc
@@ -149,7 +154,7 @@ class SecretBox:
         with self._lock:
             if self._primary is not None and kid == self._primary.kid:
                 return False
-            return True if kid in self._keys else None
+            return True if self._key_by_id(kid) is not None else None
 
     @staticmethod
     def key_of(value: str) -> str | None:

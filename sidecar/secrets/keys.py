@@ -27,16 +27,11 @@ readable by others (created 0600 with O_EXCL, refused when it is a symlink).
 
 from __future__ import annotations
 
-import base64
 import binascii
-import hashlib
 import logging
 import os
 import stat
-from pathlib import Path
-from typing import Literal, NamedTuple
-
-from sidecar.secrets.keychain import KeychainUnavailable, open_keychain
+from typing import Literal
 
 log = logging.getLogger(__name__)
 
@@ -46,21 +41,41 @@ KEYCHAIN_SERVICE = "chat-sidecar"
 KeySource = Literal["host", "keychain", "file"]
 
 
-class Key(NamedTuple):
-    kid: str
-    material: bytes
-    source: KeySource
+class Key:
+    """A key's material and where it comes from; equal keys have both equal."""
+
+    __slots__ = ("material", "source", "_kid")
+
+    def __init__(self, material: bytes, source: KeySource) -> None:
+        self.material = material
+        self.source: KeySource = source
+        self._kid: str | None = None
+
+    @property
+    def kid(self) -> str:
+        """Hashed at first use: a start that seals and compares no value hashes nothing."""
+        if self._kid is None:
+            self._kid = key_id(self.material)
+        return self._kid
+
+    def __eq__(self, other: object) -> bool:
+        return isinstance(other, Key) and (self.material, self.source) == (other.material, other.source)
+
+    def __hash__(self) -> int:
+        return hash((self.material, self.source))
 
     def __repr__(self) -> str:  # never the material
         return f"Key(kid={self.kid!r}, source={self.source!r})"
 
 
 def key_id(material: bytes) -> str:
+    import hashlib  # here: it loads OpenSSL (~3 ms), which a start that needs no key id does without
+
     return hashlib.sha256(b"chat-sidecar key id\0" + material).hexdigest()[:16]
 
 
 def make_key(material: bytes, source: KeySource) -> Key:
-    return Key(key_id(material), material, source)
+    return Key(material, source)
 
 
 def parse_key(text: str) -> bytes:
@@ -68,7 +83,7 @@ def parse_key(text: str) -> bytes:
     cleaned = "".join(text.split())
     cleaned += "=" * (-len(cleaned) % 4)
     try:
-        material = base64.b64decode(cleaned.replace("-", "+").replace("_", "/"), validate=True)
+        material = binascii.a2b_base64(cleaned.replace("-", "+").replace("_", "/"), strict_mode=True)
     except (binascii.Error, ValueError):
         raise ValueError("the key is not base64") from None
     if len(material) != KEY_BYTES:
@@ -87,13 +102,20 @@ def read_key_fd(fd: int) -> bytes:
 
 
 def _encode(material: bytes) -> str:
-    return base64.b64encode(material).decode("ascii")
+    return binascii.b2a_base64(material, newline=False).decode("ascii")
 
 
-def keychain_key(data_dir: Path, *, create: bool) -> Key | None:
+def keychain_key(data_dir: str | os.PathLike[str], *, create: bool) -> Key | None:
     """The data dir's key in the OS keychain (created there when ``create``), or None when
     there is no entry or no working keychain (logged: the failure's type, never a secret)."""
-    account = "data-dir:" + hashlib.sha256(str(data_dir.resolve()).encode()).hexdigest()[:24]
+    # here, not at the top: a start without a keychain needs none of these (hashlib loads
+    # OpenSSL); the account is the hash of the resolved Path's text, the name of stored entries
+    import hashlib
+    from pathlib import Path
+
+    from sidecar.secrets.keychain import KeychainUnavailable, open_keychain
+
+    account = "data-dir:" + hashlib.sha256(str(Path(data_dir).resolve()).encode()).hexdigest()[:24]
     try:
         chain = open_keychain()
     except KeychainUnavailable as exc:
@@ -120,9 +142,9 @@ def keychain_key(data_dir: Path, *, create: bool) -> Key | None:
         chain.close()
 
 
-def file_key(data_dir: Path, *, create: bool) -> Key | None:
+def file_key(data_dir: str | os.PathLike[str], *, create: bool) -> Key | None:
     """The key in ``<data_dir>/secret.key`` (created 0600 when ``create``), or None."""
-    path = data_dir / KEY_FILE
+    path = os.path.join(data_dir, KEY_FILE)
     try:
         fd = os.open(path, os.O_RDONLY | getattr(os, "O_NOFOLLOW", 0))
     except FileNotFoundError:
@@ -140,7 +162,7 @@ def file_key(data_dir: Path, *, create: bool) -> Key | None:
         return make_key(parse_key(stream.read(4096).decode("ascii", errors="replace")), "file")
 
 
-def _create_key_file(path: Path) -> Key:
+def _create_key_file(path: str) -> Key:
     material = os.urandom(KEY_BYTES)
     flags = os.O_WRONLY | os.O_CREAT | os.O_EXCL | getattr(os, "O_NOFOLLOW", 0)
     fd = os.open(path, flags, 0o600)
@@ -151,9 +173,9 @@ def _create_key_file(path: Path) -> Key:
     return make_key(material, "file")
 
 
-def remove_key_file(data_dir: Path) -> bool:
+def remove_key_file(data_dir: str | os.PathLike[str]) -> bool:
     try:
-        (data_dir / KEY_FILE).unlink()
+        os.unlink(os.path.join(data_dir, KEY_FILE))
     except FileNotFoundError:
         return False
     return True

@@ -6,6 +6,7 @@ Layout (each module says what it owns):
                    the ordered list (__init__.py), the migrations in modules by era
     ids.py         UUIDv7 ids and the ms clock
     rows.py        row <-> protocol Struct mapping
+    stored_json.py reading a JSON column (its depth bound, strict and lenient reads)
     checks.py      argument checks -> InvalidParams
     sessions.py    SessionRepo      (the sessions repository: one transaction per call)
     session_table.py                (sessions_v2, session_tags, counters: SQL on a connection)
@@ -13,6 +14,7 @@ Layout (each module says what it owns):
     message_table.py                (messages_v2 rows and tree walks: SQL on a connection)
     search.py      SearchRepo       (FTS5 index and queries)
     fts.py         CJK-bigram text for the index, quoted MATCH expressions, snippets
+    bm25.py        the BM25 ranking function every connection registers
     settings.py    SettingsRepo     (key/value settings)
     transfer.py    fork, export, import
     sync.py        SyncRepo         (Qiming server account, session <-> conversation links, message map)

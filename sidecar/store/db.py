@@ -36,11 +36,11 @@ whose code says whose problem it is (``_store_error``, the one mapping):
 from __future__ import annotations
 
 import logging
-import queue
+import os
 import threading
+from collections import deque
 from collections.abc import Iterator, Mapping, Sequence
 from contextlib import contextmanager
-from pathlib import Path
 from typing import Any, cast
 
 import apsw
@@ -48,7 +48,7 @@ import apsw
 from protocol.errors import ErrorCode
 from sidecar import datadir
 from sidecar.errors import InvalidParams, SidecarError, StoreError
-from sidecar.store import fts
+from sidecar.store import bm25
 
 __all__ = [
     "Database", "DB_FILENAME", "BUSY_TIMEOUT_MS", "ReadLaneWrite", "Row", "TransactionLost", "fetch_all", "fetch_iter",
@@ -71,7 +71,7 @@ def _configure(conn: apsw.Connection) -> None:
     conn.execute("PRAGMA secure_delete = ON")
     # SQLite passes the integers the query gives (the cast states that bm25's own
     # signature is narrower than the generic callback's)
-    conn.register_fts5_function(fts.BM25_FUNCTION, cast("apsw.FTS5Function", fts.bm25))
+    conn.register_fts5_function(bm25.BM25_FUNCTION, cast("apsw.FTS5Function", bm25.bm25))
 
 
 Row = tuple[Any, ...]
@@ -124,8 +124,8 @@ def fetch_iter(conn: apsw.Connection, sql: str, args: Bindings = ()) -> Iterator
 class Database:
     """One database file; a writer connection plus up to ``readers`` reader connections."""
 
-    def __init__(self, path: str | Path, *, readers: int = 2) -> None:
-        self.path = str(path)
+    def __init__(self, path: datadir.StrPath, *, readers: int = 2) -> None:
+        self.path = os.fspath(path)
         try:
             # made 0600 before SQLite sees it: its -wal/-shm/-journal files copy this mode
             datadir.create_db_file(self.path)
@@ -137,9 +137,10 @@ class Database:
         if mode != "wal":
             log.warning("database %s is in journal mode %s, not WAL", self.path, mode)
         self._write_lock = threading.RLock()
-        self._readers: queue.SimpleQueue[apsw.Connection] = queue.SimpleQueue()
+        # idle reader connections; a deque's appends and pops are thread-safe
+        self._readers: deque[apsw.Connection] = deque()
         self._reader_slots = threading.BoundedSemaphore(readers)
-        self._lane_readers: queue.SimpleQueue[apsw.Connection] = queue.SimpleQueue()
+        self._lane_readers: deque[apsw.Connection] = deque()
         self._all_readers: list[apsw.Connection] = []
         self._pool_lock = threading.Lock()
         self._closed = False
@@ -264,13 +265,13 @@ class Database:
         if _in_read_lane():
             # the lane's own pool: bounded by the threads the gateway lets into the lane
             try:
-                return self._lane_readers.get_nowait()
-            except queue.Empty:
+                return self._lane_readers.popleft()
+            except IndexError:
                 return self._open_reader()
         self._reader_slots.acquire()
         try:
-            return self._readers.get_nowait()
-        except queue.Empty:
+            return self._readers.popleft()
+        except IndexError:
             pass
         try:
             return self._open_reader()
@@ -291,9 +292,9 @@ class Database:
 
     def _release_reader(self, conn: apsw.Connection) -> None:
         if _in_read_lane():
-            self._lane_readers.put(conn)
+            self._lane_readers.append(conn)
             return
-        self._readers.put(conn)
+        self._readers.append(conn)
         self._reader_slots.release()
 
 

@@ -19,9 +19,8 @@ from __future__ import annotations
 import errno
 import os
 import sys
-from pathlib import Path
 
-from sidecar.datadir import FILE_MODE
+from sidecar.datadir import FILE_MODE, StrPath
 from sidecar.errors import StoreError
 
 __all__ = ["DirLock", "LOCK_FILENAME"]
@@ -32,8 +31,8 @@ LOCK_FILENAME = "chat-sidecar.lock"
 class DirLock:
     """Held from construction until ``release()``; raises StoreError if another holder exists."""
 
-    def __init__(self, data_dir: Path) -> None:
-        self.path = data_dir / LOCK_FILENAME
+    def __init__(self, data_dir: StrPath) -> None:
+        self.path = os.path.join(data_dir, LOCK_FILENAME)
         try:
             fd = os.open(self.path, os.O_RDWR | os.O_CREAT, FILE_MODE)
         except OSError as exc:

@@ -33,7 +33,7 @@ from sidecar.secrets.mask import mask_map, mask_url, unmask_map, unmask_url
 from sidecar.store.db import Database
 from sidecar.store.ids import new_id, now_ms
 from sidecar.store.secrets import API_KEY, BASE_URL, BODY, ENGINE_ENV, HEADERS, Sealer
-from sidecar.store.rows import lenient_json
+from sidecar.store.stored_json import lenient_json
 
 _COLUMNS = (
     "id, name, type, base_url, api_key, api_key_env, headers, body, models, enabled, "

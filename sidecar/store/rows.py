@@ -4,7 +4,7 @@ Owns: the column lists every SELECT uses, turning a row tuple into SessionV2/Mes
 the JSON columns into typed values (and back).
 Must stay true: JSON columns hold the wire (camelCase) encoding of their protocol types, so
 an export is the stored data verbatim. A JSON column that cannot be served (it does not
-decode, or nests deeper than STORED_JSON_DEPTH: a value stored before params were bounded,
+decode, or nests deeper than ``stored_json.STORED_JSON_DEPTH``: a value stored before params were bounded,
 or written by an agent, that would fail to encode again) costs its row that field, never
 the caller its answer: ``session_from_row``/``message_from_row`` log it naming the row and
 column and serve the row without it (the stored text stays as it is). ``decode_parts`` is
@@ -19,7 +19,6 @@ from typing import Any
 
 import msgspec
 
-from protocol.limits import MAX_JSON_DEPTH
 from protocol.types import (
     CodePart,
     ContentPart,
@@ -32,7 +31,7 @@ from protocol.types import (
     UsageTotals,
 )
 from sidecar.errors import StoreError
-from sidecar.jsondepth import json_text_too_deep
+from sidecar.store.stored_json import decode_column, lenient_json
 
 __all__ = [
     "decode_usage_by_kind",
@@ -42,8 +41,6 @@ __all__ = [
     "message_from_row",
     "to_json",
     "decode_parts",
-    "lenient_json",
-    "STORED_JSON_DEPTH",
     "parts_or_none",
     "searchable_text",
     "session_values",
@@ -66,11 +63,6 @@ MESSAGE_COLUMNS = (
 
 log = logging.getLogger(__name__)
 
-STORED_JSON_DEPTH = 4 * MAX_JSON_DEPTH
-"""Deeper stored JSON is not served. Params are bounded to MAX_JSON_DEPTH (a column adds
-at most two typed levels); this leaves room for values the engine or an agent wrote, and
-is far below the nesting at which encoding a reply would fail."""
-
 SessionRow = tuple[Any, ...]
 MessageRow = tuple[Any, ...]
 
@@ -92,31 +84,8 @@ def to_json(value: Any) -> str | None:
     return _encoder.encode(value).decode()
 
 
-def _decode(decoder: msgspec.json.Decoder[Any], raw: str | None, what: str, row_id: str) -> Any:
-    if raw is None:
-        return None
-    if json_text_too_deep(raw, STORED_JSON_DEPTH):
-        raise StoreError(f"stored {what} of {row_id} nests deeper than {STORED_JSON_DEPTH} levels")
-    try:
-        return decoder.decode(raw)
-    except msgspec.DecodeError as exc:
-        raise StoreError(f"stored {what} of {row_id} is not valid: {exc}") from exc
-    except RecursionError as exc:
-        raise StoreError(f"stored {what} of {row_id} nests too deep to decode") from exc
-
-
-def lenient_json(decoder: msgspec.json.Decoder[Any], raw: str | None, what: str, row_id: str, default: Any = None) -> Any:
-    """The decoded column, or ``default`` (logged, naming row and column) when it cannot be
-    served; for reads that answer the caller, never for read-modify-write."""
-    try:
-        return _decode(decoder, raw, what, row_id)
-    except StoreError as exc:
-        log.warning("%s; served without it", exc.message)
-        return default
-
-
 def decode_parts(raw: str | None, row_id: str) -> list[ContentPart] | None:
-    return _decode(_dec_parts, raw, "parts", row_id)  # type: ignore[no-any-return]
+    return decode_column(_dec_parts, raw, "parts", row_id)  # type: ignore[no-any-return]
 
 
 def parts_or_none(raw: str | None, row_id: str) -> list[ContentPart] | None:
@@ -131,7 +100,7 @@ def parts_or_none(raw: str | None, row_id: str) -> list[ContentPart] | None:
 
 def decode_usage_by_kind(raw: str | None, row_id: str) -> dict[str, UsageTotals]:
     """The strict form (for read-modify-write: a value that does not decode is a StoreError)."""
-    return _decode(_dec_usage_by_kind, raw, "usage_by_kind", row_id) or {}
+    return decode_column(_dec_usage_by_kind, raw, "usage_by_kind", row_id) or {}
 
 
 def session_from_row(r: SessionRow) -> SessionV2:

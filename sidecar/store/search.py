@@ -8,7 +8,7 @@ Must stay true:
 - Deleting a message removes its index row (search_docs cascades from messages_v2 and a
   trigger deletes the FTS row), so results never name a message that is gone.
 - The MATCH expression is built by ``fts.build_match`` from quoted pieces only.
-- Ranking is Okapi BM25 (``fts.bm25``, higher is better) over the newest SEARCH_WINDOW
+- Ranking is Okapi BM25 (``bm25.bm25``, higher is better) over the newest SEARCH_WINDOW
   matches that pass every filter (widened to reach the requested page), with document
   frequencies counted up to DOC_FREQ_CAP, so the cost of a query is bounded, not
   proportional to how common its words are; a query with fewer matches (and rarer words)
@@ -26,7 +26,7 @@ from protocol import limits
 from protocol.messages import SearchOptions
 from protocol.types import FINAL_MESSAGE_STATUSES, SearchResult
 from sidecar.errors import InvalidParams
-from sidecar.store import fts
+from sidecar.store import bm25, fts
 from sidecar.store.checks import ROLES, check_choice, check_date_range, check_range
 from sidecar.store.rows import parts_or_none, searchable_text
 from sidecar.store.db import Database, fetch_all
@@ -136,7 +136,7 @@ def search(conn: apsw.Connection, query: str, options: SearchOptions) -> list[Se
     # walks the doclist newest-first and stops there), and the best of those are
     # returned. A query matching fewer messages is ranked over all of them; a very
     # common word costs the same as one matching SEARCH_WINDOW messages instead of
-    # growing with the whole history (see fts.bm25 for why not FTS5's own bm25).
+    # growing with the whole history (see bm25.bm25 for why not FTS5's own bm25).
     window = max(SEARCH_WINDOW, offset + limit)
     doc_freqs = [-1] if len(pieces) == 1 else [
         fetch_all(
@@ -157,7 +157,7 @@ def search(conn: apsw.Connection, query: str, options: SearchOptions) -> list[Se
         )
     ranked = (
         "w(docid, score) AS MATERIALIZED ("
-        f" SELECT messages_fts.rowid, {fts.BM25_FUNCTION}(messages_fts, {score_args})"
+        f" SELECT messages_fts.rowid, {bm25.BM25_FUNCTION}(messages_fts, {score_args})"
         f" FROM messages_fts{filter_joins}"
         " WHERE messages_fts MATCH ?"
         + "".join(" AND " + w for w in where)

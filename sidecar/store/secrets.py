@@ -31,19 +31,17 @@ stored, and opens again with the right key).
 
 from __future__ import annotations
 
+import os
 from collections.abc import Callable
-from pathlib import Path
 from typing import Any
-from urllib.parse import quote, unquote
 
 import msgspec
 
 from sidecar.errors import SecretsLocked
 from sidecar.secrets.box import SecretBox, SecretsStatus, is_sealed
 from sidecar.secrets.keys import remove_key_file
-from sidecar.secrets.urls import map_secret_parts
 from sidecar.store.db import Database, fetch_all
-from sidecar.store.rows import lenient_json
+from sidecar.store.stored_json import lenient_json
 
 API_KEY = "providers.api_key"
 HEADERS = "providers.headers"
@@ -62,10 +60,26 @@ _any = msgspec.json.Decoder()
 _UNREADABLE = object()
 
 
-def _url_token(part: str) -> str | None:
-    """The sealed value a URL part holds (None: the part is plaintext)."""
-    text = unquote(part)
-    return text if is_sealed(text) else None
+def _map_url(url: str, fn: Callable[[str, str | None], str | None]) -> str:
+    """``url`` with each part that may hold a secret (sidecar/secrets/urls.py) replaced by
+    ``fn(part, token)``: ``token`` is the sealed value the part holds (None: it is plaintext)."""
+    # here, not at the top: urllib.parse is ~2 ms of the handshake, whose re-seal pass often reads no URL
+    from urllib.parse import unquote
+
+    from sidecar.secrets.urls import map_secret_parts
+
+    def mapped(part: str) -> str | None:
+        text = unquote(part)
+        return fn(part, text if is_sealed(text) else None)
+
+    return map_secret_parts(url, mapped)
+
+
+def _quoted(sealed: str) -> str:
+    """A sealed value as a URL part (called back by ``_map_url``, which loaded urllib.parse)."""
+    from urllib.parse import quote
+
+    return quote(sealed, safe="")
 
 
 class Sealer:
@@ -138,25 +152,24 @@ class Sealer:
     # URLs: the userinfo and the query values ----------------------------------------
 
     def seal_url(self, url: str, purpose: str) -> str:
-        def seal(part: str) -> str:
-            return part if _url_token(part) else quote(self.box.seal(part, purpose), safe="")
+        def seal(part: str, token: str | None) -> str:
+            return part if token else _quoted(self.box.seal(part, purpose))
 
-        return map_secret_parts(url, seal)
+        return _map_url(url, seal)
 
     def open_url(self, url: str, purpose: str) -> tuple[str, bool]:
         """The URL as given; a part that cannot be opened is left out (locked True)."""
         locked = False
 
-        def opened(part: str) -> str | None:
+        def opened(part: str, token: str | None) -> str | None:
             nonlocal locked
-            token = _url_token(part)
             if token is None:
                 return part
             plain, bad = self.open(token, purpose)
             locked = locked or bad
             return None if bad else plain
 
-        return map_secret_parts(url, opened), locked
+        return _map_url(url, opened), locked
 
     # MCP server configs (a JSON object with ``env``, ``headers`` and ``url``) ---------
 
@@ -195,7 +208,7 @@ def _str_map(values: Any) -> dict[str, str] | None:
 
 
 class SecretsRepo:
-    def __init__(self, db: Database, sealer: Sealer, data_dir: Path) -> None:
+    def __init__(self, db: Database, sealer: Sealer, data_dir: str | os.PathLike[str]) -> None:
         self._db = db
         self._sealer = sealer
         self._data_dir = data_dir
@@ -297,11 +310,10 @@ class _Reseal:
         if not url:
             return url
 
-        def part(text: str) -> str:
-            token = _url_token(text)
-            return quote(self.value(token if token is not None else text, purpose) or "", safe="")
+        def part(text: str, token: str | None) -> str:
+            return _quoted(self.value(token if token is not None else text, purpose) or "")
 
-        return map_secret_parts(url, part)
+        return _map_url(url, part)
 
     def json_field(
         self, raw: str | None, field: str | None, purpose: str,

@@ -53,10 +53,11 @@ Conventions:
 
 from __future__ import annotations
 
+import os
 import threading
 from collections.abc import Callable, Iterator
 from contextlib import contextmanager
-from pathlib import Path
+from functools import cached_property
 from typing import TYPE_CHECKING, Generic, TypeVar, cast, overload
 
 from sidecar import datadir
@@ -72,6 +73,8 @@ from sidecar.store.migrations import migrate, schema_is_current
 from sidecar.store.secrets import SecretsRepo, Sealer
 
 if TYPE_CHECKING:
+    from pathlib import Path
+
     from sidecar.store.acp import AcpRepo
     from sidecar.store.citations import Citations
     from sidecar.store.files import FileRepo
@@ -238,7 +241,7 @@ def _providers(store: Store) -> ProviderRepo:
     return ProviderRepo(store._db, store._sealer)
 
 
-def _private_data_dir(path: Path) -> None:
+def _private_data_dir(path: str) -> None:
     """The data dir, made (0700) or narrowed: what the store writes in it is the user's
     alone (sidecar/datadir.py); these are the names of what is ours there."""
     datadir.make_dirs(path)
@@ -277,7 +280,7 @@ class Store:
 
     def __init__(
         self,
-        data_dir: str | Path,
+        data_dir: datadir.StrPath,
         *,
         clock: Callable[[], int] = now_ms,
         readers: int = 2,
@@ -287,13 +290,13 @@ class Store:
         """``secrets`` seals the stored secrets (default: a box with the data dir's key file).
         ``migrate_schema=False``: open only a database already at the current schema version
         (StoreError otherwise, nothing changed)."""
-        path = Path(data_dir)
+        path = os.fspath(data_dir)
         try:
             _private_data_dir(path)
         except OSError as exc:
             raise StoreError(f"cannot create the data dir {path}: {exc}") from exc
         self._lock = DirLock(path)
-        self.path = path / DB_FILENAME
+        self.path = os.path.join(path, DB_FILENAME)
         self._clock = clock
         try:
             self._db = Database(self.path, readers=readers)
@@ -301,7 +304,7 @@ class Store:
             self._lock.release()
             raise
         db = self._db
-        self.data_dir = path.resolve()
+        self._resolved_dir = os.path.realpath(path)
         self._sealer = sealer = Sealer(secrets if secrets is not None else SecretBox(path, use_keychain=False))
         self._repos_lock = threading.RLock()
         self.secrets = SecretsRepo(db, sealer, path)
@@ -319,6 +322,13 @@ class Store:
             self._db.close()
             self._lock.release()
             raise
+
+    @cached_property
+    def data_dir(self) -> Path:
+        """The data dir, resolved (a Path made at first use: opening needs no pathlib)."""
+        from pathlib import Path  # here: pathlib and urllib.parse are ~3 ms of the first answer
+
+        return Path(self._resolved_dir)
 
     @contextmanager
     def transaction(self) -> Iterator[None]:
@@ -340,7 +350,7 @@ class Store:
 
 
 def open_store(
-    data_dir: str | Path,
+    data_dir: datadir.StrPath,
     *,
     clock: Callable[[], int] = now_ms,
     readers: int = 2,
