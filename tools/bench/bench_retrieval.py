@@ -53,6 +53,7 @@ Chinese) and written through KnowledgeRepo.write_index, the product's own write 
 from __future__ import annotations
 
 import argparse
+import logging
 import os
 import resource
 import shutil
@@ -492,6 +493,9 @@ def main() -> int:
     parser.add_argument("--sections", default="1,2,3,4,5", help="which parts to run, e.g. 1,4")
     parser.add_argument("--rss-child", nargs=3, help=argparse.SUPPRESS)
     args = parser.parse_args()
+    # warnings only (wordllama's import would otherwise turn the root logger to INFO, and
+    # every store opened by section 5 would print its migrations)
+    logging.basicConfig(level=logging.WARNING)
     if args.rss_child:
         rss_child(args.rss_child[0], args.rss_child[1], int(args.rss_child[2]))
         return 0
