@@ -221,3 +221,33 @@ async def test_a_signal_right_after_an_early_answer_is_a_clean_exit(tmp_path: Pa
         await proc.assert_exit(0)
     assert "stopping" in proc.stderr_text()
     assert _early(proc) == "sidecar:initialize, chat:session:list"
+
+
+LIGHT_PATH = ("pathlib", "hashlib", "dataclasses")
+"""What the handshake's early answer does without (each a millisecond or more of it): only
+a sealed value's key id needs hashlib, and only a keychain lookup needs pathlib."""
+
+_ANSWER_ONE = """
+import json, os, sys
+from sidecar.coldstart import EarlySignals, answer_waiting
+from sidecar.config import build_config
+from sidecar.rpc.stdio import FdReceiveStream, FdSendStream
+line, data_dir = sys.argv[1].encode(), sys.argv[2]
+r, w = os.pipe()
+os.write(w, line)
+os.close(w)
+out = os.open(os.devnull, os.O_WRONLY)
+cold = answer_waiting(build_config({"data_dir": data_dir, "keychain": False}), FdReceiveStream(r),
+                      FdSendStream(out), EarlySignals())
+print(json.dumps({"answered": cold.answered, "loaded": sorted(m for m in json.loads(sys.argv[3]) if m in sys.modules)}))
+"""
+
+
+async def test_the_early_handshake_stays_light(tmp_path: Path) -> None:
+    data, _ = await _data_dir_with_a_session(tmp_path)
+    line = _lines(_request(1, "sidecar:initialize", {})).decode()
+    got = await anyio.run_process(
+        [sys.executable, "-c", _ANSWER_ONE, line, str(data), json.dumps(LIGHT_PATH)],
+        cwd=Path(__file__).resolve().parents[1],
+    )
+    assert json.loads(got.stdout) == {"answered": ["sidecar:initialize"], "loaded": []}
