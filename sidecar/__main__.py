@@ -111,6 +111,13 @@ def _quick_parse(argv: Sequence[str]) -> dict[str, Any] | None:
 
 def main(argv: Sequence[str] | None = None) -> int:
     gc.disable()  # until the first answers are written (_serve_stdio says why)
+    try:
+        return _start(argv)
+    finally:
+        gc.enable()  # whatever way the start ends (_serve_stdio enables it much earlier)
+
+
+def _start(argv: Sequence[str] | None) -> int:
     args = sys.argv[1:] if argv is None else argv
     overrides = _quick_parse(args)
     if overrides is None:
