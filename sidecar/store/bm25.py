@@ -1,9 +1,9 @@
 """The ranking function of message search: Okapi BM25 as an FTS5 auxiliary function.
 
 Owns ``bm25`` and the name it is registered under on every connection (sidecar/store/db.py
-``_configure``), which the search queries call it by (sidecar/store/search.py). Apart from
-sidecar/store/fts.py (the indexed text and the queries), which opening a connection does
-not need.
+``_configure``), which the search queries call it by (sidecar/store/search.py). It is
+kept out of sidecar/store/fts.py (the indexed text and the queries), which opening a
+connection does not need.
 """
 
 from __future__ import annotations

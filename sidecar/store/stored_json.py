@@ -3,9 +3,9 @@
 Owns ``STORED_JSON_DEPTH`` and the two reads every repository uses on a JSON column:
 ``decode_column`` (strict: a StoreError naming the row and column, for code that rewrites
 what it read) and ``lenient_json`` (the value, or a default logged naming the row and column,
-for reads that answer the caller). Apart from sidecar/store/rows.py, which maps whole rows,
-so that the secrets' re-seal pass at the handshake reads the JSON of their columns
-without the row types.
+for reads that answer the caller). It is kept out of sidecar/store/rows.py (which maps
+whole rows) so that the secrets' re-seal pass at the handshake reads the JSON of its
+columns without importing the row types.
 
 Must stay true: a column that does not decode, or nests deeper than STORED_JSON_DEPTH (a
 value stored before params were bounded, or written by an agent, that would fail to
