@@ -260,7 +260,11 @@ def measure_set(say: Callable[[str], None], data_dir: Path, label: str, docs: li
     if then is not None:
         rev, tree = then
         t = time.perf_counter()
-        out["then"] = _rank_then(tree, data_dir / f"then-{label}", docs, queries)
+        try:
+            out["then"] = _rank_then(tree, data_dir / f"then-{label}", docs, queries)
+        except (RuntimeError, OSError, subprocess.SubprocessError) as exc:  # a revision the script cannot drive
+            say(f"  the product at {rev} could not be ranked: {exc}")
+            return out
         say(f"  the product at {rev} (its own extraction, chunking, index and fusion), ranked in"
             f" {time.perf_counter() - t:.1f} s:")
         for g in GROUPS:
