@@ -148,3 +148,9 @@ async def test_writer_marks_itself_broken_when_the_stream_fails_and_drops_later_
         await writer.run()
     assert writer.broken and broken == [True]
     assert writer.send_nowait(b"2\n") is False
+
+
+def test_an_oversized_line_is_its_size_and_never_shows_its_head() -> None:
+    first, second = OversizedLine(5000, b'{"secret": "sk-123'), OversizedLine(5000, b"other")
+    assert first == second and hash(first) == hash(second) and first != OversizedLine(5001)
+    assert repr(first) == "OversizedLine(size=5000)"

@@ -95,3 +95,13 @@ def test_a_tampered_stored_value_or_another_purpose_is_locked(tmp_path: Path) ->
         box.open(BOX_SEALED, "providers.headers")  # the purpose is the associated data
     with pytest.raises(SecretsLocked, match="cannot be decrypted"):
         box.open(f"{prefix}:{base64.b64encode(bytes(raw[:8])).decode()}", "providers.api_key")  # cut short
+
+
+def test_a_key_id_is_the_one_stored_values_name_and_a_key_never_shows_its_material() -> None:
+    from sidecar.secrets.keys import make_key
+
+    key = make_key(b"k" * 32, "file")
+    assert key.kid == "8c51cac5b6ed15ba"  # what sealed values of this material carry (enc1:<kid>:...)
+    same, other = make_key(b"k" * 32, "file"), make_key(b"k" * 32, "host")
+    assert key == same and hash(key) == hash(same) and key != other
+    assert "kkkk" not in repr(key) and repr(key) == "Key(kid='8c51cac5b6ed15ba', source='file')"
