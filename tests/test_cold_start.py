@@ -246,7 +246,7 @@ print(json.dumps({"answered": cold.answered, "loaded": sorted(m for m in json.lo
 
 async def test_the_early_handshake_stays_light(tmp_path: Path) -> None:
     data, _ = await _data_dir_with_a_session(tmp_path)
-    line = _lines(_request(1, "sidecar:initialize", {})).decode()
+    line = _lines(_request("1", "sidecar:initialize", {})).decode()
     # untraced: coverage's start-up hook (COVERAGE_PROCESS_START) would import them itself
     env = {k: v for k, v in os.environ.items() if not k.startswith("COVERAGE_PROCESS_")}
     got = await anyio.run_process(

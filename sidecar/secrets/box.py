@@ -31,7 +31,7 @@ import msgspec
 from protocol.lifecycle import SecretsInfo
 from sidecar.errors import SecretsLocked
 from sidecar.secrets import aead
-from sidecar.secrets.keys import Key, KeySource, file_key, keychain_key, make_key
+from sidecar.secrets.keys import DirPath, Key, KeySource, file_key, keychain_key, make_key
 
 log = logging.getLogger(__name__)
 
@@ -52,9 +52,7 @@ def is_sealed(value: str) -> bool:
 
 
 class SecretBox:
-    def __init__(
-        self, data_dir: str | os.PathLike[str], *, host_key: bytes | None = None, use_keychain: bool = True
-    ) -> None:
+    def __init__(self, data_dir: DirPath, *, host_key: bytes | None = None, use_keychain: bool = True) -> None:
         self._data_dir = data_dir
         self._lock = threading.RLock()
         self._keys: dict[bytes, Key] = {}

@@ -40,6 +40,9 @@ KEY_FILE = "secret.key"
 KEYCHAIN_SERVICE = "chat-sidecar"
 KeySource = Literal["host", "keychain", "file"]
 
+DirPath = str | os.PathLike[str]
+"""A data dir as the key functions take it (sidecar.datadir.StrPath, which this layer may not import)."""
+
 
 class Key:
     """A key's material and where it comes from; equal keys have both equal."""
@@ -105,7 +108,7 @@ def _encode(material: bytes) -> str:
     return binascii.b2a_base64(material, newline=False).decode("ascii")
 
 
-def keychain_key(data_dir: str | os.PathLike[str], *, create: bool) -> Key | None:
+def keychain_key(data_dir: DirPath, *, create: bool) -> Key | None:
     """The data dir's key in the OS keychain (created there when ``create``), or None when
     there is no entry or no working keychain (logged: the failure's type, never a secret)."""
     # here, not at the top: a start without a keychain needs none of these (hashlib loads
@@ -142,7 +145,7 @@ def keychain_key(data_dir: str | os.PathLike[str], *, create: bool) -> Key | Non
         chain.close()
 
 
-def file_key(data_dir: str | os.PathLike[str], *, create: bool) -> Key | None:
+def file_key(data_dir: DirPath, *, create: bool) -> Key | None:
     """The key in ``<data_dir>/secret.key`` (created 0600 when ``create``), or None."""
     path = os.path.join(data_dir, KEY_FILE)
     try:
@@ -173,7 +176,7 @@ def _create_key_file(path: str) -> Key:
     return make_key(material, "file")
 
 
-def remove_key_file(data_dir: str | os.PathLike[str]) -> bool:
+def remove_key_file(data_dir: DirPath) -> bool:
     try:
         os.unlink(os.path.join(data_dir, KEY_FILE))
     except FileNotFoundError:

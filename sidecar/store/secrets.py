@@ -31,12 +31,12 @@ stored, and opens again with the right key).
 
 from __future__ import annotations
 
-import os
 from collections.abc import Callable
 from typing import Any
 
 import msgspec
 
+from sidecar.datadir import StrPath
 from sidecar.errors import SecretsLocked
 from sidecar.secrets.box import SecretBox, SecretsStatus, is_sealed
 from sidecar.secrets.keys import remove_key_file
@@ -208,7 +208,7 @@ def _str_map(values: Any) -> dict[str, str] | None:
 
 
 class SecretsRepo:
-    def __init__(self, db: Database, sealer: Sealer, data_dir: str | os.PathLike[str]) -> None:
+    def __init__(self, db: Database, sealer: Sealer, data_dir: StrPath) -> None:
         self._db = db
         self._sealer = sealer
         self._data_dir = data_dir
