@@ -135,8 +135,6 @@ def _start(argv: Sequence[str] | None) -> int:
 
 
 def _serve_stdio(config: object) -> int:
-    import logging
-
     import anyio
 
     from sidecar.rpc.stdio import take_stdio, uses_blocking_thread
@@ -148,19 +146,22 @@ def _serve_stdio(config: object) -> int:
     from sidecar.coldstart import EarlySignals, answer_waiting
     from sidecar.config import Config
     from sidecar.errors import SidecarError
-    from sidecar.logging_setup import setup_logging
+    from sidecar.logging_setup import defer_setup, finish_setup
 
     signals = EarlySignals()
     signals.install()  # from now on a stop signal always ends in the clean exit
     assert isinstance(config, Config)
-    setup_logging(config.log_level)
+    defer_setup(config.log_level)  # logging loads after the first answers (unless they log)
     # The first requests, when already waiting, are answered before the event loop and
     # the server load.
     cold = answer_waiting(config, receive, send, signals)
+    finish_setup()
     # The cyclic collector was off since main(): what the start-up made up to here lives on
     # (modules, classes, the store), so its collections found next to nothing and cost the
     # first answers ~3 ms. The server freezes what it holds later (sidecar/heap.py).
     gc.enable()
+
+    import logging
 
     from sidecar.server import serve
     from sidecar.supervision import Supervisor

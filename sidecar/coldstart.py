@@ -26,7 +26,6 @@ only once). It stops at the first other line. What must stay true:
 
 from __future__ import annotations
 
-import logging
 import os
 import signal
 import sys
@@ -41,6 +40,7 @@ from sidecar.bindings import EARLY, INITIALIZE
 from sidecar.config import Config
 from sidecar.errors import SidecarError
 from sidecar.handshake import check_version, initialize_result
+from sidecar.logging_setup import EarlyLogger
 from sidecar.secrets.box import secrets_info
 from sidecar.rpc.dispatch import Handler
 from sidecar.rpc.framing import LineReader
@@ -50,7 +50,7 @@ from sidecar.rpc.stdio import FdReceiveStream, FdSendStream
 if TYPE_CHECKING:
     from sidecar.store.store import Store
 
-logger = logging.getLogger(__name__)
+logger = EarlyLogger(__name__)
 
 HEAVY_MODULES = (
     "sidecar.providers", "sidecar.pipeline", "sidecar.tools", "sidecar.acp", "sidecar.retrieval",

@@ -18,13 +18,14 @@ from typing import Any
 import msgspec
 
 from sidecar.errors import InvalidParams
+from sidecar.logging_setup import LEVELS
 
 DEFAULT_MAX_LINE_BYTES = 16 * 1024 * 1024
 """The one definition of the default line limit (rpc framing and the attachment size use it)."""
 MIN_MAX_LINE_BYTES = 1024
 """Smaller limits would reject ordinary requests (an initialize alone is ~100 bytes)."""
 
-LOG_LEVELS = ("DEBUG", "INFO", "WARNING", "ERROR", "CRITICAL")
+LOG_LEVELS = tuple(LEVELS)
 DEFAULT_LOG_LEVEL = "WARNING"
 """Quiet by default: a desktop app keeps the sidecar's stderr in its own log, where
 problems (WARNING and up) matter; INFO (lifecycle, one line per step) and DEBUG are asked for."""

@@ -29,14 +29,15 @@ same files and leave access to the ACL the folder inherits (the user's profile, 
 
 from __future__ import annotations
 
-import logging
 import os
 import stat
 from collections.abc import Iterable
 
+from sidecar.logging_setup import EarlyLogger
+
 __all__ = ["DIR_MODE", "FILE_MODE", "make_dirs", "open_private", "write_private", "create_db_file", "tighten"]
 
-log = logging.getLogger(__name__)
+log = EarlyLogger(__name__)
 
 DIR_MODE = 0o700
 FILE_MODE = 0o600

@@ -12,8 +12,6 @@ domain of the protocol and nothing of the server.
 
 from __future__ import annotations
 
-import logging
-
 import sidecar
 from protocol import PROTOCOL_VERSION
 from protocol.errors import ErrorCode
@@ -22,8 +20,9 @@ from protocol.notification_names import SERVER_NOTIFICATIONS
 from sidecar.bindings import BINDINGS, LIFECYCLE_METHODS
 from sidecar.config import Config
 from sidecar.errors import SidecarError
+from sidecar.logging_setup import EarlyLogger
 
-logger = logging.getLogger(__name__)
+logger = EarlyLogger(__name__)
 
 BOUND_METHODS: list[str] = sorted([*LIFECYCLE_METHODS, *BINDINGS])
 """Every method this process answers: the contract's (tests/test_rpc_server.py holds them

@@ -86,6 +86,7 @@ from wire_contract import check_wire_contract
 
 if TYPE_CHECKING:
     from sidecar.config import Config
+    from sidecar.rpc.framing import SendStream
 
 ROOT = Path(__file__).resolve().parent.parent
 DEFAULT_TIMEOUT = 10.0
@@ -182,7 +183,7 @@ class SidecarProcess:
 
     def __init__(
         self,
-        stdin: anyio.abc.ObjectSendStream[bytes] | anyio.abc.ByteSendStream,
+        stdin: SendStream,
         stdout: anyio.abc.ObjectReceiveStream[bytes] | anyio.abc.ByteReceiveStream,
         *,
         process: anyio.abc.Process | None = None,
@@ -513,7 +514,7 @@ def _wants_subprocess(
 
 @asynccontextmanager
 async def _run_subprocess(cmd: list[str], env: dict[str, str], waiting: bytes) -> AsyncIterator[SidecarProcess]:
-    stdin: anyio.abc.ByteSendStream | None = None
+    stdin: SendStream | None = None
     if waiting:
         read_end, write_end = os.pipe()
         os.write(write_end, waiting)  # smaller than a pipe's buffer

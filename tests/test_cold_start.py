@@ -224,24 +224,35 @@ async def test_a_signal_right_after_an_early_answer_is_a_clean_exit(tmp_path: Pa
     assert _early(proc) == "sidecar:initialize, chat:session:list"
 
 
-LIGHT_PATH = ("pathlib", "hashlib", "dataclasses")
+LIGHT_PATH = ("pathlib", "hashlib", "dataclasses", "logging", "anyio.abc._streams")
 """What the handshake's early answer does without (each a millisecond or more of it): only
-a sealed value's key id needs hashlib, and only a keychain lookup needs pathlib."""
+a sealed value's key id needs hashlib, only a keychain lookup needs pathlib, only a record
+needs logging (sidecar/logging_setup.py), and only the event loop's streams need anyio's
+stream ABCs."""
 
 _ANSWER_ONE = """
 import json, os, sys
 from sidecar.coldstart import EarlySignals, answer_waiting
 from sidecar.config import build_config
+from sidecar.logging_setup import defer_setup
 from sidecar.rpc.stdio import FdReceiveStream, FdSendStream
+defer_setup("WARNING")  # as the process does
 line, data_dir = sys.argv[1].encode(), sys.argv[2]
 r, w = os.pipe()
 os.write(w, line)
 os.close(w)
 out = os.open(os.devnull, os.O_WRONLY)
+loaded = []
+class Send(FdSendStream):
+    def write_now(self, item):
+        loaded.extend(m for m in json.loads(sys.argv[3]) if m in sys.modules and m not in loaded)
+        super().write_now(item)
 cold = answer_waiting(build_config({"data_dir": data_dir, "keychain": False}), FdReceiveStream(r),
-                      FdSendStream(out), EarlySignals())
-print(json.dumps({"answered": cold.answered, "loaded": sorted(m for m in json.loads(sys.argv[3]) if m in sys.modules)}))
+                      Send(out), EarlySignals())
+print(json.dumps({"answered": cold.answered, "loaded": sorted(loaded)}))
 """
+"""Which of LIGHT_PATH were loaded when the answer was written (what comes after, such as the
+log line naming the early answers, is not on its way)."""
 
 
 async def test_the_early_handshake_stays_light(tmp_path: Path) -> None:

@@ -41,7 +41,6 @@ method call with its error mapping lives here, in ~40 lines.
 
 from __future__ import annotations
 
-import logging
 from collections.abc import Awaitable, Callable, Mapping
 from typing import Any, Generic, TypeVar
 
@@ -51,10 +50,11 @@ import msgspec
 from protocol.errors import ErrorCode
 from protocol.limits import MAX_JSON_DEPTH
 from sidecar.errors import InvalidParams, SidecarError, excerpt
+from sidecar.logging_setup import EarlyLogger
 from sidecar.rpc.bounds import DepthCheck, format_path
 from sidecar.rpc.messages import ABSENT, OutResult, Reply, RequestId, error_reply
 
-logger = logging.getLogger(__name__)
+logger = EarlyLogger(__name__)
 
 P = TypeVar("P")
 

@@ -23,26 +23,32 @@ queued and later lines are dropped, since nobody can read them anyway.
 
 from __future__ import annotations
 
-import logging
 import math
 from collections import deque
 from collections.abc import Callable
+from typing import TYPE_CHECKING, TypeAlias
 
 import anyio
-from anyio.abc import ByteReceiveStream, ByteSendStream, ObjectReceiveStream, ObjectSendStream
 
 from sidecar.config import DEFAULT_MAX_LINE_BYTES
+from sidecar.logging_setup import EarlyLogger
 
-logger = logging.getLogger(__name__)
+if TYPE_CHECKING:  # anyio's stream ABCs cost the first answers ~2 ms; only the types need them
+    from anyio.abc import ByteReceiveStream, ByteSendStream, ObjectReceiveStream, ObjectSendStream
+
+    from sidecar.rpc.stdio import FdReceiveStream, FdSendStream
+
+logger = EarlyLogger(__name__)
 
 OVERSIZED_HEAD_BYTES = 1024
 """How much of a discarded line is kept (where a request's ``"id"`` usually is)."""
 WRITE_BATCH_BYTES = 1024 * 1024
 """Upper bound on one concatenated write, so a burst does not build one huge buffer."""
 
-ReceiveStream = ByteReceiveStream | ObjectReceiveStream[bytes]
-SendStream = ByteSendStream | ObjectSendStream[bytes]
-"""Byte streams, or memory object streams of bytes (in-process pairs in tests)."""
+ReceiveStream: TypeAlias = "ByteReceiveStream | ObjectReceiveStream[bytes] | FdReceiveStream"
+SendStream: TypeAlias = "ByteSendStream | ObjectSendStream[bytes] | FdSendStream"
+"""Byte streams (our stdio's, sidecar/rpc/stdio.py, among them), or memory object streams of
+bytes (in-process pairs in tests)."""
 
 
 class OversizedLine:

@@ -22,7 +22,6 @@ plaintext in a log record, an error or a repr.
 from __future__ import annotations
 
 import binascii
-import logging
 import os
 import threading
 
@@ -30,10 +29,11 @@ import msgspec
 
 from protocol.lifecycle import SecretsInfo
 from sidecar.errors import SecretsLocked
+from sidecar.logging_setup import EarlyLogger
 from sidecar.secrets import aead
 from sidecar.secrets.keys import DirPath, Key, KeySource, file_key, keychain_key, make_key
 
-log = logging.getLogger(__name__)
+log = EarlyLogger(__name__)
 
 PREFIX = "enc1:"
 NONCE_BYTES = aead.NONCE_BYTES

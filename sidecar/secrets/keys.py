@@ -28,12 +28,13 @@ readable by others (created 0600 with O_EXCL, refused when it is a symlink).
 from __future__ import annotations
 
 import binascii
-import logging
 import os
 import stat
 from typing import Literal
 
-log = logging.getLogger(__name__)
+from sidecar.logging_setup import EarlyLogger
+
+log = EarlyLogger(__name__)
 
 KEY_BYTES = 32
 KEY_FILE = "secret.key"

@@ -35,7 +35,6 @@ whose code says whose problem it is (``_store_error``, the one mapping):
 
 from __future__ import annotations
 
-import logging
 import os
 import threading
 from collections import deque
@@ -48,6 +47,7 @@ import apsw
 from protocol.errors import ErrorCode
 from sidecar import datadir
 from sidecar.errors import InvalidParams, SidecarError, StoreError
+from sidecar.logging_setup import EarlyLogger
 from sidecar.store import bm25
 
 __all__ = [
@@ -55,7 +55,7 @@ __all__ = [
     "read_lane",
 ]
 
-log = logging.getLogger(__name__)
+log = EarlyLogger(__name__)
 
 DB_FILENAME = "chat.db"
 BUSY_TIMEOUT_MS = 5000

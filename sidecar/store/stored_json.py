@@ -14,7 +14,6 @@ encode again), is never served as it is.
 
 from __future__ import annotations
 
-import logging
 from typing import Any
 
 import msgspec
@@ -22,10 +21,11 @@ import msgspec
 from protocol.limits import MAX_JSON_DEPTH
 from sidecar.errors import StoreError
 from sidecar.jsondepth import json_text_too_deep
+from sidecar.logging_setup import EarlyLogger
 
 __all__ = ["STORED_JSON_DEPTH", "decode_column", "lenient_json"]
 
-log = logging.getLogger(__name__)
+log = EarlyLogger(__name__)
 
 STORED_JSON_DEPTH = 4 * MAX_JSON_DEPTH
 """Deeper stored JSON is not served. Params are bounded to MAX_JSON_DEPTH (a column adds

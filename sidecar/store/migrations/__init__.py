@@ -36,13 +36,13 @@ Decisions recorded here:
 
 from __future__ import annotations
 
-import logging
 from collections.abc import Callable
 from typing import cast
 
 import apsw
 
 from sidecar.errors import StoreError
+from sidecar.logging_setup import EarlyLogger
 from sidecar.store.db import Database
 from sidecar.store.migrations.v01_chat import (
     m001_seed_tables,
@@ -86,7 +86,7 @@ from sidecar.store.migrations.v26_refinements import (
 
 __all__ = ["Migration", "MIGRATIONS", "migrate", "schema_is_current", "schema_version"]
 
-log = logging.getLogger(__name__)
+log = EarlyLogger(__name__)
 
 Migration = Callable[[apsw.Connection], None]
 

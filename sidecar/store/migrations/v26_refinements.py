@@ -7,11 +7,11 @@ position in ``MIGRATIONS``, sidecar/store/migrations/__init__.py).
 
 from __future__ import annotations
 
-import logging
-
 import apsw
 
-log = logging.getLogger("sidecar.store.migrations")
+from sidecar.logging_setup import EarlyLogger
+
+log = EarlyLogger("sidecar.store.migrations")
 
 __all__ = [
     "m_fts_fold",
