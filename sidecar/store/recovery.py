@@ -42,7 +42,9 @@ def left_behind(db: Database) -> frozenset[str]:
         (TOOL_RUNS, "tool_runs", f"SELECT 1 FROM tool_runs WHERE {RUNNING_TOOL_RUN} LIMIT 1"),
     )
     found: set[str] = set()
-    with db.read() as conn:
+    # on the writer, as the open's other steps: a reader connection (~1 ms to open) is
+    # left to the first read
+    with db.write() as conn:
         for repair, table, probe in checks:
             if conn.execute(_TABLE_EXISTS, (table,)).fetchall() and conn.execute(probe).fetchall():
                 found.add(repair)

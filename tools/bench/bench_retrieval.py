@@ -79,7 +79,8 @@ from sidecar.retrieval.retriever import HybridRetriever  # noqa: E402
 from sidecar.store import Store  # noqa: E402
 from sidecar.store.async_store import AsyncStore  # noqa: E402
 from sidecar.store.knowledge import NewChunk  # noqa: E402
-from retrieval_quality import debian_set, help_set, measure_set, unpack_revision  # noqa: E402
+from retrieval_quality import debian_set, help_set, measure_set  # noqa: E402
+from revisions import unpack_revision  # noqa: E402
 
 THEN = "df9165f"
 """The revision section 5 compares with by default: main before the retrieval rework."""

@@ -10,7 +10,13 @@ first list <= 150 ms. Also the handshake README recommends, with the host's ``se
 (it needs the database). Then, with ``python -X importtime``, the heaviest imports on the
 way to those answers, so a regression shows where it comes from.
 
-    python3 dev.py bench bench_startup [--runs N] [--sessions 1000]
+``--then REV`` (repeatable) also times the sidecar of git revision REV (``git archive``, bytecode
+compiled, its own data dir of the same sessions made by its own store) in every run, right
+after today's: a before/after figure from one run, which machine noise cannot fake as the
+comparison of two separate runs can. ``--record`` (with ``--then``) records the figures
+docs/lifecycle.md quotes (tools/bench/figures.py), against the first ``--then`` revision.
+
+    python3 dev.py bench bench_startup [--runs N] [--sessions 1000] [--then REV ...] [--record]
 """
 
 from __future__ import annotations
@@ -46,16 +52,16 @@ def time_baseline() -> float:
     return time.perf_counter() - started
 
 
-def time_sidecar(data_dir: str, initialize: bytes = INITIALIZE) -> tuple[float, float]:
-    """(spawn -> initialize answer, spawn -> list answer) in seconds."""
-    env = dict(os.environ, CHAT_SIDECAR_LOG_LEVEL="WARNING", CHAT_SIDECAR_KEYCHAIN="off")
+def time_sidecar(data_dir: str, initialize: bytes = INITIALIZE, tree: Path = ROOT) -> tuple[float, float]:
+    """(spawn -> initialize answer, spawn -> list answer) in seconds, of the sidecar in ``tree``."""
+    env = dict(os.environ, CHAT_SIDECAR_LOG_LEVEL="WARNING", CHAT_SIDECAR_KEYCHAIN="off", PYTHONPATH=str(tree))
     started = time.perf_counter()
     proc = subprocess.Popen(
         [sys.executable, "-m", "sidecar", "--data-dir", data_dir],
         stdin=subprocess.PIPE,
         stdout=subprocess.PIPE,
         stderr=subprocess.DEVNULL,
-        cwd=ROOT,
+        cwd=tree,
         env=env,
     )
     assert proc.stdin is not None and proc.stdout is not None
@@ -79,17 +85,25 @@ def time_sidecar(data_dir: str, initialize: bytes = INITIALIZE) -> tuple[float, 
     return answers[b'"id":1,'], answers[b'"id":2,']
 
 
-def make_sessions(data_dir: str, count: int) -> None:
-    from protocol.sessions import CreateSessionOptions
-    from sidecar.store.store import Store
+MAKE_SESSIONS = """
+import sys
+from protocol.sessions import CreateSessionOptions
+from sidecar.store.store import Store
 
-    store = Store(data_dir)
-    try:
-        with store.transaction():
-            for i in range(count):
-                store.sessions.create(CreateSessionOptions(title=f"Session {i}", provider_id="p", model_id="m"))
-    finally:
-        store.close()
+store = Store(sys.argv[1])
+try:
+    with store.transaction():
+        for i in range(int(sys.argv[2])):
+            store.sessions.create(CreateSessionOptions(title=f"Session {i}", provider_id="p", model_id="m"))
+finally:
+    store.close()
+"""
+
+
+def make_sessions(data_dir: str, count: int, tree: Path = ROOT) -> None:
+    """A data dir of ``count`` sessions, made by the store of ``tree`` (its own schema)."""
+    subprocess.run([sys.executable, "-c", MAKE_SESSIONS, data_dir, str(count)], check=True, cwd=tree,
+                   env=dict(os.environ, PYTHONPATH=str(tree)), timeout=300)
 
 
 def heaviest_imports(data_dir: str, limit: int) -> list[tuple[int, str]]:
@@ -133,27 +147,43 @@ def main() -> int:
     parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     parser.add_argument("--runs", type=int, default=20)
     parser.add_argument("--sessions", type=int, default=1000)
+    parser.add_argument("--then", metavar="REV", action="append", default=[],
+                        help="also time the sidecar of this git revision, in the same runs (repeatable)")
+    parser.add_argument("--record", action="store_true",
+                        help="record the figures docs/lifecycle.md quotes (tools/bench/figures.py; needs --then)")
     args = parser.parse_args()
-    # Bytecode compiled first, as in an installed app or the bundle: with
-    # PYTHONDONTWRITEBYTECODE (set on some machines) every spawn would compile the
-    # sources changed since the last bytecode was written, and measure the compiler.
-    compileall.compile_dir(str(ROOT / "sidecar"), quiet=1)
-    compileall.compile_dir(str(ROOT / "protocol"), quiet=1)
-    with tempfile.TemporaryDirectory(prefix="bench-startup-") as data_dir:
-        make_sessions(data_dir, args.sessions)
-        time_sidecar(data_dir)  # warm-up: migrations done, the OS file cache filled
+    with tempfile.TemporaryDirectory(prefix="bench-startup-") as scratch:
+        trees = {"now": ROOT}
+        for rev in args.then:
+            from revisions import unpack_revision
+
+            try:
+                trees[rev] = unpack_revision(rev, Path(scratch) / f"then-{len(trees)}")
+            except (OSError, subprocess.SubprocessError) as exc:
+                print(f"the sidecar at {rev} is not timed: git archive failed ({exc})")
+        dirs = {}
+        for label, tree in trees.items():
+            # Bytecode compiled first, as in an installed app or the bundle: with
+            # PYTHONDONTWRITEBYTECODE (set on some machines) every spawn would compile the
+            # sources changed since the last bytecode was written, and measure the compiler.
+            compileall.compile_dir(str(tree / "sidecar"), quiet=1)
+            compileall.compile_dir(str(tree / "protocol"), quiet=1)
+            dirs[label] = os.path.join(scratch, f"data-{len(dirs)}")
+            make_sessions(dirs[label], args.sessions, tree)
+            time_sidecar(dirs[label], tree=tree)  # warm-up: migrations done, the OS file cache filled
         time_baseline()
-        init_runs: list[float] = []
-        list_runs: list[float] = []
+        runs: dict[str, tuple[list[float], list[float], list[float]]] = {label: ([], [], []) for label in trees}
         baseline_runs: list[float] = []
-        keyed_runs: list[float] = []
         for _ in range(args.runs):  # interleaved, so machine noise hits all alike
             baseline_runs.append(time_baseline())
-            first, listed = time_sidecar(data_dir)
-            init_runs.append(first)
-            list_runs.append(listed)
-            keyed_runs.append(time_sidecar(data_dir, INITIALIZE_WITH_KEY)[0])
-        imports = heaviest_imports(data_dir, 12)
+            for label, tree in trees.items():
+                init_runs, list_runs, keyed_runs = runs[label]
+                first, listed = time_sidecar(dirs[label], tree=tree)
+                init_runs.append(first)
+                list_runs.append(listed)
+                keyed_runs.append(time_sidecar(dirs[label], INITIALIZE_WITH_KEY, tree)[0])
+        imports = heaviest_imports(dirs["now"], 12)
+    init_runs, list_runs, keyed_runs = runs["now"]
     base = statistics.median(baseline_runs) * 1000
     init = statistics.median(init_runs) * 1000
     listed = statistics.median(list_runs) * 1000
@@ -167,6 +197,34 @@ def main() -> int:
     keyed = statistics.median(keyed_runs) * 1000
     print(f"sidecar   the same with secretKey (initialize)  median {keyed:7.1f} ms  (min {min(keyed_runs) * 1000:.1f})"
           f"  {keyed / base:5.2f}x")
+    for label in trees:
+        if label == "now":
+            continue
+        print(f"the sidecar at {label}, in the same runs (now / then):")
+        for name, ours, theirs in zip(("initialize", "first list", "with secretKey"), runs["now"], runs[label]):
+            then = statistics.median(theirs) * 1000
+            print(f"  {name:15s} median {then:7.1f} ms  (min {min(theirs) * 1000:.1f})  {then / base:5.2f}x"
+                  f"   now/then {statistics.median(ours) * 1000 / then:5.2f}")
+    then_rev = next((label for label in trees if label != "now"), None)
+    if args.record and then_rev is not None:
+        import figures
+
+        medians = {label: [statistics.median(r) * 1000 for r in runs[label]] for label in trees}
+        now_init, now_list, now_keyed = medians["now"]
+        recorded = {
+            "startup.baseline": f"{base:.0f} ms",
+            "startup.init": f"{now_init:.0f} ms ({now_init / base:.2f}x)",
+            "startup.list": f"{now_list:.0f} ms",
+            "startup.keyed": f"{now_keyed:.0f} ms",
+            "startup.then": then_rev,
+            "startup.load": figures.load_average(),
+        }
+        for name, ours, theirs in zip(("init", "list", "keyed"), medians["now"], medians[then_rev]):
+            recorded[f"startup.then.{name}"] = f"{ours / theirs:.2f}"
+        figures.record("bench_startup", recorded,
+                       command=f"python3 dev.py bench bench_startup --runs {args.runs} --then {then_rev} --record")
+    elif args.record:
+        print("nothing recorded: --record compares with a --then revision")
     print("heaviest top-level imports before the first list answer (python -X importtime, one run):")
     for us, name in imports:
         print(f"  {us / 1000:7.1f} ms  {name}")

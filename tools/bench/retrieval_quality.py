@@ -14,7 +14,7 @@ A query's rank is the place of the first chunk of a relevant document in the lis
 first 10 chunks, the hybrid's first 10 (which holds at most 3 chunks of one document while
 others pass, as every search does).
 
-With a ``then`` tree (``unpack_revision``: an earlier revision's ``sidecar`` and
+With a ``then`` tree (revisions.py's ``unpack_revision``: an earlier revision's ``sidecar`` and
 ``protocol``), the same documents and queries are also ranked by that revision's product
 (retrieval_then.py, in a child process on that tree), and its hybrid MRR@10 is printed
 beside today's: the gain of everything since then, in the same run. A document read from a
@@ -174,16 +174,6 @@ def _rank(store: Store, embedder: Any, kb_of: dict[str, str], doc_id: dict[tuple
 def _groups(q: Query) -> tuple[str, ...]:
     half = "calib" if q.calib else "held-out"
     return (q.lang, "all", half, *(() if q.calib else (f"held-{q.lang}",)))
-
-
-def unpack_revision(rev: str, target: Path) -> Path:
-    """``sidecar`` and ``protocol`` of git revision ``rev`` of this checkout, unpacked in ``target``."""
-    root = Path(__file__).resolve().parents[2]
-    target.mkdir(parents=True, exist_ok=True)
-    archive = subprocess.run(["git", "-C", str(root), "archive", rev, "sidecar", "protocol"], capture_output=True,
-                             check=True, timeout=120).stdout
-    subprocess.run(["tar", "-x", "-C", str(target)], input=archive, check=True, timeout=120)
-    return target
 
 
 def _rank_then(tree: Path, data_dir: Path, docs: list[Doc], queries: list[Query]) -> Ranks:
