@@ -10,8 +10,8 @@ through an ``EarlyLogger(__name__)``: importing ``logging`` costs those answers 
 they log little, mostly below the default level. ``defer_setup(level)`` names the level at
 the start; a record below it is dropped there, as logging would drop it; the first record at
 or above it through an early logger, or ``finish_setup``, whichever comes first, installs
-the handler. What must stay true: no handler here ever writes to fd 1, and
-no record is emitted before the handler is installed.
+the handler. What must stay true: no handler here ever writes to fd 1, and no record is
+emitted before the handler is installed.
 """
 
 from __future__ import annotations
@@ -28,6 +28,9 @@ DATE_FORMAT = "%H:%M:%S"
 
 QUIET_BELOW_DEBUG = ("httpx2", "httpcore2")
 """Libraries whose INFO lines are per-request noise: held at WARNING unless DEBUG is asked for."""
+
+LEVELS = {"DEBUG": 10, "INFO": 20, "WARNING": 30, "ERROR": 40, "CRITICAL": 50}
+"""logging's numbers for the levels sidecar.config accepts."""
 
 _deferred_level: str | None = None
 """The level ``defer_setup`` named, until the handler is installed."""
@@ -81,35 +84,31 @@ class EarlyLogger:
         return self._logger
 
     def debug(self, msg: object, *args: object, **kwargs: Any) -> None:
-        if _wanted(10):
+        if _wanted("DEBUG"):
             self._real().debug(msg, *args, **_caller(kwargs))
 
     def info(self, msg: object, *args: object, **kwargs: Any) -> None:
-        if _wanted(20):
+        if _wanted("INFO"):
             self._real().info(msg, *args, **_caller(kwargs))
 
     def warning(self, msg: object, *args: object, **kwargs: Any) -> None:
-        if _wanted(30):
+        if _wanted("WARNING"):
             self._real().warning(msg, *args, **_caller(kwargs))
 
     def error(self, msg: object, *args: object, **kwargs: Any) -> None:
-        if _wanted(40):
+        if _wanted("ERROR"):
             self._real().error(msg, *args, **_caller(kwargs))
 
     def exception(self, msg: object, *args: object, **kwargs: Any) -> None:
-        if _wanted(40):
+        if _wanted("ERROR"):
             self._real().exception(msg, *args, **_caller(kwargs))
 
 
-LEVELS = {"DEBUG": 10, "INFO": 20, "WARNING": 30, "ERROR": 40, "CRITICAL": 50}
-"""logging's numbers for the levels sidecar.config accepts."""
-
-
-def _wanted(level: int) -> bool:
+def _wanted(level: str) -> bool:
     """False for a record below the deferred level: logging would drop it (until the handler
     is installed no logger of ours has a level of its own, so the root's decides), and it is
     dropped without loading logging."""
-    return _deferred_level is None or level >= LEVELS[_deferred_level]
+    return _deferred_level is None or LEVELS[level] >= LEVELS[_deferred_level]
 
 
 def _caller(kwargs: dict[str, Any]) -> dict[str, Any]:

@@ -81,3 +81,11 @@ def test_without_an_early_record_finish_setup_installs_the_handler_once() -> Non
     assert got == {"handlers": 1}
     assert stderr.strip().endswith("WARNING sidecar.late: a plain logger's record"), stderr
     assert "below the level" not in stderr
+
+
+def test_the_level_names_are_loggings_own_numbers() -> None:
+    import logging
+
+    from sidecar.logging_setup import LEVELS
+
+    assert LEVELS == {name: logging.getLevelName(name) for name in ("DEBUG", "INFO", "WARNING", "ERROR", "CRITICAL")}
