@@ -98,7 +98,10 @@ LONG_REPLY = (
 async def test_a_message_gets_a_reply_split_for_the_platform(tmp_path: Path) -> None:
     async with scripted_provider() as server, spawn_sidecar(tmp_path) as proc:
         await configure_provider(proc, server.base_url)
-        config = await channel(proc, platform="dingtalk", limits={"maxMessageSize": 400}, rate={"burst": 2})
+        # the platform's own rate (20 a minute) would make the test wait ~12 s between bursts
+        config = await channel(
+            proc, platform="dingtalk", limits={"maxMessageSize": 400}, rate={"burst": 2, "messagesPerMinute": 600}
+        )
         assert config["dialect"] == "dingtalk_md" and config["limits"]["sizeUnit"] == "utf8_bytes"
         await server.script({"text": LONG_REPLY, "chunks": 50})
         result = await proc.call("channel:message", message(**mention("give me the table"), group=True, chatName="Ops"))
