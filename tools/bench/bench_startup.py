@@ -36,6 +36,8 @@ from pathlib import Path
 ROOT = Path(__file__).resolve().parents[2]
 sys.path.insert(0, str(ROOT))
 
+from revisions import unpack_revision  # noqa: E402
+
 INITIALIZE = b'{"jsonrpc":"2.0","id":1,"method":"sidecar:initialize","params":{}}\n'
 LIST = b'{"jsonrpc":"2.0","id":2,"method":"chat:session:list","params":{"limit":50}}\n'
 SHUTDOWN = b'{"jsonrpc":"2.0","id":3,"method":"sidecar:shutdown"}\n'
@@ -155,8 +157,6 @@ def main() -> int:
     with tempfile.TemporaryDirectory(prefix="bench-startup-") as scratch:
         trees = {"now": ROOT}
         for rev in args.then:
-            from revisions import unpack_revision
-
             try:
                 trees[rev] = unpack_revision(rev, Path(scratch) / f"then-{len(trees)}")
             except (OSError, subprocess.SubprocessError) as exc:
