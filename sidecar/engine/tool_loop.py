@@ -437,18 +437,24 @@ class ReplyTools:
 
     async def close(self, reply: ReplyFeed, note: str, *, announce: bool) -> None:
         """Every unanswered call gets the error result ``note`` and ends ``cancelled`` (with
-        a ``tool_result`` event when ``announce``), so the stored reply stays a valid history."""
+        a ``tool_result`` event when ``announce``), so the stored reply stays a valid history.
+        A call whose result reached the reply ends ``done``: the stop may have come between
+        its result and its row (``_add_result``), and no row outlives its reply open."""
         calls = reply.content.unanswered_calls()
         for call in calls:
             await reply.tool_result(call.id, note, True, announce=announce)
-        if calls and self._has_run:
+        if self._has_run and reply.content.tool_calls:
             message_id = self._job.message_id
+            unanswered = {call.id for call in calls}
+            answered = [call.id for call in reply.content.tool_calls if call.id not in unanswered]
 
-            def cancel(s: Store) -> None:
-                for call in calls:
-                    s.tools.transition(message_id, call.id, from_states=OPEN_STATES, to_state="cancelled")
+            def settle(s: Store) -> None:
+                for call_id in unanswered:
+                    s.tools.transition(message_id, call_id, from_states=OPEN_STATES, to_state="cancelled")
+                for call_id in answered:
+                    s.tools.transition(message_id, call_id, from_states=OPEN_STATES, to_state="done")
 
-            await self._store.run(cancel)
+            await self._store.run(settle)
 
     async def cancel_open(self, reply: ReplyFeed) -> None:
         """At an error or aborted ending: calls stored pending just before the stop must not
