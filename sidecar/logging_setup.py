@@ -56,6 +56,8 @@ def setup_logging(level: str = "WARNING") -> None:
 def defer_setup(level: str) -> None:
     """``setup_logging(level)`` at the first early record, or when it is called itself."""
     global _deferred_level
+    if level not in LEVELS:  # here, not at the first record, which may come much later
+        raise ValueError(f"log level must be one of {', '.join(LEVELS)}, got {level!r}")
     _deferred_level = level
 
 
@@ -84,24 +86,27 @@ class EarlyLogger:
         return self._logger
 
     def debug(self, msg: object, *args: object, **kwargs: Any) -> None:
-        if _wanted("DEBUG"):
-            self._real().debug(msg, *args, **_caller(kwargs))
+        self._log("DEBUG", msg, args, kwargs)
 
     def info(self, msg: object, *args: object, **kwargs: Any) -> None:
-        if _wanted("INFO"):
-            self._real().info(msg, *args, **_caller(kwargs))
+        self._log("INFO", msg, args, kwargs)
 
     def warning(self, msg: object, *args: object, **kwargs: Any) -> None:
-        if _wanted("WARNING"):
-            self._real().warning(msg, *args, **_caller(kwargs))
+        self._log("WARNING", msg, args, kwargs)
 
     def error(self, msg: object, *args: object, **kwargs: Any) -> None:
-        if _wanted("ERROR"):
-            self._real().error(msg, *args, **_caller(kwargs))
+        self._log("ERROR", msg, args, kwargs)
 
     def exception(self, msg: object, *args: object, **kwargs: Any) -> None:
-        if _wanted("ERROR"):
-            self._real().exception(msg, *args, **_caller(kwargs))
+        """ERROR with the exception being handled, as ``Logger.exception``."""
+        kwargs.setdefault("exc_info", True)
+        self._log("ERROR", msg, args, kwargs)
+
+    def _log(self, level: str, msg: object, args: tuple[object, ...], kwargs: dict[str, Any]) -> None:
+        if _wanted(level):
+            # the record names the caller's line (two frames up: the level method, then this)
+            kwargs["stacklevel"] = kwargs.get("stacklevel", 1) + 2
+            self._real().log(LEVELS[level], msg, *args, **kwargs)
 
 
 def _wanted(level: str) -> bool:
@@ -109,9 +114,3 @@ def _wanted(level: str) -> bool:
     is installed no logger of ours has a level of its own, so the root's decides), and it is
     dropped without loading logging."""
     return _deferred_level is None or LEVELS[level] >= LEVELS[_deferred_level]
-
-
-def _caller(kwargs: dict[str, Any]) -> dict[str, Any]:
-    """The record names the caller's line, not this module's."""
-    kwargs["stacklevel"] = kwargs.get("stacklevel", 1) + 1
-    return kwargs

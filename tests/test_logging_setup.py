@@ -89,3 +89,13 @@ def test_the_level_names_are_loggings_own_numbers() -> None:
     from sidecar.logging_setup import LEVELS
 
     assert LEVELS == {name: logging.getLevelName(name) for name in ("DEBUG", "INFO", "WARNING", "ERROR", "CRITICAL")}
+
+
+def test_an_unknown_deferred_level_is_refused_at_once() -> None:
+    import pytest
+
+    from sidecar import logging_setup
+
+    with pytest.raises(ValueError, match="log level must be one of DEBUG, INFO, WARNING, ERROR, CRITICAL"):
+        logging_setup.defer_setup("verbose")
+    assert logging_setup._deferred_level is None  # nothing deferred: records go as usual

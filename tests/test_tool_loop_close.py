@@ -18,6 +18,7 @@ import pytest
 
 from protocol.sessions import CreateSessionOptions
 from protocol.settings import ChatSettings
+from protocol.types import ToolResultPart
 from sidecar.engine.lifecycle.driver import ReplyJob
 from sidecar.engine.reply import ReplyBuilder
 from sidecar.engine.tool_loop import CANCELLED_NOTE, ReplyTools, ToolLoop
@@ -61,7 +62,7 @@ async def test_a_stop_between_a_result_and_its_row_still_closes_the_row(tmp_path
             feed.content.add_tool_call(call_id, "free", "{}")
         feed.content.add_tool_result("ran", "ran free", False)  # its row was never marked done
         feed.content.add_tool_result("asked", "denied by the user", True)
-        loop = ToolLoop(store=store, approvals=None, data_dir=tmp_path, services=None,  # type: ignore[arg-type]
+        loop = ToolLoop(store=store, approvals=None, data_dir=tmp_path, services=None,  # closing needs no services
                         settings=ChatSettings)
         job = ReplyJob(session=session, message_id=message.id, parent_id=message.parent_id, provider_id="p",
                        model_id="m", resume=message)
@@ -71,7 +72,7 @@ async def test_a_stop_between_a_result_and_its_row_still_closes_the_row(tmp_path
         assert rows == {"ran": "done", "cut": "cancelled", "asked": "done"}
         assert await store.run(lambda s: s.tools.list_open(states=("running", "approved"))) == []
         # the call that never finished has the stop's note as its result, the others keep theirs
-        results = {p.tool_use_id: p.content for p in feed.content.parts if hasattr(p, "tool_use_id")}
+        results = {p.tool_use_id: p.content for p in feed.content.parts if isinstance(p, ToolResultPart)}
         assert results == {"ran": "ran free", "cut": CANCELLED_NOTE, "asked": "denied by the user"}
     finally:
         await store.close()

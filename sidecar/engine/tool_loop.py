@@ -449,10 +449,11 @@ class ReplyTools:
             answered = [call.id for call in reply.content.tool_calls if call.id not in unanswered]
 
             def settle(s: Store) -> None:
-                for call_id in unanswered:
-                    s.tools.transition(message_id, call_id, from_states=OPEN_STATES, to_state="cancelled")
-                for call_id in answered:
-                    s.tools.transition(message_id, call_id, from_states=OPEN_STATES, to_state="done")
+                with s.transaction():  # one commit for the reply's calls, however many steps it took
+                    for call_id in unanswered:
+                        s.tools.transition(message_id, call_id, from_states=OPEN_STATES, to_state="cancelled")
+                    for call_id in answered:
+                        s.tools.transition(message_id, call_id, from_states=OPEN_STATES, to_state="done")
 
             await self._store.run(settle)
 
