@@ -149,6 +149,14 @@ def test_html_hidden_elements_are_left_out() -> None:
     assert "secret" in extract("html", b"<body><div hidden>secret words</div></body>").text
 
 
+def test_html_permalink_anchors_are_left_out() -> None:
+    page = ('<body><h1>argparse — Parser<a class="headerlink" href="#argparse" title="Link">\u00b6</a></h1>'
+            '<h2 id="x">Usage<a href="#x">#</a></h2><h3>Deep<a href="#d" class="hash-link">\u200b</a></h3>'
+            '<p>See<a href="#fn1">1</a> and <a href="#top">top</a>, <a href="other.html">\u00b6</a>.</p></body>')
+    text = extract("html", page.encode()).text
+    assert text == "# argparse — Parser\n\n## Usage\n\n### Deep\n\nSee1 and top, \u00b6."
+
+
 def test_html_visible_text_as_markdown() -> None:
     html = ("<html><head><title>T</title><style>.x{}</style></head><body><nav>menu</nav><h1>Main</h1>"
             "<p>Hello <b>world</b>.</p><pre>a = 1\n  b = 2</pre><ul><li>one</li><li>two</li></ul>"

@@ -14,7 +14,9 @@ offset where each page starts). Kinds:
   an inline ``display: none`` or ``visibility: hidden``, and the classes and ids the page's
   own ``<style>`` hides that way in a rule of the top level (one class or id per selector;
   rules inside ``@media`` and other at-rules are not read: a print-only rule hides nothing
-  on screen);
+  on screen); so are permalink anchors, a link to a place in the same page whose text is
+  a sign or two and no word (Sphinx's and MkDocs' ``¶``, ``#``, ``§``, a zero-width space):
+  without them a heading reads as its author wrote it;
 - PDF: pypdf, page by page, pages separated by a blank line (their start offsets kept).
 
 Must stay true: every failure is a DocumentError with a DocumentErrorCode (``empty``,
@@ -328,6 +330,15 @@ def _is_hidden(attributes: dict[str, str | None], hidden: frozenset[str]) -> boo
     return False
 
 
+def _is_permalink(node: object, attributes: dict[str, str | None]) -> bool:
+    """A link to a fragment of this page whose text is one or two signs, no letter or digit
+    (a footnote's ``<a href="#fn1">1</a>`` is kept)."""
+    if not (attributes.get("href") or "").startswith("#"):
+        return False
+    text = (node.text(deep=True) or "").strip()  # type: ignore[attr-defined]
+    return 0 < len(text) <= 2 and not any(char.isalnum() for char in text)
+
+
 def _walk(root: object, *, drop: bool, hidden: frozenset[str] = frozenset()) -> str:
     """Depth-first over the tree with an explicit stack (deeply nested pages are legal)."""
     parts: list[str] = []
@@ -368,6 +379,8 @@ def _walk(root: object, *, drop: bool, hidden: frozenset[str] = frozenset()) -> 
         if drop:
             attributes = node.attributes  # type: ignore[attr-defined]
             if tag in _DROP or (attributes.get("role") or "") in _DROP_ROLES or _is_hidden(attributes, hidden):
+                continue
+            if tag == "a" and _is_permalink(node, attributes):
                 continue
         if tag == "pre":
             flush()

@@ -1,7 +1,7 @@
 """Section 5 of bench_retrieval.py: retrieval quality on the offline sets (retrieval_sets.py).
 
 Owns how a set is measured: its documents indexed through the product's own path
-(``chunking.chunk_document`` with the base's common lines, ``KnowledgeRepo.write_index``,
+(``chunking.chunk_document`` at ingestion's size with the base's common lines, ``KnowledgeRepo.write_index``,
 the local wordllama embedder), each query run through the lexical leg alone, the vector leg
 alone and the HybridRetriever, and recall@6 / MRR@10 of each by query group
 (retrieval_sets.GROUPS). Each set is measured twice in the same run: chunked as now (small
@@ -47,6 +47,9 @@ from sidecar.store.async_store import AsyncStore
 __all__ = ["Doc", "Query", "measure_set", "debian_set", "help_set", "LEGS"]
 
 LEGS = ("lexical", "vector", "hybrid")
+CHUNK_SIZE = chunking.DEFAULT_CHUNK_SIZE
+"""Each base's chunk size; its chunks are cut at ``chunking.effective_size`` of it, as ingestion
+cuts them (412 tokens under wordllama's 512-token input limit)."""
 Ranks = dict[tuple[str, str], list[int]]
 
 
@@ -111,9 +114,10 @@ def _index(store: Store, embedder: Any, docs: list[Doc], merge: bool) -> tuple[d
     kb_of: dict[str, str] = {}
     doc_id: dict[tuple[str, str], str] = {}
     sizes: list[int] = []
+    size = chunking.effective_size(CHUNK_SIZE, embedder.input_limit)  # what ingestion uses (ingest.py)
     for d in docs:
         if d.base not in kb_of:
-            kb_of[d.base] = repo.create_kb(name=d.base, description="", embed=("@local", "wordllama"), chunk_size=512,
+            kb_of[d.base] = repo.create_kb(name=d.base, description="", embed=("@local", "wordllama"), chunk_size=CHUNK_SIZE,
                                            chunk_overlap=64).id
         kb_id = kb_of[d.base]
         doc, _dup = repo.add_document(kb_id=kb_id, name=d.name, kind=d.kind, source="text", path=None,
@@ -121,7 +125,7 @@ def _index(store: Store, embedder: Any, docs: list[Doc], merge: bool) -> tuple[d
         claimed = repo.claim(doc.id)
         assert claimed is not None
         kind = "markdown" if d.kind == "html" else d.kind  # extraction already wrote the page as Markdown
-        chunks = chunking.chunk_document(doc.id, kind, d.text, None, size=512, overlap=64,
+        chunks = chunking.chunk_document(doc.id, kind, d.text, None, size=size, overlap=64,
                                          common=repo.common_lines(kb_id), merge_sections=merge)
         if not chunks:
             continue

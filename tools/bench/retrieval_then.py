@@ -4,8 +4,9 @@ Run by retrieval_quality.py as ``python retrieval_then.py JOB.json`` with ``PYTH
 to an unpacked earlier tree (``git archive REV sidecar protocol``), so ``sidecar`` here is
 that revision's code: its extraction, chunking, full-text index, vectors and fusion, driven
 through the calls every revision since the knowledge bases has had (KnowledgeRepo's
-create_kb / add_document / claim / write_index, chunking.chunk_document, the local
-wordllama embedder, HybridRetriever._search). What must stay true: it imports nothing of
+create_kb / add_document / claim / write_index, chunking.effective_size and chunk_document,
+the local wordllama embedder, HybridRetriever._search), at the chunk size its ingestion
+used (the base's 512, clamped to the embedder's input limit). What must stay true: it imports nothing of
 the current tree (it checks that ``sidecar`` comes from the tree it was given), and it
 indexes what the product of then would have: a document with a ``path`` is read from that
 file and extracted by that revision (HTML pages with whatever it kept of them), one with a
@@ -42,6 +43,8 @@ def main(job_path: str) -> int:
         raise SystemExit(f"sidecar comes from {sidecar.__file__}, not from {tree}: set PYTHONPATH to the tree")
     logging.disable(logging.INFO)
     embedder = LocalEmbedder()
+    # the size that revision's ingestion used: the base's, clamped to the embedder's input limit
+    size = chunking.effective_size(512, embedder.input_limit)
     store = Store(Path(job["data_dir"]))
     try:
         repo = store.knowledge
@@ -64,7 +67,7 @@ def main(job_path: str) -> int:
                                           body=text)
             claimed = repo.claim(doc.id)
             assert claimed is not None
-            chunks = chunking.chunk_document(doc.id, kind, text, None, size=512, overlap=64)
+            chunks = chunking.chunk_document(doc.id, kind, text, None, size=size, overlap=64)
             if not chunks:
                 continue
             vectors = embedder.embed_blocking([c.embed_text for c in chunks])
