@@ -481,6 +481,11 @@ async def test_local_embedder_loads_offline_behind_a_socket_guard(monkeypatch: p
     assert attempts == [] and vectors.shape == (3, 256) and embedded.usage == ()  # in process: no cost
     assert np.allclose(np.linalg.norm(vectors, axis=1), 1.0, atol=1e-5)
     assert vectors[0] @ vectors[1] > vectors[0] @ vectors[2]
+    # it reads a whole chunk (no input limit, so chunks keep the base's size): words after
+    # the first 1,000 tokens still move the vector
+    long = "the kitten sleeps on the rug. " * 150
+    both = (await embedder.embed([long, long + "quarterly revenue and earnings. " * 20])).vectors
+    assert embedder.input_limit is None and both[0] @ both[1] < 0.999
 
 
 def test_lexical_leg_keeps_to_the_bases_whatever_the_filter(tmp_path: Path) -> None:

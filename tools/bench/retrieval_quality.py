@@ -48,8 +48,8 @@ __all__ = ["Doc", "Query", "measure_set", "debian_set", "help_set", "LEGS"]
 
 LEGS = ("lexical", "vector", "hybrid")
 CHUNK_SIZE = chunking.DEFAULT_CHUNK_SIZE
-"""Each base's chunk size; its chunks are cut at ``chunking.effective_size`` of it, as ingestion
-cuts them (412 tokens under wordllama's 512-token input limit)."""
+"""Each base's chunk size; its chunks are cut at ``chunking.effective_size`` of it and the
+embedder's input limit, as ingestion cuts them (the local wordllama embedder has none)."""
 Ranks = dict[tuple[str, str], list[int]]
 
 
