@@ -39,11 +39,10 @@ The constants were calibrated on the calibration half of the Debian set (tools/b
 bench_retrieval.py, ``in_calibration``: a hash of the page name) under the constraint that
 hybrid recall@6 and MRR@10 be no lower than the better leg in each language there, then
 checked on the held-out half (figures in the bench's output); LEXICAL_POWER again on the
-calibration halves of the Debian set and of the LibreOffice help set together. That was with
-512-token chunks. With the 412 tokens ingestion cuts under the local embedder, hybrid is at
-least the better leg on each set as a whole, but not in every group: a few thousandths under
-the lexical leg in Chinese on the Debian set and on the held-out English help
-(docs/knowledge.md: what was tried, and why a zero weight for a level vector leg is not here).
+calibration halves of the Debian set and of the LibreOffice help set together, all with
+512-token chunks. With 412-token chunks the constraint held for each set as a whole but not
+in every group (docs/knowledge.md: what was tried, and why a zero weight for a level vector
+leg is not here).
 
 The RRF constants below were tuned on the Debian evaluation set of tools/bench/bench_retrieval.py
 (673 known-item queries, English and Chinese, wordllama vectors): plain RRF (k = 60, equal
