@@ -1,8 +1,9 @@
 """Section 5 of bench_retrieval.py: retrieval quality on the offline sets (retrieval_sets.py).
 
 Owns how a set is measured: its documents indexed through the product's own path
-(``chunking.chunk_document`` at ingestion's size with the base's common lines, ``KnowledgeRepo.write_index``,
-the local wordllama embedder), each query run through the lexical leg alone, the vector leg
+(``chunking.chunk_document`` at ingestion's size with the base's common lines,
+``KnowledgeRepo.write_index``, the local wordllama embedder), each query run through the
+lexical leg alone, the vector leg
 alone and the HybridRetriever, and recall@6 / MRR@10 of each by query group
 (retrieval_sets.GROUPS). Each set is measured twice in the same run: chunked as now (small
 sections merged) and with ``merge_sections=False``, the rule before merging (every heading
@@ -117,8 +118,8 @@ def _index(store: Store, embedder: Any, docs: list[Doc], merge: bool) -> tuple[d
     size = chunking.effective_size(CHUNK_SIZE, embedder.input_limit)  # what ingestion uses (ingest.py)
     for d in docs:
         if d.base not in kb_of:
-            kb_of[d.base] = repo.create_kb(name=d.base, description="", embed=("@local", "wordllama"), chunk_size=CHUNK_SIZE,
-                                           chunk_overlap=64).id
+            kb_of[d.base] = repo.create_kb(name=d.base, description="", embed=("@local", "wordllama"),
+                                           chunk_size=CHUNK_SIZE, chunk_overlap=64).id
         kb_id = kb_of[d.base]
         doc, _dup = repo.add_document(kb_id=kb_id, name=d.name, kind=d.kind, source="text", path=None,
                                       size_bytes=len(d.text), content_hash=f"{d.base}:{d.name}", body=d.text)

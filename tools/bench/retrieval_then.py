@@ -6,11 +6,11 @@ that revision's code: its extraction, chunking, full-text index, vectors and fus
 through the calls every revision since the knowledge bases has had (KnowledgeRepo's
 create_kb / add_document / claim / write_index, chunking.effective_size and chunk_document,
 the local wordllama embedder, HybridRetriever._search), at the chunk size its ingestion
-used (the base's 512, clamped to the embedder's input limit). What must stay true: it imports nothing of
-the current tree (it checks that ``sidecar`` comes from the tree it was given), and it
-indexes what the product of then would have: a document with a ``path`` is read from that
-file and extracted by that revision (HTML pages with whatever it kept of them), one with a
-``text`` is indexed as given.
+used (the base's 512, clamped to that embedder's input limit). What must stay true: it
+imports nothing of the current tree (it checks that ``sidecar`` comes from the tree it was
+given), and it indexes what the product of then would have: a document with a ``path`` is
+read from that file and extracted by that revision (HTML pages with whatever it kept of
+them), one with a ``text`` is indexed as given.
 
 JOB.json: ``{"data_dir": ..., "tree": ..., "docs": [{"base", "name", "kind", "text" | "path"}],
 "queries": [{"base", "text", "relevant": [names]}]}``. Prints a JSON list: for each query,
