@@ -3,9 +3,8 @@
 Owns how a set is measured: its documents indexed through the product's own path
 (``chunking.chunk_document`` at ingestion's size with the base's common lines,
 ``KnowledgeRepo.write_index``, the local wordllama embedder), each query run through the
-lexical leg alone, the vector leg
-alone and the HybridRetriever, and recall@6 / MRR@10 of each by query group
-(retrieval_sets.GROUPS). Each set is measured twice in the same run: chunked as now (small
+lexical leg alone, the vector leg alone and the HybridRetriever, and recall@6 / MRR@10 of
+each by query group (retrieval_sets.GROUPS). Each set is measured twice in the same run: chunked as now (small
 sections merged) and with ``merge_sections=False``, the rule before merging (every heading
 closes a chunk), so the gain from merging is a same-run figure; a set with Markdown or HTML
 documents is indexed a third time with every document added as kind ``text`` (paragraphs
