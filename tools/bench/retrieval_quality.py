@@ -48,8 +48,10 @@ __all__ = ["Doc", "Query", "measure_set", "debian_set", "help_set", "LEGS"]
 
 LEGS = ("lexical", "vector", "hybrid")
 CHUNK_SIZE = chunking.DEFAULT_CHUNK_SIZE
-"""Each base's chunk size; its chunks are cut at ``chunking.effective_size`` of it and the
-embedder's input limit, as ingestion cuts them (the local wordllama embedder has none)."""
+"""Each base's chunk size, today's and (through the job, retrieval_then.py) the earlier
+revision's; chunks are cut at ``chunking.effective_size`` of it and the embedder's input
+limit, as ingestion cuts them (the local wordllama embedder has none)."""
+CHUNK_OVERLAP = chunking.DEFAULT_OVERLAP
 Ranks = dict[tuple[str, str], list[int]]
 
 
@@ -118,14 +120,14 @@ def _index(store: Store, embedder: Any, docs: list[Doc], merge: bool) -> tuple[d
     for d in docs:
         if d.base not in kb_of:
             kb_of[d.base] = repo.create_kb(name=d.base, description="", embed=("@local", "wordllama"),
-                                           chunk_size=CHUNK_SIZE, chunk_overlap=64).id
+                                           chunk_size=CHUNK_SIZE, chunk_overlap=CHUNK_OVERLAP).id
         kb_id = kb_of[d.base]
         doc, _dup = repo.add_document(kb_id=kb_id, name=d.name, kind=d.kind, source="text", path=None,
                                       size_bytes=len(d.text), content_hash=f"{d.base}:{d.name}", body=d.text)
         claimed = repo.claim(doc.id)
         assert claimed is not None
         kind = "markdown" if d.kind == "html" else d.kind  # extraction already wrote the page as Markdown
-        chunks = chunking.chunk_document(doc.id, kind, d.text, None, size=size, overlap=64,
+        chunks = chunking.chunk_document(doc.id, kind, d.text, None, size=size, overlap=CHUNK_OVERLAP,
                                          common=repo.common_lines(kb_id), merge_sections=merge)
         if not chunks:
             continue
@@ -185,7 +187,7 @@ def _rank_then(tree: Path, data_dir: Path, docs: list[Doc], queries: list[Query]
     job = data_dir / "job.json"
     data_dir.mkdir(parents=True, exist_ok=True)
     job.write_text(json.dumps({
-        "tree": str(tree), "data_dir": str(data_dir / "db"),
+        "tree": str(tree), "data_dir": str(data_dir / "db"), "chunk_size": CHUNK_SIZE, "chunk_overlap": CHUNK_OVERLAP,
         "docs": [{"base": d.base, "name": d.name, "kind": d.kind, **({"path": d.path} if d.path else {"text": d.text})}
                  for d in docs],
         "queries": [{"base": q.base, "text": q.text, "relevant": sorted(q.relevant)} for q in queries],

@@ -6,14 +6,14 @@ that revision's code: its extraction, chunking, full-text index, vectors and fus
 through the calls every revision since the knowledge bases has had (KnowledgeRepo's
 create_kb / add_document / claim / write_index, chunking.effective_size and chunk_document,
 the local wordllama embedder, HybridRetriever._search), at the chunk size its ingestion
-used (the base's 512, clamped to that embedder's input limit). What must stay true: it
+used (the job's chunk size, clamped to that embedder's input limit). What must stay true: it
 imports nothing of the current tree (it checks that ``sidecar`` comes from the tree it was
 given), and it indexes what the product of then would have: a document with a ``path`` is
 read from that file and extracted by that revision (HTML pages with whatever it kept of
 them), one with a ``text`` is indexed as given.
 
-JOB.json: ``{"data_dir": ..., "tree": ..., "docs": [{"base", "name", "kind", "text" | "path"}],
-"queries": [{"base", "text", "relevant": [names]}]}``. Prints a JSON list: for each query,
+JOB.json: ``{"data_dir": ..., "tree": ..., "chunk_size": ..., "chunk_overlap": ...,
+"docs": [{"base", "name", "kind", "text" | "path"}], "queries": [{"base", "text", "relevant": [names]}]}``. Prints a JSON list: for each query,
 the place of the first chunk of a relevant document in the hybrid's first 10 (0: none).
 """
 
@@ -44,7 +44,8 @@ def main(job_path: str) -> int:
     logging.disable(logging.INFO)
     embedder = LocalEmbedder()
     # the size that revision's ingestion used: the base's, clamped to the embedder's input limit
-    size = chunking.effective_size(512, embedder.input_limit)
+    overlap = job["chunk_overlap"]
+    size = chunking.effective_size(job["chunk_size"], embedder.input_limit)
     store = Store(Path(job["data_dir"]))
     try:
         repo = store.knowledge
@@ -53,7 +54,7 @@ def main(job_path: str) -> int:
         for d in job["docs"]:
             if d["base"] not in kb_of:
                 kb_of[d["base"]] = repo.create_kb(name=d["base"], description="", embed=("@local", "wordllama"),
-                                                  chunk_size=512, chunk_overlap=64).id
+                                                  chunk_size=job["chunk_size"], chunk_overlap=overlap).id
             if d.get("path"):
                 try:
                     extracted = extract(d["kind"], Path(d["path"]).read_bytes())
@@ -67,7 +68,7 @@ def main(job_path: str) -> int:
                                           body=text)
             claimed = repo.claim(doc.id)
             assert claimed is not None
-            chunks = chunking.chunk_document(doc.id, kind, text, None, size=size, overlap=64)
+            chunks = chunking.chunk_document(doc.id, kind, text, None, size=size, overlap=overlap)
             if not chunks:
                 continue
             vectors = embedder.embed_blocking([c.embed_text for c in chunks])
