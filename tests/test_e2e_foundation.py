@@ -11,7 +11,7 @@ from typing import Any
 
 import anyio
 import pytest
-from hypothesis import HealthCheck, given, settings
+from hypothesis import HealthCheck, example, given, settings
 from hypothesis import strategies as st
 from sidecar_proc import CallError, sidecar_command, spawn_sidecar
 from wire_edges import edge_line
@@ -256,6 +256,9 @@ any_line = st.one_of(
 
 @settings(max_examples=4, deadline=None, suppress_health_check=[HealthCheck.function_scoped_fixture])
 @given(st.lists(any_line, min_size=1, max_size=25))
+# one id for a method of the contract and for one outside it: a result and an error come back
+@example(lines=[b'{"jsonrpc":"2.0","id":7.0,"method":"sidecar:initialize","params":{}}',
+                b'{"jsonrpc":"2.0","id":7.0,"method":"no:such","params":{}}'])
 async def test_arbitrary_lines_over_the_pipe(tmp_path: Path, lines: list[bytes]) -> None:
     async with spawn_sidecar(tmp_path) as proc:
         for line in lines:

@@ -89,6 +89,13 @@ def test_a_reused_id_fits_if_any_of_its_methods_fits() -> None:
              {"jsonrpc": "2.0", "id": 1, "method": "chat:session:list", "params": {}}]
     assert _check(asked, [{"jsonrpc": "2.0", "id": 1, "result": {"success": True}}]) == []
     assert len(_check(asked, [{"jsonrpc": "2.0", "id": 1, "result": {"success": 1}}])) == 1
+    # the same id for a method outside the contract too: its answer is an error, so the
+    # result answers the other request (a sidecar reading arbitrary lines sees both)
+    unknown = [*asked, {"jsonrpc": "2.0", "id": 1, "method": "no:such", "params": {}}]
+    assert _check(unknown, [{"jsonrpc": "2.0", "id": 1, "result": {"success": True}},
+                            {"jsonrpc": "2.0", "id": 1, "error": {"code": -32601, "message": "no:such"}}]) == []
+    [drift] = _check(unknown[2:], [{"jsonrpc": "2.0", "id": 1, "result": {"success": True}}])
+    assert drift.problem == "a result for 'no:such', not a method of the contract"
 
 
 async def test_the_check_runs_at_the_end_of_every_spawn_sidecar_block(tmp_path: Any) -> None:
