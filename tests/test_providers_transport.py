@@ -352,3 +352,45 @@ def test_bad_base_url_is_a_bad_request() -> None:
         with pytest.raises(ProviderCallError) as info:
             create_provider(settings(base_url=url))
         assert info.value.kind == "bad_request"
+
+
+@pytest.mark.parametrize("headers, api_key, named", [
+    ({}, "sk-漢字-0123", "the value of header 'authorization'"),  # a key from an environment variable
+    ({"X-Token": "a\r\nX-Injected: 1"}, SECRET, "the value of header 'X-Token'"),
+    ({"X-Token": "tok\x00"}, SECRET, "the value of header 'X-Token'"),
+    ({"X Token": "tok-value-1"}, SECRET, "header name 'X Token' must be letters, digits"),
+])
+async def test_a_key_or_header_that_http_cannot_carry_is_a_bad_request_sent_nowhere(
+    headers: dict[str, str], api_key: str, named: str
+) -> None:
+    transport = ScriptedTransport(json_reply({"choices": []}))
+    _, error = await stream_with(transport, headers=headers, api_key=api_key)
+    assert error is not None and error.kind == "bad_request" and not error.retryable, error
+    assert named in error.message and "check the API key, its environment variable and the headers" in error.message
+    assert transport.requests == []  # nothing left the process, no retry
+    for secret in (api_key, *headers.values()):
+        assert secret not in error.message
+
+
+def test_upsert_refuses_a_key_or_header_that_http_cannot_carry(tmp_path: Path) -> None:
+    from sidecar.errors import InvalidParams
+
+    store = Store(tmp_path)
+    try:
+        base = ProviderUpsertParams(name="P", type="openai-compat", base_url="https://api.example.test/v1", api_key=SECRET)
+        for changes, where in (
+            ({"api_key": "sk-é-0123"}, "$.apiKey"),
+            ({"api_key": "sk-1\n"}, "$.apiKey"),
+            ({"headers": {"X-Token": "a\r\nb"}}, "$.headers"),
+            ({"headers": {"X-Token": "漢"}}, "$.headers"),
+            ({"headers": {"X:Token": "v"}}, "$.headers"),
+            ({"headers": {"": "v"}}, "$.headers"),
+        ):
+            with pytest.raises(InvalidParams) as err:
+                store.providers.upsert(msgspec.structs.replace(base, **changes))
+            assert where in err.value.message and "a\r\nb" not in err.value.message and "é" not in err.value.message
+        assert store.providers.list() == []
+        kept = store.providers.upsert(msgspec.structs.replace(base, headers={"X-Token": "tok\tv ok", "X_t.1~": "v"}))
+        assert kept.headers == {"X-Token": "tok\tv ok", "X_t.1~": "v"}
+    finally:
+        store.close()

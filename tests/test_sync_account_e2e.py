@@ -29,6 +29,7 @@ async def test_configure_with_a_login_or_a_token_which_is_never_shown(tmp_path):
             ({"serviceUrl": server.url}, "either"),
             ({"serviceUrl": server.url, "username": "a"}, "both"),
             ({"serviceUrl": server.url, "token": "has space"}, "token"),
+            ({"serviceUrl": server.url, "token": "tök-" + "t" * 40}, "printable ASCII"),  # a header carries it
             ({"serviceUrl": server.url, "token": "t" * 40, "requestTimeoutMs": 5}, "requestTimeoutMs"),
         ):
             with pytest.raises(CallError) as err:

@@ -213,6 +213,10 @@ async def test_bad_server_configs_are_refused(tmp_path: Path) -> None:
                 McpServerUpsertParams(name="a", transport="stdio"),
                 McpServerUpsertParams(name="a", transport="http", url="ftp://x"),
                 McpServerUpsertParams(name="a", command="x", tool_timeout_s=0),
+                # headers an HTTP request cannot carry
+                McpServerUpsertParams(name="a", transport="http", url="http://127.0.0.1:9/mcp", headers={"X-Key": "a\r\nb"}),
+                McpServerUpsertParams(name="a", transport="http", url="http://127.0.0.1:9/mcp", headers={"X-Key": "漢"}),
+                McpServerUpsertParams(name="a", transport="http", url="http://127.0.0.1:9/mcp", headers={"X Key": "v"}),
             ):
                 with pytest.raises(InvalidParams):
                     await manager.upsert_server(params)

@@ -53,6 +53,7 @@ from sidecar.compat import attachments, validate
 from sidecar.compat.rules import Rule, compile_rules
 from sidecar.compat.wire import INTERNAL, ComputerChatRequest, V1Error, invalid, text_id
 from sidecar.errors import NotFound, SidecarError
+from sidecar.http_fields import value_problem
 
 log = logging.getLogger(__name__)
 
@@ -320,6 +321,8 @@ class Projects:
             raise invalid("model_provider.api_protocol must be anthropic, openai or ollama")
         if not mp.base_url.startswith(("http://", "https://")):
             raise invalid("model_provider.base_url must be an http(s) URL")
+        if mp.api_key and (problem := value_problem(mp.api_key)):
+            raise invalid(f"model_provider.api_key {problem}")
         model = mp.model or mp.default_model
         if not model:
             raise invalid("model_provider needs model or default_model")

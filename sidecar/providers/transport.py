@@ -29,6 +29,7 @@ from typing import Any
 import anyio
 import httpx2
 
+from sidecar.http_fields import headers_problem
 from sidecar.providers.errors import ErrorKind, ProviderCallError, error_detail
 from sidecar.providers.pacing import pace_client
 from sidecar.providers.redact import install_http_log_filter, safe_url
@@ -249,6 +250,10 @@ async def open_response(
 
     ``describe`` turns a detail into a full, redacted message naming the provider.
     """
+    if problem := headers_problem(headers):
+        # a key from an environment variable, or stored before keys were checked
+        raise ProviderCallError(describe(f"{problem}; check the API key, its environment variable and the headers"),
+                                kind="bad_request", provider=settings.type)
     attempt = 0
     while True:
         try:

@@ -29,6 +29,7 @@ import msgspec
 
 from protocol.providers import AcpEngineConfig, ModelConfig, ProviderInfo, ProviderKind, ProviderUpsertParams
 from sidecar.errors import InvalidParams, NotFound
+from sidecar.http_fields import headers_problem, value_problem
 from sidecar.secrets.mask import mask_map, mask_url, unmask_map, unmask_url
 from sidecar.store.db import Database
 from sidecar.store.ids import new_id, now_ms
@@ -189,9 +190,10 @@ def validate(params: ProviderUpsertParams) -> None:
             value = getattr(model, name)
             if value is not None and value <= 0:
                 raise InvalidParams(f"invalid params: {name} must be positive - at `{field}`")
-    for key in params.headers:
-        if not key or any(c in key for c in "\r\n:"):
-            raise InvalidParams(f"invalid params: bad header name {key!r} - at `$.headers`")
+    if isinstance(params.api_key, str) and (problem := value_problem(params.api_key)):
+        raise InvalidParams(f"invalid params: apiKey {problem} - at `$.apiKey`")
+    if problem := headers_problem(params.headers):
+        raise InvalidParams(f"invalid params: {problem} - at `$.headers`")
 
 
 def _validate_engine(engine: AcpEngineConfig | None) -> None:

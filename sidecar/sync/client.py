@@ -38,6 +38,7 @@ import anyio
 import httpx2
 import msgspec
 
+from sidecar.http_fields import value_problem
 from sidecar.providers.redact import Redactor, install_http_log_filter, safe_url
 from sidecar.providers.transport import (
     RETRY_STATUSES,
@@ -214,6 +215,8 @@ class QimingClient:
         token = result.token or response_cookies.get("ticket") or ""
         if not token:
             raise ServerMalformed(f"{self._label}: the login succeeded but returned no token")
+        if value_problem(token) or " " in token:
+            raise ServerMalformed(f"{self._label}: the login returned a token that an HTTP header cannot carry")
         self.set_token(token)
         return token, result
 

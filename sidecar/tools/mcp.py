@@ -43,6 +43,7 @@ import msgspec
 from protocol.common import NameParams, SuccessResult
 from protocol.mcp import McpServerInfo, McpServerUpsertParams
 from sidecar.errors import InvalidParams, NotFound
+from sidecar.http_fields import headers_problem
 from sidecar.secrets.mask import mask_url
 from sidecar.secrets.urls import split_secret_parts
 from sidecar.store.async_store import AsyncStore
@@ -138,6 +139,8 @@ class McpManager:
             or split_secret_parts(params.url) is None
         ):
             raise InvalidParams("invalid params: url must be an http(s) URL for an http server - at `$.url`")
+        if problem := headers_problem(params.headers):
+            raise InvalidParams(f"invalid params: {problem} - at `$.headers`")
         for field, value in (("toolTimeoutS", params.tool_timeout_s), ("connectTimeoutS", params.connect_timeout_s)):
             if not 0 < value <= 3600:
                 raise InvalidParams(f"invalid params: {field} must be in (0, 3600] - at `$.{field}`")

@@ -13,6 +13,7 @@
 
 from __future__ import annotations
 
+import json
 from typing import Any
 
 import anyio
@@ -122,3 +123,19 @@ async def test_a_forwarded_turn_whose_stream_sends_no_head_in_time_ends_with_an_
         final = await wait_final(proc, sent["messageId"], timeout=30)
         assert final["type"] == "error" and "response head" in final["error"], final
         await proc.close()
+
+
+async def test_a_login_token_no_http_header_can_carry_is_malformed_and_nothing_is_stored(tmp_path: Any) -> None:
+    async with qiming_server() as server, spawn_sidecar(tmp_path) as proc:
+        await proc.call("sidecar:initialize", {})
+        for token in ("tök-" + "t" * 40, "t" * 20 + "\r\nX-Injected: 1", "t" * 20 + " " + "t" * 20):
+            body = '{"code":"0000","message":"success","data":{"token":' + json.dumps(token) + ',"expireDate":null}}'
+            await server.fault({"path": "/api/user/passwordLogin", "fault": "raw", "body": body, "times": 1})
+            with pytest.raises(CallError) as err:
+                await configure(proc, server)
+            assert err.value.code == -32004 and "a token that an HTTP header cannot carry" in err.value.message
+            assert token not in err.value.message
+            assert (await proc.call("server:status", {}))["configured"] is False
+        assert (await configure(proc, server))["configured"] is True  # the server's own token
+        await proc.close()
+    assert "Traceback" not in proc.stderr_text()
