@@ -190,6 +190,9 @@ async def test_bad_tasks_are_refused_naming_the_field(tmp_path: Path) -> None:
             ({"name": "x", "schedule": {"kind": "cron", "expression": "0 9 * * *", "timezone": "Mars/Olympus"},
               "prompt": "p"}, "schedule.timezone"),
             ({"name": "x", "schedule": {"kind": "once", "at": ms(2026, 3, 10, 8, 0)}, "prompt": "p"}, "schedule.at"),
+            # past the lookahead, and past the calendar (a stored one broke every task:list)
+            ({"name": "x", "schedule": {"kind": "once", "at": ms(2031, 6, 1, 0, 0)}, "prompt": "p"}, "schedule.at"),
+            ({"name": "x", "schedule": {"kind": "once", "at": 2**63 - 1}, "prompt": "p"}, "schedule.at"),
             ({"name": "x", "schedule": cron}, "prompt"),
             ({"name": " ", "schedule": cron, "prompt": "p"}, "name"),
             ({"name": "x", "schedule": cron, "prompt": "p", "sessionId": "s", "newSession": {}}, "newSession"),
@@ -298,3 +301,12 @@ async def test_at_most_n_runs_at_once_and_a_run_going_at_shutdown_is_settled_at_
             assert (one["status"], two["status"]) == ("aborted", "interrupted")
             assert one["messageId"] and two["messageId"] is None
             await proc.close()
+
+
+def test_a_stored_one_shot_time_outside_the_calendar_is_described_not_raised() -> None:
+    """A task stored by a version that did not bound ``at`` still lists."""
+    from protocol.tasks import OnceSchedule
+    from sidecar.tasks.schedule import describe
+
+    assert describe(OnceSchedule(at=2**63 - 1), "Europe/Paris") == "Once at 9223372036854775807 ms since 1970 (outside the calendar)"
+    assert describe(OnceSchedule(at=ms(2026, 3, 10, 9, 30)), "UTC") == "Once at 2026-03-10T08:30+00:00"

@@ -20,7 +20,9 @@ from sidecar.errors import InvalidParams
 __all__ = ["zone", "check_schedule", "next_time", "describe", "MAX_LOOKAHEAD_YEARS"]
 
 MAX_LOOKAHEAD_YEARS = 5
-"""A cron expression that matches no time within this many years (``0 0 30 2 *``) is refused."""
+"""A cron expression that matches no time within this many years (``0 0 30 2 *``), or a
+one-shot time further ahead, is refused."""
+_YEAR_MS = 366 * 86_400_000
 
 
 def zone(name: str, field: str) -> ZoneInfo:
@@ -41,10 +43,14 @@ def _cron(expression: str, start: datetime) -> CronSim:
 
 def check_schedule(schedule: TaskSchedule, default_zone: str, now_ms: int, field: str = "schedule") -> None:
     """INVALID_PARAMS naming the field when ``schedule`` cannot run (bad expression or zone,
-    a cron time that never comes, a one-shot time before now)."""
+    a cron time that never comes, a one-shot time before now or past the same lookahead)."""
     if isinstance(schedule, OnceSchedule):
         if schedule.at <= now_ms:
             raise InvalidParams(f"invalid params: {field}.at is in the past - at `$.{field}.at`")
+        if schedule.at - now_ms > MAX_LOOKAHEAD_YEARS * _YEAR_MS:
+            raise InvalidParams(
+                f"invalid params: {field}.at is more than {MAX_LOOKAHEAD_YEARS} years ahead - at `$.{field}.at`"
+            )
         return
     fields = schedule.expression.split()
     if len(fields) != 5:
@@ -93,7 +99,10 @@ def effective_zone(schedule: TaskSchedule, default_zone: str) -> str:
 def describe(schedule: TaskSchedule, zone_name: str) -> str:
     """The schedule in words (cronsim's explanation), or the one-shot moment in ISO 8601."""
     if isinstance(schedule, OnceSchedule):
-        moment = datetime.fromtimestamp(schedule.at / 1000, timezone.utc).astimezone(ZoneInfo(zone_name))
+        try:
+            moment = datetime.fromtimestamp(schedule.at / 1000, timezone.utc).astimezone(ZoneInfo(zone_name))
+        except (ValueError, OverflowError, OSError):  # stored before the lookahead was checked
+            return f"Once at {schedule.at} ms since 1970 (outside the calendar)"
         return "Once at " + moment.isoformat(timespec="minutes")
     try:
         return _cron(schedule.expression, datetime.now(ZoneInfo(zone_name))).explain()
