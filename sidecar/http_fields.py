@@ -2,10 +2,11 @@
 sidecar puts in a request header (API keys, custom provider and MCP headers, server tokens).
 
 ``name_problem(name)`` / ``value_problem(value)`` / ``headers_problem(headers)``: why a
-header name, a value or a set of headers cannot be sent, or None. A name is an RFC 9110 token. A value is printable ASCII (tabs allowed). The
-HTTP client encodes values as ASCII, and the wire refuses line breaks and other controls.
-A non-ASCII key or a key with a newline would otherwise fail deep inside a request, far
-from the setting that holds it.
+header name, a value or a set of headers cannot be sent, or None. A name is an RFC 9110
+token. A value is printable ASCII (tabs allowed): the HTTP client encodes values as ASCII,
+and the wire refuses line breaks and other controls (a line break would start a header of
+its own). A non-ASCII key or a key with a newline would otherwise fail deep inside a
+request, far from the setting that holds it.
 
 Must stay true: a message says what is wrong, never the value (a value is often a secret).
 """

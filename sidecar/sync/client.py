@@ -215,7 +215,7 @@ class QimingClient:
         token = result.token or response_cookies.get("ticket") or ""
         if not token:
             raise ServerMalformed(f"{self._label}: the login succeeded but returned no token")
-        if value_problem(token) or " " in token:
+        if value_problem(token) or any(c.isspace() for c in token):
             raise ServerMalformed(f"{self._label}: the login returned a token that an HTTP header cannot carry")
         self.set_token(token)
         return token, result
