@@ -1,8 +1,9 @@
 """What may be sent as an HTTP/1.1 header field: the one rule for every secret or name the
 sidecar puts in a request header (API keys, custom provider and MCP headers, server tokens).
 
-``name_problem(name)`` / ``value_problem(value)`` / ``headers_problem(headers)``: why a
-header name, a value or a set of headers cannot be sent, or None. A name is an RFC 9110
+``name_problem(name)`` / ``value_problem(value)`` / ``headers_problem(headers)`` /
+``token_problem(token)``: why a header name, a value, a set of headers or a bearer token
+(a value without whitespace) cannot be sent, or None. A name is an RFC 9110
 token. A value is printable ASCII (tabs allowed): the HTTP client encodes values as ASCII,
 and the wire refuses line breaks and other controls (a line break would start a header of
 its own). A non-ASCII key or a key with a newline would otherwise fail deep inside a
@@ -16,7 +17,7 @@ from __future__ import annotations
 import re
 from collections.abc import Mapping
 
-__all__ = ["name_problem", "value_problem", "headers_problem"]
+__all__ = ["name_problem", "value_problem", "headers_problem", "token_problem"]
 
 _TOKEN = re.compile(r"[!#$%&'*+\-.^_`|~0-9A-Za-z]+")
 _VALUE = re.compile(r"[\t\x20-\x7e]*")
@@ -31,6 +32,12 @@ def name_problem(name: str) -> str | None:
 def value_problem(value: str) -> str | None:
     if not _VALUE.fullmatch(value):
         return "must be printable ASCII (an HTTP header carries it: no line break, control or non-ASCII character)"
+    return None
+
+
+def token_problem(token: str) -> str | None:
+    if value_problem(token) or any(char.isspace() for char in token):
+        return "must be printable ASCII without spaces (an HTTP header carries it)"
     return None
 
 

@@ -371,3 +371,19 @@ def test_a_server_index_of_another_conversation_never_touches_its_message(tmp_pa
         assert [m.text_content for m in store.messages.query("two")] == ["c", "d"]
     finally:
         store.close()
+
+
+async def test_a_stored_token_no_http_header_can_carry_asks_for_a_new_one_and_sends_nothing():
+    """A token stored by a version that did not check it (non-ASCII was let through)."""
+    from sidecar.sync.errors import AuthRequired
+
+    sent = []
+    config = ClientSettings(service_url="http://qiming.test", retry_backoff_s=0.001)
+    client = QimingClient(config, token="tök-" + TOKEN, transport=httpx2.MockTransport(lambda r: sent.append(r)))
+    try:
+        with pytest.raises(AuthRequired) as err:
+            await client.login_info()
+        assert "server:configure" in str(err.value) and "tök" not in str(err.value)
+        assert sent == []
+    finally:
+        await client.aclose()

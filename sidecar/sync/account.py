@@ -41,7 +41,7 @@ from protocol.sync import (
     SyncResult,
 )
 from sidecar.errors import InvalidParams, SecretsLocked
-from sidecar.http_fields import value_problem
+from sidecar.http_fields import token_problem
 from sidecar.store import AsyncStore, Store
 from sidecar.store.ids import now_ms
 from sidecar.store.sync_records import AccountRow
@@ -122,7 +122,7 @@ def jwt_expiry(token: str) -> int | None:
 
 def _check_token(token: str) -> str:
     text = token.strip()
-    if not text or len(text) > MAX_TOKEN_CHARS or any(c.isspace() for c in text) or value_problem(text):
+    if not text or len(text) > MAX_TOKEN_CHARS or token_problem(text):
         raise InvalidParams(
             f"token must be a non-empty string of at most {MAX_TOKEN_CHARS} printable ASCII characters without spaces"
         )

@@ -38,7 +38,7 @@ import anyio
 import httpx2
 import msgspec
 
-from sidecar.http_fields import value_problem
+from sidecar.http_fields import token_problem
 from sidecar.providers.redact import Redactor, install_http_log_filter, safe_url
 from sidecar.providers.transport import (
     RETRY_STATUSES,
@@ -215,7 +215,7 @@ class QimingClient:
         token = result.token or response_cookies.get("ticket") or ""
         if not token:
             raise ServerMalformed(f"{self._label}: the login succeeded but returned no token")
-        if value_problem(token) or any(c.isspace() for c in token):
+        if token_problem(token):
             raise ServerMalformed(f"{self._label}: the login returned a token that an HTTP header cannot carry")
         self.set_token(token)
         return token, result
@@ -393,6 +393,9 @@ class QimingClient:
         if self.settings.tenant_id is not None:
             headers["x-tenant-id"] = str(self.settings.tenant_id)
         if auth and self._token:
+            if token_problem(self._token):  # stored by a version that did not check it
+                raise AuthRequired(self._describe("the stored token cannot be sent in an HTTP header:"
+                                                  " server:configure with a new token or a login"))
             value = f"Bearer {self._token}"
             if len(value) >= _MIN_AUTH_HEADER:
                 headers["Authorization"] = value
