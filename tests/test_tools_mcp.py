@@ -225,6 +225,19 @@ async def test_bad_server_configs_are_refused(tmp_path: Path) -> None:
         store.close()
 
 
+async def test_stored_headers_no_request_can_carry_fail_the_link_by_name_not_value() -> None:
+    """Headers stored by a version that did not check them: the link fails before any request."""
+    from sidecar.tools.mcp_config import McpServerConfig
+    from sidecar.tools.mcp_transport import LinkError, open_link
+
+    config = McpServerConfig(name="a", transport="http", url="http://127.0.0.1:9/mcp", headers={"X-Key": "sk-漢字"})
+    with pytest.raises(LinkError) as err:
+        async with open_link(config):
+            pass
+    assert "the value of header 'X-Key'" in str(err.value) and "mcp:server:upsert" in str(err.value)
+    assert "漢" not in str(err.value)
+
+
 async def test_mcp_tools_end_to_end_through_the_sidecar(tmp_path: Path) -> None:
     async with scripted_provider() as server, spawn_sidecar(tmp_path / "data") as proc:
         await configure_provider(proc, server.base_url)

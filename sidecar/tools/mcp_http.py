@@ -50,6 +50,7 @@ import anyio
 import anyio.abc
 import msgspec
 
+from sidecar.http_fields import token_problem
 from sidecar.rpc.framing import LineReader, OversizedLine
 from sidecar.rpc.messages import ErrorObject, OutError, encode, scan_head
 
@@ -97,7 +98,7 @@ def _head_of(line: bytes | str) -> _Head | None:
 
 def _session_id(value: str | None) -> str | None:
     """The server's session id if it is what the specification allows (visible ASCII)."""
-    if value and len(value) <= 1024 and all(0x21 <= ord(c) <= 0x7E for c in value):
+    if value and len(value) <= 1024 and token_problem(value) is None:
         return value
     if value:
         log.warning("MCP: a session id that is not visible ASCII was ignored")

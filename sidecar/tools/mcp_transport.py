@@ -42,6 +42,7 @@ import anyio
 
 from sidecar.children.lines import JsonLines
 from sidecar.children.stdio import MAX_LINE_BYTES, ChildSpec, ChildStartError, spawn_child
+from sidecar.http_fields import headers_problem
 from sidecar.rpc.peer import JsonRpcPeer
 from sidecar.tools.mcp_client import new_peer
 from sidecar.tools.mcp_config import McpServerConfig
@@ -95,6 +96,8 @@ async def _http_link(config: McpServerConfig) -> AsyncIterator[Link]:
 
     from sidecar.tools.mcp_http import open_channel
 
+    if problem := headers_problem(config.headers):  # stored by a version that did not check them
+        raise LinkError(f"{problem}: mcp:server:upsert with headers an HTTP request can carry")
     timeout = httpx2.Timeout(config.tool_timeout_s, connect=config.connect_timeout_s)
     async with httpx2.AsyncClient(headers=config.headers, timeout=timeout, follow_redirects=False) as client:
         async with open_channel(client, config.url or "", max_bytes=MAX_LINE_BYTES) as channel:
