@@ -36,6 +36,7 @@ from protocol.channels import (
 )
 from protocol.types import SessionMode
 from sidecar.errors import InvalidParams
+from sidecar.http_fields import value_problem
 from sidecar.store.checks import check_workspace_dir
 
 __all__ = ["check_route", "route_key", "RoutePlan", "plan_for", "MASKED", "SESSION_PLACEHOLDER", "REMOTE_TOKEN"]
@@ -106,7 +107,7 @@ def _remote(route: RemoteAgentRoute) -> RemoteAgentRoute:
 
 def _auth(auth: RemoteAgentAuth) -> RemoteAgentAuth:
     token = auth.token
-    if not token or len(token) > MAX_TOKEN_CHARS or not all(" " <= c <= "~" for c in token):
+    if not token or len(token) > MAX_TOKEN_CHARS or value_problem(token):
         raise _bad("auth.token", f"must be 1..{MAX_TOKEN_CHARS} printable ASCII characters")
     header: str | None = None
     if auth.type == "custom-header":

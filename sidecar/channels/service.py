@@ -67,6 +67,7 @@ from sidecar.channels.stream import ReplyAddress
 from sidecar.channels.watch import ChatTurns, ReplyWatcher
 from sidecar.engine.events import EventHub
 from sidecar.errors import EngineError, InvalidParams, NotFound
+from sidecar.http_fields import token_problem
 from sidecar.store.async_store import AsyncStore
 from sidecar.store.attachments import AttachmentStore
 from sidecar.store.channels import LOG_TEXT_CHARS, ChannelRepo, InboxRow
@@ -407,7 +408,7 @@ def credential_changes(config: ChannelConfig) -> dict[str, str]:
             raise InvalidParams(f"invalid params: {name} is for a channel with a connection of its own - at `$.{name}`")
         if value and field == "app_token" and kind != "slack_socket":
             raise InvalidParams(f"invalid params: {name} is for slack_socket connections - at `$.{name}`")
-        if len(value) > MAX_CREDENTIAL_CHARS or not all(" " < c <= "~" for c in value):
+        if len(value) > MAX_CREDENTIAL_CHARS or token_problem(value):
             raise InvalidParams(
                 f"invalid params: {name} must be at most {MAX_CREDENTIAL_CHARS} printable ASCII characters"
                 f" without spaces - at `$.{name}`"
