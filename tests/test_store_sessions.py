@@ -295,6 +295,16 @@ def test_counters_stay_true(store: Store, clock: FakeClock) -> None:
         store.sessions.add_usage(sid, None, 0.0, kind="titles")
 
 
+def test_totals_saturate_at_the_stores_bound_instead_of_leaving_int64(store: Store) -> None:
+    sid = _create(store)
+    top = 2**62
+    for _ in range(3):
+        s = store.sessions.add_usage(sid, Usage(input_tokens=top, output_tokens=top, reasoning_tokens=top), 0.0)
+    assert s.total_tokens == top
+    assert s.usage_by_kind["reply"] == UsageTotals(input_tokens=top, output_tokens=top, reasoning_tokens=top, calls=3)
+    assert store.sessions.get(sid).total_tokens == top  # read back as stored: an INTEGER, not a REAL
+
+
 def test_delete_cascades_everywhere(store: Store) -> None:
     keep = _create(store, title="keep", tags=["t"])
     kept = store.messages.append(keep, role="user", text_content="保留的消息 keep")

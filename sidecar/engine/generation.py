@@ -93,6 +93,7 @@ from sidecar.retrieval.citations import CitationLedger
 from sidecar.store.async_store import AsyncStore
 from sidecar.store.store import Store
 from sidecar.tools.registry import ToolRegistry
+from sidecar.usage_counts import added
 
 __all__ = ["GenerationHandler", "MAX_STEPS"]
 
@@ -404,7 +405,7 @@ class _StepLoop(ReplyDriver):
                     elif isinstance(part, ToolCallEnd):
                         await reply.tool_use(ids.end(part.id), part.name, part.arguments)
                     elif isinstance(part, UsageUpdate):
-                        await reply.report_usage(_add_usage(base, part.usage))
+                        await reply.report_usage(added(base, part.usage))
                     elif isinstance(part, Finish):
                         self._finish_reason = part.reason
             except ProviderCallError as exc:
@@ -537,19 +538,3 @@ class CallIds:
 
 def _internal(doing: str, exc: BaseException) -> SidecarError:
     return SidecarError(f"internal error while {doing}: {type(exc).__name__}")
-
-
-def _add_usage(base: Usage | None, step: Usage) -> Usage:
-    if base is None:
-        return step
-
-    def plus(a: int | None, b: int | None) -> int | None:
-        return None if a is None and b is None else (a or 0) + (b or 0)
-
-    return Usage(
-        input_tokens=base.input_tokens + step.input_tokens,
-        output_tokens=base.output_tokens + step.output_tokens,
-        cache_read_tokens=plus(base.cache_read_tokens, step.cache_read_tokens),
-        cache_write_tokens=plus(base.cache_write_tokens, step.cache_write_tokens),
-        reasoning_tokens=plus(base.reasoning_tokens, step.reasoning_tokens),
-    )

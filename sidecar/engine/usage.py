@@ -34,6 +34,7 @@ from sidecar.engine.lifecycle import Pricing
 from sidecar.errors import SidecarError
 from sidecar.providers.types import StreamPart, UsageUpdate
 from sidecar.store.async_store import AsyncStore
+from sidecar.usage_counts import reported
 
 __all__ = ["SideUsage", "usage_of"]
 
@@ -62,6 +63,7 @@ class SideUsage:
             if usage is not None:
                 log.warning("side usage of kind %r ignored: side calls are 'side:<what>'", kind)
             return
+        usage = reported(usage)  # a peer's counts: what is not a count is not reported
         try:
             cost = await self._pricing.cost(provider_id, model_id, usage)
         except SidecarError as exc:

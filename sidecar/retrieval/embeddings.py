@@ -53,6 +53,7 @@ from sidecar.providers.errors import ProviderCallError, error_detail
 from sidecar.providers.redact import Redactor, safe_url
 from sidecar.providers.transport import make_client, open_response
 from sidecar.providers.types import ProviderSettings
+from sidecar.usage_counts import count as reported_count
 
 __all__ = [
     "Embedder",
@@ -130,9 +131,9 @@ _ollama = msgspec.json.Decoder(_OllamaAnswer)
 
 
 def _count(value: object, ceiling: int) -> int | None:
-    if isinstance(value, bool) or not isinstance(value, int) or not 0 <= value <= ceiling:
-        return None
-    return value
+    """A reported count (sidecar/usage_counts.py) no larger than the request could hold."""
+    tokens = reported_count(value)
+    return tokens if tokens is not None and tokens <= ceiling else None
 
 
 def usage_of_answer(kind: str, raw: msgspec.Raw, ceiling: int) -> Usage | None:

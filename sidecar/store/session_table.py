@@ -31,6 +31,7 @@ from sidecar.store.checks import (
     check_workspace_dir,
 )
 from sidecar.store.rows import SESSION_COLUMNS, decode_usage_by_kind, session_from_row, session_values, to_json
+from sidecar.usage_counts import MAX_TOTAL, plus
 
 __all__ = ["MAX_LIST_LIMIT", "DEFAULT_TITLE"]
 
@@ -338,19 +339,24 @@ def add_usage(conn: apsw.Connection, session_id: str, usage: Usage | None, cost:
         by_kind = {}
     u = usage or Usage()
     entry = by_kind.get(kind) or UsageTotals()
+
+    def total(a: int, b: int | None) -> int:
+        return plus(a, b, cap=MAX_TOTAL) or 0
+
     by_kind[kind] = UsageTotals(
-        input_tokens=entry.input_tokens + u.input_tokens,
-        output_tokens=entry.output_tokens + u.output_tokens,
-        cache_read_tokens=entry.cache_read_tokens + (u.cache_read_tokens or 0),
-        cache_write_tokens=entry.cache_write_tokens + (u.cache_write_tokens or 0),
-        reasoning_tokens=entry.reasoning_tokens + (u.reasoning_tokens or 0),
+        input_tokens=total(entry.input_tokens, u.input_tokens),
+        output_tokens=total(entry.output_tokens, u.output_tokens),
+        cache_read_tokens=total(entry.cache_read_tokens, u.cache_read_tokens),
+        cache_write_tokens=total(entry.cache_write_tokens, u.cache_write_tokens),
+        reasoning_tokens=total(entry.reasoning_tokens, u.reasoning_tokens),
         cost=entry.cost + cost,
         calls=entry.calls + 1,
     )
+    tokens = total(u.input_tokens, u.output_tokens)
     conn.execute(
-        "UPDATE sessions_v2 SET total_tokens = coalesce(total_tokens, 0) + ?,"
+        "UPDATE sessions_v2 SET total_tokens = min(coalesce(total_tokens, 0), ? - ?) + ?,"
         " total_cost = coalesce(total_cost, 0) + ?, usage_by_kind = ? WHERE id = ?",
-        (u.input_tokens + u.output_tokens, cost, to_json(dict(sorted(by_kind.items()))), session_id),
+        (MAX_TOTAL, tokens, tokens, cost, to_json(dict(sorted(by_kind.items()))), session_id),
     )
 
 

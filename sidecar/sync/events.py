@@ -260,7 +260,7 @@ class ConversationEvents:
         result = dto.result()
         if result is not None and (result.prompt_tokens or result.completion_tokens):
             await self._reply.report_usage(
-                Usage(input_tokens=max(0, result.prompt_tokens or 0), output_tokens=max(0, result.completion_tokens or 0)),
+                Usage(input_tokens=result.prompt_tokens or 0, output_tokens=result.completion_tokens or 0),
                 announce=True,
             )
         if result is not None and result.success:

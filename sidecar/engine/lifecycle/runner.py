@@ -57,6 +57,7 @@ from protocol.notifications import SESSION_UPDATED
 from sidecar.engine.relay import StreamRelay
 from sidecar.engine.reply import ReplyBuilder, ReplySnapshot
 from sidecar.errors import SidecarError
+from sidecar.usage_counts import reported
 
 if TYPE_CHECKING:
     from sidecar.store.store import Store
@@ -223,6 +224,7 @@ class ReplyLifecycle:
         self._content.replace_part(index, part)
 
     async def report_usage(self, total: Usage, *, announce: bool = False) -> None:
+        total = reported(total)  # a peer's counts: what is not a count is not reported
         self._content.usage = total
         self._content.dirty = True
         if announce:
