@@ -180,6 +180,16 @@ class SyncRepo:
             ).fetchone()
         return None if row is None else link_from_row(row)
 
+    def held_index_at_most(self, account_key: str, conversation_id: int, index: int) -> int | None:
+        """The largest server index this conversation holds that is at most ``index``."""
+        with self._db.read() as conn:
+            row = conn.execute(
+                "SELECT max(server_index) FROM sync_messages WHERE account_key = ? AND conversation_id = ?"
+                " AND server_index <= ?",
+                (account_key, conversation_id, index),
+            ).fetchone()
+        return None if row is None or row[0] is None else int(row[0])
+
     def session_state(self, session_id: str) -> tuple[SessionV2, bool] | None:
         """The session and whether it has a reply that is not final; None if it is gone."""
         with self._db.read() as conn:

@@ -21,7 +21,10 @@ Pull (``pull``):
    goes with it if it did not change here, else it is kept and reported); a conversation
    that still exists is treated as listed.
 Messages are fetched with ``index`` paging until an empty page (the server drops SYSTEM rows
-after its LIMIT, so a short page does not mean the end). WORKERS tasks fetch while one
+after its LIMIT, so a short page does not mean the end); for a conversation held already,
+until the page that reaches the highest index held, unless the server's newest index is
+below it (an index it sent once and no longer sends): then from the highest held index
+the server can have sent, so one bad index never holds back later messages. WORKERS tasks fetch while one
 importer stores what they fetched, a few conversations per transaction, each one whole or
 not at all (a savepoint of its own, see sidecar/store/sync.py), so an interrupted pull
 leaves whole conversations or nothing, and pulling again changes nothing that did not
@@ -35,7 +38,9 @@ never conflict.
 
 Bad server data: what the server sends is decoded with bounds (sidecar.sync.wire). A /list
 row out of bounds is skipped and reported (``SyncResult.skipped``), and the walk goes on
-past it; a conversation whose messages (or details) are out of bounds is skipped whole
+past it; a conversation whose messages (or details) are out of bounds, or has a message
+without a usable index (the server's key: such a message could be neither placed nor
+fetched again), is skipped whole
 and reported the same way (it is never imported in part), and stays below the pull's mark
 so a later pull tries it again. Nothing of them reaches the store.
 
@@ -402,7 +407,15 @@ class ConversationSyncAdapter:
         index: int | None = None
         for _ in range(MAX_MESSAGE_PAGES):
             page = await ctx.client.list_messages(cid, index=index, size=size)
-            indexes = [i for i in (to_int(m.index) for m in page) if i is not None]
+            indexes: list[int] = []
+            for position, message in enumerate(page):
+                number = to_int(message.index)
+                if number is None:  # the server's primary key: without it a message can be neither placed nor found again
+                    raise BadServerData(
+                        f"conversation {cid}: a message without a usable index ({message.index!r:.40})",
+                        field=f"$[{position}].index",
+                    )
+                indexes.append(number)
             out.extend(page)
             if len(out) > MAX_CONVERSATION_MESSAGES:
                 raise ServerMalformed(f"conversation {cid}: more than {MAX_CONVERSATION_MESSAGES} messages")
@@ -456,6 +469,14 @@ class ConversationSyncAdapter:
             if link.open_index is not None:
                 stop_at = link.open_index - 1 if stop_at is None else min(stop_at, link.open_index - 1)
             fetched = await self._fetch(ctx, cid, stop_at)
+            newest = max((to_int(m.index) or 0 for m in fetched), default=None)
+            if stop_at is not None and newest is not None and newest < stop_at:
+                # The mark is past the server's newest message: it came from an index the
+                # server no longer sends. Go on from the newest index held that it can have
+                # sent, or messages after it would never be pulled.
+                account_key, server_newest = ctx.account.account_key, newest
+                stop_at = await ctx.db(lambda s: s.sync.held_index_at_most(account_key, cid, server_newest))
+                fetched = await self._fetch(ctx, cid, stop_at)
             messages = normalize_messages(fetched, session.last_message_at or session.created_at)
             if stop_at is not None:
                 messages = [m for m in messages if m.index > stop_at]

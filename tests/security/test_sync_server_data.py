@@ -5,6 +5,9 @@
   holding one is skipped and reported in ``SyncResult.skipped`` (naming the field), the
   rest of the pull goes on, every later pull does the same; nothing is -32603, and nothing
   the server caused comes back as -32602 (that code is for the caller's params).
+- A message without a usable index skips its conversation the same way (it was stored
+  without that message, which no later pull fetched); a message index the server sent once
+  and no longer sends (2**62, then its real one) does not hold back the messages after it.
 - A server that drips its answer (a byte a second) cannot hold a call past
   ``requestTimeoutMs`` in all, so neither a pull nor the pull queued behind it waits on
   it; a forwarded turn whose stream does not even send its response head in that time
@@ -139,3 +142,44 @@ async def test_a_login_token_no_http_header_can_carry_is_malformed_and_nothing_i
         assert (await configure(proc, server))["configured"] is True  # the server's own token
         await proc.close()
     assert "Traceback" not in proc.stderr_text()
+
+
+async def test_a_message_without_an_index_skips_its_conversation_until_the_server_sends_one(tmp_path: Any) -> None:
+    async with qiming_server() as server, spawn_sidecar(tmp_path) as proc:
+        await proc.call("sidecar:initialize", {})
+        (conv,) = await seeded(server, 1)
+        first = conv["messages"][0]["index"]
+        await server.control("update_message", {"conversationId": conv["id"], "index": first, "wire": {"index": None}})
+        await configure(proc, server)
+        result = await sync(proc)
+        assert [(s["conversationId"], s["field"]) for s in result["skipped"]] == [(conv["id"], "$[0].index")], result
+        assert await all_sessions(proc) == []  # nothing of it is stored (it was: three of four messages)
+        await server.control("update_message", {"conversationId": conv["id"], "index": first, "wire": {}})
+        result = await sync(proc)
+        assert result["skipped"] == [] and result["pulled"] == 1, result
+        (session,) = await all_sessions(proc)
+        assert [m["textContent"] for m in await all_messages(proc, session["id"])] == [
+            m["text"] for m in conv["messages"]
+        ]
+        await proc.close()
+
+
+async def test_an_index_the_server_no_longer_sends_does_not_stop_later_messages(tmp_path: Any) -> None:
+    async with qiming_server() as server, spawn_sidecar(tmp_path) as proc:
+        await proc.call("sidecar:initialize", {})
+        (conv,) = await seeded(server, 1)
+        await configure(proc, server)
+        assert (await sync(proc))["messagesPulled"] == 4
+        last = conv["messages"][-1]["index"]
+        # once, the newest message came with an index far ahead (in range: nothing to refuse)
+        await server.control("update_message", {"conversationId": conv["id"], "index": last, "wire": {"index": 2**62}})
+        assert (await sync(proc))["messagesPulled"] == 1
+        await server.control("update_message", {"conversationId": conv["id"], "index": last, "wire": {}})
+        await server.control("messages", {"conversationId": conv["id"], "messages": [
+            {"role": "USER", "text": "a later question"}, {"role": "ASSISTANT", "text": "a later answer"}]})
+        result = await sync(proc)
+        assert result["errors"] == [] and result["messagesPulled"] == 2, result
+        (session,) = await all_sessions(proc)
+        texts = [m["textContent"] for m in await all_messages(proc, session["id"])]
+        assert texts[-2:] == ["a later question", "a later answer"], texts
+        await proc.close()
