@@ -1,13 +1,14 @@
-"""Whatever updates Telegram's getUpdates returns, the polling connection keeps serving.
+"""Whatever a platform sends, the channel's connection keeps serving.
 
-The fake Telegram (tests/platform_fakes.py, on loopback) hands the sidecar (in process)
-realistic updates (messages with entities, a reply, a photo, a document, a caption, an
-edit, a callback query) mutated as tests/test_provider_bytes_property.py mutates a
-provider's events: values of any type and size, keys dropped. Then one well-formed
-message from another chat. What must hold: that message is answered, the connection is
-still ``connected``, every session is readable, nothing is logged as a traceback, and
-every line sent validates against the generated schema (spawn_sidecar checks it on exit).
-The draws are fixed (``derandomize``): a failure replays.
+The fakes of tests/platform_fakes.py (on loopback) hand the sidecar (in process)
+realistic events mutated as tests/test_provider_bytes_property.py mutates a provider's
+events (values of any type and size, keys dropped): Telegram's getUpdates (messages with
+entities, a reply, a photo, a document, a caption, an edit, a callback query) and
+Discord's gateway (MESSAGE_CREATE and other dispatches, their sequence numbers, frames of
+other opcodes). Then one well-formed message from another chat. What must hold: that
+message is answered, the connection is ``connected``, every session is readable, nothing
+is logged as a traceback, and every line sent validates against the generated schema
+(spawn_sidecar checks it on exit). The draws are fixed (``derandomize``): a failure replays.
 """
 
 from __future__ import annotations
@@ -20,7 +21,7 @@ import pytest
 from chat_helpers import configure_provider
 from hypothesis import HealthCheck, Phase, given, settings
 from hypothesis import strategies as st
-from platform_fakes import TELEGRAM_TOKEN, fake_telegram, wait_until
+from platform_fakes import DISCORD_TOKEN, TELEGRAM_TOKEN, fake_discord, fake_telegram, wait_until
 from scripted_server import scripted_provider
 from sidecar_proc import spawn_sidecar
 from test_provider_bytes_property import mutated_document
@@ -102,6 +103,73 @@ async def test_no_update_stops_the_polling_connection(
             await proc.call("chat:messages:get", {"sessionId": session["id"]})
         with anyio.fail_after(30):
             await proc.call("channel:disconnect", {"id": "tg"})
+        await proc.close(timeout=60)
+    stderr = proc.stderr_text()
+    start = stderr.find("Traceback")
+    assert start < 0, stderr[max(0, start - 800): start + 4000]
+
+
+DISCORD_MESSAGE: dict[str, Any] = {
+    "id": "7001", "channel_id": "3001", "guild_id": "2001", "author": {"id": "1001", "username": "alice"},
+    "content": "<@9001> hello", "timestamp": "2026-01-01T00:00:00+00:00", "type": 0,
+    "mentions": [{"id": "9001", "username": "sidecar", "bot": True}], "mention_everyone": False,
+    "attachments": [{"id": "a1", "filename": "a.txt", "size": 3, "url": "http://127.0.0.1:9/a.txt",
+                     "content_type": "text/plain"}],
+    "message_reference": {"message_id": "6999", "channel_id": "3001"},
+}
+DISPATCHES = ["MESSAGE_CREATE", "MESSAGE_CREATE", "MESSAGE_UPDATE", "INTERACTION_CREATE", "GUILD_CREATE", "TYPING_START"]
+
+
+@st.composite
+def gateway_frames(draw: st.DrawFn) -> tuple[str, Any]:
+    """("dispatch", (t, d)) or ("frame", a whole frame of any opcode but reconnect/invalid session)."""
+    if draw(st.integers(0, 5)):
+        data = _clean(draw(mutated_document(DISCORD_MESSAGE))) if draw(st.integers(0, 4)) else DISCORD_MESSAGE
+        return "dispatch", (draw(st.sampled_from(DISPATCHES)), data)
+    frame = {"op": draw(st.sampled_from([0, 1, 11, 3, 99])), "t": draw(st.sampled_from(DISPATCHES)), "s": 1,
+             "d": DISCORD_MESSAGE}
+    return "frame", _clean(draw(mutated_document(frame)))
+
+
+@settings(max_examples=EXAMPLES, deadline=None, derandomize=True, database=None, phases=[Phase.generate],
+          suppress_health_check=[HealthCheck.too_slow, HealthCheck.data_too_large])
+@given(frames=st.lists(gateway_frames(), min_size=UPDATES, max_size=UPDATES))
+async def test_no_gateway_event_stops_the_discord_connection(
+    tmp_path_factory: pytest.TempPathFactory, frames: list[tuple[str, Any]]
+) -> None:
+    async with scripted_provider() as server, fake_discord() as fake, \
+            spawn_sidecar(tmp_path_factory.mktemp("data")) as proc:
+        await configure_provider(proc, server.base_url)
+        await proc.call("channel:config:upsert", {
+            "id": "dc", "platform": "discord", "allowEveryone": True,
+            "connection": {"kind": "discord_gateway", "apiBaseUrl": fake.api_url},
+            "credentials": {"botToken": DISCORD_TOKEN},
+        })
+        await proc.call("channel:connect", {"id": "dc"})
+        with anyio.fail_after(30):
+            await fake.connected.wait()
+        for kind, body in frames:
+            if fake._socket is None:
+                with anyio.fail_after(30):
+                    await fake.connected.wait()
+            if kind == "dispatch":
+                await fake.dispatch(*body)
+            else:
+                await fake._socket.send_text(json.dumps(body))  # type: ignore[union-attr]
+        with anyio.fail_after(30):
+            await fake.connected.wait()
+        await fake.post(fake.message("<@9001> still there?", channel_id="9999"))
+
+        def answered() -> bool:
+            return any(m == "POST" and path.endswith("/channels/9999/messages") for m, path, _ in fake.sent)
+
+        await wait_until(answered, timeout=60)
+        status = (await proc.call("channel:config:get", {"id": "dc"}))["status"]
+        assert status["state"] == "connected", (status, json.dumps(frames)[:3000])
+        for session in (await proc.call("chat:session:list", {"limit": 500}))["sessions"]:
+            await proc.call("chat:messages:get", {"sessionId": session["id"]})
+        with anyio.fail_after(30):
+            await proc.call("channel:disconnect", {"id": "dc"})
         await proc.close(timeout=60)
     stderr = proc.stderr_text()
     start = stderr.find("Traceback")
