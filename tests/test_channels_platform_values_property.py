@@ -5,7 +5,8 @@ realistic events mutated as tests/test_provider_bytes_property.py mutates a prov
 events (values of any type and size, keys dropped): Telegram's getUpdates (messages with
 entities, a reply, a photo, a document, a caption, an edit, a callback query) and
 Discord's gateway (MESSAGE_CREATE and other dispatches, their sequence numbers, frames of
-other opcodes). Then one well-formed message from another chat. What must hold: that
+other opcodes) and Slack's Socket Mode envelopes (messages, mentions, thread replies,
+edits, files). Then one well-formed message from another chat. What must hold: that
 message is answered, the connection is ``connected``, every session is readable, nothing
 is logged as a traceback, and every line sent validates against the generated schema
 (spawn_sidecar checks it on exit). The draws are fixed (``derandomize``): a failure replays.
@@ -21,7 +22,16 @@ import pytest
 from chat_helpers import configure_provider
 from hypothesis import HealthCheck, Phase, given, settings
 from hypothesis import strategies as st
-from platform_fakes import DISCORD_TOKEN, TELEGRAM_TOKEN, fake_discord, fake_telegram, wait_until
+from platform_fakes import (
+    DISCORD_TOKEN,
+    SLACK_APP_TOKEN,
+    SLACK_BOT_TOKEN,
+    TELEGRAM_TOKEN,
+    fake_discord,
+    fake_slack,
+    fake_telegram,
+    wait_until,
+)
 from scripted_server import scripted_provider
 from sidecar_proc import spawn_sidecar
 from test_provider_bytes_property import mutated_document
@@ -170,6 +180,70 @@ async def test_no_gateway_event_stops_the_discord_connection(
             await proc.call("chat:messages:get", {"sessionId": session["id"]})
         with anyio.fail_after(30):
             await proc.call("channel:disconnect", {"id": "dc"})
+        await proc.close(timeout=60)
+    stderr = proc.stderr_text()
+    start = stderr.find("Traceback")
+    assert start < 0, stderr[max(0, start - 800): start + 4000]
+
+
+SLACK_EVENTS: list[dict[str, Any]] = [
+    {"type": "app_mention", "channel": "C1", "user": "U1", "text": "<@UBOT> hi", "ts": "1700000000.000001",
+     "channel_type": "channel"},
+    {"type": "message", "channel": "D1", "user": "U1", "text": "in a thread", "ts": "1700000000.000002",
+     "thread_ts": "1700000000.000001", "channel_type": "im"},
+    {"type": "message", "subtype": "message_changed", "channel": "D1", "channel_type": "im",
+     "message": {"user": "U1", "text": "edited", "ts": "1700000000.000002"}, "ts": "1700000000.000003"},
+    {"type": "message", "channel": "D1", "user": "U1", "text": "a file", "ts": "1700000000.000004", "channel_type": "im",
+     "files": [{"id": "F1", "name": "a.txt", "mimetype": "text/plain", "size": 3,
+                "url_private": "http://127.0.0.1:9/files-pri/T1-F1/a.txt"}]},
+    {"type": "message", "subtype": "bot_message", "channel": "D1", "bot_id": "B2", "text": "a bot", "ts": "1700000000.000005",
+     "channel_type": "im"},
+]
+
+
+@st.composite
+def socket_envelopes(draw: st.DrawFn) -> dict[str, Any]:
+    event = draw(st.sampled_from(SLACK_EVENTS))
+    envelope = {"envelope_id": f"fz-{draw(st.integers(0, 10**6))}", "type": "events_api", "accepts_response_payload": False,
+                "retry_attempt": 0, "retry_reason": "",
+                "payload": {"type": "event_callback", "event": event, "event_id": "Ev1"}}
+    return _clean(draw(mutated_document(envelope))) if draw(st.integers(0, 4)) else envelope
+
+
+@settings(max_examples=EXAMPLES, deadline=None, derandomize=True, database=None, phases=[Phase.generate],
+          suppress_health_check=[HealthCheck.too_slow, HealthCheck.data_too_large])
+@given(envelopes=st.lists(socket_envelopes(), min_size=UPDATES, max_size=UPDATES))
+async def test_no_envelope_stops_the_slack_connection(
+    tmp_path_factory: pytest.TempPathFactory, envelopes: list[Any]
+) -> None:
+    async with scripted_provider() as server, fake_slack() as fake, \
+            spawn_sidecar(tmp_path_factory.mktemp("data")) as proc:
+        await configure_provider(proc, server.base_url)
+        await proc.call("channel:config:upsert", {
+            "id": "sl", "platform": "slack", "allowEveryone": True,
+            "connection": {"kind": "slack_socket", "apiBaseUrl": fake.api_url},
+            "credentials": {"botToken": SLACK_BOT_TOKEN, "appToken": SLACK_APP_TOKEN},
+        })
+        await proc.call("channel:connect", {"id": "sl"})
+        for envelope in envelopes:
+            with anyio.fail_after(30):
+                await fake.connected.wait()
+            if fake._socket is not None:
+                await fake._socket.send_text(json.dumps(envelope))
+        with anyio.fail_after(30):
+            await fake.connected.wait()
+        await fake.post(fake.event("still there?", channel="D9", channel_type="im"))
+
+        def answered() -> bool:
+            return any(p.get("channel") == "D9" for p in fake.posts())
+
+        await wait_until(answered, timeout=60)
+        status = (await proc.call("channel:config:get", {"id": "sl"}))["status"]
+        assert status["state"] == "connected", (status, json.dumps(envelopes)[:3000])
+        for session in (await proc.call("chat:session:list", {"limit": 500}))["sessions"]:
+            await proc.call("chat:messages:get", {"sessionId": session["id"]})
+        with anyio.fail_after(30):
+            await proc.call("channel:disconnect", {"id": "sl"})
         await proc.close(timeout=60)
     stderr = proc.stderr_text()
     start = stderr.find("Traceback")
