@@ -34,7 +34,7 @@ from platform_fakes import (
 )
 from scripted_server import scripted_provider
 from sidecar_proc import spawn_sidecar
-from test_provider_bytes_property import mutated_document
+from test_provider_bytes_property import mutated_document, sendable
 
 pytestmark = pytest.mark.anyio
 
@@ -58,19 +58,6 @@ MESSAGES: list[dict[str, Any]] = [
 ]
 
 
-def _clean(value: Any) -> Any:
-    """What the fake can send as JSON: no Infinity, no lone surrogate (its encoder refuses both)."""
-    if isinstance(value, float) and value in (float("inf"), float("-inf")):
-        return None
-    if isinstance(value, str):
-        return value.encode("utf-8", "replace").decode("utf-8")
-    if isinstance(value, list):
-        return [_clean(v) for v in value]
-    if isinstance(value, dict):
-        return {_clean(k): _clean(v) for k, v in value.items()}
-    return value
-
-
 @st.composite
 def updates(draw: st.DrawFn) -> dict[str, Any]:
     """One update (without its ``update_id``, which the fake numbers)."""
@@ -80,7 +67,7 @@ def updates(draw: st.DrawFn) -> dict[str, Any]:
         kind: {"id": "cb1", "from": PEOPLE, "data": "x", "message": message}}
     if not draw(st.integers(0, 4)):
         return body
-    mutated = _clean(draw(mutated_document(body)))
+    mutated = sendable(draw(mutated_document(body)))
     return mutated if isinstance(mutated, dict) else {kind: mutated}
 
 
@@ -134,11 +121,11 @@ DISPATCHES = ["MESSAGE_CREATE", "MESSAGE_CREATE", "MESSAGE_UPDATE", "INTERACTION
 def gateway_frames(draw: st.DrawFn) -> tuple[str, Any]:
     """("dispatch", (t, d)) or ("frame", a whole frame of any opcode but reconnect/invalid session)."""
     if draw(st.integers(0, 5)):
-        data = _clean(draw(mutated_document(DISCORD_MESSAGE))) if draw(st.integers(0, 4)) else DISCORD_MESSAGE
+        data = sendable(draw(mutated_document(DISCORD_MESSAGE))) if draw(st.integers(0, 4)) else DISCORD_MESSAGE
         return "dispatch", (draw(st.sampled_from(DISPATCHES)), data)
     frame = {"op": draw(st.sampled_from([0, 1, 11, 3, 99])), "t": draw(st.sampled_from(DISPATCHES)), "s": 1,
              "d": DISCORD_MESSAGE}
-    return "frame", _clean(draw(mutated_document(frame)))
+    return "frame", sendable(draw(mutated_document(frame)))
 
 
 @settings(max_examples=EXAMPLES, deadline=None, derandomize=True, database=None, phases=[Phase.generate],
@@ -207,7 +194,7 @@ def socket_envelopes(draw: st.DrawFn) -> dict[str, Any]:
     envelope = {"envelope_id": f"fz-{draw(st.integers(0, 10**6))}", "type": "events_api", "accepts_response_payload": False,
                 "retry_attempt": 0, "retry_reason": "",
                 "payload": {"type": "event_callback", "event": event, "event_id": "Ev1"}}
-    return _clean(draw(mutated_document(envelope))) if draw(st.integers(0, 4)) else envelope
+    return sendable(draw(mutated_document(envelope))) if draw(st.integers(0, 4)) else envelope
 
 
 @settings(max_examples=EXAMPLES, deadline=None, derandomize=True, database=None, phases=[Phase.generate],

@@ -147,6 +147,20 @@ def mutated_document(draw: st.DrawFn, document: Any) -> Any:
     return document
 
 
+def sendable(value: Any) -> Any:
+    """``value`` as a peer's JSON encoder could send it: no Infinity, no lone surrogate (strict
+    encoders refuse both; the fakes and fixtures use such encoders)."""
+    if isinstance(value, float) and value in (float("inf"), float("-inf")):
+        return None
+    if isinstance(value, str):
+        return value.encode("utf-8", "replace").decode("utf-8")
+    if isinstance(value, list):
+        return [sendable(v) for v in value]
+    if isinstance(value, dict):
+        return {sendable(k): sendable(v) for k, v in value.items()}
+    return value
+
+
 @st.composite
 def mutated_event(draw: st.DrawFn, event: str, sse: bool) -> str:
     lines = event.split("\n")

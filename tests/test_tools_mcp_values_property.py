@@ -1,0 +1,91 @@
+"""Whatever an MCP server answers to ``initialize``, ``tools/list`` and ``tools/call``, the
+connection ends in a status, a turn that calls its tools ends once, and the sidecar serves on.
+
+fixtures/mcp_raw_server.py (a real stdio subprocess) answers with results mutated as
+tests/test_provider_bytes_property.py mutates a provider's events (values of any type and
+size, keys dropped) from valid ones: an initialize result, a tools/list with two tools,
+and call results with text, image, resource and structured content. For each example:
+the server reaches ``ready`` or ``failed``; a turn whose model calls its tools three times
+ends with exactly one final event and a tool result for every call; no traceback is
+logged; every line sent validates against the generated schema (spawn_sidecar checks it
+on exit). The draws are fixed (``derandomize``): a failure replays.
+"""
+
+from __future__ import annotations
+
+import json
+import sys
+from pathlib import Path
+from typing import Any
+
+import pytest
+from chat_helpers import FINAL_TYPES, assert_well_ordered, configure_provider, events_of, wait_final
+from hypothesis import HealthCheck, Phase, given, settings
+from hypothesis import strategies as st
+from mcp_helpers import ROOT, wait_status
+from scripted_server import scripted_provider
+from sidecar_proc import spawn_sidecar
+from test_provider_bytes_property import mutated_document, sendable
+
+pytestmark = pytest.mark.anyio
+
+RAW_SERVER = str(ROOT / "fixtures" / "mcp_raw_server.py")
+EXAMPLES = 4
+INITIALIZE = {"protocolVersion": "2025-06-18", "capabilities": {"tools": {"listChanged": True}},
+              "serverInfo": {"name": "raw", "version": "1"}}
+TOOLS = {"tools": [
+    {"name": "echo", "description": "Return the text.", "inputSchema": {
+        "type": "object", "properties": {"text": {"type": "string"}}, "required": ["text"]}},
+    {"name": "look", "title": "Look", "inputSchema": {"type": "object"}, "annotations": {"readOnlyHint": True}},
+]}
+CALLS = [
+    {"content": [{"type": "text", "text": "hello"}], "isError": False},
+    {"content": [{"type": "image", "data": "iVBORw0KGgo=", "mimeType": "image/png"},
+                 {"type": "resource", "resource": {"uri": "file:///a.txt", "text": "a", "mimeType": "text/plain"}}]},
+    {"content": [{"type": "text", "text": "{\"n\": 1}"}], "structuredContent": {"n": 1}},
+]
+
+
+@st.composite
+def server_scripts(draw: st.DrawFn) -> dict[str, Any]:
+    def maybe(value: Any) -> Any:
+        return sendable(draw(mutated_document(value))) if draw(st.integers(0, 2)) == 0 else value
+
+    return {"initialize": maybe(INITIALIZE), "tools": maybe(TOOLS), "calls": [maybe(c) for c in CALLS]}
+
+
+@settings(max_examples=EXAMPLES, deadline=None, derandomize=True, database=None, phases=[Phase.generate],
+          suppress_health_check=[HealthCheck.too_slow, HealthCheck.data_too_large])
+@given(script=server_scripts())
+async def test_any_server_answer_ends_in_a_status_and_a_turn_ends_once(
+    tmp_path_factory: pytest.TempPathFactory, script: dict[str, Any]
+) -> None:
+    data = tmp_path_factory.mktemp("data")
+    script_file = Path(data).parent / f"{Path(data).name}-mcp.json"
+    script_file.write_text(json.dumps(script))
+    async with scripted_provider() as server, spawn_sidecar(data) as proc:
+        await configure_provider(proc, server.base_url)
+        await proc.call("mcp:server:upsert", {"name": "rx", "command": sys.executable, "args": [RAW_SERVER, str(script_file)],
+                                              "toolTimeoutS": 5})
+        await proc.call("tool:policy:set", {"key": "mcp:rx", "policy": "auto"})
+        info = await wait_status(proc, "rx", {"ready", "failed"})
+        session = await proc.call("chat:session:create", {"title": "mcp"})
+        await server.script(
+            {"tool_calls": [{"id": "c1", "name": "mcp__rx__echo", "arguments": {"text": "hi"}},
+                            {"id": "c2", "name": "mcp__rx__look", "arguments": {}}]},
+            {"tool_calls": [{"id": "c3", "name": "mcp__rx__echo", "arguments": {"text": "again"}}]},
+            {"text": "done"},
+        )
+        sent = await proc.call("chat:send", {"sessionId": session["id"], "input": {"content": "use the tools"}})
+        final = await wait_final(proc, sent["messageId"], timeout=60)
+        assert final["type"] in FINAL_TYPES, (final, info, script)
+        events = events_of(proc, sent["messageId"])
+        assert_well_ordered(events)
+        answered = {e["toolResult"]["toolCallId"] for e in events if e["type"] == "tool_result"}
+        assert final["type"] != "stream_end" or answered == {"c1", "c2", "c3"}, (answered, info, script)
+        await proc.call("chat:messages:get", {"sessionId": session["id"]})
+        await proc.call("mcp:server:list")
+        await proc.close(timeout=60)
+    stderr = proc.stderr_text()
+    start = stderr.find("Traceback")
+    assert start < 0, stderr[max(0, start - 800): start + 4000]
