@@ -24,7 +24,13 @@ from sidecar.providers.types import ProviderSettings
 from sidecar.retrieval import fusion, vectors
 from sidecar.retrieval.chunking import chunk_document, chunk_id, effective_size
 from sidecar.retrieval.citations import CitationLedger, render_block
-from sidecar.retrieval.embeddings import HttpEmbedder, LocalEmbedder, local_embeddings_available, usage_of_answer
+from sidecar.retrieval.embeddings import (
+    HttpEmbedder,
+    LocalEmbedder,
+    local_embeddings_available,
+    normalize_rows,
+    usage_of_answer,
+)
 from sidecar.retrieval.extract import DocumentError, detect_kind, extract, extract_text
 from sidecar.retrieval.paths import confine, read_bounded
 from sidecar.retrieval.results import RetrievedChunk
@@ -595,3 +601,11 @@ def test_a_split_coded_search_reranks_its_share_of_the_pool(monkeypatch: pytest.
     # as many exact cosines as the whole index's search, not a whole pool per range
     assert sum(reranked) <= alone * 1.1 and max(vectors.RERANK_FACTOR * 50, vectors.RERANK_MIN) <= alone
     assert max(split, key=lambda hit: hit[1])[0] == 8  # the near duplicate is still found
+
+
+def test_rows_of_float32s_near_their_largest_normalize_without_overflow() -> None:
+    big = float(np.finfo(np.float32).max)
+    rows = normalize_rows(np.array([[big, big, 0.0], [1e-45, 0.0, 0.0], [0.0, 0.0, 0.0]]))
+    assert rows.dtype == np.float32 and np.isfinite(rows).all()
+    assert np.allclose(rows[0], [2**-0.5, 2**-0.5, 0.0])
+    assert rows[2].tolist() == [0.0, 0.0, 0.0]  # a zero row stays zero

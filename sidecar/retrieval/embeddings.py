@@ -103,11 +103,13 @@ class Embedder(Protocol):
 
 
 def normalize_rows(matrix: np.ndarray) -> np.ndarray:
-    """Rows scaled to unit length (a zero row stays zero), as contiguous float32."""
-    out = np.ascontiguousarray(matrix, dtype=np.float32)
-    norms = np.linalg.norm(out, axis=1, keepdims=True)
-    np.divide(out, norms, out=out, where=norms > 0)
-    return out
+    """Rows scaled to unit length (a zero row stays zero), as contiguous float32. The norms
+    are taken in float64: squares of float32 values near its largest would overflow it."""
+    wide = np.asarray(matrix, dtype=np.float64)
+    norms = np.linalg.norm(wide, axis=1, keepdims=True)
+    out = np.zeros_like(wide)
+    np.divide(wide, norms, out=out, where=norms > 0)
+    return np.ascontiguousarray(out, dtype=np.float32)
 
 
 class _OpenAIItem(msgspec.Struct):
