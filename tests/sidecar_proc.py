@@ -345,6 +345,12 @@ class SidecarProcess:
     def stderr_text(self) -> str:
         return self.stderr.decode("utf-8", "replace")
 
+    def assert_no_traceback(self) -> None:
+        """Nothing the sidecar logged was a traceback (its context shown when one was)."""
+        stderr = self.stderr_text()
+        start = stderr.find("Traceback")
+        assert start < 0, stderr[max(0, start - 800): start + 4000]
+
     # ---- lifecycle ----------------------------------------------------------------
 
     @property

@@ -162,6 +162,23 @@ def sendable(value: Any) -> Any:
 
 
 @st.composite
+def edited(draw: st.DrawFn, items: list[Any]) -> list[Any]:
+    """``items`` (events of a stream, updates of a turn) with a few dropped, repeated or swapped."""
+    out = list(items)
+    for _ in range(draw(st.integers(0, 2))):
+        if out and draw(st.booleans()):
+            i = draw(st.integers(0, len(out) - 1))
+            edit = draw(st.sampled_from(["drop", "repeat", "swap"]))
+            if edit == "drop":
+                del out[i]
+            elif edit == "repeat":
+                out.insert(i, out[i])
+            elif i + 1 < len(out):
+                out[i], out[i + 1] = out[i + 1], out[i]
+    return out
+
+
+@st.composite
 def mutated_event(draw: st.DrawFn, event: str, sse: bool) -> str:
     lines = event.split("\n")
     out = []
@@ -188,18 +205,7 @@ def provider_answers(draw: st.DrawFn) -> tuple[str, bool, Reply]:
     stream = draw(st.booleans())
     if stream:
         sse = stream_type == "text/event-stream"
-        events = list(draw(st.sampled_from(RECORDED[family])))
-        for _ in range(draw(st.integers(0, 2))):
-            if events and draw(st.booleans()):
-                i = draw(st.integers(0, len(events) - 1))
-                edit = draw(st.sampled_from(["drop", "repeat", "swap"]))
-                if edit == "drop":
-                    del events[i]
-                elif edit == "repeat":
-                    events.insert(i, events[i])
-                elif i + 1 < len(events):
-                    events[i], events[i + 1] = events[i + 1], events[i]
-        events = [draw(mutated_event(e, sse)) for e in events]
+        events = [draw(mutated_event(e, sse)) for e in draw(edited(draw(st.sampled_from(RECORDED[family]))))]
         if draw(st.integers(0, 7)) == 0:
             events.insert(draw(st.integers(0, len(events))), draw(st.sampled_from(["{", "data: {", "\x00\xff", "data: [DONE]x"])))
         body = ("\n\n" if sse else "\n").join(events).encode() + (b"\n\n" if sse else b"\n")
