@@ -24,11 +24,11 @@ Messages are fetched with ``index`` paging until an empty page (the server drops
 after its LIMIT, so a short page does not mean the end); for a conversation held already,
 until the page that reaches the highest index held, unless the server's newest index is
 below it (an index it sent once and no longer sends): then from the highest held index
-the server can have sent, so one bad index never holds back later messages. WORKERS tasks fetch while one
-importer stores what they fetched, a few conversations per transaction, each one whole or
-not at all (a savepoint of its own, see sidecar/store/sync.py), so an interrupted pull
-leaves whole conversations or nothing, and pulling again changes nothing that did not
-change on the server.
+the server can have sent, so one bad index never holds back later messages. WORKERS tasks
+fetch while one importer stores what they fetched, a few conversations per transaction,
+each one whole or not at all (a savepoint of its own, see sidecar/store/sync.py), so an
+interrupted pull leaves whole conversations or nothing, and pulling again changes nothing
+that did not change on the server.
 
 Titles: the server's topic and the local title are compared with what both were at the
 last sync; when both changed, the newer side (session ``updatedAt`` against conversation
