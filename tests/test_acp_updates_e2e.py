@@ -15,16 +15,15 @@ from __future__ import annotations
 
 import base64
 import json
-from pathlib import Path
 from typing import Any
 
 import pytest
 from acp_helpers import acp_session, add_engine, send_and_wait
 from chat_helpers import FINAL_TYPES, assert_well_ordered, events_of
-from hypothesis import HealthCheck, Phase, given, settings
+from hypothesis import given
 from hypothesis import strategies as st
 from sidecar_proc import spawn_sidecar
-from test_provider_bytes_property import edited, mutated_document
+from mutation import edited, fixed_draws, mutated_document
 
 pytestmark = pytest.mark.anyio
 
@@ -62,8 +61,7 @@ def agent_turns(draw: st.DrawFn) -> str:
     return "raw " + base64.b64encode(json.dumps(script, allow_nan=False).encode()).decode()
 
 
-@settings(max_examples=EXAMPLES, deadline=None, derandomize=True, database=None, phases=[Phase.generate],
-          suppress_health_check=[HealthCheck.too_slow, HealthCheck.data_too_large])
+@fixed_draws(EXAMPLES)
 @given(prompts=st.lists(agent_turns(), min_size=TURNS, max_size=TURNS))
 async def test_any_agent_turn_ends_once_and_keeps_the_store(
     tmp_path_factory: pytest.TempPathFactory, prompts: list[str]

@@ -21,7 +21,7 @@ from typing import Any
 import anyio
 import pytest
 from chat_helpers import configure_provider
-from hypothesis import HealthCheck, Phase, given, settings
+from hypothesis import given
 from hypothesis import strategies as st
 from platform_fakes import (
     DISCORD_TOKEN,
@@ -35,7 +35,7 @@ from platform_fakes import (
 )
 from scripted_server import scripted_provider
 from sidecar_proc import SidecarProcess, spawn_sidecar
-from test_provider_bytes_property import mutated_document, sendable
+from mutation import fixed_draws, mutated_document, sendable
 
 pytestmark = pytest.mark.anyio
 
@@ -85,8 +85,7 @@ def updates(draw: st.DrawFn) -> dict[str, Any]:
     return mutated if isinstance(mutated, dict) else {kind: mutated}
 
 
-@settings(max_examples=EXAMPLES, deadline=None, derandomize=True, database=None, phases=[Phase.generate],
-          suppress_health_check=[HealthCheck.too_slow, HealthCheck.data_too_large])
+@fixed_draws(EXAMPLES)
 @given(batch=st.lists(updates(), min_size=UPDATES, max_size=UPDATES))
 async def test_no_update_stops_the_polling_connection(
     tmp_path_factory: pytest.TempPathFactory, batch: list[dict[str, Any]]
@@ -133,8 +132,7 @@ def gateway_frames(draw: st.DrawFn) -> tuple[str, Any]:
     return "frame", sendable(draw(mutated_document(frame)))
 
 
-@settings(max_examples=EXAMPLES, deadline=None, derandomize=True, database=None, phases=[Phase.generate],
-          suppress_health_check=[HealthCheck.too_slow, HealthCheck.data_too_large])
+@fixed_draws(EXAMPLES)
 @given(frames=st.lists(gateway_frames(), min_size=UPDATES, max_size=UPDATES))
 async def test_no_gateway_event_stops_the_discord_connection(
     tmp_path_factory: pytest.TempPathFactory, frames: list[tuple[str, Any]]
@@ -193,8 +191,7 @@ def socket_envelopes(draw: st.DrawFn) -> dict[str, Any]:
     return sendable(draw(mutated_document(envelope))) if draw(st.integers(0, 4)) else envelope
 
 
-@settings(max_examples=EXAMPLES, deadline=None, derandomize=True, database=None, phases=[Phase.generate],
-          suppress_health_check=[HealthCheck.too_slow, HealthCheck.data_too_large])
+@fixed_draws(EXAMPLES)
 @given(envelopes=st.lists(socket_envelopes(), min_size=UPDATES, max_size=UPDATES))
 async def test_no_envelope_stops_the_slack_connection(
     tmp_path_factory: pytest.TempPathFactory, envelopes: list[Any]

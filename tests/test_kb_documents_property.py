@@ -16,8 +16,9 @@ from __future__ import annotations
 from pathlib import Path
 
 import pytest
-from hypothesis import HealthCheck, Phase, given, settings
+from hypothesis import given
 from hypothesis import strategies as st
+from mutation import fixed_draws
 from kb_helpers import wait_indexed
 from sidecar_proc import ROOT, spawn_sidecar
 
@@ -58,8 +59,7 @@ def mutated_files(draw: st.DrawFn) -> tuple[str, bytes]:
     return name, bytes(data)
 
 
-@settings(max_examples=EXAMPLES, deadline=None, derandomize=True, database=None, phases=[Phase.generate],
-          suppress_health_check=[HealthCheck.too_slow, HealthCheck.data_too_large])
+@fixed_draws(EXAMPLES)
 @given(files=st.lists(mutated_files(), min_size=FILES, max_size=FILES))
 async def test_any_document_bytes_end_with_a_status_and_a_reason(
     tmp_path_factory: pytest.TempPathFactory, files: list[tuple[str, bytes]]

@@ -17,11 +17,11 @@ from __future__ import annotations
 from typing import Any
 
 import pytest
-from hypothesis import HealthCheck, Phase, given, settings
+from hypothesis import given
 from hypothesis import strategies as st
 from kb_helpers import embedding_provider, embedding_server, wait_indexed
 from sidecar_proc import spawn_sidecar
-from test_provider_bytes_property import mutated_document, sendable
+from mutation import fixed_draws, mutated_document, sendable
 
 pytestmark = pytest.mark.anyio
 
@@ -53,8 +53,7 @@ def scripts(draw: st.DrawFn) -> tuple[str, list[Any]]:
     return kind, [draw(answers(kind)) for _ in range(ROUNDS)]
 
 
-@settings(max_examples=EXAMPLES, deadline=None, derandomize=True, database=None, phases=[Phase.generate],
-          suppress_health_check=[HealthCheck.too_slow, HealthCheck.data_too_large])
+@fixed_draws(EXAMPLES)
 @given(script=scripts())
 async def test_any_embeddings_answer_leaves_documents_indexed_and_search_answering(
     tmp_path_factory: pytest.TempPathFactory, script: tuple[str, list[Any]]

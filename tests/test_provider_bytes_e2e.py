@@ -19,8 +19,9 @@ from typing import Any
 
 import pytest
 from chat_helpers import FINAL_TYPES, assert_well_ordered, events_of, wait_final
-from hypothesis import HealthCheck, Phase, given, settings
+from hypothesis import given
 from hypothesis import strategies as st
+from mutation import fixed_draws
 from scripted_server import scripted_provider
 from sidecar_proc import spawn_sidecar
 from test_provider_bytes_property import provider_answers
@@ -41,8 +42,7 @@ def raw_reply(reply: Reply) -> dict[str, Any]:
                     "body_b64": base64.b64encode(b"".join(reply.chunks)).decode()}}
 
 
-@settings(max_examples=EXAMPLES, deadline=None, derandomize=True, database=None, phases=[Phase.generate],
-          suppress_health_check=[HealthCheck.too_slow, HealthCheck.data_too_large])
+@fixed_draws(EXAMPLES)
 @given(answers=st.lists(provider_answers(), min_size=TURNS, max_size=TURNS))
 async def test_any_provider_answer_ends_the_turn_once_and_keeps_the_store(
     tmp_path_factory: pytest.TempPathFactory, answers: list[tuple[str, bool, Reply]]

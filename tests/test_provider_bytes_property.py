@@ -25,6 +25,7 @@ import msgspec
 import pytest
 from hypothesis import HealthCheck, given, settings
 from hypothesis import strategies as st
+from mutation import edited, mutated_document
 from provider_helpers import user
 
 from sidecar.providers import (
@@ -99,85 +100,6 @@ def _recorded(folder: str) -> list[list[str]]:
 
 RECORDED = {family: _recorded(folder) for family, (folder, _, _) in FAMILIES.items()}
 
-scalars = st.one_of(
-    st.none(), st.booleans(), st.sampled_from([0, -1, 1, 2**31, 2**63 - 1, 2**63, 2**64, -(2**63) - 1, 10**30]),
-    st.integers(), st.floats(allow_nan=False), st.text(max_size=40), st.sampled_from(["", "null", "[DONE]", "x" * 5000]),
-)
-json_values = st.recursive(scalars, lambda inner: st.lists(inner, max_size=3) | st.dictionaries(st.text(max_size=8), inner, max_size=3),
-                           max_leaves=6)
-
-
-def _paths(value: Any, here: tuple[Any, ...] = ()) -> list[tuple[Any, ...]]:
-    found = [here]
-    if isinstance(value, dict):
-        for key, item in value.items():
-            found += _paths(item, (*here, key))
-    elif isinstance(value, list):
-        for index, item in enumerate(value):
-            found += _paths(item, (*here, index))
-    return found
-
-
-def _set(value: Any, path: tuple[Any, ...], new: Any, *, drop: bool) -> Any:
-    if not path:
-        return new
-    head, rest = path[0], path[1:]
-    if isinstance(value, dict):
-        copy = dict(value)
-        if drop and not rest:
-            copy.pop(head, None)
-        else:
-            copy[head] = _set(copy[head], rest, new, drop=drop)
-        return copy
-    copy_list = list(value)
-    if drop and not rest:
-        del copy_list[head]
-    else:
-        copy_list[head] = _set(copy_list[head], rest, new, drop=drop)
-    return copy_list
-
-
-@st.composite
-def mutated_document(draw: st.DrawFn, document: Any) -> Any:
-    """``document`` with a few of its values replaced or dropped."""
-    for _ in range(draw(st.integers(0, 3))):
-        path = draw(st.sampled_from(_paths(document)))
-        drop = bool(path) and draw(st.booleans())
-        document = _set(document, path, None if drop else draw(json_values), drop=drop)
-    return document
-
-
-def sendable(value: Any) -> Any:
-    """``value`` as a peer's JSON encoder could send it: no Infinity, no lone surrogate (strict
-    encoders refuse both; the fakes and fixtures use such encoders)."""
-    if isinstance(value, float) and value in (float("inf"), float("-inf")):
-        return None
-    if isinstance(value, str):
-        return value.encode("utf-8", "replace").decode("utf-8")
-    if isinstance(value, list):
-        return [sendable(v) for v in value]
-    if isinstance(value, dict):
-        return {sendable(k): sendable(v) for k, v in value.items()}
-    return value
-
-
-@st.composite
-def edited(draw: st.DrawFn, items: list[Any]) -> list[Any]:
-    """``items`` (events of a stream, updates of a turn) with a few dropped, repeated or swapped."""
-    out = list(items)
-    for _ in range(draw(st.integers(0, 2))):
-        if out and draw(st.booleans()):
-            i = draw(st.integers(0, len(out) - 1))
-            edit = draw(st.sampled_from(["drop", "repeat", "swap"]))
-            if edit == "drop":
-                del out[i]
-            elif edit == "repeat":
-                out.insert(i, out[i])
-            elif i + 1 < len(out):
-                out[i], out[i + 1] = out[i + 1], out[i]
-    return out
-
-
 @st.composite
 def mutated_event(draw: st.DrawFn, event: str, sse: bool) -> str:
     lines = event.split("\n")
@@ -222,7 +144,7 @@ def provider_answers(draw: st.DrawFn) -> tuple[str, bool, Reply]:
     return family, stream, Reply(status=status, headers={"content-type": content_type} if content_type else {}, chunks=chunks)
 
 
-def check_parts(parts: list[Any], error: ProviderCallError | None, *, stream: bool) -> None:
+def check_parts(parts: list[Any], error: ProviderCallError | None) -> None:
     started: dict[str, set[str]] = {}
     for position, part in enumerate(parts):
         if type(part) is UsageUpdate:
@@ -267,7 +189,7 @@ async def answer(family: str, stream: bool, reply: Reply) -> tuple[list[Any], Pr
 def test_any_answer_gives_well_formed_parts_or_one_typed_error(case: tuple[str, bool, Reply]) -> None:
     family, stream, reply = case
     parts, error = anyio.run(answer, family, stream, reply)
-    check_parts(parts, error, stream=stream)
+    check_parts(parts, error)
 
 
 
@@ -279,9 +201,9 @@ def test_the_recorded_streams_themselves_pass(family: str) -> None:
     for events in RECORDED[family]:
         body = (("\n\n" if sse else "\n").join(events) + ("\n\n" if sse else "\n")).encode()
         parts, error = anyio.run(answer, family, True, Reply(headers={"content-type": stream_type}, chunks=[body]))
-        check_parts(parts, error, stream=True)
+        check_parts(parts, error)
     parts, error = anyio.run(answer, family, False,
                              Reply(headers={"content-type": "application/json"}, chunks=[json.dumps(WHOLE[family]).encode()]))
     assert error is None, error
-    check_parts(parts, error, stream=False)
+    check_parts(parts, error)
     assert any(type(p) is ToolCallEnd for p in parts)

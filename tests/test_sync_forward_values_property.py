@@ -17,11 +17,11 @@ from typing import Any
 
 import pytest
 from chat_helpers import FINAL_TYPES, assert_well_ordered, events_of, wait_final
-from hypothesis import HealthCheck, Phase, given, settings
+from hypothesis import given
 from hypothesis import strategies as st
 from qiming_helpers import all_messages, configure, qiming_server
 from sidecar_proc import spawn_sidecar
-from test_provider_bytes_property import edited, mutated_document, sendable
+from mutation import edited, fixed_draws, mutated_document, sendable
 
 pytestmark = pytest.mark.anyio
 
@@ -58,8 +58,7 @@ def turn_scripts(draw: st.DrawFn) -> dict[str, Any]:
     return script
 
 
-@settings(max_examples=EXAMPLES, deadline=None, derandomize=True, database=None, phases=[Phase.generate],
-          suppress_health_check=[HealthCheck.too_slow, HealthCheck.data_too_large])
+@fixed_draws(EXAMPLES)
 @given(scripts=st.lists(turn_scripts(), min_size=TURNS, max_size=TURNS))
 async def test_any_forwarded_stream_ends_its_turn_once(
     tmp_path_factory: pytest.TempPathFactory, scripts: list[dict[str, Any]]

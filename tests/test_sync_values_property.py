@@ -15,12 +15,12 @@ is logged as a traceback. The draws are fixed (``derandomize``): a failure repla
 
 from __future__ import annotations
 
-from pathlib import Path
 from typing import Any
 
 import pytest
-from hypothesis import HealthCheck, Phase, given, settings
+from hypothesis import given
 from hypothesis import strategies as st
+from mutation import fixed_draws, json_values
 from qiming_helpers import all_messages, all_sessions, configure, qiming_server, sync
 from sidecar_proc import spawn_sidecar
 
@@ -34,13 +34,10 @@ MESSAGE_FIELDS = ["index", "id", "role", "type", "text", "think", "time", "finis
                   "senderType", "messageType", "metadata", "quotedText", "componentExecutedList", "userId", "agentId"]
 DATES = ["2026-03-09T02:24:38.000+00:00", "9999-12-31T23:59:59.999+00:00", "0001-01-01T00:00:00Z",
          "0000-01-01T00:00:00Z", "2026-13-45T99:99:99Z", "not a date", "2026-03-09", "+275760-09-13T00:00:00Z"]
-scalars = st.one_of(
-    st.none(), st.booleans(), st.integers(), st.floats(allow_nan=False),
-    st.sampled_from([0, -1, 2**31, 2**53 + 1, 2**63 - 1, 2**63, 10**30, 1e308, -1e308, 4102444800000, 253402300800000]),
-    st.text(max_size=30), st.sampled_from(DATES + ["", "USER", "ASSISTANT", "SYSTEM", "CHAT", "x" * 70_000]),
-)
-values = st.recursive(scalars, lambda inner: st.lists(inner, max_size=3) | st.dictionaries(st.text(max_size=8), inner, max_size=3),
-                      max_leaves=5)
+SERVER_VALUES = [2**53 + 1, 1e308, -1e308, 4102444800000, 253402300800000, "USER", "ASSISTANT", "SYSTEM", "CHAT",
+                 "x" * 70_000, *DATES]
+"""Values a server's fields meet: dates of every sort, epoch ms far ahead, roles, a long text."""
+values = st.one_of(json_values, st.sampled_from(SERVER_VALUES))
 overrides = st.dictionaries(st.sampled_from(CONVERSATION_FIELDS), values, min_size=1, max_size=3)
 message_overrides = st.dictionaries(st.sampled_from(MESSAGE_FIELDS), values, min_size=1, max_size=3)
 round_of = st.tuples(
@@ -54,8 +51,7 @@ async def readable(proc: Any) -> None:
         await all_messages(proc, session["id"])
 
 
-@settings(max_examples=2, deadline=None, derandomize=True, database=None, phases=[Phase.generate],
-          suppress_health_check=[HealthCheck.too_slow, HealthCheck.data_too_large])
+@fixed_draws(2)
 @given(rounds=st.lists(round_of, min_size=ROUNDS, max_size=ROUNDS))
 async def test_no_value_the_server_sends_fails_a_pull_or_stops_a_later_one(
     tmp_path_factory: pytest.TempPathFactory, rounds: list[Any]

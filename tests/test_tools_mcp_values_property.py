@@ -20,12 +20,12 @@ from typing import Any
 
 import pytest
 from chat_helpers import FINAL_TYPES, assert_well_ordered, configure_provider, events_of, wait_final
-from hypothesis import HealthCheck, Phase, given, settings
+from hypothesis import given
 from hypothesis import strategies as st
 from mcp_helpers import ROOT, wait_status
 from scripted_server import scripted_provider
 from sidecar_proc import spawn_sidecar
-from test_provider_bytes_property import mutated_document, sendable
+from mutation import fixed_draws, mutated_document, sendable
 
 pytestmark = pytest.mark.anyio
 
@@ -54,8 +54,7 @@ def server_scripts(draw: st.DrawFn) -> dict[str, Any]:
     return {"initialize": maybe(INITIALIZE), "tools": maybe(TOOLS), "calls": [maybe(c) for c in CALLS]}
 
 
-@settings(max_examples=EXAMPLES, deadline=None, derandomize=True, database=None, phases=[Phase.generate],
-          suppress_health_check=[HealthCheck.too_slow, HealthCheck.data_too_large])
+@fixed_draws(EXAMPLES)
 @given(script=server_scripts())
 async def test_any_server_answer_ends_in_a_status_and_a_turn_ends_once(
     tmp_path_factory: pytest.TempPathFactory, script: dict[str, Any]
