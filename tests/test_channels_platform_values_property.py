@@ -59,6 +59,15 @@ MESSAGES: list[dict[str, Any]] = [
 ]
 
 
+async def open_channel(proc: SidecarProcess, provider_url: str, channel: str, platform: str,
+                       connection: dict[str, Any], credentials: dict[str, str]) -> None:
+    """The scripted provider as the default model, and a channel open to everyone, connecting."""
+    await configure_provider(proc, provider_url)
+    await proc.call("channel:config:upsert", {"id": channel, "platform": platform, "allowEveryone": True,
+                                              "connection": connection, "credentials": credentials})
+    await proc.call("channel:connect", {"id": channel})
+
+
 async def still_serving(proc: SidecarProcess, channel: str, answered: Callable[[], bool], sent: Any) -> None:
     """The last good message is answered, the connection is up, every session reads; then a
     clean stop (``sent``: what the platform sent, shown when the connection is not up)."""
@@ -92,13 +101,9 @@ async def test_no_update_stops_the_polling_connection(
 ) -> None:
     async with scripted_provider() as server, fake_telegram() as fake, \
             spawn_sidecar(tmp_path_factory.mktemp("data")) as proc:
-        await configure_provider(proc, server.base_url)
-        await proc.call("channel:config:upsert", {
-            "id": "tg", "platform": "telegram", "allowEveryone": True,
-            "connection": {"kind": "telegram_polling", "apiBaseUrl": fake.base_url, "pollTimeoutS": 2},
-            "credentials": {"botToken": TELEGRAM_TOKEN},
-        })
-        await proc.call("channel:connect", {"id": "tg"})
+        await open_channel(proc, server.base_url, "tg", "telegram",
+                           {"kind": "telegram_polling", "apiBaseUrl": fake.base_url, "pollTimeoutS": 2},
+                           {"botToken": TELEGRAM_TOKEN})
         for update in batch:
             fake.updates.append({"update_id": next(fake._update_ids), **update})
         fake.post("still there?", chat_id=LAST_CHAT)  # wakes the long poll
@@ -139,13 +144,8 @@ async def test_no_gateway_event_stops_the_discord_connection(
 ) -> None:
     async with scripted_provider() as server, fake_discord() as fake, \
             spawn_sidecar(tmp_path_factory.mktemp("data")) as proc:
-        await configure_provider(proc, server.base_url)
-        await proc.call("channel:config:upsert", {
-            "id": "dc", "platform": "discord", "allowEveryone": True,
-            "connection": {"kind": "discord_gateway", "apiBaseUrl": fake.api_url},
-            "credentials": {"botToken": DISCORD_TOKEN},
-        })
-        await proc.call("channel:connect", {"id": "dc"})
+        await open_channel(proc, server.base_url, "dc", "discord", {"kind": "discord_gateway", "apiBaseUrl": fake.api_url},
+                           {"botToken": DISCORD_TOKEN})
         with anyio.fail_after(30):
             await fake.connected.wait()
         for kind, body in frames:
@@ -198,13 +198,8 @@ async def test_no_envelope_stops_the_slack_connection(
 ) -> None:
     async with scripted_provider() as server, fake_slack() as fake, \
             spawn_sidecar(tmp_path_factory.mktemp("data")) as proc:
-        await configure_provider(proc, server.base_url)
-        await proc.call("channel:config:upsert", {
-            "id": "sl", "platform": "slack", "allowEveryone": True,
-            "connection": {"kind": "slack_socket", "apiBaseUrl": fake.api_url},
-            "credentials": {"botToken": SLACK_BOT_TOKEN, "appToken": SLACK_APP_TOKEN},
-        })
-        await proc.call("channel:connect", {"id": "sl"})
+        await open_channel(proc, server.base_url, "sl", "slack", {"kind": "slack_socket", "apiBaseUrl": fake.api_url},
+                           {"botToken": SLACK_BOT_TOKEN, "appToken": SLACK_APP_TOKEN})
         for envelope in envelopes:
             with anyio.fail_after(30):
                 await fake.connected.wait()
