@@ -1,6 +1,7 @@
 """Helpers of the MCP tests: fixture servers, spawn records, process trees from /proc.
 
-    async with http_fixture() as url: ...        fixtures/mcp_server.py on streamable HTTP
+    async with http_fixture() as (url, process): ...   fixtures/mcp_server.py on streamable HTTP
+    async with http_fixture(RAW_HTTP, SCRIPT) as ...:   fixtures/mcp_raw_http_server.py (scripted)
     await wait_status(proc, "fx", {"ready"})      poll mcp:server:list (sidecar subprocess)
     await wait_state(manager, "fx", {"ready"})    the same, in process
 
@@ -24,6 +25,24 @@ import anyio
 ROOT = Path(__file__).resolve().parent.parent
 FIXTURE = str(ROOT / "fixtures" / "mcp_server.py")
 HUNG = str(ROOT / "fixtures" / "mcp_hung_server.py")
+RAW_HTTP = str(ROOT / "fixtures" / "mcp_raw_http_server.py")
+
+
+# Valid answers of a server with two tools, which the property tests mutate: to initialize,
+# tools/list, and three tools/call (text; image and resource; structured content).
+INITIALIZE = {"protocolVersion": "2025-06-18", "capabilities": {"tools": {"listChanged": True}},
+              "serverInfo": {"name": "raw", "version": "1"}}
+TOOLS = {"tools": [
+    {"name": "echo", "description": "Return the text.", "inputSchema": {
+        "type": "object", "properties": {"text": {"type": "string"}}, "required": ["text"]}},
+    {"name": "look", "title": "Look", "inputSchema": {"type": "object"}, "annotations": {"readOnlyHint": True}},
+]}
+CALLS = [
+    {"content": [{"type": "text", "text": "hello"}], "isError": False},
+    {"content": [{"type": "image", "data": "iVBORw0KGgo=", "mimeType": "image/png"},
+                 {"type": "resource", "resource": {"uri": "file:///a.txt", "text": "a", "mimeType": "text/plain"}}]},
+    {"content": [{"type": "text", "text": "{\"n\": 1}"}], "structuredContent": {"n": 1}},
+]
 
 
 def stdio_server(name: str = "fx", *args: str, **extra: Any) -> dict[str, Any]:
@@ -55,12 +74,12 @@ def free_port() -> int:
 
 
 @asynccontextmanager
-async def http_fixture() -> AsyncIterator[tuple[str, anyio.abc.Process]]:
-    """fixtures/mcp_server.py serving streamable HTTP on loopback: (url, process), once it listens."""
+async def http_fixture(server: str = FIXTURE, script: Path | None = None) -> AsyncIterator[tuple[str, anyio.abc.Process]]:
+    """An MCP server on streamable HTTP on loopback: (url, process), once it listens.
+    fixtures/mcp_server.py by default; with ``script``, ``server`` is run as ``server PORT SCRIPT``."""
     port = free_port()
-    process = await anyio.open_process(
-        [sys.executable, FIXTURE, "--http", str(port)], stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL
-    )
+    argv = [server, "--http", str(port)] if script is None else [server, str(port), str(script)]
+    process = await anyio.open_process([sys.executable, *argv], stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL)
     try:
         with anyio.fail_after(30):
             while True:

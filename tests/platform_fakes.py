@@ -99,6 +99,8 @@ class FakeTelegram:
         self.dropped = 0
         """Long polls cut off mid-answer so far."""
         self.polls = 0
+        self.ignore_offset = False
+        """Answer every poll at once with every update, whatever its offset (a broken server)."""
         self._ids = itertools.count(1)
         self._update_ids = itertools.count(100)
         self._new = anyio.Event()
@@ -203,6 +205,8 @@ class FakeTelegram:
         offset = payload.get("offset")
         if isinstance(offset, int):
             self.confirmed = max(self.confirmed, offset)
+        if self.ignore_offset:
+            return _ok(self.updates)
         with anyio.move_on_after(min(float(payload.get("timeout", 0)), 5.0)):
             while not self._pending():
                 self._new = anyio.Event()
@@ -263,6 +267,8 @@ class FakeDiscord:
         """(method, path, body) of the REST calls that changed something."""
         self.limit_next: float | None = None
         self.limited = 0
+        self.disconnect_at_hello = False
+        """Every new socket is asked at once to be replaced (a broken Slack)."""
         self._socket: WebSocket | None = None
         self._ids = itertools.count(5000)
         self._bucket: dict[str, tuple[int, float]] = {}
@@ -438,6 +444,8 @@ class FakeSlack:
         self.sockets = 0
         self.limit_next: float | None = None
         self.limited = 0
+        self.disconnect_at_hello = False
+        """Every new socket is asked at once to be replaced (a broken Slack)."""
         self._socket: WebSocket | None = None
         self._envelopes = itertools.count(1)
         self._ts = itertools.count(1)
@@ -531,6 +539,8 @@ class FakeSlack:
             self.sockets += 1
             await websocket.send_text(json.dumps({"type": "hello", "num_connections": 1,
                                                   "connection_info": {"app_id": "A1"}}))
+            if self.disconnect_at_hello:
+                await websocket.send_text(json.dumps({"type": "disconnect", "reason": "refresh_requested"}))
             self._socket = websocket
             for envelope in list(self.unacked.values()):
                 envelope["retry_attempt"] += 1

@@ -196,6 +196,24 @@ async def test_slack_socket_mode_acks_redeliveries_and_disconnects(tmp_path: Pat
     assert SLACK_BOT_TOKEN.encode() not in stored and SLACK_APP_TOKEN.encode() not in stored
 
 
+async def test_a_platform_that_asks_for_a_new_socket_again_and_again_is_answered_after_a_backoff(tmp_path: Path) -> None:
+    async with scripted_provider() as server, fake_slack() as fake, spawn_sidecar(tmp_path) as proc:
+        await configure_provider(proc, server.base_url)
+        await slack_channel(proc, fake)
+        fake.disconnect_at_hello = True
+        await fake.disconnect("refresh_requested")  # the first request is answered at once
+        await wait_until(lambda: fake.sockets == 2)
+        await anyio.sleep(3.5)  # then 1 s, 2 s: sockets 3 and 4 (unpaced: one after another)
+        assert 3 <= fake.sockets <= 5, fake.sockets
+        fake.disconnect_at_hello = False  # Slack is right again: the next socket stays, and serves
+        await server.script({"text": "back"})
+        envelope = await fake.post(fake.event("<@UBOT> are you back?", kind="app_mention"))
+        await wait_until(lambda: envelope in fake.acked, timeout=70)
+        await answered(proc, "sl", 1)
+        assert [p["text"] for p in fake.posts()] == ["back"]
+        await proc.close()
+
+
 async def test_slack_files_shared_in_a_message_reach_the_users_turn(tmp_path: Path) -> None:
     async with scripted_provider() as server, fake_slack() as fake, spawn_sidecar(tmp_path) as proc:
         await configure_provider(proc, server.base_url, models=[{"id": "scripted-1", "supportsImages": True}])

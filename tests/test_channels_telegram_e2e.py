@@ -185,6 +185,26 @@ async def test_a_webhook_conflict_fails_the_connection_until_it_is_gone(tmp_path
         await proc.close()
 
 
+async def test_a_server_that_answers_every_poll_at_once_with_what_was_confirmed_is_not_polled_in_a_loop(
+    tmp_path: Path,
+) -> None:
+    async with scripted_provider() as server, fake_telegram() as fake, spawn_sidecar(tmp_path) as proc:
+        await configure_provider(proc, server.base_url)
+        await telegram_channel(proc, fake)
+        await proc.call("channel:connect", {"id": "tg"})
+        await connected(proc)
+        await server.script({"text": "once"})
+        fake.post("hello")
+        await replied(proc, await session_of(proc))
+        fake.ignore_offset = True  # from now on the same update comes back at once, every time
+        polls = fake.polls
+        await anyio.sleep(2.5)
+        assert fake.polls - polls <= 4, fake.polls - polls  # a poll a second at most (unpaced: 17 in this time)
+        assert fake.texts() == ["once"]  # answered once
+        assert (await proc.call("channel:config:get", {"id": "tg"}))["status"]["state"] == "connected"
+        await proc.close()
+
+
 async def test_stream_mode_edits_the_message_in_place(tmp_path: Path) -> None:
     words = " ".join(f"word{i}" for i in range(60))
     async with scripted_provider() as server, fake_telegram() as fake, spawn_sidecar(tmp_path) as proc:

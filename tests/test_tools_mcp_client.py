@@ -390,6 +390,21 @@ async def test_http_the_end_of_the_session_or_of_the_server_closes_the_channel()
             assert channel.closed.is_set() and channel.exit_note() == note
 
 
+async def test_http_a_server_stream_that_asks_for_no_wait_is_reopened_no_faster_than_once_a_second() -> None:
+    """A GET stream that brings a message and ends, asking (``retry: 0``) to be reopened at once,
+    is reopened after GET_RETRY_S: a server cannot make the channel reconnect in a loop."""
+
+    def stream(r: httpx2.Request, m: dict[str, Any]) -> httpx2.Response:
+        body = b"retry: 0\n\n" + _sse({"jsonrpc": "2.0", "method": "notifications/message", "params": {"level": "info", "data": "x"}})
+        return httpx2.Response(200, content=body, headers={"content-type": "text/event-stream"})
+
+    server = FakeHttpServer({"GET": stream})
+    async with http_session(server):
+        await anyio.sleep(1.5)
+    gets = sum(1 for verb, _, _ in server.requests if verb == "GET")
+    assert 1 <= gets <= 2, gets  # opened, reopened once after a second (a loop: hundreds)
+
+
 def test_the_client_imports_none_of_the_sdk() -> None:
     code = "import sidecar.tools.mcp, sidecar.tools.mcp_transport, sidecar.tools.mcp_http\n"
     assert modules_loaded_by(code, ("mcp", "mcp_types", "pydantic", "pydantic_core", "starlette")) == []

@@ -22,7 +22,7 @@ import pytest
 from chat_helpers import FINAL_TYPES, assert_well_ordered, configure_provider, events_of, wait_final
 from hypothesis import given
 from hypothesis import strategies as st
-from mcp_helpers import ROOT, wait_status
+from mcp_helpers import CALLS, INITIALIZE, ROOT, TOOLS, wait_status
 from scripted_server import scripted_provider
 from sidecar_proc import spawn_sidecar
 from mutation import fixed_draws, mutated_document, sendable
@@ -31,21 +31,6 @@ pytestmark = pytest.mark.anyio
 
 RAW_SERVER = str(ROOT / "fixtures" / "mcp_raw_server.py")
 EXAMPLES = 4
-INITIALIZE = {"protocolVersion": "2025-06-18", "capabilities": {"tools": {"listChanged": True}},
-              "serverInfo": {"name": "raw", "version": "1"}}
-TOOLS = {"tools": [
-    {"name": "echo", "description": "Return the text.", "inputSchema": {
-        "type": "object", "properties": {"text": {"type": "string"}}, "required": ["text"]}},
-    {"name": "look", "title": "Look", "inputSchema": {"type": "object"}, "annotations": {"readOnlyHint": True}},
-]}
-CALLS = [
-    {"content": [{"type": "text", "text": "hello"}], "isError": False},
-    {"content": [{"type": "image", "data": "iVBORw0KGgo=", "mimeType": "image/png"},
-                 {"type": "resource", "resource": {"uri": "file:///a.txt", "text": "a", "mimeType": "text/plain"}}]},
-    {"content": [{"type": "text", "text": "{\"n\": 1}"}], "structuredContent": {"n": 1}},
-]
-
-
 @st.composite
 def server_scripts(draw: st.DrawFn) -> dict[str, Any]:
     def maybe(value: Any) -> Any:

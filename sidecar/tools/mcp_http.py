@@ -21,8 +21,9 @@ the peer's:
 - once the session is up (``initialized`` accepted) a GET opens the server's own stream
   for what it sends unprompted (``tools/list_changed``); a server without one answers 405
   and its notifications then come only in the streams of our POSTs. A GET stream that ends
-  is reopened after the server's ``retry`` (else 1 s), at most GET_ATTEMPTS times in a
-  row without a message. Resuming a broken stream (``Last-Event-ID``) is not done: the
+  is reopened after the server's ``retry``, never sooner than GET_RETRY_S (a stream that
+  brings a message and ends, again and again, would otherwise be a loop) nor later than
+  GET_RETRY_MAX_S, at most GET_ATTEMPTS times in a row without a message. Resuming a broken stream (``Last-Event-ID``) is not done: the
   request it carried fails and the caller may retry;
 - the server being unreachable (a transport error: refused, reset, timed out) or ending
   the session (404 to a request carrying its id) closes the channel: the peer's input ends,
@@ -332,7 +333,7 @@ class HttpChannel:
                         return
                     async for event in httpx2.EventSource(response, max_event_size=self.max_bytes):
                         if event.retry is not None:
-                            retry_s = min(max(event.retry / 1000, 0.0), GET_RETRY_MAX_S)
+                            retry_s = min(max(event.retry / 1000, GET_RETRY_S), GET_RETRY_MAX_S)
                         if event.event == "message" and event.data:
                             got = True
                             await self._feed(_one_line(event.data.encode()))

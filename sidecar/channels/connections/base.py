@@ -6,7 +6,9 @@ state ``connecting`` -> ``connected`` (the link calls ``ready``) -> on a drop or
 ``failed`` with the error and the time of the next attempt, after a backoff
 (sidecar/tools/mcp_supervisor.py ``backoff_delay``: 1 s doubling to 60 s; a link that stayed
 connected for STABLE_S starts the count again). ``Reconnect`` (the platform asked for it:
-Discord op 7, Slack ``disconnect``) connects again at once; ``Fatal`` (the platform refused
+Discord op 7, Slack ``disconnect``) connects again at once, unless the platform asked
+within STABLE_S before: such requests in a row wait the backoff (a platform cannot make the
+link reconnect in a loop); ``Fatal`` (the platform refused
 the credentials or the configuration) stops retrying until ``channel:connect``.
 
 ``DeliveryError`` (delivery.py, with the PlatformSender protocol) is how a sender reports a
@@ -117,6 +119,8 @@ class ConnectionSupervisor:
         self._stopping = anyio.Event()
         self._scope: anyio.CancelScope | None = None
         self._failures = 0
+        self._reconnected_at: float | None = None
+        self._quick_reconnects = 0
 
     def status(self) -> ChannelConnectionStatus:
         return ChannelConnectionStatus(
@@ -146,7 +150,7 @@ class ConnectionSupervisor:
             while not self._stopping.is_set():
                 self._set("connecting")
                 started = time.monotonic()
-                fatal = False
+                fatal = reconnect = False
                 with anyio.CancelScope() as scope:
                     self._scope = scope
                     if self._stopping.is_set():
@@ -156,15 +160,19 @@ class ConnectionSupervisor:
                         self.error = "the connection was closed"
                     except Exception as exc:
                         leaf = first_leaf(exc)
-                        if isinstance(leaf, Reconnect):
-                            log.info("channel %s: reconnecting (%s)", self.channel_id, leaf)
-                            continue
+                        reconnect = isinstance(leaf, Reconnect)
                         fatal = isinstance(leaf, Fatal)
-                        self.error = (str(leaf) or type(leaf).__name__)[:ERROR_CHARS]
-                        log.debug("channel %s: link failed", self.channel_id, exc_info=True)
+                        if reconnect:
+                            log.info("channel %s: reconnecting (%s)", self.channel_id, leaf)
+                        else:
+                            self.error = (str(leaf) or type(leaf).__name__)[:ERROR_CHARS]
+                            log.debug("channel %s: link failed", self.channel_id, exc_info=True)
                 self._scope = None
                 if self._stopping.is_set():
                     break
+                if reconnect:
+                    await self._wait_to_reconnect()
+                    continue
                 connected_for = time.monotonic() - started if self.state == "connected" else 0.0
                 self._set("failed")
                 if fatal:
@@ -184,3 +192,20 @@ class ConnectionSupervisor:
         finally:
             self._set("disconnected")
             self.done.set()
+
+    async def _wait_to_reconnect(self) -> None:
+        """At once after a stable while; a platform that asks again within STABLE_S is answered
+        after the backoff, its count growing with every such request."""
+        now = time.monotonic()
+        quick = self._reconnected_at is not None and now - self._reconnected_at < STABLE_S
+        self._reconnected_at = now
+        self._quick_reconnects = self._quick_reconnects + 1 if quick else 0
+        if not self._quick_reconnects:
+            return
+        delay = backoff_delay(self._quick_reconnects)
+        log.warning("channel %s: asked to reconnect %d times within %g s; next attempt in %g s",
+                    self.channel_id, self._quick_reconnects + 1, STABLE_S, delay)
+        self.retry_at_ms = _now_ms() + int(delay * 1000)
+        with anyio.move_on_after(delay):
+            await self._stopping.wait()
+        self.retry_at_ms = None

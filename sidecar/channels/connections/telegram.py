@@ -8,7 +8,9 @@ and 404 (a bad token) are Fatal for the poller.
 ``TelegramPoller`` (a Link): ``getMe`` (the bot's id and username), then ``getUpdates`` with
 ``offset`` (the last update's id + 1, stored as the channel's resume point once the update's
 message is stored: a restart or a dropped poll gets the unconfirmed updates again, and the
-inbox's dedup drops what was already received) and ``timeout`` (``pollTimeoutS``). A 409
+inbox's dedup drops what was already received) and ``timeout`` (``pollTimeoutS``); a poll
+that moved the offset nowhere takes at least MIN_IDLE_POLL_S, so a server that answers at
+once, or ignores the offset, is not polled in a loop. A 409
 (a webhook is set, or another process polls with this token) fails the connection with
 Telegram's description, retried with backoff. Messages of private chats, groups and
 supergroups become ChannelMessageParams (forum topics: ``threadId`` is the
@@ -32,6 +34,7 @@ import re
 from collections.abc import Callable
 from typing import Any
 
+import anyio
 import httpx2
 import msgspec
 
@@ -55,6 +58,9 @@ from sidecar.store.attachments import AttachmentStore
 __all__ = ["TelegramApi", "TelegramError", "TelegramPoller", "TelegramSender", "to_params", "plain_of"]
 
 log = logging.getLogger(__name__)
+
+MIN_IDLE_POLL_S = 1.0
+"""The least time a poll that confirmed no update takes (the shortest ``pollTimeoutS``)."""
 
 _UNESCAPE = re.compile(r"\\([\x01-\x7e])")
 
@@ -195,6 +201,7 @@ class TelegramPoller:
         ready(str(bot_id) if isinstance(bot_id, int) else None)
         offset: int | None = await self._load_offset()
         while True:
+            started, before = anyio.current_time(), offset
             payload: dict[str, Any] = {"timeout": self._poll_s, "allowed_updates": ["message"]}
             if offset is not None:
                 payload["offset"] = offset
@@ -217,6 +224,11 @@ class TelegramPoller:
                 await self._handle(data)
                 offset = update_id + 1
                 await self._save_offset(offset)
+            if offset is None or (before is not None and offset <= before):
+                # nothing confirmed: Telegram holds an empty poll for its timeout (>= 1 s); a
+                # server that answers at once, or sends again what was confirmed, is not polled
+                # in a loop
+                await anyio.sleep(max(0.0, MIN_IDLE_POLL_S - (anyio.current_time() - started)))
 
     async def _handle(self, update: dict[str, Any]) -> None:
         message = as_dict(update.get("message"))
