@@ -30,7 +30,10 @@ class McpServerUpsertParams(Struct, kw_only=True):
     """``mcp:server:upsert``: an MCP server run as a stdio command or reached at an HTTP URL."""
 
     name: Id
-    """Tools appear as ``mcp__{name}__{tool}``; characters other than ``A-Za-z0-9_-`` become ``_``."""
+    """Characters other than ``A-Za-z0-9_-`` become ``_``. Tools appear as
+    ``mcp__{name}__{tool}`` when both names are words joined by single ``_`` and the whole fits
+    64 characters; otherwise as ``mcp__{name'}__{tool'}__{hash}`` (both cut and made so,
+    16 hex digits of the exact pair's SHA-256), so no two tools share a name."""
     transport: McpTransport = "stdio"
     command: str | None = None
     args: list[str] = []

@@ -254,8 +254,13 @@ async def _open_acp(app: App, stack: AsyncExitStack) -> AcpTurnHandler:
     store = app.store
 
     async def mcp_servers(features: AgentFeatures) -> list[Any]:
-        rows = await store.run(lambda s: s.tools.mcp_servers())
-        return acp_mcp_servers(rows, features)
+        def read(s: Any) -> tuple[list[tuple[str, str]], set[str]]:
+            rows = s.tools.mcp_servers()
+            policies = s.tools.policies(f"mcp:{name}" for name, _ in rows)
+            return rows, {key[4:] for key, p in policies.items() if p.policy == "deny"}
+
+        rows, denied = await store.run(read)
+        return acp_mcp_servers(rows, features, denied=denied)
 
     return AcpTurnHandler(
         store=app.store,

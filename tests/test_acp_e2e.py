@@ -554,12 +554,15 @@ async def test_engine_env_is_explicit_masked_and_kept(tmp_path: Path) -> None:
         await proc.close()
 
 
-async def test_configured_mcp_servers_are_passed_to_session_new(tmp_path: Path) -> None:
+async def test_configured_mcp_servers_are_passed_to_session_new_unless_denied(tmp_path: Path) -> None:
     async with spawn_sidecar(tmp_path / "data") as proc:
         await proc.call("sidecar:initialize", {})
         await proc.call("mcp:server:upsert", {"name": "files", "command": "files-server", "env": {"K": "v"}})
         await proc.call("mcp:server:upsert", {"name": "web", "transport": "http", "url": "http://127.0.0.1:9/mcp"})
         await proc.call("mcp:server:upsert", {"name": "off", "command": "x", "enabled": False})
+        # denied: the agent would run it itself, with its secret: it is not passed
+        await proc.call("mcp:server:upsert", {"name": "private", "command": "mail-server", "env": {"TOKEN": "t-SECRET"}})
+        await proc.call("tool:policy:set", {"key": "mcp:private", "policy": "deny"})
         stdio_only = await add_engine(proc, name="StdioOnly")
         with_http = await add_engine(proc, "--mcp-http", name="WithHttp")
         for engine, expected in ((stdio_only, "mcp=1 [stdio:files]"), (with_http, "mcp=2 [stdio:files,http:web]")):

@@ -8,8 +8,10 @@ and test_tools_mcp_isolation.py."""
 
 from __future__ import annotations
 
+import hashlib
 import logging
 import os
+import re
 import sys
 import time
 from pathlib import Path
@@ -24,6 +26,7 @@ from scripted_server import scripted_provider
 from sidecar.store import AsyncStore, Store
 from sidecar.tools.base import ToolError
 from sidecar.tools.mcp import McpManager, McpServerConfig, mcp_tool_name, sanitize
+from sidecar.tools.mcp_config import tool_name_prefix
 from mcp_helpers import FIXTURE, HUNG, http_fixture, modules_loaded_by, spawns, wait_state, wait_status
 from sidecar_proc import CallError, spawn_sidecar
 
@@ -37,10 +40,22 @@ def server_params(name: str = "fx", **extra: object) -> McpServerUpsertParams:
     )
 
 
-def test_names_are_sanitised() -> None:
+def test_names_are_sanitised_and_no_two_tools_share_one() -> None:
     assert sanitize("my server/1") == "my_server_1"
-    assert mcp_tool_name("files", "pid.of server") == "mcp__files__pid_of_server"
-    assert len(mcp_tool_name("s" * 40, "t" * 80)) == 64
+    assert mcp_tool_name("files", "read_file") == "mcp__files__read_file"  # plain names stay as they are
+    assert mcp_tool_name("files", "pid.of server") == "mcp__files__pid_of_server__" + _digest("files", "pid.of server")
+    pairs = [("a", "b__c"), ("a__b", "c"), ("a", "b_c"), ("a_b", "c"), ("x", "read.file"), ("x", "read_file"),
+             ("x", "read file"), ("a_", "_b"), ("a", "__b"), ("a", "_b"), ("s" * 40, "t"), ("s" * 40 + "z", "t"),
+             ("s", "t" * 80), ("s", "t" * 80 + "u"), ("s", "中文"), ("s", "日本"), ("s", ""), ("s", "_")]
+    names = [mcp_tool_name(server, tool) for server, tool in pairs]
+    assert len(set(names)) == len(pairs), names  # one name, one tool: a policy cannot pass to another
+    assert all(len(n) <= 64 and re.fullmatch(r"[A-Za-z0-9_-]+", n) for n in names)
+    for (server, _), name in zip(pairs, names):
+        assert name.startswith(tool_name_prefix(server))  # what enabledTools checks a server not ready by
+
+
+def _digest(server: str, tool: str) -> str:
+    return hashlib.sha256(f"{server}\0{tool}".encode()).hexdigest()[:16]
 
 
 async def test_list_call_crash_hang_reconnect(tmp_path: Path) -> None:
@@ -52,7 +67,7 @@ async def test_list_call_crash_hang_reconnect(tmp_path: Path) -> None:
             listed = await wait_state(manager, "my_fx", {"ready"})
             assert "mcp__my_fx__echo" in listed.tools and listed.error is None and listed.retry_at is None
             tools = {t.name: t for t in manager.tools()}
-            assert set(tools) >= {"mcp__my_fx__echo", "mcp__my_fx__add", "mcp__my_fx__crash", "mcp__my_fx__pid_of_server"}
+            assert set(tools) >= {"mcp__my_fx__echo", "mcp__my_fx__add", "mcp__my_fx__crash", mcp_tool_name("my_fx", "pid.of server")}
             add = tools["mcp__my_fx__add"]
             assert add.parameters["required"] == ["a", "b"] and add.server_key == "mcp:my_fx"
             assert add.default_policy == "ask"

@@ -1902,7 +1902,12 @@ export interface McpServerInfo {
 }
 /** ``mcp:server:upsert``: an MCP server run as a stdio command or reached at an HTTP URL. */
 export interface McpServerUpsertParams {
-    /** Tools appear as ``mcp__{name}__{tool}``; characters other than ``A-Za-z0-9_-`` become ``_``. */
+    /**
+     * Characters other than ``A-Za-z0-9_-`` become ``_``. Tools appear as
+     * ``mcp__{name}__{tool}`` when both names are words joined by single ``_`` and the whole fits
+     * 64 characters; otherwise as ``mcp__{name'}__{tool'}__{hash}`` (both cut and made so,
+     * 16 hex digits of the exact pair's SHA-256), so no two tools share a name.
+     */
     name: string;
     transport?: McpTransport;
     command?: string | null;

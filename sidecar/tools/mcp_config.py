@@ -4,13 +4,21 @@
 the input of every connection. Must stay true:
 - its repr never shows a secret: ``env`` and header values, ``args`` and the URL's
   credentials or query may all carry one;
-- tool names the model sees are ``mcp__{server}__{tool}`` with everything outside
-  ``[A-Za-z0-9_-]`` replaced by ``_`` and cut to 64 characters (provider limit); the
-  original tool name is what the server receives.
+- the tool name the model sees, and that policies and ``enabledTools`` name, belongs to one
+  (server, tool) pair only, whatever names servers choose: it is ``mcp__{server}__{tool}``
+  when both are plain (``[A-Za-z0-9-]`` words joined by single ``_``) and it fits the
+  providers' 64 characters; otherwise ``mcp__{server'}__{tool'}__{hash}``, the two cut
+  and made plain (runs of ``_`` and other characters as one ``_``), and 16 hex digits of
+  the SHA-256 of the exact pair. Split at ``__`` the first form has three parts, the second
+  four, so they never meet; a server cannot list a tool whose name is another server's
+  tool's (``a`` + ``b__c`` and ``a__b`` + ``c`` no longer share ``mcp__a__b__c``), or a
+  tool of its own under another name (``read.file`` and ``read_file``). The original tool
+  name is what the server receives.
 """
 
 from __future__ import annotations
 
+import hashlib
 import re
 from typing import Any
 
@@ -18,18 +26,45 @@ import msgspec
 
 from sidecar.providers.redact import safe_url
 
-__all__ = ["McpServerConfig", "RemoteTool", "sanitize", "mcp_tool_name", "MAX_TOOL_NAME"]
+__all__ = ["McpServerConfig", "RemoteTool", "sanitize", "mcp_tool_name", "tool_name_prefix", "MAX_TOOL_NAME"]
 
 MAX_TOOL_NAME = 64
+MAX_SERVER_PART = 24
+"""How much of a server's name a tool name holds (the rest of the 64 is the tool's)."""
 _UNSAFE = re.compile(r"[^A-Za-z0-9_-]")
+_PLAIN = re.compile(r"[A-Za-z0-9-]+(?:_[A-Za-z0-9-]+)*")
+_NOT_WORD = re.compile(r"[^A-Za-z0-9-]+")
 
 
 def sanitize(name: str) -> str:
     return _UNSAFE.sub("_", name.strip())
 
 
+def _plain(name: str) -> bool:
+    return _PLAIN.fullmatch(name) is not None
+
+
+def _made_plain(name: str, limit: int) -> str:
+    return _NOT_WORD.sub("_", name).strip("_")[:limit].rstrip("_") or "x"
+
+
+def _server_part(server: str) -> str:
+    return server if _plain(server) and len(server) <= MAX_SERVER_PART else _made_plain(server, MAX_SERVER_PART)
+
+
+def tool_name_prefix(server: str) -> str:
+    """What every tool name of ``server`` starts with (servers whose names differ only in
+    characters a name cannot hold share it)."""
+    return f"mcp__{_server_part(server)}__"
+
+
 def mcp_tool_name(server: str, tool: str) -> str:
-    return f"mcp__{sanitize(server)}__{sanitize(tool)}"[:MAX_TOOL_NAME]
+    """The name of ``server``'s tool ``tool``: one pair's only (see the module's docstring)."""
+    head = tool_name_prefix(server)
+    if _server_part(server) == server and _plain(tool) and len(head) + len(tool) <= MAX_TOOL_NAME:
+        return head + tool
+    digest = hashlib.sha256(f"{server}\0{tool}".encode("utf-8", "surrogatepass")).hexdigest()[:16]
+    return f"{head}{_made_plain(tool, MAX_TOOL_NAME - len(head) - 2 - len(digest))}__{digest}"
 
 
 class McpServerConfig(msgspec.Struct, kw_only=True):

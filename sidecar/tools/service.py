@@ -64,6 +64,7 @@ from sidecar.tools.base import Tool
 from sidecar.tools.conversation import ConversationSearch
 from sidecar.tools.knowledge import NO_KNOWLEDGE, KnowledgeOffer, KnowledgeSearch, KnowledgeSource, knowledge_offer
 from sidecar.tools.local import LOCAL_TOOLS, ReadToolOutput, SessionCapabilities, SpillOwners
+from sidecar.tools.mcp_config import tool_name_prefix
 from sidecar.tools.registry import ToolRegistry
 from sidecar.tools.skills import find_skills, skill_roots, skill_tools
 from sidecar.tools.web import SearxngBackend, WebSearch
@@ -315,7 +316,7 @@ class ToolService:
             if self.mcp is not None and self.mcp.configured:
                 unavailable = [
                     (name, state) for name, state in self.mcp.unavailable()
-                    if wanted is None or f"mcp:{name}" in wanted or any(w.startswith(f"mcp__{name}__") for w in wanted)
+                    if wanted is None or f"mcp:{name}" in wanted or any(w.startswith(tool_name_prefix(name)) for w in wanted)
                 ]
         candidates = [t for t in candidates if t.feature is not None or offered(t)]
         system: list[Tool] = [
@@ -392,9 +393,9 @@ class ToolService:
             if name.startswith("mcp:") and name[4:] in servers:
                 continue
             if name.startswith("mcp__"):
-                # the longest server name that prefixes it (server names may hold "__")
-                owner = max((n for n in servers if name.startswith(f"mcp__{n}__")), key=len, default=None)
-                if owner is not None and (servers[owner] is None or name in (servers[owner] or ())):
+                # a tool a ready server lists, or a name a server not ready yet could give
+                if any(name in (tools or ()) if tools is not None else name.startswith(tool_name_prefix(n))
+                       for n, tools in servers.items()):
                     continue
             valid = sorted(general) + [f"mcp:{n}" for n in servers]
             valid += sorted(t for tools in servers.values() for t in tools or ())
