@@ -163,8 +163,11 @@ def _serve_stdio(config: object) -> int:
 
     import logging
 
+    from sidecar.children.env import hide_from_children
     from sidecar.server import serve
     from sidecar.supervision import Supervisor
+
+    hide_from_children()  # before the first child: none can read our environment in /proc
 
     log = logging.getLogger("sidecar")
     code = 0

@@ -205,6 +205,21 @@ async def test_a_server_that_answers_every_poll_at_once_with_what_was_confirmed_
         await proc.close()
 
 
+async def test_at_debug_the_http_clients_request_lines_show_no_bot_token(tmp_path: Path) -> None:
+    async with scripted_provider() as server, fake_telegram() as fake, spawn_sidecar(tmp_path, "--log-level", "DEBUG") as proc:
+        await configure_provider(proc, server.base_url)
+        await telegram_channel(proc, fake)
+        await proc.call("channel:connect", {"id": "tg"})
+        await connected(proc)
+        await server.script({"text": "hi"})
+        fake.post("hello")
+        await replied(proc, await session_of(proc))
+        await proc.close()
+    log = proc.stderr_text()
+    assert "/bot***/getUpdates" in log and "/bot***/sendMessage" in log  # the lines are there
+    assert TELEGRAM_TOKEN not in log and TELEGRAM_TOKEN.split(":")[1] not in log
+
+
 async def test_stream_mode_edits_the_message_in_place(tmp_path: Path) -> None:
     words = " ".join(f"word{i}" for i in range(60))
     async with scripted_provider() as server, fake_telegram() as fake, spawn_sidecar(tmp_path) as proc:

@@ -26,6 +26,13 @@ may override any of these (a ``PATH`` of its own). That is the only way a secret
 child: the user put it in that child's configuration. A workspace command has no
 configuration: it gets the allow-list alone.
 
+A child cannot read ours around the allow-list either: on Linux ``hide_from_children``
+(called by the process's start before anything is spawned) makes the sidecar not dumpable
+(``prctl(PR_SET_DUMPABLE, 0)``), so ``/proc/<sidecar pid>/environ`` (the keys the host
+handed us), ``mem`` and ``fd`` belong to root and a child of the same user, or a debugger,
+cannot open them; no core file is written either. Elsewhere a process of the same user can
+read another's memory (SECURITY.md lists it as a residual risk).
+
 Must stay true: no name in the allow-lists may look like it holds a secret
 (``sidecar.secrets.names.is_secret_name``); env values are never logged.
 """
@@ -36,7 +43,7 @@ import os
 import sys
 from collections.abc import Mapping
 
-__all__ = ["child_env", "INHERITED", "INHERITED_POSIX", "INHERITED_WINDOWS"]
+__all__ = ["child_env", "hide_from_children", "INHERITED", "INHERITED_POSIX", "INHERITED_WINDOWS"]
 
 _LOCALE = (
     "LANG", "LANGUAGE", "LC_ALL", "LC_CTYPE", "LC_COLLATE", "LC_MESSAGES", "LC_MONETARY", "LC_NUMERIC",
@@ -63,3 +70,18 @@ def child_env(configured: Mapping[str, str] | None = None) -> dict[str, str]:
     if configured:
         env.update(configured)
     return env
+
+
+_PR_SET_DUMPABLE = 4
+
+
+def hide_from_children() -> bool:
+    """Linux: make this process not dumpable (see the module's docstring). Whether it is now."""
+    if not sys.platform.startswith("linux"):
+        return False
+    try:
+        import ctypes
+
+        return int(ctypes.CDLL(None, use_errno=True).prctl(_PR_SET_DUMPABLE, 0, 0, 0, 0)) == 0
+    except (OSError, AttributeError):
+        return False

@@ -2,7 +2,9 @@
 
 Owns: ``Redactor`` (masks the API key, the values of credential-looking custom
 headers and URL userinfo in any text) and ``safe_url`` (a URL with its userinfo
-and query string removed, for display).
+and query string removed and a bot token in its path masked, for display), which the
+HTTP client's per-request log lines go through (``install_http_log_filter``, installed by
+every client that logs requests: the providers', the sync client's, the channels').
 
 Must stay true: every string a provider puts in an exception or a log record
 has gone through ``Redactor.redact`` or contains no provider-supplied text.
@@ -11,6 +13,7 @@ has gone through ``Redactor.redact`` or contains no provider-supplied text.
 from __future__ import annotations
 
 import logging
+import re
 from collections.abc import Mapping
 from urllib.parse import parse_qsl, urlsplit, urlunsplit
 
@@ -23,8 +26,13 @@ _MASK = "***"
 _MIN_SECRET_LEN = 6
 
 
+_PATH_TOKEN = re.compile(r"/bot\d+:[A-Za-z0-9_-]+")
+"""A Telegram bot token in a path (``/bot<id>:<secret>/getMe``, ``/file/bot<id>:<secret>/...``)."""
+
+
 def safe_url(url: str) -> str:
-    """``url`` without userinfo and query (where keys sometimes travel)."""
+    """``url`` without userinfo and query (where keys sometimes travel), and with a bot token
+    in its path (Telegram's API puts it there) masked."""
     try:
         parts = urlsplit(url)
         port = parts.port  # raises on a port out of range (``http://h:99999/``)
@@ -33,7 +41,7 @@ def safe_url(url: str) -> str:
     host = parts.hostname or ""
     if port is not None:
         host = f"{host}:{port}"
-    return urlunsplit((parts.scheme, host, parts.path, "", ""))
+    return urlunsplit((parts.scheme, host, _PATH_TOKEN.sub("/bot" + _MASK, parts.path), "", ""))
 
 
 class Redactor:

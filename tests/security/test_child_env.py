@@ -7,7 +7,10 @@ child."""
 from __future__ import annotations
 
 import json
+import os
+import shutil
 import sys
+import tempfile
 from pathlib import Path
 from typing import Any
 
@@ -16,11 +19,12 @@ import pytest
 from acp_helpers import acp_session
 from chat_helpers import configure_provider, events_of, wait_final
 from scripted_server import scripted_provider
-from sidecar_proc import SidecarProcess, spawn_sidecar
+from sidecar_proc import SidecarProcess, sidecar_command, spawn_sidecar
 
 pytestmark = pytest.mark.anyio
 
 OPENAI_KEY = "sk-README-SETUP-KEY-41d9e0"
+NOBODY = 65534
 # what the sidecar's own environment holds besides: none of it may reach a child
 SIDECAR_SECRETS = {
     "CHAT_KEY_OPENAI": OPENAI_KEY,
@@ -100,6 +104,47 @@ async def test_an_approved_env_command_prints_no_key_of_the_sidecar(tmp_path: Pa
         bodies = json.dumps(await server.requests())
         assert OPENAI_KEY not in bodies and "CHAT_KEY_OPENAI" not in bodies
         await proc.close()
+
+
+@pytest.mark.skipif(not sys.platform.startswith("linux"), reason="/proc/<pid>/environ is Linux's")
+async def test_a_command_cannot_read_the_sidecars_environment_in_proc(tmp_path: Path) -> None:
+    """Around the allow-list: the sidecar's own /proc/<pid>/environ holds the host's keys; the
+    sidecar is not dumpable, so a child of the same user cannot open it. Root may read any
+    process's, so as root the sidecar (and its command) run as ``nobody``, a user like any."""
+    command = None
+    root = tmp_path
+    if os.getuid() == 0:
+        if shutil.which("setpriv") is None:
+            pytest.skip("as root this needs setpriv to run the sidecar as another user")
+        root = Path(tempfile.mkdtemp(prefix="chat-sidecar-nobody-"))  # tmp_path's parents are root's alone
+        os.chown(root, NOBODY, NOBODY)
+        command = ["setpriv", f"--reuid={NOBODY}", f"--regid={NOBODY}", "--clear-groups", *sidecar_command(root / "data")]
+    workspace = root / "ws"
+    workspace.mkdir()
+    os.chown(workspace, os.getuid() or NOBODY, os.getgid() or NOBODY)
+    try:
+        async with scripted_provider() as server, spawn_sidecar(
+            root / "data", env={**SIDECAR_SECRETS, "HOME": str(root)}, command=command, subprocess=True
+        ) as proc:
+            await configure_provider(proc, server.base_url, apiKey=None, apiKeyEnv="CHAT_KEY_OPENAI")
+            await proc.call("tool:policy:set", {"key": "workspace_run_command", "policy": "auto"})
+            session = await proc.call("chat:session:create", {"workspaceDir": str(workspace)})
+            await server.script(
+                {"tool_calls": [{"id": "c_proc", "name": "workspace_run_command",
+                                 "arguments": {"command": "id -u; cat /proc/$PPID/environ"}}]},
+                {"text": "done"},
+            )
+            sent = await proc.call("chat:send", {"sessionId": session["id"], "input": {"content": "read it"}})
+            final = await wait_final(proc, sent["messageId"])
+            (result,) = [e["toolResult"] for e in events_of(proc, final["messageId"]) if e["type"] == "tool_result"]
+            output = result["output"]
+            assert OPENAI_KEY not in output and "CHAT_KEY_OPENAI" not in output, result
+            assert "Permission denied" in output and not output.startswith("exit code 0"), result
+            assert f"\n{os.getuid() or NOBODY}\n" in output  # the command ran as the sidecar's user
+            await proc.close()
+    finally:
+        if root is not tmp_path:
+            shutil.rmtree(root, ignore_errors=True)
 
 
 async def test_an_mcp_stdio_server_gets_the_allow_list_and_its_configured_env(tmp_path: Path) -> None:

@@ -29,6 +29,7 @@ import msgspec
 from protocol.channels import ChannelConfig, ChannelConnectionStatus, ChannelMessageParams
 from sidecar.channels.connections.base import ConnectionSupervisor, Link, PlatformSender
 from sidecar.errors import EngineError
+from sidecar.providers.redact import install_http_log_filter
 from sidecar.store.async_store import AsyncStore
 from sidecar.store.attachments import AttachmentStore
 
@@ -65,6 +66,7 @@ class ConnectionManager:
     @property
     def http(self) -> httpx2.AsyncClient:
         if self._http is None:
+            install_http_log_filter()  # its request lines hold a Telegram token in the path
             self._http = httpx2.AsyncClient(follow_redirects=False)
         return self._http
 
