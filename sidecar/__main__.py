@@ -165,9 +165,10 @@ def _serve_stdio(config: object) -> int:
 
     from sidecar.children.env import hide_from_children
     from sidecar.server import serve
-    from sidecar.supervision import Supervisor
+    from sidecar.supervision import Supervisor, adopt_orphans
 
     hide_from_children()  # before the first child: none can read our environment in /proc
+    adopt_orphans()  # and none leaves a descendant behind by leaving its process group
 
     log = logging.getLogger("sidecar")
     code = 0

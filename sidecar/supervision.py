@@ -6,7 +6,12 @@ Owns three things, one per class:
   engines, MCP stdio servers, workspace commands) is tracked from spawn to reap. On POSIX
   each child leads its own process group, so killing the group also ends what it started.
   ``kill_all()`` SIGKILLs every tracked group, and on Linux every other direct child found
-  in /proc (a library may spawn without telling us).
+  in /proc (a library may spawn without telling us). A descendant that leaves its group
+  (``setsid``, a daemon's double fork) would escape that: on Linux the process is a child
+  subreaper (``adopt_orphans``, called by the process's start), so such a descendant, once
+  its parent is gone, becomes our direct child, and ``kill_all`` finds it at exit. Until
+  then it runs (a timed-out command's group is killed at once, such a descendant only when
+  the sidecar exits), and one that exits before is a zombie of ours until then.
 - ``ShutdownClock`` (``SHUTDOWN_CLOCK``): once shutdown begins, every graceful wait of the
   teardown (an engine's stdin close, SIGTERM grace...) asks ``SHUTDOWN_CLOCK.bound(t)`` for its
   timeout, so the graceful path fits the one hard deadline instead of adding up.
@@ -48,6 +53,20 @@ PARENT_POLL_S = 0.1
 PDEATH_SIGNAL = getattr(signal, "SIGUSR2", None)
 """The signal the Linux kernel sends us when the parent dies (PR_SET_PDEATHSIG)."""
 _PR_SET_PDEATHSIG = 1
+_PR_SET_CHILD_SUBREAPER = 36
+
+
+def adopt_orphans() -> bool:
+    """Linux: become the child subreaper of everything we start (see ChildProcesses).
+    Whether it is now. Called once, by the process's start (never in a test's own process)."""
+    if not sys.platform.startswith("linux"):
+        return False
+    try:
+        import ctypes
+
+        return int(ctypes.CDLL(None, use_errno=True).prctl(_PR_SET_CHILD_SUBREAPER, 1, 0, 0, 0)) == 0
+    except (OSError, AttributeError):
+        return False
 
 
 class ChildProcesses:

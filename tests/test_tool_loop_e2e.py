@@ -11,6 +11,7 @@ from __future__ import annotations
 import json
 import os
 import signal
+import sys
 from pathlib import Path
 from typing import Any
 
@@ -227,6 +228,31 @@ async def test_abort_while_a_slow_tool_runs_kills_it(tmp_path):
         assert reply["status"] == "aborted"
         assert tool_parts(reply)[-1][:2] == ("result", "slow") and "cancelled" in tool_parts(reply)[-1][2]
         await proc.close()
+
+
+@pytest.mark.skipif(not sys.platform.startswith("linux"), reason="a child subreaper is Linux's")
+async def test_a_descendant_that_leaves_the_commands_group_ends_with_the_sidecar(tmp_path):
+    """``setsid`` takes a process out of the command's group, which a timeout kills; the
+    sidecar adopts it when its parent is gone, and kills it at exit with every child left."""
+    ws = tmp_path / "ws"
+    ws.mkdir()
+    command = ("setsid sh -c 'echo $$ > escaped.pid; exec sleep 90' >/dev/null 2>&1 </dev/null & "
+               "echo $$ > grouped.pid; sleep 30")
+    async with scripted_provider() as server, spawn_sidecar(tmp_path / "data", subprocess=True) as proc:
+        sid = await start(proc, server, ws)
+        await proc.call("tool:policy:set", {"key": "workspace_run_command", "policy": "auto"})
+        await server.script({"tool_calls": [call("c1", "workspace_run_command", {"command": command, "timeout_s": 1})]},
+                            {"text": "ok"})
+        mid = await send(proc, sid)
+        assert (await wait_final(proc, mid))["type"] == "stream_end"
+        (result,) = [e["toolResult"] for e in events_of(proc, mid) if e["type"] == "tool_result"]
+        assert result["output"].startswith("timed out after 1 s"), result
+        escaped, grouped = int((ws / "escaped.pid").read_text()), int((ws / "grouped.pid").read_text())
+        assert not _alive(grouped) and _alive(escaped)  # the group is gone; the escaped one waits for the exit
+        await proc.close()
+    with anyio.fail_after(5):
+        while _alive(escaped):
+            await anyio.sleep(0.02)
 
 
 async def test_restart_while_pending_then_approve(tmp_path):
