@@ -56,17 +56,22 @@ _PR_SET_PDEATHSIG = 1
 _PR_SET_CHILD_SUBREAPER = 36
 
 
-def adopt_orphans() -> bool:
-    """Linux: become the child subreaper of everything we start (see ChildProcesses).
-    Whether it is now. Called once, by the process's start (never in a test's own process)."""
+def linux_prctl(option: int, value: int) -> bool:
+    """``prctl(option, value)`` on Linux: whether it succeeded (False on other systems)."""
     if not sys.platform.startswith("linux"):
         return False
     try:
         import ctypes
 
-        return int(ctypes.CDLL(None, use_errno=True).prctl(_PR_SET_CHILD_SUBREAPER, 1, 0, 0, 0)) == 0
+        return int(ctypes.CDLL(None, use_errno=True).prctl(option, value, 0, 0, 0)) == 0
     except (OSError, AttributeError):
         return False
+
+
+def adopt_orphans() -> bool:
+    """Linux: become the child subreaper of everything we start (see ChildProcesses).
+    Whether it is now. Called once, by the process's start (never in a test's own process)."""
+    return linux_prctl(_PR_SET_CHILD_SUBREAPER, 1)
 
 
 class ChildProcesses:
@@ -255,14 +260,12 @@ class Supervisor:
         if threading.current_thread() is not threading.main_thread():
             return  # signal handlers can only be set from the main thread (in-process tests)
         try:
-            import ctypes
-
-            libc = ctypes.CDLL(None, use_errno=True)
             signal.signal(PDEATH_SIGNAL, lambda signum, frame: self._wake.set())
-            if libc.prctl(_PR_SET_PDEATHSIG, int(PDEATH_SIGNAL), 0, 0, 0) != 0:
-                log.debug("prctl(PR_SET_PDEATHSIG) failed: errno %s", ctypes.get_errno())
-        except (OSError, AttributeError, ValueError) as exc:
+        except (OSError, ValueError) as exc:
             log.debug("no parent-death signal: %s", exc)
+            return
+        if not linux_prctl(_PR_SET_PDEATHSIG, int(PDEATH_SIGNAL)):
+            log.debug("prctl(PR_SET_PDEATHSIG) failed")
 
     def _run(self) -> None:
         while True:

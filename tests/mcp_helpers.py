@@ -15,7 +15,7 @@ import json
 import socket
 import subprocess
 import sys
-from collections.abc import AsyncIterator
+from collections.abc import AsyncIterator, Collection
 from contextlib import asynccontextmanager
 from pathlib import Path
 from typing import Any
@@ -43,6 +43,36 @@ CALLS = [
                  {"type": "resource", "resource": {"uri": "file:///a.txt", "text": "a", "mimeType": "text/plain"}}]},
     {"content": [{"type": "text", "text": "{\"n\": 1}"}], "structuredContent": {"n": 1}},
 ]
+
+
+async def a_turn_through_its_tools(proc: Any, provider: Any, upsert: dict[str, Any], context: Any) -> None:
+    """Add the MCP server ``upsert`` (a server with CALLS' two tools) with policy auto, wait
+    until it is ready or failed, and run a turn whose model calls ``echo`` and ``look`` three
+    times: the turn ends once, well ordered, with a result for every call when it completes;
+    the conversation and the server list still answer. ``context`` is shown on a failure."""
+    from chat_helpers import FINAL_TYPES, assert_well_ordered, configure_provider, events_of, wait_final
+
+    name = upsert["name"]
+    await configure_provider(proc, provider.base_url)
+    await proc.call("mcp:server:upsert", upsert)
+    await proc.call("tool:policy:set", {"key": f"mcp:{name}", "policy": "auto"})
+    info = await wait_status(proc, name, {"ready", "failed"})
+    session = await proc.call("chat:session:create", {"title": "mcp"})
+    await provider.script(
+        {"tool_calls": [{"id": "c1", "name": f"mcp__{name}__echo", "arguments": {"text": "hi"}},
+                        {"id": "c2", "name": f"mcp__{name}__look", "arguments": {}}]},
+        {"tool_calls": [{"id": "c3", "name": f"mcp__{name}__echo", "arguments": {"text": "again"}}]},
+        {"text": "done"},
+    )
+    sent = await proc.call("chat:send", {"sessionId": session["id"], "input": {"content": "use the tools"}})
+    final = await wait_final(proc, sent["messageId"], timeout=60)
+    assert final["type"] in FINAL_TYPES, (final, info, context)
+    events = events_of(proc, sent["messageId"])
+    assert_well_ordered(events)
+    answered = {e["toolResult"]["toolCallId"] for e in events if e["type"] == "tool_result"}
+    assert final["type"] != "stream_end" or answered == {"c1", "c2", "c3"}, (answered, info, context)
+    await proc.call("chat:messages:get", {"sessionId": session["id"]})
+    await proc.call("mcp:server:list")
 
 
 def stdio_server(name: str = "fx", *args: str, **extra: Any) -> dict[str, Any]:

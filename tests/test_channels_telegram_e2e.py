@@ -62,6 +62,17 @@ async def session_of(proc: SidecarProcess) -> str:
     return str(sessions[0]["id"])
 
 
+async def connected_and_answered(proc: SidecarProcess, server: Any, fake: FakeTelegram, reply: str) -> None:
+    """The channel connected, and a first message answered with ``reply``."""
+    await configure_provider(proc, server.base_url)
+    await telegram_channel(proc, fake)
+    await proc.call("channel:connect", {"id": "tg"})
+    await connected(proc)
+    await server.script({"text": reply})
+    fake.post("hello")
+    await replied(proc, await session_of(proc))
+
+
 async def test_a_message_in_a_split_reply_out_a_redelivery_and_a_429(tmp_path: Path) -> None:
     async with scripted_provider() as server, fake_telegram() as fake, spawn_sidecar(tmp_path) as proc:
         await configure_provider(proc, server.base_url)
@@ -189,13 +200,7 @@ async def test_a_server_that_answers_every_poll_at_once_with_what_was_confirmed_
     tmp_path: Path,
 ) -> None:
     async with scripted_provider() as server, fake_telegram() as fake, spawn_sidecar(tmp_path) as proc:
-        await configure_provider(proc, server.base_url)
-        await telegram_channel(proc, fake)
-        await proc.call("channel:connect", {"id": "tg"})
-        await connected(proc)
-        await server.script({"text": "once"})
-        fake.post("hello")
-        await replied(proc, await session_of(proc))
+        await connected_and_answered(proc, server, fake, "once")
         fake.ignore_offset = True  # from now on the same update comes back at once, every time
         polls = fake.polls
         await anyio.sleep(2.5)
@@ -207,13 +212,7 @@ async def test_a_server_that_answers_every_poll_at_once_with_what_was_confirmed_
 
 async def test_at_debug_the_http_clients_request_lines_show_no_bot_token(tmp_path: Path) -> None:
     async with scripted_provider() as server, fake_telegram() as fake, spawn_sidecar(tmp_path, "--log-level", "DEBUG") as proc:
-        await configure_provider(proc, server.base_url)
-        await telegram_channel(proc, fake)
-        await proc.call("channel:connect", {"id": "tg"})
-        await connected(proc)
-        await server.script({"text": "hi"})
-        fake.post("hello")
-        await replied(proc, await session_of(proc))
+        await connected_and_answered(proc, server, fake, "hi")
         await proc.close()
     log = proc.stderr_text()
     assert "/bot***/getUpdates" in log and "/bot***/sendMessage" in log  # the lines are there

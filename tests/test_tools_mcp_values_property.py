@@ -19,10 +19,9 @@ from pathlib import Path
 from typing import Any
 
 import pytest
-from chat_helpers import FINAL_TYPES, assert_well_ordered, configure_provider, events_of, wait_final
 from hypothesis import given
 from hypothesis import strategies as st
-from mcp_helpers import CALLS, INITIALIZE, ROOT, TOOLS, wait_status
+from mcp_helpers import CALLS, INITIALIZE, ROOT, TOOLS, a_turn_through_its_tools
 from scripted_server import scripted_provider
 from sidecar_proc import spawn_sidecar
 from mutation import fixed_draws, mutated_document, sendable
@@ -48,26 +47,7 @@ async def test_any_server_answer_ends_in_a_status_and_a_turn_ends_once(
     script_file = Path(data).parent / f"{Path(data).name}-mcp.json"
     script_file.write_text(json.dumps(script))
     async with scripted_provider() as server, spawn_sidecar(data) as proc:
-        await configure_provider(proc, server.base_url)
-        await proc.call("mcp:server:upsert", {"name": "rx", "command": sys.executable, "args": [RAW_SERVER, str(script_file)],
-                                              "toolTimeoutS": 5})
-        await proc.call("tool:policy:set", {"key": "mcp:rx", "policy": "auto"})
-        info = await wait_status(proc, "rx", {"ready", "failed"})
-        session = await proc.call("chat:session:create", {"title": "mcp"})
-        await server.script(
-            {"tool_calls": [{"id": "c1", "name": "mcp__rx__echo", "arguments": {"text": "hi"}},
-                            {"id": "c2", "name": "mcp__rx__look", "arguments": {}}]},
-            {"tool_calls": [{"id": "c3", "name": "mcp__rx__echo", "arguments": {"text": "again"}}]},
-            {"text": "done"},
-        )
-        sent = await proc.call("chat:send", {"sessionId": session["id"], "input": {"content": "use the tools"}})
-        final = await wait_final(proc, sent["messageId"], timeout=60)
-        assert final["type"] in FINAL_TYPES, (final, info, script)
-        events = events_of(proc, sent["messageId"])
-        assert_well_ordered(events)
-        answered = {e["toolResult"]["toolCallId"] for e in events if e["type"] == "tool_result"}
-        assert final["type"] != "stream_end" or answered == {"c1", "c2", "c3"}, (answered, info, script)
-        await proc.call("chat:messages:get", {"sessionId": session["id"]})
-        await proc.call("mcp:server:list")
+        upsert = {"name": "rx", "command": sys.executable, "args": [RAW_SERVER, str(script_file)], "toolTimeoutS": 5}
+        await a_turn_through_its_tools(proc, server, upsert, script)
         await proc.close(timeout=60)
     proc.assert_no_traceback()

@@ -43,6 +43,8 @@ import os
 import sys
 from collections.abc import Mapping
 
+from sidecar.supervision import linux_prctl
+
 __all__ = ["child_env", "hide_from_children", "INHERITED", "INHERITED_POSIX", "INHERITED_WINDOWS"]
 
 _LOCALE = (
@@ -77,11 +79,4 @@ _PR_SET_DUMPABLE = 4
 
 def hide_from_children() -> bool:
     """Linux: make this process not dumpable (see the module's docstring). Whether it is now."""
-    if not sys.platform.startswith("linux"):
-        return False
-    try:
-        import ctypes
-
-        return int(ctypes.CDLL(None, use_errno=True).prctl(_PR_SET_DUMPABLE, 0, 0, 0, 0)) == 0
-    except (OSError, AttributeError):
-        return False
+    return linux_prctl(_PR_SET_DUMPABLE, 0)

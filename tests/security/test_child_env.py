@@ -19,7 +19,7 @@ import pytest
 from acp_helpers import acp_session
 from chat_helpers import configure_provider, events_of, wait_final
 from scripted_server import scripted_provider
-from sidecar_proc import SidecarProcess, sidecar_command, spawn_sidecar
+from sidecar_proc import sidecar_command, spawn_sidecar
 
 pytestmark = pytest.mark.anyio
 
