@@ -391,3 +391,68 @@ def test_connection_caps_leave_descriptors_to_the_rest_of_the_process() -> None:
         assert (caps.total, caps.unauthenticated) == (total, max(8, total // 2)), soft
         if soft >= RESERVED_FDS + 16:
             assert soft - caps.total >= RESERVED_FDS
+
+
+def test_a_request_head_is_counted_however_its_reads_are_cut() -> None:
+    from sidecar.compat.guard import MAX_HEAD_BYTES, MAX_HEADER_LINES, HeadCount, Tally
+
+    line = b"GET /health HTTP/1.1\r\n"
+    at_lines = line + b"a: b\r\n" * MAX_HEADER_LINES + b"\r\n"
+    pad = MAX_HEAD_BYTES - len(line) - len(b"x: \r\n\r\n")
+    cases = [
+        (at_lines, True),
+        (line + b"a: b\r\n" * (MAX_HEADER_LINES + 1) + b"\r\n", False),
+        (at_lines.replace(b"\r\n", b"\n"), True),  # h11 takes a bare LF as a line end
+        (line.replace(b"\r\n", b"\n") + b"a: b\n" * (MAX_HEADER_LINES + 1) + b"\n", False),
+        (line + b"x: " + b"y" * pad + b"\r\n\r\n", True),  # MAX_HEAD_BYTES exactly
+        (line + b"x: " + b"y" * (pad + 1) + b"\r\n\r\n", False),
+        (line + b"x: " + b"y" * 100_000, False),  # never complete
+    ]
+    after = b"POST / HTTP/1.1\r\n" + b"a:\r\n" * 500 + b"\r\n"  # the next request, not this head
+    for head, within in cases:
+        step = 1 if len(head) < 2000 else 97
+        for cut in range(1, len(head), step):
+            count = HeadCount()
+            answers = [count.feed(head[:cut]), count.feed(head[cut:] + after)]
+            assert all(answers) is within, (len(head), cut, answers)
+            if within:
+                assert count.complete and count.size == len(head), (len(head), cut)
+        count = HeadCount()
+        assert all([count.feed(head[i:i + 1]) for i in range(min(len(head), MAX_HEAD_BYTES + 10))]) is within
+        if within:
+            assert count.feed(after) and count.size == len(head)  # nothing counted once complete
+
+    tally = Tally()
+    assert [n + 1 for n in range(2500) if tally.add()] == [1, 1000, 2000] and tally.count == 2500
+
+
+@pytest.mark.anyio
+async def test_a_kept_alive_connection_keeps_no_headers_of_a_finished_request() -> None:
+    """The real server in this process (GET /health needs no engine): once its answer is
+    complete, a request's 100 headers are not held by the connection waiting for the next."""
+    from sidecar.compat import http
+
+    head = b"GET /health HTTP/1.1\r\nHost: localhost\r\n" + b"x-filler: %s\r\n" % (b"f" * 100) * 99 + b"\r\n"
+
+    async def healthy(stream: Any) -> None:
+        await stream.send(head)
+        answer = b""
+        with anyio.fail_after(10):
+            while b'"healthy"' not in answer:
+                answer += await stream.receive()
+        assert answer.startswith(b"HTTP/1.1 200 ")
+
+    with http.listen("127.0.0.1", 0) as sock:
+        port = sock.getsockname()[1]
+        app = http.V1App(None, token="t" * 32, ping_interval_s=30, close_after_turn=False,  # type: ignore[arg-type]
+                         leading_newline=False, port=port)
+        server = http.server(app, head_timeout_s=10)
+        async with anyio.create_task_group() as tg:
+            tg.start_soon(server.serve_on, sock)
+            async with await anyio.connect_tcp("127.0.0.1", port) as stream:
+                await healthy(stream)
+                [connection] = server.server_state.connections
+                assert connection.cycle.response_complete
+                assert connection.headers == [] and connection.cycle.scope["headers"] == []
+                await healthy(stream)  # the next request on it is served whole
+            server.should_exit = True

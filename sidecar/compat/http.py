@@ -12,10 +12,20 @@ Beyond V1 (which listened on 0.0.0.0 without authentication and with CORS ``*``)
   SandboxAgentClient sends) or ``Authorization: Bearer``; compared in constant time; a
   missing or wrong key is 401 (code 4010). ``GET /health`` stays open (it says nothing);
 - no CORS headers at all (a browser page cannot call us);
-- bodies up to 10 MiB (413 beyond, read no further) and read within 30 s (408);
+- bodies up to 10 MiB (413 beyond, read no further) and read within 30 s (408); a body
+  is read by msgspec, and one it cannot read is 400 VALIDATION_ERROR whatever its shape:
+  its free-form fields (``attachments``, ``data_source_attachments``) are bounded to
+  ``protocol.limits.MAX_JSON_DEPTH`` levels as the stdio side bounds its params
+  (sidecar.jsondepth), and a body nested past what msgspec can recurse into (an unknown
+  field too, which it skips by recursion) is refused the same way, never a 500; a body of
+  THREAD_DECODE_BYTES or more is read in a worker thread (as the stdio side reads params);
 - a progress stream whose client does not take a frame within WRITE_TIMEOUT_S is ended;
-- connections are accepted, capped and given a deadline for their request head by
-  sidecar.compat.guard (one server: uvicorn's HTTP/1.1 protocol behind our accept loop).
+- connections are accepted, capped and given a deadline and size limits for their request
+  head by sidecar.compat.guard (one server: uvicorn's HTTP/1.1 protocol behind our accept
+  loop);
+- uvicorn's warning for each malformed request (which anyone who can connect may send at
+  will) is logged at the 1st and every LOG_EVERY-th, as the guard's own (guard.Tally); its
+  upgrade warnings are dropped.
 
 Imported only by ``compat:start`` (uvicorn is not loaded while the endpoint is off).
 """
@@ -35,13 +45,16 @@ import anyio
 import msgspec
 import uvicorn
 
+from protocol.limits import MAX_JSON_DEPTH
 from sidecar.compat import wire
 from sidecar.compat.endpoint import Attach, Endpoint
 from sidecar.compat.frames import Frames
-from sidecar.compat.guard import Admission, Caps, GuardedProtocol, accept_loop
+from sidecar.compat.guard import LOG_EVERY, Admission, Caps, GuardedProtocol, Tally, accept_loop
 from sidecar.compat.progress import SseClient, TooManyClients
 from sidecar.compat.validate import IDENTIFIER, host_allowed, request_authorized
 from sidecar.compat.wire import V1Error, invalid
+from sidecar.jsondepth import json_too_deep
+from sidecar.rpc.dispatch import THREAD_DECODE_BYTES
 
 log = logging.getLogger(__name__)
 
@@ -129,14 +142,14 @@ class V1App:
             raise V1Error(401, wire.AUTH_FAILED, "a valid API key is required (x-api-key or Authorization: Bearer)")
         endpoint = self._endpoint
         if path == "/computer/chat":
-            req = _decode(await _body(scope, receive), wire.ComputerChatRequest)
+            req = await _read(await _body(scope, receive), wire.ComputerChatRequest)
             await _respond(send, 200, wire.ok(await endpoint.chat(req)))
         elif path.startswith(PROGRESS_PREFIX):
             await self._progress(receive, send, path[len(PROGRESS_PREFIX):])
         elif path == "/computer/agent/session/cancel":
             body = await _body(scope, receive)
             try:
-                req = _decode(body, wire.ProjectRequest) if body.strip() else wire.ProjectRequest()
+                req = await _read(body, wire.ProjectRequest) if body.strip() else wire.ProjectRequest()
             except V1Error:  # V1 ignores a body it cannot read here (the query is what the server sends)
                 req = wire.ProjectRequest()
             query = urllib.parse.parse_qs(scope.get("query_string", b"").decode("latin-1"))
@@ -148,7 +161,7 @@ class V1App:
             await _respond(send, 200, wire.ok(await endpoint.cancel(req)))
         else:
             body = await _body(scope, receive)
-            req = _decode(body, wire.ProjectRequest) if body.strip() else wire.ProjectRequest()
+            req = await _read(body, wire.ProjectRequest) if body.strip() else wire.ProjectRequest()
             if path == "/computer/agent/status":
                 await _respond(send, 200, wire.ok(await endpoint.status(req)))
             else:
@@ -269,15 +282,34 @@ async def _body(scope: Scope, receive: Receive) -> bytes:
         raise V1Error(408, wire.REQUEST_TIMEOUT, f"the request body did not arrive within {BODY_TIMEOUT_S:.0f} s") from None
 
 
+FREE_FORM = ("attachments", "data_source_attachments")
+"""The fields of request bodies that hold any JSON (``list[Any]``)."""
+
+
+async def _read(body: bytes, kind: Any) -> Any:
+    """``_decode``, in a worker thread for a large body, as the stdio side decodes large
+    params (a 9 MiB body of 3 million empty lists took ~1 s to decode and ~1.6 s to walk)."""
+    if len(body) >= THREAD_DECODE_BYTES:
+        return await anyio.to_thread.run_sync(_decode, body, kind)
+    return _decode(body, kind)
+
+
 def _decode(body: bytes, kind: Any) -> Any:
     if not body.strip():
         raise invalid("a JSON request body is required")
     try:
-        return msgspec.json.decode(body, type=kind)
+        value = msgspec.json.decode(body, type=kind)
     except msgspec.ValidationError as exc:
         raise invalid(f"invalid request: {exc}") from None
     except msgspec.DecodeError as exc:
         raise invalid(f"the request body is not valid JSON: {exc}") from None
+    except RecursionError:  # nested past msgspec's recursion, a field it skips included
+        raise invalid(f"the request body is nested deeper than {MAX_JSON_DEPTH} levels") from None
+    if body.count(b"{") + body.count(b"[") > MAX_JSON_DEPTH:  # else nothing can nest that deep
+        for name in FREE_FORM:
+            if json_too_deep(getattr(value, name, None), MAX_JSON_DEPTH):
+                raise invalid(f"{name} is nested deeper than {MAX_JSON_DEPTH} levels")
+    return value
 
 
 def _first(query: dict[str, list[str]], name: str) -> str | None:
@@ -367,17 +399,36 @@ def listen(host: str, port: int) -> socket.socket:
     return sock
 
 
-class _QuietUpgrades(logging.Filter):
-    """uvicorn warns at every request that proposes an upgrade it does not do; Java's
-    HttpClient proposes ``h2c`` on every plain-HTTP request, so those warnings are noise."""
+class _QuietUvicorn(logging.Filter):
+    """What uvicorn's log says of each request, kept to what is worth reading:
 
-    NOISE = ("Unsupported upgrade request.", "No supported WebSocket library detected.")
+    - it warns at every request that proposes an upgrade it does not do; Java's HttpClient
+      proposes ``h2c`` on every plain-HTTP request, so those warnings are dropped;
+    - it warns at every malformed request (answered 400), which anyone who can connect
+      may send at will (32,672 lines in 10 s from one client, measured): the 1st and every
+      LOG_EVERY-th are kept, with the count so far (guard.Tally, the guard's own rule).
+    """
+
+    UPGRADES = ("Unsupported upgrade request.", "No supported WebSocket library detected.")
+    INVALID = "Invalid HTTP request received."
+
+    def __init__(self) -> None:
+        super().__init__()
+        self.invalid = Tally()
 
     def filter(self, record: logging.LogRecord) -> bool:
-        return not record.getMessage().startswith(self.NOISE)
+        message = record.getMessage()
+        if message.startswith(self.UPGRADES):
+            return False
+        if message.startswith(self.INVALID):
+            if not self.invalid.add():
+                return False
+            record.msg = "Invalid HTTP request received (400; %d so far, logged at the 1st and every %dth)"
+            record.args = (self.invalid.count, LOG_EVERY)
+        return True
 
 
-_quiet = _QuietUpgrades()
+_quiet = _QuietUvicorn()
 
 
 def server(app: V1App, *, head_timeout_s: float) -> Server:

@@ -10,10 +10,16 @@
   256-descriptor limit the rest of the process (a ``chat:send`` to a provider) keeps its
   descriptors.
 - DNS rebinding: a request must name this computer by a loopback ``Host``.
+- Any body gets the envelope: one nested past what msgspec can recurse into (100,000
+  levels, in ``attachments`` or in a field it skips) is a 400, never a 500 or a traceback;
+  free-form fields are bounded to MAX_JSON_DEPTH levels as the stdio side's are. (Request
+  heads: test_v1_heads.py.)
 """
 
 from __future__ import annotations
 
+import json
+import re
 import socket
 import sys
 from pathlib import Path
@@ -24,7 +30,7 @@ import httpx2
 import pytest
 from chat_helpers import configure_provider, wait_final
 from acp_helpers import AGENT
-from compat_helpers import V1, v1_sidecar
+from compat_helpers import V1, body_of, raw_http, status_of, v1_sidecar
 from scripted_server import scripted_provider
 from sidecar_proc import CallError, SidecarProcess, sidecar_command, spawn_sidecar
 
@@ -192,6 +198,53 @@ async def test_a_request_cannot_choose_the_arguments_or_environment_of_what_runs
             with pytest.raises(CallError) as err:  # a host cannot hand out a loader variable either
                 await v1.proc.call("compat:start", {"port": 0, "agentCommands": {"x": entry}})
             assert err.value.code == -32602 and "requestEnv" in err.value.message
+        await v1.proc.close()
+
+
+# ---- bodies ------------------------------------------------------------------------------
+
+
+def nested(levels: int) -> bytes:
+    return b"[" * levels + b"]" * levels
+
+
+async def test_a_body_nested_past_any_limit_is_a_400_not_a_500(tmp_path: Path) -> None:
+    async with v1_sidecar(tmp_path) as v1:
+
+        async def post(path: str, body: bytes) -> tuple[int, dict[str, Any]]:
+            response = await raw_http(v1.port, (
+                f"POST {path} HTTP/1.1\r\nHost: localhost\r\nx-api-key: {v1.token}\r\n"
+                f"Content-Length: {len(body)}\r\nConnection: close\r\n\r\n"
+            ).encode() + body, read_timeout=30)
+            return status_of(response), json.loads(body_of(response))
+
+        deep = nested(100_000)
+        for path, body, named in (
+            ("/computer/chat", b'{"user_id": "5", "prompt": "hi", "attachments": [' + deep + b"]}", "nested deeper than 64"),
+            ("/computer/chat", b'{"user_id": "5", "prompt": "hi", "zzz": ' + deep + b"}", "nested deeper than 64"),
+            ("/computer/chat", b'{"user_id": "5", "prompt": "hi", "data_source_attachments": ' + deep + b"}", "nested deeper"),
+            ("/computer/chat", b'{"user_id": "5", "prompt": "hi", "attachments": [' + nested(100) + b"]}", "attachments is nested"),
+            # 1 MiB and more: read in a worker thread, with the same answers
+            ("/computer/chat", b'{"user_id": "5", "prompt": "hi", "attachments": [' + nested(600_000) + b"]}", "nested deeper than 64"),
+            ("/computer/chat", b'{"user_id": "5", "prompt": "' + b"x" * (1 << 20) + b'", "attachments": [' + nested(100) + b"]}",
+             "attachments is nested"),
+            ("/computer/agent/status", b'{"user_id": "5", "project_id": "p", "zzz": ' + deep + b"}", "nested deeper than 64"),
+            ("/computer/agent/stop", b'{"user_id": "5", "project_id": "p", "zzz": ' + deep + b"}", "nested deeper than 64"),
+            ("/computer/agent/session/cancel", deep, "user_id"),  # an unreadable body is ignored there, as in V1
+        ):
+            status, envelope = await post(path, body)
+            assert status == 400, (path, body[:60], status, envelope)
+            assert envelope["code"] == "VALIDATION_ERROR" and named in envelope["message"], (path, body[:60], envelope)
+        status, envelope = await post("/computer/agent/session/cancel?user_id=5&project_id=p", deep)
+        assert status == 200 and envelope["data"]["success"] is True, envelope
+        # within the limits a free-form field is read as before (and refused for its shape)
+        status, envelope = await post("/computer/chat", b'{"user_id": "5", "prompt": "hi", "attachments": [' + nested(60) + b"]}")
+        assert (status, envelope["message"]) == (400, "attachments[0] must be an object"), envelope
+        turn = await v1.client.run_turn(v1.direct("still here?", project_id="deep"))
+        assert turn.completed and turn.text
+        assert (await v1.proc.call("chat:session:list", {"channelId": "v1-computer"}))["total"] == 1
+        v1.proc.assert_no_traceback()
+        assert not re.search(r"V1 \S+ \S+ failed", v1.proc.stderr_text())
         await v1.proc.close()
 
 
