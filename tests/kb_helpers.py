@@ -4,6 +4,7 @@ it, documents (a PDF with real pages), and waiting for indexing to end."""
 from __future__ import annotations
 
 import sys
+import zlib
 from collections.abc import AsyncIterator
 from contextlib import asynccontextmanager
 from pathlib import Path
@@ -112,6 +113,35 @@ def pdf_bytes(pages: list[list[str]]) -> bytes:
         objects.append(b"<< /Length %d >>\nstream\n" % len(stream) + stream + b"\nendstream")
     objects[1] = b"<< /Type /Pages /Kids [" + b" ".join(kids) + b"] /Count %d >>" % len(pages)
     objects.append(b"<< /Type /Font /Subtype /Type1 /BaseFont /Helvetica >>")
+    out = bytearray(b"%PDF-1.4\n")
+    offsets = []
+    for number, body in enumerate(objects, start=1):
+        offsets.append(len(out))
+        out += b"%d 0 obj\n" % number + body + b"\nendobj\n"
+    xref = len(out)
+    out += b"xref\n0 %d\n0000000000 65535 f \n" % (len(objects) + 1)
+    for offset in offsets:
+        out += b"%010d 00000 n \n" % offset
+    out += b"trailer\n<< /Size %d /Root 1 0 R >>\nstartxref\n%d\n%%%%EOF\n" % (len(objects) + 1, xref)
+    return bytes(out)
+
+
+def pdf_bomb(pages: int, megabytes: float) -> bytes:
+    """A small PDF whose ``pages`` pages all show one Flate stream that inflates to
+    ``megabytes`` MB of text: its text is hundreds of times its size."""
+    unit = b"Lorem ipsum dolor sit amet consectetur "
+    shown = b"BT /F1 12 Tf 72 720 Td (" + unit * int(megabytes * 1e6 / len(unit)) + b") Tj ET"
+    stream = zlib.compress(shown, 9)
+    kids = b" ".join(b"%d 0 R" % (6 + i) for i in range(pages))
+    objects = [
+        b"<< /Type /Catalog /Pages 2 0 R >>",
+        b"<< /Type /Pages /Kids [" + kids + b"] /Count %d >>" % pages,
+        b"<< >>",
+        b"<< /Length %d /Filter /FlateDecode >>\nstream\n" % len(stream) + stream + b"\nendstream",
+        b"<< /Type /Font /Subtype /Type1 /BaseFont /Helvetica >>",
+    ]
+    objects += [b"<< /Type /Page /Parent 2 0 R /MediaBox [0 0 612 792] /Contents 4 0 R"
+                b" /Resources << /Font << /F1 5 0 R >> >> >>"] * pages
     out = bytearray(b"%PDF-1.4\n")
     offsets = []
     for number, body in enumerate(objects, start=1):

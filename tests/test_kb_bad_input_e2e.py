@@ -1,6 +1,6 @@
 """Knowledge bases under bad input, over a real sidecar subprocess: an unknown base, paths
 outside the allowed roots and symlinks out of them, a 0-byte file, a 50 MB file, a corrupt
-PDF, binary junk sent as text, a document deleted while it is being embedded, a restart
+PDF, a PDF bomb (400 pages sharing one stream of 1 MB of text), binary junk sent as text, a document deleted while it is being embedded, a restart
 during ingestion (it resumes) and a SIGKILL during embedding (no vector of it visible).
 Each gets a typed error or status ``error`` with an error code; nothing stays
 ``indexing``; the other documents and the process are unharmed."""
@@ -16,7 +16,7 @@ import anyio
 import apsw
 import pytest
 
-from kb_helpers import embedding_provider, embedding_server, progress_end, wait_indexed
+from kb_helpers import embedding_provider, embedding_server, pdf_bomb, progress_end, wait_indexed
 from sidecar_proc import CallError, spawn_sidecar
 
 pytestmark = pytest.mark.anyio
@@ -60,6 +60,7 @@ async def test_bad_documents_get_typed_errors_and_nothing_else_is_lost(tmp_path:
     with open(root / "huge.txt", "wb") as f:  # 50 MB, sparse: cheap to make
         f.truncate(50 * 1024 * 1024)
     (root / "broken.pdf").write_bytes(b"%PDF-1.4\n1 0 obj\n<< /Type /Catalog /Pages 9 0 R >>\ngarbage\x00\xff\xfe" * 20)
+    (root / "bomb.pdf").write_bytes(pdf_bomb(400, 1.0))  # 65 KB holding 400 MB of text
     async with embedding_server() as server, spawn_sidecar(tmp_path / "data") as proc:
         _, kb = await start(proc, server, root)
         good = await proc.call("kb:document:add", {"kbId": kb["id"], "path": str(root / "good.md")})
@@ -88,21 +89,23 @@ async def test_bad_documents_get_typed_errors_and_nothing_else_is_lost(tmp_path:
             await proc.call("kb:document:add", {"kbId": kb["id"], "path": str(root / "good.md"), "text": "both"})
         assert err.value.code == -32602
 
-        cases = {
-            "empty": {"path": str(root / "empty.txt")},
-            "too_large": {"path": str(root / "huge.txt")},
-            "corrupt": {"path": str(root / "broken.pdf")},
-            "binary": {"name": "junk.txt", "text": "".join(chr(c) for c in range(1, 32)) * 50 + "\x00abc"},
-        }
-        for code, params in cases.items():
-            added = await proc.call("kb:document:add", {"kbId": kb["id"], "progressToken": code, **params})
+        cases = [
+            ("empty", {"path": str(root / "empty.txt")}),
+            ("too_large", {"path": str(root / "huge.txt")}),
+            ("too_large", {"path": str(root / "bomb.pdf")}),
+            ("corrupt", {"path": str(root / "broken.pdf")}),
+            ("binary", {"name": "junk.txt", "text": "".join(chr(c) for c in range(1, 32)) * 50 + "\x00abc"}),
+        ]
+        for number, (code, params) in enumerate(cases):
+            token = f"{code}-{number}"
+            added = await proc.call("kb:document:add", {"kbId": kb["id"], "progressToken": token, **params})
             doc = await wait_indexed(proc, added["document"]["id"])
             assert doc["status"] == "error" and doc["errorCode"] == code and doc["error"], doc
-            updates = await progress_end(proc, code)
+            updates = await progress_end(proc, token)
             assert updates[-1]["message"].startswith("kb:index: error:")
         docs = await proc.call("kb:document:list", {"kbId": kb["id"]})
         assert not [d for d in docs if d["status"] in ("pending", "indexing")]
-        assert len([d for d in docs if d["status"] == "error"]) == 4
+        assert len([d for d in docs if d["status"] == "error"]) == len(cases)
         # with no allowed roots no file may be added at all
         await proc.call("kb:settings:update", {"allowedRoots": []})
         with pytest.raises(CallError) as err:

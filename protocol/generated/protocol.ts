@@ -152,7 +152,8 @@ export type DeliveryKind = "delete" | "edit" | "send";
 export type DeliveryStatus = "delivered" | "failed" | "pending" | "sending";
 /**
  * Why a document is in status ``error``: ``empty`` (0 bytes or only whitespace),
- * ``too_large`` (over ``maxDocumentBytes``), ``binary`` (not text: NUL bytes, control
+ * ``too_large`` (over ``maxDocumentBytes``, or a PDF whose text is past 8 characters per byte
+ * of the file, at least 4 Mi and at most 64 Mi), ``binary`` (not text: NUL bytes, control
  * characters, undecodable bytes), ``corrupt`` (a PDF pypdf cannot parse), ``encrypted`` (a
  * PDF with a password), ``no_text`` (a PDF without a text layer), ``unreadable`` (the file
  * vanished or cannot be opened at indexing time), ``embedding_failed`` (status

@@ -18,9 +18,13 @@ offset where each page starts). Kinds:
   a sign or two and no word (Sphinx's and MkDocs' ``¶``, ``#``, ``§``, a zero-width space):
   without them a heading reads as its author wrote it;
 - PDF: pypdf, page by page, pages separated by a blank line (their start offsets kept).
+  Its text is bounded (``pdf_text_limit``: 8 characters per byte of the file, at least
+  4 Mi and at most 64 Mi characters): a PDF's streams are compressed, and pages may share
+  one, so a 92 KB file can hold 400 pages of 10 MB of text each; past the bound the
+  document ends ``too_large`` at once, without reading further pages.
 
 Must stay true: every failure is a DocumentError with a DocumentErrorCode (``empty``,
-``binary``, ``corrupt``, ``encrypted``, ``no_text``) and a message for the user, never
+``binary``, ``corrupt``, ``encrypted``, ``no_text``, ``too_large``) and a message for the user, never
 another exception; nothing here touches the file system or the network (the caller reads
 the bytes, bounded by the size limit).
 """
@@ -198,6 +202,7 @@ def _pdf(data: bytes, what: str) -> Extracted:
         pages: list[int] = []
         parts: list[str] = []
         offset = 0
+        limit = pdf_text_limit(len(data))
         for page in reader.pages:
             text = _clean_pdf_text(page.extract_text() or "")
             if parts:
@@ -206,6 +211,11 @@ def _pdf(data: bytes, what: str) -> Extracted:
             pages.append(offset)
             parts.append(text)
             offset += len(text)
+            if offset > limit:
+                raise DocumentError(
+                    "too_large", f"{what} holds more than {limit:,} characters of text"
+                    f" ({offset:,} in its first {len(pages)} page(s) of {len(data):,} bytes)",
+                )
     except DocumentError:
         raise
     except (PyPdfError, ValueError, KeyError, TypeError, AttributeError, IndexError, AssertionError,
@@ -218,6 +228,16 @@ def _pdf(data: bytes, what: str) -> Extracted:
     if not text.strip():
         raise DocumentError("no_text", f"{what} has no text layer (a scan?): its {len(pages)} page(s) cannot be read")
     return Extracted(kind="pdf", text=text, pages=pages)
+
+
+PDF_CHARS_PER_BYTE = 8
+PDF_TEXT_MIN = 4 * 1024 * 1024
+PDF_TEXT_MAX = 64 * 1024 * 1024
+
+
+def pdf_text_limit(size: int) -> int:
+    """The most characters of text a PDF of ``size`` bytes may give."""
+    return min(max(PDF_CHARS_PER_BYTE * size, PDF_TEXT_MIN), PDF_TEXT_MAX)
 
 
 def _clean_pdf_text(text: str) -> str:
