@@ -102,6 +102,15 @@ def test_long_text_splits_at_sentence_ends_with_overlap_and_cjk_punctuation() ->
     assert all(p.tokens <= 100 for p in parts) and "".join(p.text for p in parts).replace(" ", "") == "word" * 5000
 
 
+def test_a_document_of_headings_alone_is_cut_at_the_size_too() -> None:
+    text = "\n".join(f"# Heading number {i}" for i in range(20_000))
+    chunks = chunk_document("d", "markdown", text, None, size=512, overlap=0)
+    assert len(chunks) > 100 and max(c.tokens for c in chunks) <= 512  # once one chunk of 139,000 tokens
+    assert "".join(c.text for c in chunks).replace("\n", "") == text.replace("\n", "")  # every line, once
+    (small,) = chunk_document("d", "markdown", "# Only\n## Two", None, size=512, overlap=0)
+    assert (small.text, small.heading, small.start) == ("# Only\n## Two", [], 0)  # as before: its id unchanged
+
+
 def test_chunk_ids_survive_a_reindex_that_keeps_the_text() -> None:
     def para(words: str) -> str:  # a section too large to share a chunk of 100 tokens
         return " ".join([words] * 16)

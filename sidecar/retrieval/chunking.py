@@ -458,10 +458,13 @@ def chunk_document(
             packer.add(block.start, block.end, n)
     packer.close(carry=False)
     if not packer.spans and text.strip():
-        # only headings (or a lone fence marker): the whole text is the one chunk
-        start = len(text) - len(text.lstrip())
-        end = len(text.rstrip())
-        packer.spans.append((start, end, packer.count(start, end), (), 1 if pages else None))
+        # only headings (or a lone fence marker): the text is one block of lines, cut at the
+        # size like any other (20,000 heading lines were once one chunk of 139,000 tokens)
+        packer.heads.clear()
+        packer.path = packer.heading = ()
+        packer.page = 1 if pages else None
+        packer.add_large(len(text) - len(text.lstrip()), len(text.rstrip()), True)
+        packer.close(carry=False)
     chunks: list[NewChunk] = []
     seen: dict[str, int] = {}
     for ordinal, (start, end, tokens, heading, page) in enumerate(packer.spans):
