@@ -280,7 +280,14 @@ class MemoryEncoder:
             session_id=session_id, message_id=message_id,
         )
         if mode == "auto":
-            written = await self._service.write(new, supersedes=supersedes, similar_to=assistant)
+            from sidecar.memory.service import UserMemoryHeld
+
+            try:
+                written = await self._service.write(new, supersedes=supersedes, similar_to=assistant, replace_manual=False)
+            except UserMemoryHeld as held:
+                log.info("memory encoder: session %s reply %s: not saved: the key %r is held by memory %s, which"
+                         " the user wrote", session_id, message_id, new.key, held.record.id)
+                return
             log.info("memory encoder: session %s reply %s: %s memory %s in %s", session_id, message_id,
                      written.action, written.record.id, scope)
             return

@@ -9,8 +9,13 @@ Owns:
   (text.py) are computed; an active memory of the same scope with the same normalized text
   makes the write a ``duplicate`` (nothing is written); an active memory of the same scope
   with the same ``key``, or the one named by ``supersedes``, is superseded (new version,
-  history kept); for the memory tools and the encoder, a near duplicate (terms or vector
-  similar above a threshold) is also a ``duplicate``; otherwise a new memory;
+  history kept), except that what the user wrote (``manual``) is never replaced by key
+  for a writer no one approved (``memory_save``, the encoder in ``auto`` mode:
+  ``replace_manual=False``): that raises UserMemoryHeld and nothing is written, so an
+  auto-approved save steered by injected text cannot overwrite the user's own memory
+  (``memory_update``, which asks, can); for the memory tools and the encoder, a near
+  duplicate (terms or vector similar above a threshold) is also a ``duplicate``;
+  otherwise a new memory;
 - the basic memory text (memory on, memory RAG off): the assistant's ``entries``, then the
   active memories of its scope and ``global``, most used and newest first, within
   ``budgetTokens``;
@@ -103,6 +108,14 @@ class ReplyReader(Protocol):
     """The MemoryEncoder (encoder.py, which sits above this service)."""
 
     def schedule(self, session_id: str, job: Any) -> None: ...
+
+
+class UserMemoryHeld(Exception):
+    """A write no one approved would replace, by key, a memory the user wrote: not written."""
+
+    def __init__(self, record: MemoryRecord) -> None:
+        super().__init__(f"memory {record.id} (written by the user) has that key")
+        self.record = record
 
 
 class Written(msgspec.Struct, kw_only=True):
@@ -227,6 +240,7 @@ class MemoryService:
         supersedes: str | None = None,
         similar_to: AssistantProfile | None = None,
         first: Callable[[Store], None] | None = None,
+        replace_manual: bool = True,
     ) -> Written:
         """The write rule (module docstring): duplicate, supersede or create, in one store hop.
         ``similar_to``: also skip a near duplicate as that assistant would retrieve it (the
@@ -254,6 +268,8 @@ class MemoryService:
                         target = None  # stale or foreign: a new memory instead
                 if target is None and new.key:
                     target = s.memory.with_key(new.scope, new.key)
+                    if target is not None and target.source_kind == "manual" and not replace_manual:
+                        raise UserMemoryHeld(target)
                 if target is not None:
                     record, old = s.memory.supersede(target.id, new)
                     return Written(record=record, action="superseded", old=old)

@@ -147,7 +147,16 @@ class MemorySave(_MemoryTool):
             scope=scope, kind=_kind(args.get("kind"), "fact"), text=text, key=key, source_kind="tool",
             session_id=ctx.session.id, message_id=ctx.message_id, tool_call_id=ctx.tool_call_id,
         )
-        written = await self._service.write(new, similar_to=self._assistant)
+        from sidecar.memory.service import UserMemoryHeld
+
+        try:
+            written = await self._service.write(new, similar_to=self._assistant, replace_manual=False)
+        except UserMemoryHeld as held:
+            raise ToolError(
+                f"memory {held.record.id} has the key {key!r} and was written by the user: it is not replaced by a"
+                " save. To change it, use memory_update with its id (the user approves it); to add this, save it"
+                " without that key."
+            ) from None
         if written.action == "duplicate":
             return ToolOutput(text=f"Already remembered (id {written.record.id}); nothing new was saved.")
         verb = "Updated (the older version is kept in its history)" if written.action == "superseded" else "Saved"
