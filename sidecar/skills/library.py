@@ -3,12 +3,14 @@ worker thread).
 
 The roots are those the skill tools read (sidecar/tools/skills.py ``skill_roots``): the
 configured ``skillsDirs`` first, then ``<dataDir>/skills``, the managed root, the only one
-written. A skill is a direct sub-folder holding a SKILL.md; its name is its front matter's
-``name`` when the manifest is valid, else its folder's name (as the tools name it); the
-first root that has a name wins, as for the tools. Writes keep the rule that a managed
-skill's folder is its name, go through a temporary file renamed into place (a SKILL.md is
-never half-written), and never follow a symlink (``open_nofollow``; a symlinked skill
-folder is not managed).
+written. Folders are read and claim their names with the tools' own scan
+(``scan_skill_folders``): a skill's name is its front matter's top-level ``name`` when the
+manifest is valid, else its folder's name (``valid: false`` and its ``problem``); the first
+root, then the first folder by name, that has a name wins, so ``skill:list`` lists exactly
+the folders the tools consider, and a listed skill the model is not offered says so in its
+``problem``. Writes keep the rule that a managed skill's folder is its name, go through a
+temporary file renamed into place (a SKILL.md is never half-written), and never follow a
+symlink (``open_nofollow``; a symlinked skill folder is not managed).
 """
 
 from __future__ import annotations
@@ -20,12 +22,11 @@ from pathlib import Path
 
 from protocol.skills import MAX_SKILL_MD_BYTES, SkillFile, SkillInfo
 from sidecar.confine import open_nofollow
-from sidecar.skills.manifest import Manifest, ManifestError, parse_manifest
-from sidecar.tools.skills import MAX_SKILLS, skill_roots
+from sidecar.skills.manifest import Manifest
+from sidecar.tools.skills import SKILL_FILE, SkillFolder, scan_skill_folders, skill_roots
 
 __all__ = ["SkillLibrary", "Found", "SKILL_FILE", "MAX_LISTED_FILES"]
 
-SKILL_FILE = "SKILL.md"
 MAX_LISTED_FILES = 500
 
 
@@ -46,50 +47,23 @@ class SkillLibrary:
         return skill_roots(self.configured, self._data_dir)
 
     def scan(self) -> list[Found]:
-        found: dict[str, Found] = {}
-        for root in self.roots():
-            read_only = root != self.managed
-            try:
-                children = sorted(p for p in root.iterdir() if p.is_dir())
-            except OSError:
-                continue
-            for folder in children:
-                if folder.name.startswith("."):  # staging and replaced folders of an import
-                    continue
-                item = self._read(folder, read_only)
-                if item is not None and item.info.name not in found:
-                    found[item.info.name] = item
-                if len(found) >= MAX_SKILLS:
-                    return list(found.values())
-        return list(found.values())
+        return [self._found(item) for item in scan_skill_folders(self.roots())]
 
     def find(self, name: str) -> Found | None:
         return next((f for f in self.scan() if f.info.name == name), None)
 
-    def _read(self, folder: Path, read_only: bool) -> Found | None:
+    def _found(self, item: SkillFolder) -> Found:
+        folder = item.folder
         manifest_path = folder / SKILL_FILE
-        try:
-            fd = open_nofollow(manifest_path)
-        except OSError:
-            return None
-        with os.fdopen(fd, "rb") as f:
-            data = f.read(MAX_SKILL_MD_BYTES + 1)
-            stat = os.fstat(f.fileno())
-        manifest: Manifest | None = None
-        problem = None
-        try:
-            manifest = parse_manifest(data)
-        except ManifestError as exc:
-            problem = exc.message
         files = [p for p in folder.rglob("*") if p.is_file() and not p.is_symlink() and p != manifest_path]
         info = SkillInfo(
-            name=manifest.name if manifest is not None else folder.name,
-            description=manifest.description if manifest is not None else "",
-            path=str(folder), read_only=read_only or folder.is_symlink(), files=len(files),
-            bytes=stat.st_size + sum(_size(p) for p in files), updated_at=int(stat.st_mtime * 1000),
-            valid=manifest is not None, problem=problem,
+            name=item.name,
+            description=item.manifest.description if item.manifest is not None else "",
+            path=str(folder), read_only=folder.parent != self.managed or folder.is_symlink(), files=len(files),
+            bytes=item.size + sum(_size(p) for p in files), updated_at=int(item.mtime * 1000),
+            valid=item.manifest is not None, problem=item.problem,
         )
-        return Found(info, folder, manifest)
+        return Found(info, folder, item.manifest)
 
     def content(self, found: Found) -> tuple[str, list[SkillFile]]:
         with os.fdopen(open_nofollow(found.folder / SKILL_FILE), "rb") as f:
