@@ -50,6 +50,8 @@ paused with nothing pending. A new send, regenerate or edit on the
 session, ``chat:abort``, and deleting the session end every paused reply of the session
 as ``aborted``: its pending calls become ``cancelled`` (audited, actor system) and get a
 "not run" error result, so the stored history stays valid for the next request.
+``send_if_idle`` (a scheduled task's send) never ends a reply: on a session with a reply
+running or paused it stores nothing and answers None.
 """
 
 from __future__ import annotations
@@ -224,16 +226,30 @@ class ChatEngine:
         assert user is not None
         return SendResult(message_id=reply.id, user_message_id=user.id)
 
-    async def _send_idle(self, params: SendParams) -> SendResult | None:
+    async def send_if_idle(self, params: SendParams) -> SendResult | None:
+        """``send`` for a sender that must never supersede a reply (a scheduled task): the
+        turn is stored and started only when the session has no reply running or paused,
+        else None and nothing is stopped or stored. The rule is ``_send_idle``'s, decided
+        under the session's lock (a paused reply not known to the cache is read from the
+        store), so no send, regenerate or resume of the session lands between the check
+        and the write."""
+        self._check_open()
+        return await self._send_idle(params, wait=True)
+
+    async def _send_idle(self, params: SendParams, *, wait: bool = False) -> SendResult | None:
         """A send on a session with nothing running or paused: check and store in one
         worker-thread hop (the common case, on the way to the first delta). None when the
-        session is busy: then the two-hop path checks before it stops anything."""
+        session is busy: then the two-hop path checks before it stops anything. With
+        ``wait`` the session's lock is waited for and its paused replies are read from the
+        store when the cache does not know them, so None means busy."""
         session_id = params.session_id
-        if session_id in self._jobs or self._locks.locked(session_id) or not self._handler.is_idle(session_id):
+        if not wait and (
+            session_id in self._jobs or self._locks.locked(session_id) or not self._handler.is_idle(session_id)
+        ):
             return None
         async with self._locks.hold(session_id):
             self._check_not_deleting(session_id)
-            if session_id in self._jobs or not self._handler.is_idle(session_id):
+            if session_id in self._jobs or not await self._no_paused(session_id, read=wait):
                 return None
             if self._side is not None:
                 self._side.cancel(session_id)
@@ -255,6 +271,12 @@ class ChatEngine:
             self._start_turn(turn, reply, prepared)
         assert user is not None
         return SendResult(message_id=reply.id, user_message_id=user.id)
+
+    async def _no_paused(self, session_id: str, *, read: bool) -> bool:
+        """The session has no paused reply: known from the cache, or with ``read`` from the store."""
+        if self._handler.is_idle(session_id):
+            return True
+        return read and not await self._store.run(lambda s: s.tools.runs(session_id=session_id, state="paused"))
 
     async def abort(self, params: AbortParams) -> SuccessResult:
         await self._store.run(lambda s: s.sessions.get(params.session_id))  # NotFound for unknown ids

@@ -9,6 +9,10 @@ Must stay true:
 - a time of a task's schedule is run at most once: ``claim`` inserts its run and moves
   ``next_run_at`` in one transaction, only while ``next_run_at`` is still the time claimed,
   and the unique index on (task, scheduled_for) refuses a second row for it;
+- a task has at most one open run (``queued``, ``running``, ``paused``): ``claim`` and
+  ``add_manual`` look for one and insert in the same write transaction (the one writer,
+  ``BEGIN IMMEDIATE``): a claimed time finds one and is recorded ``skipped``
+  (OVERLAP_ERROR), a manual run is not added;
 - a run's final status is written once (``finish`` only changes a run still open);
 - deleting a task deletes its runs (ON DELETE CASCADE).
 
@@ -28,10 +32,13 @@ from sidecar.errors import NotFound
 from sidecar.store.db import Database, fetch_all
 from sidecar.store.ids import new_id, now_ms
 
-__all__ = ["TaskRepo", "TaskSpec", "TaskRecord", "OPEN_STATUSES", "FINAL_STATUSES"]
+__all__ = ["TaskRepo", "TaskSpec", "TaskRecord", "OPEN_STATUSES", "FINAL_STATUSES", "OVERLAP_ERROR"]
 
 OPEN_STATUSES = ("queued", "running", "paused")
 FINAL_STATUSES = ("completed", "error", "aborted", "skipped", "interrupted")
+OVERLAP_ERROR = "its previous run was still going"
+"""The error of a time skipped because the task had a run open (a task never overlaps itself)."""
+_OPEN_IN = ", ".join("?" * len(OPEN_STATUSES))
 _RUN_COLUMNS = (
     "id, task_id, trigger, scheduled_for, status, session_id, message_id, error, delivery_error, created_at,"
     " started_at, finished_at"
@@ -155,12 +162,15 @@ class TaskRepo:
     ) -> TaskRun | None:
         """Claim the time ``scheduled_for`` of a task: its run row (``status``) and the task's
         next time, in one transaction. None when it is no longer the task's next time (the
-        task changed, was deleted or disabled) or that time has a run already."""
+        task changed, was deleted or disabled) or that time has a run already. A run that
+        would be open while the task has one open is recorded ``skipped`` (OVERLAP_ERROR)."""
         now = self._clock()
         with self._db.write() as conn:
             rows = fetch_all(conn, "SELECT next_run_at, enabled FROM tasks WHERE id = ?", (task_id,))
             if not rows or rows[0][0] != scheduled_for or not rows[0][1]:
                 return None
+            if status in OPEN_STATUSES and self._has_open(conn, task_id):
+                status, error = "skipped", OVERLAP_ERROR
             conn.execute("UPDATE tasks SET next_run_at = ? WHERE id = ?", (next_run_at, task_id))
             run_id = new_id()
             finished = now if status in FINAL_STATUSES else None
@@ -172,10 +182,13 @@ class TaskRepo:
                 return None
             return self._run(conn, run_id)
 
-    def add_manual(self, task_id: str) -> TaskRun:
+    def add_manual(self, task_id: str) -> TaskRun | None:
+        """A ``queued`` manual run; None (nothing written) while the task has a run open."""
         now = self._clock()
         with self._db.write() as conn:
             self._get(conn, task_id)
+            if self._has_open(conn, task_id):
+                return None
             run_id = new_id()
             conn.execute(
                 f"INSERT INTO task_runs({_RUN_COLUMNS}) VALUES (?, ?, 'manual', ?, 'queued', NULL, NULL, NULL, NULL,"
@@ -260,6 +273,10 @@ class TaskRepo:
         if not rows:
             raise NotFound(f"task {task_id!r} not found", data={"taskId": task_id})
         return _task(rows[0])
+
+    def _has_open(self, conn: Any, task_id: str) -> bool:
+        return bool(fetch_all(conn, f"SELECT 1 FROM task_runs WHERE task_id = ? AND status IN ({_OPEN_IN}) LIMIT 1",
+                              (task_id, *OPEN_STATUSES)))
 
     def _run(self, conn: Any, run_id: str) -> TaskRun:
         rows = fetch_all(conn, f"SELECT {_RUN_COLUMNS} FROM task_runs WHERE id = ?", (run_id,))

@@ -5,7 +5,10 @@ task's options and assistant), sends the prompt as ``chat:send`` does (ChatEngin
 through the channels' ReplyWatcher: subscribed to the session before the send, so no event
 of the reply is missed) and follows the reply to its end; while a tool call of it waits for
 approval the run is ``paused``. The run's status is the reply's (completed, error,
-aborted). A reply that completed or failed is then handed to the task's channel chat, if
+aborted). A run never supersedes a reply: the prompt goes through ChatEngine.send_if_idle,
+so on a session that has a reply running or paused (the user's own, one waiting for a
+tool approval included) nothing is sent and the run ends ``skipped`` (BUSY_SESSION_ERROR);
+the next time of the task tries again. A reply that completed or failed is then handed to the task's channel chat, if
 it has one; a delivery that cannot be made is the run's ``delivery_error``. A
 ``memory-consolidate`` run calls the memory upkeep instead.
 
@@ -15,7 +18,8 @@ follows a run whose reply was sent (paused or not) to its end the same way.
 
 Must stay true: every run that starts ends with a final status (a failure is ``error``
 with its message, never an open row left behind while the process lives); nothing here
-waits without a bound except on the reply itself, which ends or is aborted by the engine.
+waits without a bound except on the reply itself, which ends or is aborted by the engine;
+a run never stops or ends a reply of its session (the user's turn survives it).
 """
 
 from __future__ import annotations
@@ -40,12 +44,43 @@ from sidecar.store.tasks import TaskRecord
 from sidecar.notify import Notifier
 from protocol.notifications import SESSION_UPDATED, TASK_FINISHED, TASK_FIRED
 
-__all__ = ["TaskRunner", "Deliver", "Consolidate"]
+__all__ = ["TaskRunner", "TaskChat", "Deliver", "Consolidate", "BUSY_SESSION_ERROR"]
 
 log = logging.getLogger(__name__)
 
 _STATUS_OF_REPLY = {"completed": "completed", "error": "error", "aborted": "aborted"}
 MAX_ERROR_CHARS = 2000
+BUSY_SESSION_ERROR = "the session was busy (a reply was running or waiting for a tool approval)"
+
+
+class TaskChat(ChatTurns, Protocol):
+    """What a run needs of ChatEngine: the watcher's methods and the send that never
+    supersedes a reply (None: the session is busy, nothing was stored)."""
+
+    async def send_if_idle(self, params: SendParams) -> SendResult | None: ...
+
+
+class _SessionBusy(SidecarError):
+    """The session had a reply running or paused: the prompt was not sent."""
+
+
+class _Unattended:
+    """ChatEngine as the watcher sees it for a run: ``send`` never supersedes a reply."""
+
+    def __init__(self, chat: TaskChat) -> None:
+        self._chat = chat
+
+    async def send(self, params: SendParams) -> SendResult:
+        sent = await self._chat.send_if_idle(params)
+        if sent is None:
+            raise _SessionBusy(BUSY_SESSION_ERROR)
+        return sent
+
+    def is_generating(self, session_id: str) -> bool:
+        return self._chat.is_generating(session_id)
+
+    def overlay_live(self, message: MessageV2) -> MessageV2:
+        return self._chat.overlay_live(message)
 
 
 class Deliver(Protocol):
@@ -63,7 +98,7 @@ class TaskRunner:
         self,
         *,
         store: AsyncStore,
-        chat: ChatTurns,
+        chat: TaskChat,
         events: EventHub,
         notify: Notifier,
         deliver: Deliver | None = None,
@@ -72,7 +107,7 @@ class TaskRunner:
         self._store = store
         self._events = events
         self._notify = notify
-        self._watcher = ReplyWatcher(events, store, chat)
+        self._watcher = ReplyWatcher(events, store, _Unattended(chat))
         self.deliver = deliver
         self.consolidate = consolidate
 
@@ -88,6 +123,9 @@ class TaskRunner:
                 await self._prompt(started, task)
         except anyio.get_cancelled_exc_class():
             raise
+        except _SessionBusy as exc:
+            log.info("task %s run %s skipped: %s", task.id, run.id, exc.message)
+            await self.finish(run.id, "skipped", error=exc.message)
         except SidecarError as exc:
             log.warning("task %s run %s failed: %s", task.id, run.id, exc.message)
             await self.finish(run.id, "error", error=exc.message)
@@ -123,6 +161,7 @@ class TaskRunner:
         assert spec.prompt is not None  # checked when the task was written
         session = await self._session(task)
         params = SendParams(session_id=session.id, input=UserInput(content=spec.prompt))
+        refused: SidecarError | None = None
         with self._events.subscribe(session.id) as sub:
             async with anyio.create_task_group() as tg:
 
@@ -132,8 +171,13 @@ class TaskRunner:
                         await self._notify(TASK_FIRED, fired)
                     tg.start_soon(self._track_pauses, sub, run.id, result.message_id)
 
-                final = await self._watcher.send_and_wait(params, sent)
+                try:
+                    final = await self._watcher.send_and_wait(params, sent)
+                except SidecarError as exc:  # raised past the group, not wrapped in an ExceptionGroup
+                    refused = exc
                 tg.cancel_scope.cancel()
+        if refused is not None:
+            raise refused
         await self._ended(run.id, task, final)
 
     async def _consolidate(self, run: TaskRun, task: TaskRecord) -> None:

@@ -12,6 +12,10 @@ time of any task, or until a task or a setting changes. For each claimed time:
 - else a ``queued`` run, started as soon as one of ``maxConcurrentRuns`` slots is free
   (TaskRunner runs it).
 ``task:run`` queues a manual run the same way (BUSY while the task has a run going).
+Starting a run is one step per task: the busy check, the run's row and the in-memory
+marker (``_active``) are made under the task's guard (``_guards``, taken before the first
+await), and the store adds an open row only while the task has none (TaskRepo), so two
+``task:run`` requests, or one and a scheduled time, never start two runs of a task.
 
 At start (``start``): runs a previous process left open are settled first: a run whose
 reply was sent is followed again to its end (a reply paused for a tool survives restarts),
@@ -25,7 +29,8 @@ has handled every time up to the new one.
 Must stay true: the loop never dies of a bad task or a database error (logged, retried
 after RETRY_S); bad input is INVALID_PARAMS naming the field and writes nothing; deleting
 a task stops its future runs at once (its run in progress, if any, stops being followed;
-the reply itself goes on in its session).
+the reply itself goes on in its session); a task never has two runs going (the guard
+above, and the store's rule as the last word).
 """
 
 from __future__ import annotations
@@ -53,10 +58,13 @@ from protocol.tasks import (
     TaskSettingsUpdate,
     TaskUpdateParams,
 )
+from sidecar.engine.sessions import check_model_choice
 from sidecar.errors import InvalidParams, NotFound, SidecarError
+from sidecar.locks import KeyedLocks
 from sidecar.store.async_store import AsyncStore
+from sidecar.store.checks import check_workspace_dir
 from sidecar.store.store import Store
-from sidecar.store.tasks import TaskRecord, TaskSpec
+from sidecar.store.tasks import OVERLAP_ERROR, TaskRecord, TaskSpec
 from sidecar.tasks import schedule as sched
 from sidecar.tasks.clock import Clock, ManualClock, WallClock
 from sidecar.tasks.runner import TaskRunner
@@ -64,12 +72,12 @@ from sidecar.notify import Notifier
 from protocol.notifications import TASK_FINISHED
 
 if TYPE_CHECKING:
+    from protocol.sessions import CreateSessionOptions
     from protocol.tasks import TaskDelivery
     from protocol.types import MessageV2
     from sidecar.channels.service import ChannelService
-    from sidecar.channels.watch import ChatTurns
     from sidecar.engine.events import EventHub
-    from sidecar.tasks.runner import Consolidate
+    from sidecar.tasks.runner import Consolidate, TaskChat
 
 __all__ = ["TaskService", "LATE_MS", "SETTINGS_KEY", "open_tasks"]
 
@@ -98,6 +106,8 @@ class TaskService:
         self._tg: anyio.abc.TaskGroup | None = None
         self._active: dict[str, tuple[str, anyio.CancelScope]] = {}
         """task id -> (its run going in this process, the scope following it)."""
+        self._guards = KeyedLocks()
+        """Held per task while a run of it is being started or settled (check, row, marker)."""
         self._wake = anyio.Event()
         self._handled_until = -1
         """The clock time of the last finished pass of the loop."""
@@ -126,11 +136,14 @@ class TaskService:
         try:
             runs = await self._store.run(lambda s: s.tasks.open_runs())
             for run in runs:
-                task = await self._store.run(lambda s: s.tasks.get(run.task_id))
-                if run.message_id is not None and run.session_id is not None and run.task_id not in self._active:
-                    self._follow(run, task, resume=True)
-                else:
-                    await self.runner.finish(run.id, "interrupted", error="the app stopped before the run started")
+                async with self._guards.hold(run.task_id):
+                    if run.task_id in self._active:  # started by this process meanwhile
+                        continue
+                    task = await self._store.run(lambda s: s.tasks.get(run.task_id))
+                    if run.message_id is not None and run.session_id is not None:
+                        self._follow(run, task, resume=True)
+                    else:
+                        await self.runner.finish(run.id, "interrupted", error="the app stopped before the run started")
         except SidecarError as exc:
             log.warning("the runs left open by the previous process could not be settled: %s", exc.message)
 
@@ -160,6 +173,10 @@ class TaskService:
     # ---- firing -------------------------------------------------------------------------------
 
     async def _fire(self, task: TaskRecord, now: int) -> None:
+        async with self._guards.hold(task.id):
+            await self._fire_guarded(task, now)
+
+    async def _fire_guarded(self, task: TaskRecord, now: int) -> None:
         scheduled_for = task.next_run_at
         assert scheduled_for is not None
         zone = sched.effective_zone(task.spec.schedule, self.settings.timezone)
@@ -168,7 +185,7 @@ class TaskService:
         trigger = "missed" if late else "schedule"
         busy = await self._busy(task.id)
         if busy or (late and task.spec.missed == "skip"):
-            why = "its previous run was still going" if busy else "missed while the app was closed"
+            why = OVERLAP_ERROR if busy else "missed while the app was closed"
             run = await self._store.run(lambda s: s.tasks.claim(
                 task.id, scheduled_for, trigger=trigger, status="skipped", next_run_at=following, error=why))
             if run is not None:
@@ -177,9 +194,14 @@ class TaskService:
             return
         run = await self._store.run(lambda s: s.tasks.claim(
             task.id, scheduled_for, trigger=trigger, status="queued", next_run_at=following))
-        if run is not None:
-            log.info("task %s: run %s queued (%s)", task.id, run.id, trigger)
-            self._follow(run, task, resume=False)
+        if run is None:
+            return
+        if run.status == "skipped":  # the store found a run of the task open
+            log.info("task %s: the time %d was skipped (%s)", task.id, scheduled_for, run.error)
+            await self._notify(TASK_FINISHED, run)
+            return
+        log.info("task %s: run %s queued (%s)", task.id, run.id, trigger)
+        self._follow(run, task, resume=False)
 
     def _follow(self, run: TaskRun, task: TaskRecord, *, resume: bool) -> None:
         assert self._tg is not None
@@ -207,7 +229,7 @@ class TaskService:
             session_id=params.session_id, new_session=params.new_session, assistant_id=params.assistant_id,
             scope=params.scope, deliver=params.deliver, missed=params.missed,
         )
-        spec = await self._checked(spec, schedule=True)
+        spec = await self._checked(spec, schedule=True, new_session=True)
         next_run_at = self._next(spec) if params.enabled else None
         record = await self._store.run(lambda s: s.tasks.create(spec, enabled=params.enabled, next_run_at=next_run_at))
         self._changed()
@@ -223,7 +245,8 @@ class TaskService:
         enabled = record.enabled if params.enabled is msgspec.UNSET else params.enabled
         # the schedule is checked when it changes or comes back on (a one-shot that ran keeps its moment)
         reschedule = "schedule" in changes or (enabled and not record.enabled)
-        spec = await self._checked(msgspec.structs.replace(record.spec, **changes), schedule=reschedule)
+        spec = await self._checked(msgspec.structs.replace(record.spec, **changes), schedule=reschedule,
+                                   new_session="new_session" in changes)
         if not enabled:
             next_run_at = None
         elif reschedule:
@@ -253,13 +276,15 @@ class TaskService:
         return SuccessResult()
 
     async def run_task(self, params: IdParams) -> TaskRun:
-        record = await self._store.run(lambda s: s.tasks.get(params.id))
-        if await self._busy(record.id):
-            raise SidecarError(f"task {record.spec.name!r} has a run going; it never overlaps itself",
-                               code=ErrorCode.BUSY, data={"taskId": record.id})
-        await self._checked(record.spec, schedule=False)  # its session or assistant may be gone
-        run = await self._store.run(lambda s: s.tasks.add_manual(record.id))
-        self._follow(run, record, resume=False)
+        async with self._guards.hold(params.id):  # before any await: one start at a time per task
+            record = await self._store.run(lambda s: s.tasks.get(params.id))
+            if await self._busy(record.id):
+                raise _overlap(record)
+            await self._checked(record.spec, schedule=False, new_session=False)  # its session or assistant may be gone
+            run = await self._store.run(lambda s: s.tasks.add_manual(record.id))
+            if run is None:  # the store's rule: an open run of the task exists
+                raise _overlap(record)
+            self._follow(run, record, resume=False)
         return run
 
     async def list_runs(self, params: TaskRunsParams) -> TaskRunsResult:
@@ -328,9 +353,11 @@ class TaskService:
         zone = sched.effective_zone(spec.schedule, self.settings.timezone)
         return sched.next_time(spec.schedule, zone, self.clock.now_ms())
 
-    async def _checked(self, spec: TaskSpec, *, schedule: bool) -> TaskSpec:
+    async def _checked(self, spec: TaskSpec, *, schedule: bool, new_session: bool) -> TaskSpec:
         """``spec`` stripped and checked (INVALID_PARAMS naming the field, NOT_FOUND for a
-        session, assistant or channel that does not exist); its schedule too with ``schedule``."""
+        session, assistant or channel that does not exist); its schedule too with ``schedule``,
+        its ``newSession`` options too with ``new_session`` (when they are written: a provider
+        deleted later fails the run, as it fails any session's send)."""
         name = spec.name.strip()
         if not name:
             raise _bad("name", "must not be empty")
@@ -354,13 +381,20 @@ class TaskService:
             raise _bad("newSession", "and sessionId exclude each other")
         if spec.session_id is not None and spec.assistant_id is not None:
             raise _bad("assistantId", "is for the sessions the task starts; set the assistant of the session instead")
-        if spec.new_session is not None and spec.new_session.channel_id is not None:
-            raise _bad("newSession.channelId", "is not for task sessions (use deliver)")
-        await self._check_refs(spec)
+        options = spec.new_session if new_session else None
+        if options is not None:  # the checks of chat:session:create
+            if options.channel_id is not None:
+                raise _bad("newSession.channelId", "is not for task sessions (use deliver)")
+            if options.mode == "remote":
+                raise _bad("newSession.mode", "remote sessions are made by a channel's remote-agent route")
+            check_workspace_dir("newSession.workspaceDir", options.workspace_dir)
+        await self._check_refs(spec, options)
         return msgspec.structs.replace(spec, name=name, prompt=prompt)
 
-    async def _check_refs(self, spec: TaskSpec) -> None:
+    async def _check_refs(self, spec: TaskSpec, options: CreateSessionOptions | None) -> None:
         def check(s: Store) -> None:
+            if options is not None:
+                check_model_choice(s, options.mode, options.provider_id, options.model_id, prefix="newSession.")
             if spec.session_id is not None:
                 try:
                     s.sessions.get(spec.session_id)
@@ -394,6 +428,11 @@ class TaskService:
         )
 
 
+def _overlap(record: TaskRecord) -> SidecarError:
+    return SidecarError(f"task {record.spec.name!r} has a run going; it never overlaps itself",
+                        code=ErrorCode.BUSY, data={"taskId": record.id})
+
+
 def _camel(field: str) -> str:
     head, *rest = field.split("_")
     return head + "".join(part.title() for part in rest)
@@ -403,7 +442,7 @@ async def open_tasks(
     stack: AsyncExitStack,
     *,
     store: AsyncStore,
-    chat: ChatTurns,
+    chat: TaskChat,
     events: EventHub,
     notify: Notifier,
     channels: ChannelService,
