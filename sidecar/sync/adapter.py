@@ -25,8 +25,9 @@ after its LIMIT, so a short page does not mean the end); for a conversation held
 until the page that reaches the highest index held, unless the server's newest index is
 below it (an index it sent once and no longer sends): then from the highest held index
 the server can have sent, so one bad index never holds back later messages. WORKERS tasks
-fetch while one importer stores what they fetched, a few conversations per transaction,
-each one whole or not at all (a savepoint of its own, see sidecar/store/sync.py), so an
+fetch while one importer stores what they fetched, a few conversations per transaction
+(MAX_BATCH of them, MAX_BATCH_MESSAGES messages, MAX_BATCH_BYTES: the first of a batch
+always goes), each one whole or not at all (a savepoint of its own, see sidecar/store/sync.py), so an
 interrupted pull leaves whole conversations or nothing, and pulling again changes nothing
 that did not change on the server.
 
@@ -40,9 +41,11 @@ Bad server data: what the server sends is decoded with bounds (sidecar.sync.wire
 row out of bounds is skipped and reported (``SyncResult.skipped``), and the walk goes on
 past it; a conversation whose messages (or details) are out of bounds, or has a message
 without a usable index (the server's key: such a message could be neither placed nor
-fetched again), is skipped whole
-and reported the same way (it is never imported in part), and stays below the pull's mark
-so a later pull tries it again. Nothing of them reaches the store.
+fetched again), or whose messages come to more than sidecar.sync.bounded's budget, is
+skipped whole and reported the same way (it is never imported in part), and stays below
+the pull's mark so a later pull tries it again. Nothing of them reaches the store. The
+listing keeps one slim row per conversation and stops (incomplete: nothing is probed or
+deleted) past its own budget; what waits for the importer is bounded in bytes too.
 
 Push (``push``) is sidecar.sync.push's. Any AuthRequired stops the run at once (no further
 request); other failures are reported per conversation or session and the run goes on.
@@ -71,12 +74,12 @@ from sidecar.store.sync_records import (
     SyncLink,
     UpdateOutcome,
 )
-from sidecar.store.transfer import MAX_IMPORT_MESSAGES
+from sidecar.sync.bounded import ByteGate, Listing, fetch_messages, held_bytes
 from sidecar.sync.errors import AuthRequired, BadServerData, ConversationGone, QimingError, ServerMalformed
 from sidecar.sync.mapping import ServerMessage, conversation_title, normalize_messages, to_message
 from sidecar.sync.push import NO_MESSAGE_IMPORT, SyncPush
 from sidecar.sync.run import RunContext
-from sidecar.sync.wire import ChatMessageDto, ConversationDto, ConversationPage, to_int, to_ms
+from sidecar.sync.wire import ConversationDto, ConversationPage, ConversationRow, to_int, to_ms
 
 __all__ = ["ConversationSyncAdapter", "WORKERS", "MAX_LIST_PAGES", "NO_MESSAGE_IMPORT"]
 
@@ -86,15 +89,17 @@ WORKERS = 4
 """Conversations fetched at the same time."""
 IMPORT_QUEUE = 8
 """Fetched conversations waiting to be stored (the fetchers wait beyond that)."""
+MAX_QUEUED_BYTES = 64 * 1024 * 1024
+"""What waits for the importer, as held (sidecar.sync.bounded.held_bytes); one conversation
+larger than this still goes when nothing else waits."""
 MAX_BATCH = 8
 MAX_BATCH_MESSAGES = 1000
-"""One import transaction holds at most this many conversations / about this many messages,
-so the store's writer is never held for long (chat writes wait at most one batch)."""
+MAX_BATCH_BYTES = 16 * 1024 * 1024
+"""One import transaction holds at most this many conversations / messages / bytes of
+messages (one conversation past them goes alone), so the store's writer is never held for
+long (chat writes wait at most one batch)."""
 MAX_LIST_PAGES = 100_000
 MAX_SWEEP_LIMIT = 1_000_000
-MAX_MESSAGE_PAGES = 100_000
-MAX_CONVERSATION_MESSAGES = MAX_IMPORT_MESSAGES
-"""The store imports at most this many messages at once (sidecar/store/transfer.py)."""
 
 _T = TypeVar("_T")
 
@@ -113,7 +118,7 @@ class _Job(msgspec.Struct, kw_only=True):
     kind: str
     """``new`` | ``update`` | ``reimport`` | ``probe``."""
     conversation_id: int
-    dto: ConversationDto | None = None
+    dto: ConversationRow | None = None
     link: SyncLink | None = None
 
 
@@ -123,6 +128,8 @@ class _Ready(msgspec.Struct, kw_only=True):
     job: _Job
     item: NewConversation | ConversationUpdate
     title_conflict: SyncConflict | None = None
+    size: int = 0
+    """What its messages hold (held_bytes), set when it is queued."""
 
 
 class ConversationSyncAdapter:
@@ -165,19 +172,19 @@ class ConversationSyncAdapter:
 
     async def _list(
         self, ctx: RunContext, agent_id: int | None, watermark: int | None
-    ) -> tuple[dict[int, ConversationDto], bool]:
+    ) -> tuple[dict[int, ConversationRow], bool]:
         """The walk by ``lastId``, then (when it filled a page) the sweep that finds what it skipped."""
-        listed, first_page, complete = await self._walk_list(ctx, agent_id)
+        listing = Listing()
+        listed = listing.rows
+        first_page, complete = await self._walk_list(ctx, agent_id, listing)
         if not complete or first_page is None or first_page.size < ctx.settings.list_page_size:
             return listed, complete  # failed, or one short page: that is everything
         oldest = _oldest(first_page)
         if watermark is not None and oldest is not None and oldest <= watermark:
             return listed, True  # the newest page reaches the mark: nothing newer was skipped
-        return listed, await self._sweep(ctx, agent_id, watermark, listed)
+        return listed, await self._sweep(ctx, agent_id, watermark, listing)
 
-    async def _sweep(
-        self, ctx: RunContext, agent_id: int | None, watermark: int | None, listed: dict[int, ConversationDto]
-    ) -> bool:
+    async def _sweep(self, ctx: RunContext, agent_id: int | None, watermark: int | None, listing: Listing) -> bool:
         """Rows the walk skipped: ``/list`` without ``lastId`` is the newest conversations by
         ``modified``, so doubling ``limit`` until a short page (or one reaching the last
         complete pull's mark) sees every conversation (changed since the mark) at least once,
@@ -192,11 +199,13 @@ class ConversationSyncAdapter:
                 ctx.issue("list", exc)
                 ctx.result.complete = False
                 return False
-            before = len(listed)
-            _take(ctx, page, listed)
-            if len(listed) > before:
-                log.info("the /list walk skipped %d conversations; the sweep found them", len(listed) - before)
-            await ctx.report(f"listing conversations: {len(listed)}")
+            before = len(listing.rows)
+            listing.take(ctx, page)
+            if len(listing.rows) > before:
+                log.info("the /list walk skipped %d conversations; the sweep found them", len(listing.rows) - before)
+            await ctx.report(f"listing conversations: {len(listing.rows)}")
+            if listing.stopped is not None:
+                return _stop_listing(ctx, listing.stopped)
             oldest = _oldest(page)
             if page.size < limit or (watermark is not None and oldest is not None and oldest <= watermark):
                 return True
@@ -206,10 +215,9 @@ class ConversationSyncAdapter:
         return False
 
     async def _walk_list(
-        self, ctx: RunContext, agent_id: int | None
-    ) -> tuple[dict[int, ConversationDto], ConversationPage | None, bool]:
+        self, ctx: RunContext, agent_id: int | None, listing: Listing
+    ) -> tuple[ConversationPage | None, bool]:
         size = ctx.settings.list_page_size
-        listed: dict[int, ConversationDto] = {}
         first: ConversationPage | None = None
         last_id: int | None = None
         for number in range(MAX_LIST_PAGES):
@@ -220,13 +228,15 @@ class ConversationSyncAdapter:
             except QimingError as exc:
                 ctx.issue("list", exc)
                 ctx.result.complete = False
-                return listed, first, False
+                return first, False
             if number == 0:
                 first = page
-            ids = _take(ctx, page, listed)
-            await ctx.report(f"listing conversations: {len(listed)}")
+            ids = listing.take(ctx, page)
+            await ctx.report(f"listing conversations: {len(listing.rows)}")
+            if listing.stopped is not None:
+                return first, _stop_listing(ctx, listing.stopped)
             if page.size < size:
-                return listed, first, True
+                return first, True
             # the server's web UI pages the same way: lastId = the page's last row
             cursor = page.last_id
             if cursor is None:
@@ -234,13 +244,11 @@ class ConversationSyncAdapter:
             if cursor is None or (last_id is not None and cursor >= last_id):
                 ctx.note("list", "malformed", "the server's /list does not move past lastId; stopped listing")
                 ctx.result.complete = False
-                return listed, first, False
+                return first, False
             last_id = cursor
-        ctx.note("list", "malformed", f"more than {MAX_LIST_PAGES} pages of conversations; stopped listing")
-        ctx.result.complete = False
-        return listed, first, False
+        return first, _stop_listing(ctx, f"more than {MAX_LIST_PAGES} pages of conversations; stopped listing")
 
-    def _plan(self, ctx: RunContext, cid: int, dto: ConversationDto, link: SyncLink | None) -> _Job | None:
+    def _plan(self, ctx: RunContext, cid: int, dto: ConversationRow, link: SyncLink | None) -> _Job | None:
         if link is None:
             return _Job(kind="new", conversation_id=cid, dto=dto)
         if link.state != "linked":
@@ -270,6 +278,7 @@ class ConversationSyncAdapter:
         expired: list[AuthRequired] = []
         job_send, job_receive = anyio.create_memory_object_stream[_Job](0)
         ready_send, ready_receive = anyio.create_memory_object_stream[_Ready](IMPORT_QUEUE)
+        gate = ByteGate(MAX_QUEUED_BYTES)
 
         def finished(job: _Job, ok: bool) -> None:
             ctx.done += 1
@@ -289,6 +298,8 @@ class ConversationSyncAdapter:
                         scope.cancel()
                         return
                     if isinstance(ready, _Ready):
+                        ready.size = held_bytes(ready.item.messages)
+                        await gate.enter(ready.size)
                         await ready_out.send(ready)
                     else:
                         finished(job, ready)
@@ -296,18 +307,30 @@ class ConversationSyncAdapter:
 
         async def importer(ready_in: MemoryObjectReceiveStream[_Ready]) -> None:
             async with ready_in:
-                async for first in ready_in:
-                    batch = [first]
-                    size = len(first.item.messages)
-                    while len(batch) < MAX_BATCH and size < MAX_BATCH_MESSAGES:
+                carry: _Ready | None = None
+                while True:
+                    if carry is None:
+                        try:
+                            carry = await ready_in.receive()
+                        except anyio.EndOfStream:
+                            return
+                    batch, carry = [carry], None
+                    count, size = len(batch[0].item.messages), batch[0].size
+                    while len(batch) < MAX_BATCH:
                         try:
                             more = ready_in.receive_nowait()
                         except (anyio.WouldBlock, anyio.EndOfStream):
                             break
+                        count, size = count + len(more.item.messages), size + more.size
+                        if count > MAX_BATCH_MESSAGES or size > MAX_BATCH_BYTES:
+                            carry = more  # the next batch's first
+                            break
                         batch.append(more)
-                        size += len(more.item.messages)
                     items = [r.item for r in batch]
                     results = await ctx.db(lambda s: s.sync.import_batch(items))
+                    gate.leave(sum(r.size for r in batch))
+                    log.debug("stored a batch of %d conversations, %d messages, %d bytes", len(batch),
+                              sum(len(r.item.messages) for r in batch), sum(r.size for r in batch))
                     for ready, result in zip(batch, results, strict=True):
                         finished(ready.job, self._stored(ctx, ready, result))
                     await ctx.report(f"{ctx.done} of {ctx.total} conversations")
@@ -399,42 +422,12 @@ class ConversationSyncAdapter:
             ))
         return True
 
-    async def _fetch(self, ctx: RunContext, cid: int, stop_at: int | None) -> list[ChatMessageDto]:
-        """Messages newest first by ``index`` pages until an empty page, or a page that
-        reaches ``stop_at`` (an index already held)."""
-        size = ctx.settings.message_page_size
-        out: list[ChatMessageDto] = []
-        index: int | None = None
-        for _ in range(MAX_MESSAGE_PAGES):
-            page = await ctx.client.list_messages(cid, index=index, size=size)
-            indexes: list[int] = []
-            for position, message in enumerate(page):
-                number = to_int(message.index)
-                if number is None:  # the server's primary key: without it a message can be neither placed nor found again
-                    raise BadServerData(
-                        f"conversation {cid}: a message without a usable index ({message.index!r:.40})",
-                        field=f"$[{position}].index",
-                    )
-                indexes.append(number)
-            out.extend(page)
-            if len(out) > MAX_CONVERSATION_MESSAGES:
-                raise ServerMalformed(f"conversation {cid}: more than {MAX_CONVERSATION_MESSAGES} messages")
-            if not indexes:
-                return out
-            first = min(indexes)
-            if stop_at is not None and first <= stop_at:
-                return out
-            if index is not None and first >= index:
-                raise ServerMalformed(f"conversation {cid}: /message/list does not move past index {index}")
-            index = first
-        raise ServerMalformed(f"conversation {cid}: more than {MAX_MESSAGE_PAGES} pages of messages")
-
     async def _prepare_new(self, ctx: RunContext, job: _Job) -> _Ready:
         assert job.dto is not None
         dto = job.dto
         cid = job.conversation_id
         now = now_ms()
-        messages = normalize_messages(await self._fetch(ctx, cid, None), to_ms(dto.created) or now)
+        messages = normalize_messages(await fetch_messages(ctx, cid, None), to_ms(dto.created) or now)
         created = to_ms(dto.created) or (messages[0].created_at if messages else now)
         modified = to_ms(dto.modified)
         session = SessionV2(
@@ -468,7 +461,7 @@ class ConversationSyncAdapter:
             stop_at = link.pulled_index
             if link.open_index is not None:
                 stop_at = link.open_index - 1 if stop_at is None else min(stop_at, link.open_index - 1)
-            fetched = await self._fetch(ctx, cid, stop_at)
+            fetched = await fetch_messages(ctx, cid, stop_at)
             newest = max((to_int(m.index) or 0 for m in fetched), default=None)
             if stop_at is not None and newest is not None and newest < stop_at:
                 # The mark is past the server's newest message: it came from an index the
@@ -476,7 +469,7 @@ class ConversationSyncAdapter:
                 # sent, or messages after it would never be pulled.
                 account_key, server_newest = ctx.account.account_key, newest
                 stop_at = await ctx.db(lambda s: s.sync.held_index_at_most(account_key, cid, server_newest))
-                fetched = await self._fetch(ctx, cid, stop_at)
+                fetched = await fetch_messages(ctx, cid, stop_at)
             messages = normalize_messages(fetched, session.last_message_at or session.created_at)
             if stop_at is not None:
                 messages = [m for m in messages if m.index > stop_at]
@@ -533,7 +526,7 @@ class ConversationSyncAdapter:
     # ==== push ==========================================================================
 
     async def push(self, ctx: RunContext) -> None:
-        await SyncPush(fetch=self._fetch, server_deleted=self._server_deleted).push(ctx)
+        await SyncPush(fetch=fetch_messages, server_deleted=self._server_deleted).push(ctx)
 
 
 def _decide_title(
@@ -562,32 +555,16 @@ def _decide_title(
     return (None if local_wins else server_topic), conflict
 
 
-def _keep_newest(listed: dict[int, ConversationDto], cid: int, dto: ConversationDto) -> None:
-    """A row seen twice (pages overlap) counts as its newer version."""
-    seen = listed.get(cid)
-    if seen is None or (to_ms(dto.modified) or 0) > (to_ms(seen.modified) or 0):
-        listed[cid] = dto
-
-
 def _oldest(page: ConversationPage) -> int | None:
     stamps = [m for m in (to_ms(d.modified) for d in page.rows) if m is not None]
     return min(stamps) if stamps else None
 
 
-def _take(ctx: RunContext, page: ConversationPage, listed: dict[int, ConversationDto]) -> list[int]:
-    """The page's rows into ``listed`` (its ids returned); rows out of bounds, or without a
-    usable id, are skipped and reported."""
-    ids: list[int] = []
-    for dto in page.rows:
-        cid = to_int(dto.id)
-        if cid is None or cid <= 0:
-            ctx.skip(None, BadServerData(f"/list: a conversation without a usable id ({dto.id!r:.40})", field="$.id"))
-            continue
-        ids.append(cid)
-        _keep_newest(listed, cid, dto)
-    for row in page.bad:
-        ctx.skip(row.conversation_id, row.error)
-    return ids
+def _stop_listing(ctx: RunContext, why: str) -> bool:
+    """The listing ends here, incomplete (so nothing is probed, nor the mark moved)."""
+    ctx.note("list", "malformed", why)
+    ctx.result.complete = False
+    return False
 
 
 def _pulled(m: ServerMessage) -> PulledMessage:

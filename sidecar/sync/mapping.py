@@ -28,7 +28,7 @@ from typing import Literal
 import msgspec
 
 from protocol.types import ContentPart, FilePart, FinalMessageStatus, MessageV2, TextPart, ThinkingPart
-from sidecar.sync.wire import AttachmentDto, ChatMessageDto, ConversationDto, to_int, to_ms
+from sidecar.sync.wire import AttachmentDto, ChatMessageDto, ConversationRow, to_int, to_ms
 from sidecar.untrusted import escape
 
 __all__ = [
@@ -174,7 +174,7 @@ def to_message(sm: ServerMessage, *, message_id: str, session_id: str, parent_id
     )
 
 
-def conversation_title(dto: ConversationDto) -> str:
+def conversation_title(dto: ConversationRow) -> str:
     topic = " ".join((dto.topic or "").split())
     if not topic:
         return "New Chat"

@@ -83,6 +83,8 @@ class RunContext:
         self._db_lock = db_lock
         self.done = 0
         self.total: int | None = None
+        self._skipped: set[int | str] = set()
+        """What ``skip`` reported: a conversation id, or the message of a row without one."""
 
     # ---- database ---------------------------------------------------------------------
 
@@ -119,12 +121,10 @@ class RunContext:
     def skip(self, conversation_id: int | None, exc: QimingError, *, session_id: str | None = None) -> None:
         """A conversation (or a /list row) the server sent out of bounds: reported once per
         run, not stored."""
-        seen = any(
-            s.conversation_id == conversation_id and (conversation_id is not None or s.message == exc.message)
-            for s in self.result.skipped
-        )
-        if seen:
+        key = conversation_id if conversation_id is not None else exc.message
+        if key in self._skipped:
             return
+        self._skipped.add(key)
         log.warning("sync: conversation %s skipped: %s", conversation_id, exc.message)
         self.result.skipped.append(SkippedConversation(
             conversation_id=conversation_id, session_id=session_id,

@@ -11,6 +11,13 @@ epoch milliseconds within years 1..9999 (``EpochMs``, what ``datetime`` can show
 outside is a ValidationError naming the field, never a value that fails later in the
 store. ``to_int`` and ``to_ms`` hold text to the same ranges (None outside). How deep a
 value may nest is msgspec's to refuse (RecursionError, which every decode here catches).
+Strings that are long by nature are bounded too (``Meta(max_length=...)``, counted in
+characters), far above what a real server writes, so one value cannot hold a pull's memory:
+a message's ``text``, ``think`` and ``quotedText`` (MAX_MESSAGE_CHARS), a conversation's
+``topic`` (MAX_TOPIC_CHARS) and ``summary`` (MAX_SUMMARY_CHARS). Past them is the same
+ValidationError as a number out of range: the row or the conversation is skipped, reported.
+A ``/list`` row is decoded as ConversationRow, only what a pull plans with: its
+``messageList`` (or ``icon``, an SVG) is never even decoded.
 Must stay true: nothing here keeps a secret (``UserDto.password``, which the real
 ``/getLoginInfo`` may carry, is not even decoded).
 """
@@ -32,6 +39,7 @@ __all__ = [
     "AttachmentDto",
     "ChatMessageDto",
     "ConversationDto",
+    "ConversationRow",
     "ConversationPage",
     "BadRow",
     "conversation_page",
@@ -51,6 +59,9 @@ __all__ = [
     "EpochMs",
     "MIN_MS",
     "MAX_MS",
+    "MAX_MESSAGE_CHARS",
+    "MAX_TOPIC_CHARS",
+    "MAX_SUMMARY_CHARS",
     "SUCCESS",
     "AUTH_CODES",
 ]
@@ -93,6 +104,18 @@ Id = Long | str | None
 Date = str | EpochMs | None
 """ISO-8601 text (the documented form) or epoch milliseconds."""
 
+MAX_MESSAGE_CHARS = 8 * 1024 * 1024
+"""A message's ``text`` (or ``think``, ``quotedText``): a pasted log or a long answer is
+some hundred thousand characters; 8 Mi is far past any of them."""
+MAX_TOPIC_CHARS = 16 * 1024
+"""A conversation's ``topic`` (the server's default, an LLM's title, or the first 20
+characters of the first message; the local title keeps 500 of it, mapping.MAX_TITLE_CHARS)."""
+MAX_SUMMARY_CHARS = 64 * 1024
+"""A conversation's ``summary`` (written by the server's long-term memory: a paragraph)."""
+MessageText = Annotated[str, msgspec.Meta(max_length=MAX_MESSAGE_CHARS)]
+Topic = Annotated[str, msgspec.Meta(max_length=MAX_TOPIC_CHARS)]
+Summary = Annotated[str, msgspec.Meta(max_length=MAX_SUMMARY_CHARS)]
+
 
 class AgentRef(_Wire):
     agent_id: Id = None
@@ -113,9 +136,9 @@ class ChatMessageDto(_Wire):
     id: str | Long | None = None
     role: str | None = None
     type: str | None = None
-    text: str | None = None
-    think: str | None = None
-    quoted_text: str | None = None
+    text: MessageText | None = None
+    think: MessageText | None = None
+    quoted_text: MessageText | None = None
     time: Date = None
     attachments: list[AttachmentDto] | None = None
     finished: bool | None = None
@@ -123,16 +146,25 @@ class ChatMessageDto(_Wire):
     sender_type: str | None = None
 
 
-class ConversationDto(_Wire):
+class ConversationRow(_Wire):
+    """A ``/list`` row: only what a pull plans and imports with (unknown fields, the row's
+    ``messageList`` included, are skipped by the decoder, never built)."""
+
     id: Id = None
-    user_id: Id = None
-    uid: str | None = None
     agent_id: Id = None
-    topic: str | None = None
-    summary: str | None = None
-    icon: str | None = None
+    topic: Topic | None = None
+    summary: Summary | None = None
     modified: Date = None
     created: Date = None
+    sandbox_session_id: str | None = None
+
+
+class ConversationDto(ConversationRow):
+    """One conversation as ``/{id}``, ``/create`` and ``/update`` answer it."""
+
+    user_id: Id = None
+    uid: str | None = None
+    icon: str | None = None
     agent: AgentRef | None = None
     message_list: list[ChatMessageDto] | None = None
     type: str | None = None
@@ -140,7 +172,6 @@ class ConversationDto(_Wire):
     dev_mode: Long | bool | None = None
     topic_updated: Long | None = None
     sandbox_server_id: str | Long | None = None
-    sandbox_session_id: str | None = None
 
 
 class BadRow(msgspec.Struct, frozen=True, kw_only=True):
@@ -160,7 +191,7 @@ class BadRow(msgspec.Struct, frozen=True, kw_only=True):
 class ConversationPage(msgspec.Struct, frozen=True, kw_only=True):
     """One ``/list`` page: the rows that decoded, the rows that did not, and how many came."""
 
-    rows: list[ConversationDto]
+    rows: list[ConversationRow]
     bad: list[BadRow]
     size: int
     """Rows the server sent (good and bad): a page is short when this is below the limit."""
@@ -173,13 +204,13 @@ class _RowId(msgspec.Struct):
 
 
 _row_id = msgspec.json.Decoder(_RowId)
-_conversation = msgspec.json.Decoder(ConversationDto)
+_conversation = msgspec.json.Decoder(ConversationRow)
 
 
 def conversation_page(raws: list[msgspec.Raw], refuse: Callable[[str, Exception], ServerMalformed]) -> ConversationPage:
     """Each row of a ``/list`` page decoded on its own: one out of bounds is a BadRow (its
     error made by ``refuse(what, exc)``), the others are read."""
-    rows: list[ConversationDto] = []
+    rows: list[ConversationRow] = []
     bad: list[BadRow] = []
     last_id: int | None = None
     for position, raw in enumerate(raws):

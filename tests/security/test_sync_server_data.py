@@ -8,6 +8,12 @@
 - A message without a usable index skips its conversation the same way (it was stored
   without that message, which no later pull fetched); a message index the server sent once
   and no longer sends (2**62, then its real one) does not hold back the messages after it.
+- Memory is bounded by bytes, not only by counts: a conversation whose messages come to
+  more than 64 MiB is skipped whole (``field`` ``$[*]``; what is stored of it stays as it
+  was) while the sidecar holds about that much and no more; a message text, a topic or a
+  summary past the wire's length is skipped like any value out of bounds; a ``/list`` row's
+  ``messageList`` is never decoded; a listing that never ends stops with a ``list`` error
+  once it holds 128 MiB, or after 1000 rows out of bounds.
 - A server that drips its answer (a byte a second) cannot hold a call past
   ``requestTimeoutMs`` in all, so neither a pull nor the pull queued behind it waits on
   it; a forwarded turn whose stream does not even send its response head in that time
@@ -17,6 +23,7 @@
 from __future__ import annotations
 
 import json
+import re
 from typing import Any
 
 import anyio
@@ -24,6 +31,7 @@ import pytest
 
 from chat_helpers import wait_final
 from qiming_helpers import QimingServer, all_messages, all_sessions, configure, qiming_server, sync
+from sidecar.sync.wire import MAX_MESSAGE_CHARS, MAX_SUMMARY_CHARS, MAX_TOPIC_CHARS
 from sidecar_proc import CallError, spawn_sidecar
 
 pytestmark = pytest.mark.anyio
@@ -182,4 +190,118 @@ async def test_an_index_the_server_no_longer_sends_does_not_stop_later_messages(
         (session,) = await all_sessions(proc)
         texts = [m["textContent"] for m in await all_messages(proc, session["id"])]
         assert texts[-2:] == ["a later question", "a later answer"], texts
+        await proc.close()
+
+
+async def test_a_conversation_past_its_byte_budget_is_skipped_and_costs_no_more_than_the_budget(tmp_path: Any) -> None:
+    """120 messages of 1 MiB each (in pages of 8 MiB, each well under an answer's limit):
+    before the budget the sidecar kept all of them (and imported them): RSS grew by
+    several hundred MiB; now it stops at 64 MiB, skips the conversation and keeps its copy."""
+    async with qiming_server() as server, spawn_sidecar(tmp_path, subprocess=True) as proc:
+        await proc.call("sidecar:initialize", {})
+        big, small = await seeded(server, 2)
+        await configure(proc, server)
+        await proc.call("sync:settings:update", {"messagePageSize": 8})
+        assert (await sync(proc))["pulled"] == 2
+        await server.control("messages", {"conversationId": big["id"], "messages": [
+            {"role": "USER", "text": "A", "repeat": 1024 * 1024, "times": 120}]})
+        await server.control("messages", {"conversationId": small["id"], "messages": [
+            {"role": "USER", "text": "still synced"}]})
+        before = proc.vm_hwm_kib()
+        assert before is not None
+        result = await sync(proc)
+        after = proc.vm_hwm_kib()
+        assert after is not None
+        print(f"peak RSS grew by {(after - before) // 1024} MiB")
+        assert [(s["conversationId"], s["field"]) for s in result["skipped"]] == [(big["id"], "$[*]")], result
+        assert "more than 64 MiB" in result["skipped"][0]["message"]
+        assert result["errors"] == [] and result["messagesPulled"] == 1, result
+        assert after - before < 160 * 1024, (before, after)  # KiB: the budget and a page or two
+        by_title = {s["title"]: s for s in await all_sessions(proc)}
+        kept = [m["textContent"] for m in await all_messages(proc, by_title[big["topic"]]["id"])]
+        assert kept == [m["text"] for m in big["messages"]]  # what was stored of it is untouched
+        assert (await all_messages(proc, by_title[small["topic"]]["id"]))[-1]["textContent"] == "still synced"
+        await proc.close()
+
+
+async def test_texts_topics_and_summaries_past_the_wire_lengths_skip_their_conversation(tmp_path: Any) -> None:
+    async with qiming_server() as server, spawn_sidecar(tmp_path) as proc:
+        await proc.call("sidecar:initialize", {})
+        long_text, long_think, long_topic, long_summary, fine = await seeded(server, 5)
+        await server.control("messages", {"conversationId": long_text["id"], "messages": [
+            {"role": "USER", "text": "x", "repeat": MAX_MESSAGE_CHARS + 1}]})
+        think_index = long_think["messages"][1]["index"]
+        await server.control("update_message", {"conversationId": long_think["id"], "index": think_index,
+                                                "think": "t" * (MAX_MESSAGE_CHARS // 4 + 1) * 4})
+        await server.control("conversation", {"id": long_topic["id"], "topic": "T" * (MAX_TOPIC_CHARS + 1)})
+        await server.control("conversation", {"id": long_summary["id"], "summary": "s" * (MAX_SUMMARY_CHARS + 1)})
+        await configure(proc, server)
+        result = await sync(proc)
+        assert result["errors"] == [] and result["complete"] is True, result
+        assert {(s["conversationId"], s["field"]) for s in result["skipped"]} == {
+            (long_text["id"], "$[4].text"),  # a page is oldest first: the new message is its last
+            (long_think["id"], "$[1].think"),
+            (long_topic["id"], "$.topic"),
+            (long_summary["id"], "$.summary"),
+        }, result["skipped"]
+        assert [s["title"] for s in await all_sessions(proc)] == [fine["topic"]]
+        await proc.close()
+
+
+async def test_a_list_rows_message_list_is_never_decoded(tmp_path: Any) -> None:
+    """/list rows carry no messages on the real server; when one does, it is not read (a
+    value in it out of bounds used to skip the row, and all of it was kept while listing)."""
+    async with qiming_server() as server, spawn_sidecar(tmp_path) as proc:
+        await proc.call("sidecar:initialize", {})
+        (conv,) = await seeded(server, 1)
+        await server.control("conversation", {"id": conv["id"], "wire": {
+            "messageList": [{"index": 2**70, "text": "never read"}], "icon": "<svg/>"}})
+        await configure(proc, server)
+        result = await sync(proc)
+        assert result["errors"] == [] and result["skipped"] == [] and result["pulled"] == 1, result
+        (session,) = await all_sessions(proc)
+        assert len(await all_messages(proc, session["id"])) == 4
+        await proc.close()
+
+
+@pytest.mark.parametrize(("row", "stop"), [
+    ({"summaryChars": MAX_SUMMARY_CHARS - 100}, "more than 128 MiB of conversations"),
+    ({"modified": 1e308}, "more than 1000 conversations listed out of bounds"),
+])
+async def test_a_listing_that_never_ends_stops_at_its_budget(tmp_path: Any, row: dict[str, Any], stop: str) -> None:
+    """Every page full, ids going down: the walk used to go on for 100,000 pages, keeping every
+    row (each with a 64 KiB summary: memory without limit) or reporting each refused one."""
+    async with qiming_server() as server, spawn_sidecar(tmp_path) as proc:
+        await proc.call("sidecar:initialize", {})
+        await configure(proc, server)
+        await server.fault({"path": LIST, "fault": "endless", "row": row, "times": -1})
+        with anyio.fail_after(90):
+            result = await sync(proc)
+        assert result["complete"] is False, result
+        assert [(e["phase"], e["kind"]) for e in result["errors"] if e["phase"] == "list"] == [
+            ("list", "malformed")], result["errors"][:3]
+        assert stop in next(e["message"] for e in result["errors"] if e["phase"] == "list")
+        assert len(result["skipped"]) <= 1000
+        pages = sum(1 for r in await server.requests() if r["path"] == LIST)
+        assert pages < 40, pages
+        await proc.close()
+
+
+async def test_an_import_batch_is_bounded_in_bytes_not_only_in_messages(tmp_path: Any) -> None:
+    """Six conversations of about 6 MiB each (24 messages: far under the 1000 messages of a
+    batch) are stored in batches of at most 16 MiB (one conversation alone may pass it), so
+    the store's writer is never held by one huge transaction."""
+    async with qiming_server() as server, spawn_sidecar(tmp_path, "--log-level", "DEBUG") as proc:
+        await proc.call("sidecar:initialize", {})
+        convs = await seeded(server, 6)
+        for conv in convs:
+            await server.control("messages", {"conversationId": conv["id"], "messages": [
+                {"role": "USER", "text": "b", "repeat": 256 * 1024, "times": 24}]})
+        await configure(proc, server)
+        result = await sync(proc)
+        assert result["errors"] == [] and result["pulled"] == 6, result
+        batches = [tuple(int(n) for n in found) for found in re.findall(
+            r"stored a batch of (\d+) conversations, (\d+) messages, (\d+) bytes", proc.stderr_text())]
+        assert sum(b[0] for b in batches) == 6, batches
+        assert all(b[2] <= 16 * 1024 * 1024 for b in batches if b[0] > 1), batches
         await proc.close()
