@@ -27,9 +27,9 @@ below it (an index it sent once and no longer sends): then from the highest held
 the server can have sent, so one bad index never holds back later messages. WORKERS tasks
 fetch while one importer stores what they fetched, a few conversations per transaction
 (MAX_BATCH of them, MAX_BATCH_MESSAGES messages, MAX_BATCH_BYTES: the first of a batch
-always goes), each one whole or not at all (a savepoint of its own, see sidecar/store/sync.py), so an
-interrupted pull leaves whole conversations or nothing, and pulling again changes nothing
-that did not change on the server.
+always goes), each one whole or not at all (a savepoint of its own, see
+sidecar/store/sync.py), so an interrupted pull leaves whole conversations or nothing, and
+pulling again changes nothing that did not change on the server.
 
 Titles: the server's topic and the local title are compared with what both were at the
 last sync; when both changed, the newer side (session ``updatedAt`` against conversation

@@ -8,8 +8,9 @@ approval the run is ``paused``. The run's status is the reply's (completed, erro
 aborted). A run never supersedes a reply: the prompt goes through ChatEngine.send_if_idle,
 so on a session that has a reply running or paused (the user's own, one waiting for a
 tool approval included) nothing is sent and the run ends ``skipped`` (BUSY_SESSION_ERROR);
-the next time of the task tries again. A reply that completed or failed is then handed to the task's channel chat, if
-it has one; a delivery that cannot be made is the run's ``delivery_error``. A
+the next time of the task tries again. A reply that completed or failed is then handed to
+the task's channel chat, if it has one; a delivery that cannot be made is the run's
+``delivery_error``. A
 ``memory-consolidate`` run calls the memory upkeep instead.
 
 ``task_fired`` goes out once the run has started (for a prompt: once the reply exists, with
