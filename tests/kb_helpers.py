@@ -13,6 +13,7 @@ from typing import Any
 import anyio
 import httpx2
 
+from fixtures.documents.make_pdf import pdf_file
 from sidecar_proc import SidecarProcess
 
 ROOT = Path(__file__).resolve().parent.parent
@@ -96,21 +97,6 @@ async def progress_end(proc: SidecarProcess, token: str, timeout: float = 30) ->
     return [p for p in proc.notifications("sidecar:progress") if p["token"] == token]
 
 
-def _pdf_file(objects: list[bytes]) -> bytes:
-    """A PDF file of ``objects`` (numbered from 1, the catalog first), its xref and trailer."""
-    out = bytearray(b"%PDF-1.4\n")
-    offsets = []
-    for number, body in enumerate(objects, start=1):
-        offsets.append(len(out))
-        out += b"%d 0 obj\n" % number + body + b"\nendobj\n"
-    xref = len(out)
-    out += b"xref\n0 %d\n0000000000 65535 f \n" % (len(objects) + 1)
-    for offset in offsets:
-        out += b"%010d 00000 n \n" % offset
-    out += b"trailer\n<< /Size %d /Root 1 0 R >>\nstartxref\n%d\n%%%%EOF\n" % (len(objects) + 1, xref)
-    return bytes(out)
-
-
 def pdf_bytes(pages: list[list[str]]) -> bytes:
     """A PDF with one page per entry, each with a text layer of those lines (stdlib only)."""
     objects: list[bytes] = [b"<< /Type /Catalog /Pages 2 0 R >>", b""]
@@ -128,7 +114,7 @@ def pdf_bytes(pages: list[list[str]]) -> bytes:
         objects.append(b"<< /Length %d >>\nstream\n" % len(stream) + stream + b"\nendstream")
     objects[1] = b"<< /Type /Pages /Kids [" + b" ".join(kids) + b"] /Count %d >>" % len(pages)
     objects.append(b"<< /Type /Font /Subtype /Type1 /BaseFont /Helvetica >>")
-    return _pdf_file(objects)
+    return pdf_file(objects)
 
 
 def pdf_bomb(pages: int, megabytes: float) -> bytes:
@@ -147,7 +133,7 @@ def pdf_bomb(pages: int, megabytes: float) -> bytes:
     ]
     objects += [b"<< /Type /Page /Parent 2 0 R /MediaBox [0 0 612 792] /Contents 4 0 R"
                 b" /Resources << /Font << /F1 5 0 R >> >> >>"] * pages
-    return _pdf_file(objects)
+    return pdf_file(objects)
 
 
 def fill_base(repo: Any, kb_id: str, texts: list[str], first: int = 0) -> None:
