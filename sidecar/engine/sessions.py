@@ -75,7 +75,7 @@ from protocol.notifications import SESSION_UPDATED
 if TYPE_CHECKING:
     from sidecar.store.providers import ProviderRecord
 
-__all__ = ["SessionService", "encode_tree", "check_model_choice", "DeleteHook"]
+__all__ = ["SessionService", "encode_tree", "check_new_session", "check_model_choice", "DeleteHook"]
 
 log = logging.getLogger(__name__)
 
@@ -118,14 +118,8 @@ class SessionService:
         fits the mode (see ``check_model_choice``); sessions made by sync, channels and the
         V1 endpoint's own providers go through the store and are not refused here. Mode
         ``remote`` is a channel's remote-agent route's own."""
-        if params.mode == "remote":
-            raise InvalidParams(
-                "invalid params: mode remote sessions are made by a channel's remote-agent route - at `$.mode`"
-            )
-
         def create(s: Store) -> SessionV2:
-            if isinstance(params, CreateSessionOptions):
-                check_model_choice(s, params.mode, params.provider_id, params.model_id, prefix="")
+            check_new_session(s, params, prefix="")
             return s.sessions.create(params)
 
         return await self.store.run(create)
@@ -374,6 +368,19 @@ class SessionService:
         session = await self.store.read(lambda s: s.sessions.get(session_id))
         await self._notify(SESSION_UPDATED, session)
         return session
+
+
+def check_new_session(s: Store, options: CreateSessionOptions, *, prefix: str) -> None:
+    """What a user may ask of a new session (``chat:session:create``, a task's
+    ``newSession``; InvalidParams at ``$.{prefix}...``): not mode ``remote`` (a channel's
+    remote-agent route makes those), and the provider and model ``check_model_choice``
+    allows."""
+    if options.mode == "remote":
+        raise InvalidParams(
+            f"invalid params: {prefix}mode remote sessions are made by a channel's remote-agent route"
+            f" - at `$.{prefix}mode`"
+        )
+    check_model_choice(s, options.mode, options.provider_id, options.model_id, prefix=prefix)
 
 
 def check_model_choice(

@@ -58,7 +58,7 @@ from protocol.tasks import (
     TaskSettingsUpdate,
     TaskUpdateParams,
 )
-from sidecar.engine.sessions import check_model_choice
+from sidecar.engine.sessions import check_new_session
 from sidecar.errors import InvalidParams, NotFound, SidecarError
 from sidecar.locks import KeyedLocks
 from sidecar.store.async_store import AsyncStore
@@ -385,8 +385,6 @@ class TaskService:
         if options is not None:  # the checks of chat:session:create
             if options.channel_id is not None:
                 raise _bad("newSession.channelId", "is not for task sessions (use deliver)")
-            if options.mode == "remote":
-                raise _bad("newSession.mode", "remote sessions are made by a channel's remote-agent route")
             check_workspace_dir("newSession.workspaceDir", options.workspace_dir)
         await self._check_refs(spec, options)
         return msgspec.structs.replace(spec, name=name, prompt=prompt)
@@ -394,7 +392,7 @@ class TaskService:
     async def _check_refs(self, spec: TaskSpec, options: CreateSessionOptions | None) -> None:
         def check(s: Store) -> None:
             if options is not None:
-                check_model_choice(s, options.mode, options.provider_id, options.model_id, prefix="newSession.")
+                check_new_session(s, options, prefix="newSession.")
             if spec.session_id is not None:
                 try:
                     s.sessions.get(spec.session_id)
