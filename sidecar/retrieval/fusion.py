@@ -43,8 +43,9 @@ calibration halves of the Debian set and of the LibreOffice help set together, a
 512-token chunks. With 412-token chunks the constraint held for each set as a whole but not
 in every group (docs/knowledge.md: what was tried, and why a zero weight for a level vector
 leg is not here). The constants fit wordllama: with a stronger model (all-MiniLM-L6-v2 in
-English) hybrid ranked under the vector leg, and no setting held for three models at once
-(docs/knowledge.md); the spread of a leg's scores does not tell a strong model from a weak one.
+English) hybrid ranked under the vector leg, and none of 16 settings tried held for three
+models at once (docs/knowledge.md); the spread of a leg's scores does not tell a strong
+model from a weak one.
 
 The RRF constants below were tuned on the Debian evaluation set of tools/bench/bench_retrieval.py
 (673 known-item queries, English and Chinese, wordllama vectors): plain RRF (k = 60, equal
