@@ -1,6 +1,6 @@
 """ACP mode end to end: the sidecar subprocess drives the scripted agent (fixtures/acp).
 
-Each test checks, besides its own behaviour, what issue 7 requires after every case: the
+Each test checks, besides its own behaviour, what must hold after every case: the
 sidecar still serves, the database holds the (partial) turn, and no agent process is left
 running (the agent writes its pid to a file; we check /proc after the case).
 """

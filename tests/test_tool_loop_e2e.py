@@ -1,4 +1,4 @@
-"""The tool loop over a real subprocess and the scripted loopback provider (issue 5).
+"""The tool loop over a real subprocess and the scripted loopback provider.
 
 Covers: a call that runs automatically and a second step that answers; parallel calls with
 one pending; denied; answered; the 256-step cap; abort while a slow tool runs (its process

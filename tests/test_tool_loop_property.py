@@ -1,4 +1,4 @@
-"""Property: a Pending tool never runs (seed 000 invariant; issue 5).
+"""Property: a Pending tool never runs (seed 000 invariant).
 
 In process, for speed: the real ChatEngine, GenerationHandler, ApprovalService and store,
 with a scripted provider (every step without tool results asks for two calls: one whose

@@ -1,4 +1,4 @@
-"""Workspace tools, large-output spill and the registry's handling of bad calls (issue 5)."""
+"""Workspace tools, large-output spill and the registry's handling of bad calls."""
 
 from __future__ import annotations
 

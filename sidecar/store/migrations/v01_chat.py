@@ -188,7 +188,7 @@ def m008_session_workspace_dir(conn: apsw.Connection) -> None:
 
 
 def m009_tool_calls(conn: apsw.Connection) -> None:
-    # Issue 5 (sidecar/store/tools.py): the tool loop's per-reply state (tool_runs), every
+    # The tool loop's tables (sidecar/store/tools.py): its per-reply state (tool_runs), every
     # tool call's approval state (tool_calls), stored policies, the audit trail of every
     # decision (kept when its session is deleted: no foreign key) and MCP server configs.
     conn.execute(
@@ -256,7 +256,7 @@ def m009_tool_calls(conn: apsw.Connection) -> None:
 
 
 def m_context_window(conn: apsw.Connection) -> None:
-    # Issue 6 (sidecar/store/context.py, sidecar/store/assistants.py): rolling summaries,
+    # The context window's tables (sidecar/store/context.py, sidecar/store/assistants.py): rolling summaries,
     # a session's assistant profile and truncation strategy, the per-message token-count
     # cache, and assistant profiles with the built-in default one.
     conn.execute(
@@ -297,7 +297,7 @@ def m_context_window(conn: apsw.Connection) -> None:
 
 
 def m_acp_engines(conn: apsw.Connection) -> None:
-    # Issue 7 (sidecar/store/acp.py, sidecar/store/providers.py): the engine configuration of
+    # The agent engines' tables (sidecar/store/acp.py, sidecar/store/providers.py): the engine configuration of
     # acp-engine providers (JSON of protocol.AcpEngineConfig; env values may be secrets), and
     # for every ACP reply the agent session that holds the conversation up to and including
     # that reply (regenerate / edit-and-resend fork it; a send continues from it).
