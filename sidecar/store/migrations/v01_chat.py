@@ -256,9 +256,9 @@ def m009_tool_calls(conn: apsw.Connection) -> None:
 
 
 def m_context_window(conn: apsw.Connection) -> None:
-    # The context window's tables (sidecar/store/context.py, sidecar/store/assistants.py): rolling summaries,
-    # a session's assistant profile and truncation strategy, the per-message token-count
-    # cache, and assistant profiles with the built-in default one.
+    # The context window's tables (sidecar/store/context.py, sidecar/store/assistants.py):
+    # rolling summaries, a session's assistant profile and truncation strategy, the
+    # per-message token-count cache, and assistant profiles with the built-in default one.
     conn.execute(
         """
         CREATE TABLE rolling_summaries (
@@ -297,10 +297,11 @@ def m_context_window(conn: apsw.Connection) -> None:
 
 
 def m_acp_engines(conn: apsw.Connection) -> None:
-    # The agent engines' tables (sidecar/store/acp.py, sidecar/store/providers.py): the engine configuration of
-    # acp-engine providers (JSON of protocol.AcpEngineConfig; env values may be secrets), and
-    # for every ACP reply the agent session that holds the conversation up to and including
-    # that reply (regenerate / edit-and-resend fork it; a send continues from it).
+    # The agent engines' tables (sidecar/store/acp.py, sidecar/store/providers.py): the
+    # engine configuration of acp-engine providers (JSON of protocol.AcpEngineConfig; env
+    # values may be secrets), and for every ACP reply the agent session that holds the
+    # conversation up to and including that reply (regenerate / edit-and-resend fork it; a
+    # send continues from it).
     conn.execute(
         """
         ALTER TABLE providers ADD COLUMN engine TEXT;
